@@ -1,0 +1,19 @@
+"""simpmd: a NumPy simulation of a mesh of accelerators that runs jax.pmap-style programs.
+
+    import numpy as np, simpmd
+    from simpmd import lax
+    f = simpmd.pmap(lambda x: lax.psum(x, "i"), axis_name="i")
+    f(np.arange(8.0)); print(f.trace)
+"""
+from . import lax
+from .array import Array, Shard
+from .devices import (SimDevice, Platform, device_count, devices, local_device_count,
+                      local_devices, platform, set_device_count)
+from .errors import (ConcretizationTypeError, DeadlockError, DeviceError, DivergenceError,
+                     MappedAxisError, SimpmdError, TracerArrayConversionError,
+                     TracerBoolConversionError, TracerIntegerConversionError, UnboundAxisError,
+                     CollectiveArgumentError)
+from .pmap import last_trace, pmap
+from .trace import Event, Trace
+
+__version__ = "0.1.0"

@@ -1,0 +1,125 @@
+"""What a top-level ``simpmd.pmap`` returns: the stacked result plus where each shard lives.
+
+It converts to NumPy with ``np.asarray`` and offers ``.addressable_shards``, ``.devices()``
+and ``.sharding`` the way a ``jax.Array`` does, so a learner can ask "which device holds
+which part?" of a simulated result just as of a real one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.lib.mixins import NDArrayOperatorsMixin
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One device's piece of an :class:`Array`, like ``jax.Array.addressable_shards[i]``."""
+
+    device: object          # a SimDevice
+    index: tuple            # where the piece sits in the global array (slices)
+    data: np.ndarray
+    replica_id: int = 0
+
+
+@dataclass(frozen=True)
+class PmapSharding:
+    """How an :class:`Array` is laid out: axis ``mapped_axis`` split over ``devices``.
+
+    ``mapped_axis`` is None for a replicated result (``out_axes=None``).
+    """
+
+    devices: tuple
+    mapped_axis: int | None
+
+    @property
+    def device_set(self):
+        return set(self.devices)
+
+    def __repr__(self):
+        where = "replicated" if self.mapped_axis is None else f"axis {self.mapped_axis} split"
+        return f"PmapSharding({where} over {len(self.devices)} simulated devices)"
+
+
+class Array(NDArrayOperatorsMixin):
+    """A result of ``simpmd.pmap``: behaves like a NumPy array, and knows its shards."""
+
+    __array_priority__ = 500
+
+    def __init__(self, value: np.ndarray, devices, mapped_axis: int | None):
+        self._value = value
+        self.sharding = PmapSharding(tuple(devices), mapped_axis)
+
+    @property
+    def addressable_shards(self) -> list[Shard]:
+        v, ax = self._value, self.sharding.mapped_axis
+        shards = []
+        for i, d in enumerate(self.sharding.devices):
+            if ax is None:
+                index = (slice(None),) * v.ndim
+                shards.append(Shard(d, index, v, replica_id=i))
+            else:
+                index = (slice(None),) * ax + (slice(i, i + 1),) + (slice(None),) * (v.ndim - ax - 1)
+                shards.append(Shard(d, index, v[index]))
+        return shards
+
+    def devices(self) -> set:
+        return set(self.sharding.devices)
+
+    def block_until_ready(self):
+        return self            # a simulation has finished by the time it returns
+
+    # -- behaving like a NumPy array -----------------------------------------------------
+    def __array__(self, dtype=None, copy=None):
+        return self._value if dtype is None else self._value.astype(dtype)
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        inputs = tuple(np.asarray(i) if isinstance(i, Array) else i for i in inputs)
+        return getattr(ufunc, method)(*inputs, **kwargs)
+
+    def __array_function__(self, func, types, args, kwargs):
+        def plain(x):
+            if isinstance(x, Array):
+                return x._value
+            if isinstance(x, (list, tuple)):
+                return type(x)(plain(i) for i in x)
+            return x
+        return func(*plain(args), **plain(kwargs))
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self._value, name)
+
+    shape = property(lambda self: self._value.shape)
+    dtype = property(lambda self: self._value.dtype)
+    ndim = property(lambda self: self._value.ndim)
+    size = property(lambda self: self._value.size)
+
+    def __len__(self):
+        return len(self._value)
+
+    def __iter__(self):
+        return iter(self._value)
+
+    def __getitem__(self, index):
+        return self._value[index]
+
+    def __bool__(self):
+        return bool(self._value)
+
+    def __float__(self):
+        return float(self._value)
+
+    def __int__(self):
+        return int(self._value)
+
+    def __index__(self):
+        return self._value.__index__()
+
+    def __repr__(self):
+        body = np.array2string(self._value, separator=", ", prefix="Array(")
+        return f"Array({body}, dtype={self._value.dtype})"
+
+    def __str__(self):
+        return str(self._value)

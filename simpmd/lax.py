@@ -1,0 +1,157 @@
+"""``simpmd.lax``: the collectives, spelled exactly as in ``jax.lax``.
+
+Called on a simulated device, each function joins a rendezvous of the simulation.
+Called anywhere else (for instance inside a real ``jax.pmap`` trace) it hands over to
+``jax.lax`` when JAX has been imported, so one function body runs on both engines.
+"""
+from __future__ import annotations
+
+import numbers
+import sys
+
+import numpy as np
+
+from . import errors, tree
+from .runtime import current_task
+from .traced import Traced
+
+__all__ = ["psum", "pmean", "pmax", "pmin", "all_gather", "psum_scatter", "ppermute",
+           "pshuffle", "all_to_all", "pswapaxes", "axis_index", "axis_size"]
+
+
+def _axes(axis_name) -> tuple:
+    if isinstance(axis_name, (tuple, list)):
+        return tuple(axis_name)
+    return (axis_name,)
+
+
+def _outside(name, *args, **kwargs):
+    """Outside a simulation: JAX's own collective, when JAX is in use."""
+    if "jax" in sys.modules:
+        import jax
+        return getattr(jax.lax, name)(*args, **kwargs)
+    raise errors.UnboundAxisError(
+        f"lax.{name} was called outside any simulated device, so no axis name is bound. "
+        f"Call it inside a function mapped with simpmd.pmap (or jax.pmap).")
+
+
+def _leaf_value(x):
+    if type(x) is Traced:
+        return x.value
+    if hasattr(x, "__jax_array__") or type(x).__module__.startswith("jax"):
+        raise errors.TracerArrayConversionError(
+            "a JAX array reached a simpmd collective inside a simulated device. Inside a "
+            "function that runs on both engines, use simpmd.numpy instead of jax.numpy.")
+    return np.asarray(x)
+
+
+def _run(op, x, axis_name, params, groups=None):
+    task = current_task()
+    leaves, treedef = tree.flatten(x)
+    values = [_leaf_value(v) for v in leaves]
+    groups = None if groups is None else [list(g) for g in groups]
+    outs = task.sim.collective(task, op, _axes(axis_name), values, params, groups)
+    eager = task.sim.eager
+    return tree.unflatten(treedef, [Traced(o, eager) for o in outs])
+
+
+def psum(x, axis_name, *, axis_index_groups=None):
+    """Sum ``x`` over the devices of ``axis_name``; every device gets the total."""
+    task = current_task()
+    if task is None:
+        return _outside("psum", x, axis_name, axis_index_groups=axis_index_groups)
+    leaves = tree.flatten(x)[0]
+    if leaves and axis_index_groups is None and all(
+            isinstance(v, numbers.Number) and not isinstance(v, np.generic) for v in leaves):
+        # A Python constant is known to every device: JAX folds psum(1, 'i') to the axis
+        # size without communicating, and returns a Python number.
+        _, size = task.sim.axis_position(task, _axes(axis_name), "psum")
+        return tree.tree_map(lambda v: v * size, x)
+    return _run("psum", x, axis_name, {}, axis_index_groups)
+
+
+def pmean(x, axis_name, *, axis_index_groups=None):
+    """Mean of ``x`` over the devices of ``axis_name``."""
+    if current_task() is None:
+        return _outside("pmean", x, axis_name, axis_index_groups=axis_index_groups)
+    return _run("pmean", x, axis_name, {}, axis_index_groups)
+
+
+def pmax(x, axis_name, *, axis_index_groups=None):
+    """Elementwise maximum of ``x`` over the devices of ``axis_name``."""
+    if current_task() is None:
+        return _outside("pmax", x, axis_name, axis_index_groups=axis_index_groups)
+    return _run("pmax", x, axis_name, {}, axis_index_groups)
+
+
+def pmin(x, axis_name, *, axis_index_groups=None):
+    """Elementwise minimum of ``x`` over the devices of ``axis_name``."""
+    if current_task() is None:
+        return _outside("pmin", x, axis_name, axis_index_groups=axis_index_groups)
+    return _run("pmin", x, axis_name, {}, axis_index_groups)
+
+
+def all_gather(x, axis_name, *, axis_index_groups=None, axis=0, tiled=False):
+    """Every device gets all devices' ``x``, stacked on a new ``axis`` (joined if ``tiled``)."""
+    if current_task() is None:
+        return _outside("all_gather", x, axis_name, axis_index_groups=axis_index_groups,
+                        axis=axis, tiled=tiled)
+    return _run("all_gather", x, axis_name, {"axis": axis, "tiled": bool(tiled)},
+                axis_index_groups)
+
+
+def psum_scatter(x, axis_name, *, scatter_dimension=0, axis_index_groups=None, tiled=False):
+    """Sum over ``axis_name``; device ``i`` keeps block ``i`` of ``scatter_dimension``."""
+    if current_task() is None:
+        return _outside("psum_scatter", x, axis_name, scatter_dimension=scatter_dimension,
+                        axis_index_groups=axis_index_groups, tiled=tiled)
+    return _run("psum_scatter", x, axis_name,
+                {"scatter_dimension": scatter_dimension, "tiled": bool(tiled)}, axis_index_groups)
+
+
+def ppermute(x, axis_name, perm):
+    """Send ``x`` along each ``(source, destination)`` pair; non-receivers get zeros."""
+    if current_task() is None:
+        return _outside("ppermute", x, axis_name, perm)
+    perm = tuple(tuple(int(i) for i in pair) for pair in perm)
+    return _run("ppermute", x, axis_name, {"perm": perm})
+
+
+def pshuffle(x, axis_name, perm):
+    """Device ``i`` receives ``x`` from device ``perm[i]``."""
+    if current_task() is None:
+        return _outside("pshuffle", x, axis_name, perm)
+    return _run("pshuffle", x, axis_name, {"perm": tuple(int(i) for i in perm)})
+
+
+def all_to_all(x, axis_name, split_axis, concat_axis, *, axis_index_groups=None, tiled=False):
+    """Block ``i`` of every device's ``split_axis`` goes to device ``i``, joined on ``concat_axis``."""
+    if current_task() is None:
+        return _outside("all_to_all", x, axis_name, split_axis, concat_axis,
+                        axis_index_groups=axis_index_groups, tiled=tiled)
+    return _run("all_to_all", x, axis_name, {"split_axis": split_axis,
+                "concat_axis": concat_axis, "tiled": bool(tiled)}, axis_index_groups)
+
+
+def pswapaxes(x, axis_name, axis, *, axis_index_groups=None):
+    """Swap the mapped axis ``axis_name`` with the local dimension ``axis``."""
+    if current_task() is None:
+        return _outside("pswapaxes", x, axis_name, axis, axis_index_groups=axis_index_groups)
+    return _run("pswapaxes", x, axis_name, {"axis": axis}, axis_index_groups)
+
+
+def axis_index(axis_name):
+    """This device's position along ``axis_name`` (row-major over a tuple of names)."""
+    task = current_task()
+    if task is None:
+        return _outside("axis_index", axis_name)
+    index, _ = task.sim.axis_position(task, _axes(axis_name), "axis_index")
+    return Traced(np.asarray(index, dtype=np.int32), task.sim.eager)
+
+
+def axis_size(axis_name):
+    """How many devices ``axis_name`` spans (a Python int, known before anything runs)."""
+    task = current_task()
+    if task is None:
+        return _outside("axis_size", axis_name)
+    return task.sim.axis_position(task, _axes(axis_name), "axis_size")[1]

@@ -1,0 +1,295 @@
+"""``simpmd.pmap``: split the arguments, run one program per device, stack the results.
+
+Mirrors ``jax.pmap``: ``in_axes``/``out_axes`` as an int, ``None`` (broadcast /
+replicated) or a pytree prefix, ``static_broadcasted_argnums``, ``devices=`` and
+``axis_size``. A pmap called inside a mapped function is *nested*: it maps a second axis
+over a sub-grid of devices (devices are numbered row-major over the grid), with the
+original JAX semantics that today's JAX no longer runs.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import warnings
+
+import numpy as np
+
+from .devices import device_count, devices as platform_devices
+from . import errors, tree
+from .array import Array
+from .runtime import Simulation, current_task
+from .trace import Trace
+from .traced import Traced
+
+_last_trace = None
+
+
+def last_trace():
+    """The trace of the most recent top-level pmap run (or None)."""
+    return _last_trace
+
+
+def pmap(fun=None, axis_name=None, *, in_axes=0, out_axes=0, static_broadcasted_argnums=(),
+         devices=None, axis_size=None, eager=False, donate_argnums=(), backend=None):
+    """Map ``fun`` over simulated devices, like ``jax.pmap``.
+
+    ``eager=True`` (simpmd only) lets the body use Python control flow on array values,
+    which real JAX refuses; runs made that way are labelled as such in their trace.
+    """
+    if fun is None or not callable(fun):
+        raise TypeError(
+            "pmap needs the function as its first argument. To give options in a decorator, "
+            "write @functools.partial(simpmd.pmap, axis_name='i') (as with jax.pmap), or "
+            "call simpmd.pmap(f, axis_name='i').")
+    return Pmapped(fun, axis_name, in_axes, out_axes, static_broadcasted_argnums, devices,
+                   axis_size, eager)
+
+
+def _argnums(nums):
+    return (nums,) if isinstance(nums, int) else tuple(nums)
+
+
+class Pmapped:
+    """A function mapped over simulated devices; ``.trace`` shows its last run."""
+
+    def __init__(self, fun, axis_name, in_axes, out_axes, static_argnums, devices, axis_size,
+                 eager):
+        functools.update_wrapper(self, fun)
+        self.fun, self.axis_name = fun, axis_name
+        self.in_axes, self.out_axes = in_axes, out_axes
+        self.static_argnums = _argnums(static_argnums)
+        self.devices, self.axis_size, self.eager = devices, axis_size, eager
+        self.trace: Trace | None = None
+        try:
+            params = inspect.signature(fun).parameters.values()
+            self._param_names = [p.name for p in params
+                                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        except (TypeError, ValueError):
+            self._param_names = []
+
+    def __repr__(self):
+        return f"<simpmd.pmap of {getattr(self.fun, '__name__', self.fun)!r} over {self.axis_name!r}>"
+
+    def _arg_name(self, i):
+        names = self._param_names
+        return names[i] if i < len(names) else f"argument {i}"
+
+    # -- splitting ----------------------------------------------------------------------
+    def _split(self, args, kwargs, max_devices):
+        """Per-leaf mapped axes and the mapped size, with errors a learner can act on."""
+        n_args = len(args)
+        static = {a % n_args if n_args else a for a in self.static_argnums}
+        for a in static:
+            try:
+                hash(args[a])
+            except TypeError:
+                raise TypeError(
+                    f"static_broadcasted_argnums names {self._arg_name(a)} (position {a}), but "
+                    f"its value of type {type(args[a]).__name__} is not hashable. Static "
+                    f"arguments must be hashable (JAX compiles once per value): pass a tuple "
+                    f"instead of a list, or make it a regular (traced) argument.") from None
+        if isinstance(self.in_axes, (tuple, list)):
+            if len(self.in_axes) != n_args:
+                raise ValueError(
+                    f"in_axes has {len(self.in_axes)} entries but the function was called with "
+                    f"{n_args} positional arguments; give one entry (int or None) per argument.")
+            per_arg = list(self.in_axes)
+        else:
+            per_arg = [self.in_axes] * n_args
+        leaves_by_arg, axes_by_arg, paths_by_arg, defs = [], [], [], []
+        for i, a in enumerate(args):
+            leaves, td = tree.flatten(a)
+            defs.append(td)
+            if i in static:
+                leaves_by_arg.append(None); axes_by_arg.append(None); paths_by_arg.append(None)
+                continue
+            axes = tree.broadcast_prefix(per_arg[i], a, what=f"in_axes[{i}]")
+            leaves_by_arg.append(leaves)
+            axes_by_arg.append(axes)
+            paths_by_arg.append([self._arg_name(i) + p for p in tree.leaf_paths(a)])
+        kw_leaves, kw_def = tree.flatten(kwargs)
+        kw_paths = tree.leaf_paths(kwargs, "kwargs")
+
+        mapped = []             # (path, shape, axis) of every mapped leaf
+        arrays = []
+        for leaves, axes, paths in zip(leaves_by_arg + [kw_leaves], axes_by_arg + [[0] * len(kw_leaves)],
+                                       paths_by_arg + [kw_paths]):
+            if leaves is None:
+                arrays.append(None)
+                continue
+            conv = []
+            for leaf, ax, path in zip(leaves, axes, paths):
+                value = leaf.value if type(leaf) is Traced else np.asarray(leaf)
+                if ax is not None:
+                    if not isinstance(ax, (int, np.integer)):
+                        raise TypeError(f"in_axes entry for {path} is {ax!r}; use an int or None.")
+                    if value.ndim == 0:
+                        raise errors.MappedAxisError(
+                            f"{path} is a scalar (shape ()), so it has no axis {ax} to split "
+                            f"across devices. Real JAX says only 'IndexError: tuple index out of "
+                            f"range' or 'pmap requires at least one argument with a mapped "
+                            f"axis' here. To give every device the same value, mark it "
+                            f"in_axes=None (e.g. in_axes=(None, 0)); to give each device its "
+                            f"own value, pass an array with one entry per device.")
+                    if not -value.ndim <= ax < value.ndim:
+                        raise errors.MappedAxisError(
+                            f"{path} has shape {value.shape}, which has no axis {ax} to map "
+                            f"(in_axes must be in {-value.ndim}..{value.ndim - 1}).")
+                    ax = ax % value.ndim
+                    mapped.append((path, value.shape, ax))
+                conv.append((value, ax))
+            arrays.append(conv)
+
+        sizes = {shape[ax] for _, shape, ax in mapped}
+        if len(sizes) > 1:
+            listing = "\n".join(f"  {path}: shape {shape}, in_axes {ax} -> size {shape[ax]}"
+                                for path, shape, ax in mapped)
+            raise errors.MappedAxisError(
+                "the mapped arguments disagree on the mapped size (the number of devices):\n"
+                f"{listing}\nEvery mapped argument needs the same size along its mapped axis. "
+                "Fix the shapes, or mark arguments that every device should see whole with "
+                "in_axes=None. (Real JAX reports this as an IndivisibleError about shardings.)")
+        if sizes:
+            size = sizes.pop()
+            if self.axis_size is not None and self.axis_size != size:
+                raise errors.MappedAxisError(
+                    f"axis_size={self.axis_size} but the mapped arguments have size {size} "
+                    f"along their mapped axes; drop axis_size or make them agree.")
+        elif self.axis_size is not None:
+            size = int(self.axis_size)     # JAX 0.10 refuses this; original pmap allowed it
+        else:
+            raise errors.MappedAxisError(
+                "pmap requires at least one argument with a mapped axis (in_axes not None), "
+                "or axis_size=n to say how many devices to use.")
+        if size > max_devices:
+            count = device_count()
+            raise errors.MappedAxisError(
+                f"the mapped axis has size {size}, but only {max_devices} simulated devices are "
+                f"available ({count} on the platform). pmap runs one shard per device, so the "
+                f"mapped size can be at most the device count. Call "
+                f"simpmd.set_device_count({size}), or reshape the data to "
+                f"({max_devices}, -1, ...) so each device takes several rows.")
+        if size == 0:
+            raise errors.MappedAxisError("the mapped axis has size 0: there is nothing to run.")
+        return static, defs, kw_def, arrays, paths_by_arg + [kw_paths], size
+
+    # -- calling --------------------------------------------------------------------------
+    def __call__(self, *args, **kwargs):
+        global _last_trace
+        parent = current_task()
+        if parent is not None and self.devices is not None:
+            raise ValueError("a nested pmap cannot take devices=: its devices are the "
+                             "sub-grid of the outer pmap's devices.")
+        if parent is None:
+            device_list = list(self.devices) if self.devices is not None else platform_devices()
+            for d in device_list:
+                if type(d).__name__ != "SimDevice":
+                    raise TypeError(f"devices= must list simpmd.devices(), got {d!r}")
+            sim = Simulation(device_list, eager=self.eager)
+            max_devices = len(device_list)
+        else:
+            sim = parent.sim
+            max_devices = len(sim.device_list)
+        static, defs, kw_def, arrays, paths, size = self._split(args, kwargs, max_devices)
+
+        eager = sim.eager
+        per_device = []
+        for i in range(size):
+            dev_args = []
+            for a, (conv, td) in enumerate(zip(arrays[:-1], defs)):
+                if conv is None:
+                    dev_args.append(args[a])
+                    continue
+                leaves = [Traced(_take(v, ax, i), eager) for v, ax in conv]
+                dev_args.append(tree.unflatten(td, leaves))
+            kw = tree.unflatten(kw_def, [Traced(_take(v, ax, i), eager) for v, ax in arrays[-1]])
+            per_device.append((dev_args, kw))
+
+        fun = self.fun
+        run_one = (lambda a, k: fun(*a, **k))
+        tasks = sim.new_tasks(run_one, per_device, self.axis_name, size, parent)
+        for i, t in enumerate(tasks):
+            for conv, leaf_paths in zip(arrays, paths):
+                if conv is None:
+                    continue
+                for (v, ax), path in zip(conv, leaf_paths):
+                    if ax is None:
+                        detail = f"{path} whole (in_axes=None)"
+                        shard = v
+                    else:
+                        detail = f"{path}[{':, ' * ax}{i}] of shape {v.shape}"
+                        shard = _take(v, ax, i)
+                    sim.log(t, "receive", inputs=(shard,), detail=detail)
+
+        if parent is None:
+            try:
+                sim.run(tasks)
+            except errors.SimpmdError as exc:
+                self.trace = _last_trace = exc.trace
+                raise
+            outputs = self._stack(sim, tasks, nested=False)
+            sim.finalize()
+            self.trace = _last_trace = Trace(sim.events, eager=eager)
+            return outputs
+        sim.run_nested(parent, tasks)
+        return self._stack(sim, tasks, nested=True)
+
+    # -- stacking -------------------------------------------------------------------------
+    def _stack(self, sim, tasks, nested):
+        results = [tree.flatten(t.result) for t in tasks]
+        treedef = results[0][1]
+        for t, (_, td) in zip(tasks, results):
+            if td != treedef:
+                raise errors.DivergenceError(
+                    f"{t.where()} returned a result of structure {td}, but {tasks[0].where()} "
+                    f"returned {treedef}; every device must return the same structure.")
+        out_axes = tree.broadcast_prefix(self.out_axes, tree.unflatten(treedef, results[0][0]),
+                                         what="out_axes")
+        leaves = []
+        devices = [t.device for t in tasks]
+        for k, ax in enumerate(out_axes):
+            values = [_plain(r[0][k]) for r in results]
+            if ax is None:
+                differ = [t.where() for t, v in zip(tasks[1:], values[1:])
+                          if v.shape != values[0].shape or not np.array_equal(v, values[0])]
+                if differ:
+                    warnings.warn(
+                        f"out_axes=None returns one copy of a result that should be the same on "
+                        f"every device, but {', '.join(differ[:4])} hold(s) a different value "
+                        f"than {tasks[0].where()}. simpmd returns the first device's value, as "
+                        f"JAX does (JAX does not check). Reduce it first (e.g. lax.pmean).",
+                        stacklevel=3)
+                stacked = values[0]
+            else:
+                if not -(values[0].ndim + 1) <= ax <= values[0].ndim:
+                    raise ValueError(f"out_axes={ax} is out of range for results of shape "
+                                     f"{values[0].shape}.")
+                ax = ax % (values[0].ndim + 1)
+                stacked = np.stack(values, axis=ax)
+            for i, (t, v) in enumerate(zip(tasks, values)):
+                where = "whole (out_axes=None)" if ax is None else f"[{':, ' * ax}{i}]"
+                sim.log(t, "return", outputs=(v,), detail=f"out{_leaf_label(treedef, k)}{where}")
+            leaves.append(Traced(stacked, sim.eager) if nested
+                          else Array(stacked, devices, ax))
+        return tree.unflatten(treedef, leaves)
+
+
+def _leaf_label(treedef, k):
+    if treedef.kind == "leaf":
+        return ""
+    dummy = tree.unflatten(treedef, list(range(treedef.num_leaves)))
+    return tree.leaf_paths(dummy)[k]
+
+
+def _take(value, axis, i):
+    if axis is None:
+        return value
+    return value[(slice(None),) * axis + (i,)]
+
+
+def _plain(x):
+    if type(x) is Traced:
+        return x.value
+    if isinstance(x, Array):
+        return np.asarray(x)
+    return np.asarray(x)

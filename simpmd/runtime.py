@@ -1,0 +1,449 @@
+"""Runs one program per simulated device and meets them at collectives.
+
+Every simulated device runs the user's function on its own thread, but only one thread
+runs at a time: a device runs until it reaches a collective (or finishes), then hands
+the *baton* to the next device in the run queue. A collective is a *rendezvous*: the
+last member of the group to arrive combines everyone's values in one NumPy call (see
+``collectives.py``), hands each member its result and carries on; the others wake up in
+turn. Running one device at a time makes every run deterministic, and it makes the two
+failure modes of SPMD programs easy to see: when the run queue is empty but some devices
+still wait, nobody can ever wake them (a deadlock), and a member that arrives with a
+different collective than its group's (a divergence) is caught on arrival.
+
+The threads are kept in a pool between runs, so a step on 1024 devices does not start
+1024 threads.
+"""
+from __future__ import annotations
+
+from collections import deque
+import linecache
+import math
+import os
+import sys
+import threading
+
+import numpy as np
+
+from . import collectives, errors
+from .trace import Event, Trace
+from .traced import Traced
+from . import tree
+
+_here = os.path.dirname(os.path.abspath(__file__))
+_local = threading.local()            # .task: the program this thread is running
+_idle_workers: list = []              # parked worker threads, reused across runs
+_WORKER_STACK = 1 << 20               # 1 MiB is plenty for a device's Python frames
+
+
+def current_task():
+    """The program running on this thread, or None outside a simulation."""
+    return getattr(_local, "task", None)
+
+
+class _Cancelled(BaseException):
+    """Unwinds a waiting device's program when a run is abandoned (not an Exception, so
+    user code's ``except Exception`` cannot swallow it)."""
+
+
+class _Worker:
+    """A persistent thread that runs one program at a time, parked on its own lock."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.lock.acquire()
+        self.task = None
+        old = threading.stack_size()
+        try:
+            threading.stack_size(_WORKER_STACK)
+            self.thread = threading.Thread(target=self._loop, name="simpmd-device", daemon=True)
+            self.thread.start()
+        finally:
+            threading.stack_size(old)
+
+    def _loop(self):
+        while True:
+            self.lock.acquire()
+            task = self.task
+            task.sim._execute(task)
+
+
+class Task:
+    """One program: the user's function running on one device (or one outer nested body)."""
+
+    __slots__ = ("sim", "fun", "args", "coords", "parent", "children", "pending_children",
+                 "state", "result", "error", "worker", "log", "calls", "inbox", "waiting",
+                 "cancelled", "device", "devices", "label", "flat_index")
+
+    def __init__(self, sim, fun, args, coords, parent=None):
+        self.sim, self.fun, self.args, self.coords, self.parent = sim, fun, args, coords, parent
+        self.children: list = []
+        self.pending_children = 0
+        self.state = "new"
+        self.result = self.error = self.worker = self.inbox = self.waiting = None
+        self.log: list = []
+        self.calls = 0
+        self.cancelled = False
+        self.device = None
+        self.devices: tuple = ()
+        self.label = ""
+        self.flat_index = 0
+
+    def where(self) -> str:
+        """'device 3 (data=1, model=1)': how error messages name this program."""
+        coords = ", ".join(f"{n}={i}" for n, i, _ in self.coords)
+        if self.children:
+            return f"the outer body at {coords} (devices {_span(self.devices)})"
+        return f"device {self.device.id} ({coords})"
+
+
+def _span(ids) -> str:
+    ids = list(ids)
+    if len(ids) > 2 and ids == list(range(ids[0], ids[-1] + 1)):
+        return f"{ids[0]}-{ids[-1]}"
+    return ", ".join(map(str, ids))
+
+
+def caller_source() -> tuple[str, str]:
+    """('file.py:12', 'the code on that line') for the user code that called into simpmd."""
+    frame = sys._getframe(1)
+    while frame is not None and os.path.dirname(os.path.abspath(frame.f_code.co_filename)) == _here:
+        frame = frame.f_back
+    if frame is None:
+        return "", ""
+    filename, line = frame.f_code.co_filename, frame.f_lineno
+    code = linecache.getline(filename, line).strip()
+    name = os.path.basename(filename)
+    if "ipykernel" in filename or filename.startswith("<ipython"):
+        name = "<cell>"              # notebook cells get temporary, machine-dependent names
+    return f"{name}:{line}", code
+
+
+class _Rendezvous:
+    """The members of one group that have arrived at one collective, waiting for the rest."""
+
+    __slots__ = ("key", "op", "axes", "params", "size", "signature", "arrived", "group_label")
+
+    def __init__(self, key, op, axes, params, size, signature, group_label):
+        self.key, self.op, self.axes, self.params = key, op, axes, params
+        self.size, self.signature, self.group_label = size, signature, group_label
+        self.arrived: dict = {}          # member index -> (task, leaves, source, code)
+
+
+class Simulation:
+    """One run of a top-level pmap (and any pmaps nested inside it)."""
+
+    def __init__(self, device_list, eager=False):
+        self.device_list = list(device_list)
+        self.eager = eager
+        self.runq: deque = deque()
+        self.main_lock = threading.Lock()
+        self.main_lock.acquire()
+        self.pending: dict = {}           # rendezvous key -> _Rendezvous
+        self.events: list = []            # every event, in the order it happened
+        self.step = 0
+        self.failure = None               # the first (task, exception)
+        self.tasks: list = []
+
+    # -- creating programs --------------------------------------------------------------
+    def new_tasks(self, fun, per_device_args, axis_name, size, parent=None):
+        """One task per index of a new mapped axis, below ``parent`` (None: top level)."""
+        base = parent.coords if parent else ()
+        base_index = parent.flat_index if parent else 0
+        made = []
+        for i, args in enumerate(per_device_args):
+            t = Task(self, fun, args, base + ((axis_name, i, size),), parent)
+            t.flat_index = base_index * size + i
+            made.append(t)
+        self.tasks.extend(made)
+        total = math.prod(s for _, _, s in made[0].coords) if made else 0
+        if total > len(self.device_list):
+            shape = " x ".join(f"{n}={s}" for n, _, s in made[0].coords)
+            raise errors.MappedAxisError(
+                f"nested pmap needs a grid of {shape} = {total} devices, but only "
+                f"{len(self.device_list)} are available. Call simpmd.set_device_count({total}) "
+                f"or map smaller sizes.")
+        for t in made:
+            t.device = self.device_list[t.flat_index] if total else None
+            t.devices = (t.device,)
+        return made
+
+    def log(self, task, kind, **fields):
+        event = Event(kind=kind, program="", coords=task.coords, seq=len(task.log),
+                      step=self.step, **fields)
+        event._task = task
+        task.log.append(event)
+        self.events.append(event)
+        return event
+
+    # -- running --------------------------------------------------------------------------
+    def run(self, tasks):
+        """Run top-level ``tasks`` to completion (called from the user's thread).
+
+        The caller logs what the programs returned, then calls :meth:`finalize`.
+        """
+        self.runq.extend(tasks)
+        for t in tasks:
+            t.state = "ready"
+        self._switch()
+        self.main_lock.acquire()           # woken when the run queue runs dry
+        stuck = [t for t in self.tasks if t.state == "blocked"]
+        if stuck or self.failure:
+            problem = self._diagnose(stuck)
+            self._cancel(stuck)
+            self.finalize()
+            problem.trace = Trace(self.events)
+            raise problem
+
+    def run_nested(self, parent, tasks):
+        """Run ``tasks`` (an inner pmap) from inside ``parent``'s program; wait for them."""
+        parent.children.extend(tasks)
+        parent.pending_children = len(tasks)
+        for t in tasks:
+            t.state = "ready"
+        self.runq.extend(tasks)
+        parent.waiting = ("children", None)
+        self._block(parent)
+
+    def _switch(self):
+        """Hand the baton to the next ready program, or back to the user's thread."""
+        if self.runq:
+            task = self.runq.popleft()
+            task.state = "running"
+            if task.worker is None:
+                worker = _idle_workers.pop() if _idle_workers else _Worker()
+                worker.task, task.worker = task, worker
+            task.worker.lock.release()
+        else:
+            self.main_lock.release()
+
+    def _block(self, task):
+        """Park ``task`` until another program puts it back on the run queue."""
+        task.state = "blocked"
+        self._switch()
+        task.worker.lock.acquire()
+        if task.cancelled:
+            raise _Cancelled()
+        task.waiting = None
+
+    def _wake(self, task):
+        task.state = "ready"
+        self.runq.append(task)
+
+    def _execute(self, task):
+        """Body of a worker's turn: run the program, record how it ended, pass the baton."""
+        _local.task = task
+        try:
+            task.result = task.fun(*task.args)
+            task.state = "done"
+        except _Cancelled:
+            task.state = "cancelled"
+        except BaseException as exc:               # reported after the run, with the logs
+            task.state = "failed"
+            task.error = exc
+            if self.failure is None:
+                self.failure = (task, exc)
+            self.log(task, "error", detail=f"{type(exc).__name__}: {exc}")
+        finally:
+            _local.task = None
+        parent = task.parent
+        if parent is not None and task.state != "cancelled":
+            parent.pending_children -= 1
+            if parent.pending_children == 0 and parent.state == "blocked" and not self.failure:
+                self._wake(parent)
+        worker = task.worker
+        task.worker = worker.task = None
+        _idle_workers.append(worker)
+        self._switch()
+
+    def _cancel(self, stuck):
+        """Unwind every waiting program so its worker thread returns to the pool."""
+        if not stuck:
+            return
+        for t in stuck:                 # the log says where each one was left waiting
+            if t.waiting and t.waiting[0] == "collective":
+                rv = t.waiting[1]
+                source = next(a[2] for a in rv.arrived.values() if a[0] is t)
+                self.log(t, "error", source=source, detail=(
+                    f"still waiting in {rv.op} over {rv.axes} when the run stopped"))
+            elif t.waiting:
+                self.log(t, "error", detail="still waiting for its inner pmap when the run stopped")
+        for t in stuck:
+            t.cancelled = True
+            self._wake(t)
+        self._switch()
+        self.main_lock.acquire()
+
+    # -- collectives ----------------------------------------------------------------------
+    def axis_position(self, task, axis_names, opname):
+        """(index, size) of ``task`` along ``axis_names`` combined row-major."""
+        env = {n: (i, s) for n, i, s in task.coords}
+        index, size = 0, 1
+        for name in axis_names:
+            if name not in env:
+                scope = ", ".join(repr(n) for n, _, _ in task.coords) or "none"
+                raise errors.UnboundAxisError(
+                    f"{opname} on {task.where()} names axis {name!r}, but no enclosing pmap "
+                    f"binds it. Axis names in scope: {scope}. Pass axis_name={name!r} to the "
+                    f"pmap that maps this axis, or use one of the names in scope.")
+            i, s = env[name]
+            index, size = index * s + i, size * s
+        return index, size
+
+    def collective(self, task, op, axis_names, leaves, params, groups):
+        """Join collective ``op`` over ``axis_names``; return this member's output leaves."""
+        index, size = self.axis_position(task, axis_names, op)
+        group_id, member, p = None, index, size
+        if groups is not None:
+            _check_groups(groups, size, op, task, axis_names)
+            group_id, member = _find_group(groups, index)
+            p = len(groups[group_id])
+        check = collectives.PRECHECK.get(op)
+        if check is not None:
+            check(leaves, p, params, task.where(), axis_names)
+        rest = tuple((n, i) for n, i, _ in task.coords if n not in axis_names)
+        scope = tuple(n for n, _, _ in task.coords)
+        key = (scope, axis_names, rest, group_id)
+        signature = (op, _freeze(params), tuple((np.shape(v), np.asarray(v).dtype.str) for v in leaves))
+        source, code = caller_source()
+        task.calls += 1
+        rv = self.pending.get(key)
+        if rv is None:
+            label = tuple(groups[group_id]) if groups is not None else None
+            rv = self.pending[key] = _Rendezvous(key, op, axis_names, params, p, signature, label)
+        elif rv.signature != signature:
+            first_task, _, first_source, _ = next(iter(rv.arrived.values()))
+            raise errors.DivergenceError(
+                f"devices of one group called different collectives: {first_task.where()} "
+                f"called {_describe(rv.signature)} over {axis_names} at {first_source}, but "
+                f"{task.where()} called {_describe(signature)} at {source}. Every device of a "
+                f"group must call the same collectives, in the same order, with the same "
+                f"shapes; look for Python control flow or state that differs between devices.")
+        rv.arrived[member] = (task, leaves, source, code)
+        if len(rv.arrived) < p:
+            task.waiting = ("collective", rv)
+            self._block(task)
+            return task.inbox
+        del self.pending[key]
+        return self._complete(rv, task)
+
+    def _complete(self, rv, me):
+        members = [rv.arrived[m] for m in range(rv.size)]
+        n_leaves = len(members[0][1])
+        math_fn = collectives.MATH[rv.op]
+        per_leaf = [math_fn([m[1][k] for m in members], **rv.params) for k in range(n_leaves)]
+        bytes_fn = collectives.WIRE_BYTES[rv.op]
+        group_tasks = tuple(m[0] for m in members)
+        self.step += 1
+        for pos, (task, leaves, source, code) in enumerate(members):
+            outs = tuple(per_leaf[k][pos] for k in range(n_leaves))
+            sent = received = 0
+            for leaf in leaves:
+                s, r = bytes_fn(np.asarray(leaf).nbytes, rv.size, pos, **rv.params)
+                sent, received = sent + s, received + r
+            event = self.log(task, "collective", call=task.calls, op=rv.op, axes=rv.axes,
+                             member=pos, params=dict(rv.params), inputs=tuple(leaves),
+                             outputs=outs, bytes_sent=sent, bytes_received=received,
+                             source=source, code=code)
+            event._group = group_tasks
+            if task is not me:
+                task.inbox = outs
+                self._wake(task)
+        mine = group_tasks.index(me)
+        return tuple(per_leaf[k][mine] for k in range(n_leaves))
+
+    # -- after the run ---------------------------------------------------------------------
+    def finalize(self):
+        """Name each program by its devices, now that nesting has settled who spans what."""
+        for t in reversed(self.tasks):          # children were created after parents
+            if t.children:
+                t.devices = tuple(d for c in t.children for d in c.devices)
+                t.device = None
+        for t in self.tasks:
+            coords = ", ".join(f"{n}={i}" for n, i, _ in t.coords)
+            t.label = coords if t.children else f"device {t.device.id}"
+        named: dict = {}                        # one group tuple shared by its members
+        for e in self.events:
+            t = e.__dict__.pop("_task")
+            e.program = t.label
+            e.device = None if t.children else t.device.id
+            e.devices = tuple(d.id for d in t.devices)
+            group = e.__dict__.pop("_group", None)
+            if group is not None:
+                if id(group) not in named:
+                    named[id(group)] = (
+                        tuple(g.device.id if not g.children else g.label for g in group),
+                        tuple(g.label for g in group))
+                e.group, e.group_programs = named[id(group)]
+
+    def _diagnose(self, stuck):
+        """The error that explains why the run could not finish."""
+        if self.failure is not None:
+            task, exc = self.failure
+            if isinstance(exc, errors.SimpmdError):
+                if task.where() not in str(exc):
+                    exc.args = (f"on {task.where()}: {exc}",) + exc.args[1:]
+                return exc
+            waiting = [t for t in stuck if t.waiting and t.waiting[0] == "collective"]
+            note = ""
+            if waiting:
+                note = (f" Meanwhile {len(waiting)} other program(s) waited for it at a "
+                        f"collective; their logs are kept in the trace.")
+            err = errors.DeviceError(
+                f"the mapped function raised {type(exc).__name__} on {task.where()}: {exc}.{note}",
+                device=task.device.id if task.device is not None else None, original=exc)
+            err.__cause__ = exc
+            return err
+        lines = []
+        for rv in self.pending.values():
+            arrived = sorted(rv.arrived)
+            who = [rv.arrived[m][0].where() for m in arrived]
+            src = rv.arrived[arrived[0]][2]
+            missing = [m for m in range(rv.size) if m not in rv.arrived]
+            lines.append(f"- {', '.join(who)} wait(s) in {rv.op} over {rv.axes} at {src} "
+                         f"for group member(s) {missing} of {rv.size}")
+        finished = [t.where() for t in self.tasks if t.state == "done" and not t.children]
+        if finished:
+            lines.append(f"- finished without joining: {', '.join(finished[:8])}"
+                         + (" ..." if len(finished) > 8 else ""))
+        return errors.DeadlockError(
+            "deadlock: some devices wait at a collective that the rest of their group will "
+            "never reach, so the run can never finish.\n" + "\n".join(lines) +
+            "\nEvery device of a group must reach the same collectives in the same order; "
+            "look for a collective inside Python control flow that differs between devices.")
+
+
+def _check_groups(groups, size, op, task, axis_names):
+    flat = sorted(i for g in groups for i in g)
+    if flat != list(range(size)):
+        raise errors.CollectiveArgumentError(
+            f"{op} on {task.where()}: axis_index_groups={groups} must use every index of axis "
+            f"{axis_names} (size {size}) exactly once; it covers {flat}. List each index "
+            f"0..{size - 1} in exactly one group.")
+    sizes = {len(g) for g in groups}
+    if len(sizes) > 1 and op not in ("psum", "pmean", "pmax", "pmin"):
+        raise errors.CollectiveArgumentError(
+            f"{op} on {task.where()}: axis_index_groups={groups} has groups of sizes "
+            f"{sorted(len(g) for g in groups)}; {op} needs groups of equal size. Split the "
+            f"axis into groups of one size.")
+
+
+def _find_group(groups, index):
+    for g, members in enumerate(groups):
+        if index in members:
+            return g, list(members).index(index)
+    raise errors.CollectiveArgumentError(f"axis index {index} is in no axis_index_groups group")
+
+
+def _freeze(params):
+    def f(v):
+        if isinstance(v, (list, tuple)):
+            return tuple(f(i) for i in v)
+        return v
+    return tuple(sorted((k, f(v)) for k, v in params.items()))
+
+
+def _describe(signature):
+    op, params, shapes = signature
+    kw = ", ".join(f"{k}={v}" for k, v in params)
+    shp = ", ".join(f"{np.dtype(d).name}{list(s)}" for s, d in shapes)
+    return f"{op}({shp}{', ' + kw if kw else ''})"

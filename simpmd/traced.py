@@ -1,0 +1,236 @@
+"""The value a mapped function sees on one simulated device.
+
+Real JAX never runs the Python body of a ``pmap``-ed function on numbers: it traces it
+once with abstract *tracers*, so anything that needs a concrete value (``if x > 0``,
+``int(x)``, ``range(n)`` with ``n`` an array) fails with ``TracerBoolConversionError``
+and its relatives. simpmd does run the body on numbers, once per device, so it wraps
+every per-device value in :class:`Traced`, which computes like a NumPy array but refuses
+what JAX refuses. With ``pmap(..., eager=True)`` the refusals are lifted, for programs
+that real JAX cannot run.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.mixins import NDArrayOperatorsMixin
+
+from . import errors
+
+_BOOL_HINT = (
+    "JAX traces a mapped function once for all devices, so the value of an array is not "
+    "known while Python runs the body, and Python control flow cannot depend on it "
+    "(real JAX raises {name} here). Use jnp.where / lax.cond / lax.select for choices "
+    "that depend on values, or pass the value as a static argument "
+    "(static_broadcasted_argnums). simpmd.pmap(..., eager=True) runs it anyway, as a "
+    "program real JAX cannot run.")
+
+
+def unwrap(x):
+    """The NumPy value inside ``x`` (recursing into lists, tuples and dicts)."""
+    if type(x) is Traced:
+        return x.value
+    if isinstance(x, (list, tuple)):
+        items = [unwrap(i) for i in x]
+        return type(x)(items) if type(x) in (list, tuple) else type(x)(*items)
+    if isinstance(x, dict):
+        return {k: unwrap(v) for k, v in x.items()}
+    return x
+
+
+def wrap(x, eager: bool):
+    """Wrap NumPy results (arrays, scalars, tuples of them) back into :class:`Traced`."""
+    if isinstance(x, np.ndarray):
+        return Traced(x, eager)
+    if isinstance(x, (np.generic, bool)):
+        return Traced(np.asarray(x), eager)
+    if isinstance(x, tuple) and not hasattr(type(x), "_fields"):
+        return tuple(wrap(i, eager) for i in x)
+    if isinstance(x, list):
+        return [wrap(i, eager) for i in x]
+    return x
+
+
+def _eager_of(args) -> bool:
+    for a in args:
+        if type(a) is Traced:
+            return a.eager
+    return False
+
+
+class Traced(NDArrayOperatorsMixin):
+    """A per-device array inside a mapped function: NumPy arithmetic, JAX's refusals."""
+
+    __slots__ = ("value", "eager")
+    __array_priority__ = 1000
+
+    def __init__(self, value, eager: bool = False):
+        self.value = value if isinstance(value, np.ndarray) else np.asarray(value)
+        self.eager = eager
+
+    # -- computing -------------------------------------------------------------------
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        if kwargs.get("out") is not None:
+            raise TypeError(
+                f"np.{ufunc.__name__}(..., out=...) writes into an array in place; JAX arrays "
+                "are immutable. Use the returned value instead.")
+        result = getattr(ufunc, method)(*unwrap(inputs), **unwrap(kwargs))
+        return wrap(result, _eager_of(inputs))
+
+    def __array_function__(self, func, types, args, kwargs):
+        result = func(*unwrap(args), **unwrap(kwargs))
+        return wrap(result, _eager_of(args) or _eager_of(tuple(kwargs.values())))
+
+    # In-place operators rebind the name to a new value, as they do for JAX arrays.
+    def __iadd__(self, other): return self + other
+    def __isub__(self, other): return self - other
+    def __imul__(self, other): return self * other
+    def __itruediv__(self, other): return self / other
+    def __ifloordiv__(self, other): return self // other
+    def __ipow__(self, other): return self ** other
+    def __imatmul__(self, other): return self @ other
+    def __imod__(self, other): return self % other
+
+    def __getattr__(self, name):
+        if name.startswith("__"):     # keep NumPy from finding __array_interface__ etc.
+            raise AttributeError(name)
+        attr = getattr(self.value, name)
+        if callable(attr):
+            eager = self.eager
+
+            def method(*args, **kwargs):
+                return wrap(attr(*unwrap(args), **unwrap(kwargs)), eager)
+            method.__name__ = name
+            return method
+        return wrap(attr, self.eager)
+
+    # Static facts: known to JAX while tracing, so plain Python values here too.
+    shape = property(lambda self: self.value.shape)
+    dtype = property(lambda self: self.value.dtype)
+    ndim = property(lambda self: self.value.ndim)
+    size = property(lambda self: self.value.size)
+    T = property(lambda self: Traced(self.value.T, self.eager))
+
+    def __len__(self):
+        if self.value.ndim == 0:
+            raise TypeError("len() of a 0-d array (a scalar): it has no length")
+        return len(self.value)
+
+    def __iter__(self):
+        return (Traced(v, self.eager) for v in np.asarray(self.value)[...]) \
+            if self.value.ndim else iter(())  # pragma: no branch
+
+    def __getitem__(self, index):
+        return wrap(self.value[unwrap(index)], self.eager)
+
+    def __setitem__(self, index, v):
+        raise TypeError(
+            "Traced values are immutable, as JAX arrays are: `x[i] = v` is not allowed. "
+            "Write `x = x.at[i].set(v)` instead (also .add, .multiply, .min, .max).")
+
+    @property
+    def at(self):
+        return _IndexUpdateHelper(self)
+
+    # -- what JAX refuses ------------------------------------------------------------
+    def _concrete(self, kind, error, name):
+        if self.eager:
+            return kind(self.value)
+        raise error(f"{kind.__name__}() of a mapped value of shape {self.shape} {self.dtype}: "
+                    + _BOOL_HINT.format(name=name))
+
+    def __bool__(self):
+        return self._concrete(bool, errors.TracerBoolConversionError, "TracerBoolConversionError")
+
+    def __float__(self):
+        return self._concrete(float, errors.ConcretizationTypeError, "ConcretizationTypeError")
+
+    def __complex__(self):
+        return self._concrete(complex, errors.ConcretizationTypeError, "ConcretizationTypeError")
+
+    def __int__(self):
+        return self._concrete(int, errors.TracerIntegerConversionError,
+                              "TracerIntegerConversionError")
+
+    def __index__(self):
+        if self.eager:
+            return self.value.__index__()
+        raise errors.TracerIntegerConversionError(
+            f"a mapped value of shape {self.shape} {self.dtype} was used as a Python index "
+            "(list[x], range(x), slicing a Python sequence): " +
+            _BOOL_HINT.format(name="TracerIntegerConversionError"))
+
+    def item(self, *args):
+        return self._concrete(lambda v: v.item(*args), errors.ConcretizationTypeError,
+                              "ConcretizationTypeError") if not self.eager else self.value.item(*args)
+
+    def tolist(self):
+        if self.eager:
+            return self.value.tolist()
+        raise errors.ConcretizationTypeError(
+            "tolist() needs concrete values: " + _BOOL_HINT.format(name="ConcretizationTypeError"))
+
+    def __array__(self, dtype=None, copy=None):
+        if self.eager:
+            return np.asarray(self.value, dtype=dtype)
+        raise errors.TracerArrayConversionError(
+            f"np.asarray() / np.array() on a mapped value of shape {self.shape} {self.dtype}: "
+            "real JAX raises TracerArrayConversionError here, because a traced value has no "
+            "concrete NumPy array. Keep computing on the value itself (operators, methods, "
+            "simpmd.numpy functions).")
+
+    def __jax_array__(self):
+        raise errors.TracerArrayConversionError(
+            "a jax.numpy function was given a simpmd device value. Inside a function that "
+            "runs on both engines, call array functions through simpmd.numpy (e.g. "
+            "`import simpmd.numpy as snp; snp.exp(x)`): it uses NumPy on simpmd's devices "
+            "and jax.numpy inside real jax.pmap.")
+
+    def __hash__(self):
+        raise TypeError("unhashable type: a mapped array value (as in JAX)")
+
+    # -- showing ---------------------------------------------------------------------
+    def __repr__(self):
+        body = np.array2string(self.value, separator=", ", prefix="Traced(")
+        return f"Traced({body}, dtype={self.dtype})"
+
+    def __str__(self):
+        return str(self.value)
+
+    def __format__(self, spec):
+        return format(self.value, spec) if spec else str(self.value)
+
+
+class _IndexUpdateHelper:
+    """``x.at[idx].set(v)`` and friends, as on JAX arrays."""
+
+    __slots__ = ("x",)
+
+    def __init__(self, x):
+        self.x = x
+
+    def __getitem__(self, index):
+        return _IndexUpdateRef(self.x, unwrap(index))
+
+
+class _IndexUpdateRef:
+    __slots__ = ("x", "index")
+
+    def __init__(self, x, index):
+        self.x, self.index = x, index
+
+    def _apply(self, ufunc, v):
+        out = np.array(self.x.value, copy=True)
+        v = np.asarray(unwrap(v))
+        if ufunc is None:
+            out[self.index] = v
+        else:
+            ufunc.at(out, self.index, v)
+        return Traced(out, self.x.eager)
+
+    def get(self):
+        return Traced(self.x.value[self.index], self.x.eager)
+
+    def set(self, v): return self._apply(None, v)
+    def add(self, v): return self._apply(np.add, v)
+    def multiply(self, v): return self._apply(np.multiply, v)
+    def min(self, v): return self._apply(np.minimum, v)
+    def max(self, v): return self._apply(np.maximum, v)
