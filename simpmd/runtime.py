@@ -29,7 +29,10 @@ from .trace import Event, Trace
 from .traced import Traced
 from . import tree
 
-_here = os.path.dirname(os.path.abspath(__file__))
+# Frames of these modules are the engine's own; the source of an event is the first
+# frame outside them (so the tour in simpmd/__main__.py still counts as user code).
+ENGINE_MODULES = {"simpmd.lax", "simpmd.runtime", "simpmd.pmap", "simpmd.traced",
+                  "simpmd.collectives", "simpmd.tree", "simpmd.numpy", "simpmd.shard_map"}
 _local = threading.local()            # .task: the program this thread is running
 _idle_workers: list = []              # parked worker threads, reused across runs
 _WORKER_STACK = 1 << 20               # 1 MiB is plenty for a device's Python frames
@@ -106,7 +109,7 @@ def _span(ids) -> str:
 def caller_source() -> tuple[str, str]:
     """('file.py:12', 'the code on that line') for the user code that called into simpmd."""
     frame = sys._getframe(1)
-    while frame is not None and os.path.dirname(os.path.abspath(frame.f_code.co_filename)) == _here:
+    while frame is not None and frame.f_globals.get("__name__") in ENGINE_MODULES:
         frame = frame.f_back
     if frame is None:
         return "", ""
@@ -154,7 +157,6 @@ class Simulation:
             t = Task(self, fun, args, base + ((axis_name, i, size),), parent)
             t.flat_index = base_index * size + i
             made.append(t)
-        self.tasks.extend(made)
         total = math.prod(s for _, _, s in made[0].coords) if made else 0
         if total > len(self.device_list):
             shape = " x ".join(f"{n}={s}" for n, _, s in made[0].coords)
@@ -163,8 +165,9 @@ class Simulation:
                 f"{len(self.device_list)} are available. Call simpmd.set_device_count({total}) "
                 f"or map smaller sizes.")
         for t in made:
-            t.device = self.device_list[t.flat_index] if total else None
+            t.device = self.device_list[t.flat_index]
             t.devices = (t.device,)
+        self.tasks.extend(made)
         return made
 
     def log(self, task, kind, **fields):
@@ -416,13 +419,13 @@ def _check_groups(groups, size, op, task, axis_names):
     flat = sorted(i for g in groups for i in g)
     if flat != list(range(size)):
         raise errors.CollectiveArgumentError(
-            f"{op} on {task.where()}: axis_index_groups={groups} must use every index of axis "
+            f"{op} over {axis_names} on {task.where()}: axis_index_groups={groups} must use every index of axis "
             f"{axis_names} (size {size}) exactly once; it covers {flat}. List each index "
             f"0..{size - 1} in exactly one group.")
     sizes = {len(g) for g in groups}
     if len(sizes) > 1 and op not in ("psum", "pmean", "pmax", "pmin"):
         raise errors.CollectiveArgumentError(
-            f"{op} on {task.where()}: axis_index_groups={groups} has groups of sizes "
+            f"{op} over {axis_names} on {task.where()}: axis_index_groups={groups} has groups of sizes "
             f"{sorted(len(g) for g in groups)}; {op} needs groups of equal size. Split the "
             f"axis into groups of one size.")
 

@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# Set up simpmd and run the whole course headless:  bash course.sh [--inplace]
+#
+# Needs only Python 3.10 or newer. In order, it
+#   1. creates .venv in this folder if needed and installs simpmd with its course and test
+#      extras (JAX, matplotlib, JupyterLab, nbval); reinstalls only when pyproject.toml
+#      or the package layout changed;
+#   2. runs the tour, `python -m simpmd`: a small program on the simulated mesh and its trace;
+#   3. executes every notebook in notebooks/ in a fresh kernel, writing the executed copies
+#      to a temporary folder so that the repository stays as it was; with --inplace the
+#      executed notebooks replace the ones in notebooks/;
+#   4. regenerates the figures with `python -m simpmd.figures`, when that module exists.
+# Steps 2-4 are skipped, with a message, while the part they run does not exist yet.
+# Exits non-zero if any step failed; every notebook is run even when an earlier one fails.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")"
+
+inplace=0
+for arg in "$@"; do
+    case "$arg" in
+        --inplace) inplace=1 ;;
+        -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+        *) echo "course.sh: unknown argument '$arg' (usage: bash course.sh [--inplace])" >&2; exit 2 ;;
+    esac
+done
+
+# --- venv set-up: the same function is in test.sh and course.sh (a test checks) ---
+# ensure_venv EXTRA...: create .venv if needed and install simpmd with these extras,
+# unless each of them was already installed from this same pyproject.toml and package
+# layout. A stamp file per extra in .venv holds a hash of both. (The layout counts because
+# an editable install records which folders are packages: one made before
+# simpmd/__init__.py existed would import simpmd as an empty namespace package.)
+ensure_venv() {
+    local py=.venv/bin/python base=${PYTHON:-python3}
+    if ! "$py" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
+        if ! "$base" -c 'import sys; sys.exit(sys.version_info < (3, 10))'; then
+            echo "simpmd needs Python 3.10 or newer, and '$base' is $("$base" --version 2>&1)." >&2
+            echo "Run with PYTHON=/path/to/python3.x to choose another interpreter." >&2
+            exit 1
+        fi
+        echo "Creating .venv with $("$base" --version 2>&1)"
+        rm -rf .venv
+        "$base" -m venv .venv
+    fi
+    local hash extra missing=0
+    hash=$("$py" -c 'import hashlib, pathlib
+h = hashlib.sha256(pathlib.Path("pyproject.toml").read_bytes())
+for init in sorted(pathlib.Path("simpmd").glob("**/__init__.py")):
+    h.update(init.as_posix().encode())
+print(h.hexdigest())')
+    for extra in "$@"; do
+        [[ "$(cat ".venv/.simpmd-$extra.stamp" 2>/dev/null)" == "$hash" ]] || missing=1
+    done
+    if ((missing)); then
+        local spec start=$SECONDS
+        spec=".[$(IFS=,; echo "$*")]"
+        echo "Installing simpmd$spec into .venv (the first time downloads JAX, about 600 MB)"
+        "$py" -m pip install --quiet --disable-pip-version-check --editable "$spec"
+        for extra in "$@"; do echo "$hash" > ".venv/.simpmd-$extra.stamp"; done
+        echo "Installed in $((SECONDS - start)) s"
+    fi
+}
+# --- end of venv set-up ---
+
+ensure_venv course test
+py=.venv/bin/python
+
+# The notebooks and the figures run JAX on 8 fake CPU devices where no accelerator is present.
+case " ${XLA_FLAGS:-} " in
+    *" --xla_force_host_platform_device_count="*) ;;
+    *) export XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_force_host_platform_device_count=8" ;;
+esac
+
+failed=()
+
+echo
+echo "== The tour: python -m simpmd"
+if [[ -f simpmd/__main__.py ]]; then
+    "$py" -m simpmd || failed+=("the tour (python -m simpmd)")
+else
+    echo "skipped: simpmd/__main__.py does not exist yet"
+fi
+
+echo
+echo "== The course: notebooks/*.ipynb"
+shopt -s nullglob
+notebooks=(notebooks/*.ipynb)
+shopt -u nullglob
+if ((${#notebooks[@]} == 0)); then
+    echo "skipped: no notebooks in notebooks/ yet"
+else
+    if ((inplace)); then
+        destination=(--inplace)
+        echo "Executed notebooks replace the ones in notebooks/ (--inplace)"
+    else
+        outdir=$(mktemp -d "${TMPDIR:-/tmp}/simpmd-course.XXXXXX")
+        destination=(--output-dir "$outdir")
+        echo "Executed notebooks go to $outdir (pass --inplace to update notebooks/)"
+    fi
+    for nb in "${notebooks[@]}"; do
+        start=$SECONDS
+        if "$py" -m jupyter nbconvert --to notebook --execute --log-level=WARN \
+                --ExecutePreprocessor.timeout=600 "${destination[@]}" "$nb"; then
+            echo "ok      $nb  ($((SECONDS - start)) s)"
+        else
+            echo "FAILED  $nb  ($((SECONDS - start)) s)"
+            failed+=("$nb")
+        fi
+    done
+fi
+
+echo
+echo "== The figures: python -m simpmd.figures"
+if [[ -f simpmd/figures.py || -f simpmd/figures/__main__.py ]]; then
+    "$py" -m simpmd.figures || failed+=("the figures (python -m simpmd.figures)")
+else
+    echo "skipped: simpmd/figures does not exist yet"
+fi
+
+echo
+if ((${#failed[@]})); then
+    echo "course.sh: ${#failed[@]} step(s) failed:" >&2
+    printf '  %s\n' "${failed[@]}" >&2
+    exit 1
+fi
+echo "course.sh: every step that exists ran without error."

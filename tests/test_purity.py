@@ -1,0 +1,63 @@
+"""simpmd's engine depends on NumPy alone: importing it, or running a program on the
+simulated mesh, must not import JAX or matplotlib (those are for the cross-checks and the
+pictures, and are optional installs). Each check runs in a fresh interpreter, because this
+test process has other tests' imports in it."""
+import json
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+# A tiny program on the simulated mesh: a psum over 8 devices.
+PMAP_PROGRAM = """
+import numpy
+out = simpmd.pmap(lambda x: simpmd.lax.psum(x, 'i'), axis_name='i')(numpy.arange(8.))
+assert numpy.allclose(numpy.asarray(out), 28.0), numpy.asarray(out)
+"""
+
+
+def run_fresh(code: str) -> subprocess.CompletedProcess:
+    """Run code in a new interpreter from the repository root; fail with its stderr."""
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    if result.returncode != 0:
+        pytest.fail(f"the child interpreter failed:\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+def heavy_modules_after(code: str) -> list[str]:
+    """Which of jax, jaxlib and matplotlib are in sys.modules after running code."""
+    result = run_fresh(code + """
+import json, sys
+print(json.dumps(sorted(m for m in sys.modules
+                        if m.split('.')[0] in ('jax', 'jaxlib', 'matplotlib'))))
+""")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_import_simpmd_imports_no_jax_and_no_matplotlib():
+    assert heavy_modules_after("import simpmd") == []
+
+
+def test_running_a_pmap_program_imports_no_jax_and_no_matplotlib():
+    assert heavy_modules_after("import simpmd" + PMAP_PROGRAM) == []
+
+
+def test_engine_imports_only_numpy_and_the_standard_library():
+    """Every top-level module that `import simpmd` and a pmap program add to sys.modules
+    is simpmd itself, NumPy, or part of Python's standard library."""
+    result = run_fresh("""
+import json, sys
+before = set(sys.modules)
+import simpmd
+""" + PMAP_PROGRAM + """
+added = {m.split('.')[0] for m in set(sys.modules) - before}
+print(json.dumps(sorted(added)))
+""")
+    added = set(json.loads(result.stdout.strip().splitlines()[-1]))
+    allowed = {"simpmd", "numpy"} | set(sys.stdlib_module_names)
+    assert sorted(added - allowed) == []
