@@ -17,3 +17,5 @@ from .pmap import last_trace, pmap
 from .trace import Event, Trace
 
 __version__ = "0.1.0"
+
+# -- features built on the engine (each line added by the feature's own change) ----------

@@ -207,7 +207,7 @@ class Pmapped:
 
         fun = self.fun
         run_one = (lambda a, k: fun(*a, **k))
-        tasks = sim.new_tasks(run_one, per_device, self.axis_name, size, parent)
+        tasks = sim.new_tasks(run_one, per_device, ((self.axis_name, size),), parent)
         for i, t in enumerate(tasks):
             for conv, leaf_paths in zip(arrays, paths):
                 if conv is None:

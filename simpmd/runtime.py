@@ -148,14 +148,23 @@ class Simulation:
         self.tasks: list = []
 
     # -- creating programs --------------------------------------------------------------
-    def new_tasks(self, fun, per_device_args, axis_name, size, parent=None):
-        """One task per index of a new mapped axis, below ``parent`` (None: top level)."""
+    def new_tasks(self, fun, per_device_args, axes, parent=None):
+        """One task per point of a new grid of mapped ``axes`` (``((name, size), ...)``).
+
+        ``pmap`` adds one axis per level; ``shard_map`` adds all of a mesh's axes at once.
+        Tasks are numbered row-major, below ``parent``'s position when nested, and task
+        ``k`` runs on ``device_list[k]`` of the whole grid.
+        """
         base = parent.coords if parent else ()
         base_index = parent.flat_index if parent else 0
+        sizes = [s for _, s in axes]
+        level = math.prod(sizes)
         made = []
-        for i, args in enumerate(per_device_args):
-            t = Task(self, fun, args, base + ((axis_name, i, size),), parent)
-            t.flat_index = base_index * size + i
+        for k, args in enumerate(per_device_args):
+            index = np.unravel_index(k, sizes) if sizes else ()
+            coords = base + tuple((n, int(i), s) for (n, s), i in zip(axes, index))
+            t = Task(self, fun, args, coords, parent)
+            t.flat_index = base_index * level + k
             made.append(t)
         total = math.prod(s for _, _, s in made[0].coords) if made else 0
         if total > len(self.device_list):
