@@ -119,7 +119,7 @@ class Pmapped:
                 continue
             conv = []
             for leaf, ax, path in zip(leaves, axes, paths):
-                value = leaf.value if type(leaf) is Traced else np.asarray(leaf)
+                value = leaf.value if type(leaf) is Traced else as_array(leaf)
                 if ax is not None:
                     if not isinstance(ax, (int, np.integer)):
                         raise TypeError(f"in_axes entry for {path} is {ax!r}; use an int or None.")
@@ -290,6 +290,23 @@ def _take(value, axis, i):
 def _plain(x):
     if type(x) is Traced:
         return x.value
-    if isinstance(x, Array):
+    return as_array(x)
+
+
+def as_array(x):
+    """A NumPy array for ``x``; Python numbers get JAX's default 32-bit dtypes.
+
+    JAX (without x64) turns a Python float into float32 and an int into int32, while
+    NumPy would pick 64 bits; arrays keep their own dtype.
+    """
+    if isinstance(x, (np.generic, np.ndarray)):
         return np.asarray(x)
+    if isinstance(x, bool):
+        return np.asarray(x, dtype=bool)
+    if isinstance(x, int):
+        return np.asarray(x, dtype=np.int32)
+    if isinstance(x, float):
+        return np.asarray(x, dtype=np.float32)
+    if isinstance(x, complex):
+        return np.asarray(x, dtype=np.complex64)
     return np.asarray(x)

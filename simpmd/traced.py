@@ -49,6 +49,21 @@ def wrap(x, eager: bool):
     return x
 
 
+def _jax_promotion(values):
+    """Mixing integer and floating arrays gives the floating type, as JAX promotes.
+
+    NumPy turns ``float32 * int32`` into float64; JAX keeps float32. Casting the integer
+    arrays to the widest floating type among the inputs makes simpmd agree with JAX
+    (``x * lax.axis_index('i')`` keeps the dtype of ``x``).
+    """
+    floats = [v.dtype for v in values if isinstance(v, np.ndarray) and v.dtype.kind in "fc"]
+    if not floats or not any(isinstance(v, np.ndarray) and v.dtype.kind in "iub" for v in values):
+        return values
+    target = np.result_type(*floats)
+    return tuple(v.astype(target) if isinstance(v, np.ndarray) and v.dtype.kind in "iub" else v
+                 for v in values)
+
+
 def _eager_of(args) -> bool:
     for a in args:
         if type(a) is Traced:
@@ -72,7 +87,8 @@ class Traced(NDArrayOperatorsMixin):
             raise TypeError(
                 f"np.{ufunc.__name__}(..., out=...) writes into an array in place; JAX arrays "
                 "are immutable. Use the returned value instead.")
-        result = getattr(ufunc, method)(*unwrap(inputs), **unwrap(kwargs))
+        values = _jax_promotion(unwrap(inputs)) if len(inputs) > 1 else unwrap(inputs)
+        result = getattr(ufunc, method)(*values, **unwrap(kwargs))
         return wrap(result, _eager_of(inputs))
 
     def __array_function__(self, func, types, args, kwargs):

@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 import simpmd
 from simpmd import lax
 
-SETTINGS = settings(max_examples=25, deadline=None)
+SETTINGS = settings(max_examples=25, deadline=None, database=None)
 DEFAULT_COUNT = 8
 
 

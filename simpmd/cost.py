@@ -1,0 +1,1015 @@
+"""How long would this collective take on real hardware? An alpha-beta cost model.
+
+Every algorithm here moves data in *steps*. A step costs a fixed latency per hop (alpha,
+seconds) plus the bytes the busiest link carries divided by that link's bandwidth (beta
+is 1/bandwidth). Small messages are latency-bound (time ~ steps x alpha); large ones are
+bandwidth-bound (time ~ bytes / bandwidth). The model ignores compute for the reductions,
+congestion beyond what the algorithm itself causes, and protocol overheads, so real
+runs are slower (the scaling book measures ~370 GB/s where 450 GB/s is the peak of an
+H100's NVLink, see ``HARDWARE``).
+
+What changes the answer, and how the model captures it:
+
+* **Topology.** :class:`Ring`, :class:`Torus2D`, :class:`Torus3D` link each device to its
+  nearest neighbours along each axis (TPU ICI); :class:`FullyConnected` puts every device
+  on one switch (NVLink + NVSwitch inside an 8-GPU node).
+* **Wraparound.** With the wraparound link a torus axis is a ring, and the bidirectional
+  ring sends half the data each way: its bandwidth term is *half* that of the same axis
+  without wraparound, where the algorithm becomes a line with sweeps from both ends
+  (``algorithms.line_all_reduce``). An axis of size 2 has nothing to wrap around.
+* **One axis or several.** A collective over several torus axes splits the data into one
+  part per axis and runs the per-axis phases in a rotated order for each part, so every
+  axis's links are busy at once ("How to Scale Your Model": the bandwidth grows with the
+  number of axes). Exact when the axes have equal sizes and the same wraparound; a few
+  percent optimistic otherwise (the parts then reach each axis at different times).
+* **Algorithm.** ``algorithm=None`` picks the fastest candidate, as NCCL does: a tree wins
+  for tiny messages, a ring for large ones.
+
+Sizes follow simpmd's trace: ``nbytes`` is what ONE device holds before the call (its
+shard for an all-gather, its whole array for an all-reduce or reduce-scatter). Reported
+bandwidths follow NVIDIA nccl-tests (doc/PERFORMANCE.md): ``algbw = S / t`` with ``S`` the
+size nccl-tests reports for that collective (see :data:`NCCL_TESTS`), and ``busbw = algbw
+x factor``, which for a bandwidth-bound ring equals the link bandwidth whatever the group
+size, so simulated numbers can sit beside measured ones.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+import math
+
+import numpy as np
+
+
+# -- the names: jax.lax collectives -> the collective they perform -----------------------
+
+COLLECTIVE_OF = {
+    "psum": "all_reduce", "pmean": "all_reduce", "pmax": "all_reduce", "pmin": "all_reduce",
+    "all_gather": "all_gather",
+    "psum_scatter": "reduce_scatter",
+    "all_to_all": "all_to_all", "pswapaxes": "all_to_all",
+    "ppermute": "collective_permute", "pshuffle": "collective_permute",
+    "axis_index": None, "axis_size": None,          # no communication at all
+}
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "collective_permute")
+
+
+def collective_of(op: str):
+    """The collective a ``lax`` op performs (``'psum'`` -> ``'all_reduce'``), or None if none."""
+    if op in COLLECTIVES:
+        return op
+    if op not in COLLECTIVE_OF:
+        raise ValueError(f"unknown collective {op!r}; expected one of {sorted(COLLECTIVES)} "
+                         f"or a jax.lax name such as {sorted(COLLECTIVE_OF)}")
+    return COLLECTIVE_OF[op]
+
+
+# -- nccl-tests conventions: which size S, which bus-bandwidth factor --------------------
+# NVIDIA/nccl-tests, doc/PERFORMANCE.md: algbw = S / t; busbw = algbw * factor, with factor
+# 2(n-1)/n for AllReduce, (n-1)/n for ReduceScatter, AllGather and AlltoAll, 1 for
+# Broadcast and Reduce; src/sendrecv.cu uses 1 for SendRecv. For ReduceScatter and
+# AllGather, S is "the total array" (recvcount*n resp. sendcount*n elements): the input of
+# a reduce-scatter, the output of an all-gather. Entries: (S from per-device nbytes and
+# group size p, factor from p).
+
+NCCL_TESTS = {
+    "all_reduce": (lambda nbytes, p: nbytes, lambda p: 2 * (p - 1) / p),
+    "reduce_scatter": (lambda nbytes, p: nbytes, lambda p: (p - 1) / p),
+    "all_gather": (lambda nbytes, p: nbytes * p, lambda p: (p - 1) / p),
+    "all_to_all": (lambda nbytes, p: nbytes, lambda p: (p - 1) / p),
+    "collective_permute": (lambda nbytes, p: nbytes, lambda p: 1.0),   # like SendRecv
+    "broadcast": (lambda nbytes, p: nbytes, lambda p: 1.0),
+    "reduce": (lambda nbytes, p: nbytes, lambda p: 1.0),
+}
+
+
+def nccl_size(op: str, nbytes: int, group_size: int) -> int:
+    """The size S nccl-tests prints for this collective, from the bytes one device holds."""
+    return int(NCCL_TESTS[collective_of(op) or op][0](nbytes, group_size))
+
+
+def busbw_factor(op: str, group_size: int) -> float:
+    """nccl-tests' correction from algorithm bandwidth to bus bandwidth."""
+    return float(NCCL_TESTS[collective_of(op) or op][1](max(group_size, 1)))
+
+
+# -- topologies -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GroupAxis:
+    """One axis of the network a group of devices uses, as the cost formulas see it.
+
+    ``size`` devices along it; ``bandwidth`` bytes/s that one device can send to ONE
+    neighbour in ONE direction; ``wraps`` whether the ends are linked (a ring, not a
+    line); ``switch`` whether every device reaches every other in one hop instead.
+    ``axis`` and ``offset`` place it in the topology (for routing a permutation).
+    """
+
+    size: int
+    bandwidth: float
+    wraps: bool = False
+    switch: bool = False
+    axis: int = 0
+    offset: int = 0
+
+
+class Torus:
+    """Devices on a grid, linked to their nearest neighbour along each axis (TPU ICI).
+
+    ``dims`` the size of each axis; ``wraparound`` (one flag, or one per axis) whether
+    the last device of an axis links back to the first; ``link_bandwidth`` bytes/s of one
+    link in ONE direction (links are full duplex); ``hop_latency`` seconds per hop;
+    ``links`` parallel links between two neighbours. Device ids are row-major in ``dims``.
+    """
+
+    kind = "torus"
+
+    def __init__(self, dims, wraparound=True, *, link_bandwidth: float, hop_latency: float,
+                 links: int = 1, name: str = ""):
+        self.dims = tuple(int(d) for d in dims)
+        if not self.dims or min(self.dims) < 1:
+            raise ValueError(f"a torus needs positive axis sizes, got {dims!r}")
+        flags = (wraparound,) * len(self.dims) if np.ndim(wraparound) == 0 else tuple(wraparound)
+        if len(flags) != len(self.dims):
+            raise ValueError(f"give one wraparound flag per axis: {len(self.dims)} axes, "
+                             f"{len(flags)} flags")
+        self.wraparound = tuple(bool(w) for w in flags)
+        self.link_bandwidth = float(link_bandwidth)
+        self.hop_latency = float(hop_latency)
+        self.links = int(links)
+        self.name = name
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.dims)
+
+    def wraps(self, axis: int) -> bool:
+        """True if this axis is a ring. Size 1 or 2 has nothing to wrap around."""
+        return self.wraparound[axis] and self.dims[axis] > 2
+
+    @property
+    def axis_bandwidth(self) -> float:
+        """Bytes/s from one device to one neighbour, one direction (all parallel links)."""
+        return self.links * self.link_bandwidth
+
+    def coords(self, device: int) -> tuple:
+        return tuple(int(c) for c in np.unravel_index(int(device), self.dims))
+
+    def group_axes(self, group_size: int, axes=None) -> list:
+        """The axes a group of ``group_size`` devices spans.
+
+        ``axes`` (topology axis indices) says which; by default a group as large as the
+        topology spans every axis, and a smaller group takes the first axis of exactly
+        its size, or else a stretch (no wraparound) of the first axis long enough.
+        """
+        if axes is not None:
+            axes = (axes,) if np.ndim(axes) == 0 else tuple(int(a) for a in axes)
+            if math.prod(self.dims[a] for a in axes) != group_size:
+                raise ValueError(
+                    f"axes {axes} of {self} hold {math.prod(self.dims[a] for a in axes)} "
+                    f"devices, but the group has {group_size}")
+            return [self._full_axis(a) for a in axes if self.dims[a] > 1]
+        if group_size == self.size:
+            return [self._full_axis(a) for a in range(len(self.dims)) if self.dims[a] > 1]
+        if group_size == 1:
+            return []
+        for a, d in enumerate(self.dims):
+            if d == group_size:
+                return [self._full_axis(a)]
+        for a, d in enumerate(self.dims):
+            if d > group_size:
+                return [GroupAxis(group_size, self.axis_bandwidth, False, axis=a)]
+        raise ValueError(f"a group of {group_size} devices does not fit one axis of {self}; "
+                         f"say which axes it spans with axes=(...)")
+
+    def group_axes_of(self, devices):
+        """The axes spanned by these device ids, or None if they do not form a sub-torus."""
+        coords = np.array([self.coords(d) for d in devices]).reshape(len(devices), -1)
+        spans = []
+        for a in range(len(self.dims)):
+            values = np.unique(coords[:, a])
+            if len(values) == 1:
+                continue
+            if not np.array_equal(values, np.arange(values[0], values[0] + len(values))):
+                return None
+            full = len(values) == self.dims[a]
+            spans.append(GroupAxis(len(values), self.axis_bandwidth, full and self.wraps(a),
+                                   axis=a, offset=int(values[0])))
+        if math.prod(s.size for s in spans) != len(set(map(int, devices))):
+            return None
+        return spans
+
+    def _full_axis(self, a):
+        return GroupAxis(self.dims[a], self.axis_bandwidth, self.wraps(a), axis=a)
+
+    def __repr__(self):
+        shape = "x".join(map(str, self.dims))
+        wrap = "".join("W" if w else "-" for w in self.wraparound)
+        label = f"{self.name} " if self.name else ""
+        return (f"{type(self).__name__}({label}{shape}, wraparound {wrap}, "
+                f"{self.link_bandwidth / 1e9:g} GB/s per link per direction, "
+                f"{self.hop_latency * 1e6:g} us per hop)")
+
+
+class Ring(Torus):
+    """A 1-D torus: ``size`` devices in a line, closed into a ring if ``wraparound``."""
+
+    def __init__(self, size: int, wraparound: bool = True, *, link_bandwidth: float,
+                 hop_latency: float, links: int = 1, name: str = ""):
+        super().__init__((size,), (wraparound,), link_bandwidth=link_bandwidth,
+                         hop_latency=hop_latency, links=links, name=name)
+
+
+class Torus2D(Torus):
+    """A 2-D torus (TPU v5e, v6e): ``dims = (rows, cols)``, four neighbours per device."""
+
+    def __init__(self, dims, wraparound=(True, True), *, link_bandwidth: float,
+                 hop_latency: float, links: int = 1, name: str = ""):
+        if len(dims) != 2:
+            raise ValueError(f"Torus2D needs two axis sizes, got {dims!r}")
+        super().__init__(dims, wraparound, link_bandwidth=link_bandwidth,
+                         hop_latency=hop_latency, links=links, name=name)
+
+
+class Torus3D(Torus):
+    """A 3-D torus (TPU v4, v5p): six neighbours per device."""
+
+    def __init__(self, dims, wraparound=(True, True, True), *, link_bandwidth: float,
+                 hop_latency: float, links: int = 1, name: str = ""):
+        if len(dims) != 3:
+            raise ValueError(f"Torus3D needs three axis sizes, got {dims!r}")
+        super().__init__(dims, wraparound, link_bandwidth=link_bandwidth,
+                         hop_latency=hop_latency, links=links, name=name)
+
+
+class FullyConnected:
+    """Every device on one switch, one hop from every other (NVSwitch in an 8-GPU node).
+
+    ``links`` per device into the switch, each ``link_bandwidth`` bytes/s per direction:
+    a device can send ``links * link_bandwidth`` in total, to one peer or spread over many.
+    """
+
+    kind = "switch"
+
+    def __init__(self, size: int, *, link_bandwidth: float, hop_latency: float,
+                 links: int = 1, name: str = ""):
+        self.dims = (int(size),)
+        self.link_bandwidth = float(link_bandwidth)
+        self.hop_latency = float(hop_latency)
+        self.links = int(links)
+        self.name = name
+
+    @property
+    def size(self) -> int:
+        return self.dims[0]
+
+    @property
+    def port_bandwidth(self) -> float:
+        """Bytes/s one device can send (and, at the same time, receive), all links together."""
+        return self.links * self.link_bandwidth
+
+    def group_axes(self, group_size: int, axes=None) -> list:
+        if group_size > self.size:
+            raise ValueError(f"a group of {group_size} devices does not fit {self}")
+        return [GroupAxis(group_size, self.port_bandwidth, switch=True)] if group_size > 1 else []
+
+    def group_axes_of(self, devices):
+        return self.group_axes(len(set(map(int, devices))))
+
+    def __repr__(self):
+        label = f"{self.name} " if self.name else ""
+        return (f"FullyConnected({label}{self.size} devices, {self.links} x "
+                f"{self.link_bandwidth / 1e9:g} GB/s per direction each, "
+                f"{self.hop_latency * 1e6:g} us per hop)")
+
+
+# -- hardware presets -------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Hardware:
+    """One accelerator and its interconnect, with every number's source in ``citations``.
+
+    Units: bandwidths in bytes/s, ONE direction of ONE link (a full-duplex link carries
+    as much again the other way); latency in seconds per hop; FLOP/s dense (no sparsity).
+    """
+
+    name: str
+    interconnect: str
+    link_bandwidth: float          # bytes/s, one link, one direction
+    links_per_device: int          # TPU: 2 per torus axis; H100: 18 NVLinks into the switches
+    hop_latency: float             # s per hop (a round figure; see citations)
+    hbm_bandwidth: float           # bytes/s
+    peak_bf16_flops: float         # FLOP/s, dense
+    torus_rank: int | None = None  # 2 or 3 for a TPU torus; None for a switch
+    node_size: int | None = None   # devices on one switch (GPU node)
+    citations: tuple = ()
+
+    @property
+    def device_bandwidth(self) -> float:
+        """Bytes/s one device can send over all its links at once, one direction."""
+        return self.links_per_device * self.link_bandwidth
+
+    def topology(self, shape=None):
+        """The topology of ``shape`` devices (an int, or a tuple of axis sizes) on this hardware.
+
+        TPU: a count becomes the standard slice shape (16 -> 4x4 on v5e, 2x2x4 on v4), and
+        wraparound follows the slice rules of the scaling book (see ``wraparound_for``).
+        GPU: one NVLink switch, at most ``node_size`` devices.
+        """
+        if self.torus_rank is None:
+            n = int(shape) if np.ndim(shape) == 0 else math.prod(shape)
+            if self.node_size is not None and n > self.node_size:
+                raise ValueError(
+                    f"{self.name}: {n} devices span more than one NVLink node of "
+                    f"{self.node_size}; simpmd models one node only (the network between "
+                    f"nodes is not modelled). Pass topology=FullyConnected({n}, ...) to "
+                    f"pretend that one switch joins them all.")
+            return FullyConnected(n, link_bandwidth=self.link_bandwidth,
+                                  hop_latency=self.hop_latency, links=self.links_per_device,
+                                  name=self.name)
+        dims = (SLICE_SHAPES[self.torus_rank].get(int(shape), (int(shape),))
+                if np.ndim(shape) == 0 else tuple(int(d) for d in shape))
+        return Torus(dims, self.wraparound_for(dims), link_bandwidth=self.link_bandwidth,
+                     hop_latency=self.hop_latency, name=self.name)
+
+    def wraparound_for(self, dims) -> tuple:
+        """Which axes of a slice have wraparound links.
+
+        2-D TPUs (v5e, v6e): only an axis of the full pod size 16. 3-D TPUs (v4, v5p):
+        every axis, when the slice is made of whole 4x4x4 cubes (the optical switches
+        that close the rings exist only per cube), else none. (Scaling book, Part 2,
+        "TPU Networking".)
+        """
+        if self.torus_rank == 2:
+            return tuple(d == 16 for d in dims)
+        whole_cubes = all(d % 4 == 0 for d in dims)
+        return tuple(whole_cubes for _ in dims)
+
+    def __str__(self):
+        lines = [f"{self.name}: {self.interconnect}",
+                 f"  link bandwidth   {self.link_bandwidth / 1e9:g} GB/s per link, one direction "
+                 f"({self.links_per_device} links: {self.device_bandwidth / 1e9:g} GB/s out of a device)",
+                 f"  hop latency      {self.hop_latency * 1e6:g} us",
+                 f"  HBM bandwidth    {self.hbm_bandwidth / 1e12:g} TB/s",
+                 f"  peak bf16        {self.peak_bf16_flops / 1e12:g} TFLOP/s"]
+        return "\n".join(lines + ["  sources:"] + [f"    - {c}" for c in self.citations])
+
+
+# Standard slice shapes for a device count (Cloud TPU docs list these 2-D v5e shapes and
+# 3-D v5p shapes; other counts become a 1-D line).
+SLICE_SHAPES = {
+    2: {1: (1, 1), 4: (2, 2), 8: (2, 4), 16: (4, 4), 32: (4, 8), 64: (8, 8), 128: (8, 16),
+        256: (16, 16)},
+    3: {1: (1, 1, 1), 4: (2, 2, 1), 8: (2, 2, 2), 16: (2, 2, 4), 32: (2, 4, 4), 64: (4, 4, 4),
+        128: (4, 4, 8), 256: (4, 8, 8), 512: (8, 8, 8), 1024: (8, 8, 16), 2048: (8, 16, 16),
+        4096: (16, 16, 16)},
+}
+
+_BOOK_TPU = ("J. Austin et al., 'How to Scale Your Model' (2025), Part 2 'How to Think About "
+             "TPUs', section 'TPU Specs', https://jax-ml.github.io/scaling-book/tpus/ : "
+             "HBM BW/chip, FLOPs/s/chip (bf16) and ICI BW/link (one-way) tables")
+_BOOK_ICI_LATENCY = ("Scaling book Part 3 'Sharding', 'A note on ICI latency': each ICI hop "
+                     "has an intrinsic overhead 'typically around 1us', "
+                     "https://jax-ml.github.io/scaling-book/sharding/")
+_BOOK_TORUS = ("Scaling book Part 2, 'TPU Networking': v5e/v6e are 2-D tori (4 neighbours) "
+               "with wraparound only on a full axis of 16; v4/v5p are 3-D tori (6 neighbours) "
+               "with wraparound when the slice is made of whole 4x4x4 cubes")
+_BOOK_GPU = ("Scaling book, 'How to Think About GPUs', https://jax-ml.github.io/scaling-book/gpus/ : "
+             "NVLink 4.0 (Hopper) has 18 links per GPU at 25 GB/s each way, 450 GB/s per "
+             "GPU per direction; 8 GPUs per node on 4 NVSwitches; HBM BW and bf16 FLOPs/s "
+             "table (H100 3.4e12 B/s, 9.9e14; H200 4.8e12 B/s, 9.9e14)")
+_NCCL_LATENCY = ("NVLink hop latency: a round 1 us, an assumption; NCCL's own tuning model "
+                 "(NVIDIA/nccl src/graph/tuning.cc, table hwLat) charges 0.47-3.4 us per "
+                 "NVLink ring step depending on protocol, in the version read")
+
+HARDWARE = {
+    "TPU v4": Hardware(
+        "TPU v4", "ICI, 3-D torus", link_bandwidth=4.5e10, links_per_device=6,
+        hop_latency=1e-6, hbm_bandwidth=1.2e12, peak_bf16_flops=2.75e14, torus_rank=3,
+        citations=(_BOOK_TPU + " (row 'TPU v4p': 1.2e12 B/s, 2.75e14 FLOP/s, 4.5e10 B/s)",
+                   _BOOK_ICI_LATENCY, _BOOK_TORUS)),
+    "TPU v5e": Hardware(
+        "TPU v5e", "ICI, 2-D torus", link_bandwidth=4.5e10, links_per_device=4,
+        hop_latency=1e-6, hbm_bandwidth=8.1e11, peak_bf16_flops=1.97e14, torus_rank=2,
+        citations=(_BOOK_TPU + " (8.1e11 B/s, 1.97e14 FLOP/s, 4.5e10 B/s)",
+                   "Cloud TPU docs, 'TPU v5e', https://cloud.google.com/tpu/docs/v5e : 197 "
+                   "TFLOPs bf16, 819 GBps HBM", _BOOK_ICI_LATENCY, _BOOK_TORUS)),
+    "TPU v5p": Hardware(
+        "TPU v5p", "ICI, 3-D torus", link_bandwidth=9e10, links_per_device=6,
+        hop_latency=1e-6, hbm_bandwidth=2.8e12, peak_bf16_flops=4.59e14, torus_rank=3,
+        citations=(_BOOK_TPU + " (2.8e12 B/s, 4.59e14 FLOP/s, 9e10 B/s)",
+                   "Cloud TPU docs, 'TPU v5p', https://cloud.google.com/tpu/docs/v5p : 459 "
+                   "TFLOPs bf16 per chip", _BOOK_ICI_LATENCY, _BOOK_TORUS)),
+    "TPU v6e": Hardware(
+        "TPU v6e", "ICI, 2-D torus", link_bandwidth=9e10, links_per_device=4,
+        hop_latency=1e-6, hbm_bandwidth=1.6e12, peak_bf16_flops=9.2e14, torus_rank=2,
+        citations=(_BOOK_TPU + " (1.6e12 B/s, 9.2e14 FLOP/s, 9e10 B/s)",
+                   _BOOK_ICI_LATENCY, _BOOK_TORUS)),
+    "H100": Hardware(
+        "H100", "NVLink 4.0 + NVSwitch", link_bandwidth=25e9, links_per_device=18,
+        hop_latency=1e-6, hbm_bandwidth=3.35e12, peak_bf16_flops=9.9e14, node_size=8,
+        citations=(_BOOK_GPU, "NVIDIA H100 datasheet (SXM): NVLink 900 GB/s (both directions "
+                   "together), HBM3 3.35 TB/s", _NCCL_LATENCY)),
+    "H200": Hardware(
+        "H200", "NVLink 4.0 + NVSwitch", link_bandwidth=25e9, links_per_device=18,
+        hop_latency=1e-6, hbm_bandwidth=4.8e12, peak_bf16_flops=9.9e14, node_size=8,
+        citations=(_BOOK_GPU, "NVIDIA H200 datasheet (SXM): NVLink 900 GB/s (both directions "
+                   "together), HBM3e 4.8 TB/s", _NCCL_LATENCY)),
+    "CPU": Hardware(
+        "CPU", "toy: processes on one switch", link_bandwidth=1e10, links_per_device=1,
+        hop_latency=1e-5, hbm_bandwidth=5e10, peak_bf16_flops=1e12,
+        citations=("Invented round numbers for a slow toy machine, not a measurement: "
+                   "10 GB/s, 10 us, 50 GB/s memory, 1 TFLOP/s",)),
+}
+
+
+def hardware_preset(hardware) -> Hardware:
+    """A :class:`Hardware` from its name (``"TPU v5e"``, ``"H100"``, ...) or itself."""
+    if isinstance(hardware, Hardware):
+        return hardware
+    if hardware not in HARDWARE:
+        raise ValueError(f"unknown hardware {hardware!r}; presets are {sorted(HARDWARE)}, "
+                         f"or pass a Hardware(...) of your own")
+    return HARDWARE[hardware]
+
+
+# -- the result -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Estimate:
+    """The estimated time of one collective, split into its latency and bandwidth parts.
+
+    ``nbytes`` is what one device holds before the call; ``bytes_sent_per_device`` the
+    most any one device sends under this algorithm; ``steps`` the hops paid for in latency
+    (``latency_s = steps * hop latency``). ``algbw`` and ``busbw`` are nccl-tests' numbers.
+    """
+
+    op: str
+    algorithm: str
+    nbytes: int
+    group_size: int
+    time_s: float
+    latency_s: float
+    bandwidth_s: float
+    steps: int
+    bytes_sent_per_device: float
+    hardware: str = ""
+    topology: str = ""
+    note: str = ""
+
+    @property
+    def nccl_size(self) -> int:
+        return nccl_size(self.op, self.nbytes, self.group_size) if self.op in NCCL_TESTS else 0
+
+    @property
+    def algbw(self) -> float:
+        """nccl-tests' algorithm bandwidth S / t, bytes/s (0 when nothing moves)."""
+        return self.nccl_size / self.time_s if self.time_s > 0 else 0.0
+
+    @property
+    def busbw(self) -> float:
+        """nccl-tests' bus bandwidth, algbw times the collective's factor, bytes/s."""
+        return self.algbw * busbw_factor(self.op, self.group_size) if self.op in NCCL_TESTS else 0.0
+
+    @property
+    def bound(self) -> str:
+        """Which part dominates: ``'latency'`` or ``'bandwidth'``."""
+        return "latency" if self.latency_s > self.bandwidth_s else "bandwidth"
+
+    def __repr__(self):
+        where = " on ".join(x for x in (self.hardware, self.topology) if x)
+        head = (f"{self.op} of {_bytes(self.nbytes)}/device over {self.group_size} device(s), "
+                f"{self.algorithm}{' on ' + where if where else ''}")
+        if self.time_s == 0:
+            return f"<Estimate {head}: no communication>"
+        return (f"<Estimate {head}: {_seconds(self.time_s)} = {_seconds(self.latency_s)} latency "
+                f"({self.steps} hops) + {_seconds(self.bandwidth_s)} bandwidth, {self.bound}-bound; "
+                f"sends {_bytes(self.bytes_sent_per_device)}/device; algbw "
+                f"{self.algbw / 1e9:.3g} GB/s, busbw {self.busbw / 1e9:.3g} GB/s"
+                f"{'; ' + self.note if self.note else ''}>")
+
+
+def _seconds(t: float) -> str:
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if t >= scale:
+            return f"{t / scale:.4g} {unit}"
+    return f"{t / 1e-9:.4g} ns"
+
+
+def _bytes(n: float) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.4g} {unit}"
+    return f"{n:.4g} B"
+
+
+# -- the formulas -----------------------------------------------------------------------
+# A _Cost adds up phases. Every formula below takes the group's axes (list of GroupAxis),
+# the per-hop latency and the per-device bytes, and counts steps, seconds and bytes.
+
+@dataclass
+class _Cost:
+    steps: int = 0                # hops paid for in latency
+    bandwidth_s: float = 0.0
+    sent: float = 0.0             # most bytes one device sends
+
+    def __add__(self, other):
+        return _Cost(self.steps + other.steps, self.bandwidth_s + other.bandwidth_s,
+                     self.sent + other.sent)
+
+
+def _lanes(ax: GroupAxis, bidirectional: bool) -> int:
+    """How many link directions carry the data at once: two on a ring run both ways."""
+    return 2 if bidirectional and ax.wraps and not ax.switch else 1
+
+
+def _reduce_scatter_phase(ax: GroupAxis, data: float, bidirectional: bool) -> _Cost:
+    """Reduce-scatter ``data`` bytes per device along one axis: q-1 steps of data/q."""
+    q = ax.size
+    if q == 1:
+        return _Cost()
+    return _Cost(q - 1, (q - 1) * data / q / (_lanes(ax, bidirectional) * ax.bandwidth),
+                 (q - 1) * data / q)
+
+
+def _all_gather_phase(ax: GroupAxis, block: float, bidirectional: bool) -> _Cost:
+    """All-gather along one axis, each device starting with ``block`` bytes: q-1 steps."""
+    q = ax.size
+    if q == 1:
+        return _Cost()
+    # On a line the middle devices forward pieces both ways: q+1 blocks instead of q-1.
+    forwarded = q + 1 if (not ax.wraps and not ax.switch and q > 2) else q - 1
+    return _Cost(q - 1, (q - 1) * block / (_lanes(ax, bidirectional) * ax.bandwidth),
+                 forwarded * block)
+
+
+def _as_one_ring(axes: list) -> GroupAxis:
+    """Several torus axes walked as one ring (a snake through the grid).
+
+    A closed snake (Hamiltonian cycle) exists when some axis has even size and every
+    axis has at least 2; otherwise the snake is an open line. Its links are those of the
+    slowest axis.
+    """
+    if len(axes) == 1:
+        return axes[0]
+    p = math.prod(a.size for a in axes)
+    closed = p % 2 == 0 and all(a.size >= 2 for a in axes)
+    return GroupAxis(p, min(a.bandwidth for a in axes), closed)
+
+
+def _ring_all_reduce(axes, nbytes, bidirectional):
+    ax = _as_one_ring(axes)
+    return (_reduce_scatter_phase(ax, nbytes, bidirectional)
+            + _all_gather_phase(ax, nbytes / ax.size, bidirectional))
+
+
+def _rotations(axes):
+    """One order of the axes per part of the data: (a0, a1, ...), (a1, a2, ..., a0), ..."""
+    return [axes[k:] + axes[:k] for k in range(len(axes))]
+
+
+def _slowest(costs, alpha):
+    return max(costs, key=lambda c: c.steps * alpha + c.bandwidth_s)
+
+
+def _torus_all_reduce(axes, nbytes, alpha):
+    """Reduce-scatter along each axis in turn, all-gather back; one data part per axis order."""
+    per_order = []
+    for order in _rotations(axes):
+        cost, data = _Cost(), nbytes / len(axes)
+        for ax in order:
+            cost = cost + _reduce_scatter_phase(ax, data, True)
+            data /= ax.size
+        for ax in reversed(order):
+            cost = cost + _all_gather_phase(ax, data, True)
+            data *= ax.size
+        per_order.append(cost)
+    worst = _slowest(per_order, alpha)
+    return _Cost(worst.steps, worst.bandwidth_s, sum(c.sent for c in per_order))
+
+
+def _torus_all_gather(axes, nbytes, alpha):
+    per_order = []
+    for order in _rotations(axes):
+        cost, block = _Cost(), nbytes / len(axes)
+        for ax in order:
+            cost = cost + _all_gather_phase(ax, block, True)
+            block *= ax.size
+        per_order.append(cost)
+    worst = _slowest(per_order, alpha)
+    return _Cost(worst.steps, worst.bandwidth_s, sum(c.sent for c in per_order))
+
+
+def _torus_reduce_scatter(axes, nbytes, alpha):
+    per_order = []
+    for order in _rotations(axes):
+        cost, data = _Cost(), nbytes / len(axes)
+        for ax in order:
+            cost = cost + _reduce_scatter_phase(ax, data, True)
+            data /= ax.size
+        per_order.append(cost)
+    worst = _slowest(per_order, alpha)
+    return _Cost(worst.steps, worst.bandwidth_s, sum(c.sent for c in per_order))
+
+
+def _hops(axes, a: int, b: int) -> int:
+    """Hops between group positions ``a`` and ``b`` (row-major over the group's axes)."""
+    if a == b:
+        return 0
+    if any(ax.switch for ax in axes):
+        return 1
+    ca = np.unravel_index(a, [ax.size for ax in axes])
+    cb = np.unravel_index(b, [ax.size for ax in axes])
+    total = 0
+    for ax, x, y in zip(axes, ca, cb):
+        d = abs(int(x) - int(y))
+        total += min(d, ax.size - d) if ax.wraps else d
+    return total
+
+
+def _tree_all_reduce(axes, nbytes):
+    """Binomial tree: ceil(log2 p) levels up, as many down, each sending the whole buffer."""
+    p = math.prod(ax.size for ax in axes)
+    bandwidth = min(ax.bandwidth for ax in axes)
+    cost, k = _Cost(), 0
+    while (1 << k) < p:
+        half = 1 << k
+        hops = max(_hops(axes, i, i - half) for i in range(half, p, 2 * half))
+        cost = cost + _Cost(2 * hops, 2 * nbytes / bandwidth, 0.0)
+        k += 1
+    return replace(cost, sent=k * nbytes)        # the root sends to k children on the way down
+
+
+def _pairs_per_link(q: int, wraps: bool) -> float:
+    """All-to-all along one axis of q devices: pieces on the busiest link direction.
+
+    Shortest paths on a ring spread the q * sum(min(d, q-d)) piece-hops over 2q link
+    directions; on a line the middle link carries floor(q/2) * ceil(q/2) pieces each way.
+    """
+    if wraps:
+        return sum(min(d, q - d) for d in range(1, q)) / 2
+    return (q // 2) * ((q + 1) // 2)
+
+
+def _all_to_all(axes, nbytes):
+    """Every device sends nbytes/p to each other device along shortest paths.
+
+    With dimension-ordered routing on a torus, a link of axis a carries p/q_a times what
+    a 1-D all-to-all over that axis would put on it; on a switch each device just sends
+    (p-1)/p of its buffer through its port.
+    """
+    p = math.prod(ax.size for ax in axes)
+    if axes[0].switch:
+        return _Cost(1, (p - 1) / p * nbytes / axes[0].bandwidth, (p - 1) / p * nbytes)
+    bandwidth_s = max(_pairs_per_link(ax.size, ax.wraps) * nbytes / (ax.size * ax.bandwidth)
+                      for ax in axes)
+    diameter = sum(ax.size // 2 if ax.wraps else ax.size - 1 for ax in axes)
+    return _Cost(diameter, bandwidth_s, (p - 1) / p * nbytes)
+
+
+def _route(axes, a: int, b: int) -> list:
+    """The directed links from group position a to b: axis by axis, the short way round."""
+    sizes = [ax.size for ax in axes]
+    here = list(np.unravel_index(a, sizes))
+    there = np.unravel_index(b, sizes)
+    links = []
+    for i, ax in enumerate(axes):
+        d = (int(there[i]) - int(here[i])) % ax.size if ax.wraps else int(there[i]) - int(here[i])
+        step = 1
+        if ax.wraps and d > ax.size - d:
+            d, step = ax.size - d, -1
+        elif d < 0:
+            d, step = -d, -1
+        for _ in range(d):
+            links.append((i, tuple(int(c) for c in here), step))
+            here[i] = (here[i] + step) % ax.size
+    return links
+
+
+def _collective_permute(axes, nbytes, perm):
+    """Each pair sends nbytes along its route; the busiest link and the longest route decide."""
+    pairs = [(int(s), int(d)) for s, d in perm if int(s) != int(d)]
+    if not pairs:
+        return _Cost()
+    if axes[0].switch:
+        out = max(sum(1 for s, _ in pairs if s == x) for x, _ in pairs)
+        into = max(sum(1 for _, d in pairs if d == y) for _, y in pairs)
+        return _Cost(1, max(out, into) * nbytes / axes[0].bandwidth, out * nbytes)
+    load: dict = {}
+    longest = 0
+    for s, d in pairs:
+        route = _route(axes, s, d)
+        longest = max(longest, len(route))
+        for link in route:
+            load[link] = load.get(link, 0) + 1
+    bandwidth_s = max(count * nbytes / axes[link[0]].bandwidth for link, count in load.items())
+    sends = max(sum(1 for s, _ in pairs if s == x) for x, _ in pairs)
+    return _Cost(longest, bandwidth_s, sends * nbytes)
+
+
+# One table per concern, keyed by collective: the algorithms each collective can use.
+# Each entry: name -> f(axes, nbytes, alpha, perm) -> _Cost.
+COST_MODELS = {
+    "all_reduce": {
+        "ring": lambda axes, n, alpha, perm: _ring_all_reduce(axes, n, False),
+        "bidirectional_ring": lambda axes, n, alpha, perm: _ring_all_reduce(axes, n, True),
+        "torus": lambda axes, n, alpha, perm: _torus_all_reduce(axes, n, alpha),
+        "tree": lambda axes, n, alpha, perm: _tree_all_reduce(axes, n),
+    },
+    "all_gather": {
+        "ring": lambda axes, n, alpha, perm: _all_gather_phase(_as_one_ring(axes), n, False),
+        "bidirectional_ring": lambda axes, n, alpha, perm: _all_gather_phase(_as_one_ring(axes), n, True),
+        "torus": lambda axes, n, alpha, perm: _torus_all_gather(axes, n, alpha),
+    },
+    "reduce_scatter": {
+        "ring": lambda axes, n, alpha, perm: _reduce_scatter_phase(_as_one_ring(axes), n, False),
+        "bidirectional_ring": lambda axes, n, alpha, perm: _reduce_scatter_phase(_as_one_ring(axes), n, True),
+        "torus": lambda axes, n, alpha, perm: _torus_reduce_scatter(axes, n, alpha),
+    },
+    "all_to_all": {
+        "direct": lambda axes, n, alpha, perm: _all_to_all(axes, n),
+    },
+    "collective_permute": {
+        "direct": lambda axes, n, alpha, perm: _collective_permute(axes, n, perm),
+    },
+}
+
+
+def _estimate_on(collective, nbytes, axes, alpha, algorithm=None, perm=None,
+                 hardware="", topology="", note="") -> Estimate:
+    """The estimate for a group occupying ``axes``; the common core of the public entry points."""
+    p = math.prod(ax.size for ax in axes) if axes else 1
+    if collective is None or p == 1:
+        return Estimate(collective or "none", "none", int(nbytes), p, 0.0, 0.0, 0.0, 0, 0.0,
+                        hardware, topology, note)
+    models = COST_MODELS[collective]
+    if collective == "collective_permute" and perm is None:
+        perm = [(i, (i + 1) % p) for i in range(p)]     # the usual ring shift
+    if algorithm is None:
+        candidates = list(models)
+    elif algorithm in models:
+        candidates = [algorithm]
+    else:
+        raise ValueError(f"{collective} has no algorithm {algorithm!r} here; choose one of "
+                         f"{sorted(models)} or None for the fastest")
+    best = None
+    for name in candidates:
+        c = models[name](axes, float(nbytes), alpha, perm)
+        e = Estimate(collective, name, int(nbytes), p, c.steps * alpha + c.bandwidth_s,
+                     c.steps * alpha, c.bandwidth_s, c.steps, c.sent, hardware, topology, note)
+        if best is None or e.time_s < best.time_s:
+            best = e
+    return best
+
+
+def _describe(topology) -> str:
+    if topology.kind == "switch":
+        return f"switch of {topology.size}"
+    shape = "x".join(map(str, topology.dims))
+    wrapping = [a for a in range(len(topology.dims)) if topology.wraps(a)]
+    if not wrapping:
+        return f"{shape} torus without wraparound"
+    if len(wrapping) == len(topology.dims):
+        return f"{shape} torus with wraparound"
+    return f"{shape} torus with wraparound on axis {', '.join(map(str, wrapping))} only"
+
+
+def _resolve_topology(hardware: Hardware, topology, group_size):
+    if topology is None:
+        return hardware.topology(group_size if group_size is not None else 1)
+    if isinstance(topology, (Torus, FullyConnected)):
+        return topology
+    return hardware.topology(topology)          # a device count or a shape
+
+
+def estimate(op: str, nbytes: int, group_size: int | None = None, hardware="TPU v4",
+             topology=None, algorithm: str | None = None, axes=None, perm=None) -> Estimate:
+    """Estimated time of one collective over ``group_size`` devices.
+
+    ``op`` is a collective (``'all_reduce'``, ``'all_gather'``, ``'reduce_scatter'``,
+    ``'all_to_all'``, ``'collective_permute'``) or a ``jax.lax`` name (``'psum'``, ...).
+    ``nbytes`` is what ONE device holds before the call. ``hardware`` is a preset name or
+    a :class:`Hardware`; ``topology`` a :class:`Torus`/:class:`FullyConnected`, a shape, or
+    None for the hardware's standard slice of ``group_size`` devices. ``axes`` says which
+    torus axes the group spans (default: all of them if the group fills the topology).
+    ``algorithm`` names one of ``COST_MODELS[collective]``, or None for the fastest.
+    ``perm`` (collective permute) lists (source, destination) group positions; default a
+    shift by one.
+
+    >>> estimate("psum", 2**20, 8, hardware="H100")     # doctest: +SKIP
+    """
+    hw = hardware_preset(hardware)
+    topo = _resolve_topology(hw, topology, group_size)
+    if group_size is None:
+        group_size = topo.size
+    group = topo.group_axes(int(group_size), axes)
+    return _estimate_on(collective_of(op), nbytes, group, topo.hop_latency, algorithm, perm,
+                        _label(hw, topology, topo), _describe(topo))
+
+
+def _label(hardware: Hardware, asked, topology) -> str:
+    """The hardware name to print: a topology passed in speaks for itself."""
+    return topology.name if isinstance(asked, (Torus, FullyConnected)) else hardware.name
+
+
+def time_run(run, topology, hardware: str = "") -> Estimate:
+    """The time of a message-level run (``simpmd.algorithms``) replayed on a topology.
+
+    Each step costs the longest route's hops times the hop latency, plus the bytes on the
+    busiest link direction (torus, routed axis by axis the short way) or through the
+    busiest switch port, divided by its bandwidth. Device ids of the run are the
+    topology's device ids. This is how the tests check that the closed forms of
+    :func:`estimate` are what the simulated algorithms actually cost.
+    """
+    latency_s = bandwidth_s = 0.0
+    steps = 0
+    for step in run.steps:
+        if not step.messages:
+            continue
+        if topology.kind == "switch":
+            out: dict = {}
+            into: dict = {}
+            for m in step.messages:
+                out[m.src] = out.get(m.src, 0) + m.nbytes
+                into[m.dst] = into.get(m.dst, 0) + m.nbytes
+            hops, busiest = 1, max(max(out.values()), max(into.values())) / topology.port_bandwidth
+        else:
+            axes = [GroupAxis(d, topology.axis_bandwidth, topology.wraps(a), axis=a)
+                    for a, d in enumerate(topology.dims)]
+            load: dict = {}
+            hops = 0
+            for m in step.messages:
+                route = _route(axes, m.src, m.dst)
+                hops = max(hops, len(route))
+                for link in route:
+                    load[link] = load.get(link, 0) + m.nbytes
+            busiest = max(load.values()) / topology.axis_bandwidth
+        steps += hops
+        latency_s += hops * topology.hop_latency
+        bandwidth_s += busiest
+    p = run.num_devices
+    nbytes = int(np.asarray(run.inputs[0]).nbytes)
+    return Estimate(run.collective, run.algorithm, nbytes, p, latency_s + bandwidth_s, latency_s,
+                    bandwidth_s, steps, float(run.bytes_sent.max(initial=0)), hardware,
+                    _describe(topology), "replayed message by message")
+
+
+# -- a whole trace ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CollectiveCost:
+    """The estimate for one collective instance (one group's rendezvous) of a trace."""
+
+    step: int
+    call: int
+    op: str                      # the jax.lax name, e.g. 'psum'
+    axes: tuple
+    group: tuple
+    source: str
+    estimate: Estimate
+    bytes_sent: tuple            # per member, as the engine logged them
+    bytes_received: tuple
+
+    @property
+    def time_s(self) -> float:
+        return self.estimate.time_s
+
+
+@dataclass
+class TraceEstimate:
+    """Every collective of a run with its estimated time, and the total.
+
+    ``collectives`` holds one :class:`CollectiveCost` per instance. Instances of the same
+    call (different groups, e.g. one per row) run at the same time, and calls run one
+    after another, so ``total_time_s`` sums, over calls, the slowest instance of each.
+    """
+
+    hardware: str
+    topology: str
+    collectives: list = field(default_factory=list)
+
+    def per_call(self) -> list:
+        """Lists of the instances of each call, in program order."""
+        calls: dict = {}
+        for c in self.collectives:
+            calls.setdefault(c.call, []).append(c)
+        return list(calls.values())
+
+    @property
+    def total_time_s(self) -> float:
+        return sum(max(c.time_s for c in call) for call in self.per_call())
+
+    def __len__(self):
+        return len(self.collectives)
+
+    def __iter__(self):
+        return iter(self.collectives)
+
+    def __getitem__(self, i):
+        return self.collectives[i]
+
+    def __str__(self):
+        lines = [f"Estimated on {self.hardware} ({self.topology}): {len(self.collectives)} "
+                 f"collective(s), {_seconds(self.total_time_s) if self.total_time_s else '0 s'} in all"]
+        header = ("step", "op", "axes", "group", "per device", "algorithm", "time", "bound",
+                  "busbw GB/s")
+        rows = []
+        for c in self.collectives:
+            e = c.estimate
+            rows.append((str(c.step), c.op, ",".join(map(str, c.axes)), _group_text(c.group),
+                         _bytes(e.nbytes), e.algorithm,
+                         _seconds(e.time_s) if e.time_s else "0", e.bound if e.time_s else "",
+                         f"{e.busbw / 1e9:.3g}" if e.time_s else ""))
+        widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
+                  for i, h in enumerate(header)]
+        lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip())
+        lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
+        return "\n".join(lines)
+
+    def __repr__(self):
+        return (f"<TraceEstimate: {len(self.collectives)} collective(s) on {self.hardware}, "
+                f"{_seconds(self.total_time_s) if self.total_time_s else '0 s'} in all>")
+
+
+def _group_text(group) -> str:
+    ids = list(group)
+    if len(ids) > 6:
+        return ",".join(map(str, ids[:4])) + f",... ({len(ids)})"
+    return ",".join(map(str, ids))
+
+
+def _member_device(event):
+    if event.device is not None:
+        return int(event.device)
+    return int(event.devices[0]) if event.devices else None
+
+
+def _positions(axes, topology, devices) -> list:
+    """Each device's row-major position within the group's axes."""
+    sizes = [ax.size for ax in axes]
+    out = []
+    for d in devices:
+        c = topology.coords(d)
+        out.append(int(np.ravel_multi_index([c[ax.axis] - ax.offset for ax in axes], sizes)))
+    return out
+
+
+def _perm_of(event, group_size) -> list:
+    """The (source, destination) member pairs of a ppermute or pshuffle."""
+    if event.op == "pshuffle":
+        return [(int(s), d) for d, s in enumerate(event.params.get("perm", ()))]
+    return [(int(s), int(d)) for s, d in event.params.get("perm", ())]
+
+
+def estimate_trace(trace_or_events, hardware="TPU v4", topology=None) -> TraceEstimate:
+    """One estimate per collective instance in a simpmd trace (a Trace or a list of Events).
+
+    Instances are the events sharing a ``step``. The physical topology is ``topology`` (a
+    Topology, or a shape such as the platform's ``(4, 4)``), by default the hardware's
+    standard slice for the devices the trace uses. A group that fills a block of the
+    torus uses those axes (with wraparound only where it covers a whole wrapping axis);
+    an irregular group is costed as a line and says so in the estimate's note.
+    """
+    events = getattr(trace_or_events, "events", trace_or_events)
+    events = [e for e in events if e.kind == "collective"]
+    hw = hardware_preset(hardware)
+    by_step: dict = {}
+    for e in events:
+        by_step.setdefault(e.step, []).append(e)
+    used = {_member_device(e) for e in events} - {None}
+    count = max(used) + 1 if used else 1
+    topo = _resolve_topology(hw, topology, count)
+    label = _label(hw, topology, topo)
+    result = TraceEstimate(label, _describe(topo))
+    for step in sorted(by_step):
+        members = sorted(by_step[step], key=lambda e: e.member)
+        first = members[0]
+        devices = [_member_device(e) for e in members]
+        collective = COLLECTIVE_OF.get(first.op)
+        nbytes = max(e.nbytes_in for e in members)
+        note, perm = "", None
+        if None in devices or max(devices) >= topo.size:
+            axes, note = ([GroupAxis(len(members), _link_of(topo), False)] if len(members) > 1 else [],
+                          "devices not on the topology: costed as a line")
+        else:
+            axes = topo.group_axes_of(devices)
+            if axes is None:
+                axes = [GroupAxis(len(members), _link_of(topo), False)]
+                note = "irregular group: costed as a line"
+        if collective == "collective_permute":
+            pairs = _perm_of(first, len(members))
+            if note or topo.kind == "switch":
+                perm = pairs
+            else:
+                where = _positions(axes, topo, devices)
+                perm = [(where[s], where[d]) for s, d in pairs]
+        e = _estimate_on(collective, nbytes, axes, topo.hop_latency, None, perm, label,
+                         _describe(topo), note)
+        result.collectives.append(CollectiveCost(
+            step, (len(first.coords), first.call), first.op, tuple(first.axes),
+            tuple(first.group), first.source, replace(e, op=collective or first.op),
+            tuple(m.bytes_sent for m in members), tuple(m.bytes_received for m in members)))
+    return result
+
+
+def _link_of(topology) -> float:
+    return topology.port_bandwidth if topology.kind == "switch" else topology.axis_bandwidth
