@@ -19,3 +19,8 @@ from .trace import Event, Trace
 __version__ = "0.1.0"
 
 # -- features built on the engine (each line added by the feature's own change) ----------
+from .mesh import Mesh, NamedSharding, P, PartitionSpec, ShardingError, make_mesh
+from .shard_map import shard_map
+from . import numpy                                    # functions for bodies that run on both engines
+from .jax_devices import JaxDevicesError, use_jax_devices
+from .jaxcheck import CrossCheckReport, crosscheck

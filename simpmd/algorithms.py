@@ -142,8 +142,11 @@ def play(algorithm: str, collective: str, buffers, rounds, *, op: str = "sum",
     p = len(buffers)
     sent = np.zeros(p, dtype=np.int64)
     received = np.zeros(p, dtype=np.int64)
-    chunk_ids: dict = {}
-    chunks: list = []
+    rounds = list(rounds)
+    # Chunks are numbered in array order (chunk 0 starts the buffer), so a drawing can
+    # colour them consistently.
+    chunks = sorted({(s.start, s.stop) for _, sends in rounds for s in sends if s.stop > s.start})
+    chunk_ids = {c: k for k, c in enumerate(chunks)}
     steps: list = []
     states = [[b.copy() for b in buffers]]
     for index, (label, sends) in enumerate(rounds):
@@ -151,10 +154,7 @@ def play(algorithm: str, collective: str, buffers, rounds, *, op: str = "sum",
         for s in sends:
             if s.stop <= s.start:
                 continue
-            chunk = chunk_ids.setdefault((s.start, s.stop), len(chunks))
-            if chunk == len(chunks):
-                chunks.append((s.start, s.stop))
-            messages.append(Message(s.src, s.dst, chunk, s.kind,
+            messages.append(Message(s.src, s.dst, chunk_ids[(s.start, s.stop)], s.kind,
                                     buffers[s.src][s.start:s.stop].copy()))
         # Every payload was copied above, before any write: the messages of a step travel
         # together, so none of them may see another's effect.

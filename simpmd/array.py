@@ -46,21 +46,31 @@ class Array(NDArrayOperatorsMixin):
 
     __array_priority__ = 500
 
-    def __init__(self, value: np.ndarray, devices, mapped_axis: int | None):
-        self._value = value
+    def __init__(self, per_device: list, devices, mapped_axis: int | None):
+        # Like a jax.Array, the result stays "on the devices" (one value per device)
+        # until the host asks for the whole: the stacked copy is made on first use.
+        self._per_device = per_device
+        self._stacked = None
         self.sharding = PmapSharding(tuple(devices), mapped_axis)
 
     @property
+    def _value(self) -> np.ndarray:
+        if self._stacked is None:
+            ax = self.sharding.mapped_axis
+            self._stacked = (self._per_device[0] if ax is None
+                             else np.stack(self._per_device, axis=ax))
+        return self._stacked
+
+    @property
     def addressable_shards(self) -> list[Shard]:
-        v, ax = self._value, self.sharding.mapped_axis
+        ax = self.sharding.mapped_axis
         shards = []
-        for i, d in enumerate(self.sharding.devices):
+        for i, (d, v) in enumerate(zip(self.sharding.devices, self._per_device)):
             if ax is None:
-                index = (slice(None),) * v.ndim
-                shards.append(Shard(d, index, v, replica_id=i))
+                shards.append(Shard(d, (slice(None),) * v.ndim, v, replica_id=i))
             else:
-                index = (slice(None),) * ax + (slice(i, i + 1),) + (slice(None),) * (v.ndim - ax - 1)
-                shards.append(Shard(d, index, v[index]))
+                index = (slice(None),) * ax + (slice(i, i + 1),) + (slice(None),) * (v.ndim - ax)
+                shards.append(Shard(d, index, np.expand_dims(v, ax)))
         return shards
 
     def devices(self) -> set:
@@ -91,10 +101,16 @@ class Array(NDArrayOperatorsMixin):
             raise AttributeError(name)
         return getattr(self._value, name)
 
-    shape = property(lambda self: self._value.shape)
-    dtype = property(lambda self: self._value.dtype)
-    ndim = property(lambda self: self._value.ndim)
-    size = property(lambda self: self._value.size)
+    @property
+    def shape(self):
+        first, ax = self._per_device[0], self.sharding.mapped_axis
+        if ax is None:
+            return first.shape
+        return first.shape[:ax] + (len(self._per_device),) + first.shape[ax:]
+
+    dtype = property(lambda self: self._per_device[0].dtype)
+    ndim = property(lambda self: len(self.shape))
+    size = property(lambda self: int(np.prod(self.shape)))
 
     def __len__(self):
         return len(self._value)

@@ -40,6 +40,8 @@ def pmean(values):
     """Every member gets the elementwise mean. Integers average to floats, as in JAX."""
     total = psum(values)[0]
     mean = total / len(values)
+    if total.dtype.kind in "iub":
+        mean = mean.astype(np.float32)    # JAX's default float, not NumPy's float64
     return [mean] * len(values)
 
 

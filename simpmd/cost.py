@@ -82,14 +82,18 @@ NCCL_TESTS = {
 }
 
 
+def _nccl_entry(op: str):
+    return NCCL_TESTS[op] if op in NCCL_TESTS else NCCL_TESTS[collective_of(op)]
+
+
 def nccl_size(op: str, nbytes: int, group_size: int) -> int:
     """The size S nccl-tests prints for this collective, from the bytes one device holds."""
-    return int(NCCL_TESTS[collective_of(op) or op][0](nbytes, group_size))
+    return int(_nccl_entry(op)[0](nbytes, group_size))
 
 
 def busbw_factor(op: str, group_size: int) -> float:
     """nccl-tests' correction from algorithm bandwidth to bus bandwidth."""
-    return float(NCCL_TESTS[collective_of(op) or op][1](max(group_size, 1)))
+    return float(_nccl_entry(op)[1](max(group_size, 1)))
 
 
 # -- topologies -------------------------------------------------------------------------
@@ -326,8 +330,11 @@ class Hardware:
             return FullyConnected(n, link_bandwidth=self.link_bandwidth,
                                   hop_latency=self.hop_latency, links=self.links_per_device,
                                   name=self.name)
-        dims = (SLICE_SHAPES[self.torus_rank].get(int(shape), (int(shape),))
-                if np.ndim(shape) == 0 else tuple(int(d) for d in shape))
+        if np.ndim(shape) == 0 and int(shape) not in SLICE_SHAPES[self.torus_rank]:
+            return Torus((int(shape),), False, link_bandwidth=self.link_bandwidth,
+                         hop_latency=self.hop_latency, name=self.name)
+        dims = (SLICE_SHAPES[self.torus_rank][int(shape)] if np.ndim(shape) == 0
+                else tuple(int(d) for d in shape))
         return Torus(dims, self.wraparound_for(dims), link_bandwidth=self.link_bandwidth,
                      hop_latency=self.hop_latency, name=self.name)
 
@@ -336,12 +343,13 @@ class Hardware:
 
         2-D TPUs (v5e, v6e): only an axis of the full pod size 16. 3-D TPUs (v4, v5p):
         every axis, when the slice is made of whole 4x4x4 cubes (the optical switches
-        that close the rings exist only per cube), else none. (Scaling book, Part 2,
-        "TPU Networking".)
+        that close the rings exist only per cube), else none; a shape with fewer than
+        three axes is not a real slice and gets none. (Scaling book, Part 2, "TPU
+        Networking".) For another wiring, build a Torus yourself.
         """
         if self.torus_rank == 2:
             return tuple(d == 16 for d in dims)
-        whole_cubes = all(d % 4 == 0 for d in dims)
+        whole_cubes = len(dims) == 3 and all(d % 4 == 0 for d in dims)
         return tuple(whole_cubes for _ in dims)
 
     def __str__(self):
@@ -355,7 +363,7 @@ class Hardware:
 
 
 # Standard slice shapes for a device count (Cloud TPU docs list these 2-D v5e shapes and
-# 3-D v5p shapes; other counts become a 1-D line).
+# 3-D v5p shapes); another count becomes a 1-D line without wraparound.
 SLICE_SHAPES = {
     2: {1: (1, 1), 4: (2, 2), 8: (2, 4), 16: (4, 4), 32: (4, 8), 64: (8, 8), 128: (8, 16),
         256: (16, 16)},
@@ -567,47 +575,26 @@ def _rotations(axes):
     return [axes[k:] + axes[:k] for k in range(len(axes))]
 
 
-def _slowest(costs, alpha):
-    return max(costs, key=lambda c: c.steps * alpha + c.bandwidth_s)
+def _torus(axes, nbytes, alpha, collective):
+    """The multi-axis scheme: one part of the data per rotation of the axes, all at once.
 
-
-def _torus_all_reduce(axes, nbytes, alpha):
-    """Reduce-scatter along each axis in turn, all-gather back; one data part per axis order."""
+    Each part reduce-scatters along its axes in turn (the data shrinking by each axis's
+    size), and/or all-gathers (back in reverse order, for an all-reduce). The slowest part
+    sets the time; a device sends for every part.
+    """
     per_order = []
     for order in _rotations(axes):
-        cost, data = _Cost(), nbytes / len(axes)
-        for ax in order:
-            cost = cost + _reduce_scatter_phase(ax, data, True)
-            data /= ax.size
-        for ax in reversed(order):
-            cost = cost + _all_gather_phase(ax, data, True)
-            data *= ax.size
+        cost, size = _Cost(), nbytes / len(axes)
+        if collective in ("reduce_scatter", "all_reduce"):
+            for ax in order:
+                cost = cost + _reduce_scatter_phase(ax, size, True)
+                size /= ax.size
+        if collective in ("all_gather", "all_reduce"):
+            for ax in (reversed(order) if collective == "all_reduce" else order):
+                cost = cost + _all_gather_phase(ax, size, True)
+                size *= ax.size
         per_order.append(cost)
-    worst = _slowest(per_order, alpha)
-    return _Cost(worst.steps, worst.bandwidth_s, sum(c.sent for c in per_order))
-
-
-def _torus_all_gather(axes, nbytes, alpha):
-    per_order = []
-    for order in _rotations(axes):
-        cost, block = _Cost(), nbytes / len(axes)
-        for ax in order:
-            cost = cost + _all_gather_phase(ax, block, True)
-            block *= ax.size
-        per_order.append(cost)
-    worst = _slowest(per_order, alpha)
-    return _Cost(worst.steps, worst.bandwidth_s, sum(c.sent for c in per_order))
-
-
-def _torus_reduce_scatter(axes, nbytes, alpha):
-    per_order = []
-    for order in _rotations(axes):
-        cost, data = _Cost(), nbytes / len(axes)
-        for ax in order:
-            cost = cost + _reduce_scatter_phase(ax, data, True)
-            data /= ax.size
-        per_order.append(cost)
-    worst = _slowest(per_order, alpha)
+    worst = max(per_order, key=lambda c: c.steps * alpha + c.bandwidth_s)
     return _Cost(worst.steps, worst.bandwidth_s, sum(c.sent for c in per_order))
 
 
@@ -712,18 +699,18 @@ COST_MODELS = {
     "all_reduce": {
         "ring": lambda axes, n, alpha, perm: _ring_all_reduce(axes, n, False),
         "bidirectional_ring": lambda axes, n, alpha, perm: _ring_all_reduce(axes, n, True),
-        "torus": lambda axes, n, alpha, perm: _torus_all_reduce(axes, n, alpha),
+        "torus": lambda axes, n, alpha, perm: _torus(axes, n, alpha, "all_reduce"),
         "tree": lambda axes, n, alpha, perm: _tree_all_reduce(axes, n),
     },
     "all_gather": {
         "ring": lambda axes, n, alpha, perm: _all_gather_phase(_as_one_ring(axes), n, False),
         "bidirectional_ring": lambda axes, n, alpha, perm: _all_gather_phase(_as_one_ring(axes), n, True),
-        "torus": lambda axes, n, alpha, perm: _torus_all_gather(axes, n, alpha),
+        "torus": lambda axes, n, alpha, perm: _torus(axes, n, alpha, "all_gather"),
     },
     "reduce_scatter": {
         "ring": lambda axes, n, alpha, perm: _reduce_scatter_phase(_as_one_ring(axes), n, False),
         "bidirectional_ring": lambda axes, n, alpha, perm: _reduce_scatter_phase(_as_one_ring(axes), n, True),
-        "torus": lambda axes, n, alpha, perm: _torus_reduce_scatter(axes, n, alpha),
+        "torus": lambda axes, n, alpha, perm: _torus(axes, n, alpha, "reduce_scatter"),
     },
     "all_to_all": {
         "direct": lambda axes, n, alpha, perm: _all_to_all(axes, n),
@@ -793,17 +780,18 @@ def estimate(op: str, nbytes: int, group_size: int | None = None, hardware="TPU 
     torus axes the group spans (default: all of them if the group fills the topology).
     ``algorithm`` names one of ``COST_MODELS[collective]``, or None for the fastest.
     ``perm`` (collective permute) lists (source, destination) group positions; default a
-    shift by one.
-
-    >>> estimate("psum", 2**20, 8, hardware="H100")     # doctest: +SKIP
+    shift by one. For example ``estimate("psum", 2**20, 8, hardware="H100")`` is a 1 MiB
+    all-reduce inside one 8-GPU node, and ``estimate("all_gather", 2**20, 4, "TPU v5e",
+    topology=(8, 4), axes=(1,))`` gathers along the 4-long axis of a v5e 8x4 slice.
     """
     hw = hardware_preset(hardware)
     topo = _resolve_topology(hw, topology, group_size)
     if group_size is None:
         group_size = topo.size
     group = topo.group_axes(int(group_size), axes)
-    return _estimate_on(collective_of(op), nbytes, group, topo.hop_latency, algorithm, perm,
-                        _label(hw, topology, topo), _describe(topo))
+    e = _estimate_on(collective_of(op), nbytes, group, topo.hop_latency, algorithm, perm,
+                     _label(hw, topology, topo), _describe(topo))
+    return e if collective_of(op) else replace(e, op=op)
 
 
 def _label(hardware: Hardware, asked, topology) -> str:
@@ -860,7 +848,7 @@ class CollectiveCost:
     """The estimate for one collective instance (one group's rendezvous) of a trace."""
 
     step: int
-    call: int
+    call: tuple                  # (nesting depth, k-th collective call of the program)
     op: str                      # the jax.lax name, e.g. 'psum'
     axes: tuple
     group: tuple
@@ -953,7 +941,7 @@ def _positions(axes, topology, devices) -> list:
     return out
 
 
-def _perm_of(event, group_size) -> list:
+def _perm_of(event) -> list:
     """The (source, destination) member pairs of a ppermute or pshuffle."""
     if event.op == "pshuffle":
         return [(int(s), d) for d, s in enumerate(event.params.get("perm", ()))]
@@ -996,7 +984,7 @@ def estimate_trace(trace_or_events, hardware="TPU v4", topology=None) -> TraceEs
                 axes = [GroupAxis(len(members), _link_of(topo), False)]
                 note = "irregular group: costed as a line"
         if collective == "collective_permute":
-            pairs = _perm_of(first, len(members))
+            pairs = _perm_of(first)
             if note or topo.kind == "switch":
                 perm = pairs
             else:

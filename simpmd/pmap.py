@@ -249,9 +249,17 @@ class Pmapped:
         devices = [t.device for t in tasks]
         for k, ax in enumerate(out_axes):
             values = [_plain(r[0][k]) for r in results]
+            shapes = {(v.shape, v.dtype) for v in values}
+            if len(shapes) > 1 and ax is not None:
+                odd = next(t for t, v in zip(tasks, values)
+                           if (v.shape, v.dtype) != (values[0].shape, values[0].dtype))
+                raise errors.DivergenceError(
+                    f"result{_leaf_label(treedef, k)} has shape {values[0].shape} "
+                    f"{values[0].dtype} on {tasks[0].where()} but a different shape or dtype "
+                    f"on {odd.where()}; every device must return the same shapes to be stacked.")
             if ax is None:
-                differ = [t.where() for t, v in zip(tasks[1:], values[1:])
-                          if v.shape != values[0].shape or not np.array_equal(v, values[0])]
+                differ = [t.where() for t, v in zip(tasks[1:], values[1:]) if v is not values[0]
+                          and (v.shape != values[0].shape or not np.array_equal(v, values[0]))]
                 if differ:
                     warnings.warn(
                         f"out_axes=None returns one copy of a result that should be the same on "
@@ -259,18 +267,19 @@ class Pmapped:
                         f"than {tasks[0].where()}. simpmd returns the first device's value, as "
                         f"JAX does (JAX does not check). Reduce it first (e.g. lax.pmean).",
                         stacklevel=3)
-                stacked = values[0]
             else:
                 if not -(values[0].ndim + 1) <= ax <= values[0].ndim:
                     raise ValueError(f"out_axes={ax} is out of range for results of shape "
                                      f"{values[0].shape}.")
                 ax = ax % (values[0].ndim + 1)
-                stacked = np.stack(values, axis=ax)
             for i, (t, v) in enumerate(zip(tasks, values)):
                 where = "whole (out_axes=None)" if ax is None else f"[{':, ' * ax}{i}]"
                 sim.log(t, "return", outputs=(v,), detail=f"out{_leaf_label(treedef, k)}{where}")
-            leaves.append(Traced(stacked, sim.eager) if nested
-                          else Array(stacked, devices, ax))
+            if nested:
+                stacked = values[0] if ax is None else np.stack(values, axis=ax)
+                leaves.append(Traced(stacked, sim.eager))
+            else:
+                leaves.append(Array(values, devices, ax))
         return tree.unflatten(treedef, leaves)
 
 

@@ -16,6 +16,7 @@ The threads are kept in a pool between runs, so a step on 1024 devices does not 
 from __future__ import annotations
 
 from collections import deque
+import gc
 import linecache
 import math
 import os
@@ -113,12 +114,19 @@ def caller_source() -> tuple[str, str]:
         frame = frame.f_back
     if frame is None:
         return "", ""
-    filename, line = frame.f_code.co_filename, frame.f_lineno
-    code = linecache.getline(filename, line).strip()
-    name = os.path.basename(filename)
-    if "ipykernel" in filename or filename.startswith("<ipython"):
-        name = "<cell>"              # notebook cells get temporary, machine-dependent names
-    return f"{name}:{line}", code
+    key = (frame.f_code, frame.f_lineno)
+    found = _sources.get(key)
+    if found is None:
+        filename, line = key[0].co_filename, key[1]
+        code = linecache.getline(filename, line).strip()
+        name = os.path.basename(filename)
+        if "ipykernel" in filename or filename.startswith("<ipython"):
+            name = "<cell>"          # notebook cells get temporary, machine-dependent names
+        found = _sources[key] = (f"{name}:{line}", code)
+    return found
+
+
+_sources: dict = {}                  # (code object, line) -> (source, code): SPMD repeats them
 
 
 class _Rendezvous:
@@ -161,8 +169,11 @@ class Simulation:
         level = math.prod(sizes)
         made = []
         for k, args in enumerate(per_device_args):
-            index = np.unravel_index(k, sizes) if sizes else ()
-            coords = base + tuple((n, int(i), s) for (n, s), i in zip(axes, index))
+            coords, rest = [], k
+            for name, size in reversed(axes):          # row-major: last axis varies fastest
+                rest, i = divmod(rest, size)
+                coords.append((name, i, size))
+            coords = base + tuple(reversed(coords))
             t = Task(self, fun, args, coords, parent)
             t.flat_index = base_index * level + k
             made.append(t)
@@ -196,8 +207,16 @@ class Simulation:
         self.runq.extend(tasks)
         for t in tasks:
             t.state = "ready"
-        self._switch()
-        self.main_lock.acquire()           # woken when the run queue runs dry
+        # A run allocates many small objects that refcounting frees; pausing the cyclic
+        # collector avoids full collections that would walk every suspended device.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            self._switch()
+            self.main_lock.acquire()       # woken when the run queue runs dry
+        finally:
+            if collecting:
+                gc.enable()
         stuck = [t for t in self.tasks if t.state == "blocked"]
         if stuck or self.failure:
             problem = self._diagnose(stuck)

@@ -57,11 +57,28 @@ def _jax_promotion(values):
     (``x * lax.axis_index('i')`` keeps the dtype of ``x``).
     """
     floats = [v.dtype for v in values if isinstance(v, np.ndarray) and v.dtype.kind in "fc"]
+    if not floats:
+        # An integer array times a Python float: JAX's float is float32 (x64 off).
+        floats = [np.dtype(np.float32) for v in values if type(v) is float]
+        floats += [np.dtype(np.complex64) for v in values if type(v) is complex]
     if not floats or not any(isinstance(v, np.ndarray) and v.dtype.kind in "iub" for v in values):
         return values
     target = np.result_type(*floats)
     return tuple(v.astype(target) if isinstance(v, np.ndarray) and v.dtype.kind in "iub" else v
                  for v in values)
+
+
+def _no_new_float64(result, inputs):
+    """Integers that become floats become float32, JAX's default float (x64 off).
+
+    NumPy gives ``int32 / 2`` and ``np.exp(int32)`` as float64; JAX gives float32. A
+    float64 that came from a float64 input stays float64 (NumPy's choice, kept).
+    """
+    if (isinstance(result, (np.ndarray, np.generic)) and result.dtype == np.float64 and
+            not any(isinstance(v, (np.ndarray, np.generic)) and v.dtype.kind in "fc"
+                    for v in inputs)):
+        return result.astype(np.float32)
+    return result
 
 
 def _eager_of(args) -> bool:
@@ -89,11 +106,26 @@ class Traced(NDArrayOperatorsMixin):
                 "are immutable. Use the returned value instead.")
         values = _jax_promotion(unwrap(inputs)) if len(inputs) > 1 else unwrap(inputs)
         result = getattr(ufunc, method)(*values, **unwrap(kwargs))
-        return wrap(result, _eager_of(inputs))
+        return wrap(_no_new_float64(result, values), _eager_of(inputs))
 
     def __array_function__(self, func, types, args, kwargs):
         result = func(*unwrap(args), **unwrap(kwargs))
         return wrap(result, _eager_of(args) or _eager_of(tuple(kwargs.values())))
+
+    # The commonest operators skip NumPy's dispatch for speed (a 1024-device step runs
+    # them thousands of times); anything unusual falls back to the ufunc path above.
+    def __add__(self, other): return _fast(np.add, self, other, False)
+    def __radd__(self, other): return _fast(np.add, self, other, True)
+    def __sub__(self, other): return _fast(np.subtract, self, other, False)
+    def __rsub__(self, other): return _fast(np.subtract, self, other, True)
+    def __mul__(self, other): return _fast(np.multiply, self, other, False)
+    def __rmul__(self, other): return _fast(np.multiply, self, other, True)
+    def __truediv__(self, other): return _fast(np.true_divide, self, other, False)
+    def __rtruediv__(self, other): return _fast(np.true_divide, self, other, True)
+    def __matmul__(self, other): return _fast(np.matmul, self, other, False)
+    def __rmatmul__(self, other): return _fast(np.matmul, self, other, True)
+    def __pow__(self, other): return _fast(np.power, self, other, False)
+    def __neg__(self): return Traced(-self.value, self.eager)
 
     # In-place operators rebind the name to a new value, as they do for JAX arrays.
     def __iadd__(self, other): return self + other
@@ -213,6 +245,26 @@ class Traced(NDArrayOperatorsMixin):
 
     def __format__(self, spec):
         return format(self.value, spec) if spec else str(self.value)
+
+
+_PLAIN = (int, float, bool, complex, np.ndarray, np.generic)
+
+
+def _fast(ufunc, me, other, reflected):
+    o = other.value if type(other) is Traced else other
+    if not isinstance(o, _PLAIN):
+        return ufunc(other, me) if reflected else ufunc(me, other)     # the general path
+    a, b = (o, me.value) if reflected else (me.value, o)
+    if type(o) is np.ndarray:
+        if (a.dtype.kind in "fc") != (b.dtype.kind in "fc"):
+            a, b = _jax_promotion((a, b))
+    elif type(o) in (float, complex) and me.value.dtype.kind in "iub":
+        a, b = _jax_promotion((a, b))
+    r = ufunc(a, b)
+    if r.dtype == np.float64 and me.value.dtype.kind in "iub" and (
+            type(o) is not np.ndarray or o.dtype.kind in "iub"):
+        r = r.astype(np.float32)                   # int / int is float32 in JAX
+    return Traced(r, me.eager)
 
 
 class _IndexUpdateHelper:

@@ -1,0 +1,861 @@
+"""``simpmd.crosscheck``: run one function on simpmd and on real JAX, and compare.
+
+The course's promise is that what simpmd shows is what JAX does. ``crosscheck(f, x,
+axis_name='i')`` runs ``simpmd.pmap(f)`` and ``jax.pmap(f)`` on the same arguments (the
+body is written once with ``simpmd.lax`` and ``simpmd.numpy``, which hand over to JAX
+inside a JAX trace) and returns a :class:`CrossCheckReport`: per engine, the devices, the
+output shapes, the largest difference and a verdict; where they differ, which output
+leaf and which device's shard.
+
+Three things need more than "run both":
+
+* **Nested pmap.** Today's JAX rejects a ``jax.pmap`` inside another. A nested simpmd
+  program is run on JAX in its modern spellings: the inner ``simpmd.pmap`` becomes
+  ``jax.vmap(..., axis_name=...)`` inside the outer ``jax.pmap`` (what JAX's pmap
+  migration guide suggests), and, separately, the whole program becomes a
+  ``jax.shard_map`` over a 2-D ``Mesh`` (which can also express collectives over both
+  axes at once). :func:`pmap_inside_jax` does the translation.
+* **Known JAX bugs.** jax 0.10 crashes the whole process (not an exception: the
+  compiler aborts) on negative ``split_axis``/``concat_axis``/``scatter_dimension`` and
+  ``pswapaxes`` axes, so crosscheck looks for them first (in simpmd's trace and in
+  JAX's jaxpr, which is traced without compiling) and does not run JAX then; it passes
+  negative ``in_axes``/``out_axes`` to JAX as the same axes counted from the front.
+* **Float widths.** NumPy computes in float64 by default, JAX in float32: values are
+  compared with a tolerance that fits the narrower dtype, and the report says so.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+import html
+import inspect
+import itertools
+import re
+import sys
+from typing import Any
+
+import numpy as np
+
+from . import tree
+from .runtime import current_task
+
+# Collective parameters that jax 0.10 cannot lower when negative (the process aborts).
+# simpmd's names (trace events) and JAX's primitive names (jaxprs) both appear here.
+NEGATIVE_AXIS_CRASHES = {
+    "all_to_all": ("split_axis", "concat_axis"),
+    "psum_scatter": ("scatter_dimension",),
+    "reduce_scatter": ("scatter_dimension",),
+    "pswapaxes": ("axis",),
+}
+FIXED_IN = (0, 11)
+
+
+# -- what JAX is installed ----------------------------------------------------------------
+
+def jax_version(jax) -> tuple:
+    """``jax.__version__`` as a tuple of ints, e.g. (0, 10, 2)."""
+    parts = re.findall(r"\d+", getattr(jax, "__version__", "0"))[:3]
+    return tuple(int(p) for p in parts)
+
+
+def find_shard_map(jax):
+    """(shard_map, name of its 'do not check replication' keyword), or (None, None).
+
+    ``jax.shard_map`` (check_vma) in current JAX; ``jax.experimental.shard_map`` (check_rep)
+    in older releases.
+    """
+    fn = getattr(jax, "shard_map", None)
+    if fn is None:
+        try:
+            from jax.experimental.shard_map import shard_map as fn
+        except ImportError:
+            return None, None
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        params = {}
+    for name in ("check_vma", "check_rep"):
+        if name in params:
+            return fn, name
+    return fn, None
+
+
+# -- nested simpmd.pmap inside a JAX trace -------------------------------------------------
+
+@dataclass
+class Translation:
+    """How a ``simpmd.pmap`` that meets JAX tracers is run (see :func:`pmap_inside_jax`)."""
+
+    mode: str = "vmap"                   # 'vmap' or 'shard_map'
+    inner_name: Any = None               # shard_map: the axis name the inner pmap maps
+    inner_size: int | None = None
+    mesh_axis: Any = None                # shard_map: the mesh axis standing for it
+    calls: list = field(default_factory=list)    # (axis_name, size) of each translated pmap
+
+
+_translation: Translation | None = None
+
+
+def pmap_inside_jax(pmapped, args, kwargs):
+    """The JAX meaning of a ``simpmd.pmap`` called inside a real JAX trace, or NotImplemented.
+
+    A ``simpmd.pmap`` called on a simulated device is a nested pmap of the simulation. One
+    called where no simulated device runs, on JAX tracers, sits inside a real JAX
+    transformation: typically the outer ``jax.pmap`` of a nested program. Real JAX no
+    longer nests pmap, so it becomes ``jax.vmap(fun, in_axes, out_axes, axis_name=...)``:
+    the same named axis, mapped inside each device. Under crosscheck's shard_map
+    translation the named axis is a mesh axis instead, and each device keeps its own
+    slice of it. Anything else (plain NumPy arguments) returns NotImplemented: simulate.
+    """
+    if current_task() is not None:
+        return NotImplemented
+    jax = sys.modules.get("jax")
+    if jax is None or not _holds_tracer((args, kwargs), jax):
+        return NotImplemented
+    translation = _translation or Translation()
+    static, dynamic = _static_split(pmapped.static_argnums, len(args))
+    per_arg = _per_arg_axes(pmapped.in_axes, len(args))
+    size = pmapped.axis_size
+    for i in dynamic:
+        for leaf, ax in zip(tree.flatten(args[i])[0], tree.broadcast_prefix(per_arg[i], args[i])):
+            if ax is not None and size is None:
+                size = int(np.shape(leaf)[ax])
+    translation.calls.append((pmapped.axis_name, size))
+    if translation.mode == "shard_map":
+        return _inner_on_mesh(jax, translation, pmapped, args, kwargs, static, per_arg, size)
+
+    def with_static(*dyn, **kw):
+        full = list(args)
+        for i, v in zip(dynamic, dyn):
+            full[i] = v
+        return pmapped.fun(*full, **kw)
+
+    in_axes = pmapped.in_axes
+    if isinstance(in_axes, (list, tuple)):
+        in_axes = tuple(in_axes[i] for i in dynamic)
+    return jax.vmap(with_static, in_axes=in_axes, out_axes=pmapped.out_axes,
+                    axis_name=pmapped.axis_name, axis_size=pmapped.axis_size)(
+        *[args[i] for i in dynamic], **kwargs)
+
+
+def _inner_on_mesh(jax, translation, pmapped, args, kwargs, static, per_arg, size):
+    """Inside shard_map: this device's slice of the inner axis, gathered back afterwards."""
+    name = pmapped.axis_name
+    if name != translation.inner_name or size != translation.inner_size:
+        raise ValueError(
+            f"crosscheck's shard_map translation maps the inner axis "
+            f"{translation.inner_name!r} of size {translation.inner_size}, but this nested "
+            f"simpmd.pmap maps {name!r} of size {size}; only one inner pmap axis translates.")
+    name = translation.mesh_axis
+    index = jax.lax.axis_index(name)
+
+    def my_slice(leaf, ax):
+        if ax is None:
+            return leaf
+        return jax.lax.dynamic_index_in_dim(leaf, index, ax % np.ndim(leaf), keepdims=False)
+
+    new_args = list(args)
+    for i, a in enumerate(args):
+        if i not in static:
+            leaves, td = tree.flatten(a)
+            axes = tree.broadcast_prefix(per_arg[i], a)
+            new_args[i] = tree.unflatten(td, [my_slice(v, ax) for v, ax in zip(leaves, axes)])
+    kw_leaves, kw_def = tree.flatten(kwargs)
+    new_kwargs = tree.unflatten(kw_def, [my_slice(v, 0) for v in kw_leaves])
+    out = pmapped.fun(*new_args, **new_kwargs)
+    leaves, td = tree.flatten(out)
+    axes = tree.broadcast_prefix(pmapped.out_axes, out, what="out_axes")
+    import jax.numpy as jnp
+    gathered = []
+    for leaf, ax in zip(leaves, axes):
+        leaf = jnp.asarray(leaf)
+        gathered.append(leaf if ax is None else
+                        jax.lax.all_gather(leaf, name, axis=ax % (leaf.ndim + 1)))
+    return tree.unflatten(td, gathered)
+
+
+@contextlib.contextmanager
+def translating(translation: Translation):
+    """Within the block, ``simpmd.pmap`` calls on JAX tracers follow ``translation``.
+
+    Wraps ``Pmapped.__call__`` for the duration, so that crosscheck works whether or not
+    ``simpmd/pmap.py`` calls :func:`pmap_inside_jax` itself.
+    """
+    global _translation
+    from .pmap import Pmapped
+    original = Pmapped.__call__
+
+    def __call__(self, *args, **kwargs):
+        result = pmap_inside_jax(self, args, kwargs)
+        return original(self, *args, **kwargs) if result is NotImplemented else result
+
+    previous, _translation = _translation, translation
+    Pmapped.__call__ = __call__
+    try:
+        yield translation
+    finally:
+        Pmapped.__call__ = original
+        _translation = previous
+
+
+def _holds_tracer(value, jax) -> bool:
+    kinds = tuple(k for k in (getattr(getattr(jax, "core", None), "Tracer", None),) if k)
+    return bool(kinds) and any(isinstance(v, kinds) for v in tree.flatten(value)[0])
+
+
+def _static_split(static_argnums, n_args):
+    nums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
+    static = {a % n_args for a in nums} if n_args else set()
+    return static, [i for i in range(n_args) if i not in static]
+
+
+def _per_arg_axes(in_axes, n_args):
+    if isinstance(in_axes, (list, tuple)):
+        return list(in_axes)
+    return [in_axes] * n_args
+
+
+# -- the report ----------------------------------------------------------------------------
+
+AGREE = ("match", "both refused")
+
+
+@dataclass
+class EngineRun:
+    """One engine's run of the program, and how it compares with simpmd's."""
+
+    engine: str                          # 'simpmd.pmap', 'jax.pmap', 'jax.pmap + jax.vmap', ...
+    devices: str = ""                    # '8 simulated', '8 CPU', '2x4 CPU mesh'
+    outputs: Any = None                  # the result tree, leaves as NumPy arrays
+    error: BaseException | None = None
+    not_run: str = ""                    # why JAX was not run, if it was not
+    verdict: str = ""
+    max_abs_diff: float | None = None
+    within_tolerance: bool = True
+    differences: list = field(default_factory=list)
+    optional: bool = False               # a translation that may not express every program
+
+    @property
+    def ran(self) -> bool:
+        return not self.not_run
+
+    def outputs_text(self, limit: int = 3) -> str:
+        if self.not_run:
+            return "-"
+        if self.error is not None:
+            return f"raised {type(self.error).__name__}"
+        leaves = tree.flatten(self.outputs)[0]
+        shown = [_shape_text(v) for v in leaves[:limit]]
+        if len(leaves) > limit:
+            shown.append(f"+{len(leaves) - limit} more")
+        return ", ".join(shown) if shown else "(no arrays)"
+
+    def diff_text(self) -> str:
+        if self.max_abs_diff is None:
+            return "-"
+        if self.max_abs_diff == 0:
+            return "0"
+        if self.within_tolerance:
+            return "within tol"
+        return f"{self.max_abs_diff:.3g}"
+
+
+class CrossCheckReport:
+    """What :func:`crosscheck` found. ``ok`` says whether the engines agree; ``print`` or
+    Jupyter shows a small table; :meth:`assert_match` raises with the differences."""
+
+    def __init__(self, name, runs, notes):
+        self.name = name
+        self.runs: list[EngineRun] = runs
+        self.notes: list[str] = notes
+
+    @property
+    def simpmd(self) -> EngineRun:
+        return self.runs[0]
+
+    @property
+    def jax(self) -> list[EngineRun]:
+        return self.runs[1:]
+
+    @property
+    def checked(self) -> bool:
+        """True if JAX ran at least once (False when a known JAX bug kept it from running)."""
+        return any(r.ran for r in self.jax)
+
+    @property
+    def ok(self) -> bool:
+        """simpmd and JAX agree: on the outputs, or on refusing the program."""
+        ran = [r for r in self.jax if r.ran]
+        agreeing = [r for r in ran if r.verdict in AGREE]
+        if not agreeing:
+            return False
+        # A translation that JAX refuses (pmap-of-vmap cannot express every nested
+        # program) is tolerated when another translation agrees; nothing else is.
+        return all(r.verdict in AGREE or (r.optional and r.verdict == "JAX refused")
+                   for r in ran)
+
+    def headline(self) -> str:
+        if self.ok:
+            return f"crosscheck of {self.name}: simpmd and JAX agree"
+        if not self.checked:
+            return f"crosscheck of {self.name}: not checked against JAX"
+        return f"crosscheck of {self.name}: simpmd and JAX DISAGREE"
+
+    def assert_match(self):
+        """Raise AssertionError (showing the whole report) unless the engines agree."""
+        if not self.ok:
+            raise AssertionError(str(self))
+        return self
+
+    # -- showing ------------------------------------------------------------------------
+    _COLUMNS = ("engine", "devices", "outputs", "max |diff|", "verdict")
+
+    def rows(self) -> list[tuple]:
+        return [(r.engine, r.devices or "-", r.outputs_text(), r.diff_text(), r.verdict)
+                for r in self.runs]
+
+    def details(self) -> list[str]:
+        """Errors, differences and notes, one line each, in the order the text shows them."""
+        lines = []
+        for r in self.runs:
+            if r.error is not None:
+                lines.append(f"{r.engine} raised {_error_text(r.error)}")
+            if r.not_run:
+                lines.append(f"{r.engine} not run on JAX: {r.not_run}")
+            for d in r.differences:
+                lines.append(f"{r.engine} vs simpmd: {d}")
+        return lines + list(self.notes)
+
+    def __str__(self):
+        rows = [self._COLUMNS] + self.rows()
+        widths = [max(len(row[i]) for row in rows) for i in range(len(self._COLUMNS))]
+        lines = [self.headline()]
+        for k, row in enumerate(rows):
+            lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+            if k == 0:
+                lines.append("  " + "  ".join("-" * w for w in widths))
+        lines += [f"  - {d}" for d in self.details()]
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+    def _repr_html_(self):
+        esc = html.escape
+        head = "".join(f"<th style='text-align:left'>{esc(c)}</th>" for c in self._COLUMNS)
+        body = "".join("<tr>" + "".join(f"<td style='text-align:left'>{esc(c)}</td>" for c in row)
+                       + "</tr>" for row in self.rows())
+        colour = "#1a7f37" if self.ok else ("#9a6700" if not self.checked else "#cf222e")
+        items = "".join(f"<li>{esc(d)}</li>" for d in self.details())
+        return (f"<div><b style='color:{colour}'>{esc(self.headline())}</b>"
+                f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+                + (f"<ul>{items}</ul>" if items else "") + "</div>")
+
+
+def _shape_text(v) -> str:
+    a = np.asarray(v)
+    return f"{a.dtype}[{','.join(map(str, a.shape))}]"
+
+
+def _error_text(exc: BaseException, limit: int = 240) -> str:
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    message = re.sub(r" at 0x[0-9a-fA-F]+", "", message)
+    if len(message) > limit:
+        message = message[:limit - 3] + "..."
+    return f"{type(exc).__name__}: {message}"
+
+
+# -- comparing ------------------------------------------------------------------------------
+
+def _error_kind(exc: BaseException) -> str:
+    """The name that says what kind of refusal ``exc`` is, across the two engines.
+
+    simpmd mirrors JAX's error names (TracerBoolConversionError, ...); otherwise the
+    nearest built-in exception class (TypeError, ValueError, NameError) is the kind.
+    A simpmd DeviceError stands for the exception the body raised on the device.
+    """
+    original = getattr(exc, "original", None)
+    if original is not None:
+        exc = original
+    names = [c.__name__ for c in type(exc).__mro__]
+    for mirrored in ("TracerBoolConversionError", "TracerIntegerConversionError",
+                     "TracerArrayConversionError", "ConcretizationTypeError"):
+        if mirrored in names:
+            return mirrored
+    for cls in type(exc).__mro__:
+        if cls.__module__ == "builtins" and cls not in (Exception, BaseException, object):
+            return cls.__name__
+    return type(exc).__name__
+
+
+def _tolerance(dtypes, rtol, atol):
+    """(rtol, atol) that fit the narrowest float among ``dtypes``, unless given."""
+    floats = [np.dtype(d) for d in dtypes if np.dtype(d).kind in "fc"]
+    bits = min((d.itemsize * 8 // (2 if d.kind == "c" else 1) for d in floats), default=64)
+    auto = 1e-2 if bits <= 16 else (1e-5 if bits <= 32 else 1e-9)
+    return (auto if rtol is None else rtol), (auto if atol is None else atol)
+
+
+def _kind(dtype) -> str:
+    k = np.dtype(dtype).kind
+    return "int" if k in "iu" else {"b": "bool", "f": "float", "c": "complex"}.get(k, k)
+
+
+def _compare(sim: EngineRun, other: EngineRun, leaf_axes, shard_label, rtol, atol, widths):
+    """Fill in ``other``'s verdict, largest difference and differing leaves/shards."""
+    if other.not_run:
+        other.verdict = "not run"
+        return
+    if sim.error is not None or other.error is not None:
+        if sim.error is not None and other.error is not None:
+            same = _error_kind(sim.error) == _error_kind(other.error)
+            other.verdict = "both refused" if same else "both refused, differently"
+        else:
+            other.verdict = "JAX refused" if other.error is not None else "simpmd refused"
+        return
+    s_leaves, s_def = tree.flatten(sim.outputs)
+    o_leaves, o_def = tree.flatten(other.outputs)
+    if s_def != o_def:
+        other.verdict = "mismatch"
+        other.differences.append(f"result structure {o_def} where simpmd has {s_def}")
+        return
+    paths = tree.leaf_paths(sim.outputs, "out")
+    worst, within = 0.0, True
+    for path, s, o, ax in zip(paths, s_leaves, o_leaves, leaf_axes):
+        s, o = np.asarray(s), np.asarray(o)
+        if s.shape != o.shape:
+            other.differences.append(f"{path}: shape {o.shape} where simpmd has {s.shape}")
+            within = False
+            continue
+        if _kind(s.dtype) != _kind(o.dtype):
+            other.differences.append(f"{path}: dtype {o.dtype} where simpmd has {s.dtype}")
+            within = False
+            continue
+        if _kind(s.dtype) in ("float", "complex"):
+            widths.add((str(s.dtype), str(o.dtype)))
+            r, a = _tolerance([s.dtype, o.dtype], rtol, atol)
+            s64, o64 = s.astype(np.complex128 if s.dtype.kind == "c" else np.float64), \
+                o.astype(np.complex128 if o.dtype.kind == "c" else np.float64)
+            close = np.isclose(s64, o64, rtol=r, atol=a, equal_nan=True)
+            diff = np.abs(s64 - o64)
+        else:
+            close = s == o
+            diff = np.abs(s.astype(np.float64) - o.astype(np.float64))
+        finite = diff[np.isfinite(diff)]
+        if finite.size:
+            worst = max(worst, float(finite.max()))
+        if not close.all():
+            within = False
+            other.differences.append(_where_different(path, s, o, close, ax, shard_label))
+    other.max_abs_diff = worst
+    other.within_tolerance = within
+    other.verdict = "match" if within else "mismatch"
+
+
+def _where_different(path, s, o, close, ax, shard_label, limit=4) -> str:
+    first = tuple(int(i) for i in np.argwhere(~close)[0])
+    at = (f"first at {list(first)}: simpmd {s[first]!r:.10}, JAX {o[first]!r:.10}"
+          if s.ndim else f"simpmd {s[()]!r:.10}, JAX {o[()]!r:.10}")
+    at = at.replace("np.float64(", "").replace("np.float32(", "").replace(")", "")
+    if ax is None:
+        where = "(replicated output)"
+    else:
+        bad = np.moveaxis(~close, ax, 0).reshape(close.shape[ax], -1).any(axis=1)
+        shards = [shard_label(i) for i in np.flatnonzero(bad)]
+        shown = ", ".join(shards[:limit]) + (f" and {len(shards) - limit} more" if len(shards) > limit else "")
+        where = f"differs on {shown}"
+    return f"{path} {where}; {at}"
+
+
+def _float_note(widths, rtol, atol) -> str | None:
+    if not widths:
+        return None
+    sim_w = sorted({s for s, _ in widths})
+    jax_w = sorted({j for _, j in widths})
+    tols = sorted({_tolerance([s, j], rtol, atol) for s, j in widths})
+    tol_text = "; ".join(f"rtol={r:g}, atol={a:g}" for r, a in tols)
+    if sim_w == jax_w:
+        return f"both engines computed in {'/'.join(sim_w)}; compared at {tol_text}."
+    extra = (" (NumPy's default float is float64, JAX's is float32 unless jax_enable_x64 "
+             "is set)" if "float64" in sim_w and "float32" in jax_w else "")
+    return (f"simpmd computed in {'/'.join(sim_w)}, JAX in {'/'.join(jax_w)}{extra}; "
+            f"compared at {tol_text}.")
+
+
+# -- running --------------------------------------------------------------------------------
+
+def _device_text(devices) -> str:
+    if not devices:
+        return "-"
+    platform = getattr(devices[0], "platform", "?")
+    label = {"cpu": "CPU", "tpu": "TPU", "gpu": "GPU", "cuda": "GPU", "rocm": "GPU"}.get(
+        platform, str(platform).upper())
+    return f"{len(devices)} {label}"
+
+
+def _negative_axes_in_trace(trace) -> list[str]:
+    found = []
+    for e in (trace.events if trace is not None else ()):
+        if e.kind == "collective":
+            for p in NEGATIVE_AXIS_CRASHES.get(e.op, ()):
+                v = e.params.get(p)
+                if isinstance(v, (int, np.integer)) and v < 0:
+                    found.append(f"{e.op}({p}={int(v)})")
+    return sorted(set(found))
+
+
+def _negative_axes_in_jaxpr(jaxpr) -> list[str]:
+    """Collectives with negative axis parameters anywhere in a (closed) jaxpr."""
+    found, seen = [], set()
+
+    def walk(j):
+        j = getattr(j, "jaxpr", j)
+        if id(j) in seen or not hasattr(j, "eqns"):
+            return
+        seen.add(id(j))
+        for eqn in j.eqns:
+            name = getattr(eqn.primitive, "name", "")
+            for p in NEGATIVE_AXIS_CRASHES.get(name, ()):
+                v = eqn.params.get(p)
+                if isinstance(v, (int, np.integer)) and v < 0:
+                    found.append(f"{name}({p}={int(v)})")
+            for v in eqn.params.values():
+                for sub in (v if isinstance(v, (tuple, list)) else (v,)):
+                    walk(sub)
+
+    walk(jaxpr)
+    return sorted(set(found))
+
+
+def _has_negative(axes) -> bool:
+    return any(isinstance(a, (int, np.integer)) and a < 0 for a in tree.flatten(axes)[0])
+
+
+def _non_negative_in_axes(in_axes, args, static):
+    """``in_axes`` with every leaf's axis counted from the front (one tree per argument)."""
+    per_arg = _per_arg_axes(in_axes, len(args))
+    out = []
+    for i, a in enumerate(args):
+        if i in static:
+            out.append(None)
+            continue
+        leaves, td = tree.flatten(a)
+        axes = tree.broadcast_prefix(per_arg[i], a)
+        out.append(tree.unflatten(td, [None if ax is None else int(ax) % max(np.ndim(v), 1)
+                                       for v, ax in zip(leaves, axes)]))
+    return tuple(out)
+
+
+def _leaf_out_axes(out_axes, outputs):
+    """One non-negative mapped axis (or None) per leaf of simpmd's stacked outputs."""
+    leaves = tree.flatten(outputs)[0]
+    axes = tree.broadcast_prefix(out_axes, outputs, what="out_axes")
+    return [None if ax is None else int(ax) % max(np.ndim(v), 1) for v, ax in zip(leaves, axes)]
+
+
+def _grid_from_trace(trace):
+    """((outer name, size), (inner name, size)) for a two-level nested run, else None."""
+    shapes = {tuple((n, s) for n, _, s in e.coords)
+              for e in (trace.events if trace is not None else ()) if e.device is not None}
+    if len(shapes) == 1:
+        (shape,) = shapes
+        if len(shape) == 2:
+            return shape
+    return None
+
+
+def _to_numpy(value):
+    return tree.tree_map(lambda v: np.asarray(v), value)
+
+
+def _dry_trace_then_run(jax, program, args, guard_negative):
+    """Trace ``program`` to a jaxpr (no compiling), refuse known crashes, then run it."""
+    jaxpr = jax.make_jaxpr(program)(*args)
+    if guard_negative:
+        bad = _negative_axes_in_jaxpr(jaxpr)
+        if bad:
+            return None, bad
+    return _to_numpy(program(*args)), []
+
+
+def _crash_reason(jax, found) -> str:
+    return (f"known bug in jax {jax.__version__} (negative axis crashes the compiler; "
+            f"fixed in 0.{FIXED_IN[1]}): {', '.join(found)}. Use the same axis counted from "
+            f"the front to check this program on JAX.")
+
+
+def crosscheck(fun, *args, axis_name=None, in_axes=0, out_axes=0, static_broadcasted_argnums=(),
+               rtol=None, atol=None) -> CrossCheckReport:
+    """Run ``fun`` with ``simpmd.pmap`` and with ``jax.pmap`` and compare the results.
+
+    Same arguments as ``jax.pmap`` plus the call's positional arguments. ``rtol``/``atol``
+    override the tolerance, which otherwise fits the narrower float dtype of each output.
+    JAX runs on the devices chosen by :func:`simpmd.use_jax_devices` (called here with
+    enough devices if it was not called before). A nested program (a ``simpmd.pmap``
+    inside the body) runs on JAX as ``jax.pmap`` over ``jax.vmap`` and as
+    ``jax.shard_map`` over a 2-D mesh. Never raises for the program's own errors: they
+    are part of the report.
+    """
+    from .devices import device_count
+    from .jax_devices import JaxDevicesError, chosen_devices, use_jax_devices
+    from .pmap import Pmapped, pmap as simpmd_pmap
+
+    if isinstance(fun, Pmapped):
+        raise TypeError("crosscheck takes the function itself, not a simpmd.pmap of it: "
+                        "crosscheck(f, x, axis_name='i') maps f on both engines.")
+    name = getattr(fun, "__name__", type(fun).__name__)
+    static, _ = _static_split(static_broadcasted_argnums, len(args))
+    notes: list[str] = []
+
+    # 1. simpmd, first: its trace shows what the program does before JAX compiles it.
+    mapped = simpmd_pmap(fun, axis_name, in_axes=in_axes, out_axes=out_axes,
+                         static_broadcasted_argnums=static_broadcasted_argnums)
+    sim = EngineRun("simpmd.pmap", verdict="reference")
+    try:
+        sim.outputs = _to_numpy(mapped(*args))
+    except Exception as exc:           # the program's own error is part of the report
+        sim.error = exc
+    trace = mapped.trace if sim.error is None else getattr(sim.error, "trace", None)
+    try:
+        size = mapped._split(args, {}, 1 << 30)[5]
+    except Exception:
+        size = None
+    grid = _grid_from_trace(trace)
+    sim_count = len({e.device for e in trace.events if e.device is not None}) if trace else 0
+    if grid:
+        sim.devices = f"{grid[0][1]}x{grid[1][1]} simulated"
+    elif sim_count or size:
+        sim.devices = f"{sim_count or size} simulated"
+    runs = [sim]
+
+    def report():
+        return CrossCheckReport(name, runs, notes)
+
+    # 2. JAX and its devices.
+    needed = (grid[0][1] * grid[1][1]) if grid else (size or 1)
+    first = EngineRun("jax.pmap")
+    runs.append(first)
+    devices = chosen_devices()
+    try:
+        if "jax" not in sys.modules or devices is None or len(devices) < needed:
+            devices = use_jax_devices(max(needed, device_count()))
+    except ImportError as exc:
+        first.not_run = f"jax is not installed ({exc})"
+        _compare(sim, first, [], str, rtol, atol, set())
+        return report()
+    except JaxDevicesError as exc:
+        # The outer pmap may still fit on the devices there are (a mesh needs more).
+        devices = chosen_devices() or []
+        if len(devices) < (size or 1):
+            first.not_run = str(exc)
+            _compare(sim, first, [], str, rtol, atol, set())
+            return report()
+    import jax
+    version = jax_version(jax)
+    guard = version < FIXED_IN
+
+    # 3. Known crashes: do not hand JAX a program that aborts the process.
+    found = _negative_axes_in_trace(trace) if guard else []
+    if found:
+        first.not_run = _crash_reason(jax, found)
+        _compare(sim, first, [], str, rtol, atol, set())
+        return report()
+
+    # 4. Negative in_axes/out_axes reach JAX as the same axes counted from the front.
+    jax_in_axes, jax_out_axes = in_axes, out_axes
+    try:
+        if _has_negative(in_axes):
+            jax_in_axes = _non_negative_in_axes(in_axes, args, static)
+        if _has_negative(out_axes) and sim.outputs is not None:
+            treedef = tree.flatten(sim.outputs)[1]
+            jax_out_axes = tree.unflatten(treedef, _leaf_out_axes(out_axes, sim.outputs))
+    except Exception:                  # malformed axes: JAX will say so itself
+        jax_in_axes, jax_out_axes = in_axes, out_axes
+    if jax_in_axes is not in_axes or jax_out_axes is not out_axes:
+        why = ("jax.pmap mishandles negative in_axes/out_axes in jax "
+               f"{jax.__version__} (out_axes=-1 returns a wrong shape, in_axes=-1 raises "
+               "IndivisibleError)" if guard else "as jax 0.10 needed")
+        given = ", ".join(f"{k}={v!r}" for k, v, j in (("in_axes", in_axes, jax_in_axes),
+                                                      ("out_axes", out_axes, jax_out_axes))
+                          if v is not j)
+        notes.append(f"{given} given to JAX counted from the front, the same axes: {why}.")
+
+    jax_args = tuple(a if i in static else tree.tree_map(_plain_leaf, a) for i, a in enumerate(args))
+    pmap_devices = list(devices[:size]) if size else None
+    program = jax.pmap(fun, axis_name, in_axes=jax_in_axes, out_axes=jax_out_axes,
+                       static_broadcasted_argnums=static_broadcasted_argnums,
+                       devices=pmap_devices,
+                       backend=None if pmap_devices else getattr(devices[0], "platform", None))
+    first.devices = _device_text(pmap_devices or devices)
+
+    # 5. jax.pmap (with nested simpmd.pmap calls as jax.vmap).
+    with translating(Translation("vmap")) as vmap_translation:
+        try:
+            first.outputs, bad = _dry_trace_then_run(jax, program, jax_args, guard)
+            if bad:
+                first.not_run = _crash_reason(jax, bad)
+        except Exception as exc:
+            first.error = exc
+    inner = sorted({c for c in vmap_translation.calls}, key=repr)
+    nested = bool(inner) or grid is not None
+    if nested:
+        first.engine = "jax.pmap + jax.vmap"
+        first.optional = True
+        inner_name = inner[0][0] if inner else grid[1][0]
+        notes.append(
+            f"nested pmap: real JAX (jax {jax.__version__}) no longer runs a jax.pmap inside "
+            f"another, so the inner simpmd.pmap(..., axis_name={inner_name!r}) ran as "
+            f"jax.vmap(..., axis_name={inner_name!r}) inside the outer jax.pmap (as JAX's "
+            f"pmap migration guide suggests).")
+
+    # 6. Nested: also as jax.shard_map over a 2-D mesh.
+    if nested:
+        runs.append(_run_on_mesh(jax, fun, jax_args, axis_name, jax_in_axes, out_axes, static,
+                                 grid, inner, size, sim, notes, guard, use_jax_devices,
+                                 device_count))
+
+    # 7. Compare.
+    leaf_axes = []
+    if sim.outputs is not None:
+        try:
+            leaf_axes = _leaf_out_axes(out_axes, sim.outputs)
+        except Exception:
+            leaf_axes = [None] * len(tree.flatten(sim.outputs)[0])
+    if nested:
+        outer = grid[0][0] if grid else axis_name
+        shard_label = (lambda i: f"{outer}={i}")
+    else:
+        shard_label = (lambda i: f"device {i}")
+    widths: set = set()
+    for r in runs[1:]:
+        _compare(sim, r, leaf_axes, shard_label, rtol, atol, widths)
+    note = _float_note(widths, rtol, atol)
+    if note:
+        notes.append(note)
+    for r in runs[1:]:
+        if r.verdict == "JAX refused" and r.optional and any(o.verdict in AGREE for o in runs[1:]):
+            notes.append(f"{r.engine} cannot express this program (JAX refused it); the other "
+                         "translation agrees with simpmd.")
+    if guard and _has_unequal_pmean(trace) and any(r.verdict == "mismatch" for r in runs[1:]):
+        notes.append(f"pmean with axis_index_groups of unequal sizes: jax {jax.__version__} "
+                     "divides every group's sum by the size of the first group (a known JAX "
+                     "bug); simpmd divides by each group's own size.")
+    return report()
+
+
+def _has_unequal_pmean(trace) -> bool:
+    sizes = {len(e.group) for e in (trace.events if trace is not None else ())
+             if e.kind == "collective" and e.op == "pmean"}
+    return len(sizes) > 1
+
+
+def _plain_leaf(v):
+    from .array import Array
+    return np.asarray(v) if isinstance(v, Array) else v
+
+
+def _run_on_mesh(jax, fun, args, axis_name, in_axes, out_axes, static, grid, inner, size, sim,
+                 notes, guard, use_jax_devices, device_count) -> EngineRun:
+    """The nested program as one jax.shard_map over a (outer, inner) mesh of devices."""
+    run = EngineRun("jax.shard_map", optional=True)
+    shard_map, check_kw = find_shard_map(jax)
+    sizes = {s for _, s in inner}
+    names = {n for n, _ in inner}
+    if grid is not None:
+        (outer_name, outer_size), (inner_name, inner_size) = grid
+    elif len(names) == 1 and len(sizes) == 1 and size:
+        outer_name, outer_size = axis_name, size
+        inner_name, inner_size = next(iter(names)), next(iter(sizes))
+    else:
+        run.not_run = "the nesting is not one outer and one inner axis of fixed sizes"
+        return run
+    if shard_map is None:
+        run.not_run = f"this jax ({jax.__version__}) has no shard_map"
+        return run
+    if len(names) > 1 or len(sizes) > 1:
+        run.not_run = "the body maps more than one inner axis; the mesh has two axes"
+        return run
+    outer_name = "outer" if outer_name is None else outer_name
+    inner_name = "inner" if inner_name is None else inner_name
+    count = outer_size * inner_size
+    from .jax_devices import JaxDevicesError, chosen_devices
+    devices = chosen_devices() or []
+    if len(devices) < count:
+        try:
+            devices = use_jax_devices(max(count, device_count()))
+        except JaxDevicesError:
+            run.not_run = f"the {outer_size}x{inner_size} mesh needs {count} JAX devices"
+            return run
+    from jax.sharding import Mesh, PartitionSpec as P
+    import jax.numpy as jnp
+    mesh = Mesh(np.array(devices[:count], dtype=object).reshape(outer_size, inner_size),
+                (outer_name, inner_name))
+    run.devices = f"{outer_size}x{inner_size} {_device_text(devices[:1]).split(' ', 1)[1]} mesh"
+
+    # Inputs: every leaf of every non-static argument, split along its outer mapped axis.
+    per_arg = _per_arg_axes(in_axes, len(args))
+    flat, specs, axes, defs = [], [], [], []
+    for i, a in enumerate(args):
+        if i in static:
+            defs.append(None)
+            continue
+        leaves, td = tree.flatten(a)
+        defs.append((td, len(leaves)))
+        for leaf, ax in zip(leaves, tree.broadcast_prefix(per_arg[i], a)):
+            if ax is None:
+                flat.append(jnp.asarray(leaf))
+                specs.append(P())
+                axes.append(None)
+            else:
+                k = int(ax) % np.ndim(leaf)
+                flat.append(np.asarray(leaf))
+                specs.append(P(*([None] * k), outer_name))
+                axes.append(k)
+    # Outputs: one spec per leaf, from simpmd's result, or one for all if out_axes is plain.
+    if sim.outputs is not None:
+        out_leaf_axes = _leaf_out_axes(out_axes, sim.outputs)
+        out_specs = tuple(P() if k is None else P(*([None] * k), outer_name) for k in out_leaf_axes)
+    elif out_axes is None or (isinstance(out_axes, int) and out_axes >= 0):
+        out_leaf_axes = None
+        out_specs = P() if out_axes is None else P(*([None] * out_axes), outer_name)
+    else:
+        run.not_run = "needs simpmd's result to place pytree or negative out_axes"
+        return run
+    out_def = {}
+
+    def body(*blocks):
+        it = iter(zip(blocks, axes))
+        full = []
+        for i, a in enumerate(args):
+            if defs[i] is None:
+                full.append(a)
+                continue
+            td, n = defs[i]
+            full.append(tree.unflatten(td, [b if k is None else jnp.squeeze(b, k)
+                                            for b, k in itertools.islice(it, n)]))
+        leaves, td = tree.flatten(fun(*full))
+        out_def["treedef"] = td
+        ks = out_leaf_axes or [None if out_axes is None else out_axes] * len(leaves)
+        return tuple(jnp.asarray(v) if k is None else jnp.expand_dims(jnp.asarray(v), k)
+                     for v, k in zip(leaves, ks))
+
+    kw = {check_kw: False} if check_kw else {}
+    program = shard_map(body, mesh=mesh, in_specs=tuple(specs), out_specs=out_specs, **kw)
+    translation = Translation("shard_map", inner_name=grid[1][0] if grid else next(iter(names)),
+                              inner_size=inner_size, mesh_axis=inner_name)
+    with translating(translation):
+        try:
+            outputs, bad = _dry_trace_then_run(jax, program, flat, guard)
+            if bad:
+                run.not_run = _crash_reason(jax, bad)
+            else:
+                run.outputs = tree.unflatten(out_def["treedef"], list(outputs))
+        except Exception as exc:
+            run.error = exc
+    notes.append(
+        f"jax.shard_map over a {outer_size}x{inner_size} Mesh ({outer_name!r}, {inner_name!r}): "
+        f"each device runs the outer body on its {outer_name!r} slice, and the inner "
+        f"simpmd.pmap takes the device's own {inner_name!r} slice, runs the inner body, and "
+        f"all_gathers the results over {inner_name!r}. This spelling also expresses what "
+        f"pmap-of-vmap cannot (collectives over both axes at once, axis_index_groups or "
+        f"psum_scatter on the inner axis).")
+    return run

@@ -1,0 +1,436 @@
+"""``simpmd.shard_map``: cut the arguments into blocks over a mesh, run one program per
+device, and put the result blocks back together.
+
+Mirrors ``jax.shard_map(f, mesh=..., in_specs=..., out_specs=...)``. Where ``pmap`` maps
+one axis per call (and nests for more), ``shard_map`` maps every axis of a mesh at once:
+the device at mesh position ``(data=1, model=2)`` runs ``f`` on its own block of each
+argument, and collectives inside ``f`` can name any mesh axis or tuple of axes. Each
+device's log says which block it received and which block of the result it returned,
+as ``pmap``'s does.
+
+Two rules of ``jax.shard_map`` get plain-words errors here: a split dimension must divide
+evenly over its mesh axes, and an output whose ``out_specs`` leaves out a mesh axis must
+be the same on every device along that axis (simpmd compares the values and names the
+devices that differ).
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+import warnings
+
+import numpy as np
+from numpy.lib.mixins import NDArrayOperatorsMixin
+
+from . import errors, tree
+from .array import Shard
+from .mesh import (Mesh, NamedSharding, PartitionSpec, ShardingError, block_counts,
+                   block_slices, check_spec, replica_id, slices_text)
+from .runtime import Simulation, current_task
+from .trace import Trace, summarize
+from .traced import Traced
+
+_REQUIRED = object()
+
+
+def shard_map(f=None, /, *, out_specs=_REQUIRED, in_specs=_REQUIRED, mesh=None,
+              axis_names=frozenset(), check_vma=True, check_rep=None, eager=False):
+    """Map ``f`` over the blocks of its arguments on a mesh of simulated devices, like
+    ``jax.shard_map``.
+
+    ``in_specs`` / ``out_specs`` are ``P(...)`` specs or pytree prefixes of the arguments
+    / results; ``None`` in ``in_specs`` passes that argument through untouched (static).
+    ``check_vma`` (``check_rep`` in older JAX) makes an output that ``out_specs`` calls
+    replicated an error when its values differ; with ``False`` simpmd warns and returns
+    the first device's copy, as JAX does without checking. ``eager=True`` (simpmd only)
+    lets the body branch on array values, which real JAX refuses.
+    """
+    check = check_vma if check_rep is None else check_rep
+    kwargs = dict(mesh=mesh, in_specs=in_specs, out_specs=out_specs, axis_names=axis_names,
+                  check_vma=bool(check), eager=eager)
+    if f is None:
+        return lambda g: ShardMapped(g, **kwargs)
+    return ShardMapped(f, **kwargs)
+
+
+class MeshArray(NDArrayOperatorsMixin):
+    """A result of ``simpmd.shard_map``: a NumPy-like global array laid out by a
+    :class:`~simpmd.mesh.NamedSharding`, with ``.addressable_shards`` like a ``jax.Array``."""
+
+    __array_priority__ = 500
+
+    def __init__(self, value: np.ndarray, sharding: NamedSharding):
+        self._value = value
+        self.sharding = sharding
+
+    @property
+    def addressable_shards(self) -> list:
+        mesh, spec, v = self.sharding.mesh, self.sharding.spec, self._value
+        shards = []
+        for k, d in enumerate(mesh.devices.flat):
+            coords = mesh.coords_of(k)
+            index = block_slices(spec, mesh, v.shape, coords)
+            shards.append(Shard(d, index, v[index], replica_id(spec, mesh, coords)))
+        return shards
+
+    def devices(self) -> set:
+        return set(self.sharding.mesh.devices.flat)
+
+    def block_until_ready(self):
+        return self
+
+    # -- behaving like a NumPy array -------------------------------------------------------
+    def __array__(self, dtype=None, copy=None):
+        return self._value if dtype is None else self._value.astype(dtype)
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        inputs = tuple(np.asarray(i) if isinstance(i, MeshArray) else i for i in inputs)
+        return getattr(ufunc, method)(*inputs, **kwargs)
+
+    def __array_function__(self, func, types, args, kwargs):
+        def plain(x):
+            if isinstance(x, MeshArray):
+                return x._value
+            if isinstance(x, (list, tuple)):
+                return type(x)(plain(i) for i in x)
+            return x
+        return func(*plain(args), **plain(kwargs))
+
+    def __getattr__(self, name):
+        if name.startswith("__") or name in ("_value", "sharding"):
+            raise AttributeError(name)
+        return getattr(self._value, name)
+
+    shape = property(lambda self: self._value.shape)
+    dtype = property(lambda self: self._value.dtype)
+    ndim = property(lambda self: self._value.ndim)
+    size = property(lambda self: self._value.size)
+
+    def __len__(self):
+        return len(self._value)
+
+    def __iter__(self):
+        return iter(self._value)
+
+    def __getitem__(self, index):
+        return self._value[index]
+
+    def __bool__(self):
+        return bool(self._value)
+
+    def __float__(self):
+        return float(self._value)
+
+    def __int__(self):
+        return int(self._value)
+
+    def __index__(self):
+        return self._value.__index__()
+
+    def __repr__(self):
+        body = np.array2string(self._value, separator=", ", prefix="Array(")
+        return f"Array({body}, dtype={self._value.dtype})"
+
+    def __str__(self):
+        return str(self._value)
+
+
+class _MeshSimulation(Simulation):
+    """A simulation of one shard_map: refuses a pmap nested inside the body."""
+
+    def new_tasks(self, fun, per_device_args, axes, parent=None):
+        if parent is not None:
+            raise ShardingError(
+                "a pmap was called inside a shard_map body. simpmd does not nest pmap inside "
+                "shard_map (and real JAX no longer nests maps over devices either): a "
+                "shard_map already maps every axis of its mesh. Add the inner axis to the "
+                "mesh instead, e.g. make_mesh((2, 4), ('data', 'model')), and split the "
+                "arguments over it in in_specs; collectives can then name either axis or both.")
+        return super().new_tasks(fun, per_device_args, axes, parent)
+
+
+def _refuse_nesting(task):
+    raise ShardingError(
+        f"shard_map was called inside a mapped function (on {task.where()}). simpmd runs "
+        f"shard_map only at the top level, not inside pmap or another shard_map. Put every "
+        f"axis into one mesh instead: a Mesh with the outer and the inner axes, e.g. "
+        f"make_mesh((2, 2), ('data', 'model')), and one shard_map whose specs name both "
+        f"(P('data', 'model')); collectives inside can name either axis or both. The "
+        f"nested-pmap form of the same program still runs with simpmd.pmap.")
+
+
+class ShardMapped:
+    """A function mapped over a mesh of simulated devices; ``.trace`` shows its last run."""
+
+    def __init__(self, fun, *, mesh, in_specs, out_specs, axis_names, check_vma, eager):
+        if not callable(fun):
+            raise TypeError(f"shard_map needs a function as its first argument, got {fun!r}.")
+        if out_specs is _REQUIRED:
+            raise TypeError("shard_map needs out_specs=: a P(...) per output (or a pytree "
+                            "prefix of the outputs), saying how the blocks are put together.")
+        if in_specs is _REQUIRED:
+            raise TypeError(
+                "shard_map needs in_specs=: a P(...) per argument (or a pytree prefix of the "
+                "arguments), saying how each is split over the mesh. (JAX can infer them "
+                "from arguments with explicit shardings; simpmd's arguments are plain arrays.)")
+        if mesh is None:
+            raise TypeError("shard_map needs mesh=: a simpmd.Mesh, e.g. "
+                            "simpmd.make_mesh((2, 4), ('data', 'model')).")
+        if not isinstance(mesh, Mesh):
+            raise TypeError(f"shard_map's mesh= must be a simpmd.Mesh, got {mesh!r}. Build it "
+                            f"from simpmd.devices() (simpmd.make_mesh), not from jax.devices().")
+        if not isinstance(axis_names, (set, frozenset)):
+            raise TypeError(f"axis_names must be a set of mesh axis names, got {axis_names!r}")
+        if axis_names and not set(axis_names) <= set(mesh.axis_names):
+            raise ShardingError(f"axis_names={set(axis_names)} must be a subset of the mesh's "
+                                f"axes {mesh.axis_names}.")
+        if axis_names and set(axis_names) != set(mesh.axis_names):
+            raise ShardingError(
+                f"axis_names={set(axis_names)} asks for a body that is manual over only some "
+                f"mesh axes (the compiler would handle the rest). simpmd simulates the fully "
+                f"manual form only: leave axis_names out, and name the other axes in the specs "
+                f"or leave them out of the specs to replicate along them.")
+        functools.update_wrapper(self, fun)
+        self.fun, self.mesh = fun, mesh
+        self.in_specs, self.out_specs = in_specs, out_specs
+        self.check_vma, self.eager = check_vma, eager
+        self.trace: Trace | None = None
+        try:
+            params = inspect.signature(fun).parameters.values()
+            self._param_names = [p.name for p in params
+                                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        except (TypeError, ValueError):
+            self._param_names = []
+
+    def __repr__(self):
+        return (f"<simpmd.shard_map of {getattr(self.fun, '__name__', self.fun)!r} over "
+                f"{self.mesh!r}>")
+
+    def _arg_name(self, i):
+        names = self._param_names
+        return names[i] if i < len(names) else f"args[{i}]"
+
+    # -- splitting -------------------------------------------------------------------------
+    def _split(self, args):
+        """Per leaf: (path, value, spec) with spec None for a static leaf; errors that teach."""
+        in_specs = self.in_specs
+        if isinstance(in_specs, list):
+            in_specs = tuple(in_specs)
+        if isinstance(in_specs, tuple) and len(in_specs) != len(args):
+            raise ShardingError(
+                f"in_specs has {len(in_specs)} entries but the function was called with "
+                f"{len(args)} argument(s); give one P(...) per argument (or a single P for all).")
+        specs = tree.broadcast_prefix(in_specs, args, what="in_specs")
+        leaves, _ = tree.flatten(args)
+        paths = [p for i, a in enumerate(args)
+                 for p in (self._arg_name(i) + q for q in tree.leaf_paths(a))]
+        mesh, out, indivisible = self.mesh, [], []
+        for leaf, spec, path in zip(leaves, specs, paths):
+            if spec is None:
+                out.append((path, leaf, None))
+                continue
+            value = np.asarray(leaf)
+            check_spec(spec, mesh, f"in_specs for {path} (shape {value.shape})", value.ndim)
+            counts = block_counts(spec, mesh, value.ndim)
+            for d, (size, n) in enumerate(zip(value.shape, counts)):
+                if size % n:
+                    axes = spec.axes_of(d)
+                    over = " x ".join(f"{a!r} (size {mesh.shape[a]})" for a in axes)
+                    indivisible.append(
+                        f"  {path} of shape {value.shape}: dimension {d} has size {size}, "
+                        f"which {spec!r} splits over mesh axis {over} = {n} blocks, but "
+                        f"{n} does not divide {size}")
+            out.append((path, value, spec))
+        if indivisible:
+            raise errors.MappedAxisError(
+                f"shard_map needs every split dimension to divide evenly over its mesh axes "
+                f"(the mesh is {mesh!r}):\n" + "\n".join(indivisible) + "\nPad the array, "
+                f"change the mesh's axis sizes, or split that dimension over other axes "
+                f"(or None to keep it whole).")
+        return out, tree.flatten(args)[1]
+
+    # -- calling ---------------------------------------------------------------------------
+    def __call__(self, *args, **kwargs):
+        parent = current_task()
+        if parent is not None:
+            _refuse_nesting(parent)
+        if kwargs:
+            raise TypeError(
+                f"shard_map'd functions take positional arguments only (as in JAX), got "
+                f"keyword(s) {', '.join(kwargs)}. Pass them by position, with one in_specs "
+                f"entry each.")
+        leaves, treedef = self._split(args)
+        mesh, eager = self.mesh, self.eager
+        sim = _MeshSimulation(list(mesh.devices.flat), eager=eager)
+
+        per_device, blocks = [], []
+        for k in range(mesh.size):
+            coords = mesh.coords_of(k)
+            dev_leaves, dev_blocks = [], []
+            for path, value, spec in leaves:
+                if spec is None:
+                    dev_leaves.append(value)
+                    continue
+                index = block_slices(spec, mesh, value.shape, coords)
+                dev_leaves.append(Traced(value[index], eager))
+                dev_blocks.append((path, value, spec, index))
+            per_device.append((tree.unflatten(treedef, dev_leaves),))
+            blocks.append(dev_blocks)
+
+        fun = self.fun
+        tasks = sim.new_tasks(lambda a: fun(*a), per_device, tuple(mesh.shape.items()))
+        for t, dev_blocks in zip(tasks, blocks):
+            for path, value, spec, index in dev_blocks:
+                sim.log(t, "receive", inputs=(value[index],),
+                        detail=_block_detail(path, value.shape, spec, index))
+        _trace_module = sys.modules["simpmd.pmap"]
+        try:
+            sim.run(tasks)
+        except errors.SimpmdError as exc:
+            self.trace = _trace_module._last_trace = exc.trace
+            raise
+        error = None
+        try:
+            outputs = self._assemble(sim, tasks)
+        except Exception as exc:             # raised below, with the run's trace attached
+            error = exc
+        sim.finalize()
+        # simpmd.last_trace() reports the latest top-level run, pmap or shard_map
+        self.trace = _trace_module._last_trace = Trace(sim.events, eager=eager)
+        if error is not None:
+            if isinstance(error, errors.SimpmdError):
+                error.trace = self.trace
+            raise error
+        return outputs
+
+    # -- putting the blocks together -------------------------------------------------------
+    def _assemble(self, sim, tasks):
+        mesh = self.mesh
+        results = [tree.flatten(t.result) for t in tasks]
+        treedef = results[0][1]
+        for t, (_, td) in zip(tasks, results):
+            if td != treedef:
+                raise errors.DivergenceError(
+                    f"{t.where()} returned a result of structure {td}, but {tasks[0].where()} "
+                    f"returned {treedef}; every device must return the same structure.")
+        out_specs = self.out_specs
+        if isinstance(out_specs, list) and treedef.kind == "tuple":
+            out_specs = tuple(out_specs)
+        specs = tree.broadcast_prefix(out_specs, tree.unflatten(treedef, results[0][0]),
+                                      what="out_specs")
+        label = _labeller(treedef)
+        coords = [mesh.coords_of(k) for k in range(mesh.size)]
+        out_leaves = []
+        for j, spec in enumerate(specs):
+            values = [_plain(r[0][j]) for r in results]
+            what = f"out_specs for out{label(j)}"
+            first = values[0]
+            check_spec(spec, mesh, f"{what} (a result of shape {first.shape})", first.ndim)
+            for t, v in zip(tasks, values):
+                if v.shape != first.shape or v.dtype != first.dtype:
+                    raise errors.DivergenceError(
+                        f"out{label(j)} is {v.dtype}{list(v.shape)} on {t.where()} but "
+                        f"{first.dtype}{list(first.shape)} on {tasks[0].where()}; every device "
+                        f"must return blocks of the same shape and dtype.")
+            self._check_replicated(tasks, values, coords, spec, f"out{label(j)}", first.ndim)
+            counts = block_counts(spec, mesh, first.ndim)
+            global_shape = tuple(s * n for s, n in zip(first.shape, counts))
+            whole = np.empty(global_shape, dtype=first.dtype)
+            for t, v, c in zip(tasks, values, coords):
+                index = block_slices(spec, mesh, global_shape, c)
+                if replica_id(spec, mesh, c) == 0:
+                    whole[index] = v
+                sim.log(t, "return", outputs=(v,),
+                        detail=_block_detail(f"out{label(j)}", global_shape, spec, index))
+            out_leaves.append(MeshArray(whole, NamedSharding(mesh, spec)))
+        return tree.unflatten(treedef, out_leaves)
+
+    def _check_replicated(self, tasks, values, coords, spec, name, ndim):
+        """Along every mesh axis ``spec`` leaves out, all devices must hold the same value."""
+        mesh = self.mesh
+        free = [n for n in mesh.axis_names if n not in spec.mesh_axes()]
+        if not free:
+            return
+        first_copy = {}                  # named-axes coordinates -> (task, value) of replica 0
+        for t, v, c in zip(tasks, values, coords):
+            key = tuple(c[n] for n in mesh.axis_names if n not in free)
+            first_copy.setdefault(key, (t, v))
+        differ = []
+        for t, v, c in zip(tasks, values, coords):
+            t0, v0 = first_copy[tuple(c[n] for n in mesh.axis_names if n not in free)]
+            if t is not t0 and not np.array_equal(v, v0, equal_nan=v.dtype.kind in "fc"):
+                differ.append((t, t0))
+        if not differ:
+            return
+        # The axes along which the values really vary: two devices that differ only in
+        # that axis's coordinate hold different values.
+        by_coords = {tuple(c[n] for n in mesh.axis_names): v for v, c in zip(values, coords)}
+        varying = []
+        for n in free:
+            for v, c in zip(values, coords):
+                base = tuple(0 if m == n else c[m] for m in mesh.axis_names)
+                if c[n] and not np.array_equal(v, by_coords[base], equal_nan=v.dtype.kind in "fc"):
+                    varying.append(n)
+                    break
+        word = "axis" if len(free) == 1 else "axes"
+        axes = " and ".join(repr(n) for n in free)
+        vary = " and ".join(repr(n) for n in varying)
+        over = repr(varying[0]) if len(varying) == 1 else repr(tuple(varying))
+        t, t0 = differ[0]
+        v, v0 = values[tasks.index(t)], values[tasks.index(t0)]
+        others = ", ".join(u.where() for u, _ in differ[1:5])
+        more = f" (and {len(differ) - 5} more)" if len(differ) > 5 else ""
+        also = f" Also different: {others}{more}." if others else ""
+        message = (
+            f"out_specs {spec!r} for {name} leaves out mesh {word} {axes}, which promises that "
+            f"{name} is the same on every device along {axes}, but it varies along {vary}: "
+            f"{t.where()} holds {summarize(v)} while {t0.where()} holds {summarize(v0)}."
+            f"{also} Either reduce it over {vary} first (lax.psum(..., {over}) or lax.pmean), "
+            f"or {_suggest(spec, varying, ndim)} to concatenate the devices' blocks instead.")
+        if self.check_vma:
+            raise ShardingError(
+                message + " (Real JAX checks this from the program, before running it; "
+                "check_vma=False turns the check off.)")
+        warnings.warn(message + " With check_vma=False simpmd returns the first device's "
+                      "copy, as JAX does (JAX does not check).", stacklevel=4)
+
+
+def _suggest(spec, free, ndim) -> str:
+    """How out_specs could name the ``free`` axes too (for the replication error)."""
+    if ndim == 0:
+        return ("give the result a length-1 axis (out[None]) and name the axes in out_specs "
+                f"(e.g. P({tuple(free) if len(free) > 1 else free[0]!r}))")
+    entries = [spec[d] if d < len(spec) else None for d in range(ndim)]
+    free = tuple(free)
+    if len(spec) < ndim and len(free) == 1:
+        entries[len(spec)] = free[0]          # the next dimension, kept whole so far
+    else:
+        last = entries[-1]
+        names = () if last is None else (last if isinstance(last, tuple) else (last,))
+        names = names + free
+        entries[-1] = names[0] if len(names) == 1 else names
+    while entries and entries[-1] is None:
+        entries.pop()
+    axes = " and ".join(repr(n) for n in free)
+    return f"name {axes} in out_specs (e.g. {PartitionSpec(*entries)!r})"
+
+
+def _block_detail(path, shape, spec, index) -> str:
+    """'x[0:2, :] of shape (4, 16)', or 'w whole (P())' when nothing is split."""
+    if all(sl == slice(None) for sl in index):
+        return f"{path} whole ({spec!r})"
+    return f"{path}[{slices_text(index, shape)}] of shape {tuple(shape)}"
+
+
+def _labeller(treedef):
+    if treedef.kind == "leaf":
+        return lambda j: ""
+    paths = tree.leaf_paths(tree.unflatten(treedef, list(range(treedef.num_leaves))))
+    return lambda j: paths[j]
+
+
+def _plain(x):
+    if type(x) is Traced:
+        return x.value
+    return np.asarray(x)

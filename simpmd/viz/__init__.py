@@ -1,0 +1,51 @@
+"""Pictures of simulated runs, drawn with matplotlib from a run's trace alone.
+
+    import simpmd.viz as viz
+    viz.draw_trace_mesh(f.trace)           # the mesh the run used
+    viz.draw_trace(f.trace)                # every collective call: before / after
+    viz.draw_timeline(f.trace, "TPU v4")   # who computes, talks and waits, when
+
+and, for the algorithms of :mod:`simpmd.algorithms` (message by message)::
+
+    run = simpmd.algorithms.ring_all_reduce([np.full(8, d) for d in range(4)])
+    viz.draw_algorithm(run)                # every step, as a grid of frames
+    viz.algorithm_html(run)                # the same, animated, in Jupyter
+
+Every function returns a matplotlib ``Figure`` (or an animation) and accepts ``ax=`` to
+draw into an existing Axes. Importing this package does not import matplotlib: each name
+loads its module on first use, so ``import simpmd`` stays NumPy-only.
+"""
+from __future__ import annotations
+
+import importlib
+
+_WHERE = {
+    "draw_mesh": "mesh",
+    "draw_trace_mesh": "mesh",
+    "mesh_groups": "mesh",
+    "draw_collective": "collectives",
+    "draw_trace": "collectives",
+    "DRAWING": "collectives",
+    "draw_algorithm_step": "algorithms",
+    "draw_algorithm": "algorithms",
+    "animate_algorithm": "algorithms",
+    "algorithm_html": "algorithms",
+    "save_algorithm_gif": "algorithms",
+    "sources": "algorithms",
+    "draw_timeline": "timeline",
+    "timeline": "timeline",
+    "Segment": "timeline",
+    "tagged": "canvas",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name):
+    if name in _WHERE:
+        return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+    raise AttributeError(f"module 'simpmd.viz' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

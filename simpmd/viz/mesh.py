@@ -1,0 +1,253 @@
+"""Meshes as grids of device boxes, with the groups of a collective over one axis.
+
+A mesh gives every device a coordinate on each named axis. A collective over axis ``a``
+runs once per *group*: the devices that agree on every coordinate except ``a``. On a
+2x4 mesh with axes ``('data', 'model')``, a ``psum`` over ``'model'`` has two groups (the
+rows) and one over ``'data'`` has four (the columns); :func:`draw_mesh` colours them.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from matplotlib.patches import FancyBboxPatch, Rectangle
+
+from .canvas import INK, device_color, figure_and_axes, short, tag, tint
+
+BOX = 1.0         # a device box is BOX x BOX data units
+GAP = 0.25        # between boxes
+SLICE_GAP = 1.2   # between the 2-D slices of a 3-D (or larger) mesh
+
+
+def _device_grid(shape_or_devices):
+    """An integer array of device ids shaped like the mesh, and axis names it may carry."""
+    names = None
+    thing = shape_or_devices
+    if hasattr(thing, "devices") and hasattr(thing, "axis_names"):     # a Mesh-like object
+        names = tuple(thing.axis_names)
+        thing = thing.devices
+    if isinstance(thing, (int, np.integer)):
+        return np.arange(int(thing)), names
+    if isinstance(thing, tuple) and all(isinstance(s, (int, np.integer)) for s in thing):
+        return np.arange(math.prod(thing)).reshape(thing), names
+    arr = np.asarray(thing, dtype=object)
+    ids = np.vectorize(lambda d: int(getattr(d, "id", d)), otypes=[int])(arr) if arr.size else arr
+    return np.asarray(ids, dtype=int).reshape(arr.shape), names
+
+
+def mesh_groups(shape, highlight_axis, axis_names):
+    """For each mesh position (row-major), the index of its group over ``highlight_axis``.
+
+    ``highlight_axis`` is an axis name or a tuple of names (a collective over several
+    axes at once). Positions that agree on every other axis share a group.
+    """
+    chosen = (highlight_axis,) if isinstance(highlight_axis, str) else tuple(highlight_axis)
+    for name in chosen:
+        if name not in axis_names:
+            raise ValueError(f"highlight_axis {name!r} is not an axis of this mesh; its axes are "
+                             f"{tuple(axis_names)}")
+    others = [k for k, n in enumerate(axis_names) if n not in chosen]
+    coords = np.indices(shape).reshape(len(shape), -1)
+    other_shape = tuple(shape[k] for k in others)
+    if not others:
+        return np.zeros(coords.shape[1], dtype=int), 1
+    return np.ravel_multi_index(tuple(coords[k] for k in others), other_shape), math.prod(other_shape)
+
+
+def _slices(shape):
+    """The 2-D slices of an n-D mesh: (leading index tuple, rows, cols)."""
+    if len(shape) == 1:
+        return [((), 1, shape[0])]
+    lead = shape[:-2]
+    return [(idx, shape[-2], shape[-1]) for idx in np.ndindex(*lead)] if lead else [((), *shape)]
+
+
+def draw_mesh(shape_or_devices, axis_names=None, highlight_axis=None, values=None, *,
+              title=None, ax=None):
+    """Draw a mesh of devices as a grid of boxes; return the matplotlib Figure.
+
+    ``shape_or_devices``: a device count (1-D), a shape tuple such as ``(2, 4)`` (device
+    ids numbered row-major), or an array of device ids or devices (e.g.
+    ``simpmd.platform().device_grid()``). ``axis_names`` name the mesh axes, outer to
+    inner (the last axis runs along a row). ``highlight_axis`` (a name or tuple of names)
+    colours the groups a collective over that axis would form. ``values`` puts text in
+    the boxes: a dict from device id to value, or a sequence in row-major mesh order;
+    strings are shown as they are, arrays as numbers when small, else dtype and shape.
+
+    Meshes of three or more axes are drawn as 2-D slices side by side, one per index of
+    the leading axes. Each device box is tagged ``simpmd:device:<id>``.
+    """
+    ids, carried = _device_grid(shape_or_devices)
+    shape = ids.shape
+    if axis_names is None:
+        axis_names = carried or tuple(f"axis {k}" for k in range(len(shape)))
+    axis_names = (axis_names,) if isinstance(axis_names, str) else tuple(axis_names)
+    if len(axis_names) != len(shape):
+        raise ValueError(f"the mesh has {len(shape)} axes {shape} but {len(axis_names)} axis "
+                         f"name(s) were given: {axis_names}; give one name per axis")
+    if ids.size == 0:
+        raise ValueError("draw_mesh: the mesh has no devices")
+    flat_ids = ids.ravel()
+    text = _value_text(values, flat_ids)
+
+    groups, n_groups = (None, 0)
+    if highlight_axis is not None:
+        groups, n_groups = mesh_groups(shape, highlight_axis, axis_names)
+
+    slices = _slices(shape)
+    rows, cols = slices[0][1], slices[0][2]
+    slice_w, slice_h = cols * (BOX + GAP), rows * (BOX + GAP)
+    per_row = max(1, min(len(slices), math.ceil(math.sqrt(len(slices) * slice_h / max(slice_w, 1e-9)))))
+    per_row = len(slices) if len(slices) <= 4 else per_row
+    n_slice_rows = math.ceil(len(slices) / per_row)
+    margin_left, margin_top = 1.3, 1.5
+    total_w = margin_left + per_row * (slice_w + SLICE_GAP)
+    total_h = margin_top + n_slice_rows * (slice_h + (SLICE_GAP if len(shape) > 2 else 0)) + 0.9
+    scale = min(0.85, 11.0 / total_w, 9.0 / total_h)
+    fig, ax = figure_and_axes(ax, total_w * scale, total_h * scale)
+    fs = float(np.clip(scale * 13 * BOX, 5, 12))
+
+    boxes = {}
+    for s, (lead, nr, nc) in enumerate(slices):
+        ox = margin_left + (s % per_row) * (slice_w + SLICE_GAP)
+        oy = -(margin_top + (s // per_row) * (slice_h + (SLICE_GAP if len(shape) > 2 else 0)))
+        if lead:
+            label = ", ".join(f"{axis_names[k]}={i}" for k, i in enumerate(lead))
+            ax.text(ox + slice_w / 2 - GAP / 2, oy + 0.85, label, ha="center", va="bottom",
+                    fontsize=fs, color=INK, fontweight="bold")
+        for r in range(nr):
+            for c in range(nc):
+                pos = (*lead, r, c) if len(shape) > 1 else (c,)
+                flat = int(np.ravel_multi_index(pos, shape))
+                x, y = ox + c * (BOX + GAP), oy - r * (BOX + GAP) - BOX
+                face = (0.96, 0.96, 0.96)
+                edge = INK
+                if groups is not None:
+                    g = int(groups[flat])
+                    face = tint(device_color(g, n_groups), 0.35)
+                    edge = device_color(g, n_groups)
+                box = Rectangle((x, y), BOX, BOX, facecolor=face, edgecolor=edge, linewidth=1.2)
+                tag(box, "device", int(flat_ids[flat]))
+                ax.add_patch(box)
+                boxes[flat] = (x, y)
+                ax.text(x + BOX / 2, y + BOX * (0.62 if text else 0.5), str(flat_ids[flat]),
+                        ha="center", va="center", fontsize=fs * 1.2, fontweight="bold", color=INK)
+                if text:
+                    ax.text(x + BOX / 2, y + BOX * 0.25, text.get(flat, ""), ha="center",
+                            va="center", fontsize=fs * 0.62, color=INK, family="monospace")
+        _axis_labels(ax, shape, axis_names, ox, oy, nr, nc, fs)
+
+    if groups is not None:
+        _group_outlines(ax, groups, n_groups, boxes)
+
+    if title is None:
+        dims = " x ".join(f"{n}={s}" for n, s in zip(axis_names, shape))
+        title = f"mesh {dims} ({ids.size} devices)"
+        if highlight_axis is not None:
+            over = highlight_axis if isinstance(highlight_axis, str) else tuple(highlight_axis)
+            size = ids.size // n_groups
+            title += f"\na collective over {over!r} runs in {n_groups} group(s) of {size}"
+    ax.text(margin_left - GAP, 0.2, title, ha="left", va="top", fontsize=fs * 1.05, color=INK)
+    ax.set_xlim(0, total_w)
+    ax.set_ylim(-total_h + 0.5, 0.5)
+    ax.set_aspect("equal", adjustable="datalim")
+    ax.set_axis_off()
+    return fig
+
+
+def _value_text(values, flat_ids):
+    if values is None:
+        return {}
+    if isinstance(values, dict):
+        where = {int(d): k for k, d in enumerate(flat_ids)}
+        return {where[int(d)]: short(v) for d, v in values.items() if int(d) in where}
+    values = list(values)
+    if len(values) != len(flat_ids):
+        raise ValueError(f"values has {len(values)} entries but the mesh has {len(flat_ids)} "
+                         f"devices; give one per device (row-major) or a dict by device id")
+    return {k: short(v) for k, v in enumerate(values)}
+
+
+def _axis_labels(ax, shape, axis_names, ox, oy, nr, nc, fs):
+    """Axis names along the top (the inner axis) and the left (the next one out)."""
+    inner = axis_names[-1]
+    right = ox + nc * (BOX + GAP) - GAP
+    ax.annotate("", xy=(right, oy + 0.45), xytext=(ox, oy + 0.45),
+                arrowprops=dict(arrowstyle="->", color=INK, lw=1))
+    ax.text(ox, oy + 0.55, inner, ha="left", va="bottom", fontsize=fs, color=INK, style="italic")
+    for c in range(nc):
+        ax.text(ox + c * (BOX + GAP) + BOX / 2, oy + 0.12, str(c), ha="center", va="bottom",
+                fontsize=fs * 0.8, color=INK)
+    if len(shape) > 1:
+        outer = axis_names[-2]
+        bottom = oy - nr * (BOX + GAP) + GAP
+        ax.annotate("", xy=(ox - 0.45, bottom), xytext=(ox - 0.45, oy),
+                    arrowprops=dict(arrowstyle="->", color=INK, lw=1))
+        ax.text(ox - 0.55, (oy + bottom) / 2, outer, ha="right", va="center", fontsize=fs,
+                color=INK, style="italic", rotation=90)
+        for r in range(nr):
+            ax.text(ox - 0.12, oy - r * (BOX + GAP) - BOX / 2, str(r), ha="right", va="center",
+                    fontsize=fs * 0.8, color=INK)
+
+
+def _group_outlines(ax, groups, n_groups, boxes):
+    """A rounded outline around each group's boxes that form a rectangle in one slice."""
+    pad = GAP * 0.38
+    for g in range(n_groups):
+        members = [boxes[k] for k in sorted(boxes) if groups[k] == g]
+        xs = sorted({x for x, _ in members})
+        ys = sorted({y for _, y in members})
+        if len(members) != len(xs) * len(ys) or len(members) < 2:
+            continue
+        x0, y0 = xs[0], ys[0]
+        w = xs[-1] + BOX - x0
+        h = ys[-1] + BOX - y0
+        if w > (len(xs) - 1) * (BOX + GAP) + BOX + 1e-9 or h > (len(ys) - 1) * (BOX + GAP) + BOX + 1e-9:
+            continue                       # spread over several slices: colour alone shows it
+        outline = FancyBboxPatch((x0 - pad, y0 - pad), w + 2 * pad, h + 2 * pad,
+                                 boxstyle="round,pad=0,rounding_size=0.12", fill=False,
+                                 edgecolor=device_color(g, n_groups), linewidth=2.4)
+        tag(outline, "group", g)
+        ax.add_patch(outline)
+
+
+def draw_trace_mesh(trace, highlight_axis=None, values=None, *, title=None, ax=None):
+    """Draw the mesh a run used, read from its events' coordinates; return the Figure.
+
+    The grid comes from the device programs' ``coords`` (``(axis name, index, size)``
+    tuples, outer to inner), so a nested pmap over ``data`` then ``model`` draws as a
+    ``data x model`` grid. ``highlight_axis`` colours the groups over an axis (``'auto'``:
+    the axes of the run's first collective). ``values`` is ``'received'`` (each device's
+    first received shard), ``'returned'`` (its first returned leaf), or as in
+    :func:`draw_mesh`.
+    """
+    where = {}
+    for e in trace.events:
+        if e.device is not None and e.coords:
+            where.setdefault(e.device, e.coords)
+    if not where:
+        raise ValueError("draw_trace_mesh: the trace has no events of simulated devices to place")
+    first = next(iter(where.values()))
+    names = tuple(n for n, _, _ in first)
+    shape = tuple(s for _, _, s in first)
+    grid = np.full(shape, -1, dtype=int)
+    for device, coords in where.items():
+        if tuple(n for n, _, _ in coords) != names:
+            raise ValueError(f"draw_trace_mesh: devices disagree on the mesh axes ({names} vs "
+                             f"{tuple(n for n, _, _ in coords)}); draw one pmap level at a time")
+        grid[tuple(i for _, i, _ in coords)] = device
+    if (grid < 0).any():
+        raise ValueError("draw_trace_mesh: the run left some mesh positions without a device")
+    if highlight_axis == "auto":
+        calls = [c for c in trace.calls() if c[0].device is not None]
+        highlight_axis = tuple(calls[0][0].axes) if calls else None
+    if isinstance(values, str):
+        kind = {"received": "receive", "returned": "return"}.get(values)
+        if kind is None:
+            raise ValueError(f"values={values!r}: choose 'received', 'returned', a dict or a list")
+        found = {}
+        for e in trace.events:
+            if e.kind == kind and e.device is not None and e.device not in found:
+                found[e.device] = (e.inputs or e.outputs)[0]
+        values = found
+    return draw_mesh(grid, names, highlight_axis, values, title=title, ax=ax)

@@ -1,0 +1,394 @@
+"""The cost model: closed forms, the message-level simulation, and the public literature.
+
+Expected numbers come from the cited sources or from hand calculation written out in the
+test, never from running simpmd. Sources:
+
+* [book-tpu]   J. Austin et al., "How to Scale Your Model" (2025), Part 2 "How to Think
+               About TPUs", https://jax-ml.github.io/scaling-book/tpus/
+* [book-shard] same book, Part 3 "Sharding", https://jax-ml.github.io/scaling-book/sharding/
+* [book-gpu]   same book, "How to Think About GPUs", https://jax-ml.github.io/scaling-book/gpus/
+* [nccl-tests] NVIDIA nccl-tests, doc/PERFORMANCE.md, https://github.com/NVIDIA/nccl-tests
+"""
+import ast
+import math
+import pathlib
+
+import numpy as np
+import pytest
+
+from simpmd import algorithms as A
+from simpmd import cost as C
+from simpmd.trace import Event
+
+GB = 1e9
+
+
+def switch(p, bandwidth=100e9, latency=1e-6):
+    return C.FullyConnected(p, link_bandwidth=bandwidth, hop_latency=latency)
+
+
+def ring(p, wraparound, bandwidth=50e9, latency=1e-6):
+    return C.Ring(p, wraparound, link_bandwidth=bandwidth, hop_latency=latency)
+
+
+# -- nccl-tests conventions -------------------------------------------------------------
+
+def test_nccl_tests_factors_and_sizes():
+    """[nccl-tests] Summary: AllReduce 2(n-1)/n; ReduceScatter, AllGather, AlltoAll (n-1)/n;
+    Broadcast, Reduce 1 (SendRecv 1 in src/sendrecv.cu). S is the total array: the input
+    of a reduce-scatter, the output of an all-gather."""
+    assert C.busbw_factor("all_reduce", 8) == pytest.approx(14 / 8)
+    assert C.busbw_factor("psum", 8) == pytest.approx(14 / 8)
+    for op in ("reduce_scatter", "all_gather", "all_to_all"):
+        assert C.busbw_factor(op, 8) == pytest.approx(7 / 8)
+    for op in ("broadcast", "reduce", "ppermute"):
+        assert C.busbw_factor(op, 8) == 1.0
+    assert C.nccl_size("all_gather", 1000, 8) == 8000          # output size
+    assert C.nccl_size("psum_scatter", 8000, 8) == 8000        # input size
+    assert C.nccl_size("psum", 8000, 8) == 8000
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 8])
+@pytest.mark.parametrize("op", ["all_reduce", "all_gather", "reduce_scatter", "all_to_all"])
+def test_busbw_is_the_link_bandwidth_whatever_the_group_size(p, op):
+    """[nccl-tests] busbw "should reflect the speed of the hardware bottleneck",
+    independently of the number of ranks: with no latency it is exactly the port speed."""
+    e = C.estimate(op, 2**20, p, topology=switch(p, latency=0.0), algorithm=None)
+    assert e.busbw == pytest.approx(100e9, rel=1e-12)
+    assert e.algbw == pytest.approx(e.nccl_size / e.time_s)
+
+
+# -- the closed forms are what the simulated messages cost --------------------------------
+
+ONE_AXIS_CASES = [
+    # (algorithm function, cost-model name, wraparound of the ring it runs on)
+    (A.ring_all_reduce, "ring", True),
+    (A.bidirectional_ring_all_reduce, "bidirectional_ring", True),
+    (A.line_all_reduce, "ring", False),
+    (A.line_all_reduce, "bidirectional_ring", False),   # no wraparound: nothing to gain
+]
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 8, 16])
+@pytest.mark.parametrize("run_all_reduce, algorithm, wraparound", ONE_AXIS_CASES)
+def test_closed_form_equals_message_simulation_on_a_ring(p, run_all_reduce, algorithm, wraparound):
+    xs = [np.ones(2 * 3 * 5 * 16, np.float32) for _ in range(p)]
+    run = run_all_reduce(xs)
+    topology = ring(p, wraparound)
+    closed = C.estimate("all_reduce", xs[0].nbytes, p, topology=topology, algorithm=algorithm)
+    replayed = C.time_run(run, topology)
+    assert closed.bytes_sent_per_device == run.bytes_sent.max()
+    assert closed.time_s == pytest.approx(replayed.time_s, rel=1e-12)
+    assert closed.steps == replayed.steps == 2 * (p - 1)
+
+
+@pytest.mark.parametrize("p", [2, 3, 5, 8])
+def test_closed_form_equals_message_simulation_for_the_tree(p):
+    xs = [np.ones(64, np.float32) for _ in range(p)]
+    run = A.tree_all_reduce(xs)
+    closed = C.estimate("all_reduce", xs[0].nbytes, p, topology=switch(p), algorithm="tree")
+    assert closed.time_s == pytest.approx(C.time_run(run, switch(p)).time_s, rel=1e-12)
+    assert closed.bytes_sent_per_device == run.bytes_sent.max()
+    assert closed.steps == 2 * math.ceil(math.log2(p))
+
+
+@pytest.mark.parametrize("shape", [(2, 2), (3, 3), (4, 4)])
+@pytest.mark.parametrize("wraparound", [True, False])
+def test_closed_form_equals_message_simulation_on_a_2d_torus(shape, wraparound):
+    p = shape[0] * shape[1]
+    xs = [np.ones(4 * p * 5, np.float32) for _ in range(p)]
+    run = A.torus_all_reduce(xs, shape, wraparound=(wraparound, wraparound))
+    topology = C.Torus2D(shape, (wraparound, wraparound), link_bandwidth=50e9, hop_latency=1e-6)
+    closed = C.estimate("all_reduce", xs[0].nbytes, p, topology=topology, algorithm="torus")
+    assert closed.time_s == pytest.approx(C.time_run(run, topology).time_s, rel=1e-12)
+    assert closed.bytes_sent_per_device == run.bytes_sent.max()
+
+
+@pytest.mark.parametrize("p", [2, 4, 8])
+def test_all_gather_and_reduce_scatter_closed_forms(p):
+    xs = [np.ones(24, np.float32) for _ in range(p)]
+    n = xs[0].nbytes
+    for wraparound in (True, False):
+        topology = ring(p, wraparound)
+        gather = A.ring_all_gather(xs, wraparound=wraparound)
+        closed = C.estimate("all_gather", n, p, topology=topology, algorithm="ring")
+        assert closed.time_s == pytest.approx(C.time_run(gather, topology).time_s, rel=1e-12)
+        assert closed.bytes_sent_per_device == gather.bytes_sent.max()
+        scatter = A.ring_reduce_scatter(xs, wraparound=wraparound)
+        closed = C.estimate("psum_scatter", n, p, topology=topology, algorithm="ring")
+        assert closed.time_s == pytest.approx(C.time_run(scatter, topology).time_s, rel=1e-12)
+        assert closed.bytes_sent_per_device == scatter.bytes_sent.max() == (p - 1) * n / p
+
+
+# -- the model's stated properties -------------------------------------------------------
+
+@pytest.mark.parametrize("topology", [ring(16, True), ring(16, False), switch(8)])
+def test_latency_bound_and_bandwidth_bound_limits(topology):
+    p = topology.size
+    tiny = C.estimate("all_reduce", 1, p, topology=topology, algorithm="ring")
+    assert tiny.bound == "latency"
+    assert tiny.time_s == pytest.approx(tiny.steps * topology.hop_latency, rel=1e-3)
+    assert tiny.steps == 2 * (p - 1)
+    huge = C.estimate("all_reduce", 10**12, p, topology=topology, algorithm="ring")
+    assert huge.bound == "bandwidth"
+    bandwidth = (topology.port_bandwidth if topology.kind == "switch"
+                 else topology.axis_bandwidth)
+    # Hand formula for the one-way ring (and the line): 2(p-1)/p * n / B.
+    assert huge.time_s == pytest.approx(2 * (p - 1) / p * 10**12 / bandwidth, rel=1e-3)
+    times = [C.estimate("all_reduce", 4**k, p, topology=topology, algorithm="ring").time_s
+             for k in range(20)]
+    assert all(a < b for a, b in zip(times, times[1:]))
+
+
+def test_the_fastest_algorithm_is_a_tree_for_tiny_messages_and_a_ring_for_large():
+    tiny = C.estimate("psum", 8, 8, hardware="H100")
+    large = C.estimate("psum", 2**30, 8, hardware="H100")
+    assert (tiny.algorithm, large.algorithm) == ("tree", "ring")
+    assert tiny.time_s <= C.estimate("psum", 8, 8, hardware="H100", algorithm="ring").time_s
+
+
+def test_wraparound_halves_the_bandwidth_term_of_a_bidirectional_ring():
+    """With wraparound half the data goes each way round; without it the line sweeps from
+    both ends but each link direction still carries all of it."""
+    n = 2**26
+    with_wrap = C.estimate("all_reduce", n, 16, topology=ring(16, True),
+                           algorithm="bidirectional_ring")
+    without = C.estimate("all_reduce", n, 16, topology=ring(16, False),
+                         algorithm="bidirectional_ring")
+    assert with_wrap.bandwidth_s == pytest.approx(without.bandwidth_s / 2, rel=1e-12)
+    assert with_wrap.latency_s == without.latency_s
+    # a one-way ring gains nothing from the wraparound's second direction
+    assert C.estimate("all_reduce", n, 16, topology=ring(16, True), algorithm="ring").bandwidth_s \
+        == pytest.approx(without.bandwidth_s, rel=1e-12)
+
+
+def test_several_axes_add_their_bandwidth():
+    """An all-reduce over both axes of a 16x16 torus uses both axes' links: hand count
+    (B one link direction, n bytes): the torus scheme moves 255 n / (512 B), one big ring
+    through all 256 devices (a closed snake, both directions) 2 * 255/256 * n / (2B)."""
+    torus = C.Torus2D((16, 16), (True, True), link_bandwidth=50e9, hop_latency=1e-6)
+    n = 2**28
+    both = C.estimate("all_reduce", n, 256, topology=torus, algorithm="torus")
+    snake = C.estimate("all_reduce", n, 256, topology=torus, algorithm="bidirectional_ring")
+    assert both.bandwidth_s == pytest.approx(255 * n / (512 * 50e9), rel=1e-12)
+    assert snake.bandwidth_s == pytest.approx(255 * n / (256 * 50e9), rel=1e-12)
+    assert C.estimate("all_reduce", n, 256, topology=torus).algorithm == "torus"
+    one_axis = C.estimate("all_reduce", n, 16, topology=torus, axes=(0,))
+    assert one_axis.group_size == 16 and one_axis.algorithm == "bidirectional_ring"
+
+
+def test_collective_permute_routes_over_the_topology():
+    n = 2**20
+    shift_ring = C.estimate("ppermute", n, 8, topology=ring(8, True))
+    shift_line = C.estimate("ppermute", n, 8, topology=ring(8, False))
+    assert shift_ring.steps == 1                  # every device to its neighbour
+    assert shift_line.steps == 7                  # 7 -> 0 walks back along the line
+    assert shift_ring.bandwidth_s == shift_line.bandwidth_s == pytest.approx(n / 50e9)
+    # two pairs crossing the same link direction share it
+    crowded = C.estimate("ppermute", n, 8, topology=ring(8, False), perm=[(0, 2), (1, 3)])
+    assert crowded.bandwidth_s == pytest.approx(2 * n / 50e9)
+    assert C.estimate("ppermute", n, 8, topology=ring(8, False), perm=[(3, 3)]).time_s == 0
+
+
+def test_hardware_presets_and_their_topologies():
+    for hw in C.HARDWARE.values():
+        assert hw.citations and hw.link_bandwidth > 0 and hw.hop_latency > 0
+        assert hw.hbm_bandwidth > 0 and hw.peak_bf16_flops > 0
+    assert set(C.HARDWARE) >= {"TPU v4", "TPU v5e", "TPU v5p", "TPU v6e", "H100", "H200", "CPU"}
+    # [book-gpu]: 18 NVLinks x 25 GB/s = 450 GB/s per direction per H100.
+    assert C.HARDWARE["H100"].device_bandwidth == 450e9
+    # [book-tpu]: v5e bidirectional ICI per axis 9e10 = two links of 4.5e10 one way.
+    assert 2 * C.HARDWARE["TPU v5e"].link_bandwidth == 9e10
+    v5e, v4 = C.HARDWARE["TPU v5e"], C.HARDWARE["TPU v4"]
+    assert v5e.topology(16).dims == (4, 4) and v5e.topology(16).wraparound == (False, False)
+    assert v5e.topology(256).wraparound == (True, True)
+    assert v5e.topology((8, 16)).wraparound == (False, True)   # [book-tpu] footnote
+    assert v4.topology(64).wraparound == (True,) * 3             # a whole 4x4x4 cube
+    assert v4.topology(16).dims == (2, 2, 4) and not any(v4.topology(16).wraparound)
+    assert "sources:" in str(C.HARDWARE["TPU v5p"])
+
+
+def test_errors_say_what_to_do():
+    with pytest.raises(ValueError, match="unknown collective 'pfoo'"):
+        C.estimate("pfoo", 8, 8)
+    with pytest.raises(ValueError, match="unknown hardware 'TPU v9'"):
+        C.estimate("psum", 8, 8, hardware="TPU v9")
+    with pytest.raises(ValueError, match="more than one NVLink node"):
+        C.estimate("psum", 8, 16, hardware="H100")
+    with pytest.raises(ValueError, match="hold 4 devices, but the group has 8"):
+        C.estimate("psum", 8, 8, hardware="TPU v5e", topology=(4, 4), axes=(0,))
+    with pytest.raises(ValueError, match="no algorithm 'tree'"):
+        C.estimate("all_gather", 8, 8, hardware="H100", algorithm="tree")
+
+
+def test_repr_reads_like_a_sentence():
+    text = repr(C.estimate("psum", 2**20, 8, hardware="H100"))
+    for part in ("all_reduce of 1 MiB/device over 8 device(s)", "H100", "latency", "bandwidth",
+                 "algbw", "busbw", "GB/s"):
+        assert part in text
+    assert "no communication" in repr(C.estimate("axis_index", 8, 8, hardware="H100"))
+
+
+# -- worked examples from the public literature -------------------------------------------
+
+def test_book_tpu_v5e_all_gather_on_an_axis_without_wraparound():
+    """[book-shard] Pop Quiz 2 (1): AllGather_Y([E_Y, F]) -> [E, F] on TPU v5e, mesh
+    {'X': 8, 'Y': 4}, E=2048, F=8192, bf16. No wraparound on an axis of 4, so "in theory
+    more like T = 3 * 8.4e6 / 4.5e10 = 560us" (measured: 680us)."""
+    v5e = C.HARDWARE["TPU v5e"]
+    e = C.estimate("all_gather", 512 * 8192 * 2, 4, hardware=v5e, topology=v5e.topology((8, 4)),
+                   axes=(1,))
+    assert e.time_s == pytest.approx(560e-6, rel=0.02)
+    assert e.bound == "bandwidth"
+
+
+def test_book_tpu_v5e_small_all_gather_is_latency_bound():
+    """[book-shard] Pop Quiz 2 (2): same with E=F=256, 32kB shards: "we're latency bound.
+    Since we have 3 hops, this will take roughly 3 * 1us = 3us. In practice, it's closer
+    to 8us." Alpha-beta adds the bandwidth term, so it lands between the two."""
+    v5e = C.HARDWARE["TPU v5e"]
+    e = C.estimate("all_gather", 64 * 256 * 2, 4, hardware=v5e, topology=v5e.topology((8, 4)),
+                   axes=(1,))
+    assert e.bound == "latency"
+    assert e.latency_s == pytest.approx(3e-6)
+    assert 3e-6 <= e.time_s <= 8e-6
+
+
+def test_book_tpu_v5e_all_gather_on_a_full_ring():
+    """[book-shard] 'What Have We Learned': T = V / W_bidi * (Axis-1)/Axis when the axis is
+    a full ring. The 16-long axis of a v5e 8x16 wraps ([book-tpu] footnote). V = 2048 x
+    8192 bf16 = 33,554,432 B, W_bidi = 9e10: 349.5us of bandwidth, plus 15 hops of 1us."""
+    v5e = C.HARDWARE["TPU v5e"]
+    v = 2048 * 8192 * 2
+    e = C.estimate("all_gather", v // 16, 16, hardware=v5e, topology=v5e.topology((8, 16)),
+                   axes=(1,))
+    assert e.bandwidth_s == pytest.approx(v / 9e10 * 15 / 16, rel=1e-9)
+    assert e.time_s == pytest.approx(v / 9e10 * 15 / 16, rel=0.05)
+
+
+def test_book_tpu_v5e_all_gather_over_two_axes_of_a_pod():
+    """[book-shard] summary table: AllGather takes bytes / (bidirectional ICI bandwidth *
+    num_axes). Full v5e pod, 16x16 with wraparound, 4 MiB per chip: V = 256 * 4 MiB,
+    T = V / (9e10 * 2) = 5.965 ms."""
+    v = 256 * 4 * 2**20
+    e = C.estimate("all_gather", 4 * 2**20, 256, hardware="TPU v5e")
+    assert e.algorithm == "torus"
+    assert e.time_s == pytest.approx(v / (9e10 * 2), rel=0.01)
+
+
+def test_book_tpu_v5e_gather_of_a_4x4_slice():
+    """[book-tpu] Worked Problem 6: 16 GB spread over a v5e 4x4 slice (no wraparound);
+    "performing a full AllGather would also take roughly 16e9 / (4.5e10 * 2)" = 178 ms.
+    Hand count with the (N-1)/N factor: 15/16 of that, 167 ms."""
+    e = C.estimate("all_gather", 1e9, 16, hardware="TPU v5e")
+    assert e.time_s == pytest.approx(16e9 / (4.5e10 * 2), rel=0.10)
+    assert e.bandwidth_s == pytest.approx(15 / 16 * 16e9 / (4.5e10 * 2), rel=1e-9)
+
+
+def test_book_h100_node_all_gather_pop_quiz():
+    """[book-gpu] Pop Quiz 1 [AllGather time]: AllGather(bf16[B_X, F]), B=1024, F=16384 on
+    an 8xH100 node at 450 GB/s: "(2*B*F*(8-1)) / (8*450e9) ... more precisely, 65us".
+    Our 7 ring steps add 7 x 1us of latency on top."""
+    total = 2 * 1024 * 16384
+    e = C.estimate("all_gather", total // 8, 8, hardware="H100")
+    assert e.bandwidth_s == pytest.approx(65e-6, rel=0.01)
+    assert e.time_s == pytest.approx(65e-6, rel=0.15)
+
+
+def test_book_h100_node_big_all_gather():
+    """[book-gpu] Quiz 2, Question 3 [AllGather cost]: bf16[4096, 65536] (536e6 B) on an
+    8xH100 node: "536e6 * (8 - 1) / 3.6e12 = 1.04ms"."""
+    total = 4096 * 65536 * 2
+    e = C.estimate("all_gather", total // 8, 8, hardware="H100")
+    assert e.time_s == pytest.approx(1.04e-3, rel=0.02)
+
+
+def test_book_h100_all_reduce_is_twice_all_gather_and_all_to_all_is_cheaper():
+    """[book-gpu] "For an AllReduce, you can combine an RS + AG as usual for twice the
+    cost"; AllToAll within a node costs B * (N-1) / (W * N^2) for B total bytes."""
+    total = 2**30
+    gather = C.estimate("all_gather", total // 8, 8, hardware="H100")
+    reduce = C.estimate("psum", total, 8, hardware="H100", algorithm="ring")
+    assert reduce.bandwidth_s == pytest.approx(2 * gather.bandwidth_s, rel=1e-12)
+    a2a = C.estimate("all_to_all", total // 8, 8, hardware="H100")
+    assert a2a.bandwidth_s == pytest.approx(total * 7 / (450e9 * 64), rel=1e-12)
+
+
+def test_book_tpu_all_to_all_is_a_quarter_of_all_gather():
+    """[book-shard] footnote on AllToAll: on an even bidirectional ring each device sends
+    N^2/4 chunks of bytes/N^2, so the cost is bytes / 4 over the bidirectional bandwidth.
+    v5e full axis of 16: V = 16 x 4 MiB, W_bidi = 9e10."""
+    v5e = C.HARDWARE["TPU v5e"]
+    shard = 4 * 2**20
+    e = C.estimate("all_to_all", shard, 16, hardware=v5e, topology=v5e.topology(256), axes=(0,))
+    assert e.bandwidth_s == pytest.approx(16 * shard / (4 * 9e10), rel=1e-12)
+
+
+# -- a whole trace -----------------------------------------------------------------------
+
+def collective_event(step, device, member, group, op, x, call=1, axes=("i",), params=None):
+    return Event(kind="collective", program=f"device {device}", coords=(("i", member, len(group)),),
+                 step=step, call=call, device=device, devices=(device,), op=op, axes=axes,
+                 group=tuple(group), member=member, params=params or {}, inputs=(x,), outputs=(x,))
+
+
+def test_estimate_trace_groups_events_by_step():
+    x = np.zeros(1024, np.float32)                      # 4 KiB per device
+    events = []
+    for step, group in ((1, (0, 1, 2, 3)), (2, (4, 5, 6, 7))):   # one call, two row groups
+        events += [collective_event(step, d, k, group, "psum", x) for k, d in enumerate(group)]
+    events += [collective_event(3, d, d, range(8), "axis_index", x, call=2) for d in range(8)]
+    events.append(Event(kind="receive", program="device 0", coords=()))
+    result = C.estimate_trace(events, hardware="H100")
+    assert len(result) == 3
+    first = result[0]
+    assert (first.op, first.group, first.estimate.op, first.estimate.group_size) == \
+        ("psum", (0, 1, 2, 3), "all_reduce", 4)
+    direct = C.estimate("psum", x.nbytes, 4, hardware="H100", topology=C.HARDWARE["H100"].topology(8))
+    assert first.time_s == pytest.approx(direct.time_s)
+    assert result[2].time_s == 0                        # axis_index moves nothing
+    # the two groups of the call run at the same time
+    assert result.total_time_s == pytest.approx(first.time_s)
+    assert "psum" in str(result) and "busbw" in str(result)
+
+
+def test_estimate_trace_finds_torus_axes_and_permutations():
+    """On a v5e 4x4 slice (row-major ids), a row group uses axis 1 and a column group axis
+    0; a ppermute between the two ends of a row walks 3 hops (no wraparound)."""
+    x = np.zeros(256, np.float32)
+    row, column = (4, 5, 6, 7), (1, 5, 9, 13)
+    events = [collective_event(1, d, k, row, "all_gather", x) for k, d in enumerate(row)]
+    events += [collective_event(2, d, k, column, "psum_scatter", x, call=2)
+               for k, d in enumerate(column)]
+    events += [collective_event(3, d, k, row, "ppermute", x, call=3, params={"perm": ((0, 3),)})
+               for k, d in enumerate(row)]
+    result = C.estimate_trace(events, hardware="TPU v5e", topology=(4, 4))
+    on_one_axis = C.estimate("all_gather", x.nbytes, 4, hardware="TPU v5e", topology=(4, 4), axes=(1,))
+    assert result[0].time_s == pytest.approx(on_one_axis.time_s)
+    assert result[1].estimate.op == "reduce_scatter"
+    assert result[2].estimate.steps == 3
+
+
+def test_estimate_trace_of_a_real_run():
+    import simpmd
+    from simpmd import lax
+    f = simpmd.pmap(lambda v: lax.psum(v, "i"), axis_name="i")
+    f(np.ones((8, 1000), np.float32))
+    result = C.estimate_trace(f.trace, hardware="TPU v5e")
+    assert len(result) == 1
+    assert result[0].estimate.group_size == 8 and result[0].estimate.nbytes == 4000
+    assert result[0].estimate.algorithm == "torus"   # 8 v5e chips are a 2x4 slice
+
+
+# -- teaching material stays pure -----------------------------------------------------------
+
+@pytest.mark.parametrize("module", ["cost.py", "algorithms.py"])
+def test_no_jax_import(module):
+    source = (pathlib.Path(C.__file__).parent / module).read_text()
+    imported = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            imported |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            imported.add(node.module.split(".")[0])
+    assert "jax" not in imported and "threading" not in imported
