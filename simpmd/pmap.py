@@ -25,8 +25,15 @@ _last_trace = None
 
 
 def last_trace():
-    """The trace of the most recent top-level pmap run (or None)."""
+    """The trace of the most recent top-level run of pmap or shard_map (or None)."""
     return _last_trace
+
+
+def record_trace(trace):
+    """Keep ``trace`` as the one :func:`last_trace` returns; returns it."""
+    global _last_trace
+    _last_trace = trace
+    return trace
 
 
 def pmap(fun=None, axis_name=None, *, in_axes=0, out_axes=0, static_broadcasted_argnums=(),
@@ -175,7 +182,6 @@ class Pmapped:
 
     # -- calling --------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
-        global _last_trace
         parent = current_task()
         if parent is not None and self.devices is not None:
             raise ValueError("a nested pmap cannot take devices=: its devices are the "
@@ -225,11 +231,11 @@ class Pmapped:
             try:
                 sim.run(tasks)
             except errors.SimpmdError as exc:
-                self.trace = _last_trace = exc.trace
+                self.trace = record_trace(exc.trace)
                 raise
             outputs = self._stack(sim, tasks, nested=False)
             sim.finalize()
-            self.trace = _last_trace = Trace(sim.events, eager=eager)
+            self.trace = record_trace(Trace(sim.events, eager=eager))
             return outputs
         sim.run_nested(parent, tasks)
         return self._stack(sim, tasks, nested=True)

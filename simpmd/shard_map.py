@@ -27,6 +27,7 @@ from . import errors, tree
 from .array import Shard
 from .mesh import (Mesh, NamedSharding, PartitionSpec, ShardingError, block_counts,
                    block_slices, check_spec, replica_id, slices_text)
+from .pmap import as_array, record_trace
 from .runtime import Simulation, current_task
 from .trace import Trace, summarize
 from .traced import Traced
@@ -230,7 +231,7 @@ class ShardMapped:
             if spec is None:
                 out.append((path, leaf, None))
                 continue
-            value = np.asarray(leaf)
+            value = as_array(leaf)         # Python numbers get JAX's 32-bit dtypes
             check_spec(spec, mesh, f"in_specs for {path} (shape {value.shape})", value.ndim)
             counts = block_counts(spec, mesh, value.ndim)
             for d, (size, n) in enumerate(zip(value.shape, counts)):
@@ -255,6 +256,9 @@ class ShardMapped:
         parent = current_task()
         if parent is not None:
             _refuse_nesting(parent)
+        if _holds_jax_tracer(args):
+            # Inside a real JAX trace (jax.jit, a cross-check): this is jax.shard_map's job.
+            return on_jax(self)(*args)
         if kwargs:
             raise TypeError(
                 f"shard_map'd functions take positional arguments only (as in JAX), got "
@@ -284,11 +288,10 @@ class ShardMapped:
             for path, value, spec, index in dev_blocks:
                 sim.log(t, "receive", inputs=(value[index],),
                         detail=_block_detail(path, value.shape, spec, index))
-        _trace_module = sys.modules["simpmd.pmap"]
         try:
             sim.run(tasks)
         except errors.SimpmdError as exc:
-            self.trace = _trace_module._last_trace = exc.trace
+            self.trace = record_trace(exc.trace)
             raise
         error = None
         try:
@@ -297,7 +300,7 @@ class ShardMapped:
             error = exc
         sim.finalize()
         # simpmd.last_trace() reports the latest top-level run, pmap or shard_map
-        self.trace = _trace_module._last_trace = Trace(sim.events, eager=eager)
+        self.trace = record_trace(Trace(sim.events, eager=eager))
         if error is not None:
             if isinstance(error, errors.SimpmdError):
                 error.trace = self.trace
@@ -396,6 +399,68 @@ class ShardMapped:
                       "copy, as JAX does (JAX does not check).", stacklevel=4)
 
 
+# -- the same program on real JAX ----------------------------------------------------------
+
+def on_jax(shard_mapped: ShardMapped, *, devices=None, check_vma=None):
+    """``shard_mapped``'s program as a real ``jax.shard_map`` (for cross-checks).
+
+    The JAX mesh has the simpmd mesh's shape and axis names and ``Auto`` axes; the specs
+    become ``jax.sharding.PartitionSpec``s; the body is the same function, whose
+    ``simpmd.lax`` calls hand over to ``jax.lax`` inside JAX's trace. ``devices`` are the
+    JAX devices in the mesh's row-major order (default: the JAX devices with the simpmd
+    mesh's device ids). ``check_vma`` defaults to the simpmd program's setting; JAX checks
+    replication from types, so it refuses some programs that are replicated in value.
+    """
+    import jax
+    from jax.sharding import Mesh as JaxMesh, PartitionSpec as JaxP
+
+    if shard_mapped.eager:
+        raise ValueError("this shard_map was made with eager=True: its body uses Python "
+                         "control flow on values, which real JAX cannot trace.")
+    mesh = shard_mapped.mesh
+    if devices is None:
+        available = jax.devices()
+        ids = [d.id for d in mesh.devices.flat]
+        if max(ids) >= len(available):
+            raise ValueError(
+                f"the mesh uses simpmd devices {ids}, but JAX has only {len(available)} "
+                f"devices. Give JAX more (simpmd.use_jax_devices(n) before importing jax) "
+                f"or pass devices=.")
+        devices = [available[i] for i in ids]
+    grid = np.empty(mesh.size, dtype=object)
+    grid[:] = list(devices)
+    jax_mesh = JaxMesh(grid.reshape(mesh.devices.shape), mesh.axis_names)
+    check = shard_mapped.check_vma if check_vma is None else check_vma
+    in_specs = _specs_for_jax(shard_mapped.in_specs, JaxP)
+    out_specs = _specs_for_jax(shard_mapped.out_specs, JaxP)
+    if hasattr(jax, "shard_map"):
+        return jax.shard_map(shard_mapped.fun, mesh=jax_mesh, in_specs=in_specs,
+                             out_specs=out_specs, check_vma=check)
+    from jax.experimental.shard_map import shard_map as experimental_shard_map
+    return experimental_shard_map(shard_mapped.fun, mesh=jax_mesh, in_specs=in_specs,
+                                  out_specs=out_specs, check_rep=check)
+
+
+def _specs_for_jax(specs, JaxP):
+    """The same pytree of specs with simpmd's P replaced by JAX's (None kept: static)."""
+    if isinstance(specs, PartitionSpec):
+        return JaxP(*specs)
+    if isinstance(specs, tuple) and hasattr(type(specs), "_fields"):
+        return type(specs)(*(_specs_for_jax(s, JaxP) for s in specs))
+    if isinstance(specs, (tuple, list)):
+        return type(specs)(_specs_for_jax(s, JaxP) for s in specs)
+    if isinstance(specs, dict):
+        return {k: _specs_for_jax(v, JaxP) for k, v in specs.items()}
+    return specs
+
+
+def _holds_jax_tracer(args) -> bool:
+    if "jax" not in sys.modules:
+        return False
+    tracer = sys.modules["jax"].core.Tracer
+    return any(isinstance(leaf, tracer) for leaf in tree.flatten(args)[0])
+
+
 def _suggest(spec, free, ndim) -> str:
     """How out_specs could name the ``free`` axes too (for the replication error)."""
     if ndim == 0:
@@ -433,4 +498,4 @@ def _labeller(treedef):
 def _plain(x):
     if type(x) is Traced:
         return x.value
-    return np.asarray(x)
+    return as_array(x)

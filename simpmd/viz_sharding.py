@@ -4,8 +4,9 @@
 each labelled with the ids of the devices that hold it (several ids when the block is
 replicated), the way ``jax.debug.visualize_array_sharding`` prints a jax.Array.
 ``draw_sharding(result)`` draws the layout of a ``shard_map`` or ``pmap`` result.
-``sharding_text`` gives the same picture as text, and ``draw_mesh`` draws a mesh's
-device grid with its axis names. matplotlib is imported only when drawing.
+``sharding_text`` gives the same picture as text. (To draw a mesh itself, with its axis
+names and the groups of a collective, use ``simpmd.viz.draw_mesh(mesh)``.) matplotlib is
+imported only when drawing.
 """
 from __future__ import annotations
 
@@ -113,44 +114,5 @@ def draw_sharding(shape_or_array, mesh=None, spec=None, *, ax=None, title=None):
         spec_text = repr(spec) if spec is not None else repr(getattr(sharding, "spec", sharding))
         title = f"{shape} as {spec_text}"
     ax.set_title(title, fontsize=10)
-    ax.figure.tight_layout()
-    return ax
-
-
-def draw_mesh(mesh: Mesh, *, ax=None, title=None):
-    """Draw the mesh's device grid: device ids in their cells, axis names on the sides.
-
-    A 1-D mesh is one row; a mesh of more than two axes is drawn with its first axis as
-    rows and the others flattened (row-major) into columns.
-    """
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Rectangle
-
-    ids = mesh.device_ids
-    names = mesh.axis_names
-    if ids.ndim == 1:
-        grid, row_name, col_name = ids[None, :], None, names[0]
-    else:
-        grid = ids.reshape(ids.shape[0], -1)
-        row_name, col_name = names[0], " x ".join(map(str, names[1:]))
-    rows, cols = grid.shape
-    if ax is None:
-        _, ax = plt.subplots(figsize=(max(2.5, 1.1 * cols), max(1.2, 1.0 * rows)))
-    for r in range(rows):
-        for c in range(cols):
-            ax.add_patch(Rectangle((c, r), 1, 1, facecolor="#dde8f5", edgecolor="black"))
-            ax.text(c + 0.5, r + 0.5, str(grid[r, c]), ha="center", va="center", fontsize=10)
-    ax.set_xlim(0, cols)
-    ax.set_ylim(rows, 0)
-    ax.set_aspect("equal")
-    ax.set_xticks([c + 0.5 for c in range(cols)], [str(c) for c in range(cols)])
-    ax.set_yticks([r + 0.5 for r in range(rows)], [str(r) for r in range(rows)] if row_name else [""] * rows)
-    ax.set_xlabel(f"axis {col_name!r}" if ids.ndim == 2 else f"axes {col_name}" if ids.ndim > 2
-                  else f"axis {col_name!r}")
-    if row_name is not None:
-        ax.set_ylabel(f"axis {row_name!r}")
-    ax.xaxis.set_label_position("top")
-    ax.xaxis.tick_top()
-    ax.set_title(title if title is not None else repr(mesh), fontsize=10, pad=8)
     ax.figure.tight_layout()
     return ax

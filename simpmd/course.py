@@ -1,0 +1,123 @@
+"""What the course notebooks share: the set-up cell, the version banner, answer checks.
+
+Every notebook starts with the same set-up cell, :data:`SETUP_CELL` (a test keeps the
+notebooks' copies identical to it), so where simpmd is installed from is configured in
+one place. Exercises end with :func:`check`, which says what is wrong with an answer
+instead of only "wrong": a shape, a dtype, a value on one device, or a unit or factor
+that is off (bf16's 2 bytes per value is a classic).
+"""
+from __future__ import annotations
+
+import math
+import sys
+
+import numpy as np
+
+REPOSITORY = "https://github.com/simpmd/simpmd"
+
+SETUP_CELL = '''\
+# Set-up (the same in every lesson). In a clone of the repository simpmd is already
+# installed; elsewhere (Colab, a plain Jupyter) it is installed from the repository,
+# without touching the jax that the runtime already has.
+import importlib.util, subprocess, sys
+if importlib.util.find_spec("simpmd") is None:
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                    "git+https://github.com/simpmd/simpmd"], check=True)
+import simpmd
+simpmd.course.start()'''
+
+
+def start(device_count: int = 8):
+    """Pick real JAX devices (accelerators if there are enough, else fake CPUs) and say so.
+
+    Must run before anything imports jax. Also makes JAX's DeprecationWarnings errors
+    when the course runs in CI, so that the day JAX deprecates an API the course uses,
+    CI fails instead of the learner.
+    """
+    import os
+    import warnings
+    if os.environ.get("SIMPMD_STRICT_DEPRECATIONS"):
+        warnings.filterwarnings("error", category=DeprecationWarning, module=r"jax(\..*)?$")
+        warnings.filterwarnings("error", category=DeprecationWarning, message=r".*\bjax\b")
+    from . import use_jax_devices       # provided by simpmd.jaxcheck
+    return use_jax_devices(device_count)
+
+
+def banner():
+    """One line: the versions and devices this notebook ran with."""
+    import simpmd
+    jax = sys.modules.get("jax")
+    real = "jax not imported"
+    if jax is not None:
+        devices = jax.devices()
+        real = f"jax {jax.__version__} on {len(devices)} {devices[0].platform} device(s)"
+    platform = simpmd.platform()
+    print(f"simpmd {simpmd.__version__} ({platform.hardware} x {len(platform.devices)} "
+          f"simulated); {real}; numpy {np.__version__}")
+
+
+# -- checking answers --------------------------------------------------------------------
+
+def _say(ok: bool, message: str) -> bool:
+    print(("Correct: " if ok else "Not yet: ") + message)
+    return ok
+
+
+def check(answer, expected, *, what: str = "your answer", unit: str | None = None,
+          rtol: float = 1e-6, atol: float = 0.0) -> bool:
+    """Compare ``answer`` with ``expected``; print what is right or what is off.
+
+    Returns True when they agree, so a reference solution can ``assert check(...)``.
+    ``unit`` (e.g. ``"bytes"``, ``"s"``) turns on hints for numbers off by a telling
+    factor: 2 or 4 (bytes per value), 8 (bits vs bytes), 1000 vs 1024, powers of 1000
+    (seconds vs milliseconds).
+    """
+    if answer is None or answer is Ellipsis:
+        return _say(False, f"{what} is still a placeholder; replace it with your answer.")
+    if unit is not None:
+        return _check_quantity(answer, expected, what, unit, rtol, atol)
+    a = np.asarray(answer)
+    e = np.asarray(expected)
+    if a.shape != e.shape:
+        return _say(False, f"{what} has shape {a.shape}, expected {e.shape}.")
+    if a.dtype.kind in "fciub" and e.dtype.kind in "fciub":
+        if np.allclose(a, e, rtol=rtol, atol=atol, equal_nan=True):
+            return _say(True, f"{what} matches.")
+        bad = np.argwhere(~np.isclose(a, e, rtol=rtol, atol=atol, equal_nan=True))
+        first = tuple(int(i) for i in bad[0]) if a.ndim else ()
+        where = f" at index {first}" if a.ndim else ""
+        return _say(False, f"{what} differs{where}: got {a[first] if a.ndim else a}, expected "
+                    f"{e[first] if e.ndim else e} ({len(bad)} of {max(e.size, 1)} values differ).")
+    ok = bool(np.all(a == e))
+    return _say(ok, f"{what} matches." if ok else f"{what} is {answer!r}, expected {expected!r}.")
+
+
+_FACTORS = [
+    (2, "a factor of 2: bf16 and float16 take 2 bytes per value, float32 4, float64 8"),
+    (4, "a factor of 4: float32 takes 4 bytes per value; check the bytes per value you used"),
+    (8, "a factor of 8: 1 byte is 8 bits; check whether you counted bits or bytes"),
+    (1000, "a factor of 1000: check the unit (seconds vs milliseconds, GB vs MB)"),
+    (1e6, "a factor of a million: check the unit (seconds vs microseconds, bytes vs MB)"),
+    (1e9, "a factor of a billion: check the unit (seconds vs nanoseconds, bytes vs GB)"),
+    (1024 / 1000, "about 2.4%: 1 KiB is 1024 bytes but 1 KB is 1000; use the same prefix as the question"),
+    ((1024 / 1000) ** 2, "about 4.9%: MiB (2**20) vs MB (10**6)"),
+    ((1024 / 1000) ** 3, "about 7.4%: GiB (2**30) vs GB (10**9)"),
+]
+
+
+def _check_quantity(answer, expected, what, unit, rtol, atol):
+    try:
+        a = float(answer)
+    except (TypeError, ValueError):
+        return _say(False, f"{what} should be a number of {unit}, got {answer!r}.")
+    e = float(expected)
+    if math.isclose(a, e, rel_tol=rtol, abs_tol=atol):
+        return _say(True, f"{what} = {a:g} {unit}.")
+    if a != 0 and e != 0 and (a > 0) == (e > 0):
+        ratio = a / e
+        for factor, hint in _FACTORS:
+            for r, side in ((factor, "too large"), (1 / factor, "too small")):
+                if math.isclose(ratio, r, rel_tol=max(rtol, 1e-3)):
+                    return _say(False, f"{what} = {a:g} {unit} is {side} by {hint}.")
+    return _say(False, f"{what} = {a:g} {unit}, expected {e:g} {unit} "
+                f"(off by a factor of {a / e:.3g})." if e else f"{what} = {a:g}, expected 0.")
