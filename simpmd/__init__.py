@@ -22,5 +22,6 @@ __version__ = "0.1.0"
 from .mesh import Mesh, NamedSharding, P, PartitionSpec, ShardingError, make_mesh
 from .shard_map import shard_map
 from . import numpy                                    # functions for bodies that run on both engines
+from . import course                                   # what the course notebooks share
 from .jax_devices import JaxDevicesError, use_jax_devices
 from .jaxcheck import CrossCheckReport, crosscheck

@@ -69,9 +69,7 @@ def backend_started(jax) -> bool | None:
     ``backends_are_initialized()`` and, earlier, through its ``_backends`` cache.
     Returns None when neither exists.
     """
-    bridge = sys.modules.get("jax._src.xla_bridge")
-    if bridge is None:
-        bridge = getattr(getattr(jax, "_src", None), "xla_bridge", None)
+    bridge = getattr(getattr(jax, "_src", None), "xla_bridge", None)
     ask = getattr(bridge, "backends_are_initialized", None)
     if callable(ask):
         return bool(ask())

@@ -243,7 +243,8 @@ class EngineRun:
         if self.not_run:
             return "-"
         if self.error is not None:
-            return f"raised {type(self.error).__name__}"
+            shown = getattr(self.error, "original", None) or self.error   # simpmd's DeviceError
+            return f"raised {type(shown).__name__}"
         leaves = tree.flatten(self.outputs)[0]
         shown = [_shape_text(v) for v in leaves[:limit]]
         if len(leaves) > limit:
@@ -298,7 +299,7 @@ class CrossCheckReport:
         if self.ok:
             return f"crosscheck of {self.name}: simpmd and JAX agree"
         if not self.checked:
-            return f"crosscheck of {self.name}: not checked against JAX"
+            return f"crosscheck of {self.name}: not checked against JAX (see below)"
         return f"crosscheck of {self.name}: simpmd and JAX DISAGREE"
 
     def assert_match(self):
@@ -321,7 +322,7 @@ class CrossCheckReport:
             if r.error is not None:
                 lines.append(f"{r.engine} raised {_error_text(r.error)}")
             if r.not_run:
-                lines.append(f"{r.engine} not run on JAX: {r.not_run}")
+                lines.append(f"{r.engine}: not run on JAX: {r.not_run}")
             for d in r.differences:
                 lines.append(f"{r.engine} vs simpmd: {d}")
         return lines + list(self.notes)
@@ -453,9 +454,8 @@ def _compare(sim: EngineRun, other: EngineRun, leaf_axes, shard_label, rtol, ato
 
 def _where_different(path, s, o, close, ax, shard_label, limit=4) -> str:
     first = tuple(int(i) for i in np.argwhere(~close)[0])
-    at = (f"first at {list(first)}: simpmd {s[first]!r:.10}, JAX {o[first]!r:.10}"
-          if s.ndim else f"simpmd {s[()]!r:.10}, JAX {o[()]!r:.10}")
-    at = at.replace("np.float64(", "").replace("np.float32(", "").replace(")", "")
+    values = f"simpmd {_value_text(s[first])}, JAX {_value_text(o[first])}"
+    at = f"first at {list(first)}: {values}" if s.ndim else values
     if ax is None:
         where = "(replicated output)"
     else:
@@ -464,6 +464,13 @@ def _where_different(path, s, o, close, ax, shard_label, limit=4) -> str:
         shown = ", ".join(shards[:limit]) + (f" and {len(shards) - limit} more" if len(shards) > limit else "")
         where = f"differs on {shown}"
     return f"{path} {where}; {at}"
+
+
+def _value_text(v) -> str:
+    v = np.asarray(v)
+    if v.dtype.kind == "f":
+        return np.format_float_positional(float(v), precision=6, unique=True, trim="0")
+    return str(v.item())
 
 
 def _float_note(widths, rtol, atol) -> str | None:
@@ -567,14 +574,36 @@ def _to_numpy(value):
     return tree.tree_map(lambda v: np.asarray(v), value)
 
 
-def _dry_trace_then_run(jax, program, args, guard_negative):
+def _dry_trace_then_run(jax, program, args, guard_negative, static=()):
     """Trace ``program`` to a jaxpr (no compiling), refuse known crashes, then run it."""
-    jaxpr = jax.make_jaxpr(program)(*args)
+    jaxpr = jax.make_jaxpr(program, static_argnums=tuple(sorted(static)))(*args)
     if guard_negative:
         bad = _negative_axes_in_jaxpr(jaxpr)
         if bad:
             return None, bad
     return _to_numpy(program(*args)), []
+
+
+def _axes_for_jax(jax, in_axes, out_axes, args, static, sim, notes):
+    """``in_axes``/``out_axes`` for jax.pmap: negative axes counted from the front instead."""
+    jax_in_axes, jax_out_axes = in_axes, out_axes
+    try:
+        if _has_negative(in_axes):
+            jax_in_axes = _non_negative_in_axes(in_axes, args, static)
+        if _has_negative(out_axes) and sim.outputs is not None:
+            treedef = tree.flatten(sim.outputs)[1]
+            jax_out_axes = tree.unflatten(treedef, _leaf_out_axes(out_axes, sim.outputs))
+    except Exception:                  # malformed axes: JAX will say so itself
+        return in_axes, out_axes
+    changed = [f"{k}={v!r}" for k, v, j in (("in_axes", in_axes, jax_in_axes),
+                                             ("out_axes", out_axes, jax_out_axes)) if v is not j]
+    if changed:
+        why = (f"jax.pmap mishandles negative in_axes/out_axes in jax {jax.__version__} "
+               "(out_axes=-1 returns a wrong shape, in_axes=-1 raises IndivisibleError)"
+               if jax_version(jax) < FIXED_IN else "as jax 0.10 needed")
+        notes.append(f"{', '.join(changed)} given to JAX counted from the front, the same "
+                      f"axes: {why}.")
+    return jax_in_axes, jax_out_axes
 
 
 def _crash_reason(jax, found) -> str:
@@ -661,23 +690,7 @@ def crosscheck(fun, *args, axis_name=None, in_axes=0, out_axes=0, static_broadca
         return report()
 
     # 4. Negative in_axes/out_axes reach JAX as the same axes counted from the front.
-    jax_in_axes, jax_out_axes = in_axes, out_axes
-    try:
-        if _has_negative(in_axes):
-            jax_in_axes = _non_negative_in_axes(in_axes, args, static)
-        if _has_negative(out_axes) and sim.outputs is not None:
-            treedef = tree.flatten(sim.outputs)[1]
-            jax_out_axes = tree.unflatten(treedef, _leaf_out_axes(out_axes, sim.outputs))
-    except Exception:                  # malformed axes: JAX will say so itself
-        jax_in_axes, jax_out_axes = in_axes, out_axes
-    if jax_in_axes is not in_axes or jax_out_axes is not out_axes:
-        why = ("jax.pmap mishandles negative in_axes/out_axes in jax "
-               f"{jax.__version__} (out_axes=-1 returns a wrong shape, in_axes=-1 raises "
-               "IndivisibleError)" if guard else "as jax 0.10 needed")
-        given = ", ".join(f"{k}={v!r}" for k, v, j in (("in_axes", in_axes, jax_in_axes),
-                                                      ("out_axes", out_axes, jax_out_axes))
-                          if v is not j)
-        notes.append(f"{given} given to JAX counted from the front, the same axes: {why}.")
+    jax_in_axes, jax_out_axes = _axes_for_jax(jax, in_axes, out_axes, args, static, sim, notes)
 
     jax_args = tuple(a if i in static else tree.tree_map(_plain_leaf, a) for i, a in enumerate(args))
     pmap_devices = list(devices[:size]) if size else None
@@ -690,7 +703,7 @@ def crosscheck(fun, *args, axis_name=None, in_axes=0, out_axes=0, static_broadca
     # 5. jax.pmap (with nested simpmd.pmap calls as jax.vmap).
     with translating(Translation("vmap")) as vmap_translation:
         try:
-            first.outputs, bad = _dry_trace_then_run(jax, program, jax_args, guard)
+            first.outputs, bad = _dry_trace_then_run(jax, program, jax_args, guard, static)
             if bad:
                 first.not_run = _crash_reason(jax, bad)
         except Exception as exc:
@@ -735,11 +748,30 @@ def crosscheck(fun, *args, axis_name=None, in_axes=0, out_axes=0, static_broadca
         if r.verdict == "JAX refused" and r.optional and any(o.verdict in AGREE for o in runs[1:]):
             notes.append(f"{r.engine} cannot express this program (JAX refused it); the other "
                          "translation agrees with simpmd.")
+    notes += _engine_mixing_hints(sim, runs[1:])
     if guard and _has_unequal_pmean(trace) and any(r.verdict == "mismatch" for r in runs[1:]):
         notes.append(f"pmean with axis_index_groups of unequal sizes: jax {jax.__version__} "
                      "divides every group's sum by the size of the first group (a known JAX "
                      "bug); simpmd divides by each group's own size.")
     return report()
+
+
+def _engine_mixing_hints(sim, jax_runs) -> list[str]:
+    """Plain-words advice when the body mixed up NumPy and jax.numpy functions."""
+    hints = []
+    error = getattr(sim.error, "original", None) or sim.error
+    text = f"{error} {error.__context__}" if error is not None else ""
+    if "simpmd.traced.Traced" in text or "__jax_array__" in text or "simpmd.numpy" in text:
+        hints.append("simpmd refused because a jax.numpy (or jax) function was given a simpmd "
+                     "device value: call array functions through simpmd.numpy "
+                     "(import simpmd.numpy as snp; snp.exp(x)), which picks NumPy on simpmd "
+                     "and jax.numpy on JAX.")
+    if sim.error is None and any(type(r.error).__name__ == "TracerArrayConversionError"
+                                 for r in jax_runs):
+        hints.append("JAX refused because a NumPy function (np.exp, np.asarray, ...) was given "
+                     "a JAX tracer: call array functions through simpmd.numpy "
+                     "(import simpmd.numpy as snp; snp.exp(x)), which picks jax.numpy on JAX.")
+    return hints
 
 
 def _has_unequal_pmean(trace) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import warnings
 
 import numpy as np
@@ -183,6 +184,13 @@ class Pmapped:
     # -- calling --------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
         parent = current_task()
+        if parent is None and "jax" in sys.modules:
+            # Inside a real JAX trace (jax.pmap of a nested simpmd program), the inner pmap
+            # means jax.vmap with the same axis name: real JAX no longer nests pmap.
+            from .jaxcheck import pmap_inside_jax
+            result = pmap_inside_jax(self, args, kwargs)
+            if result is not NotImplemented:
+                return result
         if parent is not None and self.devices is not None:
             raise ValueError("a nested pmap cannot take devices=: its devices are the "
                              "sub-grid of the outer pmap's devices.")

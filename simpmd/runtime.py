@@ -419,6 +419,13 @@ class Simulation:
             if waiting:
                 note = (f" Meanwhile {len(waiting)} other program(s) waited for it at a "
                         f"collective; their logs are kept in the trace.")
+            if "__jax_array__" in str(exc) or "simpmd.traced.Traced" in str(exc):
+                err = errors.TracerArrayConversionError(
+                    f"on {task.where()}: a jax.numpy function was given a simpmd device value "
+                    f"({exc}). Call array functions through simpmd.numpy "
+                    f"(import simpmd.numpy as snp; snp.exp(x)): it works on both engines.")
+                err.__cause__ = exc
+                return err
             err = errors.DeviceError(
                 f"the mapped function raised {type(exc).__name__} on {task.where()}: {exc}.{note}",
                 device=task.device.id if task.device is not None else None, original=exc)

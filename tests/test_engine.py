@@ -352,3 +352,12 @@ def test_lax_outside_a_simulation_without_jax_says_where_to_call_it():
             "except simpmd.UnboundAxisError as e:\n    print('OK', 'jax' in sys.modules, e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.startswith("OK False") and "simpmd.pmap" in out.stdout
+
+
+def test_jax_numpy_on_a_simulated_value_points_to_simpmd_numpy(jax8):
+    import jax.numpy as jnp
+    with pytest.raises(simpmd.TracerArrayConversionError, match="simpmd.numpy") as info:
+        simpmd.pmap(lambda x: jnp.exp(x), "i")(np.ones(8))
+    assert "device 0" in str(info.value)
+    out = simpmd.pmap(lambda x: simpmd.numpy.exp(x), "i")(np.zeros(8))
+    np.testing.assert_array_equal(np.asarray(out), np.ones(8))
