@@ -41,55 +41,32 @@ class PmapSharding:
         return f"PmapSharding({where} over {len(self.devices)} simulated devices)"
 
 
-class Array(NDArrayOperatorsMixin):
-    """A result of ``simpmd.pmap``: behaves like a NumPy array, and knows its shards."""
+class HostArray(NDArrayOperatorsMixin):
+    """A simulated result seen from the host: NumPy behaviour over ``self._value``.
+
+    Subclasses say how the whole value is assembled from the devices and where each
+    shard lives (``addressable_shards``).
+    """
 
     __array_priority__ = 500
-
-    def __init__(self, per_device: list, devices, mapped_axis: int | None):
-        # Like a jax.Array, the result stays "on the devices" (one value per device)
-        # until the host asks for the whole: the stacked copy is made on first use.
-        self._per_device = per_device
-        self._stacked = None
-        self.sharding = PmapSharding(tuple(devices), mapped_axis)
-
-    @property
-    def _value(self) -> np.ndarray:
-        if self._stacked is None:
-            ax = self.sharding.mapped_axis
-            self._stacked = (self._per_device[0] if ax is None
-                             else np.stack(self._per_device, axis=ax))
-        return self._stacked
-
-    @property
-    def addressable_shards(self) -> list[Shard]:
-        ax = self.sharding.mapped_axis
-        shards = []
-        for i, (d, v) in enumerate(zip(self.sharding.devices, self._per_device)):
-            if ax is None:
-                shards.append(Shard(d, (slice(None),) * v.ndim, v, replica_id=i))
-            else:
-                index = (slice(None),) * ax + (slice(i, i + 1),) + (slice(None),) * (v.ndim - ax)
-                shards.append(Shard(d, index, np.expand_dims(v, ax)))
-        return shards
+    _value: np.ndarray
 
     def devices(self) -> set:
-        return set(self.sharding.devices)
+        return set(self.sharding.device_set)
 
     def block_until_ready(self):
         return self            # a simulation has finished by the time it returns
 
-    # -- behaving like a NumPy array -----------------------------------------------------
     def __array__(self, dtype=None, copy=None):
         return self._value if dtype is None else self._value.astype(dtype)
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
-        inputs = tuple(np.asarray(i) if isinstance(i, Array) else i for i in inputs)
+        inputs = tuple(i._value if isinstance(i, HostArray) else i for i in inputs)
         return getattr(ufunc, method)(*inputs, **kwargs)
 
     def __array_function__(self, func, types, args, kwargs):
         def plain(x):
-            if isinstance(x, Array):
+            if isinstance(x, HostArray):
                 return x._value
             if isinstance(x, (list, tuple)):
                 return type(x)(plain(i) for i in x)
@@ -97,18 +74,12 @@ class Array(NDArrayOperatorsMixin):
         return func(*plain(args), **plain(kwargs))
 
     def __getattr__(self, name):
-        if name.startswith("__"):
+        if name.startswith("_") or name == "sharding":
             raise AttributeError(name)
         return getattr(self._value, name)
 
-    @property
-    def shape(self):
-        first, ax = self._per_device[0], self.sharding.mapped_axis
-        if ax is None:
-            return first.shape
-        return first.shape[:ax] + (len(self._per_device),) + first.shape[ax:]
-
-    dtype = property(lambda self: self._per_device[0].dtype)
+    shape = property(lambda self: self._value.shape)
+    dtype = property(lambda self: self._value.dtype)
     ndim = property(lambda self: len(self.shape))
     size = property(lambda self: int(np.prod(self.shape)))
 
@@ -139,3 +110,43 @@ class Array(NDArrayOperatorsMixin):
 
     def __str__(self):
         return str(self._value)
+
+
+class Array(HostArray):
+    """A result of ``simpmd.pmap``: behaves like a NumPy array, and knows its shards."""
+
+    def __init__(self, per_device: list, devices, mapped_axis: int | None):
+        # Like a jax.Array, the result stays "on the devices" (one value per device)
+        # until the host asks for the whole: the stacked copy is made on first use.
+        self._per_device = per_device
+        self._stacked = None
+        self.sharding = PmapSharding(tuple(devices), mapped_axis)
+
+    @property
+    def _value(self) -> np.ndarray:
+        if self._stacked is None:
+            ax = self.sharding.mapped_axis
+            self._stacked = (self._per_device[0] if ax is None
+                             else np.stack(self._per_device, axis=ax))
+        return self._stacked
+
+    @property
+    def addressable_shards(self) -> list[Shard]:
+        ax = self.sharding.mapped_axis
+        shards = []
+        for i, (d, v) in enumerate(zip(self.sharding.devices, self._per_device)):
+            if ax is None:
+                shards.append(Shard(d, (slice(None),) * v.ndim, v, replica_id=i))
+            else:
+                index = (slice(None),) * ax + (slice(i, i + 1),) + (slice(None),) * (v.ndim - ax)
+                shards.append(Shard(d, index, np.expand_dims(v, ax)))
+        return shards
+
+    @property
+    def shape(self):
+        first, ax = self._per_device[0], self.sharding.mapped_axis
+        if ax is None:
+            return first.shape
+        return first.shape[:ax] + (len(self._per_device),) + first.shape[ax:]
+
+    dtype = property(lambda self: self._per_device[0].dtype)

@@ -53,6 +53,15 @@ def pmap(fun=None, axis_name=None, *, in_axes=0, out_axes=0, static_broadcasted_
                    axis_size, eager)
 
 
+def positional_names(fun) -> list[str]:
+    """The names of ``fun``'s positional parameters, for messages about arguments."""
+    try:
+        params = inspect.signature(fun).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
 def _argnums(nums):
     return (nums,) if isinstance(nums, int) else tuple(nums)
 
@@ -68,12 +77,7 @@ class Pmapped:
         self.static_argnums = _argnums(static_argnums)
         self.devices, self.axis_size, self.eager = devices, axis_size, eager
         self.trace: Trace | None = None
-        try:
-            params = inspect.signature(fun).parameters.values()
-            self._param_names = [p.name for p in params
-                                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        except (TypeError, ValueError):
-            self._param_names = []
+        self._param_names = positional_names(fun)
 
     def __repr__(self):
         return f"<simpmd.pmap of {getattr(self.fun, '__name__', self.fun)!r} over {self.axis_name!r}>"

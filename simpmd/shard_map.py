@@ -16,18 +16,16 @@ devices that differ).
 from __future__ import annotations
 
 import functools
-import inspect
 import sys
 import warnings
 
 import numpy as np
-from numpy.lib.mixins import NDArrayOperatorsMixin
 
 from . import errors, tree
-from .array import Shard
+from .array import HostArray, Shard
 from .mesh import (Mesh, NamedSharding, PartitionSpec, ShardingError, block_counts,
                    block_slices, check_spec, replica_id, slices_text)
-from .pmap import as_array, record_trace
+from .pmap import as_array, positional_names, record_trace
 from .runtime import Simulation, current_task
 from .trace import Trace, summarize
 from .traced import Traced
@@ -55,11 +53,9 @@ def shard_map(f=None, /, *, out_specs=_REQUIRED, in_specs=_REQUIRED, mesh=None,
     return ShardMapped(f, **kwargs)
 
 
-class MeshArray(NDArrayOperatorsMixin):
+class MeshArray(HostArray):
     """A result of ``simpmd.shard_map``: a NumPy-like global array laid out by a
     :class:`~simpmd.mesh.NamedSharding`, with ``.addressable_shards`` like a ``jax.Array``."""
-
-    __array_priority__ = 500
 
     def __init__(self, value: np.ndarray, sharding: NamedSharding):
         self._value = value
@@ -74,67 +70,6 @@ class MeshArray(NDArrayOperatorsMixin):
             index = block_slices(spec, mesh, v.shape, coords)
             shards.append(Shard(d, index, v[index], replica_id(spec, mesh, coords)))
         return shards
-
-    def devices(self) -> set:
-        return set(self.sharding.mesh.devices.flat)
-
-    def block_until_ready(self):
-        return self
-
-    # -- behaving like a NumPy array -------------------------------------------------------
-    def __array__(self, dtype=None, copy=None):
-        return self._value if dtype is None else self._value.astype(dtype)
-
-    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
-        inputs = tuple(np.asarray(i) if isinstance(i, MeshArray) else i for i in inputs)
-        return getattr(ufunc, method)(*inputs, **kwargs)
-
-    def __array_function__(self, func, types, args, kwargs):
-        def plain(x):
-            if isinstance(x, MeshArray):
-                return x._value
-            if isinstance(x, (list, tuple)):
-                return type(x)(plain(i) for i in x)
-            return x
-        return func(*plain(args), **plain(kwargs))
-
-    def __getattr__(self, name):
-        if name.startswith("__") or name in ("_value", "sharding"):
-            raise AttributeError(name)
-        return getattr(self._value, name)
-
-    shape = property(lambda self: self._value.shape)
-    dtype = property(lambda self: self._value.dtype)
-    ndim = property(lambda self: self._value.ndim)
-    size = property(lambda self: self._value.size)
-
-    def __len__(self):
-        return len(self._value)
-
-    def __iter__(self):
-        return iter(self._value)
-
-    def __getitem__(self, index):
-        return self._value[index]
-
-    def __bool__(self):
-        return bool(self._value)
-
-    def __float__(self):
-        return float(self._value)
-
-    def __int__(self):
-        return int(self._value)
-
-    def __index__(self):
-        return self._value.__index__()
-
-    def __repr__(self):
-        body = np.array2string(self._value, separator=", ", prefix="Array(")
-        return f"Array({body}, dtype={self._value.dtype})"
-
-    def __str__(self):
-        return str(self._value)
 
 
 class _MeshSimulation(Simulation):
@@ -197,12 +132,7 @@ class ShardMapped:
         self.in_specs, self.out_specs = in_specs, out_specs
         self.check_vma, self.eager = check_vma, eager
         self.trace: Trace | None = None
-        try:
-            params = inspect.signature(fun).parameters.values()
-            self._param_names = [p.name for p in params
-                                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        except (TypeError, ValueError):
-            self._param_names = []
+        self._param_names = positional_names(fun)
 
     def __repr__(self):
         return (f"<simpmd.shard_map of {getattr(self.fun, '__name__', self.fun)!r} over "
