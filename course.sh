@@ -97,8 +97,11 @@ else
         destination=(--output-dir "$outdir")
         echo "Executed notebooks go to $outdir (pass --inplace to update notebooks/)"
     fi
+    checks=$(mktemp -d "${TMPDIR:-/tmp}/simpmd-crosschecks.XXXXXX")
     for nb in "${notebooks[@]}"; do
         start=$SECONDS
+        export SIMPMD_CROSSCHECK_LOG="$checks/$(basename "$nb" .ipynb).log"
+        : > "$SIMPMD_CROSSCHECK_LOG"
         if "$py" -m jupyter nbconvert --to notebook --execute --log-level=WARN \
                 --ExecutePreprocessor.timeout=600 "${destination[@]}" "$nb"; then
             echo "ok      $nb  ($((SECONDS - start)) s)"
@@ -107,6 +110,17 @@ else
             failed+=("$nb")
         fi
     done
+    unset SIMPMD_CROSSCHECK_LOG
+    echo
+    echo "== Every cross-check of the course (simpmd vs real JAX)"
+    for log in "$checks"/*.log; do
+        total=$(wc -l < "$log")
+        bad=$(grep -c '^NOT OK' "$log" || true)
+        echo "$(basename "$log" .log): $total cross-check(s), $((total - bad)) agree"
+        grep '^NOT OK' "$log" | sed 's/^/    /' || true
+        if ((bad)); then failed+=("cross-checks in $(basename "$log" .log)"); fi
+    done
+    echo "(one line per cross-check in $checks)"
 fi
 
 echo

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import html
 import inspect
 import itertools
+import os
 import re
 import sys
 from typing import Any
@@ -657,7 +658,7 @@ def crosscheck(fun, *args, axis_name=None, in_axes=0, out_axes=0, static_broadca
     runs = [sim]
 
     def report():
-        return CrossCheckReport(name, runs, notes)
+        return _logged(CrossCheckReport(name, runs, notes))
 
     # 2. JAX and its devices.
     needed = (grid[0][1] * grid[1][1]) if grid else (size or 1)
@@ -754,6 +755,19 @@ def crosscheck(fun, *args, axis_name=None, in_axes=0, out_axes=0, static_broadca
                      "divides every group's sum by the size of the first group (a known JAX "
                      "bug); simpmd divides by each group's own size.")
     return report()
+
+
+def _logged(report: CrossCheckReport) -> CrossCheckReport:
+    """Append the report's headline to $SIMPMD_CROSSCHECK_LOG, when set.
+
+    ``course.sh`` sets it while it runs the notebooks, and prints every cross-check of
+    the course at the end.
+    """
+    path = os.environ.get("SIMPMD_CROSSCHECK_LOG")
+    if path:
+        with open(path, "a", encoding="utf-8") as log:
+            log.write(("ok       " if report.ok else "NOT OK   ") + report.headline() + "\n")
+    return report
 
 
 def _engine_mixing_hints(sim, jax_runs) -> list[str]:
