@@ -39,8 +39,8 @@ def start(device_count: int = 8):
     if os.environ.get("SIMPMD_STRICT_DEPRECATIONS"):
         warnings.filterwarnings("error", category=DeprecationWarning, module=r"jax(\..*)?$")
         warnings.filterwarnings("error", category=DeprecationWarning, message=r".*\bjax\b")
-    from . import use_jax_devices       # provided by simpmd.jaxcheck
-    return use_jax_devices(device_count)
+    from . import use_jax_devices
+    use_jax_devices(device_count)       # prints its choice; simpmd.crosscheck reuses it
 
 
 def banner():

@@ -218,7 +218,7 @@ def _per_arg_axes(in_axes, n_args):
 
 # -- the report ----------------------------------------------------------------------------
 
-AGREE = ("match", "both refused")
+AGREE = ("match", "both refused", "both refused, differently")
 
 
 @dataclass
@@ -297,6 +297,8 @@ class CrossCheckReport:
                    for r in ran)
 
     def headline(self) -> str:
+        if self.ok and all(r.verdict.startswith("both refused") for r in self.jax if r.ran):
+            return f"crosscheck of {self.name}: simpmd and JAX both refuse this program"
         if self.ok:
             return f"crosscheck of {self.name}: simpmd and JAX agree"
         if not self.checked:
@@ -675,7 +677,9 @@ def crosscheck(fun, *args, axis_name=None, in_axes=0, out_axes=0, static_broadca
     except JaxDevicesError as exc:
         # The outer pmap may still fit on the devices there are (a mesh needs more).
         devices = chosen_devices() or []
-        if len(devices) < (size or 1):
+        # When simpmd refused the program (say, a mapped size above the device count),
+        # JAX runs on the devices it has, to show its own refusal.
+        if len(devices) < (size or 1) and (sim.error is None or not devices):
             first.not_run = str(exc)
             _compare(sim, first, [], str, rtol, atol, set())
             return report()

@@ -18,7 +18,7 @@ import numpy as np
 from .devices import device_count, devices as platform_devices
 from . import errors, tree
 from .array import Array
-from .runtime import Simulation, current_task
+from .runtime import Simulation, current_task, user_stacklevel
 from .trace import Trace
 from .traced import Traced
 
@@ -135,14 +135,22 @@ class Pmapped:
                 if ax is not None:
                     if not isinstance(ax, (int, np.integer)):
                         raise TypeError(f"in_axes entry for {path} is {ax!r}; use an int or None.")
+                    if isinstance(leaf, (str, bytes)) or value.dtype.kind in "OUS":
+                        raise TypeError(
+                            f"{path} is a {type(leaf).__name__} ({leaf!r}), not an array, so "
+                            f"it cannot be split across devices or traced. Pass Python "
+                            f"settings like this as static arguments: "
+                            f"static_broadcasted_argnums=({path_position(path, self)},).")
                     if value.ndim == 0:
                         raise errors.MappedAxisError(
                             f"{path} is a scalar (shape ()), so it has no axis {ax} to split "
                             f"across devices. Real JAX says only 'IndexError: tuple index out of "
                             f"range' or 'pmap requires at least one argument with a mapped "
                             f"axis' here. To give every device the same value, mark it "
-                            f"in_axes=None (e.g. in_axes=(None, 0)); to give each device its "
-                            f"own value, pass an array with one entry per device.")
+                            f"in_axes=None (e.g. in_axes=(None, 0)); if Python code decides "
+                            f"on it (an `if`, a loop count), make it static instead "
+                            f"(static_broadcasted_argnums); to give each device its own "
+                            f"value, pass an array with one entry per device.")
                     if not -value.ndim <= ax < value.ndim:
                         raise errors.MappedAxisError(
                             f"{path} has shape {value.shape}, which has no axis {ax} to map "
@@ -284,7 +292,7 @@ class Pmapped:
                         f"every device, but {', '.join(differ[:4])} hold(s) a different value "
                         f"than {tasks[0].where()}. simpmd returns the first device's value, as "
                         f"JAX does (JAX does not check). Reduce it first (e.g. lax.pmean).",
-                        stacklevel=3)
+                        stacklevel=user_stacklevel())
             else:
                 if not -(values[0].ndim + 1) <= ax <= values[0].ndim:
                     raise ValueError(f"out_axes={ax} is out of range for results of shape "
@@ -299,6 +307,15 @@ class Pmapped:
             else:
                 leaves.append(Array(values, devices, ax))
         return tree.unflatten(treedef, leaves)
+
+
+def path_position(path, pmapped) -> str:
+    """The positional index of the argument a leaf path starts with (for advice)."""
+    names = pmapped._param_names
+    for i, name in enumerate(names):
+        if path == name or path.startswith(name + "[") or path.startswith(name + "."):
+            return str(i)
+    return path.split()[-1].split("[")[0] if path.startswith("argument") else "i"
 
 
 def _leaf_label(treedef, k):

@@ -94,10 +94,24 @@ class Task:
 
     def where(self) -> str:
         """'device 3 (data=1, model=1)': how error messages name this program."""
-        coords = ", ".join(f"{n}={i}" for n, i, _ in self.coords)
+        coords = coords_text(self.coords)
         if self.children:
             return f"the outer body at {coords} (devices {_span(self.devices)})"
         return f"device {self.device.id} ({coords})"
+
+
+def coords_text(coords) -> str:
+    """'data=1, model=0'; an unnamed axis (axis_name=None) shows as 'index 1'."""
+    return ", ".join(f"index {i}" if n is None else f"{n}={i}" for n, i, _ in coords)
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` that makes a warning point at the user's code, not simpmd's."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and (frame.f_globals.get("__name__") in ENGINE_MODULES
+                                 or frame.f_globals.get("__name__") == "simpmd.jaxcheck"):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _span(ids) -> str:
@@ -390,8 +404,7 @@ class Simulation:
                 t.devices = tuple(d for c in t.children for d in c.devices)
                 t.device = None
         for t in self.tasks:
-            coords = ", ".join(f"{n}={i}" for n, i, _ in t.coords)
-            t.label = coords if t.children else f"device {t.device.id}"
+            t.label = coords_text(t.coords) if t.children else f"device {t.device.id}"
         named: dict = {}                        # one group tuple shared by its members
         for e in self.events:
             t = e.__dict__.pop("_task")

@@ -332,10 +332,19 @@ def test_jax_numpy_on_a_simpmd_value_simpmd_refuses_and_says_why(jax8, which):
     report = simpmd.crosscheck(body, np.ones((8, 2)), axis_name="i")
     assert not report.ok and report.jax[0].verdict == "simpmd refused"
     assert "call array functions through simpmd.numpy" in str(report)
-def test_both_refuse_with_different_kinds_of_error_is_not_agreement():
+def test_both_refuse_with_different_kinds_of_error_still_agree_and_show_both():
+    # A shape error is a ValueError in NumPy and a TypeError in JAX: both engines refuse
+    # the program, which is agreement; the report shows both messages side by side.
     report = simpmd.crosscheck(lambda x: x + np.ones(3), np.ones((8, 2)), axis_name="i")
-    assert not report.ok
-    assert report.jax[0].verdict == "both refused, differently"
+    assert report.ok and report.jax[0].verdict == "both refused, differently"
+    assert "both refuse this program" in report.headline()
+    text = str(report)
+    assert "simpmd.pmap raised DeviceError" in text and "jax.pmap raised TypeError" in text
+
+
+def test_mapped_size_above_the_device_count_is_refused_by_both():
+    report = simpmd.crosscheck(lambda x: x * 2, np.arange(9.0), axis_name="i")
+    assert report.checked and report.ok, str(report)
 
 
 def test_crosscheck_takes_the_unmapped_function():

@@ -1,0 +1,1 @@
+"""Answer checks for the course exercises, one module per lesson (lessonNN.py)."""

@@ -1,0 +1,170 @@
+"""Checks for the exercises of lesson 5 (data-parallel training).
+
+Each check runs the learner's answer on simpmd where it is a program, compares it with
+a value worked out here with NumPy or by hand (never with the lesson's reference
+solution), and prints what is off. Every check returns True or False, so a reference
+solution can ``assert`` it.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+import simpmd
+from simpmd import lax
+from simpmd.course import _say, check
+
+N_DEVICES = 8
+
+
+def _placeholder(answer) -> bool:
+    return answer is None or answer is Ellipsis
+
+
+def _error_text(exc) -> str:
+    original = getattr(exc, "original", None) or exc
+    text = str(original).strip().splitlines()[0] if str(original).strip() else ""
+    return f"{type(original).__name__}: {text}"
+
+
+# Exercise 1 -------------------------------------------------------------------------------
+# A one-feature model with scalar parameters, as in the popular tutorial: y = w x + b.
+SEED_PARAMS = {"w": np.float32(0.5), "b": np.float32(0.0)}
+_x = np.linspace(-1.0, 1.0, N_DEVICES * 4, dtype=np.float32)
+SEED_BATCH = {"x": _x.reshape(N_DEVICES, 4), "y": (3.0 * _x - 1.0).reshape(N_DEVICES, 4)}
+SEED_LR = 0.1
+
+
+def seed_step(params, batch):
+    """One SGD step on the scalar model, gradients averaged over the axis 'batch'."""
+    x, y = batch["x"], batch["y"]
+    r = params["w"] * x + params["b"] - y
+    grads = {"w": 2.0 * (r * x).mean(), "b": 2.0 * r.mean()}
+    grads = lax.pmean(grads, "batch")
+    return {k: params[k] - SEED_LR * grads[k] for k in params}
+
+
+def _seed_expected():
+    """The same step on the whole batch at once, in float64 NumPy."""
+    x = SEED_BATCH["x"].astype(np.float64).ravel()
+    y = SEED_BATCH["y"].astype(np.float64).ravel()
+    w, b = float(SEED_PARAMS["w"]), float(SEED_PARAMS["b"])
+    r = w * x + b - y
+    return {"w": w - SEED_LR * 2 * np.mean(r * x), "b": b - SEED_LR * 2 * np.mean(r)}
+
+
+def check_in_axes(in_axes) -> bool:
+    """Exercise 1: ``in_axes`` for ``pmap(seed_step)(SEED_PARAMS, SEED_BATCH)``."""
+    if _placeholder(in_axes):
+        return _say(False, "in_axes is still a placeholder; give one entry per argument, "
+                    "e.g. (0, 0).")
+    f = simpmd.pmap(seed_step, axis_name="batch", in_axes=in_axes)
+    try:
+        out = f(SEED_PARAMS, SEED_BATCH)
+    except simpmd.MappedAxisError as exc:
+        text = str(exc)
+        if "is a scalar" in text and text.startswith("params"):
+            return _say(False, "params is still mapped over axis 0, but its leaves are scalars: "
+                        "there is nothing to split. Give params the entry None, so that every "
+                        "device gets the whole of it.")
+        if "at least one argument with a mapped axis" in text:
+            return _say(False, "nothing is mapped, so pmap does not know how many devices to use. "
+                        "Map the batch (entry 0 for the second argument).")
+        return _say(False, f"pmap refused these in_axes: {text}")
+    except Exception as exc:
+        return _say(False, f"pmap refused these in_axes: {_error_text(exc)}")
+    new = {k: np.asarray(v) for k, v in out.items()}
+    devices = {v.shape[0] if v.ndim else 1 for v in new.values()}
+    if devices != {N_DEVICES}:
+        return _say(False, f"the step ran on {sorted(devices)} device(s); split the batch's "
+                    f"leading axis (size {N_DEVICES}) so that each device gets 4 examples.")
+    expected = _seed_expected()
+    for k in ("w", "b"):
+        for d in range(N_DEVICES):
+            if not np.isclose(new[k][d], expected[k], rtol=1e-5, atol=1e-6):
+                return _say(False, f"after the step, device {d} holds {k} = {float(new[k][d]):.6g}; "
+                            f"one full-batch step gives {expected[k]:.6g}.")
+    return _say(True, f"every device holds w = {expected['w']:.4f}, b = {expected['b']:.4f}: "
+                "the full-batch step.")
+
+
+# Exercise 2 -------------------------------------------------------------------------------
+# Per device: the sum of per-example gradients (3 values) and how many real examples it
+# had (the last device got a short, padded batch).
+COUNTS = np.array([32, 32, 32, 32, 32, 32, 32, 8], dtype=np.int32)
+GRAD_SUMS = (np.random.default_rng(0).normal(size=(N_DEVICES, 3)) * COUNTS[:, None]).round(3)
+
+
+def check_global_gradient(body) -> bool:
+    """Exercise 2: ``body(g_sum, count)`` returns the mean gradient over all examples."""
+    if _placeholder(body):
+        return _say(False, "global_gradient is still a placeholder; write the function.")
+    if not callable(body):
+        return _say(False, f"global_gradient should be a function, got {type(body).__name__}.")
+    f = simpmd.pmap(body, axis_name="batch")
+    try:
+        out = f(GRAD_SUMS, COUNTS)
+    except Exception as exc:
+        return _say(False, f"your function raised on simpmd: {_error_text(exc)}")
+    if out is None:
+        return _say(False, "your function returns None; return the mean gradient (shape (3,)).")
+    out = np.asarray(out, dtype=np.float64)
+    total = COUNTS.sum()
+    expected = np.broadcast_to(GRAD_SUMS.sum(axis=0) / total, GRAD_SUMS.shape)
+    if out.shape != expected.shape:
+        return _say(False, f"each device returns shape {out.shape[1:]}; expected {expected.shape[1:]}.")
+    means = GRAD_SUMS / COUNTS[:, None]
+    wrong = [
+        (np.broadcast_to(means.mean(axis=0), expected.shape),
+         "you averaged the per-device means: the last device, with 8 examples, then weighs as "
+         "much as a device with 32. Sum the gradient sums and the counts over devices, then divide."),
+        (np.broadcast_to(GRAD_SUMS.sum(axis=0) / N_DEVICES, expected.shape),
+         f"you divided by the number of devices ({N_DEVICES}); divide by the number of examples "
+         f"over all devices ({total}), lax.psum(count, 'batch')."),
+        (np.broadcast_to(GRAD_SUMS.sum(axis=0), expected.shape),
+         f"that is the sum over all {total} examples; divide by their number."),
+        (GRAD_SUMS.sum(axis=0) / COUNTS[:, None],
+         "each device divided by its own count; divide by the count summed over devices."),
+        (means, "every device returns its own mean: nothing was combined across devices."),
+    ]
+    if not np.allclose(out, expected):
+        for value, hint in wrong:
+            if np.allclose(out, value):
+                return _say(False, hint)
+        for d in range(N_DEVICES):
+            if not np.allclose(out[d], expected[d]):
+                return _say(False, f"device {d} holds {out[d]}, but the mean gradient over all "
+                            f"{total} examples is {expected[d]}.")
+    return check(out, expected, what="the mean gradient on every device")
+
+
+# Exercise 3 -------------------------------------------------------------------------------
+GRAD_PARAMS = 2_500_000        # float32 parameters
+GRAD_DEVICES = 4
+
+
+def check_grad_bytes(answer) -> bool:
+    """Exercise 3: bytes each device sends per step to pmean the float32 gradients (ring)."""
+    if _placeholder(answer):
+        return _say(False, "answer is still a placeholder; give a number of bytes.")
+    try:
+        a = float(answer)
+    except (TypeError, ValueError):
+        return _say(False, f"answer should be a number of bytes, got {answer!r}.")
+    n, p = GRAD_PARAMS, GRAD_DEVICES
+    expected = 2 * (p - 1) * n * 4 / p            # by hand: 2 * 3/4 * 10 MB = 15,000,000
+    mistakes = [
+        (2 * (p - 1) * n * 2 / p, "you counted 2 bytes per value (bf16); these gradients are "
+                                  "float32, 4 bytes per value"),
+        ((p - 1) * n * 4 / p, "a ring all-reduce has two phases (reduce-scatter, then "
+                              "all-gather), each sending (p-1)/p of the buffer; count both"),
+        (2 * (8 - 1) * n * 4 / 8, "that is for 8 devices; this question has 4"),
+        (2 * n * 4, "each phase sends (p-1)/p of the buffer, not all of it"),
+        (n * 4, "that is the size of the gradient itself; the ring sends 2 (p-1)/p times that"),
+        (2 * (p - 1) * n / p, "that counts values, not bytes: float32 takes 4 bytes per value"),
+        (expected * 8, "that is bits: divide by 8 for bytes"),
+    ]
+    hints = [hint for wrong, hint in mistakes if np.isclose(a, wrong)]
+    if hints and not np.isclose(a, expected):
+        text = " Or ".join(h + "." for h in hints)
+        return _say(False, f"{a:g} bytes is off. {text[0].upper()}{text[1:]}")
+    return check(a, expected, what="bytes sent per device per step", unit="bytes")

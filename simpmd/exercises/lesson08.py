@@ -1,0 +1,251 @@
+"""Checks for lesson 8, model parallelism on the mesh.
+
+Each check prints what is right or what is off (a block of columns, a device whose value
+is wrong, a factor such as bf16's 2 bytes per value) and returns True or False, so that
+a reference solution can ``assert`` it. Expected values come from NumPy closed forms and
+the mesh's row-major layout, never from the lesson's reference solutions.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+import itertools
+import math
+
+import numpy as np
+
+from simpmd.course import check
+
+__all__ = ["Factor", "check_quantity", "check_columns", "row_parallel_data",
+           "check_row_parallel", "check_weight_bytes", "check_psum_bytes"]
+
+
+def _say(ok: bool, message: str) -> bool:
+    print(("Correct: " if ok else "Not yet: ") + message)
+    return ok
+
+
+def _placeholder(answer) -> bool:
+    return answer is None or answer is Ellipsis
+
+
+def _fmt(value: float) -> str:
+    """67,108,864 for whole numbers, 3.5e-05 otherwise."""
+    return f"{int(value):,}" if float(value).is_integer() and abs(value) < 1e18 else f"{value:g}"
+
+
+# -- quantities made of factors ------------------------------------------------------------
+
+@dataclass
+class Factor:
+    """One factor of a quantity: its right value, and wrong values a learner may use,
+    each with the hint that explains it."""
+
+    name: str
+    right: float
+    wrong: dict = field(default_factory=dict)     # wrong value -> hint
+
+
+def check_quantity(answer, factors, *, what: str, unit: str) -> bool:
+    """Check a number that is a product of ``factors`` and name every factor that is off.
+
+    The expected value is the product of the right values. If ``answer`` equals the
+    product with some factors replaced by their listed wrong values, the hints of exactly
+    those factors are printed (the explanation with the fewest wrong factors; all of them
+    when several fit equally well); otherwise :func:`simpmd.course.check` compares the numbers and looks for a factor of
+    2, 4, 8, 1000 ... on its own.
+    """
+    expected = math.prod(f.right for f in factors)
+    if _placeholder(answer):
+        return _say(False, f"{what} is still a placeholder; replace it with a number of {unit}.")
+    try:
+        a = float(answer)
+    except (TypeError, ValueError):
+        return _say(False, f"{what} should be a number of {unit}, got {answer!r}.")
+    if math.isclose(a, expected, rel_tol=1e-6):
+        return _say(True, f"{what} = {_fmt(a)} {unit}.")
+    explanations = []                      # the hints of each combination that gives `a`
+    choices = [[(f.right, None)] + list(f.wrong.items()) for f in factors]
+    for combo in itertools.product(*choices):
+        hints = [h for _, h in combo if h]
+        if hints and math.isclose(math.prod(v for v, _ in combo), a, rel_tol=1e-6):
+            explanations.append(hints)
+    if explanations:
+        fewest = min(len(h) for h in explanations)
+        simplest = [" Also: ".join(h) for h in explanations if len(h) == fewest]
+        head = f"{what} = {_fmt(a)} {unit}, but the answer is {_fmt(expected)} {unit}: "
+        if len(simplest) == 1:
+            return _say(False, head + simplest[0])
+        return _say(False, head + "one of these explains the difference: "
+                    + " ".join(f"({i}) {h}" for i, h in enumerate(simplest, 1)))
+    return check(a, expected, what=what, unit=unit)
+
+
+# -- exercise 1: which block of W1 a device holds ------------------------------------------
+
+def check_columns(answer, *, device: int = 6, mesh_shape=(2, 4), hidden: int = 32) -> bool:
+    """``answer`` = (start, stop) of the columns of W1 (shape (D, hidden), spec
+    P(None, 'model')) that ``device`` holds on a row-major ('data', 'model') mesh."""
+    what = f"the columns of W1 on device {device}"
+    if _placeholder(answer):
+        return _say(False, f"{what} are still a placeholder; give (start, stop).")
+    if isinstance(answer, slice):
+        answer = (answer.start, answer.stop)
+    try:
+        start, stop = (int(v) for v in answer)
+    except (TypeError, ValueError):
+        return _say(False, f"give {what} as two integers (start, stop), e.g. (0, 8); got "
+                    f"{answer!r}.")
+    n_data, n_model = mesh_shape
+    data, model = divmod(device, n_model)              # row-major: device = data * n_model + model
+    width = hidden // n_model
+    expected = (model * width, (model + 1) * width)
+    if (start, stop) == expected:
+        return _say(True, f"device {device} sits at data={data}, model={model}, so it holds "
+                    f"columns {expected[0]}:{expected[1]} of W1 (as do all devices with "
+                    f"model={model}).")
+    if stop - start == width - 1 and start == expected[0]:
+        return _say(False, f"({start}, {stop}) stops one column early: a Python slice "
+                    f"start:stop excludes stop, so a block of {width} columns is "
+                    f"{start}:{start + width}.")
+    per_device = hidden // (n_data * n_model)
+    if (start, stop) == (device * per_device, (device + 1) * per_device):
+        return _say(False, f"you split W1 over all {n_data * n_model} devices. P(None, "
+                    f"'model') splits the columns over the 'model' axis only ({n_model} blocks "
+                    f"of {width}); devices that differ only in 'data' hold the same block.")
+    if (start, stop) == (data * width, (data + 1) * width):
+        return _say(False, f"you used the device's 'data' coordinate ({data}); the columns "
+                    f"are split over 'model', and device {device} has model={model}.")
+    if stop - start != width:
+        return _say(False, f"a block of W1 is {width} columns wide ({hidden} columns over "
+                    f"{n_model} devices along 'model'), not {stop - start}.")
+    return _say(False, f"({start}, {stop}) is another device's block. Device {device} sits at "
+                f"data={data}, model={model} (device ids run row-major over the mesh).")
+
+
+# -- exercise 2: the row-parallel half of the layer -----------------------------------------
+
+def row_parallel_data():
+    """The checker's test data: h (8, 16), W2 (16, 4), and their blocks for 4 devices."""
+    rng = np.random.default_rng(8)
+    tokens, hidden, d_model, m = 8, 16, 4, 4
+    h = rng.standard_normal((tokens, hidden)).astype(np.float32)
+    w2 = rng.standard_normal((hidden, d_model)).astype(np.float32)
+    h_blocks = np.stack(np.split(h, m, axis=1))          # device k: columns of h
+    w2_blocks = np.stack(np.split(w2, m, axis=0))        # device k: the matching rows of W2
+    return h, w2, h_blocks, w2_blocks
+
+
+def check_row_parallel(fn) -> bool:
+    """Run ``fn(h_block, w2_block)`` on 4 simulated devices along 'model' and compare
+    with the full product h @ W2 on every device."""
+    import simpmd
+    if fn is None or fn is Ellipsis:
+        return _say(False, "row_parallel is still a placeholder; define the function.")
+    h, w2, h_blocks, w2_blocks = row_parallel_data()
+    m = len(h_blocks)
+    want = h @ w2
+    try:
+        out = simpmd.pmap(fn, axis_name="model")(h_blocks, w2_blocks)
+    except Exception as exc:                  # the learner's error is the message
+        original = getattr(exc, "original", None) or exc
+        return _say(False, f"running it on {m} simulated devices raised "
+                    f"{type(original).__name__}: {str(original).splitlines()[0]}")
+    if out is None:
+        return _say(False, "row_parallel returned None; return the layer output.")
+    got = np.asarray(out)
+    partial = np.einsum("kth,khd->ktd", h_blocks, w2_blocks)
+    if got.shape == (m, *want.shape):
+        if np.allclose(got, want, rtol=1e-5, atol=1e-5):
+            return _say(True, f"every device along 'model' holds the full output h @ W2 "
+                        f"(shape {want.shape}).")
+        if np.allclose(got, partial, rtol=1e-5, atol=1e-5):
+            return _say(False, "each device returned only its partial product h_k @ W2_k. "
+                        "The output is the SUM of the partial products over 'model': combine "
+                        "them with a collective.")
+        if np.allclose(got * m, want, rtol=1e-5, atol=1e-5):
+            return _say(False, f"the output is {m} times too small: pmean divides the sum by "
+                        f"the {m} devices. The partial products add up to the output: psum.")
+        bad = [k for k in range(m) if not np.allclose(got[k], want, rtol=1e-5, atol=1e-5)]
+        return _say(False, f"the output differs from h @ W2 on device(s) {bad}; e.g. device "
+                    f"{bad[0]} holds {np.round(got[bad[0]].ravel()[:3], 4)} ... where "
+                    f"{np.round(want.ravel()[:3], 4)} ... is expected.")
+    if got.shape == (m, m, *want.shape):
+        return _say(False, f"each device holds all {m} partial products stacked (shape "
+                    f"{got.shape[1:]}): all_gather collects them but does not add them. "
+                    f"Use psum, which adds them in one collective.")
+    if got.shape == (m, want.shape[0] // m, want.shape[1]):
+        return _say(False, f"each device holds {want.shape[0] // m} of the {want.shape[0]} "
+                    f"tokens: that is psum_scatter, the sequence-sharded variant. Here the "
+                    f"layer's output must be whole on every device: psum.")
+    return _say(False, f"the result has shape {got.shape[1:]} on each device; expected "
+                f"{want.shape} (tokens x d_model).")
+
+
+# -- exercise 3: weight bytes per device ----------------------------------------------------
+
+def check_weight_bytes(answer, *, d_model: int = 4096, hidden: int = 16384,
+                       mesh_shape=(2, 4)) -> bool:
+    """Bytes of W1 (d_model x hidden) and W2 (hidden x d_model), bf16, that ONE device
+    holds when both are split over 'model' and replicated over 'data'."""
+    n_data, n_model = mesh_shape
+    factors = [
+        Factor("values", 2 * d_model * hidden, {
+            d_model * hidden: "there are two weight matrices, W1 and W2, of d_model x hidden "
+                              "values each."}),
+        Factor("bytes per value", 2, {
+            4: "bf16 takes 2 bytes per value (4 is float32).",
+            1: "bf16 takes 2 bytes per value (16 bits).",
+            16: "bf16 is 16 bits, which is 2 bytes: count bytes, not bits."}),
+        Factor("share", 1 / n_model, {
+            1: f"each device holds only its block: the weights are split {n_model} ways "
+               f"along 'model'.",
+            1 / (n_data * n_model): f"the weights are split over 'model' only ({n_model} "
+               f"blocks); along 'data' they are replicated, so do not divide by "
+               f"{n_data * n_model}.",
+            1 / n_data: f"the weights are split over 'model' ({n_model} devices), not over "
+               f"'data' ({n_data})."}),
+        Factor("unit", 1, {
+            1 / 2**20: "the question asks for bytes, not MiB (2**20 bytes).",
+            1 / 10**6: "the question asks for bytes, not MB (10**6 bytes).",
+            1 / 2**30: "the question asks for bytes, not GiB (2**30 bytes).",
+            1 / 10**9: "the question asks for bytes, not GB (10**9 bytes)."}),
+    ]
+    return check_quantity(answer, factors, what="weight bytes per device", unit="bytes")
+
+
+# -- exercise 4: bytes one device sends in the forward psum ---------------------------------
+
+def check_psum_bytes(answer, *, tokens: int = 8192, d_model: int = 4096,
+                     mesh_shape=(2, 4)) -> bool:
+    """Bytes ONE device sends in the forward psum over 'model' of the 2-D layer (bf16
+    activations of shape (tokens / n_data, d_model)), with a ring all-reduce."""
+    n_data, n_model = mesh_shape
+    p = n_model
+    factors = [
+        Factor("tokens", tokens / n_data, {
+            tokens: f"the 'model' group of a device works on its 'data' block only: "
+                    f"{tokens} / {n_data} = {tokens // n_data} tokens.",
+            tokens / (n_data * n_model): "the activations being summed are whole along "
+                    "tokens on every device of the 'model' group: do not split them over "
+                    "'model' as well."}),
+        Factor("d_model", d_model),
+        Factor("bytes per value", 2, {
+            4: "bf16 takes 2 bytes per value (4 is float32).",
+            16: "bf16 is 16 bits, which is 2 bytes: count bytes, not bits."}),
+        Factor("ring factor", 2 * (p - 1) / p, {
+            (p - 1) / p: "a ring all-reduce is a reduce-scatter AND an all-gather: each "
+                         f"phase sends (p-1)/p of the buffer, 2(p-1)/p = {2 * (p - 1) / p:g} "
+                         "in all.",
+            1: f"a ring all-reduce sends 2(p-1)/p = {2 * (p - 1) / p:g} times the buffer, "
+               "not the buffer once.",
+            2: f"the ring factor is 2(p-1)/p = {2 * (p - 1) / p:g} for p = {p}, slightly "
+               "less than 2.",
+            2 * (n_data * n_model - 1) / (n_data * n_model):
+               f"the psum runs over 'model' only: p = {p}, not {n_data * n_model}.",
+            p - 1: f"in a ring each device sends 2(p-1) chunks of 1/p of the buffer, "
+                   f"2(p-1)/p = {2 * (p - 1) / p:g} buffers, not p-1 whole buffers."}),
+        Factor("unit", 1, {
+            1 / 2**20: "the question asks for bytes, not MiB (2**20 bytes).",
+            1 / 10**6: "the question asks for bytes, not MB (10**6 bytes)."}),
+    ]
+    return check_quantity(answer, factors, what="bytes sent per device", unit="bytes")

@@ -1,0 +1,228 @@
+"""Checks for lesson 10, from pmap to shard_map and jit with shardings.
+
+Each check prints what is right or what is off and returns True or False, so that a
+reference solution can ``assert`` it. Expected values come from NumPy closed forms and
+the rules of partition specs written out here, never from the lesson's solutions.
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+from .lesson08 import Factor, _say, check_quantity
+
+__all__ = ["check_specs", "check_block_shapes", "centering_data", "check_centering",
+           "check_sharded_bytes"]
+
+
+def _entries(spec):
+    """A partition spec (simpmd's or JAX's) as a tuple of entries without trailing Nones,
+    or None if ``spec`` is not a partition spec."""
+    if type(spec).__name__ not in ("PartitionSpec", "P"):
+        return None
+    parts = [tuple(p) if isinstance(p, list) else p for p in spec]
+    parts = [p[0] if isinstance(p, tuple) and len(p) == 1 else p for p in parts]
+    while parts and parts[-1] is None:
+        parts.pop()
+    return tuple(parts)
+
+
+def _not_a_spec(name, value) -> str:
+    if isinstance(value, str):
+        return f"{name} is the bare string {value!r}; a spec is P({value!r}) (from simpmd import P)."
+    if value is None:
+        return (f"{name} is None. In in_specs None means 'pass through untouched' (a static "
+                f"argument); a whole, replicated argument is P().")
+    return f"{name} should be a partition spec such as P('i') or P(), got {value!r}."
+
+
+# -- exercise 1: pmap's axes as specs ------------------------------------------------------
+
+def check_specs(in_specs, out_specs) -> bool:
+    """Specs for ``pmap(f, axis_name='i', in_axes=(0, None), out_axes=None)`` with
+    ``x`` of shape (8, 3) and ``w`` of shape (3,), on a 1-D mesh with axis 'i'."""
+    if in_specs is Ellipsis or out_specs is Ellipsis or in_specs is None:
+        return _say(False, "in_specs and out_specs are still placeholders.")
+    if not isinstance(in_specs, (tuple, list)) or len(in_specs) != 2:
+        return _say(False, "in_specs needs one spec per argument: a tuple of two, for x and w "
+                    f"(got {in_specs!r}).")
+    problems = []
+    x_spec, w_spec = in_specs
+    want = {"in_specs[0] (x)": (x_spec, ("i",)), "in_specs[1] (w)": (w_spec, ()),
+            "out_specs": (out_specs, ())}
+    for name, (spec, expected) in want.items():
+        got = _entries(spec)
+        if got is None:
+            problems.append(_not_a_spec(name, spec))
+        elif got == expected:
+            continue
+        elif name.startswith("in_specs[0]"):
+            if got == ():
+                problems.append("in_specs[0]: x is mapped (in_axes=0), so its axis 0 is split "
+                                "over 'i': P('i'). P() would give every device all of x.")
+            elif "i" in got:
+                problems.append(f"in_specs[0] is P{got!r}: in_axes=0 splits the FIRST axis of x, "
+                                "so 'i' goes in the first entry: P('i').")
+            else:
+                problems.append(f"in_specs[0] is P{got!r}; the mesh's only axis is 'i'.")
+        elif name.startswith("in_specs[1]"):
+            problems.append(f"in_specs[1] is P{got!r}: in_axes=None gives every device the whole "
+                            "w, which is a spec naming no mesh axis: P().")
+        else:
+            problems.append(f"out_specs is P{got!r}: out_axes=None returns ONE copy of a result "
+                            "that is the same on every device, which is P() in shard_map. "
+                            "(P('i') would concatenate the 8 devices' blocks, like out_axes=0.)")
+    if problems:
+        return _say(False, " ".join(problems))
+    return _say(True, "in_specs=(P('i'), P()), out_specs=P(): x split over 'i', w and the "
+                "result whole on every device.")
+
+
+# -- exercise 2: the block a body sees --------------------------------------------------------
+
+MESH = {"data": 2, "model": 4}
+BLOCK_QUESTIONS = {
+    "a": ((16, 24), ("data", "model")),
+    "b": ((16, 24), (None, ("data", "model"))),
+    "c": ((16, 24), ("model",)),
+}
+
+
+def _expected_block(shape, entries):
+    out = []
+    for k, size in enumerate(shape):
+        entry = entries[k] if k < len(entries) else None
+        names = () if entry is None else (entry if isinstance(entry, tuple) else (entry,))
+        n = int(np.prod([MESH[a] for a in names])) if names else 1
+        out.append((size // n, names, n))
+    return out
+
+
+def check_block_shapes(a, b, c) -> bool:
+    """The block shapes a shard_map body sees for x of shape (16, 24) on the 2x4
+    ('data', 'model') mesh, for in_specs (a) P('data', 'model'), (b) P(None, ('data',
+    'model')), (c) P('model')."""
+    ok = True
+    for label, answer in zip("abc", (a, b, c)):
+        shape, entries = BLOCK_QUESTIONS[label]
+        spec_text = "P(" + ", ".join(repr(e) for e in entries) + ")"
+        rows = _expected_block(shape, entries)
+        want = tuple(r[0] for r in rows)
+        if answer is None or answer is Ellipsis:
+            ok = _say(False, f"({label}) is still a placeholder.") and ok
+            continue
+        try:
+            got = tuple(int(v) for v in answer)
+        except (TypeError, ValueError):
+            ok = _say(False, f"({label}) should be a shape tuple such as (8, 6), got "
+                      f"{answer!r}.") and ok
+            continue
+        if got == want:
+            _say(True, f"({label}) {spec_text}: the body sees {want}.")
+            continue
+        ok = False
+        if len(got) < len(want):
+            _say(False, f"({label}) {got} has fewer dimensions than x: pmap removes the mapped "
+                 f"axis, shard_map does not. Every dimension stays; a split one gets shorter "
+                 f"(expected {want}).")
+            continue
+        if len(got) != len(want):
+            _say(False, f"({label}) x has {len(want)} dimensions, so its block does too; "
+                 f"got {got}.")
+            continue
+        notes = []
+        for k, (g, (e, names, n)) in enumerate(zip(got, rows)):
+            if g == e:
+                continue
+            if not names:
+                notes.append(f"dimension {k} is not split by {spec_text} (no mesh axis in that "
+                             f"entry), so it keeps its size {shape[k]}, not {g}")
+            elif len(names) > 1:
+                notes.append(f"dimension {k} is split over {names} together: "
+                             f"{' x '.join(str(MESH[x]) for x in names)} = {n} blocks, so "
+                             f"{shape[k]} / {n} = {e}, not {g}")
+            else:
+                notes.append(f"dimension {k} is split over {names[0]!r}, which has {n} devices "
+                             f"('data' has 2, 'model' 4): {shape[k]} / {n} = {e}, not {g}")
+        _say(False, f"({label}) {spec_text}: " + "; ".join(notes) + ".")
+    return ok
+
+
+# -- exercise 3: porting a pmap program -------------------------------------------------------
+
+def centering_data():
+    """The checker's test data: x of shape (8, 3), one row per device."""
+    rng = np.random.default_rng(10)
+    return rng.standard_normal((8, 3)).astype(np.float32)
+
+
+def check_centering(centered) -> bool:
+    """``centered(x)`` on x of shape (8, 3) must return x minus its column means, (8, 3),
+    as ``pmap(lambda r: r - lax.pmean(r, 'i'), 'i')`` does."""
+    import simpmd
+    from simpmd.pmap import Pmapped
+    if centered is None or centered is Ellipsis:
+        return _say(False, "centered is still a placeholder; build it with simpmd.shard_map.")
+    if isinstance(centered, Pmapped):
+        return _say(False, "centered is a simpmd.pmap; the exercise is to write it with "
+                    "simpmd.shard_map(..., mesh=mesh1, in_specs=..., out_specs=...).")
+    x = centering_data()
+    want = x - x.mean(axis=0)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = centered(x)
+    except simpmd.ShardingError as exc:
+        return _say(False, f"simpmd refused the program: {exc}")
+    except Exception as exc:
+        original = getattr(exc, "original", None) or exc
+        return _say(False, f"calling centered(x) raised {type(original).__name__}: "
+                    f"{str(original).splitlines()[0]}")
+    if out is None:
+        return _say(False, "the body returned None; return the centered block.")
+    got = np.asarray(out)
+    if got.shape != want.shape:
+        if got.shape == (1, 3):
+            return _say(False, "the result has shape (1, 3), one device's block: out_specs "
+                        "P('i') concatenates the 8 blocks back into (8, 3).")
+        if got.shape == (3,):
+            return _say(False, "the result has shape (3,): inside shard_map each device's "
+                        "block is x[k:k+1], shape (1, 3); keep that axis, and concatenate "
+                        "with out_specs P('i').")
+        return _say(False, f"the result has shape {got.shape}, expected {want.shape}.")
+    if np.allclose(got, want, rtol=1e-5, atol=1e-5):
+        return _say(True, "every row is x minus the column means, as in the pmap version.")
+    if np.allclose(got, x - 8 * x.mean(axis=0), rtol=1e-5, atol=1e-5):
+        return _say(False, "you subtracted the column SUMS: psum adds over the 8 devices; "
+                    "pmean averages.")
+    if np.allclose(got, x, rtol=1e-5, atol=1e-5):
+        return _say(False, "the result is x unchanged: subtract the mean over 'i'.")
+    if np.allclose(got, x - x.mean(axis=1, keepdims=True), rtol=1e-5, atol=1e-5):
+        return _say(False, "you subtracted each row's own mean (over its 3 values); the mean "
+                    "is over the devices, axis 'i': lax.pmean(block, 'i').")
+    bad = sorted({int(i) for i in np.argwhere(~np.isclose(got, want, rtol=1e-5, atol=1e-5))[:, 0]})
+    return _say(False, f"rows {bad} differ from x minus its column means (row k is device "
+                f"k's block).")
+
+
+# -- exercise 4: bytes of a sharded array -------------------------------------------------------
+
+def check_sharded_bytes(answer) -> bool:
+    """Bytes ONE device holds of a bf16 array of shape (4096, 8192) laid out as
+    NamedSharding(mesh, P('data', None)) on the 2x4 ('data', 'model') mesh."""
+    factors = [
+        Factor("values", 4096 * 8192),
+        Factor("bytes per value", 2, {
+            4: "bf16 takes 2 bytes per value (4 is float32).",
+            16: "bf16 is 16 bits, which is 2 bytes: count bytes, not bits."}),
+        Factor("share", 1 / 2, {
+            1 / 8: "P('data', None) names only 'data': rows are split over its 2 devices, "
+                   "and along 'model' the array is replicated, so do not divide by 8.",
+            1: "P('data', None) splits the rows over 'data' (2 devices): each holds half.",
+            1 / 4: "the rows are split over 'data' (2 devices), not 'model' (4)."}),
+        Factor("unit", 1, {
+            1 / 2**20: "the question asks for bytes, not MiB (2**20 bytes).",
+            1 / 10**6: "the question asks for bytes, not MB (10**6 bytes)."}),
+    ]
+    return check_quantity(answer, factors, what="bytes per device", unit="bytes")
