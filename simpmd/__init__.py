@@ -23,5 +23,6 @@ from .mesh import Mesh, NamedSharding, P, PartitionSpec, ShardingError, make_mes
 from .shard_map import shard_map
 from . import numpy                                    # functions for bodies that run on both engines
 from . import course                                   # what the course notebooks share
+from . import debug                                    # debug.print, like jax.debug.print
 from .jax_devices import JaxDevicesError, use_jax_devices
 from .jaxcheck import CrossCheckReport, crosscheck

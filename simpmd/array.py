@@ -115,12 +115,16 @@ class HostArray(NDArrayOperatorsMixin):
 class Array(HostArray):
     """A result of ``simpmd.pmap``: behaves like a NumPy array, and knows its shards."""
 
-    def __init__(self, per_device: list, devices, mapped_axis: int | None):
+    def __init__(self, per_device: list, devices, mapped_axis: int | None, layout=None):
         # Like a jax.Array, the result stays "on the devices" (one value per device)
         # until the host asks for the whole: the stacked copy is made on first use.
+        # ``layout`` ((device, index, replica_id), ...) overrides where shards live: a
+        # nested pmap's outer result is spread over every device of the grid.
         self._per_device = per_device
         self._stacked = None
-        self.sharding = PmapSharding(tuple(devices), mapped_axis)
+        self._layout = layout
+        self.sharding = PmapSharding(tuple(d for d, _, _ in layout) if layout else tuple(devices),
+                                     mapped_axis)
 
     @property
     def _value(self) -> np.ndarray:
@@ -132,6 +136,8 @@ class Array(HostArray):
 
     @property
     def addressable_shards(self) -> list[Shard]:
+        if self._layout is not None:
+            return [Shard(d, index, self._value[index], r) for d, index, r in self._layout]
         ax = self.sharding.mapped_axis
         shards = []
         for i, (d, v) in enumerate(zip(self.sharding.devices, self._per_device)):

@@ -631,6 +631,9 @@ def crosscheck(fun, *args, axis_name=None, in_axes=0, out_axes=0, static_broadca
     from .jax_devices import JaxDevicesError, chosen_devices, use_jax_devices
     from .pmap import Pmapped, pmap as simpmd_pmap
 
+    from .shard_map import ShardMapped
+    if isinstance(fun, ShardMapped):
+        return _crosscheck_shard_map(fun, args, rtol, atol)
     if isinstance(fun, Pmapped):
         raise TypeError("crosscheck takes the function itself, not a simpmd.pmap of it: "
                         "crosscheck(f, x, axis_name='i') maps f on both engines.")
@@ -759,6 +762,45 @@ def crosscheck(fun, *args, axis_name=None, in_axes=0, out_axes=0, static_broadca
                      "divides every group's sum by the size of the first group (a known JAX "
                      "bug); simpmd divides by each group's own size.")
     return report()
+
+
+def _crosscheck_shard_map(program, args, rtol, atol) -> CrossCheckReport:
+    """A ``simpmd.shard_map`` program against ``jax.shard_map`` over a JAX mesh of the same
+    shape (see :func:`simpmd.shard_map.on_jax`); the values are compared whole."""
+    from .jax_devices import JaxDevicesError, chosen_devices, use_jax_devices
+    from .shard_map import on_jax
+
+    mesh = program.mesh
+    shape = "x".join(str(n) for n in mesh.devices.shape)
+    name = getattr(program.fun, "__name__", "shard_map program")
+    sim = EngineRun("simpmd.shard_map", devices=f"{shape} simulated mesh", verdict="reference")
+    try:
+        sim.outputs = _to_numpy(program(*args))
+    except Exception as exc:
+        sim.error = exc
+    other = EngineRun("jax.shard_map")
+    runs, notes, widths = [sim, other], [], set()
+    try:
+        devices = chosen_devices()
+        if "jax" not in sys.modules or devices is None or len(devices) < mesh.size:
+            devices = use_jax_devices(max(mesh.size, 8))
+        devices = list(devices[:mesh.size])
+        other.devices = f"{shape} {_device_text(devices).split()[-1]} mesh"
+        if program.eager:
+            other.not_run = "made with eager=True: real JAX cannot trace Python control flow on values"
+        else:
+            try:
+                other.outputs = _to_numpy(on_jax(program, devices=devices)(*args))
+            except Exception as exc:
+                other.error = exc
+    except (ImportError, JaxDevicesError) as exc:
+        other.not_run = str(exc)
+    leaves = tree.flatten(sim.outputs)[0] if sim.error is None else []
+    _compare(sim, other, [None] * len(leaves), str, rtol, atol, widths)
+    note = _float_note(widths, rtol, atol)
+    if note:
+        notes.append(note)
+    return _logged(CrossCheckReport(name, runs, notes))
 
 
 def _logged(report: CrossCheckReport) -> CrossCheckReport:

@@ -204,13 +204,19 @@ class Pmapped:
             if result is not NotImplemented:
                 return result
         if parent is not None and self.devices is not None:
-            raise ValueError("a nested pmap cannot take devices=: its devices are the "
-                             "sub-grid of the outer pmap's devices.")
+            raise errors.MappedAxisError(
+                "a nested pmap cannot take devices=: its devices are the sub-grid of the "
+                "outer pmap's devices (choose them with devices= on the outer pmap)")
         if parent is None:
             device_list = list(self.devices) if self.devices is not None else platform_devices()
             for d in device_list:
                 if type(d).__name__ != "SimDevice":
                     raise TypeError(f"devices= must list simpmd.devices(), got {d!r}")
+            repeated = sorted({d.id for d in device_list if device_list.count(d) > 1})
+            if repeated:
+                raise ValueError(
+                    f"devices= names device(s) {repeated} more than once; each shard needs a "
+                    f"device of its own. Pass distinct devices, e.g. simpmd.devices()[:n].")
             sim = Simulation(device_list, eager=self.eager)
             max_devices = len(device_list)
         else:
@@ -305,7 +311,7 @@ class Pmapped:
                 stacked = values[0] if ax is None else np.stack(values, axis=ax)
                 leaves.append(Traced(stacked, sim.eager))
             else:
-                leaves.append(Array(values, devices, ax))
+                leaves.append(Array(values, devices, ax, _grid_layout(tasks, values, ax)))
         return tree.unflatten(treedef, leaves)
 
 
@@ -316,6 +322,31 @@ def path_position(path, pmapped) -> str:
         if path == name or path.startswith(name + "[") or path.startswith(name + "."):
             return str(i)
     return path.split()[-1].split("[")[0] if path.startswith("argument") else "i"
+
+
+def _grid_layout(tasks, values, ax):
+    """Where the shards of a nested pmap's result live: every device of the grid.
+
+    Row ``i`` of the outer result was computed by the devices of outer program ``i``.
+    When its leading axis is the inner mapped axis (the inner pmap's own result), block
+    ``(i, j)`` lives on inner device ``j``; otherwise each of them holds a copy of row ``i``.
+    Returns None for a pmap that is not nested.
+    """
+    if not any(t.children for t in tasks):
+        return None
+    layout = []
+    for i, (t, v) in enumerate(zip(tasks, values)):
+        outer = (slice(None),) * (ax or 0) + (slice(i, i + 1),)
+        rest = (slice(None),) * max(v.ndim - 1, 0)
+        split = ax == 0 and v.ndim >= 1 and v.shape[0] == len(t.children)
+        for j, child in enumerate(t.children):
+            if ax is None:
+                layout.append((child.device, (slice(None),) * v.ndim, i * len(t.children) + j))
+            elif split:
+                layout.append((child.device, outer + (slice(j, j + 1),) + rest, 0))
+            else:
+                layout.append((child.device, outer + (slice(None),) * v.ndim, j))
+    return layout
 
 
 def _leaf_label(treedef, k):

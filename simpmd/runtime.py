@@ -32,7 +32,7 @@ from . import tree
 
 # Frames of these modules are the engine's own; the source of an event is the first
 # frame outside them (so the tour in simpmd/__main__.py still counts as user code).
-ENGINE_MODULES = {"simpmd.lax", "simpmd.runtime", "simpmd.pmap", "simpmd.traced",
+ENGINE_MODULES = {"simpmd.lax", "simpmd.runtime", "simpmd.pmap", "simpmd.traced", "simpmd.debug",
                   "simpmd.collectives", "simpmd.tree", "simpmd.numpy", "simpmd.shard_map"}
 _local = threading.local()            # .task: the program this thread is running
 _idle_workers: list = []              # parked worker threads, reused across runs
@@ -152,6 +152,7 @@ class _Rendezvous:
         self.key, self.op, self.axes, self.params = key, op, axes, params
         self.size, self.signature, self.group_label = size, signature, group_label
         self.arrived: dict = {}          # member index -> (task, leaves, source, code)
+        # group_label: the whole axis_index_groups (tuple of tuples), or None
 
 
 class Simulation:
@@ -353,7 +354,7 @@ class Simulation:
         task.calls += 1
         rv = self.pending.get(key)
         if rv is None:
-            label = tuple(groups[group_id]) if groups is not None else None
+            label = tuple(tuple(g) for g in groups) if groups is not None else None
             rv = self.pending[key] = _Rendezvous(key, op, axis_names, params, p, signature, label)
         elif rv.signature != signature:
             first_task, _, first_source, _ = next(iter(rv.arrived.values()))
@@ -378,6 +379,9 @@ class Simulation:
         per_leaf = [math_fn([m[1][k] for m in members], **rv.params) for k in range(n_leaves)]
         bytes_fn = collectives.WIRE_BYTES[rv.op]
         group_tasks = tuple(m[0] for m in members)
+        params = dict(rv.params)
+        if rv.group_label is not None:
+            params["axis_index_groups"] = rv.group_label
         self.step += 1
         for pos, (task, leaves, source, code) in enumerate(members):
             outs = tuple(per_leaf[k][pos] for k in range(n_leaves))
@@ -386,7 +390,7 @@ class Simulation:
                 s, r = bytes_fn(np.asarray(leaf).nbytes, rv.size, pos, **rv.params)
                 sent, received = sent + s, received + r
             event = self.log(task, "collective", call=task.calls, op=rv.op, axes=rv.axes,
-                             member=pos, params=dict(rv.params), inputs=tuple(leaves),
+                             member=pos, params=params, inputs=tuple(leaves),
                              outputs=outs, bytes_sent=sent, bytes_received=received,
                              source=source, code=code)
             event._group = group_tasks

@@ -429,3 +429,8 @@ def _plain(x):
     if type(x) is Traced:
         return x.value
     return as_array(x)
+
+
+# `simpmd.shard_map` is the function (the package attribute hides this module), so the
+# JAX translation is reachable from it too: simpmd.shard_map.on_jax(f).
+shard_map.on_jax = on_jax

@@ -107,8 +107,8 @@ def _row(e: Event) -> dict:
     elif e.kind == "return":
         what, moved = "return " + e.detail, summarize(e.outputs[0])
         group = sent = recv = ""
-    elif e.kind == "error":
-        what, moved, group, sent, recv = "error", e.detail, "", "", ""
+    elif e.kind in ("error", "print"):
+        what, moved, group, sent, recv = e.kind, e.detail, "", "", ""
     else:
         axes = e.axes[0] if len(e.axes) == 1 else e.axes
         params = _params_text(e)

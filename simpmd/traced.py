@@ -194,9 +194,8 @@ class Traced(NDArrayOperatorsMixin):
     def __complex__(self):
         return self._concrete(complex, errors.ConcretizationTypeError, "ConcretizationTypeError")
 
-    def __int__(self):
-        return self._concrete(int, errors.TracerIntegerConversionError,
-                              "TracerIntegerConversionError")
+    def __int__(self):                  # JAX: ConcretizationTypeError, as for float()
+        return self._concrete(int, errors.ConcretizationTypeError, "ConcretizationTypeError")
 
     def __index__(self):
         if self.eager:

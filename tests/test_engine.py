@@ -234,7 +234,7 @@ def test_nested_grid_larger_than_the_platform_is_refused():
 
 @pytest.mark.parametrize("body, error", [
     (lambda x: x if x.sum() > 0 else -x, simpmd.TracerBoolConversionError),
-    (lambda x: x * int(x[0]), simpmd.TracerIntegerConversionError),
+    (lambda x: x * int(x[0]), simpmd.ConcretizationTypeError),       # as JAX 0.10 raises
     (lambda x: x * float(x[0]), simpmd.ConcretizationTypeError),
     (lambda x: x * [1.0, 2.0][lax.axis_index("i")], simpmd.TracerIntegerConversionError),
     (lambda x: np.asarray(x), simpmd.TracerArrayConversionError),
@@ -361,3 +361,36 @@ def test_jax_numpy_on_a_simulated_value_points_to_simpmd_numpy(jax8):
     assert "device 0" in str(info.value)
     out = simpmd.pmap(lambda x: simpmd.numpy.exp(x), "i")(np.zeros(8))
     np.testing.assert_array_equal(np.asarray(out), np.ones(8))
+
+
+def test_debug_print_prints_per_device_and_logs_it(capsys):
+    def body(x):
+        simpmd.debug.print("x = {}", x)
+        return x
+    f = simpmd.pmap(body, "i")
+    f(np.arange(3.0))
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == ["[device 0 (i=0)] x = 0.0", "[device 1 (i=1)] x = 1.0",
+                     "[device 2 (i=2)] x = 2.0"]
+    assert [e.detail for e in f.trace.events if e.kind == "print"] == ["x = 0.0", "x = 1.0", "x = 2.0"]
+
+
+def test_nested_result_shards_live_on_the_grid_devices():
+    f = simpmd.pmap(lambda x: simpmd.pmap(lambda v: lax.psum(v, "model"), "model")(x), "data")
+    out = f(np.arange(4.0).reshape(2, 2))
+    placed = {s.device.id: (s.index, float(s.data.ravel()[0])) for s in out.addressable_shards}
+    assert placed[2] == ((slice(1, 2), slice(0, 1)), 5.0)      # row data=1 ran on devices 2, 3
+    assert {d.id for d in out.devices()} == {0, 1, 2, 3}
+
+
+def test_repeated_devices_are_refused():
+    with pytest.raises(ValueError, match=r"device\(s\) \[0\] more than once"):
+        simpmd.pmap(lambda x: x, "i", devices=[simpmd.devices()[0]] * 4)(np.arange(4.0))
+
+
+def test_axis_index_groups_appear_in_the_trace():
+    f = simpmd.pmap(lambda x: lax.pmax(x, "i", axis_index_groups=[[0, 1], [2, 3]]), "i")
+    f(np.arange(4.0))
+    e = next(e for e in f.trace.events if e.op == "pmax")
+    assert e.params["axis_index_groups"] == ((0, 1), (2, 3)) and e.group == (0, 1)
+    assert "axis_index_groups" in str(f.trace)

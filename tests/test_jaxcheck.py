@@ -387,3 +387,30 @@ def test_jax_numpy_on_a_simpmd_device_value_points_to_simpmd_numpy(jax8):
     crosscheck report adds the advice then, see above)."""
     with pytest.raises(simpmd.TracerArrayConversionError, match="simpmd.numpy"):
         simpmd.pmap(lambda x: jax8.numpy.concatenate([x, x]), "i")(np.ones((8, 2)))
+
+
+def test_crosscheck_takes_shard_map_programs():
+    mesh = simpmd.make_mesh((2, 4), ("data", "model"))
+    f = simpmd.shard_map(lambda x: simpmd.lax.psum(x, "model") * 2, mesh=mesh,
+                         in_specs=simpmd.P("data", "model"), out_specs=simpmd.P("data", None))
+    x = np.arange(32.0, dtype=np.float32).reshape(4, 8)
+    report = simpmd.crosscheck(f, x)
+    assert report.ok and report.jax[0].engine == "jax.shard_map", str(report)
+    assert report.jax[0].devices == "2x4 CPU mesh"
+    wrong = simpmd.shard_map(lambda x: simpmd.lax.psum(x, "data") * 2, mesh=mesh,
+                             in_specs=simpmd.P("data", "model"), out_specs=simpmd.P(None, "model"))
+    # same body on JAX, but simpmd's result monkeypatched to differ: a mismatch is reported
+    import simpmd.jaxcheck as jc
+    real = jc._to_numpy
+    calls = []
+
+    def tamper(value):
+        out = real(value)
+        calls.append(1)
+        return out + 1 if len(calls) == 1 else out
+    jc._to_numpy = tamper
+    try:
+        bad = simpmd.crosscheck(wrong, x)
+    finally:
+        jc._to_numpy = real
+    assert not bad.ok and bad.jax[0].verdict == "mismatch"

@@ -1,0 +1,30 @@
+"""``simpmd.debug.print``: per-device printing, spelled like ``jax.debug.print``.
+
+On a simulated device it prints the formatted line prefixed with the device (and logs
+it in the trace); inside a real JAX trace it hands over to ``jax.debug.print``, so one
+body prints on both engines. (A plain ``print`` inside a JAX-traced body shows tracers,
+not values: that is why JAX has ``jax.debug.print``.)
+"""
+from __future__ import annotations
+
+import builtins
+import sys
+
+from .runtime import caller_source, current_task
+from .traced import unwrap
+
+
+def print(fmt: str, *args, **kwargs) -> None:  # noqa: A001 (mirrors jax.debug.print)
+    """Format ``fmt`` with the arguments' values and print it, once per device."""
+    task = current_task()
+    if task is None:
+        if "jax" in sys.modules:
+            import jax
+            return jax.debug.print(fmt, *args, **kwargs)
+        builtins.print(fmt.format(*args, **kwargs))
+        return None
+    text = fmt.format(*unwrap(args), **unwrap(kwargs))
+    builtins.print(f"[{task.where()}] {text}")
+    source, code = caller_source()
+    task.sim.log(task, "print", detail=text, source=source, code=code)
+    return None

@@ -1,0 +1,111 @@
+"""The checks of lesson 4's exercises: right answers pass, typical wrong ones get the right hint."""
+import pytest
+
+from simpmd import lax
+from simpmd.exercises import lesson04
+
+
+def verdict(capsys, ok, *fragments):
+    out = capsys.readouterr().out
+    assert out.startswith("Correct: " if ok else "Not yet: "), out
+    for fragment in fragments:
+        assert fragment in out, f"{fragment!r} not in {out!r}"
+    return out
+
+
+# -- exercise 1: a mean without pmean ------------------------------------------------------
+
+def test_global_mean_accepts_psum_over_axis_size(capsys):
+    assert lesson04.check_global_mean(lambda x: lax.psum(x, "i") / lax.psum(1, "i"))
+    verdict(capsys, True, "matches")
+    assert lesson04.check_global_mean(lambda x: lax.psum(x / lax.axis_size("i"), "i"))
+    verdict(capsys, True)
+
+
+@pytest.mark.parametrize("body, hint", [
+    (None, "placeholder"),
+    (lambda x: None, "returns None"),
+    (lambda x: lax.psum(x, "i"), "8 times the mean"),
+    (lambda x: lax.pmean(x, "i"), "lax.pmean"),
+    (lambda x: x, "its own x"),
+    (lambda x: x / 8, "never summed"),
+    (lambda x: lax.psum(x, "j"), "raised on simpmd: UnboundAxisError"),
+    (lambda x: lax.psum(x, "i").sum() / 8, "shape ()"),
+    (lambda x: lax.psum(x, "i") / 8 + lax.axis_index("i"), "device 1 holds"),
+])
+def test_global_mean_rejects_with_hint(capsys, body, hint):
+    assert not lesson04.check_global_mean(body)
+    verdict(capsys, False, hint)
+
+
+# -- exercise 2: ring shift to the left ----------------------------------------------------
+
+def test_shift_left_accepts_any_order_of_pairs(capsys):
+    perm = [((j + 1) % 8, j) for j in range(8)]
+    assert lesson04.check_shift_left(perm)
+    verdict(capsys, True)
+    assert lesson04.check_shift_left(list(reversed(perm)))
+    verdict(capsys, True)
+
+
+@pytest.mark.parametrize("perm, hint", [
+    (..., "placeholder"),
+    ([(j, (j + 1) % 8) for j in range(8)], "(source, destination): swap"),
+    ([(j + 1, j) for j in range(7)], "add the pair (0, 7)"),
+    ([(1, 0), (1, 2)], "more than once as source"),
+    ([(j, j) for j in range(8)], "device 0 receives from device 0; it should receive from device 1"),
+    ([(9, 0)], "outside 0..7"),
+    ("ring", "(source, destination) pairs"),
+])
+def test_shift_left_rejects_with_hint(capsys, perm, hint):
+    assert not lesson04.check_shift_left(perm)
+    verdict(capsys, False, hint)
+
+
+# -- exercise 3: shapes --------------------------------------------------------------------
+
+def test_shapes_accepts_the_worked_shapes(capsys):
+    assert lesson04.check_shapes(((4, 8, 16), (4, 128), (4, 2)))
+    verdict(capsys, True)
+    assert lesson04.check_shapes([[4, 8, 16], [4, 128], [4, 2]])     # lists are fine
+
+
+@pytest.mark.parametrize("answer, hint", [
+    (..., "placeholder"),
+    (((8, 4, 16), (4, 128), (4, 2)), "That is axis=0"),
+    (((4, 128), (4, 128), (4, 2)), "shape 1"),
+    (((4, 8, 16), (4, 8, 16), (4, 2)), "That is the untiled shape"),
+    (((4, 8, 16), (32, 16), (4, 2)), "joins along axis 0"),
+    (((4, 8, 16), (4, 128), (4,)), "With tiled=True the scattered dimension stays"),
+    (((4, 8, 16), (4, 128), (4, 16)), "keeps only its own block"),
+    (((4, 8, 16), (4, 128)), "2 shape(s)"),
+    ((4, 8, 16), "three shapes"),
+])
+def test_shapes_rejects_with_hint(capsys, answer, hint):
+    assert not lesson04.check_shapes(answer)
+    verdict(capsys, False, hint)
+
+
+# -- exercise 4: bytes of a bf16 ring all-reduce -------------------------------------------
+
+def test_ring_bytes_accepts_14336(capsys):
+    assert lesson04.check_ring_bytes(14336)            # 2 * 7/8 * 4096 values * 2 bytes
+    verdict(capsys, True, "14336 bytes")
+    assert lesson04.check_ring_bytes(2 * 7 / 8 * 8192.0)
+
+
+@pytest.mark.parametrize("answer, hint", [
+    (..., "placeholder"),
+    (28672, "4 bytes per value (float32); bf16 takes 2"),
+    (7168, "two phases"),
+    (7168, "counts values, not bytes"),
+    (16384, "(p-1)/p of the buffer"),
+    (8192, "size of the buffer itself"),
+    (14336 * 8, "bits"),
+    (14.336, "factor of 1000"),
+    ("lots", "number of bytes"),
+    (10000, "expected 14336 bytes"),
+])
+def test_ring_bytes_rejects_with_hint(capsys, answer, hint):
+    assert not lesson04.check_ring_bytes(answer)
+    verdict(capsys, False, hint)

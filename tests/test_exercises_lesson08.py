@@ -1,0 +1,154 @@
+"""The checks of lesson 8's exercises: right answers pass, typical wrong ones get the hint
+that names what is off."""
+import numpy as np
+import pytest
+
+import simpmd
+from simpmd import lax
+from simpmd.exercises import lesson08 as ex
+
+
+def said(capsys):
+    return capsys.readouterr().out
+
+
+# -- check_quantity: the factor search -------------------------------------------------------
+
+def test_check_quantity_names_each_wrong_factor(capsys):
+    factors = [ex.Factor("a", 3, {5: "hint A"}), ex.Factor("b", 7, {11: "hint B"})]
+    assert ex.check_quantity(21, factors, what="q", unit="bytes")
+    assert "Correct" in said(capsys)
+    assert not ex.check_quantity(35, factors, what="q", unit="bytes")
+    out = said(capsys)
+    assert "hint A" in out and "hint B" not in out
+    assert not ex.check_quantity(55, factors, what="q", unit="bytes")
+    out = said(capsys)
+    assert "hint A" in out and "hint B" in out
+
+
+def test_check_quantity_lists_equally_simple_explanations(capsys):
+    factors = [ex.Factor("a", 2, {4: "hint A"}), ex.Factor("b", 4, {8: "hint B"})]
+    assert not ex.check_quantity(16, factors, what="q", unit="bytes")
+    out = said(capsys)
+    assert "one of these" in out and "hint A" in out and "hint B" in out
+
+
+def test_check_quantity_placeholder_and_unknown_factor(capsys):
+    factors = [ex.Factor("a", 10)]
+    assert not ex.check_quantity(..., factors, what="q", unit="bytes")
+    assert "placeholder" in said(capsys)
+    assert not ex.check_quantity("ten", factors, what="q", unit="bytes")
+    assert "number of bytes" in said(capsys)
+    assert not ex.check_quantity(20, factors, what="q", unit="bytes")   # simpmd.course.check
+    assert "factor of 2" in said(capsys)
+
+
+# -- exercise 1 -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("answer, hint", [
+    ((16, 23), "excludes stop"),
+    ((24, 28), "over all 8 devices"),
+    ((8, 16), "'data' coordinate"),
+    ((16, 20), "8 columns wide"),
+    ((0, 8), "another device's block"),
+    ("16:24", "two integers"),
+    (None, "placeholder"),
+])
+def test_columns_wrong(answer, hint, capsys):
+    assert not ex.check_columns(answer)
+    assert hint in said(capsys)
+
+
+def test_columns_right(capsys):
+    assert ex.check_columns((16, 24))
+    assert ex.check_columns(slice(16, 24))
+    assert "data=1, model=2" in said(capsys)
+
+
+def test_columns_agrees_with_the_sharding_itself():
+    mesh = simpmd.make_mesh((2, 4), ("data", "model"))
+    index = simpmd.NamedSharding(mesh, simpmd.P(None, "model")).devices_indices_map((8, 32))
+    for dev, (_, cols) in index.items():
+        assert ex.check_columns((cols.start, cols.stop), device=dev.id)
+
+
+# -- exercise 2 -----------------------------------------------------------------------------
+
+def test_row_parallel_right(capsys):
+    assert ex.check_row_parallel(lambda h, w: lax.psum(h @ w, "model"))
+    assert "Correct" in said(capsys)
+
+
+@pytest.mark.parametrize("fn, hint", [
+    (None, "placeholder"),
+    (lambda h, w: None, "returned None"),
+    (lambda h, w: h @ w, "partial product"),
+    (lambda h, w: lax.pmean(h @ w, "model"), "pmean"),
+    (lambda h, w: lax.all_gather(h @ w, "model"), "all_gather"),
+    (lambda h, w: lax.psum_scatter(h @ w, "model", tiled=True), "psum_scatter"),
+    (lambda h, w: lax.psum(h @ w, "data"), "raised"),
+    (lambda h, w: lax.psum(h @ w, "model") + 1.0, "differs"),
+    (lambda h, w: lax.psum(h @ w, "model").T, "shape"),
+])
+def test_row_parallel_wrong(fn, hint, capsys):
+    assert not ex.check_row_parallel(fn)
+    assert hint in said(capsys)
+
+
+# -- exercise 3 -----------------------------------------------------------------------------
+
+RIGHT_WEIGHTS = 2 * 4096 * 16384 * 2 // 4
+
+
+def test_weight_bytes_right(capsys):
+    assert ex.check_weight_bytes(RIGHT_WEIGHTS)
+    assert "67,108,864" in said(capsys)
+
+
+@pytest.mark.parametrize("answer, hints", [
+    (RIGHT_WEIGHTS * 4, ["split 4 ways"]),
+    (RIGHT_WEIGHTS // 2, ["two weight matrices", "do not divide by 8"]),
+    (RIGHT_WEIGHTS * 2, ["4 is float32", "not over 'data'"]),
+    (RIGHT_WEIGHTS * 8, ["count bytes, not bits"]),
+    (RIGHT_WEIGHTS / 2**20, ["not MiB"]),
+    (RIGHT_WEIGHTS * 4 / 2**20, ["split 4 ways", "not MiB"]),
+])
+def test_weight_bytes_wrong(answer, hints, capsys):
+    assert not ex.check_weight_bytes(answer)
+    out = said(capsys)
+    for h in hints:
+        assert h in out
+
+
+# -- exercise 4 -----------------------------------------------------------------------------
+
+RIGHT_PSUM = 4096 * 4096 * 2 * 1.5
+
+
+def test_psum_bytes_right(capsys):
+    assert ex.check_psum_bytes(RIGHT_PSUM)
+    assert "50,331,648" in said(capsys)
+
+
+@pytest.mark.parametrize("answer, hints", [
+    (RIGHT_PSUM / 1.5, ["not the buffer once"]),
+    (RIGHT_PSUM / 1.5 * 0.75 * 2 / 2, ["reduce-scatter AND an all-gather"]),
+    (RIGHT_PSUM / 1.5 * 1.75, ["p = 4, not 8"]),
+    (RIGHT_PSUM / 1.5 * 3, ["not p-1 whole buffers"]),
+    (RIGHT_PSUM / 4, ["do not split them over 'model'"]),
+    (RIGHT_PSUM * 8, ["count bytes, not bits"]),
+    (RIGHT_PSUM / 2**20, ["not MiB"]),
+])
+def test_psum_bytes_wrong(answer, hints, capsys):
+    assert not ex.check_psum_bytes(answer)
+    out = said(capsys)
+    for h in hints:
+        assert h in out
+
+
+def test_psum_ring_factor_is_what_simpmd_logs():
+    """The checker's 2(p-1)/p is the engine's accounting for a psum over 4 devices."""
+    f = simpmd.pmap(lambda v: lax.psum(v, "model"), axis_name="model")
+    f(np.ones((4, 256), dtype=np.float32))
+    sent = [e.bytes_sent for e in f.trace.events if e.kind == "collective"]
+    assert sent == [256 * 4 * 2 * 3 // 4] * 4

@@ -1,0 +1,131 @@
+"""The checks of lesson 10's exercises: right answers pass, typical wrong ones get the hint
+that names what is off."""
+import numpy as np
+import pytest
+
+import simpmd
+from simpmd import P, lax
+from simpmd.exercises import lesson10 as ex
+
+
+def said(capsys):
+    return capsys.readouterr().out
+
+
+# -- exercise 1: specs ---------------------------------------------------------------------
+
+def test_specs_right(capsys):
+    assert ex.check_specs((P("i"), P()), P())
+    assert ex.check_specs([P("i", None), P(None)], P())        # trailing Nones are the same spec
+    assert "Correct" in said(capsys)
+
+
+def test_specs_accept_jax_partition_specs():
+    jax = pytest.importorskip("jax")
+    from jax.sharding import PartitionSpec
+    assert ex.check_specs((PartitionSpec("i"), PartitionSpec()), PartitionSpec())
+
+
+@pytest.mark.parametrize("in_specs, out_specs, hint", [
+    (..., ..., "placeholders"),
+    (P("i"), P(), "one spec per argument"),
+    ((P(), P()), P(), "its axis 0 is split"),
+    ((P(None, "i"), P()), P(), "FIRST axis"),
+    ((P("i"), P("i")), P(), "in_axes=None gives every device the whole"),
+    ((P("i"), P()), P("i"), "out_axes=None returns ONE copy"),
+    (("i", P()), P(), "P('i')"),
+    ((P("i"), None), P(), "static argument"),
+    ((P("j"), P()), P(), "only axis is 'i'"),
+])
+def test_specs_wrong(in_specs, out_specs, hint, capsys):
+    assert not ex.check_specs(in_specs, out_specs)
+    assert hint in said(capsys)
+
+
+# -- exercise 2: block shapes ----------------------------------------------------------------
+
+def test_block_shapes_right(capsys):
+    assert ex.check_block_shapes((8, 6), (16, 3), [4, 24])
+    assert said(capsys).count("Correct") == 3
+
+
+def test_block_shapes_match_the_engine_and_the_spec_rules():
+    mesh = simpmd.make_mesh((2, 4), ("data", "model"))
+    answers = {"a": (8, 6), "b": (16, 3), "c": (4, 24)}
+    for label, (shape, entries) in ex.BLOCK_QUESTIONS.items():
+        spec = P(*entries)
+        assert simpmd.NamedSharding(mesh, spec).shard_shape(shape) == answers[label]
+
+
+@pytest.mark.parametrize("answers, hints", [
+    (((4, 12), (16, 3), (4, 24)), ["'data' has 2, 'model' 4", "24 / 4 = 6"]),
+    (((8, 6), (16, 6), (4, 24)), ["2 x 4 = 8 blocks"]),
+    (((8, 6), (16, 3), (8, 24)), ["'model', which has 4 devices"]),
+    (((8, 6), (2, 3), (4, 24)), ["not split by", "keeps its size 16"]),
+    (((8, 6), (16, 3), (24,)), ["pmap removes the mapped axis"]),
+    (((8, 6, 1), (16, 3), (4, 24)), ["x has 2 dimensions"]),
+    (((8, 6), "16x3", (4, 24)), ["shape tuple"]),
+    (((8, 6), (16, 3), ...), ["placeholder"]),
+])
+def test_block_shapes_wrong(answers, hints, capsys):
+    assert not ex.check_block_shapes(*answers)
+    out = said(capsys)
+    for h in hints:
+        assert h in out
+
+
+# -- exercise 3: porting a pmap program ------------------------------------------------------
+
+MESH1 = simpmd.make_mesh((8,), ("i",))
+
+
+def sm(body, out_specs=P("i"), **kw):
+    return simpmd.shard_map(body, mesh=MESH1, in_specs=P("i"), out_specs=out_specs, **kw)
+
+
+def test_centering_right(capsys):
+    assert ex.check_centering(sm(lambda r: r - lax.pmean(r, "i")))
+    assert "Correct" in said(capsys)
+
+
+@pytest.mark.parametrize("centered, hint", [
+    (..., "placeholder"),
+    (simpmd.pmap(lambda r: r - lax.pmean(r, "i"), axis_name="i"), "is a simpmd.pmap"),
+    (sm(lambda r: r - lax.pmean(r, "i"), out_specs=P()), "simpmd refused"),
+    (sm(lambda r: r - lax.pmean(r, "i"), out_specs=P(), check_vma=False), "shape (1, 3)"),
+    (sm(lambda r: (r - lax.pmean(r, "i"))[0], out_specs=P(), check_vma=False), "shape (3,)"),
+    (sm(lambda r: r - lax.psum(r, "i")), "column SUMS"),
+    (sm(lambda r: r), "unchanged"),
+    (sm(lambda r: r - r.mean(axis=1, keepdims=True)), "each row's own mean"),
+    (sm(lambda r: r - lax.pmean(r, "i") + lax.axis_index("i") * 0.0 + (lax.axis_index("i") == 3)),
+     "rows [3] differ"),
+    (sm(lambda r: r - lax.pmean(r, "j")), "raised"),
+    (sm(lambda r: None), "returned None"),
+])
+def test_centering_wrong(centered, hint, capsys):
+    assert not ex.check_centering(centered)
+    assert hint in said(capsys)
+
+
+# -- exercise 4: bytes of a sharded array ---------------------------------------------------
+
+RIGHT = 4096 // 2 * 8192 * 2
+
+
+def test_sharded_bytes_right(capsys):
+    assert ex.check_sharded_bytes(RIGHT)
+    assert "33,554,432" in said(capsys)
+
+
+@pytest.mark.parametrize("answer, hints", [
+    (RIGHT // 4, ["do not divide by 8"]),
+    (RIGHT * 2, ["one of these", "4 is float32", "each holds half"]),
+    (RIGHT // 2, ["not 'model' (4)"]),
+    (RIGHT * 8, ["count bytes, not bits"]),
+    (RIGHT / 2**20, ["not MiB"]),
+])
+def test_sharded_bytes_wrong(answer, hints, capsys):
+    assert not ex.check_sharded_bytes(answer)
+    out = said(capsys)
+    for h in hints:
+        assert h in out
