@@ -212,7 +212,8 @@ class Pmapped:
             for d in device_list:
                 if type(d).__name__ != "SimDevice":
                     raise TypeError(f"devices= must list simpmd.devices(), got {d!r}")
-            repeated = sorted({d.id for d in device_list if device_list.count(d) > 1})
+            ids = [d.id for d in device_list]
+            repeated = sorted({i for i in ids if ids.count(i) > 1}) if len(set(ids)) < len(ids) else []
             if repeated:
                 raise ValueError(
                     f"devices= names device(s) {repeated} more than once; each shard needs a "
@@ -225,33 +226,34 @@ class Pmapped:
         static, defs, kw_def, arrays, paths, size = self._split(args, kwargs, max_devices)
 
         eager = sim.eager
+        # Each device's shard of each leaf, made once: it goes to the device's arguments
+        # and to the device's 'receive' log line.
+        shards = [[[_take(v, ax, i) for v, ax in conv] if conv is not None else None
+                   for conv in arrays] for i in range(size)]
         per_device = []
         for i in range(size):
-            dev_args = []
-            for a, (conv, td) in enumerate(zip(arrays[:-1], defs)):
-                if conv is None:
-                    dev_args.append(args[a])
-                    continue
-                leaves = [Traced(_take(v, ax, i), eager) for v, ax in conv]
-                dev_args.append(tree.unflatten(td, leaves))
-            kw = tree.unflatten(kw_def, [Traced(_take(v, ax, i), eager) for v, ax in arrays[-1]])
+            dev_args = [args[a] if conv is None else
+                        tree.unflatten(td, [Traced(x, eager) for x in shards[i][a]])
+                        for a, (conv, td) in enumerate(zip(arrays[:-1], defs))]
+            kw = tree.unflatten(kw_def, [Traced(x, eager) for x in shards[i][-1]])
             per_device.append((dev_args, kw))
 
         fun = self.fun
         run_one = (lambda a, k: fun(*a, **k))
         tasks = sim.new_tasks(run_one, per_device, ((self.axis_name, size),), parent)
+        received = []                 # (argument, leaf, whole value or None, detail text)
+        for a, (conv, leaf_paths) in enumerate(zip(arrays, paths)):
+            for k, ((v, ax), path) in enumerate(zip(conv or (), leaf_paths or ())):
+                if ax is None:
+                    received.append((a, k, v, f"{path} whole (in_axes=None)"))
+                else:
+                    received.append((a, k, None, (f"{path}[{':, ' * ax}", f"] of shape {v.shape}")))
         for i, t in enumerate(tasks):
-            for conv, leaf_paths in zip(arrays, paths):
-                if conv is None:
-                    continue
-                for (v, ax), path in zip(conv, leaf_paths):
-                    if ax is None:
-                        detail = f"{path} whole (in_axes=None)"
-                        shard = v
-                    else:
-                        detail = f"{path}[{':, ' * ax}{i}] of shape {v.shape}"
-                        shard = _take(v, ax, i)
-                    sim.log(t, "receive", inputs=(shard,), detail=detail)
+            for a, k, whole, detail in received:
+                if whole is None:
+                    sim.log(t, "receive", inputs=(shards[i][a][k],), detail=f"{detail[0]}{i}{detail[1]}")
+                else:
+                    sim.log(t, "receive", inputs=(whole,), detail=detail)
 
         if parent is None:
             try:
@@ -304,9 +306,10 @@ class Pmapped:
                     raise ValueError(f"out_axes={ax} is out of range for results of shape "
                                      f"{values[0].shape}.")
                 ax = ax % (values[0].ndim + 1)
+            label = f"out{_leaf_label(treedef, k)}"
             for i, (t, v) in enumerate(zip(tasks, values)):
                 where = "whole (out_axes=None)" if ax is None else f"[{':, ' * ax}{i}]"
-                sim.log(t, "return", outputs=(v,), detail=f"out{_leaf_label(treedef, k)}{where}")
+                sim.log(t, "return", outputs=(v,), detail=label + where)
             if nested:
                 stacked = values[0] if ax is None else np.stack(values, axis=ax)
                 leaves.append(Traced(stacked, sim.eager))
