@@ -308,7 +308,7 @@ class Pmapped:
                 ax = ax % (values[0].ndim + 1)
             label = f"out{_leaf_label(treedef, k)}"
             for i, (t, v) in enumerate(zip(tasks, values)):
-                where = "whole (out_axes=None)" if ax is None else f"[{':, ' * ax}{i}]"
+                where = " whole (out_axes=None)" if ax is None else f"[{':, ' * ax}{i}]"
                 sim.log(t, "return", outputs=(v,), detail=label + where)
             if nested:
                 stacked = values[0] if ax is None else np.stack(values, axis=ax)

@@ -342,7 +342,7 @@ class Simulation:
         for t in stuck:                 # the log says where each one was left waiting
             if t.waiting and t.waiting[0] == "collective":
                 rv = t.waiting[1]
-                source = next(a[2] for a in rv.arrived.values() if a[0] is t)
+                source = next((a[2] for a in rv.arrived.values() if a[0] is t), "")
                 self.log(t, "error", source=source, detail=(
                     f"still waiting in {rv.op} over {rv.axes} when the run stopped"))
             elif t.waiting:
@@ -361,6 +361,8 @@ class Simulation:
         for name in axis_names:
             if name not in env:
                 scope = ", ".join(repr(n) for n, _, _ in task.coords) or "none"
+                if None in env:
+                    scope += " (a pmap given no axis_name: pass axis_name= to name its axis)"
                 raise errors.UnboundAxisError(
                     f"{opname} on {task.where()} names axis {name!r}, but no enclosing pmap "
                     f"binds it. Axis names in scope: {scope}. Pass axis_name={name!r} to the "
@@ -382,7 +384,7 @@ class Simulation:
             check(leaves, p, params, task.where(), axis_names)
         rest = tuple((n, i) for n, i, _ in task.coords if n not in axis_names)
         scope = tuple(n for n, _, _ in task.coords)
-        key = (scope, axis_names, rest, group_id)
+        key = (scope, axis_names, rest, None if groups is None else tuple(groups[group_id]))
         signature = (op, _freeze(params), tuple((np.shape(v), np.asarray(v).dtype.str) for v in leaves))
         source, code = caller_source()
         task.calls += 1

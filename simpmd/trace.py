@@ -95,7 +95,7 @@ def _bytes(n: int) -> str:
 
 
 def _params_text(e: Event) -> str:
-    keep = {k: v for k, v in e.params.items() if v not in (False, None)}
+    keep = {k: v for k, v in e.params.items() if v is not False and v is not None}
     return ", ".join(f"{k}={v}" for k, v in keep.items())
 
 

@@ -394,3 +394,20 @@ def test_axis_index_groups_appear_in_the_trace():
     e = next(e for e in f.trace.events if e.op == "pmax")
     assert e.params["axis_index_groups"] == ((0, 1), (2, 3)) and e.group == (0, 1)
     assert "axis_index_groups" in str(f.trace)
+
+
+def test_two_groupings_of_one_axis_in_one_program():
+    simpmd.set_device_count(4)
+
+    def body(x):
+        return (lax.psum(x, "i", axis_index_groups=[[0, 1], [2, 3]]),
+                lax.psum(x, "i", axis_index_groups=[[0, 2], [1, 3]]))
+    pairs, strided = simpmd.pmap(body, "i")(np.array([1.0, 10.0, 100.0, 1000.0]))
+    np.testing.assert_array_equal(np.asarray(pairs), [11.0, 11.0, 1100.0, 1100.0])
+    np.testing.assert_array_equal(np.asarray(strided), [101.0, 1010.0, 101.0, 1010.0])
+
+
+def test_trace_shows_zero_valued_parameters():
+    f = simpmd.pmap(lambda x: lax.all_to_all(x, "i", 0, 1), "i")
+    f(np.zeros((4, 4, 2)))
+    assert "split_axis=0" in str(f.trace)

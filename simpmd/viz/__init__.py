@@ -33,7 +33,7 @@ _WHERE = {
     "save_algorithm_gif": "algorithms",
     "sources": "algorithms",
     "draw_timeline": "timeline",
-    "timeline": "timeline",
+    "model_timeline": "timeline",
     "Segment": "timeline",
     "tagged": "canvas",
 }

@@ -6,6 +6,7 @@ shows the returned figure exactly once, and the same code runs headless in tests
 """
 from __future__ import annotations
 
+import functools
 import io
 
 import numpy as np
@@ -58,17 +59,26 @@ def tagged(fig, role: str | None = None) -> list:
     return [a for a in fig.findobj(lambda a: (a.get_gid() or "").startswith(prefix))]
 
 
+# tab10 and tab20 without their greys, which mean "combined from everyone" here
+_FEW = [to_rgb(colormaps["tab10"](i)) for i in (0, 1, 2, 3, 4, 5, 6, 8, 9)]
+_SOME = [to_rgb(colormaps["tab20"](i)) for i in range(20) if i not in (14, 15)]
+
+
+_TURBO = colormaps["turbo"]
+
+
+@functools.lru_cache(maxsize=8192)
 def device_color(k: int, p: int):
-    """The colour of member ``k`` of ``p``: distinct hues up to 20, a smooth ramp beyond."""
+    """The colour of member ``k`` of ``p``: distinct hues up to 18, a smooth ramp beyond."""
     if k == SUM:
         return GREY
     if k == ZERO:
         return (1.0, 1.0, 1.0)
-    if p <= 10:
-        return to_rgb(colormaps["tab10"](k % 10))
-    if p <= 20:
-        return to_rgb(colormaps["tab20"](k % 20))
-    return to_rgb(colormaps["turbo"](0.08 + 0.84 * k / max(p - 1, 1)))
+    if p <= len(_FEW):
+        return _FEW[k % len(_FEW)]
+    if p <= len(_SOME):
+        return _SOME[k % len(_SOME)]
+    return to_rgb(_TURBO(0.08 + 0.84 * k / max(p - 1, 1)))
 
 
 def tint(color, amount: float):

@@ -130,11 +130,16 @@ def draw_mesh(shape_or_devices, axis_names=None, highlight_axis=None, values=Non
                 tag(box, "device", int(flat_ids[flat]))
                 ax.add_patch(box)
                 boxes[flat] = (x, y)
-                ax.text(x + BOX / 2, y + BOX * (0.62 if text else 0.5), str(flat_ids[flat]),
+                ax.text(x + BOX / 2, y + BOX * (0.7 if text else 0.5), str(flat_ids[flat]),
                         ha="center", va="center", fontsize=fs * 1.2, fontweight="bold", color=INK)
                 if text:
-                    ax.text(x + BOX / 2, y + BOX * 0.25, text.get(flat, ""), ha="center",
-                            va="center", fontsize=fs * 0.62, color=INK, family="monospace")
+                    words = text.get(flat, "")
+                    lines = words.count("\n") + 1
+                    width = max((len(w) for w in words.split("\n")), default=1)
+                    size = min(fs * 0.62, fs * 0.62 * 3 / lines, fs * 0.62 * 11 / max(width, 1))
+                    ax.text(x + BOX / 2, y + BOX * 0.27, words, ha="center", va="center",
+                            fontsize=max(size, 3.5), color=INK, family="monospace",
+                            linespacing=1.1)
         _axis_labels(ax, shape, axis_names, ox, oy, nr, nc, fs)
 
     if groups is not None:
@@ -146,11 +151,12 @@ def draw_mesh(shape_or_devices, axis_names=None, highlight_axis=None, values=Non
         if highlight_axis is not None:
             over = highlight_axis if isinstance(highlight_axis, str) else tuple(highlight_axis)
             size = ids.size // n_groups
-            title += f"\na collective over {over!r} runs in {n_groups} group(s) of {size}"
+            title += (f"\na collective over {over!r} runs in {n_groups} group{'s' if n_groups > 1 else ''} "
+                      f"of {size}")
     ax.text(margin_left - GAP, 0.2, title, ha="left", va="top", fontsize=fs * 1.05, color=INK)
     ax.set_xlim(0, total_w)
     ax.set_ylim(-total_h + 0.5, 0.5)
-    ax.set_aspect("equal", adjustable="datalim")
+    ax.set_aspect("equal", adjustable="box")
     ax.set_axis_off()
     return fig
 
@@ -240,7 +246,8 @@ def draw_trace_mesh(trace, highlight_axis=None, values=None, *, title=None, ax=N
         raise ValueError("draw_trace_mesh: the run left some mesh positions without a device")
     if highlight_axis == "auto":
         calls = [c for c in trace.calls() if c[0].device is not None]
-        highlight_axis = tuple(calls[0][0].axes) if calls else None
+        axes = tuple(calls[0][0].axes) if calls else ()
+        highlight_axis = (axes[0] if len(axes) == 1 else axes) or None
     if isinstance(values, str):
         kind = {"received": "receive", "returned": "return"}.get(values)
         if kind is None:

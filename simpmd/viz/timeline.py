@@ -1,0 +1,251 @@
+"""A run as a Gantt chart: one row per device, computing, waiting and communicating.
+
+simpmd runs programs one at a time on one CPU, so it has no real clock to show. The
+timeline is a *model* built from the trace:
+
+* **communication**: each collective instance lasts what ``simpmd.cost.estimate_trace``
+  says on the chosen hardware (all members of a group finish together). Without the cost
+  model it falls back to the busiest member's logged bytes over a nominal 100 GB/s, and
+  the chart says so.
+* **compute**: between two collectives a device computes. simpmd does not see the
+  arithmetic, so by default a segment lasts the time to write the values the device then
+  hands to the collective (or returns) once through HBM: ``bytes / hbm_bandwidth``. That
+  is a lower bound that fits elementwise code; a matmul takes far longer. Pass
+  ``compute=`` (seconds per segment, or a function) for your own numbers, and
+  ``slowdown={device: factor}`` to make a straggler.
+* **waiting**: a collective starts when the last member of its group arrives; the others
+  wait from their arrival until then. In a nested pmap an outer program spans several
+  devices, and its collectives start when all of them are ready.
+
+The order of the model is the order of the trace's events: a device's segments follow
+its own log, and collective instances run in ``step`` order.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from matplotlib.patches import Patch, Rectangle
+
+from .canvas import INK, figure_and_axes, font_size, tag
+
+FALLBACK_BANDWIDTH = 100e9      # bytes/s, used only when simpmd.cost is missing
+FALLBACK_HBM = 1e12
+COLORS = {"compute": (0.55, 0.71, 0.86), "wait": (0.93, 0.93, 0.93), "comm": (0.95, 0.55, 0.2)}
+# one per collective op when a run uses several (no blue: blue is compute)
+OP_COLORS = [(0.95, 0.55, 0.2), (0.35, 0.7, 0.32), (0.86, 0.3, 0.3), (0.6, 0.45, 0.75),
+             (0.6, 0.42, 0.3), (0.9, 0.5, 0.75), (0.7, 0.7, 0.25), (0.3, 0.7, 0.7)]
+
+
+@dataclass(frozen=True)
+class Segment:
+    """What one device does from ``start`` to ``stop`` (seconds): compute, wait or comm."""
+
+    device: int
+    kind: str            # 'compute', 'wait' or 'comm'
+    start: float
+    stop: float
+    program: str
+    label: str = ""
+    step: int | None = None
+
+    @property
+    def duration(self) -> float:
+        return self.stop - self.start
+
+
+@dataclass
+class Timeline:
+    """The modelled run: segments per device, and what the numbers came from."""
+
+    segments: list
+    devices: list
+    end: float
+    comm_model: str
+    compute_model: str
+
+    def of(self, device: int) -> list:
+        return [s for s in self.segments if s.device == device]
+
+    def total(self, kind: str, device: int | None = None) -> float:
+        return sum(s.duration for s in self.segments
+                   if s.kind == kind and (device is None or s.device == device))
+
+
+def _comm_times(trace, hardware, topology):
+    """Seconds per collective step, the HBM bandwidth, and a label saying where they came from."""
+    try:
+        from .. import cost
+        estimate = cost.estimate_trace(trace, hardware=hardware, topology=topology)
+        hbm = cost.hardware_preset(hardware).hbm_bandwidth
+    except ImportError:
+        times = {}
+        for group in trace.collectives():
+            busiest = max(max(e.bytes_sent, e.bytes_received) for e in group)
+            times[group[0].step] = busiest / FALLBACK_BANDWIDTH
+        return (times, FALLBACK_HBM,
+                f"communication: busiest member's bytes / {FALLBACK_BANDWIDTH / 1e9:g} GB/s "
+                f"(simpmd.cost is not available: not a hardware estimate)",
+                f"{FALLBACK_HBM / 1e12:g} TB/s")
+    times = {c.step: c.time_s for c in estimate.collectives}
+    return (times, hbm, f"communication: simpmd.cost on {estimate.hardware} ({estimate.topology})",
+            f"{hbm / 1e12:g} TB/s HBM")
+
+
+def model_timeline(trace, hardware="TPU v4", *, compute=None, slowdown=None, topology=None) -> Timeline:
+    """Model the run of ``trace`` on ``hardware``; return a :class:`Timeline` of segments.
+
+    ``compute``: None (bytes written / HBM bandwidth, see the module docstring), a number
+    (seconds for every compute segment), or ``f(program, k, event) -> seconds`` for the
+    k-th segment of a program (``event`` is the collective that ends it, or None for the
+    last segment, before the program returns). ``slowdown``: ``{device id: factor}``
+    multiplies that device's compute. ``topology`` goes to ``simpmd.cost.estimate_trace``.
+    """
+    times, hbm, comm_label, hbm_label = _comm_times(trace, hardware, topology)
+    slowdown = dict(slowdown or {})
+    if compute is None:
+        compute_label = (f"compute: bytes each device writes for its next collective or "
+                         f"result / {hbm_label} (a lower bound)")
+    elif callable(compute):
+        compute_label = "compute: as given (compute=)"
+    else:
+        compute_label = f"compute: {_seconds(float(compute))} per segment (as given)"
+
+    def compute_seconds(program, k, event, nbytes, width):
+        if compute is None:
+            return nbytes / hbm / width
+        if callable(compute):
+            return float(compute(program, k, event))
+        return float(compute)
+
+    devices = sorted({e.device for e in trace.events if e.device is not None}
+                     | {d for e in trace.events for d in e.devices})
+    clock = {d: 0.0 for d in devices}
+    segments: list = []
+    count: dict = {}          # program -> compute segments so far
+    returned: dict = {}
+    for e in trace.events:
+        if e.kind == "return":
+            returned[e.program] = returned.get(e.program, 0) + e.nbytes_out
+    by_step: dict = {}
+    for e in trace.events:
+        if e.kind == "collective":
+            by_step.setdefault(e.step, []).append(e)
+
+    def run_compute(program, spans, event, nbytes):
+        k = count.get(program, 0)
+        count[program] = k + 1
+        base = compute_seconds(program, k, event, nbytes, max(len(spans), 1))
+        for d in spans:
+            t = base * float(slowdown.get(d, 1.0))
+            if t > 0:
+                segments.append(Segment(d, "compute", clock[d], clock[d] + t, program))
+            clock[d] += t
+
+    done_steps, done_programs = set(), set()
+    for e in trace.events:
+        if e.kind == "collective" and e.step not in done_steps:
+            done_steps.add(e.step)
+            members = sorted(by_step[e.step], key=lambda m: m.member)
+            for m in members:
+                run_compute(m.program, _spans(m), m, m.nbytes_in)
+            spans = [d for m in members for d in _spans(m)]
+            start = max(clock[d] for d in spans)
+            duration = float(times.get(e.step, 0.0))
+            for m in members:
+                for d in _spans(m):
+                    if start > clock[d]:
+                        segments.append(Segment(d, "wait", clock[d], start, m.program,
+                                                f"waits for {m.op}", e.step))
+                    segments.append(Segment(d, "comm", start, start + duration, m.program,
+                                            m.op, e.step))
+                    clock[d] = start + duration
+        elif e.kind == "return" and e.program not in done_programs:
+            done_programs.add(e.program)
+            run_compute(e.program, _spans(e), None, returned.get(e.program, 0))
+    end = max(clock.values(), default=0.0)
+    return Timeline(segments, devices, end, comm_label, compute_label)
+
+
+def _spans(e):
+    return [e.device] if e.device is not None else list(e.devices)
+
+
+def _seconds(t: float) -> str:
+    unit, scale = _unit(t)
+    return f"{t / scale:.3g} {unit}"
+
+
+def _unit(t: float):
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
+        if t >= scale:
+            return unit, scale
+    return "ns", 1e-9
+
+
+def draw_timeline(trace, hardware="TPU v4", *, compute=None, slowdown=None, topology=None,
+                  title=None, ax=None):
+    """Draw the modelled run as a Gantt chart, one row per device; return the Figure.
+
+    Blue: compute; orange: communication (one colour per collective op when a run uses
+    several kinds); grey: waiting for the last member of a group. See :func:`model_timeline` for
+    the model and its limits. Rows are tagged ``simpmd:device:<id>``, segments
+    ``simpmd:<kind>:<device>:<k>``.
+    """
+    tl = model_timeline(trace, hardware, compute=compute, slowdown=slowdown, topology=topology)
+    n = len(tl.devices)
+    row_in = 0.32 if n <= 16 else max(0.1, 6.5 / n)
+    fig, ax = figure_and_axes(ax, 10.0, n * row_in + 1.6)
+    if ax.get_position().width > 0.9:        # our own figure: leave room for labels
+        ax.set_position((0.1, 1.05 / (n * row_in + 1.6), 0.87, n * row_in / (n * row_in + 1.6)))
+    ax.set_axis_on()
+    end = tl.end if tl.end > 0 else 1e-9
+    unit, scale = _unit(end)
+    row = {d: k for k, d in enumerate(tl.devices)}
+    ops = sorted({s.label for s in tl.segments if s.kind == "comm"})
+    op_color = {op: OP_COLORS[k % len(OP_COLORS)] for k, op in enumerate(ops)}
+    fs = font_size(row_in, largest=8.5)
+    for d in tl.devices:
+        back = Rectangle((0, row[d] - 0.5), end / scale, 1.0, facecolor=(0.985, 0.985, 0.985),
+                         edgecolor="none", zorder=0)
+        tag(back, "device", d)
+        ax.add_patch(back)
+    counters: dict = {}
+    for s in tl.segments:
+        k = counters.get((s.kind, s.device), 0)
+        counters[(s.kind, s.device)] = k + 1
+        color = op_color.get(s.label, COLORS["comm"]) if s.kind == "comm" else COLORS[s.kind]
+        rect = Rectangle((s.start / scale, row[s.device] - 0.38), s.duration / scale, 0.76,
+                         facecolor=color, edgecolor="white" if s.kind != "wait" else (0.6, 0.6, 0.6),
+                         linewidth=0.4, hatch="///" if s.kind == "wait" else None, zorder=2)
+        tag(rect, s.kind, f"{s.device}:{k}")
+        ax.add_patch(rect)
+        if s.kind == "comm" and n <= 16 and s.duration / end > 0.06:
+            ax.text((s.start + s.stop) / 2 / scale, row[s.device], s.label, ha="center",
+                    va="center", fontsize=fs * 0.85, color=INK, zorder=3)
+    ax.set_xlim(0, end / scale * 1.01)
+    ax.set_ylim(n - 0.5, -0.5)
+    ax.set_yticks(range(n))
+    ax.set_yticklabels([f"device {d}" for d in tl.devices], fontsize=fs)
+    if n > 32:
+        for label in ax.get_yticklabels()[1::2]:
+            label.set_visible(False)
+    ax.set_xlabel(f"time ({unit}), modelled", fontsize=8.5)
+    ax.tick_params(axis="x", labelsize=8)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    handles = [Patch(facecolor=COLORS["compute"], label="compute"),
+               Patch(facecolor=COLORS["wait"], edgecolor=(0.6, 0.6, 0.6), hatch="///",
+                     label="waiting for the group")]
+    handles += [Patch(facecolor=op_color[op], label=op) for op in ops]
+    ax.legend(handles=handles, loc="lower left", bbox_to_anchor=(0, 1.0), ncol=len(handles),
+              fontsize=8, frameon=False)
+    if title is None:
+        waited = max((tl.total("wait", d) for d in tl.devices), default=0.0)
+        title = (f"estimated run on {getattr(hardware, 'name', hardware)}: {_seconds(tl.end) if tl.end else '0 s'}; "
+                 + (f"the device that waits most waits {_seconds(waited)}" if waited
+                    else "no device waits"))
+    fig.text(0.01, 0.995, title, ha="left", va="top", fontsize=10, fontweight="bold", color=INK)
+    fig.text(0.01, 0.005, tl.comm_model + "\n" + tl.compute_model, ha="left", va="bottom",
+             fontsize=7.5, color=INK)
+    return fig

@@ -1,0 +1,379 @@
+"""simpmd.viz: every drawing runs on 1-D and 2-D meshes and every collective, and draws what
+the trace holds. No pixel comparisons: the drawings tag their device boxes, hubs, arrows and
+timeline segments (``simpmd:<role>:<name>`` gids), and the tests count those and read the
+text artists."""
+import collections
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import simpmd
+from simpmd import algorithms, lax
+
+viz = pytest.importorskip("simpmd.viz")
+pytest.importorskip("matplotlib")
+from simpmd.viz.canvas import Drawing, number, tagged  # noqa: E402
+
+
+def gids(fig, role):
+    return [a.get_gid().split(":", 2)[2] for a in tagged(fig, role)]
+
+
+def texts(fig):
+    return [t.get_text() for t in fig.findobj(lambda a: hasattr(a, "get_text") and
+                                              type(a).__name__ == "Text")]
+
+
+# -- runs to draw -----------------------------------------------------------------------------
+
+RING8 = [(i, (i + 1) % 8) for i in range(8)]
+BODIES = {      # op -> body for a 1-D run over axis 'i' of 8 devices; x holds 8 numbers
+    "psum": lambda x: lax.psum(x, "i"),
+    "pmean": lambda x: lax.pmean(x, "i"),
+    "pmax": lambda x: lax.pmax(x, "i"),
+    "pmin": lambda x: lax.pmin(x, "i"),
+    "all_gather": lambda x: lax.all_gather(x, "i"),
+    "psum_scatter": lambda x: lax.psum_scatter(x, "i"),
+    "ppermute": lambda x: lax.ppermute(x, "i", perm=RING8),
+    "pshuffle": lambda x: lax.pshuffle(x, "i", perm=[7, 0, 1, 2, 3, 4, 5, 6]),
+    "all_to_all": lambda x: lax.all_to_all(x, "i", 0, 0),
+    "pswapaxes": lambda x: lax.pswapaxes(x, "i", 0),
+}
+
+
+def run_1d(op, n=8):
+    f = simpmd.pmap(BODIES[op], axis_name="i")
+    f(np.arange(8.0 * n).reshape(8, n))
+    return f.trace
+
+
+def run_2d(op, axis):
+    """A nested pmap over data=2 x model=4; the collective runs over ``axis`` on 4-vectors."""
+    size = {"data": 2, "model": 4}[axis]
+    perm = [(k, (k + 1) % size) for k in range(size)]
+    bodies = {
+        "psum": lambda x: lax.psum(x, axis), "pmean": lambda x: lax.pmean(x, axis),
+        "pmax": lambda x: lax.pmax(x, axis), "pmin": lambda x: lax.pmin(x, axis),
+        "all_gather": lambda x: lax.all_gather(x, axis),
+        "psum_scatter": lambda x: lax.psum_scatter(x, axis, tiled=True),
+        "ppermute": lambda x: lax.ppermute(x, axis, perm=perm),
+        "pshuffle": lambda x: lax.pshuffle(x, axis, perm=[(k + 1) % size for k in range(size)]),
+        "all_to_all": lambda x: lax.all_to_all(x, axis, 0, 0, tiled=True),
+        "pswapaxes": lambda x: lax.pswapaxes(x.reshape(size, -1), axis, 0),
+    }
+    inner = bodies[op]
+    g = simpmd.pmap(lambda x: simpmd.pmap(inner, axis_name="model")(x), axis_name="data")
+    g(np.arange(32.0).reshape(2, 4, 4))
+    return g.trace
+
+
+# -- packaging --------------------------------------------------------------------------------
+
+def test_import_simpmd_viz_does_not_import_matplotlib_until_a_drawing_is_asked_for():
+    code = textwrap.dedent("""
+        import sys, simpmd, simpmd.viz as viz
+        assert 'matplotlib' not in sys.modules, 'import simpmd.viz imported matplotlib'
+        assert callable(viz.draw_mesh) and 'matplotlib' in sys.modules
+        assert sorted(viz.__all__) == viz.__all__ and 'draw_timeline' in dir(viz)
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
+def test_figures_are_figures_that_show_themselves_in_jupyter():
+    fig = viz.draw_mesh(4, "i")
+    from matplotlib.figure import Figure
+    assert isinstance(fig, Figure) and isinstance(fig, Drawing)
+    assert fig._repr_png_().startswith(b"\x89PNG")
+    with pytest.raises(AttributeError, match="no attribute 'draw_everything'"):
+        viz.draw_everything
+
+
+def test_number_text():
+    assert [number(x) for x in (6.0, 0.5, 7 / 3, 3, np.int32(-4), True, 1.5e7, 0.0)] == \
+        ["6", "0.5", "2.333", "3", "-4", "T", "1.5e+07", "0"]
+
+
+# -- meshes -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shape,names,axis,groups", [
+    (8, "i", None, 0),
+    (8, ("i",), "i", 1),
+    ((2, 4), ("data", "model"), "model", 2),          # the rows
+    ((2, 4), ("data", "model"), "data", 4),           # the columns
+    ((4, 2), ("data", "model"), ("data", "model"), 1),
+    ((2, 2, 2), ("x", "y", "z"), "z", 4),
+])
+def test_draw_mesh_has_one_box_per_device_and_outlines_the_groups(shape, names, axis, groups):
+    fig = viz.draw_mesh(shape, names, highlight_axis=axis)
+    n = int(np.prod(shape))
+    assert sorted(map(int, gids(fig, "device"))) == list(range(n))
+    assert len(gids(fig, "group")) == groups
+    for name in ((names,) if isinstance(names, str) else names):
+        assert any(t == name or t.startswith(name + "=") for t in texts(fig))
+
+
+def test_mesh_groups_agree_with_the_engine():
+    """The devices the picture puts in one group are the devices a psum adds together."""
+    groups, count = viz.mesh_groups((2, 4), "data", ("data", "model"))
+    assert count == 4 and list(groups) == [0, 1, 2, 3, 0, 1, 2, 3]
+    trace = run_2d("psum", "data")
+    for e in trace.events:
+        if e.kind == "collective":
+            assert len({groups[d] for d in e.group}) == 1
+
+
+def test_draw_mesh_values_mesh_objects_and_errors():
+    fig = viz.draw_mesh((2, 2), ("data", "model"), values=["a", "b", np.arange(2.0), np.zeros((4, 8))])
+    assert {"a", "b", "[0 1]", "float64[4,8]"} <= set(texts(fig))
+    fig = viz.draw_mesh(8, "i", values={3: "three"})
+    assert "three" in texts(fig)
+    mesh = simpmd.make_mesh((2, 4), ("data", "model"))
+    fig = viz.draw_mesh(mesh, highlight_axis="model")
+    assert len(gids(fig, "device")) == 8 and "model" in texts(fig)
+    fig = viz.draw_mesh(simpmd.platform().device_grid(), "devices")
+    assert len(gids(fig, "device")) == 8
+    with pytest.raises(ValueError, match="not an axis of this mesh"):
+        viz.draw_mesh((2, 4), ("data", "model"), highlight_axis="batch")
+    with pytest.raises(ValueError, match="one name per axis"):
+        viz.draw_mesh((2, 4), ("data",))
+    with pytest.raises(ValueError, match="one per device"):
+        viz.draw_mesh(4, "i", values=[1, 2])
+
+
+def test_draw_trace_mesh_reads_the_grid_from_the_coords():
+    trace = run_2d("psum", "model")
+    fig = viz.draw_trace_mesh(trace, highlight_axis="auto", values="returned")
+    assert sorted(map(int, gids(fig, "device"))) == list(range(8))
+    assert len(gids(fig, "group")) == 2                   # psum over 'model': the two rows
+    assert "over 'model' runs in 2 groups of 4" in " ".join(texts(fig))
+    returned = [e for e in trace.events if e.kind == "return" and e.device is not None]
+    assert all(viz.mesh.short(e.outputs[0]) in texts(fig) for e in returned)
+    fig = viz.draw_trace_mesh(run_1d("psum", n=1), values="received")
+    assert {"[0]", "[7]"} <= set(texts(fig))
+    with pytest.raises(ValueError, match="'received', 'returned'"):
+        viz.draw_trace_mesh(trace, values="sent")
+
+
+# -- collectives ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("op", sorted(BODIES))
+def test_draw_collective_1d_every_kind(op):
+    trace = run_1d(op)
+    fig = viz.draw_collective(trace, 0)
+    programs = [f"device {d}" for d in range(8)]
+    assert sorted(gids(fig, "before")) == sorted(programs)
+    assert sorted(gids(fig, "after")) == sorted(programs)
+    if op in ("ppermute", "pshuffle"):
+        assert len(gids(fig, "link")) == 8 and not gids(fig, "hub")
+    else:
+        assert len(gids(fig, "hub")) == 1
+
+
+@pytest.mark.parametrize("op", sorted(BODIES))
+@pytest.mark.parametrize("axis", ["model", "data"])
+def test_draw_collective_2d_every_kind_one_hub_or_arrow_set_per_group(op, axis):
+    trace = run_2d(op, axis)
+    fig = viz.draw_collective(trace, op)
+    assert len(gids(fig, "before")) == len(gids(fig, "after")) == 8
+    groups = 2 if axis == "model" else 4
+    if op in ("ppermute", "pshuffle"):
+        assert len(gids(fig, "link")) == 8
+    else:
+        assert len(gids(fig, "hub")) == groups
+
+
+def test_the_numbers_drawn_are_the_numbers_in_the_trace():
+    """Every value before and after, on every device, appears as text (small arrays)."""
+    for op in ("psum", "all_gather", "ppermute", "all_to_all", "psum_scatter"):
+        n = 1 if op == "all_gather" else 8          # at most 8 numbers per box
+        f = simpmd.pmap(BODIES[op], axis_name="i")
+        f(np.arange(8.0 * n).reshape(8, n) % 13)
+        fig = viz.draw_collective(f.trace, 0)
+        shown = collections.Counter(texts(fig))
+        expected = collections.Counter(
+            number(v) for e in f.trace.events if e.kind == "collective"
+            for leaf in (e.inputs[0], e.outputs[0]) for v in np.ravel(leaf))
+        missing = expected - shown
+        assert not missing, f"{op}: values in the trace but not drawn: {dict(missing)}"
+
+
+def test_provenance_colours_follow_the_collective():
+    """all_gather: block j of every result is coloured like device j; ppermute: like its sender."""
+    from simpmd.viz.collectives import DRAWING
+    e = next(e for e in run_1d("all_gather", n=1).events if e.kind == "collective")
+    assert DRAWING["all_gather"].after(e, e.outputs[0]).ravel().tolist() == list(range(8))
+    e = next(e for e in run_1d("ppermute", n=1).events if e.kind == "collective" and e.member == 3)
+    assert DRAWING["ppermute"].after(e, e.outputs[0]).ravel().tolist() == [2]
+    e = next(e for e in run_1d("all_to_all").events if e.kind == "collective" and e.member == 0)
+    assert DRAWING["all_to_all"].after(e, e.outputs[0]).ravel().tolist() == list(range(8))
+
+
+def test_draw_collective_choosing_and_errors():
+    trace = run_1d("psum")
+    assert len(gids(viz.draw_collective(trace, -1), "after")) == 8
+    events = trace.calls()[0]
+    assert len(gids(viz.draw_collective(events), "before")) == 8
+    group = trace.collectives()[0][:3]                  # part of a group is drawable too
+    assert len(gids(viz.draw_collective(group), "before")) == 3
+    with pytest.raises(IndexError, match="1 collective call"):
+        viz.draw_collective(trace, 5)
+    with pytest.raises(ValueError, match="no 'all_gather'"):
+        viz.draw_collective(trace, "all_gather")
+    quiet = simpmd.pmap(lambda x: x + 1, axis_name="i")
+    quiet(np.zeros(8))
+    with pytest.raises(ValueError, match="no collectives"):
+        viz.draw_trace(quiet.trace)
+
+
+def test_pytrees_heat_strips_and_draw_trace():
+    f = simpmd.pmap(lambda x, y: (lax.psum((x, y), "i"), lax.all_gather(y, "i")), axis_name="i")
+    f(np.ones((8, 3)), np.arange(8.0 * 100).reshape(8, 100))
+    fig = viz.draw_collective(f.trace, 0, leaf=1)
+    assert fig.axes[0].images                            # 100 numbers: heat strips, not text
+    assert "(leaf 1 of 2)" in " ".join(texts(fig))
+    fig = viz.draw_trace(f.trace)
+    assert len(fig.axes) == 2 and len(gids(fig, "after")) == 16
+    assert len(gids(viz.draw_trace(run_2d("all_gather", "data")), "before")) == 8
+
+
+def test_nested_outer_programs_are_drawn_with_the_devices_they_span():
+    def outer(x):
+        return lax.psum(simpmd.pmap(lambda v: lax.psum(v, "model"), axis_name="model")(x), "data")
+    g = simpmd.pmap(outer, axis_name="data")
+    g(np.arange(8.0).reshape(2, 4))
+    fig = viz.draw_trace(g.trace)
+    assert sorted(gids(fig, "before")) == sorted([f"device {d}" for d in range(8)] + ["data=0", "data=1"])
+    assert "data=1 [4-7]" in texts(fig)
+
+
+def test_64_devices_every_view():
+    simpmd.set_device_count(64)
+    ring = [(i, (i + 1) % 64) for i in range(64)]
+    f = simpmd.pmap(lambda x: (lax.psum_scatter(x, "i", tiled=True), lax.ppermute(x, "i", ring)),
+                    axis_name="i")
+    f(np.arange(64 * 128.0).reshape(64, 128))
+    for fig in (viz.draw_collective(f.trace, 0), viz.draw_collective(f.trace, 1)):
+        assert len(gids(fig, "before")) == len(gids(fig, "after")) == 64
+    fig = viz.draw_trace(f.trace)
+    fig.canvas.draw()                                     # renders without error
+    assert len(gids(fig, "after")) == 128
+    assert len(gids(viz.draw_trace_mesh(f.trace), "device")) == 64
+    assert len(gids(viz.draw_mesh((4, 4, 4), ("x", "y", "z"), highlight_axis="y"), "device")) == 64
+    assert len(gids(viz.draw_timeline(f.trace), "device")) == 64
+
+
+def test_ax_argument_draws_into_a_given_axes():
+    from simpmd.viz.canvas import new_figure
+    fig = new_figure(8, 4)
+    left, right = fig.add_axes((0, 0, 0.5, 1)), fig.add_axes((0.5, 0, 0.5, 1))
+    assert viz.draw_mesh((2, 2), ("a", "b"), ax=left) is fig
+    assert viz.draw_collective(run_1d("psum"), ax=right) is fig
+    assert len(gids(fig, "device")) == 4 and len(gids(fig, "before")) == 8
+
+
+# -- algorithms -------------------------------------------------------------------------------
+
+@pytest.mark.filterwarnings("ignore:Animation was deleted")
+@pytest.mark.parametrize("p", [2, 4, 8])
+def test_ring_all_reduce_frames_and_animation(p):
+    run = algorithms.ring_all_reduce([np.full(p, float(d)) for d in range(p)])
+    anim = viz.animate_algorithm(run)
+    assert len(list(anim.new_frame_seq())) == 2 * (p - 1) + 1
+    fig = viz.draw_algorithm(run)
+    frames = 2 * (p - 1) + 1
+    assert len(gids(fig, "device")) == p * frames
+    step = viz.draw_algorithm_step(run, 1)
+    assert len(gids(step, "device")) == p and len(gids(step, "message")) == p
+    held = viz.sources(run)
+    assert len(held) == frames
+    assert all(s == frozenset(range(p)) for row in held[-1] for s in row)     # everyone has all
+    assert all(s == frozenset({i}) for i, row in enumerate(held[0]) for s in row)
+
+
+def test_sources_read_from_the_messages_match_the_values():
+    """Device inputs 2**d: each piece's value, in binary, names the devices it holds."""
+    p = 4
+    run = algorithms.ring_all_reduce([np.full(8, 2.0 ** d) for d in range(p)])
+    segs = viz.algorithms._segments(run)
+    for t, frame in enumerate(viz.sources(run)):
+        for i, row in enumerate(frame):
+            for (a, _), held in zip(segs, row):
+                assert int(run.states[t][i][a]) == sum(1 << d for d in held)
+
+
+@pytest.mark.filterwarnings("ignore:Animation was deleted")
+def test_tree_torus_and_gather_runs_draw():
+    tree = algorithms.tree_all_reduce([np.full(4, float(d)) for d in range(8)])
+    assert len(list(viz.animate_algorithm(tree).new_frame_seq())) == 2 * 3 + 1
+    torus = algorithms.torus_all_reduce([np.full(16, float(d)) for d in range(8)], (2, 4))
+    fig = viz.draw_algorithm_step(torus, 1)
+    assert len(gids(fig, "device")) == 8 and gids(fig, "message")
+    gather = algorithms.ring_all_gather([np.full(2, float(d)) for d in range(4)])
+    held = viz.sources(gather)
+    assert held[0][1] == [frozenset(), frozenset({1}), frozenset(), frozenset()]
+    assert all(s == frozenset({k}) for row in held[-1] for k, s in enumerate(row))
+    fig = viz.draw_algorithm(gather, frames=[0, 3], show="values")
+    assert len(gids(fig, "device")) == 8
+    with pytest.raises(IndexError, match="frames 0 to 3"):
+        viz.draw_algorithm_step(gather, 4)
+    with pytest.raises(TypeError, match="simpmd.algorithms"):
+        viz.draw_algorithm([1, 2])
+
+
+def test_animation_to_html_and_gif(tmp_path):
+    from PIL import Image
+    run = algorithms.ring_all_reduce([np.full(3, float(d)) for d in range(3)])
+    html = viz.algorithm_html(run)
+    assert "<script" in getattr(html, "data", html)
+    path = viz.save_algorithm_gif(run, tmp_path / "ring.gif", hold=2, fps=2)
+    with Image.open(path) as gif:        # Pillow merges the held copies into the last frame
+        assert gif.n_frames == 2 * 2 + 1
+        gif.seek(gif.n_frames - 1)
+        assert gif.info["duration"] == 3 * 500
+
+
+# -- timeline ---------------------------------------------------------------------------------
+
+def test_timeline_segments_waits_and_stragglers():
+    trace = run_1d("psum")
+    tl = viz.model_timeline(trace, "TPU v4", compute=1e-5, slowdown={5: 3.0})
+    assert tl.devices == list(range(8)) and "simpmd.cost" in tl.comm_model
+    for d in range(8):
+        kinds = [s.kind for s in tl.of(d)]
+        assert kinds == (["compute", "comm", "compute"] if d == 5 else
+                         ["compute", "wait", "comm", "compute"])
+    assert tl.total("wait", 0) == pytest.approx(2e-5)     # device 5 arrives 20 us late
+    comm = {(s.start, s.stop) for s in tl.segments if s.kind == "comm"}
+    assert len(comm) == 1                                 # the group communicates together
+    from simpmd import cost
+    assert tl.total("comm", 0) == pytest.approx(cost.estimate_trace(trace, "TPU v4").total_time_s)
+    fig = viz.draw_timeline(trace, "TPU v4", compute=1e-5, slowdown={5: 3.0})
+    assert sorted(map(int, gids(fig, "device"))) == list(range(8))
+    assert len(tagged(fig, "wait")) == 7 and len(tagged(fig, "comm")) == 8
+    assert not viz.model_timeline(trace, "H100").total("wait")   # same work everywhere: nobody waits
+
+
+def test_timeline_default_compute_model_and_nested_runs():
+    def outer(x):
+        return lax.psum(simpmd.pmap(lambda v: lax.psum(v, "model"), axis_name="model")(x), "data")
+    g = simpmd.pmap(outer, axis_name="data")
+    g(np.ones((2, 4, 1000)))
+    tl = viz.model_timeline(g.trace, "TPU v4")
+    for d in range(8):             # inner psum, then the outer one spanning all 4 of its devices
+        assert [s.label for s in tl.of(d) if s.kind == "comm"] == ["psum", "psum"]
+    first = next(s for s in tl.of(0) if s.kind == "compute")
+    assert first.duration == pytest.approx(8000 / 1.2e12)   # 1000 float64s / TPU v4's HBM
+    fig = viz.draw_timeline(g.trace, "TPU v4")
+    assert len(gids(fig, "device")) == 8
+
+
+def test_timeline_without_the_cost_model_says_so(monkeypatch):
+    monkeypatch.setitem(sys.modules, "simpmd.cost", None)
+    monkeypatch.delattr(simpmd, "cost", raising=False)
+    tl = viz.model_timeline(run_1d("psum"))
+    assert "not a hardware estimate" in tl.comm_model
+    assert tl.total("comm", 0) == pytest.approx(112 / 100e9)    # 2*7/8 * 64 B at 100 GB/s
