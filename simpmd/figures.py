@@ -146,7 +146,7 @@ def build(out="figures") -> list:
             save_png(draw(), path)
             written.append(path)
         gif = out / "ring_allreduce.gif"
-        viz.save_algorithm_gif(_ring_run(), gif, fps=1.0, dpi=72, hold=2)
+        viz.save_algorithm_gif(_ring_run(), gif, fps=1.0, dpi=100, hold=2)
         written.append(gif)
     finally:
         simpmd.set_device_count(len(before.devices), hardware=before.hardware,

@@ -151,8 +151,10 @@ def _draw_frame(ax, run, t, held, segs, show):
         if kind == "grid":       # at the left, clear of the arrows from the row above
             ax.text(x0, y0 + h + 0.04, f"device {i}", ha="left", va="bottom", fontsize=fs * 0.9,
                     color=INK)
-        else:
-            ax.text(cx, y0 - 0.04 if below else y0 + h + 0.04, f"device {i}", ha="center",
+        else:                    # at the outer end, clear of the arrows that arrive
+            side = "left" if cx < -1e-9 else ("right" if cx > 1e-9 else "center")
+            lx = {"left": x0, "right": x0 + w, "center": cx}[side]
+            ax.text(lx, y0 - 0.04 if below else y0 + h + 0.04, f"device {i}", ha=side,
                     va="top" if below else "bottom", fontsize=fs, color=INK)
 
     if t > 0:
@@ -204,16 +206,16 @@ def _draw_frame(ax, run, t, held, segs, show):
             color=INK)
     ax.text(x0, y1 + 0.2, what, ha="left", va="bottom", fontsize=8.5, color=INK)
     ax.text(x0, y0 - 0.12, moved, ha="left", va="top", fontsize=7.5, color=INK)
-    ax.set_xlim(x0, x1)
-    ax.set_ylim(y0 - 0.45, y1 + 1.0)
+    ax.set_xlim(x0 - 0.2, x1 + 0.05)
+    ax.set_ylim(y0 - 0.45, y1 + 1.05)
     ax.set_aspect("equal", adjustable="box")
     ax.set_axis_off()
 
 
 def _frame_inches(run):
     _, _, _, (x0, x1, y0, y1), kind = _layout(run)
-    scale = (4.2 if kind == "ring" else 6.0) / max(x1 - x0, y1 - y0 + 1.45)
-    return (x1 - x0) * scale + 0.1, (y1 - y0 + 1.45) * scale + 0.1
+    scale = (4.2 if kind == "ring" else 6.0) / max(x1 - x0 + 0.25, y1 - y0 + 1.5)
+    return (x1 - x0 + 0.25) * scale + 0.1, (y1 - y0 + 1.5) * scale + 0.1
 
 
 # -- public -----------------------------------------------------------------------------------
@@ -312,7 +314,7 @@ def algorithm_html(run, *, interval: int = 900, show: str = "sources"):
     return HTML(text)
 
 
-def save_algorithm_gif(run, path, *, fps: float = 1.2, dpi: int = 72, hold: int = 2,
+def save_algorithm_gif(run, path, *, fps: float = 1.2, dpi: int = 100, hold: int = 2,
                        show: str = "sources"):
     """Write the run as an animated GIF (Pillow, which matplotlib brings); return ``path``."""
     anim = animate_algorithm(run, show=show, hold=hold)

@@ -136,7 +136,7 @@ def draw_mesh(shape_or_devices, axis_names=None, highlight_axis=None, values=Non
                     words = text.get(flat, "")
                     lines = words.count("\n") + 1
                     width = max((len(w) for w in words.split("\n")), default=1)
-                    size = min(fs * 0.62, fs * 0.62 * 3 / lines, fs * 0.62 * 11 / max(width, 1))
+                    size = min(fs * 0.8, fs * 0.62 * 3 / lines, fs * 0.62 * 11 / max(width, 1))
                     ax.text(x + BOX / 2, y + BOX * 0.27, words, ha="center", va="center",
                             fontsize=max(size, 3.5), color=INK, family="monospace",
                             linespacing=1.1)
