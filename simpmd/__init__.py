@@ -26,3 +26,4 @@ from . import course                                   # what the course noteboo
 from . import debug                                    # debug.print, like jax.debug.print
 from .jax_devices import JaxDevicesError, use_jax_devices
 from .jaxcheck import CrossCheckReport, crosscheck
+from . import viz                                      # pictures; matplotlib loads on first drawing

@@ -217,6 +217,18 @@ class Trace:
         """One text table per program, one after the other."""
         return "\n\n".join(f"== {p} ==\n{self.table(p)}" for p in self.programs)
 
+    def draw(self, call=None, **kwargs):
+        """Draw the run's collectives, before and after (``call=k``: only the k-th); needs matplotlib."""
+        from . import viz
+        if call is None:
+            return viz.draw_trace(self, **kwargs)
+        return viz.draw_collective(self, call, **kwargs)
+
+    def draw_timeline(self, hardware="TPU v4", **kwargs):
+        """The modelled per-device timeline of this run (see simpmd.viz.draw_timeline)."""
+        from . import viz
+        return viz.draw_timeline(self, hardware, **kwargs)
+
     def __str__(self):
         return self._header() + "\n" + self.table()
 

@@ -7,7 +7,8 @@
 
 and, for the algorithms of :mod:`simpmd.algorithms` (message by message)::
 
-    run = simpmd.algorithms.ring_all_reduce([np.full(8, d) for d in range(4)])
+    from simpmd import algorithms
+    run = algorithms.ring_all_reduce([np.full(8, float(d)) for d in range(4)])
     viz.draw_algorithm(run)                # every step, as a grid of frames
     viz.algorithm_html(run)                # the same, animated, in Jupyter
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 from matplotlib.patches import Patch, Rectangle
 
 from .canvas import INK, figure_and_axes, font_size, tag
