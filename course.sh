@@ -111,6 +111,17 @@ else
         fi
     done
     unset SIMPMD_CROSSCHECK_LOG
+    if ((inplace)); then
+        # Execution timestamps would make every re-run a diff; they are not content.
+        "$py" -c 'import json, sys
+for p in sys.argv[1:]:
+    nb = json.load(open(p))
+    for c in nb["cells"]:
+        c.get("metadata", {}).pop("execution", None)
+    with open(p, "w") as f:
+        json.dump(nb, f, indent=1, ensure_ascii=False)
+        f.write("\n")' "${notebooks[@]}"
+    fi
     echo
     echo "== Every cross-check of the course (simpmd vs real JAX)"
     for log in "$checks"/*.log; do

@@ -58,9 +58,47 @@ def banner():
 
 # -- checking answers --------------------------------------------------------------------
 
-def _say(ok: bool, message: str) -> bool:
+def say(ok: bool, message: str) -> bool:
+    """Print a check's verdict ("Correct: ..." or "Not yet: ...") and return ``ok``."""
     print(("Correct: " if ok else "Not yet: ") + message)
     return ok
+
+
+_say = say
+
+
+def is_placeholder(answer) -> bool:
+    """True for the ``None`` / ``...`` an exercise cell starts with."""
+    return answer is None or answer is Ellipsis
+
+
+def number_or_complaint(answer, what: str, unit: str):
+    """``float(answer)``, or None after saying what is wrong with it."""
+    if is_placeholder(answer):
+        say(False, f"{what} is still a placeholder; give a number of {unit}.")
+        return None
+    try:
+        return float(answer)
+    except (TypeError, ValueError):
+        say(False, f"{what} should be a number of {unit}, got {answer!r}.")
+        return None
+
+
+def check_against_mistakes(answer, expected, mistakes, *, what: str, unit: str) -> bool:
+    """Check a number, first naming the known mistake(s) whose value it equals.
+
+    ``mistakes`` lists ``(wrong value, hint)`` pairs, each worked out from the same
+    closed form with one thing done wrong (bf16 counted as 4 bytes, one ring phase
+    instead of two, ...). Otherwise :func:`check` compares, with its unit hints.
+    """
+    a = number_or_complaint(answer, what, unit)
+    if a is None:
+        return False
+    hints = [hint for wrong, hint in mistakes if np.isclose(a, wrong)]
+    if hints and not np.isclose(a, expected):
+        text = " Or ".join(h + "." for h in hints)
+        return say(False, f"{a:g} {unit} is off. {text[0].upper()}{text[1:]}")
+    return check(a, expected, what=what, unit=unit)
 
 
 def check(answer, expected, *, what: str = "your answer", unit: str | None = None,

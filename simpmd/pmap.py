@@ -18,7 +18,7 @@ import numpy as np
 from .devices import device_count, devices as platform_devices
 from . import errors, tree
 from .array import Array
-from .runtime import Simulation, current_task, user_stacklevel
+from .runtime import Simulation, current_task, flat_results, user_stacklevel
 from .trace import Trace
 from .traced import Traced
 
@@ -270,13 +270,7 @@ class Pmapped:
 
     # -- stacking -------------------------------------------------------------------------
     def _stack(self, sim, tasks, nested):
-        results = [tree.flatten(t.result) for t in tasks]
-        treedef = results[0][1]
-        for t, (_, td) in zip(tasks, results):
-            if td != treedef:
-                raise errors.DivergenceError(
-                    f"{t.where()} returned a result of structure {td}, but {tasks[0].where()} "
-                    f"returned {treedef}; every device must return the same structure.")
+        results, treedef = flat_results(tasks)
         out_axes = tree.broadcast_prefix(self.out_axes, tree.unflatten(treedef, results[0][0]),
                                          what="out_axes")
         leaves = []

@@ -505,6 +505,22 @@ class Simulation:
             "look for a collective inside Python control flow that differs between devices.")
 
 
+def flat_results(tasks):
+    """Each task's result as (leaves, treedef), and the treedef they all share.
+
+    Every device must return the same structure: a program that does not is refused
+    here, naming the first device that differs.
+    """
+    results = [tree.flatten(t.result) for t in tasks]
+    treedef = results[0][1]
+    for t, (_, td) in zip(tasks, results):
+        if td != treedef:
+            raise errors.DivergenceError(
+                f"{t.where()} returned a result of structure {td}, but {tasks[0].where()} "
+                f"returned {treedef}; every device must return the same structure.")
+    return results, treedef
+
+
 def _check_groups(groups, size, op, task, axis_names):
     flat = sorted(i for g in groups for i in g)
     if flat != list(range(size)):

@@ -26,7 +26,7 @@ from .array import HostArray, Shard
 from .mesh import (Mesh, NamedSharding, PartitionSpec, ShardingError, block_counts,
                    block_slices, check_spec, replica_id, slices_text)
 from .pmap import as_array, positional_names, record_trace
-from .runtime import Simulation, current_task
+from .runtime import Simulation, current_task, flat_results
 from .trace import Trace, summarize
 from .traced import Traced
 
@@ -240,13 +240,7 @@ class ShardMapped:
     # -- putting the blocks together -------------------------------------------------------
     def _assemble(self, sim, tasks):
         mesh = self.mesh
-        results = [tree.flatten(t.result) for t in tasks]
-        treedef = results[0][1]
-        for t, (_, td) in zip(tasks, results):
-            if td != treedef:
-                raise errors.DivergenceError(
-                    f"{t.where()} returned a result of structure {td}, but {tasks[0].where()} "
-                    f"returned {treedef}; every device must return the same structure.")
+        results, treedef = flat_results(tasks)
         out_specs = self.out_specs
         if isinstance(out_specs, list) and treedef.kind == "tuple":
             out_specs = tuple(out_specs)

@@ -10,13 +10,10 @@ from __future__ import annotations
 import numpy as np
 
 import simpmd
-from simpmd.course import _say, check
+from simpmd.course import check, is_placeholder as _placeholder, say as _say
 
 N_DEVICES = 8
 
-
-def _placeholder(answer) -> bool:
-    return answer is None or answer is Ellipsis
 
 
 def _as_shape(value):

@@ -11,14 +11,11 @@ from __future__ import annotations
 import numpy as np
 
 import simpmd
-from simpmd.course import _say, check
+from simpmd.course import check, is_placeholder as _placeholder, say as _say
 from simpmd.pmap import Pmapped
 
 N_DEVICES = 8
 
-
-def _placeholder(answer) -> bool:
-    return answer is None or answer is Ellipsis
 
 
 def _error_text(exc) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 import simpmd
-from simpmd.course import _say, check
+from simpmd.course import (check, check_against_mistakes, is_placeholder as _placeholder, say as _say)
 
 N_DEVICES = 8
 
@@ -18,9 +18,6 @@ N_DEVICES = 8
 # Every device holds a row of MEAN_DATA; the answer is the column means on every device.
 MEAN_DATA = np.random.default_rng(0).integers(-9, 10, size=(N_DEVICES, 3)).astype(np.float64)
 
-
-def _placeholder(answer) -> bool:
-    return answer is None or answer is Ellipsis
 
 
 def _run(body, x, axis_name="i"):
@@ -187,12 +184,6 @@ RING_DEVICES = 8
 
 def check_ring_bytes(answer) -> bool:
     """Exercise 4: bytes each device sends for psum of 4096 bf16 values over 8 devices."""
-    if _placeholder(answer):
-        return _say(False, "answer is still a placeholder; give a number of bytes.")
-    try:
-        a = float(answer)
-    except (TypeError, ValueError):
-        return _say(False, f"answer should be a number of bytes, got {answer!r}.")
     n, p = RING_VALUES, RING_DEVICES
     expected = 2 * (p - 1) * n * 2 / p          # worked by hand: 2 * 7 * 4096 * 2 / 8 = 14336
     mistakes = [
@@ -205,8 +196,5 @@ def check_ring_bytes(answer) -> bool:
         (n * 2, "that is the size of the buffer itself; the ring sends almost twice that"),
         (expected * 8, "that is bits: divide by 8 for bytes"),
     ]
-    hints = [hint for wrong, hint in mistakes if np.isclose(a, wrong)]
-    if hints and not np.isclose(a, expected):
-        text = " Or ".join(h + "." for h in hints)
-        return _say(False, f"{a:g} bytes is off. {text[0].upper()}{text[1:]}")
-    return check(a, expected, what="bytes sent per device", unit="bytes")
+    return check_against_mistakes(answer, expected, mistakes, what="bytes sent per device",
+                                  unit="bytes")

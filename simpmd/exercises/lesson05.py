@@ -11,13 +11,10 @@ import numpy as np
 
 import simpmd
 from simpmd import lax
-from simpmd.course import _say, check
+from simpmd.course import (check, check_against_mistakes, is_placeholder as _placeholder, say as _say)
 
 N_DEVICES = 8
 
-
-def _placeholder(answer) -> bool:
-    return answer is None or answer is Ellipsis
 
 
 def _error_text(exc) -> str:
@@ -144,12 +141,6 @@ GRAD_DEVICES = 4
 
 def check_grad_bytes(answer) -> bool:
     """Exercise 3: bytes each device sends per step to pmean the float32 gradients (ring)."""
-    if _placeholder(answer):
-        return _say(False, "answer is still a placeholder; give a number of bytes.")
-    try:
-        a = float(answer)
-    except (TypeError, ValueError):
-        return _say(False, f"answer should be a number of bytes, got {answer!r}.")
     n, p = GRAD_PARAMS, GRAD_DEVICES
     expected = 2 * (p - 1) * n * 4 / p            # by hand: 2 * 3/4 * 10 MB = 15,000,000
     mistakes = [
@@ -163,8 +154,5 @@ def check_grad_bytes(answer) -> bool:
         (2 * (p - 1) * n / p, "that counts values, not bytes: float32 takes 4 bytes per value"),
         (expected * 8, "that is bits: divide by 8 for bytes"),
     ]
-    hints = [hint for wrong, hint in mistakes if np.isclose(a, wrong)]
-    if hints and not np.isclose(a, expected):
-        text = " Or ".join(h + "." for h in hints)
-        return _say(False, f"{a:g} bytes is off. {text[0].upper()}{text[1:]}")
-    return check(a, expected, what="bytes sent per device per step", unit="bytes")
+    return check_against_mistakes(answer, expected, mistakes,
+                                  what="bytes sent per device per step", unit="bytes")

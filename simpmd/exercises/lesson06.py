@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from simpmd.course import _say, check
+from simpmd.course import check, is_placeholder as _placeholder, say as _say
 
 # The gradient of the exercises: N parameters in bf16 (2 bytes per value), all-reduced
 # over P devices with a ring.
@@ -29,9 +29,6 @@ H100_LINK = 25e9                # bytes/s, one NVLink, one direction
 
 KIB, GIB = 2 ** 10, 2 ** 30
 
-
-def _placeholder(answer) -> bool:
-    return answer is None or answer is Ellipsis
 
 
 def _number(answer, what, unit):

@@ -13,19 +13,12 @@ import math
 
 import numpy as np
 
-from simpmd.course import check
+from simpmd.course import check, is_placeholder as _placeholder, say as _say
 
 __all__ = ["Factor", "check_quantity", "check_columns", "row_parallel_data",
            "check_row_parallel", "check_weight_bytes", "check_psum_bytes"]
 
 
-def _say(ok: bool, message: str) -> bool:
-    print(("Correct: " if ok else "Not yet: ") + message)
-    return ok
-
-
-def _placeholder(answer) -> bool:
-    return answer is None or answer is Ellipsis
 
 
 def _fmt(value: float) -> str:

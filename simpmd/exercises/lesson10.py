@@ -11,6 +11,7 @@ import warnings
 import numpy as np
 
 from .lesson08 import Factor, _say, check_quantity
+from simpmd.course import say as _say
 
 __all__ = ["check_specs", "check_block_shapes", "centering_data", "check_centering",
            "check_sharded_bytes"]
