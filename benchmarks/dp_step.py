@@ -114,6 +114,9 @@ def main(argv=None):
     args = parser.parse_args(argv)
     sizes = [8, 64] if args.quick else [8, 64, 256, 1024, 4096]
 
+    # Measured first, before the large runs leave a pool of idle threads behind.
+    sim, bare = psum_vs_numpy()
+
     print("1. data-parallel step (grad of a 1024-float vector, pmean, update)")
     print(f"{'devices':>8} {'simpmd first':>13} {'simpmd step':>12} {'jax first':>10} "
           f"{'jax step':>9} {'simpmd/jax':>10}")
@@ -126,7 +129,6 @@ def main(argv=None):
         print(f"{n:>8} {s_first:13.3f} {s_steady:12.4f} {jf} {js} {ratio}")
         rows.append((n, s_steady, j))
 
-    sim, bare = psum_vs_numpy()
     print("\n2. psum of 1 MiB per device over 64 devices (whole pmap call: split, psum, stack)")
     print(f"   simpmd {sim * 1e3:.1f} ms, bare NumPy x.sum(axis=0) {bare * 1e3:.1f} ms, "
           f"ratio {sim / bare:.2f}")
