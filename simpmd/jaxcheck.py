@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from . import tree
+from . import errors, tree
 from .runtime import current_task
 
 # Collective parameters that jax 0.10 cannot lower when negative (the process aborts).
@@ -295,6 +295,25 @@ class CrossCheckReport:
         # program) is tolerated when another translation agrees; nothing else is.
         return all(r.verdict in AGREE or (r.optional and r.verdict == "JAX refused")
                    for r in ran)
+
+    @property
+    def explained(self) -> str | None:
+        """Why the engines may differ here, when the difference is understood, else None.
+
+        Three cases are: JAX was kept from running by a known crash of the installed
+        version; a known JAX bug gives a different value; or simpmd caught a divergence
+        (devices of a group calling different collectives because of per-device Python
+        state), which JAX cannot see because it traces the body once for all devices.
+        """
+        if self.ok:
+            return None
+        if not self.checked and any("known bug" in r.not_run for r in self.jax):
+            return "known JAX bug kept JAX from running"
+        if any("known JAX bug" in n for n in self.notes):
+            return "known JAX bug"
+        if isinstance(self.simpmd.error, (errors.DivergenceError, errors.DeadlockError)):
+            return "simpmd caught a divergence that JAX's single trace cannot see"
+        return None
 
     def headline(self) -> str:
         if self.ok and all(r.verdict.startswith("both refused") for r in self.jax if r.ran):
@@ -812,7 +831,9 @@ def _logged(report: CrossCheckReport) -> CrossCheckReport:
     path = os.environ.get("SIMPMD_CROSSCHECK_LOG")
     if path:
         with open(path, "a", encoding="utf-8") as log:
-            log.write(("ok       " if report.ok else "NOT OK   ") + report.headline() + "\n")
+            verdict = "ok       " if report.ok else ("EXPLAINED" if report.explained else "NOT OK   ")
+            reason = f" ({report.explained})" if report.explained else ""
+            log.write(f"{verdict} {report.headline()}{reason}\n")
     return report
 
 

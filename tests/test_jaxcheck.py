@@ -414,3 +414,19 @@ def test_crosscheck_takes_shard_map_programs():
     finally:
         jc._to_numpy = real
     assert not bad.ok and bad.jax[0].verdict == "mismatch"
+
+
+def test_understood_differences_are_explained(tmp_path, monkeypatch):
+    log = tmp_path / "checks.log"
+    monkeypatch.setenv("SIMPMD_CROSSCHECK_LOG", str(log))
+    calls = []
+
+    def alternating(x):                   # per-device Python state: devices diverge
+        calls.append(1)
+        return simpmd.lax.psum(x, "i") if len(calls) % 2 else simpmd.lax.pmax(x, "i")
+    report = simpmd.crosscheck(alternating, np.ones(8, np.float32), axis_name="i")
+    assert not report.ok and "divergence" in report.explained
+    agreeing = simpmd.crosscheck(lambda x: x * 2, np.ones(8, np.float32), axis_name="i")
+    assert agreeing.explained is None
+    lines = log.read_text().splitlines()
+    assert lines[0].startswith("EXPLAINED") and lines[1].startswith("ok")
