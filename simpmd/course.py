@@ -13,16 +13,18 @@ import sys
 
 import numpy as np
 
+# Where notebooks opened outside a clone (Colab) install simpmd from: the one place to
+# change it. SETUP_CELL is built from it, and a test keeps every notebook's copy equal.
 REPOSITORY = "https://github.com/simpmd/simpmd"
 
-SETUP_CELL = '''\
+SETUP_CELL = f'''\
 # Set-up (the same in every lesson). In a clone of the repository simpmd is already
 # installed; elsewhere (Colab, a plain Jupyter) it is installed from the repository,
 # without touching the jax that the runtime already has.
 import importlib.util, subprocess, sys
 if importlib.util.find_spec("simpmd") is None:
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                    "git+https://github.com/simpmd/simpmd"], check=True)
+                    "git+{REPOSITORY}"], check=True)
 import simpmd
 simpmd.course.start()'''
 
