@@ -27,7 +27,6 @@ import numpy as np
 
 from . import collectives, errors
 from .trace import Event, Trace
-from .traced import Traced
 from . import tree
 
 # Frames of these modules are the engine's own; the source of an event is the first

@@ -177,8 +177,8 @@ class ShardMapped:
             raise errors.MappedAxisError(
                 f"shard_map needs every split dimension to divide evenly over its mesh axes "
                 f"(the mesh is {mesh!r}):\n" + "\n".join(indivisible) + "\nPad the array, "
-                f"change the mesh's axis sizes, or split that dimension over other axes "
-                f"(or None to keep it whole).")
+                "change the mesh's axis sizes, or split that dimension over other axes "
+                "(or None to keep it whole).")
         return out, tree.flatten(args)[1]
 
     # -- calling ---------------------------------------------------------------------------

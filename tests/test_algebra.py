@@ -5,7 +5,6 @@ expected value is a NumPy closed form over the stacked inputs, never simpmd itse
 from contextlib import contextmanager
 
 import numpy as np
-import pytest
 from hypothesis import given, settings, strategies as st
 
 import simpmd

@@ -8,7 +8,6 @@ import functools
 import subprocess
 import sys
 import threading
-import warnings
 
 import numpy as np
 import pytest

@@ -1,6 +1,5 @@
 """The checks of lesson 2's exercises accept the right answers and, for the usual wrong
 ones, say what is off (a shape, which examples a device gets, the value on a device)."""
-import numpy as np
 import pytest
 
 import simpmd.numpy as snp

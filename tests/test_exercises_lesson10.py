@@ -1,6 +1,5 @@
 """The checks of lesson 10's exercises: right answers pass, typical wrong ones get the hint
 that names what is off."""
-import numpy as np
 import pytest
 
 import simpmd
@@ -21,7 +20,7 @@ def test_specs_right(capsys):
 
 
 def test_specs_accept_jax_partition_specs():
-    jax = pytest.importorskip("jax")
+    pytest.importorskip("jax")
     from jax.sharding import PartitionSpec
     assert ex.check_specs((PartitionSpec("i"), PartitionSpec()), PartitionSpec())
 

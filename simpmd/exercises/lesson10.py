@@ -10,8 +10,9 @@ import warnings
 
 import numpy as np
 
-from .lesson08 import Factor, _say, check_quantity
 from simpmd.course import say as _say
+
+from .lesson08 import Factor, check_quantity
 
 __all__ = ["check_specs", "check_block_shapes", "centering_data", "check_centering",
            "check_sharded_bytes"]
