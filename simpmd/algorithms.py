@@ -342,18 +342,26 @@ def _flat_inputs(inputs, name):
 
 # -- all-reduce -------------------------------------------------------------------------
 
+def _two_phase_all_reduce(title, inputs, op, first, second) -> AlgorithmRun:
+    """An all-reduce over the whole buffer of every device: ``first`` then ``second``, each
+    a (label, schedule function) pair, e.g. ring reduce-scatter then ring all-gather."""
+    flat, shape = _flat_inputs(inputs, title.replace(" ", "_").replace("-", "_"))
+    _reducer(op)
+    group, n = list(range(len(flat))), flat[0].size
+    rounds = (labelled(first[0], first[1](group, 0, n))
+              + labelled(second[0], second[1](group, 0, n)))
+    return _finish(play(title, "all_reduce", flat, rounds, op=op,
+                        inputs=inputs, mesh_shape=(len(flat),)), shape)
+
+
 def ring_all_reduce(inputs, *, op: str = "sum") -> AlgorithmRun:
     """Ring all-reduce: reduce-scatter then all-gather, each p-1 steps, one direction.
 
     Every device sends 2(p-1)/p of its buffer: the bandwidth-optimal amount.
     """
-    flat, shape = _flat_inputs(inputs, "ring_all_reduce")
-    _reducer(op)
-    group, n = list(range(len(flat))), flat[0].size
-    rounds = (labelled("reduce-scatter", ring_reduce_scatter_schedule(group, 0, n))
-              + labelled("all-gather", ring_all_gather_schedule(group, 0, n)))
-    return _finish(play("ring all-reduce", "all_reduce", flat, rounds, op=op,
-                        inputs=inputs, mesh_shape=(len(flat),)), shape)
+    return _two_phase_all_reduce("ring all-reduce", inputs, op,
+                                 ("reduce-scatter", ring_reduce_scatter_schedule),
+                                 ("all-gather", ring_all_gather_schedule))
 
 
 def bidirectional_ring_all_reduce(inputs, *, op: str = "sum") -> AlgorithmRun:
@@ -382,13 +390,9 @@ def line_all_reduce(inputs, *, op: str = "sum") -> AlgorithmRun:
     link direction carrying one piece per step, as a one-way ring would. Without the
     wraparound the second direction cannot be used to halve the time.
     """
-    flat, shape = _flat_inputs(inputs, "line_all_reduce")
-    _reducer(op)
-    group, n = list(range(len(flat))), flat[0].size
-    rounds = (labelled("reduce-scatter", line_reduce_scatter_schedule(group, 0, n))
-              + labelled("all-gather", line_all_gather_schedule(group, 0, n)))
-    return _finish(play("line all-reduce", "all_reduce", flat, rounds, op=op,
-                        inputs=inputs, mesh_shape=(len(flat),)), shape)
+    return _two_phase_all_reduce("line all-reduce", inputs, op,
+                                 ("reduce-scatter", line_reduce_scatter_schedule),
+                                 ("all-gather", line_all_gather_schedule))
 
 
 def tree_all_reduce(inputs, *, op: str = "sum") -> AlgorithmRun:
@@ -398,13 +402,9 @@ def tree_all_reduce(inputs, *, op: str = "sum") -> AlgorithmRun:
     for tiny, latency-bound messages, worse for large ones. Not pipelined (NCCL's trees
     cut the buffer into chunks and pipeline them; this one does not).
     """
-    flat, shape = _flat_inputs(inputs, "tree_all_reduce")
-    _reducer(op)
-    group, n = list(range(len(flat))), flat[0].size
-    rounds = (labelled("reduce", tree_reduce_schedule(group, 0, n))
-              + labelled("broadcast", tree_broadcast_schedule(group, 0, n)))
-    return _finish(play("tree all-reduce", "all_reduce", flat, rounds, op=op,
-                        inputs=inputs, mesh_shape=(len(flat),)), shape)
+    return _two_phase_all_reduce("tree all-reduce", inputs, op,
+                                 ("reduce", tree_reduce_schedule),
+                                 ("broadcast", tree_broadcast_schedule))
 
 
 def torus_all_reduce(inputs, shape, *, wraparound=(True, True), op: str = "sum") -> AlgorithmRun:

@@ -66,12 +66,22 @@ def say(ok: bool, message: str) -> bool:
     return ok
 
 
-_say = say
-
-
 def is_placeholder(answer) -> bool:
     """True for the ``None`` / ``...`` an exercise cell starts with."""
     return answer is None or answer is Ellipsis
+
+
+def error_summary(exc, *, first_sentence: bool = False) -> str:
+    """'TypeName: first line of the message' of a learner's error, for a check's verdict.
+
+    A simpmd DeviceError stands for what the body raised on a device, so that original
+    exception is the one described. ``first_sentence`` keeps only the first sentence.
+    """
+    original = getattr(exc, "original", None) or exc
+    text = (str(original).strip().splitlines() or [""])[0]
+    if first_sentence:
+        return f"{type(original).__name__}: {text.split('. ')[0].rstrip('.')}."
+    return f"{type(original).__name__}: {text}"
 
 
 def number_or_complaint(answer, what: str, unit: str):
@@ -113,23 +123,23 @@ def check(answer, expected, *, what: str = "your answer", unit: str | None = Non
     (seconds vs milliseconds).
     """
     if answer is None or answer is Ellipsis:
-        return _say(False, f"{what} is still a placeholder; replace it with your answer.")
+        return say(False, f"{what} is still a placeholder; replace it with your answer.")
     if unit is not None:
         return _check_quantity(answer, expected, what, unit, rtol, atol)
     a = np.asarray(answer)
     e = np.asarray(expected)
     if a.shape != e.shape:
-        return _say(False, f"{what} has shape {a.shape}, expected {e.shape}.")
+        return say(False, f"{what} has shape {a.shape}, expected {e.shape}.")
     if a.dtype.kind in "fciub" and e.dtype.kind in "fciub":
         if np.allclose(a, e, rtol=rtol, atol=atol, equal_nan=True):
-            return _say(True, f"{what} matches.")
+            return say(True, f"{what} matches.")
         bad = np.argwhere(~np.isclose(a, e, rtol=rtol, atol=atol, equal_nan=True))
         first = tuple(int(i) for i in bad[0]) if a.ndim else ()
         where = f" at index {first}" if a.ndim else ""
-        return _say(False, f"{what} differs{where}: got {a[first] if a.ndim else a}, expected "
+        return say(False, f"{what} differs{where}: got {a[first] if a.ndim else a}, expected "
                     f"{e[first] if e.ndim else e} ({len(bad)} of {max(e.size, 1)} values differ).")
     ok = bool(np.all(a == e))
-    return _say(ok, f"{what} matches." if ok else f"{what} is {answer!r}, expected {expected!r}.")
+    return say(ok, f"{what} matches." if ok else f"{what} is {answer!r}, expected {expected!r}.")
 
 
 _FACTORS = [
@@ -149,15 +159,15 @@ def _check_quantity(answer, expected, what, unit, rtol, atol):
     try:
         a = float(answer)
     except (TypeError, ValueError):
-        return _say(False, f"{what} should be a number of {unit}, got {answer!r}.")
+        return say(False, f"{what} should be a number of {unit}, got {answer!r}.")
     e = float(expected)
     if math.isclose(a, e, rel_tol=rtol, abs_tol=atol):
-        return _say(True, f"{what} = {a:g} {unit}.")
+        return say(True, f"{what} = {a:g} {unit}.")
     if a != 0 and e != 0 and (a > 0) == (e > 0):
         ratio = a / e
         for factor, hint in _FACTORS:
             for r, side in ((factor, "too large"), (1 / factor, "too small")):
                 if math.isclose(ratio, r, rel_tol=max(rtol, 1e-3)):
-                    return _say(False, f"{what} = {a:g} {unit} is {side} by {hint}.")
-    return _say(False, f"{what} = {a:g} {unit}, expected {e:g} {unit} "
+                    return say(False, f"{what} = {a:g} {unit} is {side} by {hint}.")
+    return say(False, f"{what} = {a:g} {unit}, expected {e:g} {unit} "
                 f"(off by a factor of {a / e:.3g})." if e else f"{what} = {a:g}, expected 0.")

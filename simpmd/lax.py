@@ -45,9 +45,10 @@ def _leaf_value(x):
     return np.asarray(x)
 
 
-def _run(op, x, axis_name, params, groups=None):
+def _run(op, x, axis_name, params, groups=None, flat=None):
+    """Join the collective ``op`` with ``x``'s leaves (``flat``: ``x`` already flattened)."""
     task = current_task()
-    leaves, treedef = tree.flatten(x)
+    leaves, treedef = flat or tree.flatten(x)
     values = [_leaf_value(v) for v in leaves]
     groups = None if groups is None else [list(g) for g in groups]
     outs = task.sim.collective(task, op, _axes(axis_name), values, params, groups)
@@ -60,14 +61,14 @@ def psum(x, axis_name, *, axis_index_groups=None):
     task = current_task()
     if task is None:
         return _outside("psum", x, axis_name, axis_index_groups=axis_index_groups)
-    leaves = tree.flatten(x)[0]
+    leaves, treedef = tree.flatten(x)
     if leaves and axis_index_groups is None and all(
             isinstance(v, numbers.Number) and not isinstance(v, np.generic) for v in leaves):
         # A Python constant is known to every device: JAX folds psum(1, 'i') to the axis
         # size without communicating, and returns a Python number.
         _, size = task.sim.axis_position(task, _axes(axis_name), "psum")
-        return tree.tree_map(lambda v: v * size, x)
-    return _run("psum", x, axis_name, {}, axis_index_groups)
+        return tree.unflatten(treedef, [v * size for v in leaves])
+    return _run("psum", x, axis_name, {}, axis_index_groups, flat=(leaves, treedef))
 
 
 def pmean(x, axis_name, *, axis_index_groups=None):

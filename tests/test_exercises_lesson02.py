@@ -5,12 +5,7 @@ import pytest
 import simpmd.numpy as snp
 from simpmd import lax
 from simpmd.exercises import lesson02 as ex
-
-
-def verdict(capsys, ok):
-    out = capsys.readouterr().out
-    assert out.startswith("Correct: " if ok else "Not yet: "), out
-    return out
+from verdicts import verdict
 
 
 # -- exercise 1: shapes ---------------------------------------------------------------------

@@ -8,12 +8,7 @@ import pytest
 
 import simpmd
 from simpmd.exercises import lesson03 as ex
-
-
-def verdict(capsys, ok):
-    out = capsys.readouterr().out
-    assert out.startswith("Correct: " if ok else "Not yet: "), out
-    return out
+from verdicts import verdict
 
 
 # -- exercise 1: in_axes for a dict of parameters -------------------------------------------

@@ -5,14 +5,7 @@ import pytest
 import simpmd
 from simpmd import lax
 from simpmd.exercises import lesson05
-
-
-def verdict(capsys, ok, *fragments):
-    out = capsys.readouterr().out
-    assert out.startswith("Correct: " if ok else "Not yet: "), out
-    for fragment in fragments:
-        assert fragment in out, f"{fragment!r} not in {out!r}"
-    return out
+from verdicts import verdict
 
 
 # -- exercise 1: in_axes for scalar parameters ---------------------------------------------

@@ -7,14 +7,7 @@ import pytest
 
 from simpmd import algorithms, cost
 from simpmd.exercises import lesson06 as L
-
-
-def verdict(capsys, ok, *fragments):
-    out = capsys.readouterr().out
-    assert out.startswith("Correct: " if ok else "Not yet: "), out
-    for fragment in fragments:
-        assert fragment in out, f"{fragment!r} not in {out!r}"
-    return out
+from verdicts import verdict
 
 
 # -- the constants and closed forms, checked against simpmd itself ------------------------

@@ -5,15 +5,7 @@ import numpy as np
 import pytest
 
 from simpmd.exercises import lesson07 as ex
-
-
-def verdict(capsys, ok, *fragments):
-    """The checker returned ``ok`` and its printed line contains every fragment."""
-    out = capsys.readouterr().out
-    assert out.startswith("Correct: " if ok else "Not yet: "), out
-    for fragment in fragments:
-        assert fragment in out, (fragment, out)
-    return out
+from verdicts import verdict
 
 
 # -- exercise 1 ----------------------------------------------------------------------------

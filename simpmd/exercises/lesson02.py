@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 import simpmd
-from simpmd.course import check, is_placeholder as _placeholder, say as _say
+from simpmd.course import check, error_summary, is_placeholder as _placeholder, say as _say
 
 N_DEVICES = 8
 
@@ -132,12 +132,11 @@ def check_global_norm(body) -> bool:
     try:
         out = f(NORM_DATA)
     except Exception as exc:                       # the learner's own error is the hint
-        original = getattr(exc, "original", None) or exc
-        text = (str(original).strip().splitlines() or [""])[0].split(". ")[0].rstrip(".")
+        summary = error_summary(exc, first_sentence=True)
         hint = ""
-        if type(original).__name__ == "UnboundAxisError":
+        if summary.startswith("UnboundAxisError:"):
             hint = " The mapped axis is called 'i' here: use lax.psum(..., 'i')."
-        return _say(False, f"your function raised on simpmd: {type(original).__name__}: {text}.{hint}")
+        return _say(False, f"your function raised on simpmd: {summary}{hint}")
     if out is None:
         return _say(False, "your function returns None; return the norm (a scalar).")
     out = np.asarray(out, dtype=np.float64)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 import simpmd
-from simpmd.course import check, is_placeholder as _placeholder, say as _say
+from simpmd.course import check, error_summary, is_placeholder as _placeholder, say as _say
 from simpmd.pmap import Pmapped
 
 N_DEVICES = 8
@@ -19,11 +19,7 @@ N_DEVICES = 8
 
 
 def _error_text(exc) -> str:
-    """'TypeName: first sentence of the message.'"""
-    original = getattr(exc, "original", None) or exc
-    text = (str(original).strip().splitlines() or [""])[0]
-    text = text.split(". ")[0].rstrip(".")
-    return f"{type(original).__name__}: {text}."
+    return error_summary(exc, first_sentence=True)
 
 
 def _axis_ok(a) -> bool:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 import simpmd
-from simpmd.course import (check, check_against_mistakes, is_placeholder as _placeholder, say as _say)
+from simpmd.course import (check, check_against_mistakes, error_summary,
+                           is_placeholder as _placeholder, say as _say)
 
 N_DEVICES = 8
 
@@ -26,9 +27,7 @@ def _run(body, x, axis_name="i"):
     try:
         out = f(x)
     except Exception as exc:                       # the learner's own error is the hint
-        original = getattr(exc, "original", None) or exc
-        text = str(original).strip().splitlines()[0] if str(original).strip() else ""
-        return None, getattr(exc, "trace", None), f"{type(original).__name__}: {text}"
+        return None, getattr(exc, "trace", None), error_summary(exc)
     return (None if out is None else np.asarray(out)), f.trace, None
 
 

@@ -11,16 +11,14 @@ import numpy as np
 
 import simpmd
 from simpmd import lax
-from simpmd.course import (check, check_against_mistakes, is_placeholder as _placeholder, say as _say)
+from simpmd.course import (check, check_against_mistakes, error_summary,
+                           is_placeholder as _placeholder, say as _say)
 
 N_DEVICES = 8
 
 
 
-def _error_text(exc) -> str:
-    original = getattr(exc, "original", None) or exc
-    text = str(original).strip().splitlines()[0] if str(original).strip() else ""
-    return f"{type(original).__name__}: {text}"
+_error_text = error_summary
 
 
 # Exercise 1 -------------------------------------------------------------------------------

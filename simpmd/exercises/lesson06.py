@@ -11,7 +11,8 @@ import math
 
 import numpy as np
 
-from simpmd.course import check, is_placeholder as _placeholder, say as _say
+from simpmd.course import (check, is_placeholder as _placeholder, number_or_complaint,
+                           say as _say)
 
 # The gradient of the exercises: N parameters in bf16 (2 bytes per value), all-reduced
 # over P devices with a ring.
@@ -32,17 +33,11 @@ KIB, GIB = 2 ** 10, 2 ** 30
 
 
 def _number(answer, what, unit):
-    if _placeholder(answer):
-        _say(False, f"{what} is still a placeholder; give a number of {unit}.")
-        return None
-    if isinstance(answer, (str, bytes)) or np.ndim(answer) != 0:
+    """Like simpmd.course.number_or_complaint, but a string or an array is refused too."""
+    if not _placeholder(answer) and (isinstance(answer, (str, bytes)) or np.ndim(answer) != 0):
         _say(False, f"{what} should be one number of {unit}, got {answer!r}.")
         return None
-    try:
-        return float(answer)
-    except (TypeError, ValueError):
-        _say(False, f"{what} should be a number of {unit}, got {answer!r}.")
-        return None
+    return number_or_complaint(answer, what, unit)
 
 
 def _explain(a, expected, mistakes, what, unit, rtol):

@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from simpmd.course import check, is_placeholder as _placeholder, say as _say
+from simpmd.course import check, error_summary, is_placeholder as _placeholder, say as _say
 
 __all__ = ["Factor", "check_quantity", "check_columns", "row_parallel_data",
            "check_row_parallel", "check_weight_bytes", "check_psum_bytes"]
@@ -140,9 +140,7 @@ def check_row_parallel(fn) -> bool:
     try:
         out = simpmd.pmap(fn, axis_name="model")(h_blocks, w2_blocks)
     except Exception as exc:                  # the learner's error is the message
-        original = getattr(exc, "original", None) or exc
-        return _say(False, f"running it on {m} simulated devices raised "
-                    f"{type(original).__name__}: {str(original).splitlines()[0]}")
+        return _say(False, f"running it on {m} simulated devices raised {error_summary(exc)}")
     if out is None:
         return _say(False, "row_parallel returned None; return the layer output.")
     got = np.asarray(out)

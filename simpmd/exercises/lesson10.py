@@ -10,7 +10,7 @@ import warnings
 
 import numpy as np
 
-from simpmd.course import say as _say
+from simpmd.course import error_summary, say as _say
 
 from .lesson08 import Factor, check_quantity
 
@@ -178,9 +178,7 @@ def check_centering(centered) -> bool:
     except simpmd.ShardingError as exc:
         return _say(False, f"simpmd refused the program: {exc}")
     except Exception as exc:
-        original = getattr(exc, "original", None) or exc
-        return _say(False, f"calling centered(x) raised {type(original).__name__}: "
-                    f"{str(original).splitlines()[0]}")
+        return _say(False, f"calling centered(x) raised {error_summary(exc)}")
     if out is None:
         return _say(False, "the body returned None; return the centered block.")
     got = np.asarray(out)
