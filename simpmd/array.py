@@ -120,6 +120,7 @@ class Array(HostArray):
         # until the host asks for the whole: the stacked copy is made on first use.
         # ``layout`` ((device, index, replica_id), ...) overrides where shards live: a
         # nested pmap's outer result is spread over every device of the grid.
+        # ``per_device`` is a list of arrays, or one array stacked along a device axis.
         self._per_device = per_device
         self._stacked = None
         self._layout = layout
@@ -130,8 +131,8 @@ class Array(HostArray):
     def _value(self) -> np.ndarray:
         if self._stacked is None:
             ax = self.sharding.mapped_axis
-            self._stacked = (self._per_device[0] if ax is None
-                             else np.stack(self._per_device, axis=ax))
+            self._stacked = (np.array(self._per_device[0]) if ax is None
+                             else np.stack(list(self._per_device), axis=ax))
         return self._stacked
 
     @property

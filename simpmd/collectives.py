@@ -6,9 +6,10 @@ order (member ``i`` is the device with index ``i`` along the named axis, or with
 Nothing here knows about threads, devices or logs, so each collective can be read and
 tested on its own.
 
-Two tables, keyed by collective name, hold one concern each:
+The tables, keyed by collective name, hold one concern each:
 
 * ``MATH[op](values, **params)``: what every member ends up holding;
+* ``STACKED[op](groups, **params)``: the same, for many groups stacked in one array;
 * ``WIRE_BYTES[op](nbytes, p, member, **params)``: the bytes one member sends and
   receives with the bandwidth-optimal algorithm (ring-based, as NCCL and TPU ICI use),
   for an input of ``nbytes`` per member in a group of ``p``.
@@ -125,6 +126,66 @@ MATH = {
     "pswapaxes": pswapaxes,
     "ppermute": ppermute,
     "pshuffle": pshuffle,
+}
+
+
+# -- the same math over many groups at once ---------------------------------------------
+# ``STACKED[op](groups, **params)``: ``groups`` holds every group's values, shape
+# (number of groups, group size, ...); the result is what each member ends up holding,
+# of shape (number of groups, group size, ...) or broadcastable to it. A trace-once run
+# (``batching.py``) calls these once per collective; an op without an entry falls back
+# to ``MATH`` group by group.
+
+def _stacked_psum(groups):
+    if groups.shape[1] == 1:
+        return groups
+    return groups.sum(axis=1, keepdims=True, dtype=groups.dtype)
+
+
+def _stacked_pmean(groups):
+    total = _stacked_psum(groups)
+    mean = total / groups.shape[1]
+    return mean.astype(np.float32) if total.dtype.kind in "iub" else mean
+
+
+def _stacked_all_gather(groups, axis=0, tiled=False):
+    p, ndim = groups.shape[1], groups.ndim - 2
+    if tiled:
+        axis = axis % ndim
+        moved = np.moveaxis(groups, 1, axis + 1)                 # (G, ..., p, n_axis, ...)
+        shape = moved.shape[:axis + 1] + (p * groups.shape[axis + 2],) + moved.shape[axis + 3:]
+        joined = moved.reshape(shape)
+    else:
+        joined = np.moveaxis(groups, 1, axis % (ndim + 1) + 1)
+    return joined[:, None]
+
+
+def _stacked_psum_scatter(groups, scatter_dimension=0, tiled=False):
+    p = groups.shape[1]
+    total = groups.sum(axis=1, dtype=groups.dtype)             # (G, ...)
+    d = scatter_dimension % (total.ndim - 1) + 1
+    shape = total.shape[:d] + (p, total.shape[d] // p) + total.shape[d + 1:]
+    blocks = np.moveaxis(total.reshape(shape), d, 1)           # (G, p, ..., block, ...)
+    return blocks if tiled else np.squeeze(blocks, axis=d + 1)
+
+
+def _stacked_ppermute(groups, perm):
+    out = np.zeros_like(groups)
+    if perm:
+        sources, destinations = zip(*perm)
+        out[:, list(destinations)] = groups[:, list(sources)]
+    return out
+
+
+STACKED = {
+    "psum": _stacked_psum,
+    "pmean": _stacked_pmean,
+    "pmax": lambda groups: groups.max(axis=1, keepdims=True),
+    "pmin": lambda groups: groups.min(axis=1, keepdims=True),
+    "all_gather": _stacked_all_gather,
+    "psum_scatter": _stacked_psum_scatter,
+    "ppermute": _stacked_ppermute,
+    "pshuffle": lambda groups, perm: groups[:, list(perm)],
 }
 
 

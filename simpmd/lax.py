@@ -1,6 +1,8 @@
 """``simpmd.lax``: the collectives, spelled exactly as in ``jax.lax``.
 
-Called on a simulated device, each function joins a rendezvous of the simulation.
+Called in a body traced once (the default), each function combines every device's
+value in one NumPy call (``batching.Batch.collective``); called on one device of an
+eager run, it joins a rendezvous of that simulation (``runtime.Simulation``).
 Called anywhere else (for instance inside a real ``jax.pmap`` trace) it hands over to
 ``jax.lax`` when JAX has been imported, so one function body runs on both engines.
 """
@@ -12,6 +14,7 @@ import sys
 import numpy as np
 
 from . import errors, tree
+from .batching import Batch, Batched
 from .runtime import current_task
 from .traced import Traced
 
@@ -49,8 +52,10 @@ def _run(op, x, axis_name, params, groups=None, flat=None):
     """Join the collective ``op`` with ``x``'s leaves (``flat``: ``x`` already flattened)."""
     task = current_task()
     leaves, treedef = flat or tree.flatten(x)
-    values = [_leaf_value(v) for v in leaves]
     groups = None if groups is None else [list(g) for g in groups]
+    if type(task) is Batch:
+        return tree.unflatten(treedef, task.collective(op, _axes(axis_name), leaves, params, groups))
+    values = [_leaf_value(v) for v in leaves]
     outs = task.sim.collective(task, op, _axes(axis_name), values, params, groups)
     eager = task.sim.eager
     return tree.unflatten(treedef, [Traced(o, eager) for o in outs])
@@ -66,7 +71,7 @@ def psum(x, axis_name, *, axis_index_groups=None):
             isinstance(v, numbers.Number) and not isinstance(v, np.generic) for v in leaves):
         # A Python constant is known to every device: JAX folds psum(1, 'i') to the axis
         # size without communicating, and returns a Python number.
-        _, size = task.sim.axis_position(task, _axes(axis_name), "psum")
+        size = _size(task, _axes(axis_name), "psum")
         return tree.unflatten(treedef, [v * size for v in leaves])
     return _run("psum", x, axis_name, {}, axis_index_groups, flat=(leaves, treedef))
 
@@ -146,6 +151,8 @@ def axis_index(axis_name):
     task = current_task()
     if task is None:
         return _outside("axis_index", axis_name)
+    if type(task) is Batch:
+        return Batched(task.axis_index(_axes(axis_name)))
     index, _ = task.sim.axis_position(task, _axes(axis_name), "axis_index")
     return Traced(np.asarray(index, dtype=np.int32), task.sim.eager)
 
@@ -155,4 +162,10 @@ def axis_size(axis_name):
     task = current_task()
     if task is None:
         return _outside("axis_size", axis_name)
-    return task.sim.axis_position(task, _axes(axis_name), "axis_size")[1]
+    return _size(task, _axes(axis_name), "axis_size")
+
+
+def _size(task, axes, opname):
+    if type(task) is Batch:
+        return task.axis_size(axes, opname)
+    return task.sim.axis_position(task, axes, opname)[1]

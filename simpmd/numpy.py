@@ -93,9 +93,9 @@ def _dispatching(namespace: tuple, name: str):
                 f"simpmd.numpy.{qualified} exists only in jax.numpy; NumPy has no "
                 f"{qualified}, so simpmd's devices cannot run it. Write the computation with "
                 f"functions that both NumPy and jax.numpy have.")
-        if name in _KEEPS_DEVICE_VALUES and not namespace and args and type(args[0]) is _Traced:
+        if name in _KEEPS_DEVICE_VALUES and not namespace and args and isinstance(args[0], _Traced):
             x = args[0]
-            return _Traced(_np.asarray(x.value, *args[1:2], **kwargs), x.eager)
+            return x._with(_np.asarray(x.value, *args[1:2], **kwargs))
         return fn(*args, **kwargs)
 
     call.__name__ = name

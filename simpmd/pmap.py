@@ -21,6 +21,7 @@ from .array import Array
 from .runtime import Simulation, current_task, flat_results, user_stacklevel
 from .trace import Trace
 from .traced import Traced
+from .batching import Batch, Batched, NestedMap, run_once
 
 _last_trace = None
 
@@ -196,6 +197,8 @@ class Pmapped:
     # -- calling --------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
         parent = current_task()
+        if type(parent) is Batch:
+            raise NestedMap()
         if parent is None and "jax" in sys.modules:
             # Inside a real JAX trace (jax.pmap of a nested simpmd program), the inner pmap
             # means jax.vmap with the same axis name: real JAX no longer nests pmap.
@@ -224,6 +227,11 @@ class Pmapped:
             sim = parent.sim
             max_devices = len(sim.device_list)
         static, defs, kw_def, arrays, paths, size = self._split(args, kwargs, max_devices)
+        if parent is None and not self.eager:
+            try:
+                return self._call_once(device_list, args, defs, kw_def, arrays, paths, size)
+            except NestedMap:
+                pass          # a pmap nested in the body: run one program per device instead
 
         eager = sim.eager
         # Each device's shard of each leaf, made once: it goes to the device's arguments
@@ -268,6 +276,64 @@ class Pmapped:
         sim.run_nested(parent, tasks)
         return self._stack(sim, tasks, nested=True)
 
+    # -- tracing once ---------------------------------------------------------------------
+    def _call_once(self, device_list, args, defs, kw_def, arrays, paths, size):
+        """Run the body one time over every device's shard, stacked (see batching.py)."""
+        batch = Batch(device_list, ((self.axis_name, size),))
+
+        def stacked(v, ax):
+            return Batched(np.broadcast_to(v, (size,) + v.shape) if ax is None else np.moveaxis(v, ax, 0))
+        dev_args = [args[a] if conv is None else tree.unflatten(td, [stacked(v, ax) for v, ax in conv])
+                    for a, (conv, td) in enumerate(zip(arrays[:-1], defs))]
+        kw = tree.unflatten(kw_def, [stacked(v, ax) for v, ax in arrays[-1]])
+        received = []               # (stacked shards or None, whole value, detail(device))
+        for conv, leaf_paths in zip(arrays, paths):
+            for (v, ax), path in zip(conv or (), leaf_paths or ()):
+                if ax is None:
+                    received.append((None, v, lambda k, t=f"{path} whole (in_axes=None)": t))
+                else:
+                    received.append((np.moveaxis(v, ax, 0), None,
+                                     lambda k, a=f"{path}[{':, ' * ax}", b=f"] of shape {v.shape}":
+                                     f"{a}{k}{b}"))
+        batch.receive(received)
+        try:
+            result = run_once(batch, self.fun, dev_args, kw)
+            outputs = self._stack_once(batch, result)
+        except errors.SimpmdError as exc:
+            if getattr(exc, "trace", None) is None:
+                exc.trace = Trace(batch.events)
+            self.trace = record_trace(exc.trace)
+            raise
+        self.trace = record_trace(Trace(batch.events))
+        return outputs
+
+    def _stack_once(self, batch, result):
+        """The stacked results as pmap's Arrays, each device's part logged as returned."""
+        leaves, treedef = tree.flatten(result)
+        stacks = [v.value if type(v) is Batched else
+                  np.broadcast_to(_plain(v), (batch.n,) + np.shape(_plain(v))) for v in leaves]
+        out_axes = tree.broadcast_prefix(self.out_axes, tree.unflatten(treedef, [s[0] for s in stacks]),
+                                         what="out_axes")
+        out = []
+        for k, (s, ax) in enumerate(zip(stacks, out_axes)):
+            first = s[0]
+            if ax is None:
+                differ = np.nonzero(~(s == first).reshape(batch.n, -1).all(axis=1))[0]
+                if len(differ):
+                    _warn_not_replicated([batch.where(i) for i in differ], batch.where(0))
+            else:
+                if not -(first.ndim + 1) <= ax <= first.ndim:
+                    raise ValueError(f"out_axes={ax} is out of range for results of shape "
+                                     f"{first.shape}.")
+                ax = ax % (first.ndim + 1)
+            label = f"out{_leaf_label(treedef, k)}"
+            if ax is None:
+                batch.returned(s, lambda i, t=label + " whole (out_axes=None)": t)
+            else:
+                batch.returned(s, lambda i, a=f"{label}[{':, ' * ax}": f"{a}{i}]")
+            out.append(Array(s, batch.devices, ax))
+        return tree.unflatten(treedef, out)
+
     # -- stacking -------------------------------------------------------------------------
     def _stack(self, sim, tasks, nested):
         results, treedef = flat_results(tasks)
@@ -289,12 +355,7 @@ class Pmapped:
                 differ = [t.where() for t, v in zip(tasks[1:], values[1:]) if v is not values[0]
                           and (v.shape != values[0].shape or not np.array_equal(v, values[0]))]
                 if differ:
-                    warnings.warn(
-                        f"out_axes=None returns one copy of a result that should be the same on "
-                        f"every device, but {', '.join(differ[:4])} hold(s) a different value "
-                        f"than {tasks[0].where()}. simpmd returns the first device's value, as "
-                        f"JAX does (JAX does not check). Reduce it first (e.g. lax.pmean).",
-                        stacklevel=user_stacklevel())
+                    _warn_not_replicated(differ, tasks[0].where())
             else:
                 if not -(values[0].ndim + 1) <= ax <= values[0].ndim:
                     raise ValueError(f"out_axes={ax} is out of range for results of shape "
@@ -310,6 +371,15 @@ class Pmapped:
             else:
                 leaves.append(Array(values, devices, ax, _grid_layout(tasks, values, ax)))
         return tree.unflatten(treedef, leaves)
+
+
+def _warn_not_replicated(differ, first):
+    warnings.warn(
+        f"out_axes=None returns one copy of a result that should be the same on "
+        f"every device, but {', '.join(differ[:4])} hold(s) a different value "
+        f"than {first}. simpmd returns the first device's value, as "
+        f"JAX does (JAX does not check). Reduce it first (e.g. lax.pmean).",
+        stacklevel=user_stacklevel())
 
 
 def path_position(path, pmapped) -> str:

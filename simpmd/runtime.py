@@ -26,13 +26,14 @@ import threading
 import numpy as np
 
 from . import collectives, errors
-from .trace import Event, Trace
+from .trace import Event, Trace, current_phase
 from . import tree
 
 # Frames of these modules are the engine's own; the source of an event is the first
 # frame outside them (so the tour in simpmd/__main__.py still counts as user code).
 ENGINE_MODULES = {"simpmd.lax", "simpmd.runtime", "simpmd.pmap", "simpmd.traced", "simpmd.debug",
-                  "simpmd.collectives", "simpmd.tree", "simpmd.numpy", "simpmd.shard_map"}
+                  "simpmd.collectives", "simpmd.tree", "simpmd.numpy", "simpmd.shard_map",
+                  "simpmd.batching"}
 _local = threading.local()            # .task: the program this thread is running
 _idle_workers: list = []              # parked worker threads, reused across runs
 _WORKER_STACK = 1 << 20               # 1 MiB is plenty for a device's Python frames
@@ -149,6 +150,24 @@ class Task:
 def coords_text(coords) -> str:
     """'data=1, model=0'; an unnamed axis (axis_name=None) shows as 'index 1'."""
     return ", ".join(f"index {i}" if n is None else f"{n}={i}" for n, i, _ in coords)
+
+
+def axis_position(coords, axis_names, opname, where):
+    """(index, size) of the device at ``coords`` along ``axis_names`` combined row-major."""
+    env = {n: (i, s) for n, i, s in coords}
+    index, size = 0, 1
+    for name in axis_names:
+        if name not in env:
+            scope = ", ".join(repr(n) for n, _, _ in coords) or "none"
+            if None in env:
+                scope += " (a pmap given no axis_name: pass axis_name= to name its axis)"
+            raise errors.UnboundAxisError(
+                f"{opname} on {where} names axis {name!r}, but no enclosing pmap "
+                f"binds it. Axis names in scope: {scope}. Pass axis_name={name!r} to the "
+                f"pmap that maps this axis, or use one of the names in scope.")
+        i, s = env[name]
+        index, size = index * s + i, size * s
+    return index, size
 
 
 def user_stacklevel() -> int:
@@ -373,20 +392,7 @@ class Simulation:
     # -- collectives ----------------------------------------------------------------------
     def axis_position(self, task, axis_names, opname):
         """(index, size) of ``task`` along ``axis_names`` combined row-major."""
-        env = {n: (i, s) for n, i, s in task.coords}
-        index, size = 0, 1
-        for name in axis_names:
-            if name not in env:
-                scope = ", ".join(repr(n) for n, _, _ in task.coords) or "none"
-                if None in env:
-                    scope += " (a pmap given no axis_name: pass axis_name= to name its axis)"
-                raise errors.UnboundAxisError(
-                    f"{opname} on {task.where()} names axis {name!r}, but no enclosing pmap "
-                    f"binds it. Axis names in scope: {scope}. Pass axis_name={name!r} to the "
-                    f"pmap that maps this axis, or use one of the names in scope.")
-            i, s = env[name]
-            index, size = index * s + i, size * s
-        return index, size
+        return axis_position(task.coords, axis_names, opname, task.where())
 
     def collective(self, task, op, axis_names, leaves, params, groups):
         """Join collective ``op`` over ``axis_names``; return this member's output leaves."""
@@ -445,7 +451,7 @@ class Simulation:
             event = self.log(task, "collective", call=task.calls, op=rv.op, axes=rv.axes,
                              member=pos, params=params, inputs=tuple(leaves),
                              outputs=outs, bytes_sent=sent, bytes_received=received,
-                             source=source, code=code)
+                             source=source, code=code, phase=current_phase())
             event._group = group_tasks
             if task is not me:
                 task.inbox = outs
@@ -482,27 +488,13 @@ class Simulation:
         """The error that explains why the run could not finish."""
         if self.failure is not None:
             task, exc = self.failure
-            if isinstance(exc, errors.SimpmdError):
-                if task.where() not in str(exc):
-                    exc.args = (f"on {task.where()}: {exc}",) + exc.args[1:]
-                return exc
             waiting = [t for t in stuck if t.waiting and t.waiting[0] == "collective"]
             note = ""
             if waiting:
                 note = (f" Meanwhile {len(waiting)} other program(s) waited for it at a "
                         f"collective; their logs are kept in the trace.")
-            if "__jax_array__" in str(exc) or "simpmd.traced.Traced" in str(exc):
-                err = errors.TracerArrayConversionError(
-                    f"on {task.where()}: a jax.numpy function was given a simpmd device value "
-                    f"({exc}). Call array functions through simpmd.numpy "
-                    f"(import simpmd.numpy as snp; snp.exp(x)): it works on both engines.")
-                err.__cause__ = exc
-                return err
-            err = errors.DeviceError(
-                f"the mapped function raised {type(exc).__name__} on {task.where()}: {exc}.{note}",
-                device=task.device.id if task.device is not None else None, original=exc)
-            err.__cause__ = exc
-            return err
+            return explain_failure(task.where(), task.device.id if task.device is not None
+                                   else None, exc, note)
         lines = []
         for rv in self.pending.values():
             arrived = sorted(rv.arrived)
@@ -520,6 +512,26 @@ class Simulation:
             "never reach, so the run can never finish.\n" + "\n".join(lines) +
             "\nEvery device of a group must reach the same collectives in the same order; "
             "look for a collective inside Python control flow that differs between devices.")
+
+
+def explain_failure(where, device, exc, note=""):
+    """The error to raise when the mapped function raised ``exc`` on ``where``."""
+    if isinstance(exc, errors.SimpmdError):
+        if where not in str(exc):
+            exc.args = (f"on {where}: {exc}",) + exc.args[1:]
+        return exc
+    if any(k in str(exc) for k in ("__jax_array__", "simpmd.traced.Traced", "simpmd.batching.Batched")):
+        err = errors.TracerArrayConversionError(
+            f"on {where}: a jax.numpy function was given a simpmd device value "
+            f"({exc}). Call array functions through simpmd.numpy "
+            f"(import simpmd.numpy as snp; snp.exp(x)): it works on both engines.")
+        err.__cause__ = exc
+        return err
+    err = errors.DeviceError(
+        f"the mapped function raised {type(exc).__name__} on {where}: {exc}.{note}",
+        device=device, original=exc)
+    err.__cause__ = exc
+    return err
 
 
 def flat_results(tasks):

@@ -16,6 +16,7 @@ devices that differ).
 from __future__ import annotations
 
 import functools
+import math
 import sys
 import warnings
 
@@ -29,6 +30,7 @@ from .pmap import as_array, positional_names, record_trace
 from .runtime import Simulation, current_task, flat_results
 from .trace import Trace, summarize
 from .traced import Traced
+from .batching import Batch, Batched, NestedMap, run_once
 
 _REQUIRED = object()
 
@@ -185,7 +187,7 @@ class ShardMapped:
     def __call__(self, *args, **kwargs):
         parent = current_task()
         if parent is not None:
-            _refuse_nesting(parent)
+            _refuse_nesting(_Named(parent.where()) if type(parent) is Batch else parent)
         if _holds_jax_tracer(args):
             # Inside a real JAX trace (jax.jit, a cross-check): this is jax.shard_map's job.
             return on_jax(self)(*args)
@@ -195,6 +197,11 @@ class ShardMapped:
                 f"keyword(s) {', '.join(kwargs)}. Pass them by position, with one in_specs "
                 f"entry each.")
         leaves, treedef = self._split(args)
+        if not self.eager:
+            try:
+                return self._call_once(leaves, treedef)
+            except NestedMap:
+                pass          # a pmap inside the body: the per-device run explains the refusal
         mesh, eager = self.mesh, self.eager
         sim = _MeshSimulation(list(mesh.devices.flat), eager=eager)
 
@@ -236,6 +243,61 @@ class ShardMapped:
                 error.trace = self.trace
             raise error
         return outputs
+
+    # -- tracing once ----------------------------------------------------------------------
+    def _call_once(self, leaves, treedef):
+        """Run the body one time over every device's block, stacked (see batching.py)."""
+        mesh = self.mesh
+        batch = Batch(list(mesh.devices.flat), tuple(mesh.shape.items()))
+        coords = [mesh.coords_of(k) for k in range(mesh.size)]
+        dev_leaves, received = [], []
+        for path, value, spec in leaves:
+            if spec is None:
+                dev_leaves.append(value)
+                continue
+            blocks = _stack_blocks(value, spec, mesh)
+            dev_leaves.append(Batched(blocks))
+            received.append((blocks, None, lambda k, path=path, value=value, spec=spec: _block_detail(
+                path, value.shape, spec, block_slices(spec, mesh, value.shape, coords[k]))))
+        batch.receive(received)
+        try:
+            result = run_once(batch, self.fun, tree.unflatten(treedef, dev_leaves), {})
+            outputs = self._assemble_once(batch, result, coords)
+        except errors.SimpmdError as exc:
+            if getattr(exc, "trace", None) is None:
+                exc.trace = Trace(batch.events)
+            self.trace = record_trace(exc.trace)
+            raise
+        except Exception as exc:
+            exc.trace = self.trace = record_trace(Trace(batch.events))
+            raise
+        self.trace = record_trace(Trace(batch.events))
+        return outputs
+
+    def _assemble_once(self, batch, result, coords):
+        mesh = self.mesh
+        leaves, treedef = tree.flatten(result)
+        stacks = [v.value if type(v) is Batched else
+                  np.broadcast_to(_plain(v), (batch.n,) + np.shape(_plain(v))) for v in leaves]
+        out_specs = self.out_specs
+        if isinstance(out_specs, list) and treedef.kind == "tuple":
+            out_specs = tuple(out_specs)
+        specs = tree.broadcast_prefix(out_specs, tree.unflatten(treedef, [s[0] for s in stacks]),
+                                      what="out_specs")
+        label = _labeller(treedef)
+        out_leaves = []
+        for j, (stack, spec) in enumerate(zip(stacks, specs)):
+            first = stack[0]
+            check_spec(spec, mesh, f"out_specs for out{label(j)} (a result of shape {first.shape})",
+                       first.ndim)
+            if not _replicated(stack, spec, mesh):
+                where = [_Named(batch.where(k)) for k in range(batch.n)]
+                self._check_replicated(where, list(stack), coords, spec, f"out{label(j)}", first.ndim)
+            whole = _join_blocks(stack, spec, mesh)
+            batch.returned(stack, lambda k, name=f"out{label(j)}", shape=whole.shape, spec=spec:
+                           _block_detail(name, shape, spec, block_slices(spec, mesh, shape, coords[k])))
+            out_leaves.append(MeshArray(whole, NamedSharding(mesh, spec)))
+        return tree.unflatten(treedef, out_leaves)
 
     # -- putting the blocks together -------------------------------------------------------
     def _assemble(self, sim, tasks):
@@ -403,6 +465,65 @@ def _suggest(spec, free, ndim) -> str:
         entries.pop()
     axes = " and ".join(repr(n) for n in free)
     return f"name {axes} in out_specs (e.g. {PartitionSpec(*entries)!r})"
+
+
+class _Named:
+    """Stands for a device in the shared checks, which only ask where it is."""
+
+    def __init__(self, text):
+        self.text = text
+
+    def where(self):
+        return self.text
+
+
+def _split_shape(shape, spec, mesh):
+    """``shape`` with each split dimension cut into (its mesh axes..., block): the axis
+    positions by mesh axis name, and the positions of the block dimensions."""
+    sizes, cut, position, blocks = mesh.shape, [], {}, []
+    for d, size in enumerate(shape):
+        names = spec.axes_of(d)
+        for name in names:
+            position[name] = len(cut)
+            cut.append(sizes[name])
+        blocks.append(len(cut))
+        cut.append(size // math.prod(sizes[n] for n in names))
+    return cut, position, blocks
+
+
+def _stack_blocks(value, spec, mesh):
+    """Every device's block of ``value``, stacked in the mesh's row-major device order."""
+    cut, position, blocks = _split_shape(value.shape, spec, mesh)
+    v = value.reshape(cut + [1] * (len(mesh.axis_names) - len(position)))
+    free = iter(range(len(cut), v.ndim))
+    order = [position[n] if n in position else next(free) for n in mesh.axis_names] + blocks
+    v = np.broadcast_to(v.transpose(order), tuple(mesh.shape.values()) + tuple(cut[b] for b in blocks))
+    return v.reshape((mesh.size,) + v.shape[len(mesh.axis_names):])
+
+
+def _join_blocks(stack, spec, mesh):
+    """The global array whose blocks ``stack`` holds (the first copy of each block)."""
+    grid = stack.reshape(tuple(mesh.shape.values()) + stack.shape[1:])
+    used = spec.mesh_axes()
+    names = [n for n in mesh.axis_names if n in used]
+    grid = grid[tuple(slice(None) if n in used else 0 for n in mesh.axis_names)]
+    order, shape = [], []
+    for d, size in enumerate(stack.shape[1:]):
+        axes = spec.axes_of(d)
+        order += [names.index(n) for n in axes] + [len(names) + d]
+        shape.append(size * math.prod(mesh.shape[n] for n in axes))
+    return np.array(grid.transpose(order).reshape(shape))
+
+
+def _replicated(stack, spec, mesh) -> bool:
+    """True if every device holds the same value along the mesh axes ``spec`` leaves out."""
+    used = spec.mesh_axes()
+    if all(n in used for n in mesh.axis_names):
+        return True
+    grid = stack.reshape(tuple(mesh.shape.values()) + stack.shape[1:])
+    first = grid[tuple(slice(None) if n in used else slice(0, 1) for n in mesh.axis_names)]
+    return np.array_equal(grid, np.broadcast_to(first, grid.shape),
+                          equal_nan=stack.dtype.kind in "fc")
 
 
 def _block_detail(path, shape, spec, index) -> str:

@@ -5,10 +5,25 @@ here, the pictures in ``simpmd.viz``, the estimates in ``simpmd.cost``) only rea
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from dataclasses import dataclass, field
 import html
 
 import numpy as np
+
+
+_PHASE = contextvars.ContextVar("simpmd_phase", default="forward")
+
+
+def current_phase() -> str: return _PHASE.get()
+
+
+@contextlib.contextmanager
+def backward_pass():
+    token = _PHASE.set("backward")
+    try: yield
+    finally: _PHASE.reset(token)
 
 
 @dataclass
@@ -42,6 +57,7 @@ class Event:
     source: str = ""                   # 'file.py:12'
     code: str = ""                     # text of that source line
     detail: str = ""                   # e.g. "x[3] of argument 0 (shape (8, 2))"
+    phase: str = "forward"             # 'backward' for a collective run by simpmd.grad's backward pass
 
     @property
     def shapes_in(self):
@@ -113,6 +129,8 @@ def _row(e: Event) -> dict:
         axes = e.axes[0] if len(e.axes) == 1 else e.axes
         params = _params_text(e)
         what = f"{e.op}({axes!r}{', ' + params if params else ''})"
+        if e.phase == "backward":
+            what += " (backward)"
         moved = f"{_leaves_summary(e.inputs)} -> {_leaves_summary(e.outputs)}"
         group = _group_text(e.group)
         sent, recv = _bytes(e.bytes_sent), _bytes(e.bytes_received)
@@ -148,12 +166,24 @@ class Trace:
 
     ``print(trace)`` shows the merged log; ``trace.device(3)`` one device's log;
     ``trace.events`` the plain records; in Jupyter the trace shows as an HTML table.
+    ``events`` may also be a function that makes the list: a run traced once keeps its
+    values stacked, and writes the per-device records only when someone reads them.
     """
 
     def __init__(self, events, eager: bool = False, max_rows: int = 64):
-        self.events: list[Event] = list(events)
+        self._events = events if callable(events) else list(events)
         self.eager = eager
         self.max_rows = max_rows
+
+    @property
+    def events(self) -> list[Event]:
+        if callable(self._events):
+            self._events = list(self._events())
+        return self._events
+
+    @events.setter
+    def events(self, events):
+        self._events = list(events)
 
     # -- plain data -----------------------------------------------------------------------
     @property

@@ -98,6 +98,10 @@ class Traced(NDArrayOperatorsMixin):
         self.value = value if isinstance(value, np.ndarray) else np.asarray(value)
         self.eager = eager
 
+    def _with(self, value):
+        """A device value of the same kind holding ``value``."""
+        return Traced(value, self.eager)
+
     # -- computing -------------------------------------------------------------------
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         if kwargs.get("out") is not None:

@@ -1,0 +1,605 @@
+"""Trace once, as JAX does: the body runs a single time over values stacked by device.
+
+Outside eager mode, Python control flow on device values is refused (see ``traced.py``),
+so every device runs the same operations in the same order. simpmd therefore calls the
+mapped function once, on :class:`Batched` values: each holds every device's value in one
+NumPy array whose leading axis runs over the devices (row-major over the mesh). An
+operation on a Batched value acts on all devices at once, with a batching rule in the
+manner of ``jax.vmap`` (shift the axis arguments by one, line up the ranks); where no
+rule exists it loops over the devices, so the answer is always right and only slower. A
+collective is one NumPy call over the whole stack (``collectives.STACKED``). The
+per-device log is written from the stacked values when someone reads it.
+
+A Python side effect in the body (a print, a counter) therefore happens once per call,
+as under ``jax.pmap``; ``simpmd.debug.print`` prints once per device, as
+``jax.debug.print`` does. ``eager=True`` keeps running one program per device
+(``runtime.py``), for programs that depend on the device in Python.
+"""
+from __future__ import annotations
+
+import builtins
+import contextlib
+import functools
+import math
+
+import numpy as np
+from numpy.lib.mixins import NDArrayOperatorsMixin
+
+from . import collectives, errors, runtime
+from .trace import Event, current_phase
+from .traced import Traced, _jax_promotion, _no_new_float64
+
+
+class NestedMap(BaseException):
+    """A pmap was called inside a body traced once: the caller re-runs per device."""
+
+
+# -- the stacked value ---------------------------------------------------------------------
+
+class Batched(Traced):
+    """Every device's value of one array in the body, stacked along a leading device axis.
+
+    It shows the shape of one device's value (``x.shape``), computes like a NumPy array
+    and refuses what JAX refuses while tracing, exactly as :class:`Traced` does.
+    """
+
+    __slots__ = ()
+
+    def __init__(self, stacked):
+        self.value, self.eager = stacked, False
+
+    def _with(self, stacked):
+        return Batched(stacked)
+
+    shape = property(lambda self: self.value.shape[1:])
+    ndim = property(lambda self: self.value.ndim - 1)
+    size = property(lambda self: math.prod(self.value.shape[1:]))
+    dtype = property(lambda self: self.value.dtype)
+    T = property(lambda self: self.transpose())
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        if kwargs.get("out") is not None:
+            return Traced.__array_ufunc__(self, ufunc, method, *inputs, **kwargs)  # refuses
+        if method != "__call__" or kwargs:
+            return per_device(getattr(ufunc, method), inputs, kwargs)
+        if ufunc is np.matmul:
+            return _matmul(*inputs)
+        values = _lined_up(inputs)
+        if len(values) > 1:
+            values = _jax_promotion(values)
+        return _batched(_no_new_float64(ufunc(*values), values))
+
+    def __array_function__(self, func, types, args, kwargs):
+        rule = FUNCTION_RULES.get(func)
+        if rule is not None:
+            out = rule(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
+        return per_device(func, args, kwargs)
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        rule = METHOD_RULES.get(name)
+        if rule is not None:
+            return functools.partial(rule, self)
+        attr = getattr(self.value[0], name)
+        if not callable(attr):
+            return Batched(getattr(self.value, name)) if name in ("real", "imag") else attr
+        return lambda *a, **k: per_device(lambda v, *a, **k: getattr(v, name)(*a, **k),
+                                          (self,) + a, k)
+
+    def __len__(self):
+        if self.ndim == 0:
+            raise TypeError("len() of a 0-d array (a scalar): it has no length")
+        return self.shape[0]
+
+    def __iter__(self):
+        return (Batched(self.value[:, i]) for i in range(len(self)))
+
+    def __getitem__(self, index):
+        index = index if isinstance(index, tuple) else (index,)
+        if not any(isinstance(i, Traced) for i in index):
+            arrays = [k for k, i in enumerate(index) if not _is_basic(i)]
+            if not arrays or arrays == list(range(arrays[0], arrays[-1] + 1)):
+                return Batched(self.value[(slice(None),) + index])
+        return per_device(lambda v, *i: v[i], (self,) + index, {})
+
+    @property
+    def at(self):
+        return _BatchedUpdate(self)
+
+    def __repr__(self):
+        return f"Traced<{self.dtype}{list(self.shape)}> on {self.value.shape[0]} devices"
+
+    __str__ = __repr__
+
+    def __format__(self, spec):
+        return format(str(self), spec)
+
+
+# Operators go through __array_ufunc__ above (the rules), not Traced's one-device shortcuts.
+for _name in ("add", "sub", "mul", "truediv", "matmul", "pow"):
+    for _side in ("__%s__", "__r%s__"):
+        setattr(Batched, _side % _name, getattr(NDArrayOperatorsMixin, _side % _name))
+Batched.__neg__ = NDArrayOperatorsMixin.__neg__
+del _name, _side
+
+
+def _is_basic(i) -> bool:
+    return i is None or i is Ellipsis or isinstance(i, (int, np.integer, slice))
+
+
+def _n_of(values) -> int:
+    for v in values:
+        if type(v) is Batched:
+            return v.value.shape[0]
+        if isinstance(v, (list, tuple)):
+            n = _n_of(v)
+            if n:
+                return n
+        if isinstance(v, dict):
+            n = _n_of(tuple(v.values()))
+            if n:
+                return n
+    return 0
+
+
+def _lined_up(inputs):
+    """The NumPy values of ``inputs`` for an elementwise call: a Batched value of lower
+    rank gets length-1 axes after its device axis, so NumPy broadcasts each device's
+    value against the others as it would on that device alone."""
+    rank = max(np.ndim(v.value) - 1 if type(v) is Batched else np.ndim(_value(v)) for v in inputs)
+    out = []
+    for v in inputs:
+        if type(v) is Batched:
+            s = v.value
+            if s.ndim - 1 < rank:
+                s = s.reshape(s.shape[:1] + (1,) * (rank - s.ndim + 1) + s.shape[1:])
+            out.append(s)
+        else:
+            out.append(_value(v))
+    return tuple(out)
+
+
+def _value(v):
+    return v.value if isinstance(v, Traced) else v
+
+
+def _batched(x):
+    if isinstance(x, np.ndarray):
+        return Batched(x)
+    if isinstance(x, tuple):
+        return tuple(_batched(i) for i in x)
+    return x
+
+
+def at_device(x, i):
+    """``x`` as device ``i`` sees it (recursing into lists, tuples and dicts)."""
+    if type(x) is Batched:
+        return x.value[i]
+    if type(x) is Traced:
+        return x.value
+    if isinstance(x, (list, tuple)):
+        items = [at_device(v, i) for v in x]
+        return type(x)(items) if type(x) in (list, tuple) else type(x)(*items)
+    if isinstance(x, dict):
+        return {k: at_device(v, i) for k, v in x.items()}
+    return x
+
+
+def _stack(results):
+    """The per-device ``results`` of one call as one value: arrays stacked, static facts
+    (a shape, a dimension count) kept as they are."""
+    first = results[0]
+    if isinstance(first, (np.ndarray, np.generic, Traced)):
+        return Batched(np.stack([np.asarray(_value(r)) for r in results]))
+    if isinstance(first, (list, tuple)):
+        parts = [_stack([r[k] for r in results]) for k in range(len(first))]
+        return type(first)(parts) if type(first) in (list, tuple) else type(first)(*parts)
+    return first
+
+
+def per_device(fn, args, kwargs):
+    """The fallback with no batching rule: call ``fn`` once per device and stack."""
+    n = _n_of(args) or _n_of(tuple(kwargs.values()))
+    return _stack([fn(*at_device(args, i), **at_device(kwargs, i)) for i in range(n)])
+
+
+# -- batching rules: methods -----------------------------------------------------------------
+
+def _shift(axis, ndim):
+    """A per-device axis (int or tuple) as an axis of the stack."""
+    if isinstance(axis, (tuple, list)):
+        return tuple(_shift(a, ndim) for a in axis)
+    if not -max(ndim, 1) <= axis < max(ndim, 1):
+        raise np.exceptions.AxisError(axis, ndim)
+    return axis % max(ndim, 1) + 1
+
+
+def _reduction(name):
+    def rule(x, axis=None, *args, **kwargs):
+        if args or kwargs.get("out") is not None:
+            return per_device(lambda v, *a, **k: getattr(v, name)(*a, **k),
+                              (x, axis) + args, kwargs)
+        v = x.value
+        if axis is None and name in ("argmax", "argmin", "cumsum", "cumprod"):
+            v, stack_axis = v.reshape(v.shape[0], -1), 1
+        elif axis is None:
+            stack_axis = tuple(range(1, v.ndim))
+        else:
+            stack_axis = _shift(axis, x.ndim)
+        return Batched(np.asarray(getattr(v, name)(axis=stack_axis, **kwargs)))
+    return rule
+
+
+def _reshape(x, *shape, **kwargs):
+    if kwargs:
+        return per_device(lambda v: v.reshape(*shape, **kwargs), (x,), {})
+    shape = shape[0] if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)) else shape
+    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+    return Batched(x.value.reshape(x.value.shape[:1] + shape))
+
+
+def _transpose(x, *axes):
+    axes = axes[0] if len(axes) == 1 and not isinstance(axes[0], (int, np.integer)) else axes
+    if axes is None or axes == ():
+        axes = tuple(reversed(range(x.ndim)))
+    return Batched(x.value.transpose((0,) + _shift(tuple(axes), x.ndim)))
+
+
+def _squeeze(x, axis=None):
+    if axis is None:
+        return Batched(x.value.reshape(x.value.shape[:1] + tuple(s for s in x.shape if s != 1)))
+    return Batched(x.value.squeeze(_shift(axis, x.ndim)))
+
+
+METHOD_RULES = {name: _reduction(name) for name in (
+    "sum", "mean", "max", "min", "prod", "std", "var", "any", "all", "argmax", "argmin",
+    "cumsum", "cumprod")}
+METHOD_RULES.update(
+    reshape=_reshape, transpose=_transpose, squeeze=_squeeze,
+    astype=lambda x, *a, **k: Batched(x.value.astype(*a, **k)),
+    copy=lambda x: Batched(x.value.copy()),
+    flatten=lambda x: Batched(x.value.reshape(x.value.shape[0], -1)),
+    ravel=lambda x: Batched(x.value.reshape(x.value.shape[0], -1)),
+    swapaxes=lambda x, a, b: Batched(x.value.swapaxes(_shift(a, x.ndim), _shift(b, x.ndim))),
+    clip=lambda x, *a, **k: np.clip(x, *a, **k),
+    round=lambda x, decimals=0: Batched(np.round(x.value, decimals)),
+    conj=lambda x: np.conjugate(x),
+)
+
+
+# -- batching rules: NumPy functions ---------------------------------------------------------
+
+def _elementwise(func):
+    def rule(*args, **kwargs):
+        if kwargs.get("out") is not None:
+            return NotImplemented
+        return _batched(func(*_lined_up(args), **kwargs))
+    return rule
+
+
+def _method_of(name):
+    def rule(a, *args, **kwargs):
+        if type(a) is not Batched:
+            return NotImplemented
+        return METHOD_RULES[name](a, *args, **kwargs)
+    return rule
+
+
+def _joined(func):
+    """np.concatenate / np.stack: every operand stacked by device, the axis shifted."""
+    def rule(arrays, axis=0, **kwargs):
+        if kwargs or axis is None or not isinstance(arrays, (list, tuple)):
+            return NotImplemented
+        n = _n_of(arrays)
+        parts = [a.value if type(a) is Batched else
+                 np.broadcast_to(np.asarray(_value(a)), (n,) + np.shape(_value(a))) for a in arrays]
+        ndim = parts[0].ndim - 1 + (func is np.stack)
+        return Batched(func(parts, axis=_shift(axis, ndim)))
+    return rule
+
+
+def _matmul(a, b):
+    """Matrix product per device; a 1-D operand keeps NumPy's vector meaning."""
+    x, y = _value(a), _value(b)
+    a_vec = type(a) is Batched and a.ndim == 1
+    b_vec = type(b) is Batched and b.ndim == 1
+    if a_vec:
+        x = x[:, None, :]
+    if b_vec:
+        y = y[:, :, None]
+    if type(a) is Batched and type(b) is Batched and x.ndim != y.ndim:
+        lo = min(x, y, key=np.ndim)
+        pad = lo.reshape(lo.shape[:1] + (1,) * abs(x.ndim - y.ndim) + lo.shape[1:])
+        x, y = (pad, y) if lo is x else (x, pad)
+    values = _jax_promotion((x, y))
+    out = np.matmul(*values)
+    if b_vec:
+        out = out[..., 0]
+    if a_vec:
+        out = out[..., 0] if b_vec else out[..., 0, :]
+    return Batched(_no_new_float64(out, values))
+
+
+FUNCTION_RULES = {getattr(np, name): _method_of(name) for name in (
+    "sum", "mean", "max", "min", "prod", "std", "var", "any", "all", "argmax", "argmin",
+    "cumsum", "cumprod", "reshape", "transpose", "squeeze", "swapaxes")}
+FUNCTION_RULES.update({np.amax: _method_of("max"), np.amin: _method_of("min"),
+                       np.where: _elementwise(np.where), np.clip: _elementwise(np.clip),
+                       np.round: _elementwise(np.round),
+                       np.concatenate: _joined(np.concatenate), np.stack: _joined(np.stack)})
+
+
+class _BatchedUpdate:
+    """``x.at[idx].set(v)`` and friends on every device at once."""
+
+    def __init__(self, x):
+        self.x = x
+
+    def __getitem__(self, index):
+        return _BatchedUpdateRef(self.x, index if isinstance(index, tuple) else (index,))
+
+
+class _BatchedUpdateRef:
+    def __init__(self, x, index):
+        self.x, self.index = x, index
+
+    def _apply(self, ufunc, v):
+        x, index = self.x, self.index
+        if all(_is_basic(i) for i in index):
+            out = np.array(x.value, copy=True)
+            where = (slice(None),) + index
+            region = out[where]
+            if type(v) is Batched:
+                pad = region.ndim - v.value.ndim
+                v = v.value.reshape(v.value.shape[:1] + (1,) * pad + v.value.shape[1:])
+            else:
+                v = np.asarray(_value(v))
+            out[where] = v if ufunc is None else ufunc(region, v)
+            return Batched(out)
+
+        def one(value, v, *index):
+            value = np.array(value, copy=True)
+            if ufunc is None:
+                value[index] = v
+            else:
+                ufunc.at(value, index, v)
+            return value
+        return per_device(one, (x, v) + index, {})
+
+    def get(self):
+        return self.x[self.index]
+
+    def set(self, v): return self._apply(None, v)
+    def add(self, v): return self._apply(np.add, v)
+    def multiply(self, v): return self._apply(np.multiply, v)
+    def min(self, v): return self._apply(np.minimum, v)
+    def max(self, v): return self._apply(np.maximum, v)
+
+
+# -- the program that stands for every device ------------------------------------------------
+
+class Batch:
+    """One trace-once run over a grid of devices: what ``simpmd.lax`` calls into, and the
+    run's log, kept as stacked records until it is read.
+
+    ``axes`` is ``((name, size), ...)``; device ``k`` of the grid (row-major) is
+    ``devices[k]``.
+    """
+
+    eager = False
+
+    def __init__(self, devices, axes):
+        self.axes = tuple(axes)
+        self.n = math.prod(s for _, s in self.axes)
+        self.devices = list(devices)[:self.n]
+        self.grid = np.arange(self.n).reshape([s for _, s in self.axes])
+        self.records: list = []           # ('kind', step, ...) in the order they happened
+        self.step = self.calls = 0
+        self.prints: list = []
+        self._coords = None
+
+    # -- naming devices --------------------------------------------------------------------
+    def coords(self, k) -> tuple:
+        if self._coords is None:
+            index = np.indices(self.grid.shape).reshape(len(self.axes), -1).T.tolist()
+            self._coords = [tuple((name, i, size) for (name, size), i in zip(self.axes, row))
+                            for row in index]
+        return self._coords[k]
+
+    def where(self, k=0) -> str:
+        """How error messages name device ``k``: 'device 3 (i=3)'. The body runs once for
+        every device, so an error raised while tracing is reported on the first one."""
+        return f"device {self.devices[k].id} ({runtime.coords_text(self.coords(k))})"
+
+    @contextlib.contextmanager
+    def running(self):
+        """Make this the program ``simpmd.lax`` sees while the body runs."""
+        previous = runtime.current_task()
+        runtime._local.task = self
+        try:
+            yield self
+        finally:
+            runtime._local.task = previous
+            for line in self.prints:
+                builtins.print(line)
+            self.prints = []
+
+    # -- what simpmd.lax asks --------------------------------------------------------------
+    def axis_size(self, axis_names, opname):
+        return runtime.axis_position(self.coords(0), axis_names, opname, self.where(0))[1]
+
+    def axis_index(self, axis_names, opname="axis_index"):
+        """Each device's position along ``axis_names`` (row-major over the names)."""
+        runtime.axis_position(self.coords(0), axis_names, opname, self.where(0))
+        names = [n for n, _ in self.axes]
+        index = np.zeros(self.grid.shape, dtype=np.int32)
+        for name in axis_names:
+            d = names.index(name)
+            shape = [1] * len(names)
+            shape[d] = self.axes[d][1]
+            index = index * self.axes[d][1] + np.arange(self.axes[d][1], dtype=np.int32).reshape(shape)
+        return index.reshape(self.n)
+
+    def _groups(self, axis_names, op, groups):
+        """The devices of every group, as arrays of shape (number of groups, group size)."""
+        size = self.axis_size(axis_names, op)
+        names = [n for n, _ in self.axes]
+        rest = [d for d, n in enumerate(names) if n not in axis_names]
+        members = self.grid.transpose(rest + [names.index(a) for a in axis_names]).reshape(-1, size)
+        if groups is None:
+            return [members], size
+        runtime._check_groups(groups, size, op, _Named(self.where(0)), axis_names)
+        by_size: dict = {}
+        for g in groups:
+            by_size.setdefault(len(g), []).append(list(g))
+        return [members[:, gs].reshape(-1, k) for k, gs in by_size.items()], size
+
+    def collective(self, op, axis_names, leaves, params, groups):
+        """Run ``op`` over ``axis_names`` for every group at once; the outputs, stacked."""
+        sets, size = self._groups(axis_names, op, groups)
+        check = collectives.PRECHECK.get(op)
+        if check is not None:
+            check(leaves, sets[0].shape[1], params, self.where(0), axis_names)
+        stacks = [self._stacked(v) for v in leaves]
+        outputs = [_run_stacked(op, s, sets, params, self.n) for s in stacks]
+        source, code = runtime.caller_source()
+        self.calls += 1
+        label = None if groups is None else tuple(tuple(g) for g in groups)
+        logged = dict(params, axis_index_groups=label) if label is not None else params
+        self.records.append(("collective", self.step + 1, op, axis_names, logged, params, stacks,
+                             outputs, sets, self.calls, source, code, current_phase()))
+        self.step += sum(m.shape[0] for m in sets)
+        return [Batched(o) for o in outputs]
+
+    def _stacked(self, v):
+        if type(v) is Batched:
+            return v.value
+        if hasattr(v, "__jax_array__") or type(v).__module__.startswith("jax"):
+            raise errors.TracerArrayConversionError(
+                "a JAX array reached a simpmd collective inside a simulated device. Inside a "
+                "function that runs on both engines, use simpmd.numpy instead of jax.numpy.")
+        v = np.asarray(_value(v))
+        return np.broadcast_to(v, (self.n,) + v.shape)
+
+    def print(self, fmt, args, kwargs, source, code):
+        """``simpmd.debug.print``: one line per device, printed when the body returns."""
+        texts = [fmt.format(*at_device(args, k), **at_device(kwargs, k)) for k in range(self.n)]
+        self.prints += [f"[{self.where(k)}] {t}" for k, t in enumerate(texts)]
+        self.records.append(("print", self.step, texts, source, code))
+
+    # -- the log ---------------------------------------------------------------------------
+    def receive(self, entries):
+        """Log what each device received: ``entries`` of (stack or None, whole, detail(k))."""
+        self.records.append(("receive", self.step, entries))
+
+    def returned(self, stack, detail):
+        self.records.append(("return", self.step, stack, detail))
+
+    def error(self, text):
+        self.records.append(("error", self.step, text))
+
+    def events(self) -> list:
+        """The per-device log, written out from the stacked records."""
+        labels = [f"device {d.id}" for d in self.devices]
+        ids = [d.id for d in self.devices]
+        seq = [0] * self.n
+        out = []
+
+        def event(k, kind, step, **fields):
+            e = Event(kind=kind, program=labels[k], coords=self.coords(k), seq=seq[k], step=step,
+                      device=ids[k], devices=(ids[k],), **fields)
+            seq[k] += 1
+            out.append(e)
+            return e
+
+        for record in self.records:
+            kind, step = record[0], record[1]
+            if kind == "receive":
+                for k in range(self.n):
+                    for stack, whole, detail in record[2]:
+                        event(k, "receive", step, inputs=(whole if stack is None else stack[k],),
+                              detail=detail(k))
+            elif kind == "return":
+                stack, detail = record[2], record[3]
+                for k in range(self.n):
+                    event(k, "return", step, outputs=(stack[k],), detail=detail(k))
+            elif kind == "print":
+                for k, text in enumerate(record[2]):
+                    event(k, "print", step, detail=text, source=record[3], code=record[4])
+            elif kind == "error":
+                event(0, "error", step, detail=record[2])
+            else:
+                self._collective_events(record, event, labels, ids)
+        return out
+
+    def _collective_events(self, record, event, labels, ids):
+        (_, step, op, axes, logged, params, stacks, outputs, sets, call, source, code,
+         phase) = record
+        bytes_fn = collectives.WIRE_BYTES[op]
+        nbytes = [s[0].nbytes for s in stacks]
+        for members in sets:
+            p = members.shape[1]
+            moved = [tuple(map(sum, zip(*(bytes_fn(b, p, pos, **params) for b in nbytes))))
+                     or (0, 0) for pos in range(p)]
+            for row in members.tolist():
+                group = tuple(ids[k] for k in row)
+                programs = tuple(labels[k] for k in row)
+                for pos, k in enumerate(row):
+                    event(k, "collective", step, call=call, op=op, axes=axes, member=pos,
+                          params=logged, inputs=tuple(s[k] for s in stacks),
+                          outputs=tuple(o[k] for o in outputs), bytes_sent=moved[pos][0],
+                          bytes_received=moved[pos][1], source=source, code=code,
+                          group=group, group_programs=programs, phase=phase)
+                step += 1
+
+
+class _Named:
+    """Something with a ``where()``, for the runtime's shared argument checks."""
+
+    def __init__(self, text):
+        self.text = text
+
+    def where(self):
+        return self.text
+
+
+def _run_stacked(op, stack, sets, params, n):
+    """``op`` over each group of devices: gather the groups' rows, combine, scatter back."""
+    rule = collectives.STACKED.get(op)
+    if len(sets) == 1 and sets[0].shape[0] == 1 and np.array_equal(sets[0][0], np.arange(n)):
+        return _combine(rule, op, stack[None], params)[0]      # one group of every device
+    out = None
+    for members in sets:
+        combined = _combine(rule, op, stack[members], params)
+        if out is None:
+            out = np.empty((n,) + combined.shape[2:], combined.dtype)
+        out[members] = combined
+    return out
+
+
+def _combine(rule, op, groups, params):
+    """``groups`` of shape (number of groups, group size, ...) -> what each member gets."""
+    if rule is not None:
+        out = rule(groups, **params)
+        return np.broadcast_to(out, groups.shape[:2] + out.shape[2:])
+    return np.stack([np.stack(collectives.MATH[op](list(g), **params)) for g in groups])
+
+
+def run_once(batch, fun, args, kwargs):
+    """Call ``fun`` once with stacked ``args``; errors become simpmd's, with the log."""
+    try:
+        with batch.running():
+            return fun(*args, **kwargs)
+    except NestedMap:
+        raise
+    except Exception as exc:
+        batch.error(f"{type(exc).__name__}: {exc}")
+        problem = runtime.explain_failure(batch.where(0), batch.devices[0].id, exc)
+        from .trace import Trace
+        problem.trace = Trace(batch.events)
+        if problem is exc:
+            raise
+        raise problem from exc
