@@ -568,7 +568,7 @@ class _Named:
 
 def _run_stacked(op, stack, sets, params, n):
     """``op`` over each group of devices: gather the groups' rows, combine, scatter back."""
-    rule = collectives.STACKED.get(op)
+    rule = getattr(collectives.MATH[op], "stacked", None)
     if len(sets) == 1 and sets[0].shape[0] == 1 and np.array_equal(sets[0][0], np.arange(n)):
         return _combine(rule, op, stack[None], params)[0]      # one group of every device
     out = None
