@@ -62,6 +62,11 @@ class Batched(Traced):
             return Traced.__array_ufunc__(self, ufunc, method, *inputs, **kwargs)  # refuses
         if method != "__call__" or kwargs:
             return per_device(getattr(ufunc, method), inputs, kwargs)
+        if _same_everywhere(inputs):      # e.g. a psum's result: compute it once, share it
+            n = _n_of(inputs)
+            out = self.__array_ufunc__(ufunc, method, *(
+                Batched(v.value[:1]) if type(v) is Batched else v for v in inputs))
+            return _broadcast(out, n)
         if ufunc is np.matmul:
             return _matmul(*inputs)
         values = _lined_up(inputs)
@@ -124,6 +129,21 @@ for _name in ("add", "sub", "mul", "truediv", "matmul", "pow"):
         setattr(Batched, _side % _name, getattr(NDArrayOperatorsMixin, _side % _name))
 Batched.__neg__ = NDArrayOperatorsMixin.__neg__
 del _name, _side
+
+
+def _same_everywhere(inputs) -> bool:
+    """True when every stacked input holds one value for all devices (a stride-0 device
+    axis: a broadcast argument, a psum's result), so the result is the same everywhere too."""
+    stacked = [v.value for v in inputs if type(v) is Batched]
+    return all(s.strides[0] == 0 and s.shape[0] > 1 for s in stacked)
+
+
+def _broadcast(out, n):
+    if type(out) is Batched:
+        return Batched(np.broadcast_to(out.value, (n,) + out.value.shape[1:]))
+    if isinstance(out, tuple):
+        return tuple(_broadcast(o, n) for o in out)
+    return out
 
 
 def _is_basic(i) -> bool:
@@ -403,7 +423,10 @@ class Batch:
 
     # -- naming devices --------------------------------------------------------------------
     def coords(self, k) -> tuple:
+        """((axis name, index, size), ...) of device ``k``."""
         if self._coords is None:
+            if k == 0:
+                return tuple((name, 0, size) for name, size in self.axes)
             index = np.indices(self.grid.shape).reshape(len(self.axes), -1).T.tolist()
             self._coords = [tuple((name, i, size) for (name, size), i in zip(self.axes, row))
                             for row in index]
