@@ -213,7 +213,16 @@ def _stack(results):
     (a shape, a dimension count) kept as they are."""
     first = results[0]
     if isinstance(first, (np.ndarray, np.generic, Traced)):
-        return Batched(np.stack([np.asarray(_value(r)) for r in results]))
+        values = [np.asarray(_value(r)) for r in results]
+        shapes = {v.shape for v in values}
+        if len(shapes) > 1:
+            raise errors.DivergenceError(
+                f"an operation gave results of different shapes on different devices "
+                f"({', '.join(map(str, sorted(shapes)))}). A traced body gives every device the "
+                f"same shapes, so real JAX refuses this too (a boolean mask such as x[x > 0] "
+                f"raises NonConcreteBooleanIndexError). Keep the shape fixed, e.g. "
+                f"snp.where(x > 0, x, 0), or run with eager=True.")
+        return Batched(np.stack(values))
     if isinstance(first, (list, tuple)):
         parts = [_stack([r[k] for r in results]) for k in range(len(first))]
         return type(first)(parts) if type(first) in (list, tuple) else type(first)(*parts)

@@ -1,0 +1,143 @@
+"""Trace once: the body runs a single time over stacked values, and agrees with running it
+once per device (``eager=True``, plain NumPy on each device: an independent oracle)."""
+import numpy as np
+import pytest
+
+import simpmd
+from simpmd import lax
+import simpmd.numpy as snp
+from simpmd import P
+
+RNG = np.random.default_rng(0)
+X = RNG.standard_normal((8, 3, 4)).astype(np.float32)
+V = RNG.standard_normal((8, 4)).astype(np.float32)
+W = RNG.standard_normal((4, 5)).astype(np.float32)
+
+# Bodies of one device's value x (shape (3, 4)), v (shape (4,)) and a shared w (4, 5).
+BODIES = {
+    "ufunc, ranks lined up": lambda x, v, w: x * v + snp.exp(v) - 1,
+    "scalar and int promotion": lambda x, v, w: x * lax.axis_index("i") + 2 / (1 + lax.axis_index("i")),
+    "reductions": lambda x, v, w: (x.sum(), x.sum(0), x.mean(axis=-1), x.max(axis=(0, 1)),
+                                   x.argmax(), x.argmin(axis=1), x.cumsum(), x.std(1, keepdims=True),
+                                   snp.sum(x, axis=1), snp.max(v)),
+    "shape methods": lambda x, v, w: (x.reshape(4, 3), x.reshape(-1), x.T, x.transpose(1, 0),
+                                      x.ravel(), x[None].squeeze(0), x.swapaxes(0, 1),
+                                      snp.reshape(x, (2, 6)), snp.transpose(x), x.astype(np.int32)),
+    "indexing": lambda x, v, w: (x[1], x[:, 2], x[..., 1:3], x[None, 0], x[[0, 2]],
+                                 x[:, [1, 3]], v[::-1], x[1, [0, 2]]),
+    "iteration and len": lambda x, v, w: [r * len(x) for r in x],
+    "matmul, every rank": lambda x, v, w: (x @ w, v @ w, x @ v, v @ v, w.T @ v,
+                                          snp.dot(x, v), snp.matmul(v, w)),
+    "where, clip, concatenate, stack": lambda x, v, w: (
+        snp.where(x > 0, x, v), snp.clip(x, -0.5, 0.5), v.clip(0, 1),
+        snp.concatenate([x, x * 2], axis=1), snp.stack([v, v + 1]), snp.stack([v, np.ones(4)], axis=-1)),
+    "at updates": lambda x, v, w: (x.at[0].set(v), x.at[:, 1].add(1.0), v.at[[0, 0, 2]].add(1.0),
+                                   x.at[1, 2].multiply(v[0])),
+    "no rule: per-device fallback": lambda x, v, w: (snp.sort(v), snp.einsum("ij,j->i", x, v),
+                                                     snp.linalg.norm(x, axis=0), snp.outer(v, v),
+                                                     np.add.reduce(x, axis=0)),
+    "collectives": lambda x, v, w: (
+        lax.psum(x, "i"), lax.pmean(v, "i"), lax.pmax(v, "i"), lax.pmin(x, "i"),
+        lax.all_gather(v, "i"), lax.all_gather(x, "i", axis=1, tiled=True),
+        lax.psum_scatter(snp.ones((8, 2)) * v[0], "i"), lax.psum_scatter(snp.concatenate([x, x], axis=1), "i", scatter_dimension=1, tiled=True),
+        lax.ppermute(v, "i", [(j, (j + 1) % 8) for j in range(8)]), lax.ppermute(v, "i", [(0, 3)]),
+        lax.pshuffle(v, "i", [7, 6, 5, 4, 3, 2, 1, 0]),
+        lax.all_to_all(snp.ones((8, 3)) * v[:3], "i", 0, 1),
+        lax.psum(v, "i", axis_index_groups=[[0, 1, 2, 3], [4, 5, 6, 7]]),
+        lax.psum(v, "i", axis_index_groups=[[0, 1, 2], [3, 4, 5, 6, 7]]),
+        lax.all_gather(v, "i", axis_index_groups=[[0, 2, 4, 6], [1, 3, 5, 7]]),
+        lax.psum(1, "i"), lax.psum(np.ones(2), "i"), lax.axis_size("i")),
+}
+
+
+@pytest.mark.parametrize("name", list(BODIES))
+def test_traced_once_agrees_with_one_program_per_device(name):
+    body = BODIES[name]
+    once = simpmd.pmap(body, "i", in_axes=(0, 0, None))
+    per_device = simpmd.pmap(body, "i", in_axes=(0, 0, None), eager=True)
+    got, expected = once(X, V, W), per_device(X, V, W)
+    g_leaves, e_leaves = simpmd.tree.flatten(got)[0], simpmd.tree.flatten(expected)[0]
+    assert len(g_leaves) == len(e_leaves)
+    for g, e in zip(g_leaves, e_leaves):
+        g, e = np.asarray(g), np.asarray(e)
+        assert g.shape == e.shape and g.dtype == e.dtype, (name, g.shape, e.shape, g.dtype, e.dtype)
+        np.testing.assert_allclose(g, e, rtol=1e-6, atol=1e-6)
+    # the log reads as it does when every device runs on its own
+    keys = lambda t: [(e.kind, e.program, e.op, e.group, e.member, e.detail, e.bytes_sent,
+                       tuple(np.round(np.asarray(o, np.float64), 5).tolist() for o in e.outputs))
+                      for e in t.events]
+    assert sorted(map(str, keys(once.trace))) == sorted(map(str, keys(per_device.trace)))
+
+
+def test_shapes_that_depend_on_values_are_refused_with_advice():
+    with pytest.raises(simpmd.SimpmdError, match="same shape"):
+        simpmd.pmap(lambda x: x[x > 0], "i")(X)
+
+
+def test_python_side_effects_happen_once_and_debug_print_once_per_device(capsys):
+    calls = []
+
+    def body(x):
+        calls.append(1)
+        simpmd.debug.print("x={}", x)
+        return x + 1
+    simpmd.pmap(body, "i")(np.arange(8.0))
+    assert len(calls) == 1
+    printed = capsys.readouterr().out.splitlines()
+    assert printed == [f"[device {k} (i={k})] x={float(k)}" for k in range(8)]
+    simpmd.pmap(body, "i", eager=True)(np.arange(8.0))
+    assert len(calls) == 1 + 8                 # eager: one program per device, as before
+
+
+def test_a_python_counter_runs_as_on_jax_instead_of_deadlocking():
+    calls = []
+
+    def body(x):
+        calls.append(1)
+        return lax.psum(x, "i") if len(calls) == 1 else x
+    out = simpmd.pmap(body, "i")(np.arange(8.0))
+    assert np.allclose(np.asarray(out), 28.0)
+    calls.clear()
+    with pytest.raises(simpmd.DeadlockError):   # one program per device: only device 0 joins
+        simpmd.pmap(body, "i", eager=True)(np.arange(8.0))
+
+
+def test_shard_map_traced_once_agrees_with_one_program_per_device():
+    mesh = simpmd.make_mesh((2, 4), ("data", "model"))
+    x = RNG.standard_normal((4, 8, 3)).astype(np.float32)
+
+    def body(b):
+        return (lax.psum(b, "model"), lax.all_gather(b, ("data", "model")), b * lax.axis_index("data"),
+                lax.ppermute(b, ("model", "data"), [(k, (k + 3) % 8) for k in range(8)]),
+                lax.pmean(b.sum(), ("data", "model")), lax.psum_scatter(b, "data", tiled=True))
+    specs = dict(mesh=mesh, in_specs=P("data", "model"),
+                 out_specs=(P("data", None), P(), P("data", "model"), P("model", "data"), P(),
+                            P(("data", "model"))), check_vma=False)
+    once = simpmd.shard_map(body, **specs)(x)
+    per_device = simpmd.shard_map(body, eager=True, **specs)(x)
+    for g, e in zip(once, per_device):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(e), rtol=1e-6, atol=1e-6)
+        assert np.asarray(g).shape == np.asarray(e).shape
+
+
+def test_the_trace_of_a_large_run_is_written_only_when_read():
+    simpmd.set_device_count(1024)
+    try:
+        f = simpmd.pmap(lambda x: lax.pmean(x, "i"), "i")
+        f(np.arange(1024.0 * 4).reshape(1024, 4))
+        assert callable(f.trace._events)             # nothing written yet
+        events = f.trace.events
+        assert len(events) == 3 * 1024 and events[-1].outputs[0][0] == pytest.approx(2046.0)
+    finally:
+        simpmd.set_device_count(8)
+
+
+def test_collectives_record_the_phase():
+    from simpmd.trace import backward_pass
+    f = simpmd.pmap(lambda x: lax.psum(x, "i"), "i")
+    f(np.arange(8.0))
+    assert {e.phase for e in f.trace.events if e.kind == "collective"} == {"forward"}
+    with backward_pass():
+        f(np.arange(8.0))
+    assert {e.phase for e in f.trace.events if e.kind == "collective"} == {"backward"}
+    assert "(backward)" in f.trace.table()
