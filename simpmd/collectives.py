@@ -139,6 +139,8 @@ MATH = {
 def _stacked_psum(groups):
     if groups.shape[1] == 1:
         return groups
+    if groups.shape[0] == 1:                 # one group: the plain 2-D reduction, fastest
+        return groups[0].sum(axis=0, dtype=groups.dtype)[None, None]
     return groups.sum(axis=1, keepdims=True, dtype=groups.dtype)
 
 
