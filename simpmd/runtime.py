@@ -1,7 +1,10 @@
-"""Runs one program per simulated device and meets them at collectives.
+"""Eager runs: one program per simulated device, meeting at collectives.
 
-Every simulated device runs the user's function on its own thread, but only one thread
-runs at a time: a device runs until it reaches a collective (or finishes), then hands
+By default simpmd traces a body once over all devices (``batching.py``). With
+``eager=True`` the body may branch on its values in Python, as real JAX cannot, so each
+device must run its own copy: this module runs them (and a nested pmap, whose inner maps
+it runs per outer program). Every simulated device runs the user's function on its own
+thread, but only one thread runs at a time: a device runs until it reaches a collective (or finishes), then hands
 the *baton* to the next device in the run queue. A collective is a *rendezvous*: the
 last member of the group to arrive combines everyone's values in one NumPy call (see
 ``collectives.py``), hands each member its result and carries on; the others wake up in
@@ -10,13 +13,11 @@ failure modes of SPMD programs easy to see: when the run queue is empty but some
 still wait, nobody can ever wake them (a deadlock), and a member that arrives with a
 different collective than its group's (a divergence) is caught on arrival.
 
-The threads are kept in a pool between runs, so a step on 1024 devices does not start
-1024 threads.
+The threads are kept in a pool between runs.
 """
 from __future__ import annotations
 
 from collections import deque
-import gc
 import linecache
 import math
 import os
@@ -65,57 +66,9 @@ class _Worker:
             threading.stack_size(old)
 
     def _loop(self):
-        _pin_this_thread()
         while True:
             self.lock.acquire()
-            task = self.task
-            if task is None:                # retired: see _retire_idle_workers
-                return
-            task.sim._execute(task)
-
-
-def _retire_idle_workers(keep: int):
-    """End parked threads beyond ``keep``. Thousands of parked threads (left by a run on
-    4096 devices) made later small runs 1.6x slower, so the pool shrinks after a run to
-    a little more than that run needed."""
-    extra = len(_idle_workers) - keep
-    if extra <= 0:
-        return
-    retired, _idle_workers[:extra] = _idle_workers[:extra], []
-    for worker in retired:
-        worker.task = None
-        worker.lock.release()
-
-
-# Only one simulated device runs at a time, so the simulation loses nothing by running
-# every one of its threads on a single CPU, and it gains a lot: a hand-off between two
-# threads on the same CPU needs no cross-CPU wake-up, which on a 2-core VM made a
-# 1024-device psum 1.7x faster (benchmarks/dp_step.py). Linux only; set False to disable.
-PIN_TO_ONE_CPU = True
-_CPU = None
-
-
-def _pin_this_thread():
-    """Move the calling thread onto the simulation's CPU; return its old CPU set (or None)."""
-    global _CPU
-    if not PIN_TO_ONE_CPU or not hasattr(os, "sched_setaffinity"):
-        return None
-    try:
-        old = os.sched_getaffinity(0)
-        if _CPU is None or _CPU not in old:
-            _CPU = min(old)
-        os.sched_setaffinity(0, {_CPU})
-        return old
-    except OSError:                       # not allowed here: run unpinned
-        return None
-
-
-def _unpin_this_thread(old):
-    if old is not None:
-        try:
-            os.sched_setaffinity(0, old)
-        except OSError:
-            pass
+            self.task.sim._execute(self.task)
 
 
 class Task:
@@ -234,7 +187,6 @@ class Simulation:
         self.step = 0
         self.failure = None               # the first (task, exception)
         self.tasks: list = []
-        self.workers_used = 0
 
     # -- creating programs --------------------------------------------------------------
     def new_tasks(self, fun, per_device_args, axes, parent=None):
@@ -288,19 +240,8 @@ class Simulation:
         self.runq.extend(tasks)
         for t in tasks:
             t.state = "ready"
-        # A run allocates many small objects that refcounting frees; pausing the cyclic
-        # collector avoids full collections that would walk every suspended device.
-        collecting = gc.isenabled()
-        gc.disable()
-        cpus = _pin_this_thread()           # the user's thread joins the workers' CPU
-        try:
-            self._switch()
-            self.main_lock.acquire()       # woken when the run queue runs dry
-        finally:
-            _unpin_this_thread(cpus)
-            if collecting:
-                gc.enable()
-        _retire_idle_workers(keep=2 * self.workers_used + 64)
+        self._switch()
+        self.main_lock.acquire()           # woken when the run queue runs dry
         stuck = [t for t in self.tasks if t.state == "blocked"]
         if stuck or self.failure:
             problem = self._diagnose(stuck)
@@ -325,7 +266,6 @@ class Simulation:
             task = self.runq.popleft()
             task.state = "running"
             if task.worker is None:
-                self.workers_used += 1
                 worker = _idle_workers.pop() if _idle_workers else _Worker()
                 worker.task, task.worker = task, worker
             task.worker.lock.release()
