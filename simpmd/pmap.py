@@ -1,4 +1,8 @@
-"""``simpmd.pmap``: split the arguments, run one program per device, stack the results.
+"""``simpmd.pmap``: split the arguments, run the body over every device, stack the results.
+
+The body runs once, over every device's shard stacked along a device axis, as JAX
+traces a mapped function once (``batching.py``); with ``eager=True``, or when a pmap is
+nested inside it, it runs as one program per device (``runtime.py``).
 
 Mirrors ``jax.pmap``: ``in_axes``/``out_axes`` as an int, ``None`` (broadcast /
 replicated) or a pytree prefix, ``static_broadcasted_argnums``, ``devices=`` and

@@ -1,5 +1,8 @@
-"""``simpmd.shard_map``: cut the arguments into blocks over a mesh, run one program per
-device, and put the result blocks back together.
+"""``simpmd.shard_map``: cut the arguments into blocks over a mesh, run the body over
+every device's block, and put the result blocks back together.
+
+The body runs once over all blocks stacked in the mesh's row-major device order, as JAX
+traces it once (``batching.py``); ``eager=True`` runs one program per device instead.
 
 Mirrors ``jax.shard_map(f, mesh=..., in_specs=..., out_specs=...)``. Where ``pmap`` maps
 one axis per call (and nests for more), ``shard_map`` maps every axis of a mesh at once:

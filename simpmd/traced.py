@@ -3,10 +3,11 @@
 Real JAX never runs the Python body of a ``pmap``-ed function on numbers: it traces it
 once with abstract *tracers*, so anything that needs a concrete value (``if x > 0``,
 ``int(x)``, ``range(n)`` with ``n`` an array) fails with ``TracerBoolConversionError``
-and its relatives. simpmd does run the body on numbers, once per device, so it wraps
-every per-device value in :class:`Traced`, which computes like a NumPy array but refuses
-what JAX refuses. With ``pmap(..., eager=True)`` the refusals are lifted, for programs
-that real JAX cannot run.
+and its relatives. simpmd runs the body on numbers: once for all devices, over values
+stacked by device (``batching.Batched``, a kind of :class:`Traced`), or, with
+``pmap(..., eager=True)``, once per device on a :class:`Traced` that holds one device's
+value. Either computes like a NumPy array and refuses what JAX refuses while tracing;
+``eager=True`` lifts the refusals, for programs that real JAX cannot run.
 """
 from __future__ import annotations
 
