@@ -552,12 +552,12 @@ class Batch:
             if kind == "receive":
                 for k in range(self.n):
                     for stack, whole, detail in record[2]:
-                        event(k, "receive", step, inputs=(whole if stack is None else stack[k],),
+                        event(k, "receive", step, inputs=(whole if stack is None else stack[k, ...],),
                               detail=detail(k))
             elif kind == "return":
                 stack, detail = record[2], record[3]
                 for k in range(self.n):
-                    event(k, "return", step, outputs=(stack[k],), detail=detail(k))
+                    event(k, "return", step, outputs=(stack[k, ...],), detail=detail(k))
             elif kind == "print":
                 for k, text in enumerate(record[2]):
                     event(k, "print", step, detail=text, source=record[3], code=record[4])
@@ -581,8 +581,8 @@ class Batch:
                 programs = tuple(labels[k] for k in row)
                 for pos, k in enumerate(row):
                     event(k, "collective", step, call=call, op=op, axes=axes, member=pos,
-                          params=logged, inputs=tuple(s[k] for s in stacks),
-                          outputs=tuple(o[k] for o in outputs), bytes_sent=moved[pos][0],
+                          params=logged, inputs=tuple(s[k, ...] for s in stacks),
+                          outputs=tuple(o[k, ...] for o in outputs), bytes_sent=moved[pos][0],
                           bytes_received=moved[pos][1], source=source, code=code,
                           group=group, group_programs=programs, phase=phase)
                 step += 1
