@@ -97,7 +97,7 @@ def run_jax(n, repeats):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def psum_vs_numpy(devices=64, mib=1, repeats=15):
+def psum_vs_numpy(devices=64, mib=1, repeats=30):
     import simpmd
     from simpmd import lax
     simpmd.set_device_count(devices)
