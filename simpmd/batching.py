@@ -453,6 +453,9 @@ class Batch:
         runtime._local.task = self
         try:
             yield self
+        except NestedMap:
+            self.prints = []          # the per-device re-run prints them
+            raise
         finally:
             runtime._local.task = previous
             for line in self.prints:

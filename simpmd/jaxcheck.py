@@ -670,7 +670,7 @@ def crosscheck(fun, *args, axis_name=None, in_axes=0, out_axes=0, static_broadca
         sim.error = exc
     trace = mapped.trace if sim.error is None else getattr(sim.error, "trace", None)
     try:
-        size = mapped._split(args, {}, 1 << 30)[5]
+        size = mapped.mapped_size(*args)
     except Exception:
         size = None
     grid = _grid_from_trace(trace)

@@ -198,6 +198,11 @@ class Pmapped:
             raise errors.MappedAxisError("the mapped axis has size 0: there is nothing to run.")
         return static, defs, kw_def, arrays, paths_by_arg + [kw_paths], size
 
+    def mapped_size(self, *args, **kwargs) -> int:
+        """How many devices a call with these arguments maps over (checking them as a
+        call would, without running anything)."""
+        return self._split(args, kwargs, 1 << 30)[5]
+
     # -- calling --------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
         parent = current_task()
