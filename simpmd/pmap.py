@@ -176,7 +176,7 @@ class Pmapped:
                     f"axis_size={self.axis_size} but the mapped arguments have size {size} "
                     f"along their mapped axes; drop axis_size or make them agree.")
         elif self.axis_size is not None:
-            size = int(self.axis_size)     # JAX 0.10 refuses this; original pmap allowed it
+            size = int(self.axis_size)     # today's JAX refuses this; original pmap allowed it
         else:
             raise errors.MappedAxisError(
                 "pmap requires at least one argument with a mapped axis (in_axes not None), "
