@@ -251,27 +251,25 @@ def bidirectional_ring_reduce_scatter_schedule(group, start, stop):
 
     The Scaling Book's bidirectional ring ("How to Scale Your Model", Part 3 "Sharding"):
     piece c is summed clockwise by the h = floor(p/2) devices before c and counter-clockwise
-    by the devices after it, both sweeps arriving at c together. On an even ring the
-    device half-way round starts both sweeps with half of its piece each, so every link
-    direction carries at most one piece per round and each device sends (p-1)/p of its
-    buffer, as on a one-way ring, in about half the rounds.
+    by the p-1-h devices after it, both sweeps arriving at c together. Each link direction
+    carries at most one piece per round; each device sends (p-1)/p of its buffer, as on a
+    one-way ring, in about half the rounds.
     """
     p = len(group)
     if p <= 2:
         return ring_reduce_scatter_schedule(group, start, stop)
     bounds, h = pieces(start, stop, p), p // 2
+    back = p - 1 - h                           # the counter-clockwise sweep's length
     rounds = []
     for t in range(1, h + 1):
         sends = []
         for c in range(p):
-            lo, hi = bounds[c]
-            first, second = (lo, hi), (lo, hi)
-            if p % 2 == 0 and t == 1:            # the antipode splits its piece
-                first, second = pieces(lo, hi, 2)
-            src = (c - h + t - 1) % p            # clockwise sweep
-            sends.append(Send(group[src], group[(src + 1) % p], *first, "reduce"))
-            src = (c + h - t + 1) % p            # counter-clockwise sweep
-            sends.append(Send(group[src], group[(src - 1) % p], *second, "reduce"))
+            src = (c - h + t - 1) % p          # clockwise sweep: c-h, ..., c-1
+            sends.append(Send(group[src], group[(src + 1) % p], *bounds[c], "reduce"))
+            k = t - (h - back)                 # it starts later when it is shorter
+            if k >= 1:
+                src = (c + back - k + 1) % p   # counter-clockwise sweep: c+back, ..., c+1
+                sends.append(Send(group[src], group[(src - 1) % p], *bounds[c], "reduce"))
         rounds.append(sends)
     return rounds
 
@@ -279,25 +277,23 @@ def bidirectional_ring_reduce_scatter_schedule(group, start, stop):
 def bidirectional_ring_all_gather_schedule(group, start, stop):
     """floor(p/2) rounds: every piece spreads from its owner both ways round at once.
 
-    The Scaling Book's bidirectional AllGather (Part 3 "Sharding": "|X| / 2 hops"). On an
-    even ring the device half-way round gets half the piece from each side.
+    The Scaling Book's bidirectional AllGather (Part 3 "Sharding": "|X| / 2 hops"): h =
+    floor(p/2) devices get piece c clockwise, the other p-1-h counter-clockwise.
     """
     p = len(group)
     if p <= 2:
         return ring_all_gather_schedule(group, start, stop)
     bounds, h = pieces(start, stop, p), p // 2
+    back = p - 1 - h
     rounds = []
     for t in range(1, h + 1):
         sends = []
         for c in range(p):
-            lo, hi = bounds[c]
-            first, second = (lo, hi), (lo, hi)
-            if p % 2 == 0 and t == h:            # both sides reach the antipode
-                first, second = pieces(lo, hi, 2)
             src = (c + t - 1) % p
-            sends.append(Send(group[src], group[(src + 1) % p], *first, "copy"))
-            src = (c - t + 1) % p
-            sends.append(Send(group[src], group[(src - 1) % p], *second, "copy"))
+            sends.append(Send(group[src], group[(src + 1) % p], *bounds[c], "copy"))
+            if t <= back:
+                src = (c - t + 1) % p
+                sends.append(Send(group[src], group[(src - 1) % p], *bounds[c], "copy"))
         rounds.append(sends)
     return rounds
 

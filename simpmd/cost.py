@@ -621,14 +621,13 @@ def _one_way_phase(ax: GroupAxis, piece: float) -> _Cost:
 def _two_way_phases(ax: GroupAxis, piece: float) -> _Cost:
     """The Scaling Book's bidirectional ring (Part 3 "Sharding", "How is an AllGather
     actually performed?"): every piece goes both ways round at once, so it reaches every
-    device in floor(q/2) hops instead of q-1. On an even ring the device half-way round
-    is reached both ways: each way carries half the piece on that last hop, which keeps
-    the (q-1)/q factor that the book drops (its "T = V / W_bidi" is the limit of large q).
+    device in floor(q/2) hops instead of q-1, each hop carrying one piece per link
+    direction. On an even ring one way is a hop longer than the other, so the time is
+    (q/2) pieces over one link: exactly the book's V / W_bidi, without the (q-1)/q factor
+    of a one-way ring (splitting the piece for the device half-way round would save it;
+    the book does not, and neither does simpmd).
     """
-    q = ax.size
-    if q % 2:
-        return _Cost((((q - 1) // 2, 1, piece / ax.bandwidth),), 0.0)
-    return _Cost(((q // 2 - 1, 1, piece / ax.bandwidth), (1, 1, piece / 2 / ax.bandwidth)), 0.0)
+    return _Cost(((ax.size // 2, 1, piece / ax.bandwidth),), 0.0)
 
 
 def _reduce_scatter_phase(ax: GroupAxis, data: float, bidirectional: bool) -> _Cost:
@@ -871,7 +870,8 @@ def _estimate_on(collective, nbytes, axes, alpha, algorithm=None, perm=None,
         c = models[name](axes, float(nbytes), timing, perm)
         e = Estimate(collective, name, int(nbytes), p, c.time(timing), c.steps * alpha,
                      c.bandwidth_s, c.steps, c.sent, hardware, topology, note, overlap)
-        if best is None or e.time_s < best.time_s:
+        # on a tie (latency-bound), the algorithm that moves fewer bytes
+        if best is None or (e.time_s, e.bandwidth_s) < (best.time_s, best.bandwidth_s):
             best = e
     return best
 
