@@ -246,54 +246,65 @@ def ring_all_gather_schedule(group, start, stop, direction=1):
     return rounds
 
 
-def bidirectional_ring_reduce_scatter_schedule(group, start, stop):
+def bidirectional_ring_reduce_scatter_schedule(group, start, stop, balanced=False):
     """floor(p/2) rounds: the partial sums of each piece flow to its owner from both sides.
 
     The Scaling Book's bidirectional ring ("How to Scale Your Model", Part 3 "Sharding"):
     piece c is summed clockwise by the h = floor(p/2) devices before c and counter-clockwise
     by the p-1-h devices after it, both sweeps arriving at c together. Each link direction
     carries at most one piece per round; each device sends (p-1)/p of its buffer, as on a
-    one-way ring, in about half the rounds.
+    one-way ring, in about half the rounds. ``balanced`` (even p): the device half-way
+    round starts both sweeps with half of its piece each, so the counter-clockwise sweep
+    is as long as the clockwise one and no link direction carries more than (p-1)/2 pieces.
     """
     p = len(group)
     if p <= 2:
         return ring_reduce_scatter_schedule(group, start, stop)
     bounds, h = pieces(start, stop, p), p // 2
-    back = p - 1 - h                           # the counter-clockwise sweep's length
+    split = balanced and p % 2 == 0
+    back = h if split else p - 1 - h           # the counter-clockwise sweep's length
     rounds = []
     for t in range(1, h + 1):
         sends = []
         for c in range(p):
+            first = second = bounds[c]
+            if split and t == 1:               # the device half-way round halves its piece
+                first, second = pieces(*bounds[c], 2)
             src = (c - h + t - 1) % p          # clockwise sweep: c-h, ..., c-1
-            sends.append(Send(group[src], group[(src + 1) % p], *bounds[c], "reduce"))
+            sends.append(Send(group[src], group[(src + 1) % p], *first, "reduce"))
             k = t - (h - back)                 # it starts later when it is shorter
             if k >= 1:
                 src = (c + back - k + 1) % p   # counter-clockwise sweep: c+back, ..., c+1
-                sends.append(Send(group[src], group[(src - 1) % p], *bounds[c], "reduce"))
+                sends.append(Send(group[src], group[(src - 1) % p], *second, "reduce"))
         rounds.append(sends)
     return rounds
 
 
-def bidirectional_ring_all_gather_schedule(group, start, stop):
+def bidirectional_ring_all_gather_schedule(group, start, stop, balanced=False):
     """floor(p/2) rounds: every piece spreads from its owner both ways round at once.
 
     The Scaling Book's bidirectional AllGather (Part 3 "Sharding": "|X| / 2 hops"): h =
     floor(p/2) devices get piece c clockwise, the other p-1-h counter-clockwise.
+    ``balanced`` (even p): the device half-way round gets half the piece from each side.
     """
     p = len(group)
     if p <= 2:
         return ring_all_gather_schedule(group, start, stop)
     bounds, h = pieces(start, stop, p), p // 2
-    back = p - 1 - h
+    split = balanced and p % 2 == 0
+    back = h if split else p - 1 - h
     rounds = []
     for t in range(1, h + 1):
         sends = []
         for c in range(p):
+            first = second = bounds[c]
+            if split and t == h:               # both sides reach the device half-way round
+                first, second = pieces(*bounds[c], 2)
             src = (c + t - 1) % p
-            sends.append(Send(group[src], group[(src + 1) % p], *bounds[c], "copy"))
+            sends.append(Send(group[src], group[(src + 1) % p], *first, "copy"))
             if t <= back:
                 src = (c - t + 1) % p
-                sends.append(Send(group[src], group[(src - 1) % p], *bounds[c], "copy"))
+                sends.append(Send(group[src], group[(src - 1) % p], *second, "copy"))
         rounds.append(sends)
     return rounds
 
@@ -364,16 +375,18 @@ def tree_broadcast_schedule(group, start, stop):
 
 
 def axis_reduce_scatter_schedule(group, start, stop, wraparound):
-    """Reduce-scatter along one torus axis: both ways round if it wraps around, else a line."""
+    """Reduce-scatter along one torus axis: both ways round, balanced, if it wraps around;
+    else a line."""
     if wraparound and len(group) > 2:
-        return bidirectional_ring_reduce_scatter_schedule(group, start, stop)
+        return bidirectional_ring_reduce_scatter_schedule(group, start, stop, balanced=True)
     return line_reduce_scatter_schedule(group, start, stop)
 
 
 def axis_all_gather_schedule(group, start, stop, wraparound):
-    """All-gather along one torus axis: both ways round if it wraps around, else a line."""
+    """All-gather along one torus axis: both ways round, balanced, if it wraps around;
+    else a line."""
     if wraparound and len(group) > 2:
-        return bidirectional_ring_all_gather_schedule(group, start, stop)
+        return bidirectional_ring_all_gather_schedule(group, start, stop, balanced=True)
     return line_all_gather_schedule(group, start, stop)
 
 
@@ -460,7 +473,7 @@ def torus_all_reduce(inputs, shape, *, wraparound=(True, True), op: str = "sum")
     each device now owns, then all-gather back in reverse order. The data is cut into two
     halves run at the same time, one rows-first and one columns-first, so both axes'
     links are busy from the first step. An axis with its wraparound link runs the
-    bidirectional ring (each piece both ways round); without it, the line algorithm.
+    bidirectional ring (each piece both ways round, balanced); without it, the line.
     """
     flat, data_shape = _flat_inputs(inputs, "torus_all_reduce")
     _reducer(op)

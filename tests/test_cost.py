@@ -177,14 +177,16 @@ def test_wraparound_halves_the_bandwidth_term_of_a_bidirectional_ring():
 def test_several_axes_add_their_bandwidth():
     """An all-reduce over both axes of a 16x16 torus uses both axes' links: hand count
     (B one link direction, n bytes): the torus scheme runs two halves at once; each
-    reduce-scatters 8 hops of n/32 along its first axis, 8 of n/512 along the second,
-    and gathers back: 2 (8n/32 + 8n/512) / B = 17n / (32B). One big ring through all 256
-    devices (a closed snake, both ways round): 2 x 128 hops of n/256, n / B."""
+    reduce-scatters along its first axis (both ways round, balanced: 7.5 pieces of n/32
+    on the busiest link direction), then 7.5 of n/512 along the second, and gathers
+    back: 2 x 7.5 (n/32 + n/512) / B = 255n / (512B). One big ring through all 256
+    devices (a closed snake, both ways round as the book sends it): 2 x 128 hops of
+    n/256, n / B."""
     torus = C.Torus2D((16, 16), (True, True), link_bandwidth=50e9, hop_latency=1e-6)
     n = 2**28
     both = C.estimate("all_reduce", n, 256, topology=torus, algorithm="torus")
     snake = C.estimate("all_reduce", n, 256, topology=torus, algorithm="bidirectional_ring")
-    assert both.bandwidth_s == pytest.approx(17 * n / (32 * 50e9), rel=1e-12)
+    assert both.bandwidth_s == pytest.approx(255 * n / (512 * 50e9), rel=1e-12)
     assert snake.bandwidth_s == pytest.approx(n / 50e9, rel=1e-12)
     assert C.estimate("all_reduce", n, 256, topology=torus).algorithm == "torus"
     one_axis = C.estimate("all_reduce", n, 16, topology=torus, axes=(0,))
@@ -286,13 +288,14 @@ def test_book_tpu_v5e_all_gather_over_two_axes_of_a_pod():
     """[book-shard] summary table: AllGather takes bytes / (bidirectional ICI bandwidth *
     num_axes). Full v5e pod, 16x16 with wraparound, 4 MiB per chip: V = 256 * 4 MiB,
     T = V / (9e10 * 2) = 5.965 ms. Hand count of simpmd's scheme (n = 4 MiB, B = 4.5e10):
-    two halves at once, each gathering 8 hops of n/2 along one axis, then 8 hops of 8n
-    along the other: 68 n / B, 6.3% above the book (an even ring's longer way round)."""
+    two halves at once, each gathering along one axis (balanced: 7.5 blocks of n/2 on the
+    busiest link direction), then 7.5 blocks of 8n along the other: 63.75 n / B, the
+    (N-1)/N = 255/256 that the book drops."""
     v = 256 * 4 * 2**20
     e = C.estimate("all_gather", 4 * 2**20, 256, hardware="TPU v5e")
     assert e.algorithm == "torus"
-    assert e.time_s == pytest.approx(68 * 4 * 2**20 / 4.5e10, rel=1e-9)
-    assert e.time_s == pytest.approx(v / (9e10 * 2), rel=0.07)
+    assert e.time_s == pytest.approx(63.75 * 4 * 2**20 / 4.5e10, rel=1e-9)
+    assert e.time_s == pytest.approx(v / (9e10 * 2), rel=0.01)
 
 
 def test_book_tpu_v5e_gather_of_a_4x4_slice():
