@@ -1,36 +1,48 @@
 """How long would this collective take on real hardware? An alpha-beta cost model.
 
-Every algorithm here moves data in *steps*. A step costs a fixed latency per hop (alpha,
-seconds) plus the bytes the busiest link carries divided by that link's bandwidth (beta
-is 1/bandwidth). Small messages are latency-bound (time ~ steps x alpha); large ones are
-bandwidth-bound (time ~ bytes / bandwidth). The model ignores compute for the reductions,
-congestion beyond what the algorithm itself causes, and protocol overheads, so real
-runs are slower (the scaling book measures ~370 GB/s where 450 GB/s is the peak of an
-H100's NVLink, see ``HARDWARE``).
+Every algorithm here moves data in *steps*. A step crosses some hops, each with a fixed
+latency (alpha, seconds), and keeps the busiest link busy for its bytes divided by that
+link's bandwidth (beta is 1/bandwidth). Small messages are latency-bound (time ~ hops x
+alpha); large ones are bandwidth-bound (time ~ bytes / bandwidth). The model ignores
+compute for the reductions, congestion beyond what the algorithm itself causes, and
+protocol overheads, so real runs are slower (the Scaling Book measures 680 us where its
+theory says 560 us, and ~370 GB/s where 450 GB/s is the peak of an H100's NVLink).
 
-What changes the answer, and how the model captures it:
+What changes the answer, and how the model captures it (the Scaling Book is J. Austin et
+al., "How to Scale Your Model", 2025; docs/cost_vs_scaling_book.md checks its answers):
 
 * **Topology.** :class:`Ring`, :class:`Torus2D`, :class:`Torus3D` link each device to its
   nearest neighbours along each axis (TPU ICI); :class:`FullyConnected` puts every device
   on one switch (NVLink + NVSwitch inside an 8-GPU node).
-* **Wraparound.** With the wraparound link a torus axis is a ring, and the bidirectional
-  ring sends half the data each way: its bandwidth term is *half* that of the same axis
-  without wraparound, where the algorithm becomes a line with sweeps from both ends
-  (``algorithms.line_all_reduce``). An axis of size 2 has nothing to wrap around.
+* **Wraparound.** With the wraparound link a torus axis is a ring, and every piece goes
+  both ways round at once, reaching everyone in floor(p/2) hops instead of p-1 (the
+  book's Part 3 "Sharding"); without it the algorithm is a line with sweeps from both
+  ends (``algorithms.line_all_reduce``), p-1 hops and twice the bandwidth term. An axis
+  of size 2 has nothing to wrap around.
+* **Latency per hop.** On ICI a hop lasts the larger of its latency and its transfer (the
+  book's T_hop = max[T_min, bytes / W]); on a GPU switch the two add, as in NCCL's model.
+  :func:`step_time` is the rule.
 * **One axis or several.** A collective over several torus axes splits the data into one
   part per axis and runs the per-axis phases in a rotated order for each part, so every
-  axis's links are busy at once ("How to Scale Your Model": the bandwidth grows with the
-  number of axes). Exact when the axes have equal sizes and the same wraparound; a few
-  percent optimistic otherwise (the parts then reach each axis at different times).
+  axis's links are busy at once (the book: the bandwidth grows with the number of axes).
+  Exact when the axes have equal sizes and the same wraparound; a few percent optimistic
+  otherwise (the parts then reach each axis at different times).
+* **Point-to-point.** A permute splits each send over one shortest route per axis it
+  crosses, using that many ports (the book's Part 2, Worked Problem 5).
 * **Algorithm.** ``algorithm=None`` picks the fastest candidate, as NCCL does: a tree wins
   for tiny messages, a ring for large ones.
 
+Where simpmd departs from the book on purpose: it keeps the (N-1)/N factor the book drops
+wherever the schedule really saves it (one-way rings, lines, switches, odd rings, several
+axes at once); on one even ring it sends as the book does and gets the book's V / W_bidi.
+
 Sizes follow simpmd's trace: ``nbytes`` is what ONE device holds before the call (its
-shard for an all-gather, its whole array for an all-reduce or reduce-scatter). Reported
-bandwidths follow NVIDIA nccl-tests (doc/PERFORMANCE.md): ``algbw = S / t`` with ``S`` the
-size nccl-tests reports for that collective (see :data:`NCCL_TESTS`), and ``busbw = algbw
-x factor``, which for a bandwidth-bound ring equals the link bandwidth whatever the group
-size, so simulated numbers can sit beside measured ones.
+shard for an all-gather, its whole array for an all-reduce or reduce-scatter); or give the
+book's whole-array V as ``array_nbytes``. Reported bandwidths follow NVIDIA nccl-tests
+(doc/PERFORMANCE.md): ``algbw = S / t`` with ``S`` the size nccl-tests reports for that
+collective (see :data:`NCCL_TESTS`), and ``busbw = algbw x factor``, which for a
+bandwidth-bound ring equals the link bandwidth whatever the group size, so simulated
+numbers can sit beside measured ones.
 """
 from __future__ import annotations
 
