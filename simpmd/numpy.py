@@ -25,6 +25,7 @@ import types as _types
 
 import numpy as _np
 
+from . import traced as _traced
 from .traced import Traced as _Traced
 
 _MISSING = object()
@@ -52,6 +53,11 @@ def _contains(value, kinds) -> bool:
     if isinstance(value, dict):
         return any(_contains(v, kinds) for v in value.values())
     return False
+
+
+def _holds_device_values(value) -> bool:
+    """True if ``value`` is (or contains) a simpmd device value."""
+    return _contains(value, (_Traced,))
 
 
 def _lookup(namespace: tuple, name: str, jax_side: bool):
@@ -96,6 +102,11 @@ def _dispatching(namespace: tuple, name: str):
         if name in _KEEPS_DEVICE_VALUES and not namespace and args and type(args[0]) is _Traced:
             x = args[0]
             return _Traced(_np.asarray(x.value, *args[1:2], **kwargs), x.eager)
+        if _holds_device_values(args) or _holds_device_values(kwargs):
+            # Called directly, NumPy would refuse a device value (as it refuses a tracer).
+            if isinstance(fn, _np.ufunc):
+                return _traced.apply_ufunc(fn, args, kwargs)
+            return _traced.apply_function(fn, args, kwargs)
         return fn(*args, **kwargs)
 
     call.__name__ = name
