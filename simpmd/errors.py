@@ -104,7 +104,7 @@ def unbound_axis_message(opname, name, where, coords, under_shard_map) -> str:
                 f"tuple of them), or build the mesh with an axis called {name!r}, e.g. "
                 f"simpmd.make_mesh((2, 4), ({name!r}, 'other')).")
     if any(n is None for n, _, _ in coords):
-        scope += " (and a pmap given no axis_name: pass axis_name= to name its axis)"
+        scope += "; a pmap here was given no axis_name"
     return (f"{opname} on {where} names axis {name!r}, but no enclosing pmap binds it. "
             f"Axis names in scope: {scope}. Pass axis_name={name!r} to the pmap that maps "
             f"this axis, or use one of the names in scope.")

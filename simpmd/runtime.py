@@ -142,7 +142,13 @@ class Task:
         """'device 3 (data=1, model=1)': how error messages name this program."""
         coords = coords_text(self.coords)
         if self.children:
-            return f"the outer body at {coords} ({errors.devices_text(leaf_device_ids(self))})"
+            leaf = self.children[0]
+            while leaf.children:
+                leaf = leaf.children[0]
+            inner = ", ".join(f"{'index' if n is None else n}=0..{s - 1}"
+                              for n, _, s in leaf.coords[len(self.coords):])
+            return (f"the outer body at {coords} (devices "
+                    f"{errors.id_ranges(leaf_device_ids(self))} at {inner})")
         return f"device {self.device.id} ({coords})"
 
 
@@ -508,8 +514,8 @@ def deadlock_message(rendezvous, tasks, max_groups: int = 8) -> str:
 
     def who(programs):
         programs = list(programs)
-        if len(programs) <= 2:
-            return " and ".join(t.where() for t in programs)
+        if len(programs) <= 4:
+            return ", ".join(t.where() for t in programs)
         if all(not t.children for t in programs):
             return (f"{errors.devices_text(t.device.id for t in programs)}, from "
                     f"{programs[0].where()} to {programs[-1].where()}")
@@ -560,7 +566,7 @@ def _refuse_non_arrays(tasks, results, treedef):
         for k, leaf in enumerate(leaves):
             if isinstance(leaf, (str, bytes)) or (
                     not isinstance(leaf, (np.ndarray, np.generic, int, float, complex))
-                    and np.asarray(getattr(leaf, "value", leaf)).dtype.kind in "OUSV"):
+                    and np.asarray(getattr(leaf, "value", leaf)).dtype.kind in "OUS"):
                 where = "" if treedef.kind == "leaf" else f" at position {k} of its results"
                 raise TypeError(
                     f"{t.where()} returned {leaf!r} (a {type(leaf).__name__}){where}, which is "

@@ -254,7 +254,7 @@ def test_nested_outer_body_is_named_by_its_devices():
         return inner + lax.psum(v, "k")            # 'k' is bound by no pmap
     message = refused(simpmd.UnboundAxisError,
                       lambda: simpmd.pmap(outer, axis_name="i")(np.ones((2, 4))),
-                      "the outer body at i=0 (devices 0-3 (4 devices))", "'k'", "'i'")
+                      "the outer body at i=0 (devices 0-3 at j=0..3)", "'k'", "'i'")
     assert "SimDevice" not in message
 
 
