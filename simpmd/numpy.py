@@ -15,8 +15,9 @@ is a JAX tracer). The rule for the device-local math:
   JAX accepts too. Convert with ``x.astype(snp.float32)``; ``snp.float32(x)`` only works
   on simpmd's devices.
 
-Calling ``jax.numpy`` directly on a simpmd value raises a ``TracerArrayConversionError``
-that points here, and a name that neither NumPy nor jax.numpy defines is an
+Calling ``jax.numpy`` directly on a simpmd value, or a NumPy function (``np.exp(x)``) on
+a device value outside eager mode (real JAX refuses it on a tracer), raises a
+``TracerArrayConversionError`` that points here, and a name that neither NumPy nor jax.numpy defines is an
 ``AttributeError`` that says so: a mistake is an error, never a silently wrong answer.
 This module never imports JAX: it only uses it when JAX values reach it.
 """
