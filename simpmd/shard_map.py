@@ -75,6 +75,8 @@ class MeshArray(HostArray):
 class _MeshSimulation(Simulation):
     """A simulation of one shard_map: refuses a pmap nested inside the body."""
 
+    maps_a_mesh = True
+
     def new_tasks(self, fun, per_device_args, axes, parent=None):
         if parent is not None:
             raise ShardingError(
@@ -310,8 +312,9 @@ class ShardMapped:
         more = f" (and {len(differ) - 5} more)" if len(differ) > 5 else ""
         also = f" Also different: {others}{more}." if others else ""
         message = (
-            f"out_specs {spec!r} for {name} leaves out mesh {word} {axes}, which promises that "
-            f"{name} is the same on every device along {axes}, but it varies along {vary}: "
+            f"out_specs {spec!r} for {name} leaves out mesh {word} {axes}, which declares "
+            f"{name} replicated along {axes} (the same on every device along them), but it "
+            f"is not replicated: it varies along {vary}: "
             f"{t.where()} holds {summarize(v)} while {t0.where()} holds {summarize(v0)}."
             f"{also} Either reduce it over {vary} first (lax.psum(..., {over}) or lax.pmean), "
             f"or {_suggest(spec, varying, ndim)} to concatenate the devices' blocks instead.")
