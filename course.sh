@@ -30,7 +30,7 @@ source scripts/ensure_venv.sh
 # --- end of venv set-up ---
 
 ensure_venv course test
-py=.venv/bin/python
+py=$VENV/bin/python
 
 # The notebooks and the figures run JAX on 8 fake CPU devices where no accelerator is present.
 case " ${XLA_FLAGS:-} " in

@@ -2,11 +2,14 @@
 # Run simpmd's tests:  bash test.sh [pytest arguments...]
 #
 # Needs only Python 3.10 or newer. On first use it creates .venv in this folder and
-# installs simpmd with its test extra (pytest, hypothesis, nbval, JAX, matplotlib);
-# later runs reinstall only when pyproject.toml or the package layout has changed. JAX is given 8 fake CPU
-# devices, so the cross-checks against jax.pmap run on any machine. The exit code is
-# pytest's: 0 when every test passed, non-zero otherwise (5 when no test was collected).
-# Set PYTHON to choose the interpreter that creates .venv.
+# installs simpmd with its test and course extras (pytest, hypothesis, nbval, JAX,
+# matplotlib, JupyterLab); later runs reinstall only when pyproject.toml or the package
+# layout has changed. JAX is given 8 fake CPU devices (on a machine with one GPU or TPU
+# core, the CPU becomes JAX's default backend, see tests/conftest.py), so the cross-checks
+# against jax.pmap run on any machine. The exit code is pytest's: 0 when every test
+# passed, non-zero otherwise (5 when no test was collected). PYTHON chooses the interpreter
+# that creates the venv; SIMPMD_VENV and SIMPMD_JAX choose the venv and a JAX version
+# (scripts/ensure_venv.sh; scripts/test_matrix.sh runs this script once per JAX version).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 
@@ -15,7 +18,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")"
 source scripts/ensure_venv.sh
 # --- end of venv set-up ---
 
-ensure_venv test
+ensure_venv test course
 
 # JAX reads this flag once, when its CPU backend starts; tests/conftest.py sets it too.
 case " ${XLA_FLAGS:-} " in
@@ -27,4 +30,4 @@ esac
 # simpmd.course.start), so the day JAX deprecates an API the course uses, CI says so.
 export SIMPMD_STRICT_DEPRECATIONS=1
 
-exec .venv/bin/python -m pytest "$@"
+exec "$VENV/bin/python" -m pytest "$@"

@@ -21,15 +21,16 @@ Algorithms (one table, :data:`ALGORITHMS`, keyed by collective):
 
 * ring all-reduce: ring reduce-scatter (p-1 steps) then ring all-gather (p-1 steps),
   every device sending to its right-hand neighbour only;
-* bidirectional ring all-reduce: the data cut in two halves, one half going round each
-  way, so both directions of every link work at once;
+* bidirectional ring all-reduce: every piece goes both ways round at once (the Scaling
+  Book's scheme), so both directions of every link work and it takes floor(p/2) rounds
+  per phase instead of p-1;
 * line all-reduce: the same on a line with no wraparound link; partial sums sweep in from
   both ends, which also takes p-1 + p-1 steps but cannot use a second direction;
 * tree all-reduce: a binomial tree, reduce to device 0 then broadcast back (2 log2 p
   steps, each sending the whole buffer);
 * 2-D torus all-reduce: reduce-scatter along one axis, then along the other, then
-  all-gather back in reverse order; run on four quarters of the data at once (rows first
-  or columns first, each in both ring directions) so every link of both axes is busy;
+  all-gather back in reverse order; run on two halves of the data at once (rows first
+  and columns first, each ring both ways round) so every link of both axes is busy;
 * ring all-gather and ring reduce-scatter on their own (or on a line, ``wraparound=False``).
 """
 from __future__ import annotations
@@ -245,6 +246,69 @@ def ring_all_gather_schedule(group, start, stop, direction=1):
     return rounds
 
 
+def bidirectional_ring_reduce_scatter_schedule(group, start, stop, balanced=False):
+    """floor(p/2) rounds: the partial sums of each piece flow to its owner from both sides.
+
+    The Scaling Book's bidirectional ring ("How to Scale Your Model", Part 3 "Sharding"):
+    piece c is summed clockwise by the h = floor(p/2) devices before c and counter-clockwise
+    by the p-1-h devices after it, both sweeps arriving at c together. Each link direction
+    carries at most one piece per round; each device sends (p-1)/p of its buffer, as on a
+    one-way ring, in about half the rounds. ``balanced`` (even p): the device half-way
+    round starts both sweeps with half of its piece each, so the counter-clockwise sweep
+    is as long as the clockwise one and no link direction carries more than (p-1)/2 pieces.
+    """
+    p = len(group)
+    if p <= 2:
+        return ring_reduce_scatter_schedule(group, start, stop)
+    bounds, h = pieces(start, stop, p), p // 2
+    split = balanced and p % 2 == 0
+    back = h if split else p - 1 - h           # the counter-clockwise sweep's length
+    rounds = []
+    for t in range(1, h + 1):
+        sends = []
+        for c in range(p):
+            first = second = bounds[c]
+            if split and t == 1:               # the device half-way round halves its piece
+                first, second = pieces(*bounds[c], 2)
+            src = (c - h + t - 1) % p          # clockwise sweep: c-h, ..., c-1
+            sends.append(Send(group[src], group[(src + 1) % p], *first, "reduce"))
+            k = t - (h - back)                 # it starts later when it is shorter
+            if k >= 1:
+                src = (c + back - k + 1) % p   # counter-clockwise sweep: c+back, ..., c+1
+                sends.append(Send(group[src], group[(src - 1) % p], *second, "reduce"))
+        rounds.append(sends)
+    return rounds
+
+
+def bidirectional_ring_all_gather_schedule(group, start, stop, balanced=False):
+    """floor(p/2) rounds: every piece spreads from its owner both ways round at once.
+
+    The Scaling Book's bidirectional AllGather (Part 3 "Sharding": "|X| / 2 hops"): h =
+    floor(p/2) devices get piece c clockwise, the other p-1-h counter-clockwise.
+    ``balanced`` (even p): the device half-way round gets half the piece from each side.
+    """
+    p = len(group)
+    if p <= 2:
+        return ring_all_gather_schedule(group, start, stop)
+    bounds, h = pieces(start, stop, p), p // 2
+    split = balanced and p % 2 == 0
+    back = h if split else p - 1 - h
+    rounds = []
+    for t in range(1, h + 1):
+        sends = []
+        for c in range(p):
+            first = second = bounds[c]
+            if split and t == h:               # both sides reach the device half-way round
+                first, second = pieces(*bounds[c], 2)
+            src = (c + t - 1) % p
+            sends.append(Send(group[src], group[(src + 1) % p], *first, "copy"))
+            if t <= back:
+                src = (c - t + 1) % p
+                sends.append(Send(group[src], group[(src - 1) % p], *second, "copy"))
+        rounds.append(sends)
+    return rounds
+
+
 def line_reduce_scatter_schedule(group, start, stop):
     """p-1 rounds on a line (no wraparound): partial sums sweep in from both ends.
 
@@ -310,17 +374,19 @@ def tree_broadcast_schedule(group, start, stop):
     return rounds
 
 
-def axis_reduce_scatter_schedule(group, start, stop, wraparound, direction=1):
-    """Reduce-scatter along one torus axis: a ring if it wraps around, else a line."""
+def axis_reduce_scatter_schedule(group, start, stop, wraparound):
+    """Reduce-scatter along one torus axis: both ways round, balanced, if it wraps around;
+    else a line."""
     if wraparound and len(group) > 2:
-        return ring_reduce_scatter_schedule(group, start, stop, direction)
+        return bidirectional_ring_reduce_scatter_schedule(group, start, stop, balanced=True)
     return line_reduce_scatter_schedule(group, start, stop)
 
 
-def axis_all_gather_schedule(group, start, stop, wraparound, direction=1):
-    """All-gather along one torus axis: a ring if it wraps around, else a line."""
+def axis_all_gather_schedule(group, start, stop, wraparound):
+    """All-gather along one torus axis: both ways round, balanced, if it wraps around;
+    else a line."""
     if wraparound and len(group) > 2:
-        return ring_all_gather_schedule(group, start, stop, direction)
+        return bidirectional_ring_all_gather_schedule(group, start, stop, balanced=True)
     return line_all_gather_schedule(group, start, stop)
 
 
@@ -365,22 +431,15 @@ def ring_all_reduce(inputs, *, op: str = "sum") -> AlgorithmRun:
 
 
 def bidirectional_ring_all_reduce(inputs, *, op: str = "sum") -> AlgorithmRun:
-    """Two ring all-reduces at once on the two halves of the data, going opposite ways.
+    """Reduce-scatter then all-gather, each piece going both ways round at once.
 
-    Same steps and bytes per device as the ring, but each link direction carries half as
-    much per step: with a wraparound link it takes half the time of a one-way ring.
+    The Scaling Book's bidirectional ring: 2 floor(p/2) rounds instead of 2(p-1), the same
+    2(p-1)/p of the buffer sent per device, and each link direction carrying one piece per
+    round: with a wraparound link it takes half the time of a one-way ring.
     """
-    flat, shape = _flat_inputs(inputs, "bidirectional_ring_all_reduce")
-    _reducer(op)
-    group, n = list(range(len(flat))), flat[0].size
-    (a0, a1), (b0, b1) = pieces(0, n, 2)
-    clockwise = (labelled("reduce-scatter", ring_reduce_scatter_schedule(group, a0, a1, +1))
-                 + labelled("all-gather", ring_all_gather_schedule(group, a0, a1, +1)))
-    counter = (labelled("reduce-scatter", ring_reduce_scatter_schedule(group, b0, b1, -1))
-               + labelled("all-gather", ring_all_gather_schedule(group, b0, b1, -1)))
-    return _finish(play("bidirectional ring all-reduce", "all_reduce", flat,
-                        side_by_side(clockwise, counter), op=op, inputs=inputs,
-                        mesh_shape=(len(flat),)), shape)
+    return _two_phase_all_reduce("bidirectional ring all-reduce", inputs, op,
+                                 ("reduce-scatter", bidirectional_ring_reduce_scatter_schedule),
+                                 ("all-gather", bidirectional_ring_all_gather_schedule))
 
 
 def line_all_reduce(inputs, *, op: str = "sum") -> AlgorithmRun:
@@ -411,11 +470,10 @@ def torus_all_reduce(inputs, shape, *, wraparound=(True, True), op: str = "sum")
     """All-reduce on a 2-D torus of ``shape = (rows, cols)``; device ``r * cols + c`` sits at (r, c).
 
     The usual 2-D scheme: reduce-scatter along one axis, then along the other on the piece
-    each device now owns, then all-gather back in reverse order. The data is cut into four
-    quarters run at the same time: two go rows-first and two columns-first (so both axes'
-    links are busy from the first step), and of each pair one goes round each way. An axis
-    without its wraparound link runs the line algorithm instead of the ring; it then uses
-    both link directions for one quarter's sweeps, so the two quarters share them.
+    each device now owns, then all-gather back in reverse order. The data is cut into two
+    halves run at the same time, one rows-first and one columns-first, so both axes'
+    links are busy from the first step. An axis with its wraparound link runs the
+    bidirectional ring (each piece both ways round, balanced); without it, the line.
     """
     flat, data_shape = _flat_inputs(inputs, "torus_all_reduce")
     _reducer(op)
@@ -430,18 +488,18 @@ def torus_all_reduce(inputs, shape, *, wraparound=(True, True), op: str = "sum")
              1: [(r, [r * cols + c for c in range(cols)]) for r in range(rows)]}
     names = {0: "columns", 1: "rows"}       # moving along axis 0 stays within a column
     n = flat[0].size
-    quarters = pieces(0, n, 4)
-    plans = [((1, 0), +1), ((1, 0), -1), ((0, 1), +1), ((0, 1), -1)]
+    halves = pieces(0, n, 2)
+    plans = [(1, 0), (0, 1)]
     schedules = []
-    for ((first, second), direction), (q0, q1) in zip(plans, quarters):
+    for (first, second), (q0, q1) in zip(plans, halves):
         owned = pieces(q0, q1, sizes[first])      # after phase 1, coordinate k owns piece k
-        phase1 = concurrent_rounds(*[axis_reduce_scatter_schedule(g, q0, q1, wrap[first], direction)
+        phase1 = concurrent_rounds(*[axis_reduce_scatter_schedule(g, q0, q1, wrap[first])
                                 for _, g in lines[first]])
-        phase2 = concurrent_rounds(*[axis_reduce_scatter_schedule(g, *owned[k], wrap[second], direction)
+        phase2 = concurrent_rounds(*[axis_reduce_scatter_schedule(g, *owned[k], wrap[second])
                                 for k, g in lines[second]])
-        phase3 = concurrent_rounds(*[axis_all_gather_schedule(g, *owned[k], wrap[second], direction)
+        phase3 = concurrent_rounds(*[axis_all_gather_schedule(g, *owned[k], wrap[second])
                                 for k, g in lines[second]])
-        phase4 = concurrent_rounds(*[axis_all_gather_schedule(g, q0, q1, wrap[first], direction)
+        phase4 = concurrent_rounds(*[axis_all_gather_schedule(g, q0, q1, wrap[first])
                                 for _, g in lines[first]])
         schedules.append(labelled(f"reduce-scatter {names[first]}", phase1)
                          + labelled(f"reduce-scatter {names[second]}", phase2)

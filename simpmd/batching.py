@@ -23,11 +23,11 @@ import functools
 import math
 
 import numpy as np
-from numpy.lib.mixins import NDArrayOperatorsMixin
 
 from . import collectives, errors, runtime
 from .trace import Event, current_phase
-from .traced import Traced, _jax_promotion, _no_new_float64
+from .traced import (Traced, _OPERATOR_UFUNCS, _jax_promotion, _no_new_float64,
+                     numpy_function_refused)
 
 
 class NestedMap(BaseException):
@@ -57,30 +57,14 @@ class Batched(Traced):
     dtype = property(lambda self: self.value.dtype)
     T = property(lambda self: self.transpose())
 
+    # Operators compute through the batching rules (apply_ufunc); a NumPy function called
+    # on a device value directly is refused, as on Traced (and as JAX refuses it on a
+    # tracer): simpmd.numpy reaches apply_ufunc / apply_function instead.
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
-        if kwargs.get("out") is not None:
-            return Traced.__array_ufunc__(self, ufunc, method, *inputs, **kwargs)  # refuses
-        if method != "__call__" or kwargs:
-            return per_device(getattr(ufunc, method), inputs, kwargs)
-        if _same_everywhere(inputs):      # e.g. a psum's result: compute it once, share it
-            n = _n_of(inputs)
-            out = self.__array_ufunc__(ufunc, method, *(
-                Batched(v.value[:1]) if type(v) is Batched else v for v in inputs))
-            return _broadcast(out, n)
-        if ufunc is np.matmul:
-            return _matmul(*inputs)
-        values = _lined_up(inputs)
-        if len(values) > 1:
-            values = _jax_promotion(values)
-        return _batched(_no_new_float64(ufunc(*values), values))
-
-    def __array_function__(self, func, types, args, kwargs):
-        rule = FUNCTION_RULES.get(func)
-        if rule is not None:
-            out = rule(*args, **kwargs)
-            if out is not NotImplemented:
-                return out
-        return per_device(func, args, kwargs)
+        if (method == "__call__" and ufunc in _OPERATOR_UFUNCS and len(inputs) == 2
+                and not isinstance(inputs[0], Traced)):
+            return apply_ufunc(ufunc, inputs, kwargs)     # ndarray + x: JAX allows it
+        raise numpy_function_refused(f"np.{ufunc.__name__}", inputs)
 
     def __getattr__(self, name):
         if name.startswith("__"):
@@ -123,12 +107,60 @@ class Batched(Traced):
         return format(str(self), spec)
 
 
-# Operators go through __array_ufunc__ above (the rules), not Traced's one-device shortcuts.
-for _name in ("add", "sub", "mul", "truediv", "matmul", "pow"):
-    for _side in ("__%s__", "__r%s__"):
-        setattr(Batched, _side % _name, getattr(NDArrayOperatorsMixin, _side % _name))
-Batched.__neg__ = NDArrayOperatorsMixin.__neg__
-del _name, _side
+def _operator(ufunc, reflected=False, unary=False):
+    if unary:
+        return lambda self: apply_ufunc(ufunc, (self,), {})
+    if reflected:
+        return lambda self, other: apply_ufunc(ufunc, (other, self), {})
+    return lambda self, other: apply_ufunc(ufunc, (self, other), {})
+
+
+for _name, _ufunc in [("add", np.add), ("sub", np.subtract), ("mul", np.multiply),
+                      ("truediv", np.true_divide), ("floordiv", np.floor_divide),
+                      ("mod", np.remainder), ("divmod", np.divmod), ("pow", np.power),
+                      ("matmul", np.matmul), ("lshift", np.left_shift),
+                      ("rshift", np.right_shift), ("and", np.bitwise_and),
+                      ("xor", np.bitwise_xor), ("or", np.bitwise_or)]:
+    setattr(Batched, f"__{_name}__", _operator(_ufunc))
+    setattr(Batched, f"__r{_name}__", _operator(_ufunc, reflected=True))
+for _name, _ufunc in [("lt", np.less), ("le", np.less_equal), ("eq", np.equal),
+                      ("ne", np.not_equal), ("gt", np.greater), ("ge", np.greater_equal)]:
+    setattr(Batched, f"__{_name}__", _operator(_ufunc))
+for _name, _ufunc in [("neg", np.negative), ("pos", np.positive), ("abs", np.absolute),
+                      ("invert", np.invert)]:
+    setattr(Batched, f"__{_name}__", _operator(_ufunc, unary=True))
+del _name, _ufunc
+
+
+def apply_ufunc(ufunc, inputs, kwargs, method="__call__"):
+    """NumPy's ``ufunc`` on every device at once, with JAX's dtypes (the batching rule of
+    an elementwise function: line the ranks up, then one NumPy call)."""
+    if kwargs.get("out") is not None:
+        raise TypeError(
+            f"np.{ufunc.__name__}(..., out=...) writes into an array in place; JAX arrays "
+            "are immutable. Use the returned value instead.")
+    if method != "__call__" or kwargs:
+        return per_device(getattr(ufunc, method), inputs, kwargs)
+    if _same_everywhere(inputs):      # e.g. a psum's result: compute it once, share it
+        out = apply_ufunc(ufunc, tuple(Batched(v.value[:1]) if type(v) is Batched else v
+                                       for v in inputs), {})
+        return _broadcast(out, _n_of(inputs))
+    if ufunc is np.matmul:
+        return _matmul(*inputs)
+    values = _lined_up(inputs)
+    if len(values) > 1:
+        values = _jax_promotion(values)
+    return _batched(_no_new_float64(ufunc(*values), values))
+
+
+def apply_function(func, args, kwargs):
+    """The NumPy function ``func`` on every device: its batching rule, or a loop."""
+    rule = FUNCTION_RULES.get(func)
+    if rule is not None:
+        out = rule(*args, **kwargs)
+        if out is not NotImplemented:
+            return out
+    return per_device(func, args, kwargs)
 
 
 def _same_everywhere(inputs) -> bool:
@@ -293,9 +325,9 @@ METHOD_RULES.update(
     flatten=lambda x: Batched(x.value.reshape(x.value.shape[0], -1)),
     ravel=lambda x: Batched(x.value.reshape(x.value.shape[0], -1)),
     swapaxes=lambda x, a, b: Batched(x.value.swapaxes(_shift(a, x.ndim), _shift(b, x.ndim))),
-    clip=lambda x, *a, **k: np.clip(x, *a, **k),
+    clip=lambda x, *a, **k: apply_function(np.clip, (x,) + a, k),
     round=lambda x, decimals=0: Batched(np.round(x.value, decimals)),
-    conj=lambda x: np.conjugate(x),
+    conj=lambda x: apply_ufunc(np.conjugate, (x,), {}),
 )
 
 
@@ -420,7 +452,7 @@ class Batch:
 
     eager = False
 
-    def __init__(self, devices, axes):
+    def __init__(self, devices, axes, maps_a_mesh=False):
         self.axes = tuple(axes)
         self.n = math.prod(s for _, s in self.axes)
         self.devices = list(devices)[:self.n]
@@ -429,9 +461,19 @@ class Batch:
         self.step = self.calls = 0
         self.prints: list = []
         self._coords = None
+        self.maps_a_mesh = maps_a_mesh        # a shard_map's run (for error messages)
 
     # -- naming devices --------------------------------------------------------------------
-    def coords(self, k) -> tuple:
+    @property
+    def sim(self):
+        return self                       # what simpmd.lax asks a program for
+
+    @property
+    def coords(self) -> tuple:
+        """The first device's coordinates (error messages list the axes in scope)."""
+        return self.coords_of(0)
+
+    def coords_of(self, k) -> tuple:
         """((axis name, index, size), ...) of device ``k``."""
         if self._coords is None:
             if k == 0:
@@ -444,7 +486,7 @@ class Batch:
     def where(self, k=0) -> str:
         """How error messages name device ``k``: 'device 3 (i=3)'. The body runs once for
         every device, so an error raised while tracing is reported on the first one."""
-        return f"device {self.devices[k].id} ({runtime.coords_text(self.coords(k))})"
+        return f"device {self.devices[k].id} ({runtime.coords_text(self.coords_of(k))})"
 
     @contextlib.contextmanager
     def running(self):
@@ -464,11 +506,13 @@ class Batch:
 
     # -- what simpmd.lax asks --------------------------------------------------------------
     def axis_size(self, axis_names, opname):
-        return runtime.axis_position(self.coords(0), axis_names, opname, self.where(0))[1]
+        return runtime.axis_position(self.coords_of(0), axis_names, opname, self.where(0),
+                                      self.maps_a_mesh)[1]
 
     def axis_index(self, axis_names, opname="axis_index"):
         """Each device's position along ``axis_names`` (row-major over the names)."""
-        runtime.axis_position(self.coords(0), axis_names, opname, self.where(0))
+        runtime.axis_position(self.coords_of(0), axis_names, opname, self.where(0),
+                                      self.maps_a_mesh)
         names = [n for n, _ in self.axes]
         index = np.zeros(self.grid.shape, dtype=np.int32)
         for name in axis_names:
@@ -495,10 +539,10 @@ class Batch:
     def collective(self, op, axis_names, leaves, params, groups):
         """Run ``op`` over ``axis_names`` for every group at once; the outputs, stacked."""
         sets, size = self._groups(axis_names, op, groups)
-        check = collectives.PRECHECK.get(op)
-        if check is not None:
-            check(leaves, sets[0].shape[1], params, self.where(0), axis_names)
         stacks = [self._stacked(v) for v in leaves]
+        check = collectives.PRECHECK.get(op)
+        if check is not None:          # on device 0's values: every device has their shapes
+            check([s[0] for s in stacks], sets[0].shape[1], params, self.where(0), axis_names)
         outputs = [_run_stacked(op, s, sets, params, self.n) for s in stacks]
         source, code = runtime.caller_source()
         self.calls += 1
@@ -544,7 +588,7 @@ class Batch:
         out = []
 
         def event(k, kind, step, **fields):
-            e = Event(kind=kind, program=labels[k], coords=self.coords(k), seq=seq[k], step=step,
+            e = Event(kind=kind, program=labels[k], coords=self.coords_of(k), seq=seq[k], step=step,
                       device=ids[k], devices=(ids[k],), **fields)
             seq[k] += 1
             out.append(e)

@@ -29,10 +29,16 @@ def _reduce(ufunc, values):
 
 
 def psum(values):
-    """Every member gets the elementwise sum of all members' values."""
-    if len(values) == 1:
-        return [np.asarray(values[0])]
+    """Every member gets the elementwise sum of all members' values.
+
+    Booleans are counted: JAX sums them as int32, so ``psum(x > 0)`` is how many devices
+    hold a positive value (checked on jax 0.10.2). pmax and pmin keep booleans (any, all).
+    """
     dtype = np.result_type(*values)
+    if dtype == np.bool_:
+        dtype = np.dtype(np.int32)
+    if len(values) == 1:
+        return [np.asarray(values[0], dtype=dtype)]
     total = _reduce(np.add, [np.asarray(v, dtype=dtype) for v in values])
     return [total] * len(values)
 
@@ -137,11 +143,12 @@ MATH = {
 # without one falls back to ``MATH`` group by group.
 
 def _stacked_psum(groups):
+    dtype = np.dtype(np.int32) if groups.dtype == np.bool_ else groups.dtype   # counted, as psum
     if groups.shape[1] == 1:
-        return groups
+        return groups.astype(dtype, copy=False)
     if groups.shape[0] == 1:                 # one group: the plain 2-D reduction, fastest
-        return groups[0].sum(axis=0, dtype=groups.dtype)[None, None]
-    return groups.sum(axis=1, keepdims=True, dtype=groups.dtype)
+        return groups[0].sum(axis=0, dtype=dtype)[None, None]
+    return groups.sum(axis=1, keepdims=True, dtype=dtype)
 
 
 def _stacked_pmean(groups):
@@ -164,7 +171,7 @@ def _stacked_all_gather(groups, axis=0, tiled=False):
 
 def _stacked_psum_scatter(groups, scatter_dimension=0, tiled=False):
     p = groups.shape[1]
-    total = groups.sum(axis=1, dtype=groups.dtype)             # (G, ...)
+    total = groups.sum(axis=1, dtype=groups.dtype)             # (G, ...); booleans refused
     d = scatter_dimension % (total.ndim - 1) + 1
     shape = total.shape[:d] + (p, total.shape[d] // p) + total.shape[d + 1:]
     blocks = np.moveaxis(total.reshape(shape), d, 1)           # (G, p, ..., block, ...)
@@ -287,10 +294,20 @@ def _check_all_gather(leaves, p, params, where, axes):
                       "axis, but the value is a scalar; use tiled=False to stack scalars.")
             _axis_in(params.get("axis", 0), ndim, "all_gather", where, axes, "axis")
         else:
-            _axis_in(params.get("axis", 0), ndim + 1, "all_gather", where, axes, "axis")
+            axis = params.get("axis", 0)
+            if not -(ndim + 1) <= axis <= ndim:
+                _fail("all_gather", where, axes, f"axis={axis} is out of range: the value has "
+                      f"shape {np.shape(leaf)} (rank {ndim}), and all_gather stacks the "
+                      f"devices' values along a new axis, so the result has rank {ndim + 1} "
+                      f"and axis must be in {-(ndim + 1)}..{ndim}. (With tiled=True it joins "
+                      f"along an existing axis instead, in {-ndim}..{ndim - 1}.)")
 
 
 def _check_psum_scatter(leaves, p, params, where, axes):
+    if any(np.asarray(leaf).dtype == np.bool_ for leaf in leaves):
+        _fail("psum_scatter", where, axes, "the value is boolean, and real JAX refuses to "
+              "reduce-scatter booleans ('add does not accept dtype bool'). Convert first: "
+              "x.astype(snp.int32) to count, as psum does for booleans.")
     _check_split("psum_scatter", leaves, p, params.get("scatter_dimension", 0),
                  params.get("tiled", False), where, axes, "scatter_dimension")
 
@@ -314,8 +331,12 @@ def _check_ppermute(leaves, p, params, where, axes):
             _fail("ppermute", where, axes, f"perm entry {pair!r} is not a (source, destination) pair.")
         for i in pair:
             if not 0 <= i < p:
+                wrap = (f" Real JAX accepts a negative index silently and counts it from the "
+                        f"end ({i} means {i % p}); simpmd refuses it so that an off-by-one "
+                        f"is not hidden. Write the index you mean, e.g. (j + 1) % {p}."
+                        if -p <= i < 0 else "")
                 _fail("ppermute", where, axes, f"perm entry {tuple(pair)} names index {i}, "
-                      f"outside the axis (size {p}): indices run 0..{p - 1}.")
+                      f"outside the axis (size {p}): indices run 0..{p - 1}.{wrap}")
     for pos, what in ((0, "source"), (1, "destination")):
         seen = [pair[pos] for pair in perm]
         dup = sorted({i for i in seen if seen.count(i) > 1})

@@ -1,36 +1,48 @@
 """How long would this collective take on real hardware? An alpha-beta cost model.
 
-Every algorithm here moves data in *steps*. A step costs a fixed latency per hop (alpha,
-seconds) plus the bytes the busiest link carries divided by that link's bandwidth (beta
-is 1/bandwidth). Small messages are latency-bound (time ~ steps x alpha); large ones are
-bandwidth-bound (time ~ bytes / bandwidth). The model ignores compute for the reductions,
-congestion beyond what the algorithm itself causes, and protocol overheads, so real
-runs are slower (the scaling book measures ~370 GB/s where 450 GB/s is the peak of an
-H100's NVLink, see ``HARDWARE``).
+Every algorithm here moves data in *steps*. A step crosses some hops, each with a fixed
+latency (alpha, seconds), and keeps the busiest link busy for its bytes divided by that
+link's bandwidth (beta is 1/bandwidth). Small messages are latency-bound (time ~ hops x
+alpha); large ones are bandwidth-bound (time ~ bytes / bandwidth). The model ignores
+compute for the reductions, congestion beyond what the algorithm itself causes, and
+protocol overheads, so real runs are slower (the Scaling Book measures 680 us where its
+theory says 560 us, and ~370 GB/s where 450 GB/s is the peak of an H100's NVLink).
 
-What changes the answer, and how the model captures it:
+What changes the answer, and how the model captures it (the Scaling Book is J. Austin et
+al., "How to Scale Your Model", 2025; docs/cost_vs_scaling_book.md checks its answers):
 
 * **Topology.** :class:`Ring`, :class:`Torus2D`, :class:`Torus3D` link each device to its
   nearest neighbours along each axis (TPU ICI); :class:`FullyConnected` puts every device
   on one switch (NVLink + NVSwitch inside an 8-GPU node).
-* **Wraparound.** With the wraparound link a torus axis is a ring, and the bidirectional
-  ring sends half the data each way: its bandwidth term is *half* that of the same axis
-  without wraparound, where the algorithm becomes a line with sweeps from both ends
-  (``algorithms.line_all_reduce``). An axis of size 2 has nothing to wrap around.
+* **Wraparound.** With the wraparound link a torus axis is a ring, and every piece goes
+  both ways round at once, reaching everyone in floor(p/2) hops instead of p-1 (the
+  book's Part 3 "Sharding"); without it the algorithm is a line with sweeps from both
+  ends (``algorithms.line_all_reduce``), p-1 hops and twice the bandwidth term. An axis
+  of size 2 has nothing to wrap around.
+* **Latency per hop.** On ICI a hop lasts the larger of its latency and its transfer (the
+  book's T_hop = max[T_min, bytes / W]); on a GPU switch the two add, as in NCCL's model.
+  :func:`step_time` is the rule.
 * **One axis or several.** A collective over several torus axes splits the data into one
   part per axis and runs the per-axis phases in a rotated order for each part, so every
-  axis's links are busy at once ("How to Scale Your Model": the bandwidth grows with the
-  number of axes). Exact when the axes have equal sizes and the same wraparound; a few
-  percent optimistic otherwise (the parts then reach each axis at different times).
+  axis's links are busy at once (the book: the bandwidth grows with the number of axes).
+  Exact when the axes have equal sizes and the same wraparound; a few percent optimistic
+  otherwise (the parts then reach each axis at different times).
+* **Point-to-point.** A permute splits each send over one shortest route per axis it
+  crosses, using that many ports (the book's Part 2, Worked Problem 5).
 * **Algorithm.** ``algorithm=None`` picks the fastest candidate, as NCCL does: a tree wins
   for tiny messages, a ring for large ones.
 
+Where simpmd departs from the book on purpose: it keeps the (N-1)/N factor the book drops
+wherever the schedule really saves it (one-way rings, lines, switches, odd rings, several
+axes at once); on one even ring it sends as the book does and gets the book's V / W_bidi.
+
 Sizes follow simpmd's trace: ``nbytes`` is what ONE device holds before the call (its
-shard for an all-gather, its whole array for an all-reduce or reduce-scatter). Reported
-bandwidths follow NVIDIA nccl-tests (doc/PERFORMANCE.md): ``algbw = S / t`` with ``S`` the
-size nccl-tests reports for that collective (see :data:`NCCL_TESTS`), and ``busbw = algbw
-x factor``, which for a bandwidth-bound ring equals the link bandwidth whatever the group
-size, so simulated numbers can sit beside measured ones.
+shard for an all-gather, its whole array for an all-reduce or reduce-scatter); or give the
+book's whole-array V as ``array_nbytes``. Reported bandwidths follow NVIDIA nccl-tests
+(doc/PERFORMANCE.md): ``algbw = S / t`` with ``S`` the size nccl-tests reports for that
+collective (see :data:`NCCL_TESTS`), and ``busbw = algbw x factor``, which for a
+bandwidth-bound ring equals the link bandwidth whatever the group size, so simulated
+numbers can sit beside measured ones.
 """
 from __future__ import annotations
 
@@ -123,9 +135,12 @@ class Torus:
     the last device of an axis links back to the first; ``link_bandwidth`` bytes/s of one
     link in ONE direction (links are full duplex); ``hop_latency`` seconds per hop;
     ``links`` parallel links between two neighbours. Device ids are row-major in ``dims``.
+    ``overlap``: a hop lasts max(latency, transfer), the Scaling Book's rule for ICI (see
+    :func:`step_time`); False adds them.
     """
 
     kind = "torus"
+    overlap = True
 
     def __init__(self, dims, wraparound=True, *, link_bandwidth: float, hop_latency: float,
                  links: int = 1, name: str = ""):
@@ -250,9 +265,11 @@ class FullyConnected:
 
     ``links`` per device into the switch, each ``link_bandwidth`` bytes/s per direction:
     a device can send ``links * link_bandwidth`` in total, to one peer or spread over many.
+    A step costs latency plus transfer (``overlap = False``, NCCL's model; see :func:`step_time`).
     """
 
     kind = "switch"
+    overlap = False
 
     def __init__(self, size: int, *, link_bandwidth: float, hop_latency: float,
                  links: int = 1, name: str = ""):
@@ -306,6 +323,8 @@ class Hardware:
     torus_rank: int | None = None  # 2 or 3 for a TPU torus; None for a switch
     node_size: int | None = None   # devices on one switch (GPU node)
     citations: tuple = ()
+    pod_axis: int = 16             # 2-D TPUs: an axis this long has wraparound links
+    aliases: tuple = ()            # other names learners use, e.g. the book's "TPU v4p"
 
     @property
     def device_bandwidth(self) -> float:
@@ -341,14 +360,14 @@ class Hardware:
     def wraparound_for(self, dims) -> tuple:
         """Which axes of a slice have wraparound links.
 
-        2-D TPUs (v5e, v6e): only an axis of the full pod size 16. 3-D TPUs (v4, v5p):
+        2-D TPUs (v5e, v6e; v2, v3): only an axis of the full pod size (16; 32 on v3). 3-D TPUs (v4, v5p):
         every axis, when the slice is made of whole 4x4x4 cubes (the optical switches
         that close the rings exist only per cube), else none; a shape with fewer than
         three axes is not a real slice and gets none. (Scaling book, Part 2, "TPU
         Networking".) For another wiring, build a Torus yourself.
         """
         if self.torus_rank == 2:
-            return tuple(d == 16 for d in dims)
+            return tuple(d == self.pod_axis for d in dims)
         whole_cubes = len(dims) == 3 and all(d % 4 == 0 for d in dims)
         return tuple(whole_cubes for _ in dims)
 
@@ -389,39 +408,72 @@ _NCCL_LATENCY = ("NVLink hop latency: a round 1 us, an assumption; NCCL's own tu
                  "(NVIDIA/nccl src/graph/tuning.cc, table hwLat) charges 0.47-3.4 us per "
                  "NVLink ring step depending on protocol, in the version read")
 
+_BOOK_V2 = ("Scaling book, 'How to Profile TPU Programs', https://jax-ml.github.io/scaling-book/"
+            "profiling/ : a ReduceScatter on a 'TPUv2 4x2' runs on '1.2e11 bidirectional "
+            "bandwidth' (6e10 one way per link); '23e12' bf16 FLOP/s per core, two cores per chip")
+_JOUPPI_2020 = ("N. Jouppi et al., 'A Domain-Specific Supercomputer for Training Deep Neural "
+                "Networks', CACM 63(7), 2020, Table 3: TPU v2 chip 46 TFLOP/s bf16, HBM 700 GB/s; "
+                "2-D torus of 16x16 chips (v2 pod) and 32x32 (v3 pod)")
+_A100 = ("NVIDIA A100 Tensor Core GPU datasheet (SXM 80GB): NVLink 600 GB/s (both directions "
+         "together, 12 third-generation links), HBM2e 2,039 GB/s, BF16 312 TFLOPS dense")
+_B200 = ("NVIDIA HGX B200 / DGX B200 datasheet: fifth-generation NVLink 1.8 TB/s per GPU (both "
+         "directions together, 18 links), HBM3e 8 TB/s per GPU; BF16 2.25 PFLOPS dense per "
+         "GPU (half the 4.5 PFLOPS sparse figure)")
+
 HARDWARE = {
+    "TPU v2": Hardware(
+        "TPU v2", "ICI, 2-D torus", link_bandwidth=6e10, links_per_device=4,
+        hop_latency=1e-6, hbm_bandwidth=7e11, peak_bf16_flops=4.6e13, torus_rank=2,
+        citations=(_BOOK_V2, _JOUPPI_2020, _BOOK_ICI_LATENCY), aliases=("v2", "TPUv2")),
+    "TPU v3": Hardware(
+        "TPU v3", "ICI, 2-D torus", link_bandwidth=1e11, links_per_device=4,
+        hop_latency=1e-6, hbm_bandwidth=9e11, peak_bf16_flops=1.4e14, torus_rank=2,
+        pod_axis=32,
+        citations=(_BOOK_TPU + " (row 'TPU v3': 9.0e11 B/s, 1.4e14 FLOP/s, 1e11 B/s; pod 32x32)",
+                   _JOUPPI_2020, _BOOK_ICI_LATENCY), aliases=("v3", "TPUv3")),
     "TPU v4": Hardware(
         "TPU v4", "ICI, 3-D torus", link_bandwidth=4.5e10, links_per_device=6,
         hop_latency=1e-6, hbm_bandwidth=1.2e12, peak_bf16_flops=2.75e14, torus_rank=3,
         citations=(_BOOK_TPU + " (row 'TPU v4p': 1.2e12 B/s, 2.75e14 FLOP/s, 4.5e10 B/s)",
-                   _BOOK_ICI_LATENCY, _BOOK_TORUS)),
+                   _BOOK_ICI_LATENCY, _BOOK_TORUS), aliases=("TPU v4p", "v4", "v4p", "TPUv4")),
     "TPU v5e": Hardware(
         "TPU v5e", "ICI, 2-D torus", link_bandwidth=4.5e10, links_per_device=4,
         hop_latency=1e-6, hbm_bandwidth=8.1e11, peak_bf16_flops=1.97e14, torus_rank=2,
         citations=(_BOOK_TPU + " (8.1e11 B/s, 1.97e14 FLOP/s, 4.5e10 B/s)",
                    "Cloud TPU docs, 'TPU v5e', https://cloud.google.com/tpu/docs/v5e : 197 "
-                   "TFLOPs bf16, 819 GBps HBM", _BOOK_ICI_LATENCY, _BOOK_TORUS)),
+                   "TFLOPs bf16, 819 GBps HBM", _BOOK_ICI_LATENCY, _BOOK_TORUS),
+        aliases=("v5e", "TPU v5 lite", "v5litepod", "TPUv5e")),
     "TPU v5p": Hardware(
         "TPU v5p", "ICI, 3-D torus", link_bandwidth=9e10, links_per_device=6,
         hop_latency=1e-6, hbm_bandwidth=2.8e12, peak_bf16_flops=4.59e14, torus_rank=3,
         citations=(_BOOK_TPU + " (2.8e12 B/s, 4.59e14 FLOP/s, 9e10 B/s)",
                    "Cloud TPU docs, 'TPU v5p', https://cloud.google.com/tpu/docs/v5p : 459 "
-                   "TFLOPs bf16 per chip", _BOOK_ICI_LATENCY, _BOOK_TORUS)),
+                   "TFLOPs bf16 per chip", _BOOK_ICI_LATENCY, _BOOK_TORUS),
+        aliases=("v5p", "TPU v5", "TPUv5p")),
     "TPU v6e": Hardware(
         "TPU v6e", "ICI, 2-D torus", link_bandwidth=9e10, links_per_device=4,
         hop_latency=1e-6, hbm_bandwidth=1.6e12, peak_bf16_flops=9.2e14, torus_rank=2,
         citations=(_BOOK_TPU + " (1.6e12 B/s, 9.2e14 FLOP/s, 9e10 B/s)",
-                   _BOOK_ICI_LATENCY, _BOOK_TORUS)),
+                   _BOOK_ICI_LATENCY, _BOOK_TORUS), aliases=("v6e", "Trillium", "TPUv6e")),
+    "A100": Hardware(
+        "A100", "NVLink 3.0 + NVSwitch", link_bandwidth=25e9, links_per_device=12,
+        hop_latency=1e-6, hbm_bandwidth=2.039e12, peak_bf16_flops=3.12e14, node_size=8,
+        citations=(_A100, _NCCL_LATENCY), aliases=("NVIDIA A100", "A100 SXM")),
     "H100": Hardware(
         "H100", "NVLink 4.0 + NVSwitch", link_bandwidth=25e9, links_per_device=18,
         hop_latency=1e-6, hbm_bandwidth=3.35e12, peak_bf16_flops=9.9e14, node_size=8,
         citations=(_BOOK_GPU, "NVIDIA H100 datasheet (SXM): NVLink 900 GB/s (both directions "
-                   "together), HBM3 3.35 TB/s", _NCCL_LATENCY)),
+                   "together), HBM3 3.35 TB/s", _NCCL_LATENCY),
+        aliases=("NVIDIA H100", "H100 SXM", "H800")),
     "H200": Hardware(
         "H200", "NVLink 4.0 + NVSwitch", link_bandwidth=25e9, links_per_device=18,
         hop_latency=1e-6, hbm_bandwidth=4.8e12, peak_bf16_flops=9.9e14, node_size=8,
         citations=(_BOOK_GPU, "NVIDIA H200 datasheet (SXM): NVLink 900 GB/s (both directions "
-                   "together), HBM3e 4.8 TB/s", _NCCL_LATENCY)),
+                   "together), HBM3e 4.8 TB/s", _NCCL_LATENCY), aliases=("NVIDIA H200",)),
+    "B200": Hardware(
+        "B200", "NVLink 5.0 + NVSwitch", link_bandwidth=50e9, links_per_device=18,
+        hop_latency=1e-6, hbm_bandwidth=8e12, peak_bf16_flops=2.25e15, node_size=8,
+        citations=(_B200, _NCCL_LATENCY), aliases=("NVIDIA B200",)),
     "CPU": Hardware(
         "CPU", "toy: processes on one switch", link_bandwidth=1e10, links_per_device=1,
         hop_latency=1e-5, hbm_bandwidth=5e10, peak_bf16_flops=1e12,
@@ -430,14 +482,23 @@ HARDWARE = {
 }
 
 
+def _key(name: str) -> str:
+    return "".join(ch for ch in str(name).lower() if ch.isalnum())
+
+
+# Every name and alias, spelled loosely: "TPU v4p", "tpu-v4p", "v4p" all find TPU v4.
+_BY_KEY = {_key(alias): hw for hw in HARDWARE.values() for alias in (hw.name, *hw.aliases)}
+
+
 def hardware_preset(hardware) -> Hardware:
-    """A :class:`Hardware` from its name (``"TPU v5e"``, ``"H100"``, ...) or itself."""
+    """A :class:`Hardware` from its name or an alias (``"TPU v5e"``, ``"v4p"``, ``"H100"``) or itself."""
     if isinstance(hardware, Hardware):
         return hardware
-    if hardware not in HARDWARE:
-        raise ValueError(f"unknown hardware {hardware!r}; presets are {sorted(HARDWARE)}, "
+    if _key(hardware) not in _BY_KEY:
+        raise ValueError(f"unknown hardware {hardware!r}; presets are {sorted(HARDWARE)} "
+                         f"(also known as: {', '.join(a for h in HARDWARE.values() for a in h.aliases)}), "
                          f"or pass a Hardware(...) of your own")
-    return HARDWARE[hardware]
+    return _BY_KEY[_key(hardware)]
 
 
 # -- the result -------------------------------------------------------------------------
@@ -448,7 +509,10 @@ class Estimate:
 
     ``nbytes`` is what one device holds before the call; ``bytes_sent_per_device`` the
     most any one device sends under this algorithm; ``steps`` the hops paid for in latency
-    (``latency_s = steps * hop latency``). ``algbw`` and ``busbw`` are nccl-tests' numbers.
+    (``latency_s = steps * hop latency``; ``bandwidth_s`` the transfers alone). With
+    ``overlap`` (TPU ICI, the Scaling Book's rule) a hop lasts the larger of the two, so
+    ``time_s`` is less than their sum; without it (a GPU switch) it is the sum.
+    ``algbw`` and ``busbw`` are nccl-tests' numbers.
     """
 
     op: str
@@ -463,6 +527,7 @@ class Estimate:
     hardware: str = ""
     topology: str = ""
     note: str = ""
+    overlap: bool = False        # the hop rule: max(latency, transfer) per hop, not the sum
 
     @property
     def nccl_size(self) -> int:
@@ -489,8 +554,11 @@ class Estimate:
                 f"{self.algorithm}{' on ' + where if where else ''}")
         if self.time_s == 0:
             return f"<Estimate {head}: no communication>"
-        return (f"<Estimate {head}: {_seconds(self.time_s)} = {_seconds(self.latency_s)} latency "
-                f"({self.steps} hops) + {_seconds(self.bandwidth_s)} bandwidth, {self.bound}-bound; "
+        parts = (f"{_seconds(self.latency_s)} latency ({self.steps} hops), "
+                 f"{_seconds(self.bandwidth_s)} transfer, the larger per hop" if self.overlap else
+                 f"{_seconds(self.latency_s)} latency ({self.steps} hops) + "
+                 f"{_seconds(self.bandwidth_s)} bandwidth")
+        return (f"<Estimate {head}: {_seconds(self.time_s)} = {parts}, {self.bound}-bound; "
                 f"sends {_bytes(self.bytes_sent_per_device)}/device; algbw "
                 f"{self.algbw / 1e9:.3g} GB/s, busbw {self.busbw / 1e9:.3g} GB/s"
                 f"{'; ' + self.note if self.note else ''}>")
@@ -511,43 +579,98 @@ def _bytes(n: float) -> str:
 
 
 # -- the formulas -----------------------------------------------------------------------
-# A _Cost adds up phases. Every formula below takes the group's axes (list of GroupAxis),
-# the per-hop latency and the per-device bytes, and counts steps, seconds and bytes.
+# A _Cost lists steps. Every formula below takes the group's axes (list of GroupAxis) and
+# the per-device bytes, and says how many steps it takes, how many hops each step
+# crosses, and how long the busiest link direction is busy per step. The hop rule of the
+# topology (see step_time) then turns steps into seconds.
 
 @dataclass
 class _Cost:
-    steps: int = 0                # hops paid for in latency
-    bandwidth_s: float = 0.0
+    phases: tuple = ()            # (count, hops, transfer_s): `count` alike steps
     sent: float = 0.0             # most bytes one device sends
 
     def __add__(self, other):
-        return _Cost(self.steps + other.steps, self.bandwidth_s + other.bandwidth_s,
-                     self.sent + other.sent)
+        return _Cost(self.phases + other.phases, self.sent + other.sent)
+
+    @property
+    def steps(self) -> int:
+        """Hops paid for in latency, over all steps."""
+        return sum(count * hops for count, hops, _ in self.phases)
+
+    @property
+    def bandwidth_s(self) -> float:
+        return sum(count * transfer for count, _, transfer in self.phases)
+
+    def time(self, step_time) -> float:
+        return sum(count * step_time(hops, transfer) for count, hops, transfer in self.phases)
 
 
-def _lanes(ax: GroupAxis, bidirectional: bool) -> int:
-    """How many link directions carry the data at once: two on a ring run both ways."""
-    return 2 if bidirectional and ax.wraps and not ax.switch else 1
+def step_time(hops: int, transfer_s: float, latency: float, overlap: bool) -> float:
+    """Seconds of one step that crosses ``hops`` links and keeps the busiest link busy
+    ``transfer_s``.
+
+    ``overlap=True`` is the Scaling Book's rule for ICI (Part 3 "Sharding", "A note on ICI
+    latency": T_hop = max[T_min, bytes / W]): a hop lasts the larger of its latency and
+    its transfer, and a route of several hops pays the latency of the others on top
+    (Part 2 "TPUs", Worked Problem 5: "the first byte will arrive in about 6us and the
+    total transfer will take 188 + 6 = 194us"). ``overlap=False`` is the plain alpha-beta
+    sum, hops x latency + transfer, the form of NCCL's tuning model (NVIDIA/nccl
+    src/graph/tuning.cc: time = latency + size / bandwidth) used for GPU switches.
+    """
+    if hops == 0:
+        return transfer_s
+    if overlap:
+        return (hops - 1) * latency + max(latency, transfer_s)
+    return hops * latency + transfer_s
 
 
-def _reduce_scatter_phase(ax: GroupAxis, data: float, bidirectional: bool) -> _Cost:
-    """Reduce-scatter ``data`` bytes per device along one axis: q-1 steps of data/q."""
+def _one_way_phase(ax: GroupAxis, piece: float) -> _Cost:
+    """q-1 steps, one piece per link direction per step (a one-way ring, a line, a switch)."""
+    q = ax.size
+    return _Cost(((q - 1, 1, piece / ax.bandwidth),), 0.0)
+
+
+def _two_way_phases(ax: GroupAxis, piece: float, balanced: bool = False) -> _Cost:
+    """The Scaling Book's bidirectional ring (Part 3 "Sharding", "How is an AllGather
+    actually performed?"): every piece goes both ways round at once, so it reaches every
+    device in floor(q/2) hops instead of q-1, each hop carrying one piece per link
+    direction. On an even ring one way is a hop longer than the other, so the time is
+    q/2 pieces over one link: exactly the book's V / W_bidi for one axis.
+
+    ``balanced`` splits the piece for the device half-way round, half each way, so both
+    directions carry (q-1)/2 pieces: the (q-1)/q factor of a one-way ring comes back.
+    simpmd does this for several axes at once, where the book states only the total,
+    V / (W_bidi x n_axes), which the unbalanced ring would miss by up to 25% on 4x4.
+    """
+    q = ax.size
+    if balanced and q % 2 == 0:
+        return _Cost(((q // 2 - 1, 1, piece / ax.bandwidth), (1, 1, piece / 2 / ax.bandwidth)), 0.0)
+    return _Cost(((q // 2, 1, piece / ax.bandwidth),), 0.0)
+
+
+def _reduce_scatter_phase(ax: GroupAxis, data: float, bidirectional: bool,
+                          balanced: bool = False) -> _Cost:
+    """Reduce-scatter ``data`` bytes per device along one axis; each device sends (q-1)/q of it."""
     q = ax.size
     if q == 1:
         return _Cost()
-    return _Cost(q - 1, (q - 1) * data / q / (_lanes(ax, bidirectional) * ax.bandwidth),
-                 (q - 1) * data / q)
+    piece = data / q
+    steps = (_two_way_phases(ax, piece, balanced) if bidirectional and ax.wraps and not ax.switch
+             else _one_way_phase(ax, piece))
+    return replace(steps, sent=(q - 1) * piece)
 
 
-def _all_gather_phase(ax: GroupAxis, block: float, bidirectional: bool) -> _Cost:
-    """All-gather along one axis, each device starting with ``block`` bytes: q-1 steps."""
+def _all_gather_phase(ax: GroupAxis, block: float, bidirectional: bool,
+                      balanced: bool = False) -> _Cost:
+    """All-gather along one axis, each device starting with ``block`` bytes."""
     q = ax.size
     if q == 1:
         return _Cost()
+    if bidirectional and ax.wraps and not ax.switch:
+        return replace(_two_way_phases(ax, block, balanced), sent=(q - 1) * block)
     # On a line the middle devices forward pieces both ways: q+1 blocks instead of q-1.
     forwarded = q + 1 if (not ax.wraps and not ax.switch and q > 2) else q - 1
-    return _Cost(q - 1, (q - 1) * block / (_lanes(ax, bidirectional) * ax.bandwidth),
-                 forwarded * block)
+    return replace(_one_way_phase(ax, block), sent=forwarded * block)
 
 
 def _as_one_ring(axes: list) -> GroupAxis:
@@ -575,7 +698,7 @@ def _rotations(axes):
     return [axes[k:] + axes[:k] for k in range(len(axes))]
 
 
-def _torus(axes, nbytes, alpha, collective):
+def _torus(axes, nbytes, timing, collective):
     """The multi-axis scheme: one part of the data per rotation of the axes, all at once.
 
     Each part reduce-scatters along its axes in turn (the data shrinking by each axis's
@@ -583,19 +706,20 @@ def _torus(axes, nbytes, alpha, collective):
     sets the time; a device sends for every part.
     """
     per_order = []
+    balanced = len(axes) > 1
     for order in _rotations(axes):
         cost, size = _Cost(), nbytes / len(axes)
         if collective in ("reduce_scatter", "all_reduce"):
             for ax in order:
-                cost = cost + _reduce_scatter_phase(ax, size, True)
+                cost = cost + _reduce_scatter_phase(ax, size, True, balanced)
                 size /= ax.size
         if collective in ("all_gather", "all_reduce"):
             for ax in (reversed(order) if collective == "all_reduce" else order):
-                cost = cost + _all_gather_phase(ax, size, True)
+                cost = cost + _all_gather_phase(ax, size, True, balanced)
                 size *= ax.size
         per_order.append(cost)
-    worst = max(per_order, key=lambda c: c.steps * alpha + c.bandwidth_s)
-    return _Cost(worst.steps, worst.bandwidth_s, sum(c.sent for c in per_order))
+    worst = max(per_order, key=lambda c: c.time(timing))
+    return replace(worst, sent=sum(c.sent for c in per_order))
 
 
 def _hops(axes, a: int, b: int) -> int:
@@ -621,7 +745,7 @@ def _tree_all_reduce(axes, nbytes):
     while (1 << k) < p:
         half = 1 << k
         hops = max(_hops(axes, i, i - half) for i in range(half, p, 2 * half))
-        cost = cost + _Cost(2 * hops, 2 * nbytes / bandwidth, 0.0)
+        cost = cost + _Cost(((2, hops, nbytes / bandwidth),), 0.0)
         k += 1
     return replace(cost, sent=k * nbytes)        # the root sends to k children on the way down
 
@@ -646,20 +770,22 @@ def _all_to_all(axes, nbytes):
     """
     p = math.prod(ax.size for ax in axes)
     if axes[0].switch:
-        return _Cost(1, (p - 1) / p * nbytes / axes[0].bandwidth, (p - 1) / p * nbytes)
+        return _Cost(((1, 1, (p - 1) / p * nbytes / axes[0].bandwidth),), (p - 1) / p * nbytes)
     bandwidth_s = max(_pairs_per_link(ax.size, ax.wraps) * nbytes / (ax.size * ax.bandwidth)
                       for ax in axes)
     diameter = sum(ax.size // 2 if ax.wraps else ax.size - 1 for ax in axes)
-    return _Cost(diameter, bandwidth_s, (p - 1) / p * nbytes)
+    return _Cost(((1, diameter, bandwidth_s),), (p - 1) / p * nbytes)
 
 
-def _route(axes, a: int, b: int) -> list:
-    """The directed links from group position a to b: axis by axis, the short way round."""
+def _route(axes, a: int, b: int, order=None) -> list:
+    """The directed links from group position a to b: axis by axis (in ``order``, by
+    default the axes' own), the short way round."""
     sizes = [ax.size for ax in axes]
     here = list(np.unravel_index(a, sizes))
     there = np.unravel_index(b, sizes)
     links = []
-    for i, ax in enumerate(axes):
+    for i in (range(len(axes)) if order is None else order):
+        ax = axes[i]
         d = (int(there[i]) - int(here[i])) % ax.size if ax.wraps else int(there[i]) - int(here[i])
         step = 1
         if ax.wraps and d > ax.size - d:
@@ -672,57 +798,76 @@ def _route(axes, a: int, b: int) -> list:
     return links
 
 
+def _routes(axes, a: int, b: int) -> list:
+    """Edge-disjoint shortest routes from a to b: one per axis the send must cross.
+
+    The Scaling Book splits a point-to-point send across them (Part 2 "TPUs", Worked
+    Problem 5: on a v5e 4x4, TPU{0,0} to TPU{3,3} sends "half the array right and half
+    down" at 2 x 4.5e10 bytes/s). Route k crosses the axes in the order rotated by k, so
+    each leaves the source through a different port and enters the destination through a
+    different one.
+    """
+    ca = np.unravel_index(a, [ax.size for ax in axes])
+    cb = np.unravel_index(b, [ax.size for ax in axes])
+    moving = [i for i in range(len(axes)) if int(ca[i]) != int(cb[i])]
+    if not moving:
+        return []
+    return [_route(axes, a, b, moving[k:] + moving[:k]) for k in range(len(moving))]
+
+
 def _collective_permute(axes, nbytes, perm):
-    """Each pair sends nbytes along its route; the busiest link and the longest route decide."""
+    """Each pair sends nbytes, split over its disjoint shortest routes; the busiest link
+    and the longest route decide. On a switch every pair is one hop through the ports."""
     pairs = [(int(s), int(d)) for s, d in perm if int(s) != int(d)]
     if not pairs:
         return _Cost()
+    sends = max(sum(1 for s, _ in pairs if s == x) for x, _ in pairs)
     if axes[0].switch:
-        out = max(sum(1 for s, _ in pairs if s == x) for x, _ in pairs)
         into = max(sum(1 for _, d in pairs if d == y) for _, y in pairs)
-        return _Cost(1, max(out, into) * nbytes / axes[0].bandwidth, out * nbytes)
+        return _Cost(((1, 1, max(sends, into) * nbytes / axes[0].bandwidth),), sends * nbytes)
     load: dict = {}
     longest = 0
     for s, d in pairs:
-        route = _route(axes, s, d)
-        longest = max(longest, len(route))
-        for link in route:
-            load[link] = load.get(link, 0) + 1
-    bandwidth_s = max(count * nbytes / axes[link[0]].bandwidth for link, count in load.items())
-    sends = max(sum(1 for s, _ in pairs if s == x) for x, _ in pairs)
-    return _Cost(longest, bandwidth_s, sends * nbytes)
+        routes = _routes(axes, s, d)
+        for route in routes:
+            longest = max(longest, len(route))
+            for link in route:
+                load[link] = load.get(link, 0.0) + nbytes / len(routes)
+    bandwidth_s = max(b / axes[link[0]].bandwidth for link, b in load.items())
+    return _Cost(((1, longest, bandwidth_s),), sends * nbytes)
 
 
 # One table per concern, keyed by collective: the algorithms each collective can use.
-# Each entry: name -> f(axes, nbytes, alpha, perm) -> _Cost.
+# Each entry: name -> f(axes, nbytes, timing, perm) -> _Cost, where timing(hops, transfer_s)
+# is the topology's step_time.
 COST_MODELS = {
     "all_reduce": {
-        "ring": lambda axes, n, alpha, perm: _ring_all_reduce(axes, n, False),
-        "bidirectional_ring": lambda axes, n, alpha, perm: _ring_all_reduce(axes, n, True),
-        "torus": lambda axes, n, alpha, perm: _torus(axes, n, alpha, "all_reduce"),
-        "tree": lambda axes, n, alpha, perm: _tree_all_reduce(axes, n),
+        "ring": lambda axes, n, timing, perm: _ring_all_reduce(axes, n, False),
+        "bidirectional_ring": lambda axes, n, timing, perm: _ring_all_reduce(axes, n, True),
+        "torus": lambda axes, n, timing, perm: _torus(axes, n, timing, "all_reduce"),
+        "tree": lambda axes, n, timing, perm: _tree_all_reduce(axes, n),
     },
     "all_gather": {
-        "ring": lambda axes, n, alpha, perm: _all_gather_phase(_as_one_ring(axes), n, False),
-        "bidirectional_ring": lambda axes, n, alpha, perm: _all_gather_phase(_as_one_ring(axes), n, True),
-        "torus": lambda axes, n, alpha, perm: _torus(axes, n, alpha, "all_gather"),
+        "ring": lambda axes, n, timing, perm: _all_gather_phase(_as_one_ring(axes), n, False),
+        "bidirectional_ring": lambda axes, n, timing, perm: _all_gather_phase(_as_one_ring(axes), n, True),
+        "torus": lambda axes, n, timing, perm: _torus(axes, n, timing, "all_gather"),
     },
     "reduce_scatter": {
-        "ring": lambda axes, n, alpha, perm: _reduce_scatter_phase(_as_one_ring(axes), n, False),
-        "bidirectional_ring": lambda axes, n, alpha, perm: _reduce_scatter_phase(_as_one_ring(axes), n, True),
-        "torus": lambda axes, n, alpha, perm: _torus(axes, n, alpha, "reduce_scatter"),
+        "ring": lambda axes, n, timing, perm: _reduce_scatter_phase(_as_one_ring(axes), n, False),
+        "bidirectional_ring": lambda axes, n, timing, perm: _reduce_scatter_phase(_as_one_ring(axes), n, True),
+        "torus": lambda axes, n, timing, perm: _torus(axes, n, timing, "reduce_scatter"),
     },
     "all_to_all": {
-        "direct": lambda axes, n, alpha, perm: _all_to_all(axes, n),
+        "direct": lambda axes, n, timing, perm: _all_to_all(axes, n),
     },
     "collective_permute": {
-        "direct": lambda axes, n, alpha, perm: _collective_permute(axes, n, perm),
+        "direct": lambda axes, n, timing, perm: _collective_permute(axes, n, perm),
     },
 }
 
 
 def _estimate_on(collective, nbytes, axes, alpha, algorithm=None, perm=None,
-                 hardware="", topology="", note="") -> Estimate:
+                 hardware="", topology="", note="", overlap=False) -> Estimate:
     """The estimate for a group occupying ``axes``; the common core of the public entry points."""
     p = math.prod(ax.size for ax in axes) if axes else 1
     if collective is None or p == 1:
@@ -738,12 +883,16 @@ def _estimate_on(collective, nbytes, axes, alpha, algorithm=None, perm=None,
     else:
         raise ValueError(f"{collective} has no algorithm {algorithm!r} here; choose one of "
                          f"{sorted(models)} or None for the fastest")
+    def timing(hops, transfer_s):
+        return step_time(hops, transfer_s, alpha, overlap)
+
     best = None
     for name in candidates:
-        c = models[name](axes, float(nbytes), alpha, perm)
-        e = Estimate(collective, name, int(nbytes), p, c.steps * alpha + c.bandwidth_s,
-                     c.steps * alpha, c.bandwidth_s, c.steps, c.sent, hardware, topology, note)
-        if best is None or e.time_s < best.time_s:
+        c = models[name](axes, float(nbytes), timing, perm)
+        e = Estimate(collective, name, int(nbytes), p, c.time(timing), c.steps * alpha,
+                     c.bandwidth_s, c.steps, c.sent, hardware, topology, note, overlap)
+        # on a tie (latency-bound), the algorithm that moves fewer bytes
+        if best is None or (e.time_s, e.bandwidth_s) < (best.time_s, best.bandwidth_s):
             best = e
     return best
 
@@ -768,30 +917,146 @@ def _resolve_topology(hardware: Hardware, topology, group_size):
     return hardware.topology(topology)          # a device count or a shape
 
 
-def estimate(op: str, nbytes: int, group_size: int | None = None, hardware="TPU v4",
-             topology=None, algorithm: str | None = None, axes=None, perm=None) -> Estimate:
+def _platform(trace=None):
+    """The simulated platform a trace ran on (its own, if it carries one, else the current)."""
+    plat = getattr(trace, "platform", None)
+    if plat is None:
+        from .devices import platform        # the module; simpmd.devices is the function
+        plat = platform()
+    return plat
+
+
+def _platform_topology(hardware: Hardware, plat, count: int):
+    """The wiring ``set_device_count(..., topology=...)`` chose, on this hardware.
+
+    A shape of two or more axes is used as given; the default one-axis shape stands for
+    "no wiring chosen", and becomes the hardware's standard slice of ``count`` devices.
+    """
+    shape = tuple(getattr(plat, "topology", ()) or ())
+    if len(shape) > 1 and math.prod(shape) >= count:
+        return hardware.topology(shape)
+    return hardware.topology(count)
+
+
+def _hardware_of(hardware, trace=None) -> Hardware:
+    return hardware_preset(_platform(trace).hardware if hardware is None else hardware)
+
+
+def _group_on(topology, devices):
+    """The topology axes a group of device ids spans, and a note when it spans none cleanly."""
+    if len(devices) < 2:
+        return [], ""
+    if None in devices or max(devices) >= topology.size:
+        return ([GroupAxis(len(devices), _link_of(topology), False)],
+                "devices not on the topology: costed as a line")
+    axes = topology.group_axes_of(devices)
+    if axes is None:
+        return [GroupAxis(len(devices), _link_of(topology), False)], "irregular group: costed as a line"
+    return axes, ""
+
+
+def _per_device_bytes(collective, array_nbytes, p) -> float:
+    """The Scaling Book's V (bytes of the whole array) as the bytes one device holds.
+
+    AllGather: V is the gathered result, so each device starts with V/p. AllToAll and a
+    permute: V is the array sharded over the group, V/p per device. AllReduce and
+    ReduceScatter: V is the (unreduced) array each device holds in full.
+    """
+    if collective in ("all_gather", "all_to_all", "collective_permute"):
+        return array_nbytes / p
+    return float(array_nbytes)
+
+
+def _mesh_group(mesh, axis_name, hardware, topology):
+    """(topology, group axes, group size, device ids, note) for a collective over named mesh axes.
+
+    ``mesh`` is a dict of axis sizes, the book's ``Mesh({'X': 8, 'Y': 4})``, laid out as the
+    physical slice of that shape; or a ``simpmd.Mesh``, whose devices sit where the
+    platform (or ``topology``) puts them.
+    """
+    names = (axis_name,) if isinstance(axis_name, str) else tuple(axis_name or ())
+    if isinstance(mesh, dict):
+        mesh_names, sizes = list(mesh), tuple(int(v) for v in mesh.values())
+    else:
+        mesh_names, sizes = list(mesh.axis_names), tuple(np.shape(mesh.devices))
+    unknown = [n for n in names if n not in mesh_names]
+    if not names or unknown:
+        raise ValueError(f"axis_name {axis_name!r} is not an axis of the mesh; its axes are "
+                         f"{dict(zip(mesh_names, sizes))}: name one or a tuple of them")
+    where = [mesh_names.index(n) for n in names]
+    group_size = math.prod(sizes[i] for i in where)
+    if isinstance(mesh, dict):
+        topo = _resolve_topology(hardware, sizes if topology is None else topology, None)
+        if tuple(topo.dims) != sizes and topo.kind != "switch":
+            raise ValueError(f"the mesh {dict(zip(mesh_names, sizes))} does not match the "
+                             f"topology {topo}; give the mesh the slice's shape, or pass a "
+                             f"simpmd.Mesh built on the platform's devices")
+        if topo.kind == "switch":
+            return topo, topo.group_axes(group_size), group_size, None, ""
+        return topo, topo.group_axes(group_size, tuple(where)), group_size, None, ""
+    ids = np.vectorize(lambda d: int(getattr(d, "id", d)), otypes=[int])(mesh.devices)
+    index = tuple(slice(None) if i in where else 0 for i in range(len(sizes)))
+    # the members in the order of the names given: position = row-major over axis_name
+    kept = [i for i in range(len(sizes)) if i in where]
+    group = np.transpose(ids[index], [kept.index(i) for i in where]).reshape(-1).tolist()
+    topo = (_resolve_topology(hardware, topology, None) if topology is not None
+            else _platform_topology(hardware, _platform(), int(ids.max()) + 1))
+    axes, note = _group_on(topo, group)
+    return topo, axes, group_size, group, note
+
+
+def estimate(op: str, nbytes: float | None = None, group_size: int | None = None,
+             hardware=None, topology=None, algorithm: str | None = None, axes=None,
+             perm=None, *, array_nbytes: float | None = None, mesh=None,
+             axis_name=None) -> Estimate:
     """Estimated time of one collective over ``group_size`` devices.
 
     ``op`` is a collective (``'all_reduce'``, ``'all_gather'``, ``'reduce_scatter'``,
     ``'all_to_all'``, ``'collective_permute'``) or a ``jax.lax`` name (``'psum'``, ...).
-    ``nbytes`` is what ONE device holds before the call. ``hardware`` is a preset name or
-    a :class:`Hardware`; ``topology`` a :class:`Torus`/:class:`FullyConnected`, a shape, or
-    None for the hardware's standard slice of ``group_size`` devices. ``axes`` says which
-    torus axes the group spans (default: all of them if the group fills the topology).
+    Size: ``nbytes`` is what ONE device holds before the call, as simpmd's trace logs it;
+    or ``array_nbytes`` the bytes of the whole array, as the Scaling Book counts V (the
+    gathered result of an all-gather, the unreduced array of an all-reduce or a
+    reduce-scatter, the sharded array of an all-to-all or a permute).
+    ``hardware`` is a preset name or alias (``"TPU v4p"``, ``"v5e"``, ``"H100"``) or a
+    :class:`Hardware`, by default the one ``simpmd.set_device_count`` chose.
+    ``topology`` a :class:`Torus`/:class:`FullyConnected`, a shape, or None for the
+    hardware's standard slice of ``group_size`` devices. ``axes`` says which torus axes
+    the group spans (default: all of them if the group fills the topology); or name them:
+    ``mesh`` (a dict such as the book's ``{'X': 8, 'Y': 4}``, laid out as a slice of that
+    shape, or a ``simpmd.Mesh``) and ``axis_name`` (one name or a tuple, e.g. ``("X",
+    "Y")`` for a gather over both).
     ``algorithm`` names one of ``COST_MODELS[collective]``, or None for the fastest.
     ``perm`` (collective permute) lists (source, destination) group positions; default a
     shift by one. For example ``estimate("psum", 2**20, 8, hardware="H100")`` is a 1 MiB
-    all-reduce inside one 8-GPU node, and ``estimate("all_gather", 2**20, 4, "TPU v5e",
-    topology=(8, 4), axes=(1,))`` gathers along the 4-long axis of a v5e 8x4 slice.
+    all-reduce inside one 8-GPU node, and ``estimate("all_gather", array_nbytes=2**23,
+    hardware="v5e", mesh={"X": 8, "Y": 4}, axis_name="Y")`` gathers an 8 MiB array along
+    the 4-long axis of a v5e 8x4 slice.
     """
-    hw = hardware_preset(hardware)
-    topo = _resolve_topology(hw, topology, group_size)
-    if group_size is None:
-        group_size = topo.size
-    group = topo.group_axes(int(group_size), axes)
-    e = _estimate_on(collective_of(op), nbytes, group, topo.hop_latency, algorithm, perm,
-                     _label(hw, topology, topo), _describe(topo))
-    return e if collective_of(op) else replace(e, op=op)
+    hw = _hardware_of(hardware)
+    collective = collective_of(op)
+    note, devices = "", None
+    if mesh is not None:
+        if axes is not None or group_size is not None:
+            raise ValueError("give either mesh= and axis_name=, or group_size= and axes=, not both")
+        topo, group, group_size, devices, note = _mesh_group(mesh, axis_name, hw, topology)
+    else:
+        if axis_name is not None:
+            raise ValueError(f"axis_name={axis_name!r} needs mesh=: the mesh whose axes it names")
+        topo = _resolve_topology(hw, topology, group_size)
+        if group_size is None:
+            group_size = topo.size
+        group = topo.group_axes(int(group_size), axes)
+    if (nbytes is None) == (array_nbytes is None):
+        raise ValueError("give the size once: nbytes= (what one device holds) or array_nbytes= "
+                         "(the whole array, as the Scaling Book counts it)")
+    if nbytes is None:
+        nbytes = _per_device_bytes(collective, array_nbytes, max(int(group_size), 1))
+    if perm is not None and devices is not None and not note and topo.kind != "switch":
+        where = _positions(group, topo, devices)
+        perm = [(where[s], where[d]) for s, d in perm]
+    e = _estimate_on(collective, nbytes, group, topo.hop_latency, algorithm, perm,
+                     _label(hw, topology, topo), _describe(topo), note, topo.overlap)
+    return e if collective else replace(e, op=op)
 
 
 def _label(hardware: Hardware, asked, topology) -> str:
@@ -802,13 +1067,13 @@ def _label(hardware: Hardware, asked, topology) -> str:
 def time_run(run, topology, hardware: str = "") -> Estimate:
     """The time of a message-level run (``simpmd.algorithms``) replayed on a topology.
 
-    Each step costs the longest route's hops times the hop latency, plus the bytes on the
-    busiest link direction (torus, routed axis by axis the short way) or through the
-    busiest switch port, divided by its bandwidth. Device ids of the run are the
+    Each step crosses the longest route's hops and keeps the busiest link direction
+    (torus, routed axis by axis the short way) or the busiest switch port busy for its
+    bytes over its bandwidth; :func:`step_time` combines the two by the topology's rule. Device ids of the run are the
     topology's device ids. This is how the tests check that the closed forms of
     :func:`estimate` are what the simulated algorithms actually cost.
     """
-    latency_s = bandwidth_s = 0.0
+    latency_s = bandwidth_s = time_s = 0.0
     steps = 0
     for step in run.steps:
         if not step.messages:
@@ -834,11 +1099,12 @@ def time_run(run, topology, hardware: str = "") -> Estimate:
         steps += hops
         latency_s += hops * topology.hop_latency
         bandwidth_s += busiest
+        time_s += step_time(hops, busiest, topology.hop_latency, topology.overlap)
     p = run.num_devices
     nbytes = int(np.asarray(run.inputs[0]).nbytes)
-    return Estimate(run.collective, run.algorithm, nbytes, p, latency_s + bandwidth_s, latency_s,
+    return Estimate(run.collective, run.algorithm, nbytes, p, time_s, latency_s,
                     bandwidth_s, steps, float(run.bytes_sent.max(initial=0)), hardware,
-                    _describe(topology), "replayed message by message")
+                    _describe(topology), "replayed message by message", topology.overlap)
 
 
 # -- a whole trace ----------------------------------------------------------------------
@@ -948,24 +1214,27 @@ def _perm_of(event) -> list:
     return [(int(s), int(d)) for s, d in event.params.get("perm", ())]
 
 
-def estimate_trace(trace_or_events, hardware="TPU v4", topology=None) -> TraceEstimate:
+def estimate_trace(trace_or_events, hardware=None, topology=None) -> TraceEstimate:
     """One estimate per collective instance in a simpmd trace (a Trace or a list of Events).
 
-    Instances are the events sharing a ``step``. The physical topology is ``topology`` (a
-    Topology, or a shape such as the platform's ``(4, 4)``), by default the hardware's
-    standard slice for the devices the trace uses. A group that fills a block of the
-    torus uses those axes (with wraparound only where it covers a whole wrapping axis);
-    an irregular group is costed as a line and says so in the estimate's note.
+    Instances are the events sharing a ``step``. ``hardware`` defaults to the one given to
+    ``simpmd.set_device_count`` (the platform's), and the physical topology to the shape
+    given there (e.g. ``topology=(8, 16)``); without a shape of two or more axes, to the
+    hardware's standard slice for the devices the trace uses. ``topology`` (a Topology or
+    a shape) overrides both. A group that fills a block of the torus uses those axes (with
+    wraparound only where it covers a whole wrapping axis); an irregular group is costed
+    as a line and says so in the estimate's note.
     """
     events = getattr(trace_or_events, "events", trace_or_events)
     events = [e for e in events if e.kind == "collective"]
-    hw = hardware_preset(hardware)
+    hw = _hardware_of(hardware, trace_or_events)
     by_step: dict = {}
     for e in events:
         by_step.setdefault(e.step, []).append(e)
     used = {_member_device(e) for e in events} - {None}
     count = max(used) + 1 if used else 1
-    topo = _resolve_topology(hw, topology, count)
+    topo = (_resolve_topology(hw, topology, count) if topology is not None
+            else _platform_topology(hw, _platform(trace_or_events), count))
     label = _label(hw, topology, topo)
     result = TraceEstimate(label, _describe(topo))
     for step in sorted(by_step):
@@ -974,15 +1243,8 @@ def estimate_trace(trace_or_events, hardware="TPU v4", topology=None) -> TraceEs
         devices = [_member_device(e) for e in members]
         collective = COLLECTIVE_OF.get(first.op)
         nbytes = max(e.nbytes_in for e in members)
-        note, perm = "", None
-        if None in devices or max(devices) >= topo.size:
-            axes, note = ([GroupAxis(len(members), _link_of(topo), False)] if len(members) > 1 else [],
-                          "devices not on the topology: costed as a line")
-        else:
-            axes = topo.group_axes_of(devices)
-            if axes is None:
-                axes = [GroupAxis(len(members), _link_of(topo), False)]
-                note = "irregular group: costed as a line"
+        axes, note = _group_on(topo, devices)
+        perm = None
         if collective == "collective_permute":
             pairs = _perm_of(first)
             if note or topo.kind == "switch":
@@ -991,7 +1253,7 @@ def estimate_trace(trace_or_events, hardware="TPU v4", topology=None) -> TraceEs
                 where = _positions(axes, topo, devices)
                 perm = [(where[s], where[d]) for s, d in pairs]
         e = _estimate_on(collective, nbytes, axes, topo.hop_latency, None, perm, label,
-                         _describe(topo), note)
+                         _describe(topo), note, topo.overlap)
         result.collectives.append(CollectiveCost(
             step, (len(first.coords), first.call), first.op, tuple(first.axes),
             tuple(first.group), first.source, replace(e, op=collective or first.op),

@@ -14,7 +14,8 @@ import sys
 import numpy as np
 
 # Where notebooks opened outside a clone (Colab) install simpmd from: the one place to
-# change it. SETUP_CELL is built from it, and a test keeps every notebook's copy equal.
+# change it. SETUP_CELL and the README's "Open in Colab" links are built from it (tests keep
+# every copy equal); `python scripts/set_repository.py URL` points all of them at a fork.
 REPOSITORY = "https://github.com/simpmd/simpmd"
 
 SETUP_CELL = f'''\
@@ -23,10 +24,19 @@ SETUP_CELL = f'''\
 # without touching the jax that the runtime already has.
 import importlib.util, subprocess, sys
 if importlib.util.find_spec("simpmd") is None:
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                    "git+{REPOSITORY}"], check=True)
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                          "git+{REPOSITORY}"], capture_output=True, text=True)
+    if pip.returncode != 0:
+        raise SystemExit("Could not install simpmd from {REPOSITORY}: check that this "
+                         "runtime is online and that the address is right, then run this cell again.")
 import simpmd
 simpmd.course.start()'''
+
+
+def colab_url(notebook: str, repository: str = REPOSITORY, branch: str = "main") -> str:
+    """The address that opens ``notebooks/<notebook>`` of ``repository`` in Colab."""
+    path = repository.removeprefix("https://github.com/").removesuffix(".git")
+    return f"https://colab.research.google.com/github/{path}/blob/{branch}/notebooks/{notebook}"
 
 
 def start(device_count: int = 8):
@@ -56,6 +66,33 @@ def banner():
     platform = simpmd.platform()
     print(f"simpmd {simpmd.__version__} ({platform.hardware} x {len(platform.devices)} "
           f"simulated); {real}; numpy {np.__version__}")
+
+
+def show_error(engine: str, run, first_line_only: bool = False) -> None:
+    """Call ``run()`` and print the exception it raises, wrapped for reading.
+
+    For JAX (an ``engine`` label starting with "jax"), whose error types and wording change
+    from release to release, the verdict line says only that it refused; its own message
+    follows on one line that starts "On this JAX (version):", which the course's tests
+    leave out when they compare a lesson's output across JAX versions.
+    """
+    import textwrap
+    try:
+        run()
+    except Exception as exc:
+        lines = [line for line in str(exc).splitlines() if line.strip()]
+        lines = lines[:1] if first_line_only else lines
+        if engine.strip().startswith("jax"):
+            jax = sys.modules.get("jax")
+            version = getattr(jax, "__version__", "?")
+            print(f"{engine} refused it.")
+            print(f"    On this JAX ({version}): {type(exc).__name__}: {' '.join(lines)}")
+            return
+        print(f"{engine} raised {type(exc).__name__}:")
+        for line in lines:
+            print(textwrap.fill(line, 92, initial_indent="    ", subsequent_indent="    "))
+    else:
+        print(f"{engine}: no error")
 
 
 # -- checking answers --------------------------------------------------------------------

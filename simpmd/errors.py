@@ -55,3 +55,56 @@ class TracerIntegerConversionError(SimpmdError, TypeError):
 
 class TracerArrayConversionError(SimpmdError, TypeError):
     """Converting a mapped value to a NumPy array inside the function, or mixing engines."""
+
+
+# -- wording shared by the messages -------------------------------------------------------
+
+def id_ranges(ids) -> str:
+    """'0-511, 513-1023': sorted ids, runs of consecutive ones written as ranges."""
+    ids = sorted(set(ids))
+    runs, start = [], None
+    for k, i in enumerate(ids):
+        if start is None:
+            start = i
+        if k + 1 == len(ids) or ids[k + 1] != i + 1:
+            runs.append(str(start) if start == i else f"{start}-{i}")
+            start = None
+    return ", ".join(runs)
+
+
+def devices_text(ids, limit: int = 12) -> str:
+    """'devices 0-511, 513-1023 (1023 devices)': any number of devices in a short line.
+
+    A long list of scattered ids keeps its first ``limit`` runs and says how many more,
+    so a message stays short at any scale.
+    """
+    ids = sorted(set(ids))
+    if len(ids) == 1:
+        return f"device {ids[0]}"
+    runs = id_ranges(ids).split(", ")
+    shown = ", ".join(runs[:limit]) + (f", ... ({len(runs) - limit} more runs)"
+                                       if len(runs) > limit else "")
+    return f"devices {shown} ({len(ids)} devices)"
+
+
+def unbound_axis_message(opname, name, where, coords, under_shard_map) -> str:
+    """Why a collective's axis name is unknown here, and which names the learner can use.
+
+    ``coords`` are the caller's ``(axis name, index, size)`` triples: the axes in scope.
+    """
+    scope = ", ".join(f"{n!r} (size {s})" for n, _, s in coords if n is not None) or "none"
+    if name is None:
+        return (f"{opname} on {where} was given axis_name=None. A collective must name the "
+                f"axis it runs over (real JAX raises 'unbound axis name: None'). Give the map "
+                f"a name, e.g. simpmd.pmap(f, axis_name='i'), and pass the same name: "
+                f"lax.{opname}(x, 'i'). Axis names in scope: {scope}.")
+    if under_shard_map:
+        return (f"{opname} on {where} names axis {name!r}, but the shard_map's mesh has no "
+                f"such axis: its axes are {scope}. Use one of the mesh's axis names (or a "
+                f"tuple of them), or build the mesh with an axis called {name!r}, e.g. "
+                f"simpmd.make_mesh((2, 4), ({name!r}, 'other')).")
+    if any(n is None for n, _, _ in coords):
+        scope += "; a pmap here was given no axis_name"
+    return (f"{opname} on {where} names axis {name!r}, but no enclosing pmap binds it. "
+            f"Axis names in scope: {scope}. Pass axis_name={name!r} to the pmap that maps "
+            f"this axis, or use one of the names in scope.")

@@ -122,7 +122,7 @@ def _figures():
             algorithms.tree_all_reduce([np.full(4, float(d + 1)) for d in range(8)])),
         "torus_allreduce.png": lambda: viz.draw_algorithm(
             algorithms.torus_all_reduce([np.full(8, float(d + 1)) for d in range(8)], (2, 4)),
-            frames=[0, 1, 2, 4, 5, 8]),
+            frames=[0, 1, 2, 3, 4, 6]),
     }
 
 

@@ -9,10 +9,22 @@ when JAX starts its backend (its first computation or device query); after that,
 fresh Python process can change the count, so this module says so instead of failing
 later. It never installs or upgrades JAX (on Colab, JAX comes preinstalled and matched to
 the runtime's TPU or GPU).
+
+A machine with fewer accelerators than the program needs (Colab's one GPU, or its TPU
+v5e-1) is the common case. There the CPU is made JAX's *default* backend, with the fake
+devices, and the accelerator stays reachable beside it (``jax_platforms="cpu,cuda"`` or
+``"cpu,tpu"``), so that plain ``jax.pmap(f)``, ``jax.make_mesh`` and ``jax.jit`` run on the
+8 CPU devices as they do on a laptop. Which accelerator there is, and how many devices it
+has, is asked of JAX in a short-lived child process (only when an accelerator plugin is
+installed), because the answer is needed before this process's JAX may start.
 """
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
+import pkgutil
+import subprocess
 import sys
 
 from .errors import SimpmdError
@@ -21,6 +33,19 @@ DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
 ACCELERATOR_PLATFORMS = {"tpu": "TPU", "gpu": "GPU", "cuda": "GPU", "rocm": "GPU"}
 
 _chosen: list | None = None       # what use_jax_devices picked, for crosscheck
+_accelerators: dict | None = None # {"cuda": 1}: what the probe found (None: not asked)
+
+# Asked of JAX in the child process: how many devices each accelerator platform has.
+_PROBE = """
+import json, jax
+found = {}
+for name in ("tpu", "cuda", "rocm"):
+    try:
+        found[name] = len(jax.devices(name))
+    except Exception:
+        pass
+print(json.dumps(found))
+"""
 
 
 class JaxDevicesError(SimpmdError, RuntimeError):
@@ -60,6 +85,87 @@ def flag_device_count(flags: str) -> int:
             except ValueError:
                 return 0
     return 0
+
+
+def accelerator_plugins_installed() -> bool:
+    """Whether JAX could find a TPU or GPU here: libtpu, or a ``jax_plugins`` package (the
+    CUDA and ROCm plugins), is installed. Answered without importing JAX."""
+    if importlib.util.find_spec("libtpu") is not None:
+        return True
+    try:
+        import jax_plugins            # a namespace package: importing it runs no plugin code
+    except ImportError:
+        return False
+    return any(True for _ in pkgutil.iter_modules(getattr(jax_plugins, "__path__", [])))
+
+
+def probe_accelerators(timeout: float = 300.0) -> dict:
+    """``{"cuda": 1}``: the accelerator platforms JAX finds here and their device counts,
+    asked of JAX in a child process so that this process's JAX has not started yet.
+    Empty when no accelerator plugin is installed, or when the child fails."""
+    if not accelerator_plugins_installed():
+        return {}
+    env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "XLA_FLAGS")}
+    env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"     # take no GPU memory to count devices
+    try:
+        run = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True,
+                             text=True, timeout=timeout)
+        found = json.loads(run.stdout.strip().splitlines()[-1])
+    except (subprocess.SubprocessError, OSError, ValueError, IndexError):
+        return {}
+    return {name: int(count) for name, count in found.items() if int(count) > 0}
+
+
+def platforms_for(n: int, accelerators: dict) -> str | None:
+    """The ``jax_platforms`` value that gives programs of ``n`` devices a default backend
+    with enough devices: ``"cpu,cuda"`` when the GPUs are fewer than ``n`` (the CPU, with
+    its fake devices, first), None when the accelerators suffice or there are none."""
+    if not accelerators or max(accelerators.values()) >= n:
+        return None
+    return ",".join(["cpu"] + sorted(accelerators))
+
+
+def prepare(n: int, probe=probe_accelerators) -> None:
+    """Before JAX starts: ask for ``n`` fake CPU devices and, on a machine whose
+    accelerators are fewer than ``n``, make the CPU JAX's default backend.
+
+    A ``JAX_PLATFORMS`` the user set is left alone. Safe to call again."""
+    global _accelerators
+    os.environ["XLA_FLAGS"] = xla_flags_with_device_count(os.environ.get("XLA_FLAGS", ""), n)
+    if os.environ.get("JAX_PLATFORMS"):
+        return
+    if _accelerators is None:
+        _accelerators = probe()
+    platforms = platforms_for(n, _accelerators)
+    if platforms is None:
+        return
+    os.environ["JAX_PLATFORMS"] = platforms
+    jax = sys.modules.get("jax")        # imported but not started: its config reads the
+    if jax is not None:                 # environment only once, so tell it directly
+        try:
+            jax.config.update("jax_platforms", platforms)
+        except Exception:
+            pass
+
+
+def accelerators(jax) -> list:
+    """The TPU/GPU devices of the running ``jax``, whether or not one is its default."""
+    found = []
+    for name in ("tpu", "cuda", "rocm", "gpu"):
+        try:
+            found += [d for d in jax.devices(name) if d not in found]
+        except Exception:
+            pass
+    return found
+
+
+def accelerator_text(jax) -> str:
+    """'1 GPU (NVIDIA H100 80GB HBM3)', or 'none': the accelerators beside the CPU."""
+    found = accelerators(jax)
+    if not found:
+        return "none"
+    label = _platform_label(found[0].platform)
+    return f"{len(found)} {label} ({found[0].device_kind})"
 
 
 def backend_started(jax) -> bool | None:
@@ -107,13 +213,15 @@ def choose_devices(jax, n: int) -> tuple[list, str]:
     """
     platform = jax.default_backend()
     if platform in ACCELERATOR_PLATFORMS:
-        accelerators = list(jax.devices())
+        found = list(jax.devices())
         label = _platform_label(platform)
-        if len(accelerators) >= n:
-            return accelerators[:n], f"simpmd: using {n} {label} devices for real JAX"
-        reason = f"{len(accelerators)} {label} device(s) found, fewer than {n}"
+        if len(found) >= n:
+            return found[:n], f"simpmd: using {n} {label} devices for real JAX"
+        reason = f"{len(found)} {label} device(s) found, fewer than {n}"
     else:
-        reason = "no accelerator found"
+        found = accelerators(jax)
+        reason = (f"{len(found)} {_platform_label(found[0].platform)} device(s) found, "
+                  f"fewer than {n}" if found else "no accelerator found")
     try:
         cpus = list(jax.devices("cpu"))
     except RuntimeError:
@@ -129,7 +237,9 @@ def use_jax_devices(n: int = 8, *, verbose: bool = True) -> list:
 
     Uses the accelerators (TPU, GPU) when the default backend has at least ``n``,
     otherwise arranges ``n`` fake CPU devices through ``XLA_FLAGS`` (keeping the flags
-    already there) and ``jax_num_cpu_devices`` where JAX has it. Prints one line saying
+    already there) and ``jax_num_cpu_devices`` where JAX has it, and makes the CPU JAX's
+    default backend where an accelerator has fewer than ``n`` devices (see
+    :func:`prepare`). Prints one line saying
     what it chose and returns the chosen ``jax.Device`` list (``crosscheck`` uses it).
     Raises :class:`JaxDevicesError`, saying what to do, if JAX already started with too
     few devices.
@@ -140,7 +250,7 @@ def use_jax_devices(n: int = 8, *, verbose: bool = True) -> list:
     already = sys.modules.get("jax")
     started = backend_started(already) if already is not None else False
     if not started:
-        os.environ["XLA_FLAGS"] = xla_flags_with_device_count(os.environ.get("XLA_FLAGS", ""), n)
+        prepare(n)
     try:
         import jax
     except ImportError as exc:

@@ -33,9 +33,56 @@ def _outside(name, *args, **kwargs):
     if "jax" in sys.modules:
         import jax
         return getattr(jax.lax, name)(*args, **kwargs)
+    axis = args[0] if name in ("axis_index", "axis_size") else args[1]
     raise errors.UnboundAxisError(
-        f"lax.{name} was called outside any simulated device, so no axis name is bound. "
-        f"Call it inside a function mapped with simpmd.pmap (or jax.pmap).")
+        f"lax.{name} over axis {axis!r} was called outside any mapped function, so no axis "
+        f"is bound ({axis!r} is bound only while a function mapped over it runs). Call it "
+        f"inside a function mapped with simpmd.pmap(f, axis_name={axis!r}) or "
+        f"simpmd.shard_map over a mesh with that axis.")
+
+
+def _check_perm(perm, op):
+    """A permutation is a list or tuple of Python ints, known before the program runs.
+
+    It is part of the program, the same on every device, so it cannot be computed from a
+    device value (lax.axis_index); floats are refused, as JAX refuses them, rather than
+    truncated.
+    """
+    if not isinstance(perm, (list, tuple)):
+        raise errors.CollectiveArgumentError(
+            f"{op}'s perm is a {type(perm).__name__}; give a list or tuple (real JAX refuses "
+            f"other iterables such as generators from 0.11.2): perm=[(0, 1), (1, 2), ...].")
+    if op == "pshuffle":
+        entries = [(i, i) for i in perm]
+    else:
+        for pair in perm:
+            if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+                raise errors.CollectiveArgumentError(
+                    f"ppermute's perm entry {pair!r} is not a (source, destination) pair; "
+                    f"perm lists pairs, e.g. perm=[(i, (i + 1) % n) for i in range(n)].")
+        entries = [(pair, i) for pair in perm for i in pair]
+    for pair, i in entries:
+        if isinstance(i, Traced) or hasattr(i, "__jax_array__"):
+            raise errors.CollectiveArgumentError(
+                f"{op}'s perm entry {pair!r} holds a device value (from lax.axis_index or "
+                f"another array), but perm is part of the program: the same Python ints on "
+                f"every device, known before it runs (real JAX: 'parameter perm was not "
+                f"hashable'). List every pair, with n = lax.axis_size(axis): e.g. "
+                f"perm=[(i, (i + 1) % n) for i in range(n)] sends each device's value to "
+                f"the next.")
+        if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
+            raise errors.CollectiveArgumentError(
+                f"{op}'s perm entry {pair!r} holds {i!r}, a {type(i).__name__}; device "
+                f"indices are ints (real JAX refuses {type(i).__name__}s too). Write "
+                f"int indices, e.g. (0, 1).")
+
+
+def _check_axis_name(axis_name, op):
+    """A collective names its axis: None (the default of a pmap's axis_name) is no name."""
+    if axis_name is None or (isinstance(axis_name, (tuple, list)) and None in axis_name):
+        task = current_task()
+        raise errors.UnboundAxisError(errors.unbound_axis_message(
+            op, None, task.where(), task.coords, task.sim.maps_a_mesh))
 
 
 def _leaf_value(x):
@@ -51,6 +98,7 @@ def _leaf_value(x):
 def _run(op, x, axis_name, params, groups=None, flat=None):
     """Join the collective ``op`` with ``x``'s leaves (``flat``: ``x`` already flattened)."""
     task = current_task()
+    _check_axis_name(axis_name, op)
     leaves, treedef = flat or tree.flatten(x)
     groups = None if groups is None else [list(g) for g in groups]
     if type(task) is Batch:
@@ -66,6 +114,7 @@ def psum(x, axis_name, *, axis_index_groups=None):
     task = current_task()
     if task is None:
         return _outside("psum", x, axis_name, axis_index_groups=axis_index_groups)
+    _check_axis_name(axis_name, "psum")
     leaves, treedef = tree.flatten(x)
     if leaves and axis_index_groups is None and all(
             isinstance(v, numbers.Number) and not isinstance(v, np.generic) for v in leaves):
@@ -119,6 +168,7 @@ def ppermute(x, axis_name, perm):
     """Send ``x`` along each ``(source, destination)`` pair; non-receivers get zeros."""
     if current_task() is None:
         return _outside("ppermute", x, axis_name, perm)
+    _check_perm(perm, "ppermute")
     perm = tuple(tuple(int(i) for i in pair) for pair in perm)
     return _run("ppermute", x, axis_name, {"perm": perm})
 
@@ -127,6 +177,7 @@ def pshuffle(x, axis_name, perm):
     """Device ``i`` receives ``x`` from device ``perm[i]``."""
     if current_task() is None:
         return _outside("pshuffle", x, axis_name, perm)
+    _check_perm(perm, "pshuffle")
     return _run("pshuffle", x, axis_name, {"perm": tuple(int(i) for i in perm)})
 
 
@@ -151,6 +202,7 @@ def axis_index(axis_name):
     task = current_task()
     if task is None:
         return _outside("axis_index", axis_name)
+    _check_axis_name(axis_name, "axis_index")
     if type(task) is Batch:
         return Batched(task.axis_index(_axes(axis_name)))
     index, _ = task.sim.axis_position(task, _axes(axis_name), "axis_index")
@@ -162,6 +214,7 @@ def axis_size(axis_name):
     task = current_task()
     if task is None:
         return _outside("axis_size", axis_name)
+    _check_axis_name(axis_name, "axis_size")
     return _size(task, _axes(axis_name), "axis_size")
 
 

@@ -15,8 +15,9 @@ is a JAX tracer). The rule for the device-local math:
   JAX accepts too. Convert with ``x.astype(snp.float32)``; ``snp.float32(x)`` only works
   on simpmd's devices.
 
-Calling ``jax.numpy`` directly on a simpmd value raises a ``TracerArrayConversionError``
-that points here, and a name that neither NumPy nor jax.numpy defines is an
+Calling ``jax.numpy`` directly on a simpmd value, or a NumPy function (``np.exp(x)``) on
+a device value outside eager mode (real JAX refuses it on a tracer), raises a
+``TracerArrayConversionError`` that points here, and a name that neither NumPy nor jax.numpy defines is an
 ``AttributeError`` that says so: a mistake is an error, never a silently wrong answer.
 This module never imports JAX: it only uses it when JAX values reach it.
 """
@@ -25,6 +26,8 @@ import types as _types
 
 import numpy as _np
 
+from . import batching as _batching
+from . import traced as _traced
 from .traced import Traced as _Traced
 
 _MISSING = object()
@@ -52,6 +55,11 @@ def _contains(value, kinds) -> bool:
     if isinstance(value, dict):
         return any(_contains(v, kinds) for v in value.values())
     return False
+
+
+def _holds_device_values(value) -> bool:
+    """True if ``value`` is (or contains) a simpmd device value."""
+    return _contains(value, (_Traced,))
 
 
 def _lookup(namespace: tuple, name: str, jax_side: bool):
@@ -96,6 +104,14 @@ def _dispatching(namespace: tuple, name: str):
         if name in _KEEPS_DEVICE_VALUES and not namespace and args and isinstance(args[0], _Traced):
             x = args[0]
             return x._with(_np.asarray(x.value, *args[1:2], **kwargs))
+        if _holds_device_values(args) or _holds_device_values(kwargs):
+            # Called directly, NumPy would refuse a device value (as it refuses a tracer).
+            # Values stacked by device (a body traced once) compute through batching rules.
+            stacked = _contains((args, kwargs), (_batching.Batched,))
+            engine = _batching if stacked else _traced
+            if isinstance(fn, _np.ufunc):
+                return engine.apply_ufunc(fn, args, kwargs)
+            return engine.apply_function(fn, args, kwargs)
         return fn(*args, **kwargs)
 
     call.__name__ = name

@@ -22,10 +22,11 @@ import numpy as np
 from .devices import device_count, devices as platform_devices
 from . import errors, tree
 from .array import Array
-from .runtime import Simulation, current_task, flat_results, user_stacklevel
+from .runtime import (Simulation, _refuse_non_arrays, current_task, flat_results,
+                      user_stacklevel)
 from .trace import Trace
 from .traced import Traced
-from .batching import Batch, Batched, NestedMap, run_once
+from .batching import Batch, Batched, NestedMap, _Named, run_once
 
 _last_trace = None
 
@@ -54,8 +55,47 @@ def pmap(fun=None, axis_name=None, *, in_axes=0, out_axes=0, static_broadcasted_
             "pmap needs the function as its first argument. To give options in a decorator, "
             "write @functools.partial(simpmd.pmap, axis_name='i') (as with jax.pmap), or "
             "call simpmd.pmap(f, axis_name='i').")
+    _check_static_argnums(static_broadcasted_argnums, fun)
+    _check_in_axes(in_axes)
     return Pmapped(fun, axis_name, in_axes, out_axes, static_broadcasted_argnums, devices,
                    axis_size, eager)
+
+
+def _check_static_argnums(nums, fun):
+    """static_broadcasted_argnums must be positions (ints), as in JAX; a name is a mistake."""
+    items = nums if isinstance(nums, (tuple, list)) else (nums,)
+    for n in items:
+        if isinstance(n, (int, np.integer)) and not isinstance(n, bool):
+            continue
+        names = positional_names(fun)
+        hint = (f" {n!r} is argument {names.index(n)} of {getattr(fun, '__name__', 'f')}, so "
+                f"write static_broadcasted_argnums=({names.index(n)},)."
+                if isinstance(n, str) and n in names else "")
+        raise TypeError(
+            f"static_broadcasted_argnums={nums!r}: it takes the positions of the static "
+            f"arguments (an int or a tuple of ints), not {type(n).__name__} {n!r}.{hint} "
+            f"(jax.pmap has no static argument names.)")
+
+
+def _check_in_axes(in_axes):
+    """JAX reads in_axes as a pytree prefix of the argument tuple: a list does not match it."""
+    if isinstance(in_axes, list):
+        raise ValueError(
+            f"in_axes={in_axes!r} is a list, but the arguments arrive as a tuple, and JAX "
+            f"matches in_axes to them as a pytree prefix: a list is a different pytree node, "
+            f"so real JAX refuses it ('pytree structure error'). Write a tuple: "
+            f"in_axes={tuple(in_axes)!r}.")
+
+
+def _check_static_positions(nums, n_args, fun_name):
+    """Every static position must name one of the ``n_args`` positional arguments."""
+    for a in nums:
+        if not -n_args <= a < n_args:
+            raise ValueError(
+                f"{fun_name} has static_broadcasted_argnums={tuple(nums)} but was called with "
+                f"{n_args} positional argument(s), so position {a} names no argument "
+                f"(positions run 0..{n_args - 1}). Pass the static argument by position, "
+                f"or fix the number.")
 
 
 def positional_names(fun) -> list[str]:
@@ -95,7 +135,9 @@ class Pmapped:
     def _split(self, args, kwargs, max_devices):
         """Per-leaf mapped axes and the mapped size, with errors a learner can act on."""
         n_args = len(args)
-        static = {a % n_args if n_args else a for a in self.static_argnums}
+        _check_static_positions(self.static_argnums, n_args,
+                                f"pmap of {getattr(self.fun, '__name__', 'the function')}")
+        static = {a % n_args for a in self.static_argnums}
         for a in static:
             try:
                 hash(args[a])
@@ -181,7 +223,7 @@ class Pmapped:
                     f"axis_size={self.axis_size} but the mapped arguments have size {size} "
                     f"along their mapped axes; drop axis_size or make them agree.")
         elif self.axis_size is not None:
-            size = int(self.axis_size)     # JAX 0.10 refuses this; original pmap allowed it
+            size = int(self.axis_size)     # today's JAX refuses this; original pmap allowed it
         else:
             raise errors.MappedAxisError(
                 "pmap requires at least one argument with a mapped axis (in_axes not None), "
@@ -195,7 +237,12 @@ class Pmapped:
                 f"simpmd.set_device_count({size}), or reshape the data to "
                 f"({max_devices}, -1, ...) so each device takes several rows.")
         if size == 0:
-            raise errors.MappedAxisError("the mapped axis has size 0: there is nothing to run.")
+            zero = [f"{path} (shape {shape}, in_axes {ax})" for path, shape, ax in mapped]
+            raise errors.MappedAxisError(
+                f"the mapped axis has size 0: {', '.join(zero) or 'axis_size=0'} gives no "
+                f"device anything to run. pmap runs one shard per device, so the mapped axis "
+                f"needs at least one entry: pass an array with one entry per device along the "
+                f"mapped axis (e.g. shape ({device_count()}, ...)).")
         return static, defs, kw_def, arrays, paths_by_arg + [kw_paths], size
 
     def mapped_size(self, *args, **kwargs) -> int:
@@ -319,6 +366,7 @@ class Pmapped:
     def _stack_once(self, batch, result):
         """The stacked results as pmap's Arrays, each device's part logged as returned."""
         leaves, treedef = tree.flatten(result)
+        _refuse_non_arrays([_Named(batch.where(0))], [(leaves, treedef)], treedef)
         stacks = [v.value if type(v) is Batched else
                   np.broadcast_to(_plain(v), (batch.n,) + np.shape(_plain(v))) for v in leaves]
         out_axes = tree.broadcast_prefix(self.out_axes, tree.unflatten(treedef, [s[0] for s in stacks]),
@@ -332,8 +380,13 @@ class Pmapped:
                     _warn_not_replicated([batch.where(i) for i in differ], batch.where(0))
             else:
                 if not -(first.ndim + 1) <= ax <= first.ndim:
-                    raise ValueError(f"out_axes={ax} is out of range for results of shape "
-                                     f"{first.shape}.")
+                    n = first.ndim
+                    raise ValueError(
+                        f"out_axes={ax} is out of range for result{_leaf_label(treedef, k)} "
+                        f"of shape {first.shape} on each device. out_axes says where the "
+                        f"mapped axis goes in the stacked result, which has rank {n + 1}, so "
+                        f"use an axis in {-(n + 1)}..{n} (0 stacks along the first axis), or "
+                        f"None to return one copy of a result that is the same on every device.")
                 ax = ax % (first.ndim + 1)
             label = f"out{_leaf_label(treedef, k)}"
             if ax is None:
@@ -354,12 +407,14 @@ class Pmapped:
             values = [_plain(r[0][k]) for r in results]
             shapes = {(v.shape, v.dtype) for v in values}
             if len(shapes) > 1 and ax is not None:
-                odd = next(t for t, v in zip(tasks, values)
-                           if (v.shape, v.dtype) != (values[0].shape, values[0].dtype))
+                odd, v = next((t, v) for t, v in zip(tasks, values)
+                              if (v.shape, v.dtype) != (values[0].shape, values[0].dtype))
                 raise errors.DivergenceError(
                     f"result{_leaf_label(treedef, k)} has shape {values[0].shape} "
-                    f"{values[0].dtype} on {tasks[0].where()} but a different shape or dtype "
-                    f"on {odd.where()}; every device must return the same shapes to be stacked.")
+                    f"{values[0].dtype} on {tasks[0].where()} but shape {v.shape} {v.dtype} "
+                    f"on {odd.where()}; every device must return the same shapes and dtypes "
+                    f"to be stacked (JAX compiles one program for all of them). Pad or slice "
+                    f"to a shape every device shares, and mask the unused part.")
             if ax is None:
                 differ = [t.where() for t, v in zip(tasks[1:], values[1:]) if v is not values[0]
                           and (v.shape != values[0].shape or not np.array_equal(v, values[0]))]
@@ -367,8 +422,13 @@ class Pmapped:
                     _warn_not_replicated(differ, tasks[0].where())
             else:
                 if not -(values[0].ndim + 1) <= ax <= values[0].ndim:
-                    raise ValueError(f"out_axes={ax} is out of range for results of shape "
-                                     f"{values[0].shape}.")
+                    n = values[0].ndim
+                    raise ValueError(
+                        f"out_axes={ax} is out of range for result{_leaf_label(treedef, k)} "
+                        f"of shape {values[0].shape} on each device. out_axes says where the "
+                        f"mapped axis goes in the stacked result, which has rank {n + 1}, so "
+                        f"use an axis in {-(n + 1)}..{n} (0 stacks along the first axis), or "
+                        f"None to return one copy of a result that is the same on every device.")
                 ax = ax % (values[0].ndim + 1)
             label = f"out{_leaf_label(treedef, k)}"
             for i, (t, v) in enumerate(zip(tasks, values)):

@@ -96,8 +96,21 @@ class Task:
         """'device 3 (data=1, model=1)': how error messages name this program."""
         coords = coords_text(self.coords)
         if self.children:
-            return f"the outer body at {coords} (devices {_span(self.devices)})"
+            leaf = self.children[0]
+            while leaf.children:
+                leaf = leaf.children[0]
+            inner = ", ".join(f"{'index' if n is None else n}=0..{s - 1}"
+                              for n, _, s in leaf.coords[len(self.coords):])
+            return (f"the outer body at {coords} (devices "
+                    f"{errors.id_ranges(leaf_device_ids(self))} at {inner})")
         return f"device {self.device.id} ({coords})"
+
+
+def leaf_device_ids(task) -> list:
+    """The ids of the devices that run ``task``: its own, or those of its inner programs."""
+    if not task.children:
+        return [task.device.id]
+    return [i for child in task.children for i in leaf_device_ids(child)]
 
 
 def coords_text(coords) -> str:
@@ -105,19 +118,14 @@ def coords_text(coords) -> str:
     return ", ".join(f"index {i}" if n is None else f"{n}={i}" for n, i, _ in coords)
 
 
-def axis_position(coords, axis_names, opname, where):
+def axis_position(coords, axis_names, opname, where, maps_a_mesh=False):
     """(index, size) of the device at ``coords`` along ``axis_names`` combined row-major."""
     env = {n: (i, s) for n, i, s in coords}
     index, size = 0, 1
     for name in axis_names:
-        if name not in env:
-            scope = ", ".join(repr(n) for n, _, _ in coords) or "none"
-            if None in env:
-                scope += " (a pmap given no axis_name: pass axis_name= to name its axis)"
-            raise errors.UnboundAxisError(
-                f"{opname} on {where} names axis {name!r}, but no enclosing pmap "
-                f"binds it. Axis names in scope: {scope}. Pass axis_name={name!r} to the "
-                f"pmap that maps this axis, or use one of the names in scope.")
+        if name not in env or name is None:
+            raise errors.UnboundAxisError(errors.unbound_axis_message(
+                opname, name, where, coords, maps_a_mesh))
         i, s = env[name]
         index, size = index * s + i, size * s
     return index, size
@@ -130,13 +138,6 @@ def user_stacklevel() -> int:
                                  or frame.f_globals.get("__name__") == "simpmd.jaxcheck"):
         frame, level = frame.f_back, level + 1
     return level
-
-
-def _span(ids) -> str:
-    ids = list(ids)
-    if len(ids) > 2 and ids == list(range(ids[0], ids[-1] + 1)):
-        return f"{ids[0]}-{ids[-1]}"
-    return ", ".join(map(str, ids))
 
 
 def caller_source() -> tuple[str, str]:
@@ -175,6 +176,8 @@ class _Rendezvous:
 
 class Simulation:
     """One run of a top-level pmap (and any pmaps nested inside it)."""
+
+    maps_a_mesh = False                   # True for shard_map's runs (for error messages)
 
     def __init__(self, device_list, eager=False):
         self.device_list = list(device_list)
@@ -332,7 +335,7 @@ class Simulation:
     # -- collectives ----------------------------------------------------------------------
     def axis_position(self, task, axis_names, opname):
         """(index, size) of ``task`` along ``axis_names`` combined row-major."""
-        return axis_position(task.coords, axis_names, opname, task.where())
+        return axis_position(task.coords, axis_names, opname, task.where(), self.maps_a_mesh)
 
     def collective(self, task, op, axis_names, leaves, params, groups):
         """Join collective ``op`` over ``axis_names``; return this member's output leaves."""
@@ -435,20 +438,38 @@ class Simulation:
                         f"collective; their logs are kept in the trace.")
             return explain_failure(task.where(), task.device.id if task.device is not None
                                    else None, exc, note)
-        lines = []
-        for rv in self.pending.values():
-            arrived = sorted(rv.arrived)
-            who = [rv.arrived[m][0].where() for m in arrived]
-            src = rv.arrived[arrived[0]][2]
-            missing = [m for m in range(rv.size) if m not in rv.arrived]
-            lines.append(f"- {', '.join(who)} wait(s) in {rv.op} over {rv.axes} at {src} "
-                         f"for group member(s) {missing} of {rv.size}")
-        finished = [t.where() for t in self.tasks if t.state == "done" and not t.children]
-        if finished:
-            lines.append(f"- finished without joining: {', '.join(finished[:8])}"
-                         + (" ..." if len(finished) > 8 else ""))
-        return errors.DeadlockError(
-            "deadlock: some devices wait at a collective that the rest of their group will "
+        return errors.DeadlockError(deadlock_message(self.pending.values(), self.tasks))
+
+
+def deadlock_message(rendezvous, tasks, max_groups: int = 8) -> str:
+    """Who waits where, and for whom: a few lines at any scale (device lists as ranges)."""
+
+    def who(programs):
+        programs = list(programs)
+        if len(programs) <= 4:
+            return ", ".join(t.where() for t in programs)
+        if all(not t.children for t in programs):
+            return (f"{errors.devices_text(t.device.id for t in programs)}, from "
+                    f"{programs[0].where()} to {programs[-1].where()}")
+        return f"{len(programs)} programs, from {programs[0].where()} to {programs[-1].where()}"
+
+    pending = list(rendezvous)
+    lines = []
+    for rv in pending[:max_groups]:
+        arrived = sorted(rv.arrived)
+        src = rv.arrived[arrived[0]][2]
+        missing = [m for m in range(rv.size) if m not in rv.arrived]
+        lines.append(f"- {who(rv.arrived[m][0] for m in arrived)} wait in {rv.op} over "
+                     f"{rv.axes} at {src} for group member(s) {errors.id_ranges(missing)} of "
+                     f"{rv.size}, which never arrive")
+    if len(pending) > max_groups:
+        waiting = sum(len(rv.arrived) for rv in pending[max_groups:])
+        lines.append(f"- and {len(pending) - max_groups} more groups like these "
+                     f"({waiting} more waiting programs)")
+    finished = [t for t in tasks if t.state == "done" and not t.children]
+    if finished:
+        lines.append(f"- finished without joining: {who(finished)}")
+    return ("deadlock: some devices wait at a collective that the rest of their group will "
             "never reach, so the run can never finish.\n" + "\n".join(lines) +
             "\nEvery device of a group must reach the same collectives in the same order; "
             "look for a collective inside Python control flow that differs between devices.")
@@ -487,7 +508,24 @@ def flat_results(tasks):
             raise errors.DivergenceError(
                 f"{t.where()} returned a result of structure {td}, but {tasks[0].where()} "
                 f"returned {treedef}; every device must return the same structure.")
+    _refuse_non_arrays(tasks, results, treedef)
     return results, treedef
+
+
+def _refuse_non_arrays(tasks, results, treedef):
+    """A result leaf must be an array or a number: JAX cannot return a string or an object."""
+    for t, (leaves, _) in zip(tasks, results):
+        for k, leaf in enumerate(leaves):
+            if isinstance(leaf, (str, bytes)) or (
+                    not isinstance(leaf, (np.ndarray, np.generic, int, float, complex))
+                    and np.asarray(getattr(leaf, "value", leaf)).dtype.kind in "OUS"):
+                where = "" if treedef.kind == "leaf" else f" at position {k} of its results"
+                raise TypeError(
+                    f"{t.where()} returned {leaf!r} (a {type(leaf).__name__}){where}, which is "
+                    f"not an array. A mapped function returns arrays (JAX: 'not a valid JAX "
+                    f"type'). Return numbers or arrays; to show text from a device, use "
+                    f"simpmd.debug.print inside the body, or compute the text on the host "
+                    f"from the results.")
 
 
 def _check_groups(groups, size, op, task, axis_names):

@@ -30,7 +30,7 @@ from .array import HostArray, Shard
 from .mesh import (Mesh, NamedSharding, PartitionSpec, ShardingError, block_counts,
                    block_slices, check_spec, replica_id, slices_text)
 from .pmap import as_array, positional_names, record_trace
-from .runtime import Simulation, current_task, flat_results
+from .runtime import Simulation, _refuse_non_arrays, current_task, flat_results
 from .trace import Trace, summarize
 from .traced import Traced
 from .batching import Batch, Batched, NestedMap, run_once
@@ -79,6 +79,8 @@ class MeshArray(HostArray):
 
 class _MeshSimulation(Simulation):
     """A simulation of one shard_map: refuses a pmap nested inside the body."""
+
+    maps_a_mesh = True
 
     def new_tasks(self, fun, per_device_args, axes, parent=None):
         if parent is not None:
@@ -251,7 +253,7 @@ class ShardMapped:
     def _call_once(self, leaves, treedef):
         """Run the body one time over every device's block, stacked (see batching.py)."""
         mesh = self.mesh
-        batch = Batch(list(mesh.devices.flat), tuple(mesh.shape.items()))
+        batch = Batch(list(mesh.devices.flat), tuple(mesh.shape.items()), maps_a_mesh=True)
         coords = [mesh.coords_of(k) for k in range(mesh.size)]
         dev_leaves, received = [], []
         for path, value, spec in leaves:
@@ -280,6 +282,7 @@ class ShardMapped:
     def _assemble_once(self, batch, result, coords):
         mesh = self.mesh
         leaves, treedef = tree.flatten(result)
+        _refuse_non_arrays([_Named(batch.where(0))], [(leaves, treedef)], treedef)
         stacks = [v.value if type(v) is Batched else
                   np.broadcast_to(_plain(v), (batch.n,) + np.shape(_plain(v))) for v in leaves]
         out_specs = self.out_specs
@@ -375,8 +378,9 @@ class ShardMapped:
         more = f" (and {len(differ) - 5} more)" if len(differ) > 5 else ""
         also = f" Also different: {others}{more}." if others else ""
         message = (
-            f"out_specs {spec!r} for {name} leaves out mesh {word} {axes}, which promises that "
-            f"{name} is the same on every device along {axes}, but it varies along {vary}: "
+            f"out_specs {spec!r} for {name} leaves out mesh {word} {axes}, which declares "
+            f"{name} replicated along {axes} (the same on every device along them), but it "
+            f"is not replicated: it varies along {vary}: "
             f"{t.where()} holds {summarize(v)} while {t0.where()} holds {summarize(v0)}."
             f"{also} Either reduce it over {vary} first (lax.psum(..., {over}) or lax.pmean), "
             f"or {_suggest(spec, varying, ndim)} to concatenate the devices' blocks instead.")

@@ -89,6 +89,54 @@ def _eager_of(args) -> bool:
     return False
 
 
+def apply_ufunc(ufunc, inputs, kwargs, method="__call__"):
+    """Compute NumPy's ``ufunc`` on device values, with JAX's dtypes; returns device values."""
+    if kwargs.get("out") is not None:
+        raise TypeError(
+            f"np.{ufunc.__name__}(..., out=...) writes into an array in place; JAX arrays "
+            "are immutable. Use the returned value instead.")
+    values = _jax_promotion(unwrap(inputs)) if len(inputs) > 1 else unwrap(inputs)
+    result = getattr(ufunc, method)(*values, **unwrap(kwargs))
+    return wrap(_no_new_float64(result, values), _eager_of(inputs))
+
+
+def apply_function(func, args, kwargs):
+    """Compute the NumPy function ``func`` on device values; returns device values."""
+    result = func(*unwrap(args), **unwrap(kwargs))
+    return wrap(result, _eager_of(args) or _eager_of(tuple(kwargs.values())))
+
+
+def numpy_function_refused(name, args):
+    """The error for a NumPy function applied to a device value, pointing to simpmd.numpy."""
+    first = next((a for a in _leaves(args) if isinstance(a, Traced)), None)
+    what = f" of shape {first.shape} {first.dtype}" if first is not None else ""
+    short = name.split(".", 1)[1]
+    return errors.TracerArrayConversionError(
+        f"{name}() was applied to a mapped value{what}. Real JAX refuses this "
+        f"(TracerArrayConversionError): a NumPy function needs a concrete array, and a traced "
+        f"value has none. Use simpmd.numpy, which runs NumPy on simpmd's devices and jax.numpy "
+        f"inside real JAX: `import simpmd.numpy as snp` then `snp.{short}(...)`. Operators "
+        f"and methods (x * 2, x.sum()) work on both engines as they are.")
+
+
+def _leaves(x):
+    if isinstance(x, (list, tuple)):
+        for item in x:
+            yield from _leaves(item)
+    elif isinstance(x, dict):
+        for item in x.values():
+            yield from _leaves(item)
+    else:
+        yield x
+
+
+_OPERATOR_UFUNCS = frozenset({
+    np.add, np.subtract, np.multiply, np.matmul, np.true_divide, np.floor_divide,
+    np.remainder, np.divmod, np.power, np.left_shift, np.right_shift, np.bitwise_and,
+    np.bitwise_xor, np.bitwise_or, np.less, np.less_equal, np.equal, np.not_equal,
+    np.greater, np.greater_equal})
+
+
 class Traced(NDArrayOperatorsMixin):
     """A per-device array inside a mapped function: NumPy arithmetic, JAX's refusals."""
 
@@ -104,18 +152,31 @@ class Traced(NDArrayOperatorsMixin):
         return Traced(value, self.eager)
 
     # -- computing -------------------------------------------------------------------
+    # Operators (``x + 1``, ``x > 0``, ``abs(x)``) compute directly (see _operator below).
+    # A NumPy function called on a device value is what real JAX refuses: np.exp(tracer)
+    # asks the tracer for a concrete array. simpmd refuses it the same way, so a body that
+    # runs here runs on JAX too; simpmd.numpy computes through apply_ufunc instead.
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
-        if kwargs.get("out") is not None:
-            raise TypeError(
-                f"np.{ufunc.__name__}(..., out=...) writes into an array in place; JAX arrays "
-                "are immutable. Use the returned value instead.")
-        values = _jax_promotion(unwrap(inputs)) if len(inputs) > 1 else unwrap(inputs)
-        result = getattr(ufunc, method)(*values, **unwrap(kwargs))
-        return wrap(_no_new_float64(result, values), _eager_of(inputs))
+        if self.eager or (method == "__call__" and ufunc in _OPERATOR_UFUNCS
+                          and len(inputs) == 2 and type(inputs[0]) is not Traced):
+            # `ndarray + x` and `np.float32(2) * x` reach here from NumPy's operators; JAX
+            # allows them (its arrays take precedence over NumPy's).
+            return apply_ufunc(ufunc, inputs, kwargs, method)
+        raise numpy_function_refused(f"np.{ufunc.__name__}", inputs)
 
     def __array_function__(self, func, types, args, kwargs):
-        result = func(*unwrap(args), **unwrap(kwargs))
-        return wrap(result, _eager_of(args) or _eager_of(tuple(kwargs.values())))
+        if self.eager:
+            return apply_function(func, args, kwargs)
+        # What NumPy does with an object that is not an array: np.sum(x) calls x.sum(), as
+        # it does for a JAX tracer; anything that needs a concrete array asks __array__,
+        # which refuses.
+        implementation = getattr(func, "_implementation", None)
+        if implementation is None:
+            raise numpy_function_refused(f"np.{func.__name__}", args)
+        try:
+            return implementation(*args, **kwargs)
+        except errors.TracerArrayConversionError:
+            raise numpy_function_refused(f"np.{func.__name__}", args) from None
 
     # The commonest operators skip NumPy's dispatch for speed (a 1024-device step runs
     # them thousands of times); anything unusual falls back to the ufunc path above.
@@ -257,7 +318,7 @@ _PLAIN = (int, float, bool, complex, np.ndarray, np.generic)
 def _fast(ufunc, me, other, reflected):
     o = other.value if type(other) is Traced else other
     if not isinstance(o, _PLAIN):
-        return ufunc(other, me) if reflected else ufunc(me, other)     # the general path
+        return apply_ufunc(ufunc, (other, me) if reflected else (me, other), {})
     a, b = (o, me.value) if reflected else (me.value, o)
     if type(o) is np.ndarray:
         if (a.dtype.kind in "fc") != (b.dtype.kind in "fc"):
@@ -269,6 +330,30 @@ def _fast(ufunc, me, other, reflected):
             type(o) is not np.ndarray or o.dtype.kind in "iub"):
         r = r.astype(np.float32)                   # int / int is float32 in JAX
     return Traced(r, me.eager)
+
+
+def _operator(ufunc, reflected=False, unary=False):
+    """The operator method that computes ``ufunc`` (NumPy's mixin would go through
+    __array_ufunc__, which refuses explicit NumPy calls)."""
+    if unary:
+        return lambda self: apply_ufunc(ufunc, (self,), {})
+    if reflected:
+        return lambda self, other: apply_ufunc(ufunc, (other, self), {})
+    return lambda self, other: apply_ufunc(ufunc, (self, other), {})
+
+
+for _name, _ufunc in [("floordiv", np.floor_divide), ("mod", np.remainder),
+                      ("divmod", np.divmod), ("lshift", np.left_shift),
+                      ("rshift", np.right_shift), ("and", np.bitwise_and),
+                      ("xor", np.bitwise_xor), ("or", np.bitwise_or)]:
+    setattr(Traced, f"__{_name}__", _operator(_ufunc))
+    setattr(Traced, f"__r{_name}__", _operator(_ufunc, reflected=True))
+for _name, _ufunc in [("lt", np.less), ("le", np.less_equal), ("eq", np.equal),
+                      ("ne", np.not_equal), ("gt", np.greater), ("ge", np.greater_equal)]:
+    setattr(Traced, f"__{_name}__", _operator(_ufunc))
+for _name, _ufunc in [("pos", np.positive), ("abs", np.absolute), ("invert", np.invert)]:
+    setattr(Traced, f"__{_name}__", _operator(_ufunc, unary=True))
+del _name, _ufunc
 
 
 class _IndexUpdateHelper:

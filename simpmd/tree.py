@@ -138,10 +138,13 @@ def broadcast_prefix(prefix, tree, what: str = "in_axes") -> list:
         pkind, _, pkeys, pkids = _children(p)
         tnode = _children(t)
         if tnode is None or tnode[0] != pkind or len(tnode[3]) != len(pkids) or tnode[2] != pkeys:
+            things, thing = (("results", "result") if what.startswith("out")
+                             else ("arguments", "argument"))
+            single = "P(...)" if what.endswith("specs") else "int/None"
             raise ValueError(
-                f"{what} is not a prefix of the arguments' structure at {path or 'the top'}: "
-                f"{what} has {flatten(p)[1]} where the argument is {flatten(t)[1]}. Give one "
-                f"{what} entry per argument, or a single int/None for a whole subtree.")
+                f"{what} is not a prefix of the {things}' structure at {path or 'the top'}: "
+                f"{what} has {flatten(p)[1]} where the {thing} is {flatten(t)[1]}. Give one "
+                f"{what} entry per {thing}, or a single {single} for a whole subtree.")
         labels = [f"[{k!r}]" for k in pkeys] if pkind == "dict" else [f"[{i}]" for i in range(len(pkids))]
         for label, pk, tk in zip(labels, pkids, tnode[3]):
             walk(pk, tk, path + label)

@@ -101,8 +101,10 @@ def test_any_length_works(p, n, seed):
 def test_ring_all_reduce_bytes_and_steps(p):
     xs = random_inputs(p, 32 * 3 * 5 * 7, dtype=np.float32)   # halves divide by every p
     n = xs[0].nbytes
-    for run in (A.ring_all_reduce(xs), A.bidirectional_ring_all_reduce(xs)):
-        assert run.num_steps == 2 * (p - 1)
+    two_way = 2 * (p // 2) if p > 2 else 2 * (p - 1)   # floor(p/2) rounds per phase
+    for run, steps in ((A.ring_all_reduce(xs), 2 * (p - 1)),
+                       (A.bidirectional_ring_all_reduce(xs), two_way)):
+        assert run.num_steps == steps
         assert np.all(run.bytes_sent == 2 * (p - 1) * n // p)
         assert np.all(run.bytes_received == 2 * (p - 1) * n // p)
 
@@ -171,13 +173,14 @@ def test_reduce_scatter_bytes(p, wraparound):
 @pytest.mark.parametrize("shape", [(2, 2), (3, 3), (4, 4), (2, 4), (3, 5)])
 def test_torus_all_reduce_bytes_and_steps(shape):
     """With wraparound, every device sends 2(p-1)/p * n, as on a ring, in only
-    2(rows-1) + 2(cols-1) steps."""
+    2 floor(rows/2) + 2 floor(cols/2) steps (an axis of 2 has no ring: 1 step)."""
     rows, cols = shape
     p = rows * cols
     xs = random_inputs(p, 4 * p * 3, dtype=np.float32)
     n = xs[0].nbytes
     run = A.torus_all_reduce(xs, shape)
-    assert run.num_steps == 2 * (rows - 1) + 2 * (cols - 1)
+    per_axis = [q // 2 if q > 2 else q - 1 for q in shape]
+    assert run.num_steps == 2 * sum(per_axis)
     assert np.all(run.bytes_sent == 2 * (p - 1) * n // p)
     for step in run.steps:                            # torus neighbours only
         for m in step.messages:

@@ -136,3 +136,37 @@ def test_crossover_accepts(capsys):
 def test_crossover_rejects_with_hint(capsys, answer, hint):
     assert not L.check_crossover(answer)
     verdict(capsys, False, hint)
+
+
+# -- exercise 5: the Scaling Book's gather ----------------------------------------------------
+
+def test_book_gather_constants_and_value():
+    hw = cost.HARDWARE["TPU v5e"]
+    assert (L.V5E_LINK, L.V5E_ALPHA_S) == (hw.link_bandwidth, hw.hop_latency)
+    # V = 2048 * 8192 * 2 = 33,554,432 bytes over W_bidi = 9e10 bytes/s
+    assert math.isclose(L.book_gather_expected(), 33_554_432 / 9e10)
+    e = cost.estimate("all_gather", array_nbytes=2 * 2048 * 8192, hardware="v5e",
+                      mesh={"X": 8, "Y": 16}, axis_name="Y")
+    assert math.isclose(e.time_s, L.book_gather_expected())
+
+
+def test_book_gather_accepts(capsys):
+    assert L.check_book_gather(33_554_432 / 9e10)
+    assert L.check_book_gather(33_554_432 / 9e10 + 8e-6)           # latency added
+    assert L.check_book_gather(15 / 16 * 33_554_432 / 9e10)        # the (N-1)/N factor
+    verdict(capsys, True)
+
+
+@pytest.mark.parametrize("answer, hint", [
+    (..., "placeholder"),
+    (0.3728, "milliseconds"),
+    (372.8, "microseconds"),
+    (15 * 2_097_152 / 4.5e10, "one way round only"),
+    (33_554_432 / 4.5e10, "whole array through one link direction"),
+    (33_554_432 / 1.8e11, "already both directions"),
+    (2 * 33_554_432 / 9e10, "float32"),
+    (2_097_152 / 4.5e10, "one hop"),
+])
+def test_book_gather_rejects_with_hint(capsys, answer, hint):
+    assert not L.check_book_gather(answer)
+    verdict(capsys, False, hint)

@@ -137,6 +137,64 @@ def test_count_must_be_a_positive_int():
             simpmd.use_jax_devices(bad)
 
 
+# -- machines with fewer accelerators than a lesson needs (Colab's one GPU, TPU v5e-1) -----------
+
+@pytest.mark.parametrize("found, platforms", [
+    ({}, None),                                  # a laptop: JAX's default is the CPU anyway
+    ({"cuda": 1}, "cpu,cuda"),                   # Colab GPU runtime
+    ({"tpu": 1}, "cpu,tpu"),                     # Colab TPU v5e-1
+    ({"tpu": 8}, None),                          # TPU v5e-8 / v4-8: everything on the TPU
+    ({"cuda": 16}, None),
+])
+def test_the_cpu_becomes_the_default_backend_only_where_accelerators_are_too_few(found, platforms):
+    assert jax_devices.platforms_for(8, found) == platforms
+
+
+@pytest.fixture
+def fresh_prepare(monkeypatch):
+    """prepare() with this process's environment restored afterwards and no probe cached."""
+    monkeypatch.setattr(jax_devices, "_accelerators", None)
+    monkeypatch.delenv("JAX_PLATFORMS", raising=False)
+    monkeypatch.setenv("XLA_FLAGS", "")
+    monkeypatch.setitem(sys.modules, "jax", None)      # as if jax were not imported yet
+
+
+def test_prepare_on_a_one_gpu_machine_puts_the_cpu_first(fresh_prepare):
+    jax_devices.prepare(8, probe=lambda: {"cuda": 1})
+    assert os.environ["JAX_PLATFORMS"] == "cpu,cuda"
+    assert flag_device_count(os.environ["XLA_FLAGS"]) == 8
+
+
+def test_prepare_leaves_enough_accelerators_and_a_users_choice_alone(fresh_prepare, monkeypatch):
+    jax_devices.prepare(8, probe=lambda: {"tpu": 8})
+    assert "JAX_PLATFORMS" not in os.environ
+    monkeypatch.setattr(jax_devices, "_accelerators", None)
+    monkeypatch.setenv("JAX_PLATFORMS", "cuda")
+    asked = []
+    jax_devices.prepare(8, probe=lambda: asked.append(1) or {"cuda": 1})
+    assert os.environ["JAX_PLATFORMS"] == "cuda" and asked == []
+
+
+def test_no_accelerator_plugin_means_no_probe_and_no_jax_started():
+    """On this CPU-only machine the probe answers at once, without starting JAX."""
+    if jax_devices.accelerator_plugins_installed():
+        pytest.skip("an accelerator plugin is installed here")
+    assert jax_devices.probe_accelerators() == {}
+
+
+def test_cpu_default_with_a_gpu_beside_it_says_so():
+    class CpuFirst(FakeJax):
+        def devices(self, backend=None):
+            if backend in (None, "cpu"):
+                return self.cpus
+            if backend == "cuda":
+                return [fake_device("gpu", 0)]
+            raise RuntimeError(f"Unknown backend {backend}")
+    devices, line = choose_devices(CpuFirst("cpu", cpus=8), 8)
+    assert [d.platform for d in devices] == ["cpu"] * 8
+    assert line == "simpmd: using 8 fake CPU devices for real JAX (1 GPU device(s) found, fewer than 8)"
+
+
 # -- fresh interpreters: the real first-import paths ---------------------------------------------
 
 def run_fresh(code, **env):

@@ -230,12 +230,29 @@ def test_ci_runs_the_readme_test_command():
     assert ci.startswith("#!/usr/bin/env bash") or ci.startswith("#!/bin/bash")
     assert "set -euo pipefail" in ci
     commands = [line.strip() for line in ci.splitlines() if not line.lstrip().startswith("#")]
-    assert any(re.fullmatch(r"(exec )?bash test\.sh( .*)?", c) for c in commands), \
-        ".ci/run must run the README's test command, `bash test.sh`"
+    assert "bash scripts/test_matrix.sh" in commands, \
+        ".ci/run must run the JAX version matrix, scripts/test_matrix.sh"
+    matrix = read("scripts/test_matrix.sh")
+    assert re.search(r'^\s+if .*bash test\.sh "\$\{args\[@\]\}"', matrix, flags=re.M), \
+        "each leg of the matrix must run the README's test command, `bash test.sh`"
+    for leg in ("3.13:0.7.2", "3.11:0.10.2", "3.12:0.12.0.1", "3.10:none"):
+        assert leg in matrix, f"the matrix has no leg {leg}"
+
+
+def test_matrix_skips_a_missing_interpreter_out_loud_and_fails_when_nothing_ran(tmp_path):
+    """A leg whose Python is not installed is skipped with a message, never silently; a
+    run in which no leg could run fails."""
+    env = {**os.environ, "SIMPMD_MATRIX": "3.99:0.7.2", "PATH": "/usr/bin:/bin",
+           "HOME": str(tmp_path)}
+    run = subprocess.run(["bash", str(ROOT / "scripts" / "test_matrix.sh")], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1
+    assert "SKIPPED: no Python 3.99 interpreter" in run.stdout
+    assert "no leg ran" in run.stderr
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not installed")
-@pytest.mark.parametrize("script", ["test.sh", "course.sh", ".ci/run"])
+@pytest.mark.parametrize("script", ["test.sh", "course.sh", ".ci/run", "scripts/test_matrix.sh"])
 def test_scripts_are_valid_bash(script):
     result = subprocess.run(["bash", "-n", str(ROOT / script)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr

@@ -145,8 +145,8 @@ def check_other_axes(answer) -> bool:
     ok = check(out, expected, what="the normalised array")
     if ok and oa < 0:
         print("Note: simpmd counts out_axes=-1 from the end, as the docs of vmap describe; "
-              "jax.pmap in jax 0.10 returns a wrong shape for negative out_axes, so write "
-              "out_axes=1 for JAX.")
+              "jax.pmap mishandles negative out_axes (a wrong shape, or an error, depending on "
+              "the release), so write out_axes=1 for JAX.")
     return ok
 
 

@@ -52,8 +52,8 @@ def check_in_axes(in_axes) -> bool:
     if _placeholder(in_axes):
         return _say(False, "in_axes is still a placeholder; give one entry per argument, "
                     "e.g. (0, 0).")
-    f = simpmd.pmap(seed_step, axis_name="batch", in_axes=in_axes)
     try:
+        f = simpmd.pmap(seed_step, axis_name="batch", in_axes=in_axes)
         out = f(SEED_PARAMS, SEED_BATCH)
     except simpmd.MappedAxisError as exc:
         text = str(exc)

@@ -1,9 +1,9 @@
 """Checks for the exercises of lesson 6 (how collectives run and what they cost).
 
 Every expected value is worked out here by hand from the alpha-beta formulas and the
-H100 preset's two constants (never with simpmd.cost or the lesson's reference
-solution); a check names the unit or factor that is off. Every check returns True or
-False, so a reference solution can ``assert`` it.
+H100 preset's two constants, or for exercise 5 the TPU v5e's (never with simpmd.cost or
+the lesson's reference solution); a check names the unit or factor that is off. Every
+check returns True or False, so a reference solution can ``assert`` it.
 """
 from __future__ import annotations
 
@@ -211,3 +211,49 @@ def check_crossover(answer) -> bool:
          "25 GB/s is ONE NVLink; an H100 sends over 18 of them at once, 450 GB/s"),
     ]
     return _explain(a, expected, mistakes, "the crossover size", "bytes", 1e-3)
+
+
+# Exercise 5 -------------------------------------------------------------------------------
+# The Scaling Book's own terms: a TPU v5e 8x16 slice, mesh {'X': 8, 'Y': 16}, AllGather_Y
+# of bf16[E_Y, F] with E = 2048, F = 8192. The numbers, written out here (simpmd.cost's
+# TPU v5e preset holds the same, with its source): ICI 4.5e10 bytes/s one way per link
+# ("How to Scale Your Model", Part 2, table of ICI bandwidths), 1 us per hop (Part 3, "A
+# note on ICI latency"); the 16-long axis of a v5e has its wraparound link (Part 2).
+E, F = 2048, 8192
+V5E_LINK = 4.5e10               # bytes/s, one ICI link, one direction
+V5E_ALPHA_S = 1e-6
+Y_SIZE = 16
+
+
+def book_gather_expected() -> float:
+    """Both ways round: 16/2 = 8 hops, each carrying one shard (V/16) per link direction,
+    each far above 1 us, so T = 8 x V/16 / 4.5e10 = V / 9e10 = 372.8 us."""
+    v = E * F * BF16_BYTES
+    hops = Y_SIZE // 2
+    return hops * max(V5E_ALPHA_S, v / Y_SIZE / V5E_LINK)
+
+
+def check_book_gather(answer) -> bool:
+    """Exercise 5: seconds for AllGather_Y([E_Y, F]) -> [E, F] on a v5e 8x16."""
+    a = _number(answer, "the time of the gather", "s")
+    if a is None:
+        return False
+    v = E * F * BF16_BYTES
+    expected = book_gather_expected()
+    mistakes = [
+        (expected * 1e3, "that is milliseconds: the question asks for seconds"),
+        (expected * 1e6, "that is microseconds: the question asks for seconds"),
+        ((Y_SIZE - 1) * v / Y_SIZE / V5E_LINK,
+         "that sends one way round only (15 hops); the 16-long axis of a v5e wraps, so each "
+         "shard goes both ways at once and arrives in 8 hops"),
+        (v / V5E_LINK, "that puts the whole array through one link direction; both ways "
+                       "round, each direction carries half of it"),
+        (v / (2 * 2 * V5E_LINK), "9e10 bytes/s is already both directions of a link "
+                                 "together; do not double it again"),
+        (2 * expected, "that counts 4 bytes per value (float32); the array is bf16, 2 bytes"),
+        (expected * 8, "that is bits: 1 byte is 8 bits"),
+        (v / Y_SIZE / V5E_LINK, "that is one hop; the shards need 8 hops to reach everyone"),
+    ]
+    # 7%: the book's V / W_bidi, or the same with 8 us of latency added, or with the
+    # (N-1)/N = 15/16 factor that a balanced ring saves, all pass.
+    return _explain(a, expected, mistakes, "the time of the gather", "s", 0.07)

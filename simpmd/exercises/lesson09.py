@@ -47,6 +47,10 @@ def check_fixed_mixed(fn) -> bool:
                     "snp.where instead.")
     except simpmd.UnboundAxisError as exc:
         return _say(False, f"{_first_line(exc)} (the mapped axis is named 'i').")
+    except simpmd.TracerArrayConversionError:
+        return _say(False, "the function applies a NumPy function (np.exp, np.where, ...) to a "
+                    "device value, which real JAX refuses. Call it through simpmd.numpy "
+                    "(snp.where, snp.exp), which works on both engines.")
     except (simpmd.DivergenceError, simpmd.DeadlockError) as exc:
         return _say(False, f"the devices still reach different collectives: "
                     f"{type(exc).__name__}: {_first_line(exc)}")
