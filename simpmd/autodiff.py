@@ -320,11 +320,11 @@ def _chooser(ct, out, a, b):
     return ct * (out == a) * ((a != b) + 0.5 * (a == b)), ct * (out == b) * ((a != b) + 0.5 * (a == b))
 
 
-VJP = {
+VJP = {                     # keyed by NumPy's names (np.true_divide is np.divide)
     "add": _binary(lambda ct, out, a, b: (ct, ct)),
     "subtract": _binary(lambda ct, out, a, b: (ct, -ct)),
     "multiply": _binary(lambda ct, out, a, b: (ct * b, ct * a)),
-    "true_divide": _binary(lambda ct, out, a, b: (ct / b, -ct * out / b)),
+    "divide": _binary(lambda ct, out, a, b: (ct / b, -ct * out / b)),
     "power": _binary(lambda ct, out, a, b: (ct * b * a ** (b - 1),
                                             ct * out * np.log(np.where(a > 0, a, 1)))),
     "maximum": _binary(_chooser),
@@ -414,7 +414,7 @@ def _scatter_add(p, index, ct):
     return zeros
 
 
-FUNCTION_VJP = {
+FUNCTION_VJP = {                     # keyed by NumPy's names (np.true_divide is np.divide)
     "sum": lambda x, axis=None, keepdims=False, **kw: _reduce("sum", x, axis, keepdims),
     "mean": lambda x, axis=None, keepdims=False, **kw: _reduce("mean", x, axis, keepdims),
     "max": lambda x, axis=None, keepdims=False, **kw: _reduce("max", x, axis, keepdims),
