@@ -183,3 +183,14 @@ def test_pmax_pmin_are_refused_on_both_engines(jax8, op):
         simpmd.pmap(body, "i")(f32(N, 2))
     with pytest.raises(NotImplementedError, match=op):
         jax8.pmap(body, "i")(f32(N, 2))
+
+
+def test_crosscheck_compares_a_data_parallel_grad_step(jax8):
+    def step(w, x, y):
+        g = grad(lambda w: ((snp.tanh(x @ w) - y) ** 2).mean())(w)
+        return w - 0.1 * lax.pmean(g, "i")
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(3,)).astype(np.float32)
+    x, y = rng.normal(size=(N, 4, 3)).astype(np.float32), rng.normal(size=(N, 4)).astype(np.float32)
+    report = simpmd.crosscheck(step, w, x, y, axis_name="i", in_axes=(None, 0, 0), out_axes=None)
+    assert report.ok, str(report)
