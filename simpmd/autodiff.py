@@ -31,7 +31,7 @@ import sys
 import numpy as np
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
-from . import errors, tree
+from . import errors, lax, tree      # lax imports this module too: use lax.* in calls only
 from .runtime import current_task
 from .trace import backward_pass
 from .traced import Traced
@@ -266,7 +266,6 @@ def _apply(op, inputs, forward, vjp=None, out_vma=None):
             c = cts[k]
             missing = tuple(a for a in sorted(vma, key=str) if a not in x.vma) if uses_vma else ()
             if missing and c is not None:
-                from . import lax
                 c = lax.psum(c, missing)
             result.append(c)
         return result
@@ -325,8 +324,9 @@ VJP = {                     # keyed by NumPy's names (np.true_divide is np.divid
     "subtract": _binary(lambda ct, out, a, b: (ct, -ct)),
     "multiply": _binary(lambda ct, out, a, b: (ct * b, ct * a)),
     "divide": _binary(lambda ct, out, a, b: (ct / b, -ct * out / b)),
-    "power": _binary(lambda ct, out, a, b: (ct * b * a ** (b - 1),
-                                            ct * out * np.log(np.where(a > 0, a, 1)))),
+    "power": _binary(lambda ct, out, a, b: (
+        ct * b * a ** (b - 1),
+        None if isinstance(b, (int, float)) else ct * out * np.log(np.where(a > 0, a, 1)))),
     "maximum": _binary(_chooser),
     "minimum": _binary(_chooser),
     "matmul": _matmul_vjp,
@@ -421,8 +421,7 @@ FUNCTION_VJP = {                     # keyed by NumPy's names (np.true_divide is
     "amax": lambda x, axis=None, keepdims=False, **kw: _reduce("max", x, axis, keepdims),
     "min": lambda x, axis=None, keepdims=False, **kw: _reduce("min", x, axis, keepdims),
     "amin": lambda x, axis=None, keepdims=False, **kw: _reduce("min", x, axis, keepdims),
-    "reshape": lambda x, shape, **kw: x.reshape(shape) if isinstance(x, Tracer)
-    else np.reshape(x, shape),
+    "reshape": lambda x, *shape, **kw: x.reshape(*shape, **kw),
     "transpose": lambda x, axes=None: x.transpose(*(axes or ())),
     "squeeze": lambda x, axis=None: x.squeeze(axis),
     "ravel": lambda x: x.ravel(),
@@ -444,23 +443,20 @@ def _pshuffle_inverse(perm):
     return inverse
 
 
-def _transposes():
-    from . import lax
-    # op -> (ct, axes, params, groups) -> cotangent of the input, run as a collective.
-    return {
-        "psum": lambda ct, axes, p, g: lax.psum(ct, axes, axis_index_groups=g),
-        "pmean": lambda ct, axes, p, g: lax.pmean(ct, axes, axis_index_groups=g),
-        "all_gather": lambda ct, axes, p, g: lax.psum_scatter(
-            ct, axes, scatter_dimension=p["axis"], tiled=p["tiled"], axis_index_groups=g),
-        "psum_scatter": lambda ct, axes, p, g: lax.all_gather(
-            ct, axes, axis=p["scatter_dimension"], tiled=p["tiled"], axis_index_groups=g),
-        "ppermute": lambda ct, axes, p, g: lax.ppermute(ct, axes, _inverse(p["perm"])),
-        "pshuffle": lambda ct, axes, p, g: lax.pshuffle(ct, axes, _pshuffle_inverse(p["perm"])),
-        "all_to_all": lambda ct, axes, p, g: lax.all_to_all(
-            ct, axes, p["concat_axis"], p["split_axis"], tiled=p["tiled"], axis_index_groups=g),
-        "pswapaxes": lambda ct, axes, p, g: lax.pswapaxes(ct, axes, p["axis"],
-                                                          axis_index_groups=g),
-    }
+# op -> (ct, axes, params, groups) -> the cotangent of the input, itself a collective.
+TRANSPOSE = {
+    "psum": lambda ct, axes, p, g: lax.psum(ct, axes, axis_index_groups=g),
+    "pmean": lambda ct, axes, p, g: lax.pmean(ct, axes, axis_index_groups=g),
+    "all_gather": lambda ct, axes, p, g: lax.psum_scatter(
+        ct, axes, scatter_dimension=p["axis"], tiled=p["tiled"], axis_index_groups=g),
+    "psum_scatter": lambda ct, axes, p, g: lax.all_gather(
+        ct, axes, axis=p["scatter_dimension"], tiled=p["tiled"], axis_index_groups=g),
+    "ppermute": lambda ct, axes, p, g: lax.ppermute(ct, axes, _inverse(p["perm"])),
+    "pshuffle": lambda ct, axes, p, g: lax.pshuffle(ct, axes, _pshuffle_inverse(p["perm"])),
+    "all_to_all": lambda ct, axes, p, g: lax.all_to_all(
+        ct, axes, p["concat_axis"], p["split_axis"], tiled=p["tiled"], axis_index_groups=g),
+    "pswapaxes": lambda ct, axes, p, g: lax.pswapaxes(ct, axes, p["axis"], axis_index_groups=g),
+}
 
 
 # Under check_vma: the invariant-making collectives divide the cotangent among the devices
@@ -474,8 +470,7 @@ _VMA_TRANSPOSES = {
 def collective(op, leaves, treedef, axis_name, params, groups, run):
     """A collective on values being differentiated: forward with ``run``, then remember
     its transpose. ``run(primal_leaves)`` performs the forward collective (lax's own path)."""
-    transposes = _transposes()
-    if op not in transposes:
+    if op not in TRANSPOSE:
         raise NotDifferentiableError(
             f"Differentiation rule for {op!r} not implemented (as in JAX, which raises "
             f"NotImplementedError for grad of lax.{op}). To take a maximum that gradients "
@@ -500,10 +495,9 @@ def collective(op, leaves, treedef, axis_name, params, groups, run):
                 if uses_vma and op in _VMA_TRANSPOSES:
                     c = _VMA_TRANSPOSES[op](ct, axes, params, groups, size)
                 else:
-                    c = transposes[op](ct, axes, params, groups)
+                    c = TRANSPOSE[op](ct, axes, params, groups)
                 missing = tuple(a for a in sorted(vma_in, key=str) if a not in leaf.vma)
                 if missing:                  # the implicit pvary of an invariant input
-                    from . import lax
                     c = lax.psum(c, missing)
             return [c]
         results.append(Tracer(out, (leaf,), backward, vma_out, leaf.level, op))
@@ -528,17 +522,15 @@ def _backward(out: Tracer, seed):
         stack.extend((p, False) for p in node.parents)
     cts = {id(out): seed}
     with backward_pass():
-        for node in reversed(order):
-            ct = cts.pop(id(node), None)
-            if ct is None or not node.parents:
-                if not node.parents and ct is not None:
-                    cts[id(node)] = ct
+        for node in reversed(order):            # each value before the values it came from
+            ct = cts.get(id(node))
+            if ct is None or not node.parents:  # unreached, or an input: keep its cotangent
                 continue
+            del cts[id(node)]
             for parent, c in zip(node.parents, node.vjp(ct)):
-                if c is None:
-                    continue
-                prev = cts.get(id(parent))
-                cts[id(parent)] = c if prev is None else prev + c
+                if c is not None:
+                    before = cts.get(id(parent))
+                    cts[id(parent)] = c if before is None else before + c
     return cts
 
 
