@@ -125,3 +125,5 @@ def test_mean_gradient_under_check_vma(capsys):
     verdict(capsys, False, "once too often")
     assert not lesson05.check_mean_gradient(None)
     verdict(capsys, False, "placeholder")
+    assert not lesson05.check_mean_gradient(lambda w, x, y: None)
+    verdict(capsys, False, "returned None")

@@ -183,9 +183,12 @@ def check_mean_gradient(body) -> bool:
     try:
         mapped = simpmd.shard_map(body, mesh=mesh, in_specs=(P(), P("batch"), P("batch")),
                                   out_specs=P())
-        got = np.asarray(mapped(VMA_W, VMA_X, VMA_Y), dtype=np.float64)
+        out = mapped(VMA_W, VMA_X, VMA_Y)
     except Exception as exc:                  # the learner's error is the message
         return _say(False, f"running it under shard_map raised {error_summary(exc)}")
+    if out is None:
+        return _say(False, "mean_gradient returned None; return the gradient (shape (3,)).")
+    got = np.asarray(out, dtype=np.float64)
     if got.shape != want.shape:
         return _say(False, f"the gradient has shape {got.shape}; w has shape {want.shape}.")
     if np.allclose(got, want, rtol=1e-4, atol=1e-5):
