@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 
-from . import errors, tree
+from . import autodiff, errors, tree
 from .runtime import current_task
 from .traced import Traced
 
@@ -97,8 +97,12 @@ def _run(op, x, axis_name, params, groups=None, flat=None):
     task = current_task()
     _check_axis_name(axis_name, op)
     leaves, treedef = flat or tree.flatten(x)
-    values = [_leaf_value(v) for v in leaves]
     groups = None if groups is None else [list(g) for g in groups]
+    if autodiff.holds_tracer(leaves):        # a value simpmd.grad is differentiating
+        return autodiff.collective(op, leaves, treedef, axis_name, params, groups,
+                                   lambda primals: tree.flatten(_run(
+                                       op, primals, axis_name, params, groups))[0])
+    values = [_leaf_value(v) for v in leaves]
     outs = task.sim.collective(task, op, _axes(axis_name), values, params, groups)
     eager = task.sim.eager
     return tree.unflatten(treedef, [Traced(o, eager) for o in outs])

@@ -6,9 +6,27 @@ here, the pictures in ``simpmd.viz``, the estimates in ``simpmd.cost``) only rea
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+import contextlib
+import contextvars
 import html
 
 import numpy as np
+
+
+_PHASE = contextvars.ContextVar("simpmd_phase", default="forward")
+
+
+def current_phase() -> str:
+    return _PHASE.get()
+
+
+@contextlib.contextmanager
+def backward_pass():
+    token = _PHASE.set("backward")
+    try:
+        yield
+    finally:
+        _PHASE.reset(token)
 
 
 @dataclass
@@ -42,6 +60,7 @@ class Event:
     source: str = ""                   # 'file.py:12'
     code: str = ""                     # text of that source line
     detail: str = ""                   # e.g. "x[3] of argument 0 (shape (8, 2))"
+    phase: str = "forward"             # 'backward' for a collective of a gradient's backward pass
 
     @property
     def shapes_in(self):
@@ -113,6 +132,8 @@ def _row(e: Event) -> dict:
         axes = e.axes[0] if len(e.axes) == 1 else e.axes
         params = _params_text(e)
         what = f"{e.op}({axes!r}{', ' + params if params else ''})"
+        if e.phase == "backward":
+            what = "backward " + what
         moved = f"{_leaves_summary(e.inputs)} -> {_leaves_summary(e.outputs)}"
         group = _group_text(e.group)
         sent, recv = _bytes(e.bytes_sent), _bytes(e.bytes_received)
