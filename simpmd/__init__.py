@@ -26,4 +26,5 @@ from . import course                                   # what the course noteboo
 from . import debug                                    # debug.print, like jax.debug.print
 from .jax_devices import JaxDevicesError, use_jax_devices
 from .jaxcheck import CrossCheckReport, crosscheck
+from .autodiff import grad, value_and_grad              # reverse mode, collectives included
 from . import viz                                      # pictures; matplotlib loads on first drawing

@@ -84,6 +84,26 @@ def training_step_run():
     return f.trace
 
 
+def grad_step_run():
+    """One FSDP training step: the sharded weights are all-gathered in the forward pass,
+    their gradients reduce-scattered in the backward pass; the replicated bias's gradient
+    is all-reduced (pmean) after. Device i holds weight i + 1."""
+    import simpmd.numpy as snp
+
+    def step(w_row, b, x):
+        def loss(w_row, b):
+            w = lax.all_gather(w_row, "i", tiled=True)           # (8,) from (1,) each
+            return ((snp.dot(x, w) + b) ** 2).sum()
+        g_w, g_b = simpmd.grad(loss, argnums=(0, 1))(w_row, b)
+        return w_row - 0.01 * g_w, b - 0.01 * lax.pmean(g_b, "i")
+
+    f = simpmd.pmap(step, axis_name="i", in_axes=(0, None, 0))
+    # device d's batch selects weight d: its full gradient is 2 (d + 1) at position d only
+    f(np.arange(1.0, 9.0, dtype=np.float32).reshape(8, 1), np.zeros(1, np.float32),
+      np.eye(8, dtype=np.float32)[:, None, :])
+    return f.trace
+
+
 def _ring_run():
     return algorithms.ring_all_reduce([np.full(RING_DEVICES, float(d + 1)) for d in range(RING_DEVICES)])
 
@@ -117,6 +137,7 @@ def _figures():
             training_step_run(), "TPU v4", compute=20e-6, slowdown={5: 2.0},
             title="one training step on 8 TPU v4 chips: device 5 computes twice as slowly "
                   "(compute: 20 µs per segment, as given)"),
+        "grad_step.png": lambda: viz.draw_trace(grad_step_run()),
         "ring_allreduce.png": lambda: viz.draw_algorithm(_ring_run()),
         "tree_allreduce.png": lambda: viz.draw_algorithm(
             algorithms.tree_all_reduce([np.full(4, float(d + 1)) for d in range(8)])),

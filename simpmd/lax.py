@@ -13,7 +13,7 @@ import sys
 
 import numpy as np
 
-from . import errors, tree
+from . import autodiff, errors, tree
 from .batching import Batch, Batched
 from .runtime import current_task
 from .traced import Traced
@@ -101,6 +101,10 @@ def _run(op, x, axis_name, params, groups=None, flat=None):
     _check_axis_name(axis_name, op)
     leaves, treedef = flat or tree.flatten(x)
     groups = None if groups is None else [list(g) for g in groups]
+    if autodiff.holds_tracer(leaves):        # a value simpmd.grad is differentiating
+        return autodiff.collective(op, leaves, treedef, axis_name, params, groups,
+                                   lambda primals: tree.flatten(_run(
+                                       op, primals, axis_name, params, groups))[0])
     if type(task) is Batch:
         return tree.unflatten(treedef, task.collective(op, _axes(axis_name), leaves, params, groups))
     values = [_leaf_value(v) for v in leaves]

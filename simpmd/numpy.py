@@ -30,6 +30,12 @@ from . import batching as _batching
 from . import traced as _traced
 from .traced import Traced as _Traced
 
+
+def _is_grad_tracer(x) -> bool:
+    """A value simpmd.grad is differentiating (it computes through NumPy's protocols)."""
+    from .autodiff import Tracer
+    return type(x) is Tracer
+
 _MISSING = object()
 # What simpmd.numpy forwards to for a few names, on simpmd's devices. np.asarray(x) asks
 # x for a concrete array, which a device value (like a JAX tracer) refuses; snp.asarray(x)
@@ -101,6 +107,9 @@ def _dispatching(namespace: tuple, name: str):
                 f"simpmd.numpy.{qualified} exists only in jax.numpy; NumPy has no "
                 f"{qualified}, so simpmd's devices cannot run it. Write the computation with "
                 f"functions that both NumPy and jax.numpy have.")
+        if name in _KEEPS_DEVICE_VALUES and not namespace and args and _is_grad_tracer(args[0]):
+            return args[0] if len(args) == 1 and not kwargs else args[0].astype(
+                kwargs.get("dtype", args[1] if len(args) > 1 else args[0].dtype))
         if name in _KEEPS_DEVICE_VALUES and not namespace and args and isinstance(args[0], _Traced):
             x = args[0]
             return x._with(_np.asarray(x.value, *args[1:2], **kwargs))

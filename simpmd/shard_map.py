@@ -103,6 +103,11 @@ def _refuse_nesting(task):
         f"nested-pmap form of the same program still runs with simpmd.pmap.")
 
 
+def _spec_axes(spec) -> frozenset:
+    """The mesh axes a PartitionSpec splits over: what a block of it varies over."""
+    return frozenset(spec.mesh_axes())
+
+
 class ShardMapped:
     """A function mapped over a mesh of simulated devices; ``.trace`` shows its last run."""
 
@@ -209,6 +214,8 @@ class ShardMapped:
                 pass          # a pmap inside the body: the per-device run explains the refusal
         mesh, eager = self.mesh, self.eager
         sim = _MeshSimulation(list(mesh.devices.flat), eager=eager)
+        # For simpmd.grad: under check_vma each body input varies over its spec's axes.
+        sim.check_vma, sim.input_vma = self.check_vma, {}
 
         per_device, blocks = [], []
         for k in range(mesh.size):
@@ -220,6 +227,8 @@ class ShardMapped:
                     continue
                 index = block_slices(spec, mesh, value.shape, coords)
                 dev_leaves.append(Traced(value[index], eager))
+                for array in (dev_leaves[-1].value, value):     # the block, and what it views
+                    sim.input_vma[id(array)] = (array, _spec_axes(spec))
                 dev_blocks.append((path, value, spec, index))
             per_device.append((tree.unflatten(treedef, dev_leaves),))
             blocks.append(dev_blocks)

@@ -109,3 +109,22 @@ def test_grad_bytes_matches_simpmd_trace_for_a_small_gradient():
 def test_grad_bytes_rejects_with_hint(capsys, answer, hint):
     assert not lesson05.check_grad_bytes(answer)
     verdict(capsys, False, hint)
+
+
+# -- exercise 4: the mean gradient under shard_map(check_vma=True) -------------------------
+
+def test_mean_gradient_under_check_vma(capsys):
+    grad = simpmd.grad
+    assert lesson05.check_mean_gradient(
+        lambda w, x, y: grad(lesson05.vma_loss)(w, x, y) / lax.axis_size("batch"))
+    verdict(capsys, True, "mean gradient")
+    assert not lesson05.check_mean_gradient(lambda w, x, y: grad(lesson05.vma_loss)(w, x, y))
+    verdict(capsys, False, "8 times the mean gradient")
+    assert not lesson05.check_mean_gradient(lambda w, x, y: lax.pmean(grad(lesson05.vma_loss)(w, x, y), "batch"))
+    verdict(capsys, False, "already sums")
+    assert not lesson05.check_mean_gradient(lambda w, x, y: grad(lesson05.vma_loss)(w, x, y) / 64)
+    verdict(capsys, False, "once too often")
+    assert not lesson05.check_mean_gradient(None)
+    verdict(capsys, False, "placeholder")
+    assert not lesson05.check_mean_gradient(lambda w, x, y: None)
+    verdict(capsys, False, "returned None")

@@ -152,3 +152,39 @@ def test_psum_ring_factor_is_what_simpmd_logs():
     f(np.ones((4, 256), dtype=np.float32))
     sent = [e.bytes_sent for e in f.trace.events if e.kind == "collective"]
     assert sent == [256 * 4 * 2 * 3 // 4] * 4
+
+
+# -- exercise 5: FSDP's backward reduce-scatter ------------------------------------------------
+
+def test_fsdp_backward_right_and_typical_mistakes(capsys):
+    from verdicts import verdict
+    g = ex.fsdp_gradients()
+    want = g.sum(0).reshape(4, 2, 3)                     # summed by hand, blocks of 2 rows
+    assert ex.check_fsdp_backward(lambda x: lax.psum_scatter(x, "data", tiled=True))
+    verdict(capsys, True, "reduce-scatter")
+    assert np.allclose(np.asarray(simpmd.pmap(lambda x: lax.psum_scatter(
+        x, "data", tiled=True), "data")(g)), want)
+    assert not ex.check_fsdp_backward(lambda x: lax.psum(x, "data"))
+    verdict(capsys, False, "psum, an all-reduce")
+    assert not ex.check_fsdp_backward(lambda x: x.reshape(4, 2, 3)[lax.axis_index("data")])
+    verdict(capsys, False, "OWN gradient")
+    assert not ex.check_fsdp_backward(
+        lambda x: lax.psum_scatter(x, "data", tiled=True) / 4)
+    verdict(capsys, False, "4 times too small")
+    assert not ex.check_fsdp_backward(lambda x: lax.psum_scatter(x, "data"))
+    verdict(capsys, False, "raised")
+    assert not ex.check_fsdp_backward(
+        lambda x: lax.psum_scatter(x, "data", tiled=True)[::-1])
+    verdict(capsys, False, "device 0")
+    assert not ex.check_fsdp_backward(None)
+    verdict(capsys, False, "placeholder")
+
+
+def test_fsdp_backward_is_what_grad_makes_of_all_gather():
+    """The checker's right answer is the transpose simpmd.grad runs for a tiled all_gather."""
+    g = ex.fsdp_gradients()
+
+    def body(w_shard, g_full):
+        return simpmd.grad(lambda s: (lax.all_gather(s, "data", tiled=True) * g_full).sum())(w_shard)
+    got = np.asarray(simpmd.pmap(body, "data")(np.zeros((4, 2, 3), np.float32), g))
+    assert np.allclose(got, g.sum(0).reshape(4, 2, 3))

@@ -13,7 +13,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 EXPECTED = {
     "mesh_2x4.png", "psum.png", "all_gather.png", "psum_scatter.png", "ppermute.png",
     "all_to_all.png", "nested_2x2.png", "timeline.png", "ring_allreduce.png",
-    "tree_allreduce.png", "torus_allreduce.png", "ring_allreduce.gif",
+    "tree_allreduce.png", "torus_allreduce.png", "ring_allreduce.gif", "grad_step.png",
 }
 
 

@@ -388,3 +388,18 @@ def test_timeline_without_the_cost_model_says_so(monkeypatch):
     tl = viz.model_timeline(run_1d("psum"))
     assert "not a hardware estimate" in tl.comm_model
     assert tl.total("comm", 0) == pytest.approx(112 / 100e9)    # 2*7/8 * 64 B at 100 GB/s
+
+
+def test_backward_collectives_are_drawn_with_a_backward_title():
+    import matplotlib
+    matplotlib.use("Agg")
+    from simpmd import figures
+    trace = figures.grad_step_run()
+    assert [(c[0].op, c[0].phase) for c in trace.calls()] == [
+        ("all_gather", "forward"), ("psum_scatter", "backward"), ("pmean", "forward")]
+    fig = simpmd.viz.draw_trace(trace)
+    titles = [t.get_text() for ax in fig.axes for t in ax.texts if "psum_scatter" in t.get_text()]
+    assert titles and titles[0].startswith("call 1: backward pass: psum_scatter")
+    # the reduce-scatter hands device d the sum of everyone's block d: 2 (d + 1) here
+    back = trace.calls()[1]
+    assert [float(e.outputs[0][0]) for e in back] == [2.0 * (d + 1) for d in range(8)]

@@ -154,3 +154,50 @@ def check_grad_bytes(answer) -> bool:
     ]
     return check_against_mistakes(answer, expected, mistakes,
                                   what="bytes sent per device per step", unit="bytes")
+
+
+# Exercise 4 -------------------------------------------------------------------------------
+# grad under shard_map(check_vma=True): the gradient of a replicated parameter arrives
+# already summed over the devices (JAX's pvary, transposed into a psum).
+VMA_X = np.random.default_rng(5).normal(size=(N_DEVICES * 4, 3)).astype(np.float32)
+VMA_Y = (VMA_X @ np.array([1.0, -2.0, 0.5], np.float32)).astype(np.float32)
+VMA_W = np.zeros(3, np.float32)
+
+
+def vma_loss(w, x, y):
+    """The mean squared error of a linear model on one device's rows."""
+    r = x @ w - y
+    return (r * r).mean()
+
+
+def check_mean_gradient(body) -> bool:
+    """Run ``body(w, x, y)`` under ``simpmd.shard_map(check_vma=True)`` over 8 devices along
+    'batch' (w replicated, x and y split by rows); it must return the gradient of the
+    whole batch's mean loss, on every device: 2/N X^T (X w - y), worked out here in NumPy."""
+    if body is None or body is Ellipsis:
+        return _say(False, "mean_gradient is still a placeholder; define the function.")
+    mesh = simpmd.make_mesh((N_DEVICES,), ("batch",))
+    P = simpmd.P
+    n = len(VMA_X)
+    want = 2.0 / n * VMA_X.T @ (VMA_X @ VMA_W - VMA_Y)
+    try:
+        mapped = simpmd.shard_map(body, mesh=mesh, in_specs=(P(), P("batch"), P("batch")),
+                                  out_specs=P())
+        out = mapped(VMA_W, VMA_X, VMA_Y)
+    except Exception as exc:                  # the learner's error is the message
+        return _say(False, f"running it under shard_map raised {error_summary(exc)}")
+    if out is None:
+        return _say(False, "mean_gradient returned None; return the gradient (shape (3,)).")
+    got = np.asarray(out, dtype=np.float64)
+    if got.shape != want.shape:
+        return _say(False, f"the gradient has shape {got.shape}; w has shape {want.shape}.")
+    if np.allclose(got, want, rtol=1e-4, atol=1e-5):
+        return _say(True, "the mean gradient of the whole batch, on every device.")
+    if np.allclose(got, N_DEVICES * want, rtol=1e-4, atol=1e-5):
+        return _say(False, f"this is {N_DEVICES} times the mean gradient: under check_vma=True, "
+                    f"grad of a replicated w already sums the {N_DEVICES} devices' gradients "
+                    f"(and a pmean of a value that is the same everywhere changes nothing). "
+                    f"Divide by the number of devices, lax.axis_size('batch').")
+    if np.allclose(got, want / N_DEVICES, rtol=1e-4, atol=1e-5):
+        return _say(False, f"this is the mean gradient divided by {N_DEVICES} once too often.")
+    return _say(False, f"the gradient is {np.round(got, 4)}; expected {np.round(want, 4)}.")

@@ -16,7 +16,8 @@ import numpy as np
 from simpmd.course import check, error_summary, is_placeholder as _placeholder, say as _say
 
 __all__ = ["Factor", "check_quantity", "check_columns", "row_parallel_data",
-           "check_row_parallel", "check_weight_bytes", "check_psum_bytes"]
+           "check_row_parallel", "check_weight_bytes", "check_psum_bytes",
+           "fsdp_gradients", "check_fsdp_backward"]
 
 
 
@@ -240,3 +241,69 @@ def check_psum_bytes(answer, *, tokens: int = 8192, d_model: int = 4096,
             1 / 10**6: "the question asks for bytes, not MB (10**6 bytes)."}),
     ]
     return check_quantity(answer, factors, what="bytes sent per device", unit="bytes")
+
+
+# -- exercise 5: FSDP's backward collective, by hand ------------------------------------------
+
+def fsdp_gradients(devices: int = 4, rows: int = 8, cols: int = 3):
+    """The checker's data: each device's gradient of the WHOLE weight matrix, stacked
+    (devices, rows, cols), with small integers so that sums can be read by eye."""
+    rng = np.random.default_rng(11)
+    return rng.integers(-4, 5, size=(devices, rows, cols)).astype(np.float32)
+
+
+def check_fsdp_backward(fn) -> bool:
+    """Run ``fn(g_full)`` on 4 simulated devices along 'data': every device passes its
+    gradient of the whole weight matrix and must keep the sum over the devices of its own
+    rows (device d: rows 2d, 2d+1 of 8), as the reduce-scatter of FSDP's backward pass."""
+    import simpmd
+    if fn is None or fn is Ellipsis:
+        return _say(False, "fsdp_backward is still a placeholder; define the function.")
+    g = fsdp_gradients()
+    n, rows, cols = g.shape
+    k = rows // n
+    total = g.sum(axis=0)                                          # the summed gradient
+    want = total.reshape(n, k, cols)                               # device d keeps block d
+    try:
+        out = simpmd.pmap(fn, axis_name="data")(g)
+    except Exception as exc:                  # the learner's error is the message
+        return _say(False, f"running it on {n} simulated devices raised {error_summary(exc)}")
+    if out is None:
+        return _say(False, "fsdp_backward returned None; return this device's gradient shard.")
+    got = np.asarray(out)
+    if got.shape == (n, rows, cols):
+        if all(np.allclose(got[d], total) for d in range(n)):
+            return _say(False, f"every device holds the whole summed gradient ({rows} rows): "
+                        f"that is psum, an all-reduce. In FSDP each device keeps only the "
+                        f"gradient of its own shard, {k} rows: psum_scatter(..., tiled=True) "
+                        f"sums and splits in one collective, and sends half the bytes.")
+        return _say(False, f"each device returned {rows} rows; it should keep only its own "
+                    f"{k} rows of the summed gradient (shape ({k}, {cols})).")
+    if got.shape != (n, k, cols):
+        hint = ""
+        if got.shape == (n, cols) or got.shape == (n, 1, cols):
+            hint = (" A psum_scatter without tiled=True wants the scattered axis to have "
+                    f"exactly {n} entries and drops it; use tiled=True to keep blocks of rows.")
+        return _say(False, f"the result has shape {got.shape[1:]} on each device; expected "
+                    f"({k}, {cols}): device d's {k} rows of the summed gradient.{hint}")
+    if np.allclose(got, want):
+        return _say(True, f"each of the {n} devices keeps rows of the gradient summed over "
+                    f"all devices, {k} of {rows}: the reduce-scatter that grad makes of "
+                    f"FSDP's forward all_gather.")
+    own = g.reshape(n, n, k, cols)[np.arange(n), np.arange(n)]     # device d's own block d
+    if np.allclose(got, own):
+        return _say(False, "each device kept the right rows of its OWN gradient, without "
+                    "the other devices' contributions. The weights were shared by every "
+                    "device's batch, so their gradient is the sum over the devices.")
+    if np.allclose(got * n, want):
+        return _say(False, f"the shards are {n} times too small: that is a mean. The loss "
+                    f"of the whole batch is the sum of the devices' losses, so its gradient "
+                    f"is the sum (psum_scatter, not a division by {n}).")
+    for d in range(n):
+        if not np.allclose(got[d], want[d]):
+            match = [b for b in range(n) if np.allclose(got[d], want[b])]
+            where = f" (rows of device {match[0]}'s block)" if match else ""
+            return _say(False, f"device {d} holds {got[d].ravel()[:3]} ...{where}; expected "
+                        f"rows {d * k}-{d * k + k - 1} of the summed gradient, "
+                        f"{want[d].ravel()[:3]} ....")
+    return _say(False, "the shards differ from the summed gradient's rows.")

@@ -306,6 +306,8 @@ def _draw_call(ax, events, *, leaf, max_numbers, row_in, title, index=None):
                        if v not in (False, None) and k != "perm")
     if title is None:
         what = f"{first.op}({axes!r}{', ' + params if params else ''})"
+        if getattr(first, "phase", "forward") == "backward":      # simpmd.grad's backward pass
+            what = "backward pass: " + what
         title = (f"{'call ' + str(index) + ': ' if index is not None else ''}{what}: "
                  f"{len(groups)} group{'s' if len(groups) > 1 else ''} of {p}"
                  f"{'   ' + first.source if first.source else ''}")

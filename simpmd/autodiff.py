@@ -1,0 +1,635 @@
+"""Reverse-mode differentiation of simulated programs: ``simpmd.grad`` and friends.
+
+Built as in JAX's Autodidax and in micrograd. ``grad(f)(w)`` wraps ``w`` in a
+:class:`Tracer`. Each operation on a tracer computes its primal value through the
+public operations (operators, NumPy functions, ``simpmd.lax``) and remembers the
+rule that sends a cotangent back to its inputs. The backward pass walks the graph in
+reverse and applies those rules. There are two tables:
+
+* ``VJP``: one rule per primitive (``multiply``, ``matmul``, ``sum``, ...), in NumPy.
+* ``TRANSPOSE``: one rule per collective. The backward pass of a collective is another
+  collective: ``all_gather`` becomes ``psum_scatter`` (FSDP's reduce-scatter),
+  ``ppermute`` sends back along the inverse permutation, ``psum`` becomes ``psum``.
+  These run on the devices like any collective, inside ``trace.backward_pass()``, so
+  each device's log marks them as backward.
+
+Like JAX, the rules depend on how the body was mapped. Under ``pmap`` (and
+``shard_map(check_vma=False)``) the transpose of ``psum`` is ``psum``: on 8 devices
+``grad(lambda v: psum((v*v).sum(), 'i'))`` is ``8 * 2v``. Under ``shard_map`` with
+``check_vma=True`` every value knows the mesh axes it *varies* over (its "vma"). A
+``psum`` turns a varying value into an invariant one, and its transpose only hands the
+cotangent back (``2v``). Combining an invariant value with a varying one first makes it
+varying (JAX's ``pvary``), and the transpose of that is a ``psum``. That is why the
+gradient of a replicated parameter comes out already summed over the devices. These
+facts were checked on jax 0.10.2 with 8 CPU devices (tests/test_grad_vs_jax.py).
+"""
+from __future__ import annotations
+
+import itertools
+import sys
+
+import numpy as np
+from numpy.lib.mixins import NDArrayOperatorsMixin
+
+from . import errors, lax, tree      # lax imports this module too: use lax.* in calls only
+from .runtime import current_task
+from .trace import backward_pass
+from .traced import Traced
+
+__all__ = ["grad", "value_and_grad", "Tracer", "NotDifferentiableError"]
+
+
+class NotDifferentiableError(errors.SimpmdError, NotImplementedError):
+    """An operation on a value being differentiated has no derivative rule here."""
+
+
+def _refuse(name, why=""):
+    raise NotDifferentiableError(
+        f"simpmd.grad has no derivative rule for {name!r}{': ' + why if why else ''}. "
+        f"Write the computation with operations it differentiates (arithmetic, @, sum, mean, "
+        f"max, reshape, indexing, exp, log, tanh, maximum, where, psum, pmean, all_gather, "
+        f"psum_scatter, ppermute, all_to_all), or take the gradient with jax.grad.")
+
+
+_levels = itertools.count(1)
+
+
+class Tracer(NDArrayOperatorsMixin):
+    """A value being differentiated: its primal value and how to send a cotangent back.
+
+    ``parents`` are the tracers it was computed from; ``vjp(ct)`` returns one cotangent
+    per parent. ``vma`` is the set of mesh axes the value varies over (used under
+    ``shard_map(check_vma=True)`` only).
+    """
+
+    __slots__ = ("primal", "parents", "vjp", "vma", "level", "op")
+    __array_priority__ = 2000
+
+    def __init__(self, primal, parents=(), vjp=None, vma=frozenset(), level=0, op="input"):
+        self.primal, self.parents, self.vjp = primal, parents, vjp
+        self.vma, self.level, self.op = vma, level, op
+
+    # -- static facts, as on any array ------------------------------------------------
+    shape = property(lambda self: self.primal.shape)
+    dtype = property(lambda self: self.primal.dtype)
+    ndim = property(lambda self: self.primal.ndim)
+    size = property(lambda self: self.primal.size)
+
+    def __len__(self):
+        return self.shape[0]
+
+    def __repr__(self):
+        return f"Tracer({self.primal!r}, op={self.op!r})"
+
+    # -- computing: every route ends in ``_apply`` -------------------------------------
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        if method != "__call__" or kwargs.get("out") is not None:
+            _refuse(f"numpy.{ufunc.__name__}.{method}")
+        name = ufunc.__name__
+        if name in CONSTANT_OUTPUT:
+            return ufunc(*[_primal(x) for x in inputs], **kwargs)
+        if name not in VJP:
+            _refuse(f"numpy.{name}")
+        return _apply(name, inputs, lambda *p: ufunc(*p, **kwargs))
+
+    def __array_function__(self, func, types, args, kwargs):
+        name = func.__name__
+        if name in CONSTANT_OUTPUT:
+            return func(*_primals(args), **_primals(kwargs))
+        if name in ("concatenate", "stack"):
+            return _join(name, func, *args, **kwargs)
+        if name not in FUNCTION_VJP:
+            _refuse(f"numpy.{name}")
+        return FUNCTION_VJP[name](*args, **kwargs)
+
+    def sum(self, axis=None, keepdims=False, dtype=None):
+        return _reduce("sum", self, axis, keepdims)
+
+    def mean(self, axis=None, keepdims=False, dtype=None):
+        return _reduce("mean", self, axis, keepdims)
+
+    def max(self, axis=None, keepdims=False):
+        return _reduce("max", self, axis, keepdims)
+
+    def min(self, axis=None, keepdims=False):
+        return _reduce("min", self, axis, keepdims)
+
+    def reshape(self, *shape, **kwargs):
+        shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+        old = self.shape
+        return _apply("reshape", (self,), lambda p: p.reshape(shape, **kwargs),
+                      vjp=lambda ct, out, p: (ct.reshape(old),))
+
+    def ravel(self):
+        return self.reshape(-1)
+
+    flatten = ravel
+
+    def squeeze(self, axis=None):
+        old = self.shape
+        return _apply("squeeze", (self,), lambda p: p.squeeze(axis),
+                      vjp=lambda ct, out, p: (ct.reshape(old),))
+
+    def transpose(self, *axes):
+        axes = axes[0] if len(axes) == 1 and isinstance(axes[0], (tuple, list)) else axes
+        axes = tuple(axes) or tuple(reversed(range(self.ndim)))
+        inverse = tuple(np.argsort(axes))
+        return _apply("transpose", (self,), lambda p: p.transpose(axes),
+                      vjp=lambda ct, out, p: (ct.transpose(inverse),))
+
+    T = property(lambda self: self.transpose())
+
+    def astype(self, dtype):
+        if not np.issubdtype(np.dtype(dtype), np.inexact):
+            return self.primal.astype(dtype)          # an integer copy carries no gradient
+        old = self.dtype
+        return _apply("astype", (self,), lambda p: p.astype(dtype),
+                      vjp=lambda ct, out, p: (ct.astype(old),))
+
+    def dot(self, other):
+        return np.matmul(self, other)
+
+    def __getitem__(self, index):
+        index = _primals(index)
+        return _apply("getitem", (self,), lambda p: p[index],
+                      vjp=lambda ct, out, p: (_scatter_add(p, index, ct),))
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        _refuse(f".{name}", "method not differentiated")
+
+    # -- what loses the gradient --------------------------------------------------------
+    def _concrete(self, kind):
+        raise errors.ConcretizationTypeError(
+            f"{kind}() of a value that simpmd.grad is differentiating (shape {self.shape}): "
+            f"a Python number carries no gradient, as in JAX. Keep computing with arrays; "
+            f"for a value you only want to look at, return it as aux (has_aux=True).")
+
+    def __bool__(self): return self._concrete("bool")
+    def __float__(self): return self._concrete("float")
+    def __int__(self): return self._concrete("int")
+    def __index__(self): return self._concrete("index")
+
+    def __array__(self, dtype=None, copy=None):
+        raise errors.TracerArrayConversionError(
+            f"np.asarray() of a value that simpmd.grad is differentiating (shape "
+            f"{self.shape}): the gradient cannot flow through a NumPy array. Use operators, "
+            f"array methods and simpmd.numpy functions instead.")
+
+    def __hash__(self):
+        raise TypeError("unhashable type: a value being differentiated (as in JAX)")
+
+
+def _is_tracer(x) -> bool:
+    return type(x) is Tracer
+
+
+def holds_tracer(leaves) -> bool:
+    """True if any of ``leaves`` is a value being differentiated (the hook lax uses)."""
+    return any(type(v) is Tracer for v in leaves)
+
+
+def _primal(x):
+    return x.primal if type(x) is Tracer else x
+
+
+def _primals(x):
+    """``x`` with every tracer replaced by its primal (inside lists, tuples and dicts too)."""
+    if type(x) is Tracer:
+        return x.primal
+    if isinstance(x, (list, tuple)) and not hasattr(type(x), "_fields"):
+        return type(x)(_primals(v) for v in x)
+    if isinstance(x, dict):
+        return {k: _primals(v) for k, v in x.items()}
+    return x
+
+
+# -- the mapping context: pmap-style rules, or shard_map's varying-axes rules --------------
+
+def _context():
+    """(uses_vma, manual axes, known input vmas) for the body running on this thread."""
+    task = current_task()
+    if task is None or not getattr(task.sim, "check_vma", False):
+        return False, (), {}
+    return True, tuple(n for n, _, _ in task.coords), getattr(task.sim, "input_vma", {})
+
+
+def _vma(x):
+    """The mesh axes ``x`` varies over, under ``check_vma``.
+
+    A tracer knows its own. A body input (or a view of one) was noted by shard_map, by the
+    identity of its array. A Python or NumPy constant varies over none. Any other device
+    value is taken to vary over every manual axis, as a value computed from sharded inputs
+    does. (A device value on the left of an operator reaches a tracer as its bare NumPy
+    array; unless it is a view of a body input it then counts as a constant.)
+    """
+    if type(x) is Tracer:
+        return x.vma
+    uses_vma, axes, known = _context()
+    if not uses_vma or not isinstance(x, (Traced, np.ndarray)):
+        return frozenset()
+    array = x.value if isinstance(x, Traced) else x
+    while isinstance(array, np.ndarray):
+        entry = known.get(id(array))
+        if entry is not None and entry[0] is array:
+            return entry[1]
+        array = array.base
+    return frozenset(axes) if isinstance(x, Traced) else frozenset()
+
+
+def _apply(op, inputs, forward, vjp=None, out_vma=None):
+    """Compute ``forward`` on the primals of ``inputs``; return a tracer that remembers ``vjp``.
+
+    ``vjp(ct, out_primal, *input_primals)`` returns one cotangent per input. Under
+    ``check_vma`` an input that varies over fewer axes than the result was implicitly
+    made varying (``pvary``); its cotangent is summed over the missing axes (``psum``).
+    """
+    levels = {x.level for x in inputs if type(x) is Tracer}
+    if len(levels) > 1:
+        raise NotDifferentiableError(
+            f"{op!r} mixes values from two different simpmd.grad calls: simpmd.grad does "
+            f"not nest (grad of grad). Use jax.grad for higher derivatives.")
+    primals = [_primal(x) for x in inputs]
+    out = forward(*primals)
+    uses_vma = _context()[0]
+    vma = frozenset()
+    if uses_vma:
+        vma = out_vma if out_vma is not None else frozenset().union(*(_vma(x) for x in inputs))
+    rule = vjp or VJP[op]
+    parents = tuple((k, x) for k, x in enumerate(inputs) if type(x) is Tracer)
+
+    def backward(ct):
+        cts = rule(ct, out, *primals)
+        result = []
+        for k, x in parents:
+            c = cts[k]
+            missing = tuple(a for a in sorted(vma, key=str) if a not in x.vma) if uses_vma else ()
+            if missing and c is not None:
+                c = lax.psum(c, missing)
+            result.append(c)
+        return result
+
+    return Tracer(out, tuple(x for _, x in parents), backward, vma, levels.pop(), op)
+
+
+# -- primitive rules -----------------------------------------------------------------------
+
+def _unbroadcast(ct, shape):
+    """Sum ``ct`` down to ``shape``: the transpose of NumPy broadcasting."""
+    shape = tuple(shape)
+    if tuple(ct.shape) == shape:
+        return ct
+    extra = ct.ndim - len(shape)
+    if extra:
+        ct = ct.sum(axis=tuple(range(extra)))
+    kept = tuple(d for d, n in enumerate(shape) if n == 1 and ct.shape[d] != 1)
+    if kept:
+        ct = ct.sum(axis=kept, keepdims=True)
+    return ct
+
+
+def _shape(x):
+    return np.shape(x) if not hasattr(x, "shape") else x.shape
+
+
+def _binary(rule):
+    """A rule for a broadcasting binary ufunc, given its two unreduced cotangents."""
+    def vjp(ct, out, a, b):
+        ca, cb = rule(ct, out, a, b)
+        return (_unbroadcast(ca, _shape(a)) if ca is not None else None,
+                _unbroadcast(cb, _shape(b)) if cb is not None else None)
+    return vjp
+
+
+def _matmul_vjp(ct, out, a, b):
+    a_nd, b_nd = len(_shape(a)), len(_shape(b))
+    if a_nd == 1 and b_nd == 1:
+        return ct * b, ct * a
+    if a_nd == 1:
+        return b @ ct, _unbroadcast(a.reshape(-1, 1) * ct.reshape(1, -1), _shape(b))
+    if b_nd == 1:
+        return ct.reshape(-1, 1) * b.reshape(1, -1), a.T @ ct
+    return (_unbroadcast(ct @ np.swapaxes(b, -1, -2), _shape(a)),
+            _unbroadcast(np.swapaxes(a, -1, -2) @ ct, _shape(b)))
+
+
+def _chooser(ct, out, a, b):
+    """maximum/minimum: the gradient goes to the chosen input; ties share it, as in JAX."""
+    return ct * (out == a) * ((a != b) + 0.5 * (a == b)), ct * (out == b) * ((a != b) + 0.5 * (a == b))
+
+
+VJP = {                     # keyed by NumPy's names (np.true_divide is np.divide)
+    "add": _binary(lambda ct, out, a, b: (ct, ct)),
+    "subtract": _binary(lambda ct, out, a, b: (ct, -ct)),
+    "multiply": _binary(lambda ct, out, a, b: (ct * b, ct * a)),
+    "divide": _binary(lambda ct, out, a, b: (ct / b, -ct * out / b)),
+    "power": _binary(lambda ct, out, a, b: (
+        ct * b * a ** (b - 1),
+        None if isinstance(b, (int, float)) else ct * out * np.log(np.where(a > 0, a, 1)))),
+    "maximum": _binary(_chooser),
+    "minimum": _binary(_chooser),
+    "matmul": _matmul_vjp,
+    "negative": lambda ct, out, a: (-ct,),
+    "positive": lambda ct, out, a: (ct,),
+    "square": lambda ct, out, a: (2 * a * ct,),
+    "sqrt": lambda ct, out, a: (ct / (2 * out),),
+    "exp": lambda ct, out, a: (ct * out,),
+    "log": lambda ct, out, a: (ct / a,),
+    "log1p": lambda ct, out, a: (ct / (1 + a),),
+    "tanh": lambda ct, out, a: (ct * (1 - out * out),),
+    "sin": lambda ct, out, a: (ct * np.cos(a),),
+    "cos": lambda ct, out, a: (-ct * np.sin(a),),
+    "absolute": lambda ct, out, a: (ct * np.sign(a),),
+}
+
+# Operations whose result carries no gradient (JAX gives it a zero cotangent).
+CONSTANT_OUTPUT = {"greater", "greater_equal", "less", "less_equal", "equal", "not_equal",
+                   "sign", "floor", "ceil", "rint", "isfinite", "isnan", "argmax", "argmin",
+                   "zeros_like", "ones_like", "shape", "ndim", "size", "result_type",
+                   "logical_and", "logical_or", "logical_not"}
+
+
+def _axes_of(axis, ndim):
+    if axis is None:
+        return tuple(range(ndim))
+    axis = axis if isinstance(axis, tuple) else (axis,)
+    return tuple(a % ndim for a in axis)
+
+
+def _reduce(op, x, axis, keepdims):
+    """sum, mean, max, min over ``axis``; the cotangent spreads back over what was reduced."""
+    shape = x.shape
+    axes = _axes_of(axis, len(shape))
+    kept = tuple(1 if d in axes else n for d, n in enumerate(shape))
+    count = int(np.prod([shape[d] for d in axes])) if axes else 1
+
+    def forward(p):
+        return getattr(p, op)(axis=axis, keepdims=keepdims)
+
+    def vjp(ct, out, p):
+        ct = ct.reshape(kept)
+        if op == "sum":
+            return (np.broadcast_to(ct, shape) * 1,)
+        if op == "mean":
+            return (np.broadcast_to(ct / count, shape) * 1,)
+        chosen = p == out.reshape(kept)                    # ties share, as in JAX
+        return (ct * chosen / chosen.sum(axis=axes, keepdims=True),)
+
+    if not isinstance(x, Tracer):
+        return forward(x)
+    return _apply(op, (x,), forward, vjp)
+
+
+def _where(cond, x=None, y=None):
+    if x is None:
+        _refuse("numpy.where with one argument")
+    cond = _primal(cond)
+
+    def vjp(ct, out, px, py):
+        zero = ct * 0
+        return (_unbroadcast(np.where(cond, ct, zero), _shape(px)),
+                _unbroadcast(np.where(cond, zero, ct), _shape(py)))
+    return _apply("where", (x, y), lambda px, py: np.where(cond, px, py), vjp)
+
+
+def _join(name, func, arrays, axis=0, **kwargs):
+    arrays = list(arrays)
+    shapes = [_shape(_primal(a)) for a in arrays]
+
+    def vjp(ct, out, *ps):
+        if name == "stack":
+            return tuple(np.take(ct, i, axis=axis) for i in range(len(ps)))
+        bounds = np.cumsum([s[axis] for s in shapes])[:-1]
+        return tuple(np.split(ct, bounds, axis=axis))
+    return _apply(name, arrays, lambda *ps: func(list(ps), axis=axis, **kwargs), vjp)
+
+
+def _scatter_add(p, index, ct):
+    """A zero array shaped like ``p`` with ``ct`` added at ``index``: the transpose of indexing."""
+    zeros = np.zeros_like(p)
+    if hasattr(zeros, "at"):
+        return zeros.at[index].add(ct)
+    np.add.at(zeros, index, ct)
+    return zeros
+
+
+FUNCTION_VJP = {                     # keyed by NumPy's names (np.true_divide is np.divide)
+    "sum": lambda x, axis=None, keepdims=False, **kw: _reduce("sum", x, axis, keepdims),
+    "mean": lambda x, axis=None, keepdims=False, **kw: _reduce("mean", x, axis, keepdims),
+    "max": lambda x, axis=None, keepdims=False, **kw: _reduce("max", x, axis, keepdims),
+    "amax": lambda x, axis=None, keepdims=False, **kw: _reduce("max", x, axis, keepdims),
+    "min": lambda x, axis=None, keepdims=False, **kw: _reduce("min", x, axis, keepdims),
+    "amin": lambda x, axis=None, keepdims=False, **kw: _reduce("min", x, axis, keepdims),
+    "reshape": lambda x, *shape, **kw: x.reshape(*shape, **kw),
+    "transpose": lambda x, axes=None: x.transpose(*(axes or ())),
+    "squeeze": lambda x, axis=None: x.squeeze(axis),
+    "ravel": lambda x: x.ravel(),
+    "dot": lambda a, b: _apply("matmul", (a, b), np.dot),
+    "where": _where,
+}
+
+
+# -- collectives: one transpose rule each -----------------------------------------------------
+
+def _inverse(perm):
+    return [(dst, src) for src, dst in perm]
+
+
+def _pshuffle_inverse(perm):
+    inverse = [0] * len(perm)
+    for i, source in enumerate(perm):
+        inverse[source] = i
+    return inverse
+
+
+# op -> (ct, axes, params, groups) -> the cotangent of the input, itself a collective.
+TRANSPOSE = {
+    "psum": lambda ct, axes, p, g: lax.psum(ct, axes, axis_index_groups=g),
+    "pmean": lambda ct, axes, p, g: lax.pmean(ct, axes, axis_index_groups=g),
+    "all_gather": lambda ct, axes, p, g: lax.psum_scatter(
+        ct, axes, scatter_dimension=p["axis"], tiled=p["tiled"], axis_index_groups=g),
+    "psum_scatter": lambda ct, axes, p, g: lax.all_gather(
+        ct, axes, axis=p["scatter_dimension"], tiled=p["tiled"], axis_index_groups=g),
+    "ppermute": lambda ct, axes, p, g: lax.ppermute(ct, axes, _inverse(p["perm"])),
+    "pshuffle": lambda ct, axes, p, g: lax.pshuffle(ct, axes, _pshuffle_inverse(p["perm"])),
+    "all_to_all": lambda ct, axes, p, g: lax.all_to_all(
+        ct, axes, p["concat_axis"], p["split_axis"], tiled=p["tiled"], axis_index_groups=g),
+    "pswapaxes": lambda ct, axes, p, g: lax.pswapaxes(ct, axes, p["axis"], axis_index_groups=g),
+}
+
+
+# Under check_vma: the invariant-making collectives divide the cotangent among the devices
+# that held the varying value, without communicating (JAX's pvary is local).
+_VMA_TRANSPOSES = {
+    "psum": lambda ct, axes, p, g, n: ct,
+    "pmean": lambda ct, axes, p, g, n: ct / n,
+}
+
+
+def collective(op, leaves, treedef, axis_name, params, groups, run):
+    """A collective on values being differentiated: forward with ``run``, then remember
+    its transpose. ``run(primal_leaves)`` performs the forward collective (lax's own path)."""
+    if op not in TRANSPOSE:
+        raise NotDifferentiableError(
+            f"Differentiation rule for {op!r} not implemented (as in JAX, which raises "
+            f"NotImplementedError for grad of lax.{op}). To take a maximum that gradients "
+            f"flow through, all_gather the values and use .max() on them.")
+    axes = tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
+    outs = run([_primal(v) for v in leaves])
+    uses_vma, _, _ = _context()
+    task = current_task()
+    size = int(np.prod([s for n, _, s in task.coords if n in axes])) if task else 1
+    if groups is not None:
+        size = len(groups[0])
+    results = []
+    for leaf, out in zip(leaves, outs):
+        if type(leaf) is not Tracer:
+            results.append(out)
+            continue
+        vma_in = leaf.vma | frozenset(axes) if uses_vma else frozenset()
+        vma_out = vma_in - frozenset(axes) if op in ("psum", "pmean") else vma_in
+
+        def backward(ct, leaf=leaf, vma_in=vma_in):
+            with backward_pass():
+                if uses_vma and op in _VMA_TRANSPOSES:
+                    c = _VMA_TRANSPOSES[op](ct, axes, params, groups, size)
+                else:
+                    c = TRANSPOSE[op](ct, axes, params, groups)
+                missing = tuple(a for a in sorted(vma_in, key=str) if a not in leaf.vma)
+                if missing:                  # the implicit pvary of an invariant input
+                    c = lax.psum(c, missing)
+            return [c]
+        results.append(Tracer(out, (leaf,), backward, vma_out, leaf.level, op))
+    return tree.unflatten(treedef, results)
+
+
+# -- the backward pass and the API ---------------------------------------------------------
+
+def _backward(out: Tracer, seed):
+    """Send ``seed`` back from ``out`` through the graph; return each node's cotangent."""
+    order, seen = [], set()
+    stack = [(out, False)]
+    while stack:                                # iterative depth-first topological sort
+        node, done = stack.pop()
+        if done:
+            order.append(node)
+            continue
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        stack.append((node, True))
+        stack.extend((p, False) for p in node.parents)
+    cts = {id(out): seed}
+    with backward_pass():
+        for node in reversed(order):            # each value before the values it came from
+            ct = cts.get(id(node))
+            if ct is None or not node.parents:  # unreached, or an input: keep its cotangent
+                continue
+            del cts[id(node)]
+            for parent, c in zip(node.parents, node.vjp(ct)):
+                if c is not None:
+                    before = cts.get(id(parent))
+                    cts[id(parent)] = c if before is None else before + c
+    return cts
+
+
+def _uses_jax(args, kwargs) -> bool:
+    if "jax" not in sys.modules:
+        return False
+    from .numpy import uses_jax
+    return uses_jax(args) or uses_jax(kwargs)
+
+
+def _check_argnums(argnums, nargs):
+    many = isinstance(argnums, (tuple, list))
+    nums = tuple(argnums) if many else (argnums,)
+    for a in nums:
+        if not isinstance(a, int) or not -nargs <= a < nargs:
+            raise TypeError(f"argnums={argnums!r} does not fit a call with {nargs} positional "
+                            f"argument(s): each must be an int in [{-nargs}, {nargs}).")
+    return many, tuple(a % nargs for a in nums)
+
+
+def _value_and_grad_impl(fun, argnums, has_aux, args, kwargs):
+    many, nums = _check_argnums(argnums, len(args))
+    level = next(_levels)
+    args = list(args)
+    wrapped = []
+    for a in nums:
+        leaves, treedef = tree.flatten(args[a])
+        tracers = []
+        for leaf in leaves:
+            if type(leaf) is Tracer:
+                raise NotDifferentiableError(
+                    "simpmd.grad was called on a value another simpmd.grad is already "
+                    "differentiating: simpmd.grad does not nest. Use jax.grad for higher "
+                    "derivatives.")
+            value = leaf if isinstance(leaf, Traced) else np.asarray(leaf)
+            if not np.issubdtype(value.dtype, np.inexact):
+                raise TypeError(
+                    f"grad requires real- or complex-valued inputs (input dtype that is a "
+                    f"sub-dtype of np.inexact), but got {value.dtype.name} for argument "
+                    f"{a}. If you want to use integer-valued inputs, convert them to float "
+                    f"first (as JAX says).")
+            if not isinstance(value, Traced) and type(leaf) in (float, int):
+                value = value.astype(np.float32)              # JAX's default float
+            tracers.append(Tracer(value, vma=_vma(leaf), level=level))
+        wrapped.append((tracers, treedef))
+        args[a] = tree.unflatten(treedef, tracers)
+    result = fun(*args, **kwargs)
+    if has_aux:
+        if not (isinstance(result, tuple) and len(result) == 2):
+            raise TypeError("has_aux=True needs the function to return a pair "
+                            f"(output, auxiliary data), got {type(result).__name__}.")
+        out, aux = result
+    else:
+        out, aux = result, None
+    value = _primal(out)
+    if _shape(value) != ():
+        raise TypeError(f"Gradient only defined for scalar-output functions. Output had "
+                        f"shape: {_shape(value)}.")
+    cts = {}
+    if type(out) is Tracer:
+        cts = _backward(out, np.ones_like(value))
+    grads = []
+    for tracers, treedef in wrapped:
+        leaves = [cts.get(id(t)) for t in tracers]
+        leaves = [np.zeros_like(t.primal) if c is None else c for t, c in zip(tracers, leaves)]
+        leaves = [c.astype(t.dtype) if c.dtype != t.dtype else c for t, c in zip(tracers, leaves)]
+        grads.append(tree.unflatten(treedef, leaves))
+    grads = tuple(grads) if many else grads[0]
+    aux_leaves, aux_tree = tree.flatten(aux)        # aux carries no gradient, as in JAX
+    aux = tree.unflatten(aux_tree, [_primal(v) for v in aux_leaves])
+    return value, aux, grads
+
+
+def value_and_grad(fun, argnums=0, has_aux=False):
+    """Like ``jax.value_and_grad``: a function returning ``(value, gradient)``
+    (``((value, aux), gradient)`` with ``has_aux``), on simpmd's devices or in plain NumPy.
+    Inside a real JAX trace it is ``jax.value_and_grad`` itself."""
+    def value_and_grad_fun(*args, **kwargs):
+        if _uses_jax(args, kwargs):
+            import jax
+            return jax.value_and_grad(fun, argnums, has_aux)(*args, **kwargs)
+        value, aux, grads = _value_and_grad_impl(fun, argnums, has_aux, args, kwargs)
+        return ((value, aux), grads) if has_aux else (value, grads)
+    value_and_grad_fun.__name__ = f"value_and_grad({getattr(fun, '__name__', 'fun')})"
+    return value_and_grad_fun
+
+
+def grad(fun, argnums=0, has_aux=False):
+    """Like ``jax.grad``: the gradient of a scalar function, through collectives too.
+
+    ``argnums`` picks the differentiated argument(s) (an int or a tuple); ``has_aux``
+    means ``fun`` returns ``(loss, aux)`` and the result is ``(gradient, aux)``. Inside a
+    real JAX trace it is ``jax.grad`` itself, so one body runs on both engines.
+    """
+    def grad_fun(*args, **kwargs):
+        if _uses_jax(args, kwargs):
+            import jax
+            return jax.grad(fun, argnums, has_aux)(*args, **kwargs)
+        _, aux, grads = _value_and_grad_impl(fun, argnums, has_aux, args, kwargs)
+        return (grads, aux) if has_aux else grads
+    grad_fun.__name__ = f"grad({getattr(fun, '__name__', 'fun')})"
+    return grad_fun
