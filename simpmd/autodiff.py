@@ -32,7 +32,8 @@ import numpy as np
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
 from . import errors, lax, tree      # lax imports this module too: use lax.* in calls only
-from .runtime import current_task
+from . import numpy as snp           # NumPy on plain arrays and on simpmd's device values
+from .runtime import mapped_run
 from .trace import backward_pass
 from .traced import Traced
 
@@ -86,18 +87,19 @@ class Tracer(NDArrayOperatorsMixin):
         if method != "__call__" or kwargs.get("out") is not None:
             _refuse(f"numpy.{ufunc.__name__}.{method}")
         name = ufunc.__name__
+        compute = getattr(snp, name)    # NumPy's ufunc, on plain or device values
         if name in CONSTANT_OUTPUT:
-            return ufunc(*[_primal(x) for x in inputs], **kwargs)
+            return compute(*[_primal(x) for x in inputs], **kwargs)
         if name not in VJP:
             _refuse(f"numpy.{name}")
-        return _apply(name, inputs, lambda *p: ufunc(*p, **kwargs))
+        return _apply(name, inputs, lambda *p: compute(*p, **kwargs))
 
     def __array_function__(self, func, types, args, kwargs):
         name = func.__name__
         if name in CONSTANT_OUTPUT:
-            return func(*_primals(args), **_primals(kwargs))
+            return getattr(snp, name)(*_primals(args), **_primals(kwargs))
         if name in ("concatenate", "stack"):
-            return _join(name, func, *args, **kwargs)
+            return _join(name, getattr(snp, name), *args, **kwargs)
         if name not in FUNCTION_VJP:
             _refuse(f"numpy.{name}")
         return FUNCTION_VJP[name](*args, **kwargs)
@@ -207,12 +209,10 @@ def _primals(x):
 
 # -- the mapping context: pmap-style rules, or shard_map's varying-axes rules --------------
 
-def _context():
-    """(uses_vma, manual axes, known input vmas) for the body running on this thread."""
-    task = current_task()
-    if task is None or not getattr(task.sim, "check_vma", False):
-        return False, (), {}
-    return True, tuple(n for n, _, _ in task.coords), getattr(task.sim, "input_vma", {})
+def _uses_vma() -> bool:
+    """True inside a ``shard_map(check_vma=True)`` body: values track their varying axes."""
+    run = mapped_run()
+    return run is not None and run.check_vma
 
 
 def _vma(x):
@@ -226,16 +226,13 @@ def _vma(x):
     """
     if type(x) is Tracer:
         return x.vma
-    uses_vma, axes, known = _context()
-    if not uses_vma or not isinstance(x, (Traced, np.ndarray)):
+    run = mapped_run()
+    if run is None or not run.check_vma or not isinstance(x, (Traced, np.ndarray)):
         return frozenset()
-    array = x.value if isinstance(x, Traced) else x
-    while isinstance(array, np.ndarray):
-        entry = known.get(id(array))
-        if entry is not None and entry[0] is array:
-            return entry[1]
-        array = array.base
-    return frozenset(axes) if isinstance(x, Traced) else frozenset()
+    vma = run.input_vma(x.value if isinstance(x, Traced) else x)
+    if vma is not None:
+        return vma
+    return frozenset(name for name, _ in run.axes) if isinstance(x, Traced) else frozenset()
 
 
 def _apply(op, inputs, forward, vjp=None, out_vma=None):
@@ -252,7 +249,7 @@ def _apply(op, inputs, forward, vjp=None, out_vma=None):
             f"not nest (grad of grad). Use jax.grad for higher derivatives.")
     primals = [_primal(x) for x in inputs]
     out = forward(*primals)
-    uses_vma = _context()[0]
+    uses_vma = _uses_vma()
     vma = frozenset()
     if uses_vma:
         vma = out_vma if out_vma is not None else frozenset().union(*(_vma(x) for x in inputs))
@@ -310,8 +307,8 @@ def _matmul_vjp(ct, out, a, b):
         return b @ ct, _unbroadcast(a.reshape(-1, 1) * ct.reshape(1, -1), _shape(b))
     if b_nd == 1:
         return ct.reshape(-1, 1) * b.reshape(1, -1), a.T @ ct
-    return (_unbroadcast(ct @ np.swapaxes(b, -1, -2), _shape(a)),
-            _unbroadcast(np.swapaxes(a, -1, -2) @ ct, _shape(b)))
+    return (_unbroadcast(ct @ snp.swapaxes(b, -1, -2), _shape(a)),
+            _unbroadcast(snp.swapaxes(a, -1, -2) @ ct, _shape(b)))
 
 
 def _chooser(ct, out, a, b):
@@ -326,7 +323,7 @@ VJP = {                     # keyed by NumPy's names (np.true_divide is np.divid
     "divide": _binary(lambda ct, out, a, b: (ct / b, -ct * out / b)),
     "power": _binary(lambda ct, out, a, b: (
         ct * b * a ** (b - 1),
-        None if isinstance(b, (int, float)) else ct * out * np.log(np.where(a > 0, a, 1)))),
+        None if isinstance(b, (int, float)) else ct * out * snp.log(snp.where(a > 0, a, 1)))),
     "maximum": _binary(_chooser),
     "minimum": _binary(_chooser),
     "matmul": _matmul_vjp,
@@ -338,9 +335,9 @@ VJP = {                     # keyed by NumPy's names (np.true_divide is np.divid
     "log": lambda ct, out, a: (ct / a,),
     "log1p": lambda ct, out, a: (ct / (1 + a),),
     "tanh": lambda ct, out, a: (ct * (1 - out * out),),
-    "sin": lambda ct, out, a: (ct * np.cos(a),),
-    "cos": lambda ct, out, a: (-ct * np.sin(a),),
-    "absolute": lambda ct, out, a: (ct * np.sign(a),),
+    "sin": lambda ct, out, a: (ct * snp.cos(a),),
+    "cos": lambda ct, out, a: (-ct * snp.sin(a),),
+    "absolute": lambda ct, out, a: (ct * snp.sign(a),),
 }
 
 # Operations whose result carries no gradient (JAX gives it a zero cotangent).
@@ -370,9 +367,9 @@ def _reduce(op, x, axis, keepdims):
     def vjp(ct, out, p):
         ct = ct.reshape(kept)
         if op == "sum":
-            return (np.broadcast_to(ct, shape) * 1,)
+            return (snp.broadcast_to(ct, shape) * 1,)
         if op == "mean":
-            return (np.broadcast_to(ct / count, shape) * 1,)
+            return (snp.broadcast_to(ct / count, shape) * 1,)
         chosen = p == out.reshape(kept)                    # ties share, as in JAX
         return (ct * chosen / chosen.sum(axis=axes, keepdims=True),)
 
@@ -388,9 +385,9 @@ def _where(cond, x=None, y=None):
 
     def vjp(ct, out, px, py):
         zero = ct * 0
-        return (_unbroadcast(np.where(cond, ct, zero), _shape(px)),
-                _unbroadcast(np.where(cond, zero, ct), _shape(py)))
-    return _apply("where", (x, y), lambda px, py: np.where(cond, px, py), vjp)
+        return (_unbroadcast(snp.where(cond, ct, zero), _shape(px)),
+                _unbroadcast(snp.where(cond, zero, ct), _shape(py)))
+    return _apply("where", (x, y), lambda px, py: snp.where(cond, px, py), vjp)
 
 
 def _join(name, func, arrays, axis=0, **kwargs):
@@ -399,15 +396,15 @@ def _join(name, func, arrays, axis=0, **kwargs):
 
     def vjp(ct, out, *ps):
         if name == "stack":
-            return tuple(np.take(ct, i, axis=axis) for i in range(len(ps)))
+            return tuple(snp.take(ct, i, axis=axis) for i in range(len(ps)))
         bounds = np.cumsum([s[axis] for s in shapes])[:-1]
-        return tuple(np.split(ct, bounds, axis=axis))
+        return tuple(snp.split(ct, bounds, axis=axis))
     return _apply(name, arrays, lambda *ps: func(list(ps), axis=axis, **kwargs), vjp)
 
 
 def _scatter_add(p, index, ct):
     """A zero array shaped like ``p`` with ``ct`` added at ``index``: the transpose of indexing."""
-    zeros = np.zeros_like(p)
+    zeros = snp.zeros_like(p)
     if hasattr(zeros, "at"):
         return zeros.at[index].add(ct)
     np.add.at(zeros, index, ct)
@@ -425,7 +422,7 @@ FUNCTION_VJP = {                     # keyed by NumPy's names (np.true_divide is
     "transpose": lambda x, axes=None: x.transpose(*(axes or ())),
     "squeeze": lambda x, axis=None: x.squeeze(axis),
     "ravel": lambda x: x.ravel(),
-    "dot": lambda a, b: _apply("matmul", (a, b), np.dot),
+    "dot": lambda a, b: _apply("matmul", (a, b), snp.dot),
     "where": _where,
 }
 
@@ -477,9 +474,9 @@ def collective(op, leaves, treedef, axis_name, params, groups, run):
             f"flow through, all_gather the values and use .max() on them.")
     axes = tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
     outs = run([_primal(v) for v in leaves])
-    uses_vma, _, _ = _context()
-    task = current_task()
-    size = int(np.prod([s for n, _, s in task.coords if n in axes])) if task else 1
+    run = mapped_run()
+    uses_vma = run is not None and run.check_vma
+    size = run.axis_size(axes) if run else 1
     if groups is not None:
         size = len(groups[0])
     results = []
@@ -591,11 +588,11 @@ def _value_and_grad_impl(fun, argnums, has_aux, args, kwargs):
                         f"shape: {_shape(value)}.")
     cts = {}
     if type(out) is Tracer:
-        cts = _backward(out, np.ones_like(value))
+        cts = _backward(out, snp.ones_like(value))
     grads = []
     for tracers, treedef in wrapped:
         leaves = [cts.get(id(t)) for t in tracers]
-        leaves = [np.zeros_like(t.primal) if c is None else c for t, c in zip(tracers, leaves)]
+        leaves = [snp.zeros_like(t.primal) if c is None else c for t, c in zip(tracers, leaves)]
         leaves = [c.astype(t.dtype) if c.dtype != t.dtype else c for t, c in zip(tracers, leaves)]
         grads.append(tree.unflatten(treedef, leaves))
     grads = tuple(grads) if many else grads[0]

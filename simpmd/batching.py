@@ -26,7 +26,7 @@ import numpy as np
 
 from . import collectives, errors, runtime
 from .trace import Event, current_phase
-from .traced import (Traced, _OPERATOR_UFUNCS, _jax_promotion, _no_new_float64,
+from .traced import (Traced, _OPERATOR_UFUNCS, _jax_promotion, _no_new_float64, defers_to,
                      numpy_function_refused)
 
 
@@ -61,6 +61,8 @@ class Batched(Traced):
     # on a device value directly is refused, as on Traced (and as JAX refuses it on a
     # tracer): simpmd.numpy reaches apply_ufunc / apply_function instead.
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        if any(defers_to(x) for x in inputs):
+            return NotImplemented       # simpmd.grad's Tracer computes it on the whole value
         if (method == "__call__" and ufunc in _OPERATOR_UFUNCS and len(inputs) == 2
                 and not isinstance(inputs[0], Traced)):
             return apply_ufunc(ufunc, inputs, kwargs)     # ndarray + x: JAX allows it
@@ -111,8 +113,10 @@ def _operator(ufunc, reflected=False, unary=False):
     if unary:
         return lambda self: apply_ufunc(ufunc, (self,), {})
     if reflected:
-        return lambda self, other: apply_ufunc(ufunc, (other, self), {})
-    return lambda self, other: apply_ufunc(ufunc, (self, other), {})
+        return lambda self, other: (NotImplemented if defers_to(other) else
+                                    apply_ufunc(ufunc, (other, self), {}))
+    return lambda self, other: (NotImplemented if defers_to(other) else
+                                apply_ufunc(ufunc, (self, other), {}))
 
 
 for _name, _ufunc in [("add", np.add), ("sub", np.subtract), ("mul", np.multiply),
@@ -462,6 +466,8 @@ class Batch:
         self.prints: list = []
         self._coords = None
         self.maps_a_mesh = maps_a_mesh        # a shard_map's run (for error messages)
+        # shard_map(check_vma=True) sets these: id(body input) -> (input, mesh axes it varies over)
+        self.check_vma, self.input_vma = False, {}
 
     # -- naming devices --------------------------------------------------------------------
     @property

@@ -45,6 +45,38 @@ def current_task():
     return getattr(_local, "task", None)
 
 
+class MappedRun:
+    """What a mapped body may learn about the run it is part of (``simpmd.grad`` asks).
+
+    ``axes``: ``((axis name, size), ...)`` of the mapped axes in scope. ``check_vma``:
+    a ``shard_map(check_vma=True)`` run, where every value knows the mesh axes it varies
+    over. ``input_vma(array)``: those axes for a body input (or a view of one), else None.
+    """
+
+    def __init__(self, axes, check_vma, inputs):
+        self.axes, self.check_vma, self._inputs = tuple(axes), check_vma, inputs
+
+    def axis_size(self, names) -> int:
+        return math.prod(size for name, size in self.axes if name in names)
+
+    def input_vma(self, array):
+        while isinstance(array, np.ndarray):
+            entry = self._inputs.get(id(array))
+            if entry is not None and entry[0] is array:
+                return entry[1]
+            array = array.base
+        return None
+
+
+def mapped_run():
+    """The :class:`MappedRun` of the body running on this thread, or None outside one."""
+    task = current_task()
+    if task is None:
+        return None
+    return MappedRun(((name, size) for name, _, size in task.coords),
+                     task.sim.check_vma, task.sim.input_vma)
+
+
 class _Cancelled(BaseException):
     """Unwinds a waiting device's program when a run is abandoned (not an Exception, so
     user code's ``except Exception`` cannot swallow it)."""
@@ -192,6 +224,8 @@ class Simulation:
         self.step = 0
         self.failure = None               # the first (task, exception)
         self.tasks: list = []
+        # shard_map(check_vma=True) sets these: id(body input) -> (input, mesh axes it varies over)
+        self.check_vma, self.input_vma = False, {}
 
     # -- creating programs --------------------------------------------------------------
     def new_tasks(self, fun, per_device_args, axes, parent=None):

@@ -215,7 +215,7 @@ class ShardMapped:
         mesh, eager = self.mesh, self.eager
         sim = _MeshSimulation(list(mesh.devices.flat), eager=eager)
         # For simpmd.grad: under check_vma each body input varies over its spec's axes.
-        sim.check_vma, sim.input_vma = self.check_vma, {}
+        sim.check_vma = self.check_vma
 
         per_device, blocks = [], []
         for k in range(mesh.size):
@@ -263,6 +263,7 @@ class ShardMapped:
         """Run the body one time over every device's block, stacked (see batching.py)."""
         mesh = self.mesh
         batch = Batch(list(mesh.devices.flat), tuple(mesh.shape.items()), maps_a_mesh=True)
+        batch.check_vma = self.check_vma
         coords = [mesh.coords_of(k) for k in range(mesh.size)]
         dev_leaves, received = [], []
         for path, value, spec in leaves:
@@ -271,6 +272,7 @@ class ShardMapped:
                 continue
             blocks = _stack_blocks(value, spec, mesh)
             dev_leaves.append(Batched(blocks))
+            batch.input_vma[id(blocks)] = (blocks, _spec_axes(spec))      # for simpmd.grad
             received.append((blocks, None, lambda k, path=path, value=value, spec=spec: _block_detail(
                 path, value.shape, spec, block_slices(spec, mesh, value.shape, coords[k]))))
         batch.receive(received)

@@ -169,12 +169,24 @@ class Trace:
 
     ``print(trace)`` shows the merged log; ``trace.device(3)`` one device's log;
     ``trace.events`` the plain records; in Jupyter the trace shows as an HTML table.
+    ``events`` may also be a function that makes the list: a run traced once keeps its
+    values stacked, and writes the per-device records only when someone reads them.
     """
 
     def __init__(self, events, eager: bool = False, max_rows: int = 64):
-        self.events: list[Event] = list(events)
+        self._events = events if callable(events) else list(events)
         self.eager = eager
         self.max_rows = max_rows
+
+    @property
+    def events(self) -> list[Event]:
+        if callable(self._events):
+            self._events = list(self._events())
+        return self._events
+
+    @events.setter
+    def events(self, events):
+        self._events = list(events)
 
     # -- plain data -----------------------------------------------------------------------
     @property

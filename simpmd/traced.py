@@ -157,6 +157,8 @@ class Traced(NDArrayOperatorsMixin):
     # asks the tracer for a concrete array. simpmd refuses it the same way, so a body that
     # runs here runs on JAX too; simpmd.numpy computes through apply_ufunc instead.
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        if any(defers_to(x) for x in inputs):
+            return NotImplemented
         if self.eager or (method == "__call__" and ufunc in _OPERATOR_UFUNCS
                           and len(inputs) == 2 and type(inputs[0]) is not Traced):
             # `ndarray + x` and `np.float32(2) * x` reach here from NumPy's operators; JAX
@@ -315,9 +317,18 @@ class Traced(NDArrayOperatorsMixin):
 _PLAIN = (int, float, bool, complex, np.ndarray, np.generic)
 
 
+def defers_to(other) -> bool:
+    """True for an operand that wraps device values in turn (simpmd.grad's Tracer, with a
+    higher ``__array_priority__``): device values return NotImplemented to it, so that its
+    own (reflected) operation runs and sees the device value whole."""
+    return getattr(other, "__array_priority__", 0) > Traced.__array_priority__
+
+
 def _fast(ufunc, me, other, reflected):
     o = other.value if type(other) is Traced else other
     if not isinstance(o, _PLAIN):
+        if defers_to(o):
+            return NotImplemented
         return apply_ufunc(ufunc, (other, me) if reflected else (me, other), {})
     a, b = (o, me.value) if reflected else (me.value, o)
     if type(o) is np.ndarray:
@@ -338,8 +349,10 @@ def _operator(ufunc, reflected=False, unary=False):
     if unary:
         return lambda self: apply_ufunc(ufunc, (self,), {})
     if reflected:
-        return lambda self, other: apply_ufunc(ufunc, (other, self), {})
-    return lambda self, other: apply_ufunc(ufunc, (self, other), {})
+        return lambda self, other: (NotImplemented if defers_to(other) else
+                                    apply_ufunc(ufunc, (other, self), {}))
+    return lambda self, other: (NotImplemented if defers_to(other) else
+                                apply_ufunc(ufunc, (self, other), {}))
 
 
 for _name, _ufunc in [("floordiv", np.floor_divide), ("mod", np.remainder),
