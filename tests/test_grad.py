@@ -144,3 +144,29 @@ def test_ppermute_backward_runs_the_inverse_permutation():
     np.testing.assert_allclose(np.asarray(f(v)).ravel(), (np.arange(N) + 1) % N + 1)
     back = [c for c in f.trace.calls() if c[0].phase == "backward"]
     assert back[0][0].params["perm"] == tuple((d, s) for s, d in ring)
+
+
+@pytest.mark.parametrize("eager", [False, True])
+def test_mapped_run_tells_a_body_its_axes_check_vma_and_inputs_vma(eager):
+    """What simpmd.grad asks the engine, on both engines: the axes in scope with their
+    sizes, check_vma, and the mesh axes each body input varies over (None for a value
+    computed in the body)."""
+    from simpmd.runtime import mapped_run
+    seen = []
+
+    def body(a, b):
+        run = mapped_run()
+        seen.append((run.axes, run.check_vma, run.axis_size(("y",)), run.input_vma(a.value),
+                     run.input_vma(b.value), run.input_vma((a * 2).value)))
+        return a
+
+    mesh = simpmd.make_mesh((2, 4), ("x", "y"))
+    for check in (True, False):
+        seen.clear()
+        simpmd.shard_map(body, mesh=mesh, in_specs=(simpmd.P("x", "y"), simpmd.P()),
+                         out_specs=simpmd.P("x", "y"), check_vma=check, eager=eager)(
+            np.ones((4, 8), np.float32), np.ones(3, np.float32))
+        assert len(seen) == (8 if eager else 1)       # once per device, or once in all
+        assert set(seen) == {((("x", 2), ("y", 4)), check, 4, frozenset({"x", "y"}),
+                              frozenset(), None)}
+    assert mapped_run() is None

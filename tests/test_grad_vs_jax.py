@@ -121,6 +121,9 @@ CASES = [
          lambda: (f32(N, 3), f32(3)), (0, None)),
     Case("fsdp_all_gather_forward_reduce_scatter_backward", _fsdp,
          lambda: (f32(N, 1, 3) / 10, f32(N, 2, N) / 20), (0, 0)),
+    Case("outside_value_on_the_left",          # x2 is no tracer: x2 @ w must still be w's
+         lambda x, w: grad(lambda w, x2=x * 2.0: ((x2 @ w) ** 2).sum())(w),
+         lambda: (f32(N, 2, 3) / 10, f32(3) / 10), (0, None)),
     Case("tensor_parallel_column_layer", _tensor_parallel,
          lambda: (f32(N, 3, 2).transpose(1, 0, 2).reshape(3, 2 * N).reshape(3, N, 2)
                   .transpose(1, 0, 2) / 10, f32(4, 3) / 10), (0, None)),
@@ -165,15 +168,26 @@ def _as_shard_map(case, shard_map, P, mesh, check_vma):
     return shard_map(body, mesh=mesh, in_specs=specs, out_specs=P("i"), check_vma=check_vma)
 
 
-def run_simpmd(case, mode):
+def run_simpmd(case, mode, eager=False):
     args = case.args()
     if mode == "pmap":
-        return simpmd.pmap(case.body, "i", in_axes=case.in_axes)(*args)
+        return simpmd.pmap(case.body, "i", in_axes=case.in_axes, eager=eager)(*args)
     mesh = simpmd.make_mesh((N,), ("i",))
-    return _as_shard_map(case, simpmd.shard_map, simpmd.P, mesh, mode == "check_vma")(*args)
+    shard_map = lambda *a, **k: simpmd.shard_map(*a, **k, eager=eager)
+    return _as_shard_map(case, shard_map, simpmd.P, mesh, mode == "check_vma")(*args)
+
+
+_JAX_RESULTS: dict = {}         # (case, mode) -> JAX's gradients, shared by the tests below
 
 
 def run_jax(jax, case, mode):
+    key = (case.name, mode)
+    if key not in _JAX_RESULTS:
+        _JAX_RESULTS[key] = _leaves(_run_jax(jax, case, mode))
+    return _JAX_RESULTS[key]
+
+
+def _run_jax(jax, case, mode):
     args = case.args()
     if mode == "pmap":
         return jax.pmap(case.body, "i", in_axes=case.in_axes)(*args)
@@ -189,7 +203,20 @@ MODES = ["pmap", "check_vma", "no_check_vma"]
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_grad_matches_jax(jax8, case, mode):
     got = _leaves(run_simpmd(case, mode))
-    want = _leaves(run_jax(jax8, case, mode))
+    want = run_jax(jax8, case, mode)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape, (case.name, mode, g.shape, w.shape)
+        np.testing.assert_allclose(g, w, rtol=2e-5, atol=1e-6, err_msg=f"{case.name} {mode}")
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_eager_grad_matches_jax(jax8, case, mode):
+    """eager=True runs one program per device (runtime.py), not the stacked trace: the
+    gradients must be JAX's all the same."""
+    got = _leaves(run_simpmd(case, mode, eager=True))
+    want = run_jax(jax8, case, mode)
     assert len(got) == len(want)
     for g, w in zip(got, want):
         assert g.shape == w.shape, (case.name, mode, g.shape, w.shape)
@@ -198,7 +225,7 @@ def test_grad_matches_jax(jax8, case, mode):
 
 @pytest.mark.parametrize("case", PMAP_ONLY, ids=[c.name for c in PMAP_ONLY])
 def test_grad_with_axis_index_groups_matches_jax_pmap(jax8, case):
-    got, want = _leaves(run_simpmd(case, "pmap")), _leaves(run_jax(jax8, case, "pmap"))
+    got, want = _leaves(run_simpmd(case, "pmap")), run_jax(jax8, case, "pmap")
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=2e-5, atol=1e-6, err_msg=case.name)
 
