@@ -381,13 +381,15 @@ def _reduce(op, x, axis, keepdims):
 def _where(cond, x=None, y=None):
     if x is None:
         _refuse("numpy.where with one argument")
+    # A condition that varies makes the result vary (JAX pvary's the branches to match it).
+    out_vma = frozenset().union(_vma(cond), _vma(x), _vma(y)) if _uses_vma() else None
     cond = _primal(cond)
 
     def vjp(ct, out, px, py):
         zero = ct * 0
         return (_unbroadcast(snp.where(cond, ct, zero), _shape(px)),
                 _unbroadcast(snp.where(cond, zero, ct), _shape(py)))
-    return _apply("where", (x, y), lambda px, py: snp.where(cond, px, py), vjp)
+    return _apply("where", (x, y), lambda px, py: snp.where(cond, px, py), vjp, out_vma)
 
 
 def _join(name, func, arrays, axis=0, **kwargs):

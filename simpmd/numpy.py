@@ -36,6 +36,11 @@ def _is_grad_tracer(x) -> bool:
     from .autodiff import Tracer
     return type(x) is Tracer
 
+
+def _holds_grad_tracer(value) -> bool:
+    from .autodiff import Tracer
+    return _contains(value, (Tracer,))
+
 _MISSING = object()
 # What simpmd.numpy forwards to for a few names, on simpmd's devices. np.asarray(x) asks
 # x for a concrete array, which a device value (like a JAX tracer) refuses; snp.asarray(x)
@@ -113,6 +118,8 @@ def _dispatching(namespace: tuple, name: str):
         if name in _KEEPS_DEVICE_VALUES and not namespace and args and isinstance(args[0], _Traced):
             x = args[0]
             return x._with(_np.asarray(x.value, *args[1:2], **kwargs))
+        if _holds_grad_tracer((args, kwargs)):
+            return fn(*args, **kwargs)      # the Tracer's own rule, over its device values
         if _holds_device_values(args) or _holds_device_values(kwargs):
             # Called directly, NumPy would refuse a device value (as it refuses a tracer).
             # Values stacked by device (a body traced once) compute through batching rules.

@@ -167,6 +167,8 @@ class Traced(NDArrayOperatorsMixin):
         raise numpy_function_refused(f"np.{ufunc.__name__}", inputs)
 
     def __array_function__(self, func, types, args, kwargs):
+        if any(defers_to(x) for x in _leaves((args, kwargs))):
+            return NotImplemented
         if self.eager:
             return apply_function(func, args, kwargs)
         # What NumPy does with an object that is not an array: np.sum(x) calls x.sum(), as

@@ -124,6 +124,10 @@ CASES = [
     Case("outside_value_on_the_left",          # x2 is no tracer: x2 @ w must still be w's
          lambda x, w: grad(lambda w, x2=x * 2.0: ((x2 @ w) ** 2).sum())(w),
          lambda: (f32(N, 2, 3) / 10, f32(3) / 10), (0, None)),
+    Case("numpy_function_of_a_device_value_and_a_tracer",   # snp.dot(x, w): w's rule
+         lambda x, w: grad(lambda w: (snp.dot(x, w) ** 2).sum()
+                           + snp.where(x > 0.3, w, 0.0).sum())(w),
+         lambda: (f32(N, 2, 3) / 10, f32(3) / 10), (0, None)),
     Case("tensor_parallel_column_layer", _tensor_parallel,
          lambda: (f32(N, 3, 2).transpose(1, 0, 2).reshape(3, 2 * N).reshape(3, N, 2)
                   .transpose(1, 0, 2) / 10, f32(4, 3) / 10), (0, None)),
