@@ -71,28 +71,36 @@ def banner():
 def show_error(engine: str, run, first_line_only: bool = False) -> None:
     """Call ``run()`` and print the exception it raises, wrapped for reading.
 
-    For JAX (an ``engine`` label starting with "jax"), whose error types and wording change
-    from release to release, the verdict line says only that it refused; its own message
-    follows on one line that starts "On this JAX (version):", which the course's tests
+    For JAX (an ``engine`` label starting with "jax"), whose errors change from release to
+    release (the type, the words, and sometimes whether it refuses at all), what happened
+    is printed on one line that starts "On this JAX (version):", which the course's tests
     leave out when they compare a lesson's output across JAX versions.
     """
+    import contextlib
+    import io
     import textwrap
+    on_jax = engine.strip().startswith("jax")
+    version = getattr(sys.modules.get("jax"), "__version__", "?")
+    printed = io.StringIO()      # some JAX releases print an error's source line as they raise it
     try:
-        run()
+        with contextlib.redirect_stdout(printed) if on_jax else contextlib.nullcontext():
+            run()
     except Exception as exc:
         lines = [line for line in str(exc).splitlines() if line.strip()]
         lines = lines[:1] if first_line_only else lines
-        if engine.strip().startswith("jax"):
-            jax = sys.modules.get("jax")
-            version = getattr(jax, "__version__", "?")
-            print(f"{engine} refused it.")
-            print(f"    On this JAX ({version}): {type(exc).__name__}: {' '.join(lines)}")
+        if on_jax:
+            print(f"{engine}:")
+            print(f"    On this JAX ({version}): raised {type(exc).__name__}: {' '.join(lines)}")
             return
         print(f"{engine} raised {type(exc).__name__}:")
         for line in lines:
             print(textwrap.fill(line, 92, initial_indent="    ", subsequent_indent="    "))
     else:
-        print(f"{engine}: no error")
+        if on_jax:
+            print(f"{engine}:")
+            print(f"    On this JAX ({version}): no error")
+        else:
+            print(f"{engine}: no error")
 
 
 # -- checking answers --------------------------------------------------------------------

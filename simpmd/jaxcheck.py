@@ -31,6 +31,7 @@ import contextlib
 from dataclasses import dataclass, field
 import html
 import inspect
+import io
 import itertools
 import os
 import re
@@ -583,12 +584,22 @@ def _to_numpy(value):
 
 def _dry_trace_then_run(jax, program, args, guard_negative, static=()):
     """Trace ``program`` to a jaxpr (no compiling), refuse known crashes, then run it."""
-    jaxpr = jax.make_jaxpr(program, static_argnums=tuple(sorted(static)))(*args)
-    if guard_negative:
-        bad = _negative_axes_in_jaxpr(jaxpr)
-        if bad:
-            return None, bad
-    return _to_numpy(program(*args)), []
+    with quiet_jax():
+        jaxpr = jax.make_jaxpr(program, static_argnums=tuple(sorted(static)))(*args)
+        if guard_negative:
+            bad = _negative_axes_in_jaxpr(jaxpr)
+            if bad:
+                return None, bad
+        return _to_numpy(program(*args)), []
+
+
+@contextlib.contextmanager
+def quiet_jax():
+    """Within the block, what JAX prints is kept from the notebook: some releases print the
+    source line of a sharding error on stdout as they raise it (jax 0.12), others do not,
+    and a report must read the same on all of them."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        yield
 
 
 def _axes_for_jax(jax, in_axes, out_axes, args, static, sim, notes):
@@ -826,7 +837,8 @@ def _crosscheck_shard_map(program, args, rtol, atol) -> CrossCheckReport:
             other.not_run = "made with eager=True: real JAX cannot trace Python control flow on values"
         else:
             try:
-                other.outputs = _to_numpy(on_jax(program, devices=devices)(*args))
+                with quiet_jax():
+                    other.outputs = _to_numpy(on_jax(program, devices=devices)(*args))
             except Exception as exc:
                 other.error = exc
     except (ImportError, JaxDevicesError) as exc:
