@@ -165,12 +165,14 @@ _sources: dict = {}                  # (code object, line) -> (source, code): SP
 class _Rendezvous:
     """The members of one group that have arrived at one collective, waiting for the rest."""
 
-    __slots__ = ("key", "op", "axes", "params", "size", "signature", "arrived", "group_label")
+    __slots__ = ("key", "op", "axes", "params", "size", "signature", "arrived", "group_label",
+                 "phase")
 
     def __init__(self, key, op, axes, params, size, signature, group_label):
         self.key, self.op, self.axes, self.params = key, op, axes, params
         self.size, self.signature, self.group_label = size, signature, group_label
         self.arrived: dict = {}          # member index -> (task, leaves, source, code)
+        self.phase = "forward"           # or 'backward' (simpmd.grad's transposed collectives)
         # group_label: the whole axis_index_groups (tuple of tuples), or None
 
 
@@ -358,6 +360,7 @@ class Simulation:
         if rv is None:
             label = tuple(tuple(g) for g in groups) if groups is not None else None
             rv = self.pending[key] = _Rendezvous(key, op, axis_names, params, p, signature, label)
+            rv.phase = current_phase()       # read on the calling device's thread
         elif rv.signature != signature:
             first_task, _, first_source, _ = next(iter(rv.arrived.values()))
             raise errors.DivergenceError(
@@ -394,7 +397,7 @@ class Simulation:
             event = self.log(task, "collective", call=task.calls, op=rv.op, axes=rv.axes,
                              member=pos, params=params, inputs=tuple(leaves),
                              outputs=outs, bytes_sent=sent, bytes_received=received,
-                             source=source, code=code, phase=current_phase())
+                             source=source, code=code, phase=rv.phase)
             event._group = group_tasks
             if task is not me:
                 task.inbox = outs
