@@ -30,8 +30,12 @@ from .traced import (Traced, _OPERATOR_UFUNCS, _jax_promotion, _no_new_float64,
                      numpy_function_refused)
 
 
-class NestedMap(BaseException):
-    """A pmap was called inside a body traced once: the caller re-runs per device."""
+TRACE_ONCE = True        # False: every call runs one program per device (runtime.py), as eager does
+
+
+class NeedsPerDevice(BaseException):
+    """Raised in a body traced once by something that needs one program per device (a
+    pmap nested inside it): the driver drops the trace and re-runs the call per device."""
 
 
 # -- the stacked value ---------------------------------------------------------------------
@@ -495,7 +499,7 @@ class Batch:
         runtime._local.task = self
         try:
             yield self
-        except NestedMap:
+        except NeedsPerDevice:
             self.prints = []          # the per-device re-run prints them
             raise
         finally:
@@ -672,7 +676,7 @@ def run_once(batch, fun, args, kwargs):
     try:
         with batch.running():
             return fun(*args, **kwargs)
-    except NestedMap:
+    except NeedsPerDevice:
         raise
     except Exception as exc:
         batch.error(f"{type(exc).__name__}: {exc}")

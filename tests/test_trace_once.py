@@ -140,3 +140,23 @@ def test_collectives_record_the_phase():
         f(np.arange(8.0))
     assert {e.phase for e in f.trace.events if e.kind == "collective"} == {"backward"}
     assert "backward psum('i')" in f.trace.table()
+
+
+def test_a_nested_pmap_runs_per_device_and_prints_once_per_program(capsys):
+    def outer(x):
+        simpmd.debug.print("outer {}", x.sum())
+        return simpmd.pmap(lambda y: lax.psum(y, "j"), "j")(x)
+    out = simpmd.pmap(outer, "i")(np.arange(8.0).reshape(2, 4))
+    np.testing.assert_allclose(np.asarray(out), [[6.0] * 4, [22.0] * 4])
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and lines[0].endswith("outer 6.0") and lines[1].endswith("outer 22.0")
+
+
+def test_trace_once_can_be_switched_off(monkeypatch):
+    from simpmd import batching
+    monkeypatch.setattr(batching, "TRACE_ONCE", False)
+    calls = []
+    simpmd.pmap(lambda x: calls.append(1) or x * 2, "i")(np.arange(8.0))
+    assert len(calls) == 8
+    with pytest.raises(simpmd.TracerBoolConversionError):    # still JAX's refusals
+        simpmd.pmap(lambda x: x if x > 0 else -x, "i")(np.arange(8.0))
