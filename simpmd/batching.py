@@ -391,6 +391,17 @@ def _matmul(a, b):
 FUNCTION_RULES = {getattr(np, name): _method_of(name) for name in (
     "sum", "mean", "max", "min", "prod", "std", "var", "any", "all", "argmax", "argmin",
     "cumsum", "cumprod", "reshape", "transpose", "squeeze", "swapaxes")}
+def _like(func):
+    """np.zeros_like(x) and friends: the same call on the stack keeps the device axis."""
+    def rule(a, *args, **kwargs):
+        if type(a) is not Batched or kwargs.get("shape") is not None or len(args) > 2:
+            return NotImplemented
+        return Batched(func(a.value, *args, **kwargs))
+    return rule
+
+
+FUNCTION_RULES.update({np.zeros_like: _like(np.zeros_like), np.ones_like: _like(np.ones_like),
+                       np.full_like: _like(np.full_like)})
 FUNCTION_RULES.update({np.amax: _method_of("max"), np.amin: _method_of("min"),
                        np.where: _elementwise(np.where), np.clip: _elementwise(np.clip),
                        np.round: _elementwise(np.round),
