@@ -30,8 +30,12 @@ from .traced import (Traced, _OPERATOR_UFUNCS, _jax_promotion, _no_new_float64, 
                      numpy_function_refused)
 
 
-class NestedMap(BaseException):
-    """A pmap was called inside a body traced once: the caller re-runs per device."""
+TRACE_ONCE = True        # False: every call runs one program per device (runtime.py), as eager does
+
+
+class NeedsPerDevice(BaseException):
+    """Raised in a body traced once by something that needs one program per device (a
+    pmap nested inside it): the driver drops the trace and re-runs the call per device."""
 
 
 # -- the stacked value ---------------------------------------------------------------------
@@ -391,6 +395,17 @@ def _matmul(a, b):
 FUNCTION_RULES = {getattr(np, name): _method_of(name) for name in (
     "sum", "mean", "max", "min", "prod", "std", "var", "any", "all", "argmax", "argmin",
     "cumsum", "cumprod", "reshape", "transpose", "squeeze", "swapaxes")}
+def _like(func):
+    """np.zeros_like(x) and friends: the same call on the stack keeps the device axis."""
+    def rule(a, *args, **kwargs):
+        if type(a) is not Batched or kwargs.get("shape") is not None or len(args) > 2:
+            return NotImplemented
+        return Batched(func(a.value, *args, **kwargs))
+    return rule
+
+
+FUNCTION_RULES.update({np.zeros_like: _like(np.zeros_like), np.ones_like: _like(np.ones_like),
+                       np.full_like: _like(np.full_like)})
 FUNCTION_RULES.update({np.amax: _method_of("max"), np.amin: _method_of("min"),
                        np.where: _elementwise(np.where), np.clip: _elementwise(np.clip),
                        np.round: _elementwise(np.round),
@@ -501,7 +516,7 @@ class Batch:
         runtime._local.task = self
         try:
             yield self
-        except NestedMap:
+        except NeedsPerDevice:
             self.prints = []          # the per-device re-run prints them
             raise
         finally:
@@ -678,7 +693,7 @@ def run_once(batch, fun, args, kwargs):
     try:
         with batch.running():
             return fun(*args, **kwargs)
-    except NestedMap:
+    except NeedsPerDevice:
         raise
     except Exception as exc:
         batch.error(f"{type(exc).__name__}: {exc}")

@@ -26,7 +26,8 @@ from .runtime import (Simulation, _refuse_non_arrays, current_task, flat_results
                       user_stacklevel)
 from .trace import Trace
 from .traced import Traced
-from .batching import Batch, Batched, NestedMap, _Named, run_once
+from . import batching
+from .batching import Batch, Batched, NeedsPerDevice, _Named, run_once
 
 _last_trace = None
 
@@ -254,7 +255,7 @@ class Pmapped:
     def __call__(self, *args, **kwargs):
         parent = current_task()
         if type(parent) is Batch:
-            raise NestedMap()
+            raise NeedsPerDevice()
         if parent is None and "jax" in sys.modules:
             # Inside a real JAX trace (jax.pmap of a nested simpmd program), the inner pmap
             # means jax.vmap with the same axis name: real JAX no longer nests pmap.
@@ -283,10 +284,10 @@ class Pmapped:
             sim = parent.sim
             max_devices = len(sim.device_list)
         static, defs, kw_def, arrays, paths, size = self._split(args, kwargs, max_devices)
-        if parent is None and not self.eager:
+        if parent is None and not self.eager and batching.TRACE_ONCE:
             try:
                 return self._call_once(device_list, args, defs, kw_def, arrays, paths, size)
-            except NestedMap:
+            except NeedsPerDevice:
                 pass          # a pmap nested in the body: run one program per device instead
 
         eager = sim.eager

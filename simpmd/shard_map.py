@@ -33,7 +33,8 @@ from .pmap import as_array, positional_names, record_trace
 from .runtime import Simulation, _refuse_non_arrays, current_task, flat_results
 from .trace import Trace, summarize
 from .traced import Traced
-from .batching import Batch, Batched, NestedMap, run_once
+from . import batching
+from .batching import Batch, Batched, NeedsPerDevice, run_once
 
 _REQUIRED = object()
 
@@ -207,10 +208,10 @@ class ShardMapped:
                 f"keyword(s) {', '.join(kwargs)}. Pass them by position, with one in_specs "
                 f"entry each.")
         leaves, treedef = self._split(args)
-        if not self.eager:
+        if not self.eager and batching.TRACE_ONCE:
             try:
                 return self._call_once(leaves, treedef)
-            except NestedMap:
+            except NeedsPerDevice:
                 pass          # a pmap inside the body: the per-device run explains the refusal
         mesh, eager = self.mesh, self.eager
         sim = _MeshSimulation(list(mesh.devices.flat), eager=eager)

@@ -30,7 +30,8 @@ BODIES = {
                                           snp.dot(x, v), snp.matmul(v, w)),
     "where, clip, concatenate, stack": lambda x, v, w: (
         snp.where(x > 0, x, v), snp.clip(x, -0.5, 0.5), v.clip(0, 1),
-        snp.concatenate([x, x * 2], axis=1), snp.stack([v, v + 1]), snp.stack([v, np.ones(4)], axis=-1)),
+        snp.concatenate([x, x * 2], axis=1), snp.stack([v, v + 1]), snp.stack([v, np.ones(4)], axis=-1),
+        snp.zeros_like(x), snp.ones_like(v, dtype=np.int32), snp.full_like(x, 3.0)),
     "at updates": lambda x, v, w: (x.at[0].set(v), x.at[:, 1].add(1.0), v.at[[0, 0, 2]].add(1.0),
                                    x.at[1, 2].multiply(v[0])),
     "no rule: per-device fallback": lambda x, v, w: (snp.sort(v), snp.einsum("ij,j->i", x, v),
@@ -139,4 +140,24 @@ def test_collectives_record_the_phase():
     with backward_pass():
         f(np.arange(8.0))
     assert {e.phase for e in f.trace.events if e.kind == "collective"} == {"backward"}
-    assert "(backward)" in f.trace.table()
+    assert "backward psum('i')" in f.trace.table()
+
+
+def test_a_nested_pmap_runs_per_device_and_prints_once_per_program(capsys):
+    def outer(x):
+        simpmd.debug.print("outer {}", x.sum())
+        return simpmd.pmap(lambda y: lax.psum(y, "j"), "j")(x)
+    out = simpmd.pmap(outer, "i")(np.arange(8.0).reshape(2, 4))
+    np.testing.assert_allclose(np.asarray(out), [[6.0] * 4, [22.0] * 4])
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and lines[0].endswith("outer 6.0") and lines[1].endswith("outer 22.0")
+
+
+def test_trace_once_can_be_switched_off(monkeypatch):
+    from simpmd import batching
+    monkeypatch.setattr(batching, "TRACE_ONCE", False)
+    calls = []
+    simpmd.pmap(lambda x: calls.append(1) or x * 2, "i")(np.arange(8.0))
+    assert len(calls) == 8
+    with pytest.raises(simpmd.TracerBoolConversionError):    # still JAX's refusals
+        simpmd.pmap(lambda x: x if x > 0 else -x, "i")(np.arange(8.0))
