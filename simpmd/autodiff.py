@@ -218,11 +218,11 @@ def _uses_vma() -> bool:
 def _vma(x):
     """The mesh axes ``x`` varies over, under ``check_vma``.
 
-    A tracer knows its own. A body input (or a view of one) was noted by shard_map, by the
-    identity of its array. A Python or NumPy constant varies over none. Any other device
-    value is taken to vary over every manual axis, as a value computed from sharded inputs
-    does. (A device value on the left of an operator reaches a tracer as its bare NumPy
-    array; unless it is a view of a body input it then counts as a constant.)
+    A tracer knows its own. For a body input (or a view of one) the engine knows it
+    (``runtime.mapped_run().input_vma``). A Python or NumPy constant varies over none. Any
+    other device value is taken to vary over every manual axis, as a value computed from
+    sharded inputs does. (Device values defer to a tracer, so one on the left of an
+    operator, ``x2 @ w``, reaches the tracer whole, not as a bare NumPy array.)
     """
     if type(x) is Tracer:
         return x.vma
