@@ -31,7 +31,8 @@ BODIES = {
     "where, clip, concatenate, stack": lambda x, v, w: (
         snp.where(x > 0, x, v), snp.clip(x, -0.5, 0.5), v.clip(0, 1),
         snp.concatenate([x, x * 2], axis=1), snp.stack([v, v + 1]), snp.stack([v, np.ones(4)], axis=-1),
-        snp.zeros_like(x), snp.ones_like(v, dtype=np.int32), snp.full_like(x, 3.0)),
+        snp.zeros_like(x), snp.ones_like(v, dtype=np.int32), snp.full_like(x, 3.0),
+        snp.broadcast_to(v, (2, 4)), snp.broadcast_to(v.sum(), (3,)), snp.broadcast_to(x[:1], (3, 4))),
     "at updates": lambda x, v, w: (x.at[0].set(v), x.at[:, 1].add(1.0), v.at[[0, 0, 2]].add(1.0),
                                    x.at[1, 2].multiply(v[0])),
     "no rule: per-device fallback": lambda x, v, w: (snp.sort(v), snp.einsum("ij,j->i", x, v),
