@@ -402,15 +402,6 @@ def _broadcast_to(x, shape, **kwargs):
     return Batched(np.broadcast_to(v, v.shape[:1] + shape))
 
 
-def _filled_like(func):
-    """np.zeros_like / np.ones_like: the same on every device, shaped like one device's value."""
-    def rule(a, dtype=None, **kwargs):
-        if type(a) is not Batched or kwargs:
-            return NotImplemented
-        return Batched(func(a.value, dtype=dtype))
-    return rule
-
-
 FUNCTION_RULES = {getattr(np, name): _method_of(name) for name in (
     "sum", "mean", "max", "min", "prod", "std", "var", "any", "all", "argmax", "argmin",
     "cumsum", "cumprod", "reshape", "transpose", "squeeze", "swapaxes")}
@@ -429,8 +420,7 @@ FUNCTION_RULES.update({np.amax: _method_of("max"), np.amin: _method_of("min"),
                        np.where: _elementwise(np.where), np.clip: _elementwise(np.clip),
                        np.round: _elementwise(np.round),
                        np.concatenate: _joined(np.concatenate), np.stack: _joined(np.stack),
-                       np.broadcast_to: _broadcast_to, np.zeros_like: _filled_like(np.zeros_like),
-                       np.ones_like: _filled_like(np.ones_like)})
+                       np.broadcast_to: _broadcast_to})
 
 
 class _BatchedUpdate:
