@@ -170,3 +170,13 @@ def test_mapped_run_tells_a_body_its_axes_check_vma_and_inputs_vma(eager):
         assert set(seen) == {((("x", 2), ("y", 4)), check, 4, frozenset({"x", "y"}),
                               frozenset(), None)}
     assert mapped_run() is None
+
+
+def test_grad_inside_a_nested_pmap_sums_over_the_named_axes():
+    """A nested pmap runs per device (runtime.py): under pmap rules the gradient of a psum
+    over both axes of a 2x4 grid is 8 * 2v, over the inner axis alone 4 * 2v."""
+    v = np.arange(16.0, dtype=np.float32).reshape(2, 4, 2)
+    for axes, size in ((("i", "j"), 8), ("j", 4)):
+        f = simpmd.pmap(simpmd.pmap(
+            lambda v: grad(lambda v: lax.psum((v * v).sum(), axes))(v), "j"), "i")
+        np.testing.assert_allclose(np.asarray(f(v)), size * 2 * v)
