@@ -170,14 +170,14 @@ def test_draw_collective_1d_every_kind(op):
     assert sorted(gids(fig, "before")) == sorted(programs)
     assert sorted(gids(fig, "after")) == sorted(programs)
     if op in ("ppermute", "pshuffle"):
-        assert len(gids(fig, "link")) == 8 and not gids(fig, "hub")
+        assert len(gids(fig, "link")) == 8 and not gids(fig, "group")
     else:
-        assert len(gids(fig, "hub")) == 1
+        assert len(gids(fig, "group")) == 1
 
 
 @pytest.mark.parametrize("op", sorted(BODIES))
 @pytest.mark.parametrize("axis", ["model", "data"])
-def test_draw_collective_2d_every_kind_one_hub_or_arrow_set_per_group(op, axis):
+def test_draw_collective_2d_every_kind_one_band_or_arrow_set_per_group(op, axis):
     trace = run_2d(op, axis)
     fig = viz.draw_collective(trace, op)
     assert len(gids(fig, "before")) == len(gids(fig, "after")) == 8
@@ -185,7 +185,7 @@ def test_draw_collective_2d_every_kind_one_hub_or_arrow_set_per_group(op, axis):
     if op in ("ppermute", "pshuffle"):
         assert len(gids(fig, "link")) == 8
     else:
-        assert len(gids(fig, "hub")) == groups
+        assert len(gids(fig, "group")) == groups
 
 
 def test_the_numbers_drawn_are_the_numbers_in_the_trace():
@@ -258,11 +258,15 @@ def test_64_devices_every_view():
     f = simpmd.pmap(lambda x: (lax.psum_scatter(x, "i", tiled=True), lax.ppermute(x, "i", ring)),
                     axis_name="i")
     f(np.arange(64 * 128.0).reshape(64, 128))
+    shown = [f"device {d}" for d in list(range(12)) + [62, 63]]   # the middle is elided
     for fig in (viz.draw_collective(f.trace, 0), viz.draw_collective(f.trace, 1)):
-        assert len(gids(fig, "before")) == len(gids(fig, "after")) == 64
+        assert gids(fig, "before") == gids(fig, "after") == shown
+        assert gids(fig, "elided") == ["50"]
+        assert any("50 rows not drawn" in t and "device 12 to device 61" in t for t in texts(fig))
+    assert len(gids(viz.draw_collective(f.trace, 0, max_rows=64), "before")) == 64
     fig = viz.draw_trace(f.trace)
     fig.canvas.draw()                                     # renders without error
-    assert len(gids(fig, "after")) == 128
+    assert len(gids(fig, "after")) == 2 * len(shown)
     assert len(gids(viz.draw_trace_mesh(f.trace), "device")) == 64
     assert len(gids(viz.draw_mesh((4, 4, 4), ("x", "y", "z"), highlight_axis="y"), "device")) == 64
     assert len(gids(viz.draw_timeline(f.trace), "device")) == 64
@@ -388,3 +392,78 @@ def test_timeline_without_the_cost_model_says_so(monkeypatch):
     tl = viz.model_timeline(run_1d("psum"))
     assert "not a hardware estimate" in tl.comm_model
     assert tl.total("comm", 0) == pytest.approx(112 / 100e9)    # 2*7/8 * 64 B at 100 GB/s
+
+
+# -- reading at a glance ----------------------------------------------------------------------
+
+def _boxes(fig, role):
+    """Tagged before/after boxes by program: (width, height) in data units (inches)."""
+    return {a.get_gid().split(":", 2)[2]: (a.get_width(), a.get_height()) for a in tagged(fig, role)}
+
+
+def test_values_are_drawn_to_scale_and_2d_values_as_grids():
+    """Cell size is shared by both sides of a call: all_gather's result of 8 scalars is 8
+    times as wide as its input; psum_scatter's result an eighth; an [8,2] result is a
+    grid 8 rows tall and 2 wide, not a strip like [16]."""
+    f = simpmd.pmap(BODIES["all_gather"], axis_name="i")
+    f(np.arange(8.0))                                          # scalars -> [8]
+    fig = viz.draw_collective(f.trace)
+    (w0, h0), (w1, h1) = _boxes(fig, "before")["device 3"], _boxes(fig, "after")["device 3"]
+    assert w1 == pytest.approx(8 * w0) and h1 == pytest.approx(h0)
+    fig = viz.draw_collective(run_1d("psum_scatter"))
+    (w0, h0), (w1, h1) = _boxes(fig, "before")["device 0"], _boxes(fig, "after")["device 0"]
+    assert w0 == pytest.approx(8 * w1)
+    fig = viz.draw_collective(run_1d("all_gather", n=2))      # [2] -> [8, 2]
+    (w0, h0), (w1, h1) = _boxes(fig, "before")["device 0"], _boxes(fig, "after")["device 0"]
+    assert w1 == pytest.approx(w0) and h1 == pytest.approx(8 * h0)
+
+
+def test_pmax_and_pmin_colour_each_element_by_the_device_that_won():
+    from simpmd.viz.collectives import DRAWING
+    x = np.array([[5.0, 0.0], [1.0, 9.0], [7.0, 2.0], [0.0, 1.0]])
+    for op, expected in (("pmax", [2, 1]), ("pmin", [3, 0])):
+        f = simpmd.pmap(BODIES[op], axis_name="i")
+        f(x)
+        e = next(e for e in f.trace.events if e.kind == "collective")
+        ins = [m.inputs[0] for m in f.trace.collectives()[0]]
+        assert DRAWING[op].after(e, e.outputs[0], ins).tolist() == expected
+
+
+def test_grouped_legends_say_colour_is_the_position_in_the_group():
+    f = simpmd.pmap(lambda x: lax.psum(x, "i", axis_index_groups=[[0, 2], [1, 3]]), axis_name="i")
+    f(np.arange(4.0))
+    words = " ".join(texts(viz.draw_collective(f.trace)))
+    assert "colour = member of its group" in words and "colour = device" not in words
+    assert "{0, 2}" in words and "{1, 3}" in words
+    words = " ".join(texts(viz.draw_collective(run_1d("psum"))))
+    assert "colour = device" in words
+
+
+def test_titles_carry_no_source_lines_and_idle_devices_are_marked():
+    f = simpmd.pmap(lambda x: lax.ppermute(x, "i", perm=[(0, 1), (1, 0)]), axis_name="i")
+    f(np.arange(8.0))
+    fig = viz.draw_collective(f.trace)
+    words = texts(fig)
+    assert not any(".py:" in t or "<cell>" in t for t in words)
+    assert sum("(idle)" in t for t in words) == 6                 # devices 2..7 do nothing
+    assert len(gids(fig, "link")) == 2
+
+
+def test_the_palette_is_okabe_ito_and_stays_distinct_for_colour_blind_readers():
+    """Under a deuteranopia simulation (Machado, Oliveira & Fernandes 2009, severity 1.0),
+    every pair of the 8 device colours stays apart, which tab10's green and red do not."""
+    from matplotlib import colormaps
+    from simpmd.viz.canvas import device_color
+    deutan = np.array([[0.367322, 0.860646, -0.227968], [0.280085, 0.672501, 0.047413],
+                       [-0.011820, 0.042940, 0.968881]])
+
+    def seen(rgb):
+        linear = np.where(np.asarray(rgb) <= 0.04045, np.asarray(rgb) / 12.92,
+                          ((np.asarray(rgb) + 0.055) / 1.055) ** 2.4)
+        return np.clip(deutan @ linear, 0, 1)
+
+    ours = [seen(device_color(k, 8)) for k in range(8)]
+    closest = min(np.linalg.norm(a - b) for i, a in enumerate(ours) for b in ours[i + 1:])
+    tab = [seen(colormaps["tab10"](k)[:3]) for k in (2, 3)]
+    assert closest > 2 * np.linalg.norm(tab[0] - tab[1])
+    assert device_color(1, 8) == pytest.approx((0x56 / 255, 0xB4 / 255, 0xE9 / 255))
