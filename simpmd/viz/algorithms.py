@@ -381,11 +381,11 @@ def draw_algorithm_step(run, t: int, *, show: str = "sources", ax=None):
 
 def draw_algorithm(run, *, frames=None, ncols: int | None = None, show: str = "sources"):
     """Draw several frames of a run side by side (all ``num_steps + 1`` by default), ``ncols``
-    per row (as many as fit in about 16 inches); a free slot explains the colours. Return the Figure."""
+    per row (as many as fit in about 22 inches); a free slot explains the colours. Return the Figure."""
     _check(run, show)
     fw, fh = _frame_inches(run)
     if ncols is None:
-        ncols = max(1, min(4, int(16.5 // fw)))
+        ncols = max(1, min(4, int(22 // fw)))
     frames = list(range(_frame_count(run))) if frames is None else list(frames)
     ncols = max(1, min(ncols, len(frames)))
     nrows = math.ceil(len(frames) / ncols)

@@ -109,7 +109,7 @@ class Picture:
     split: Callable | None = None
 
 
-_REDUCE = "colour = {who}; grey, hatched = combined from every {who} of the group"
+_REDUCE = "colour = {who}; grey, hatched = combined from the whole group"
 DRAWING = {
     "psum": Picture(_own, _summed, "group", "sum", "everyone's values are added; " + _REDUCE),
     "pmean": Picture(_own, _summed, "group", "mean", "everyone's values are averaged; " + _REDUCE),
@@ -366,10 +366,14 @@ def _plan(events, leaf, max_numbers, max_rows):
         tops.append(y)
         y -= row_h if e is not None else max(0.32, MIN_FONT * 2.2 / 72)
         previous = g
-    box = scale.cols * scale.cw
+    def widest(side):
+        return max([_grid(np.shape(getattr(e, side)[leaf]))[1] for e in ordered
+                    if len(getattr(e, side)) > leaf] or [1]) * scale.cw
+
+    box = widest("inputs")
     x_before = LABEL_IN + 0.1
     x_after = x_before + box + GAP_IN
-    width = max(x_after + box + RIGHT_IN, MIN_WIDTH_IN)
+    width = max(x_after + widest("outputs") + RIGHT_IN, MIN_WIDTH_IN)
     return dict(groups=groups, first=first, shown=shown, elided=elided, scale=scale,
                 tops=tops, row_h=row_h, x_before=x_before, x_after=x_after, box=box,
                 width=width, height=-y + 0.15, n_leaves=n_leaves, group_of=group_of)
@@ -515,8 +519,8 @@ def _draw_groups(ax, plan, centre, extent, symbol, fs):
                               edgecolor=(0.55, 0.55, 0.55), linewidth=0.9, zorder=2)
         tag(band, "group", g[0].step)
         ax.add_patch(band)
-        n = len(g)
-        label = f"{symbol}\n{'group ' + str(gi) + chr(10) if len(plan['groups']) > 1 else ''}{n} devices"
+        n = f"{len(g)} {'devices' if g[0].device is not None else 'programs'}"
+        label = f"{symbol}\n{'group ' + str(gi) + chr(10) if len(plan['groups']) > 1 else ''}{n}"
         if top - bottom < 0.4:
             label = label.replace("\n", " ")
         ax.text((x0 + x1) / 2, (top + bottom) / 2, label, ha="center", va="center",
