@@ -467,3 +467,52 @@ def test_the_palette_is_okabe_ito_and_stays_distinct_for_colour_blind_readers():
     tab = [seen(colormaps["tab10"](k)[:3]) for k in (2, 3)]
     assert closest > 2 * np.linalg.norm(tab[0] - tab[1])
     assert device_color(1, 8) == pytest.approx((0x56 / 255, 0xB4 / 255, 0xE9 / 255))
+
+
+def test_long_1d_meshes_wrap_into_rows_and_elide_the_middle():
+    fig = viz.draw_mesh(64, ("i",), highlight_axis="i")
+    boxes = {int(a.get_gid().split(":")[2]): a for a in tagged(fig, "device")}
+    assert sorted(boxes) == list(range(64)) and not gids(fig, "elided")
+    rows = {round(b.get_y(), 6) for b in boxes.values()}
+    assert len(rows) == 4                                   # 64 devices: 4 rows of 16
+    assert boxes[16].get_x() == pytest.approx(boxes[0].get_x())
+    assert boxes[16].get_y() < boxes[0].get_y()
+    fig = viz.draw_mesh(512, ("i",))
+    shown = sorted(int(g) for g in gids(fig, "device"))
+    assert shown == list(range(96)) + list(range(496, 512))   # 6 rows, a note, the last row
+    assert gids(fig, "elided") == ["400"]
+    assert any("devices 96 to 495" in t for t in texts(fig))
+
+
+def test_value_boxes_name_the_device_once():
+    """Device i returns i: the box says 'device 3' and '3', not three bare 3s."""
+    f = simpmd.pmap(lambda x: lax.axis_index("i"), axis_name="i")
+    f(np.zeros(8))
+    words = texts(viz.draw_trace_mesh(f.trace, values="returned"))
+    assert words.count("3") == 1 and words.count("device 3") == 1
+
+
+def test_the_tree_all_reduce_is_drawn_level_by_level():
+    """A binomial tree over 8: 0 on top; 1, 2, 4 one level down; 3, 5, 6 next; 7 last. Each
+    parent sits above the middle of its children."""
+    run = algorithms.tree_all_reduce([np.full(4, float(d)) for d in range(8)])
+    fig = viz.draw_algorithm_step(run, 0)
+    box = {int(a.get_gid().split(":")[2]): a for a in tagged(fig, "device")}
+    y = {d: round(b.get_y(), 6) for d, b in box.items()}
+    levels = [sorted(d for d in y if y[d] == level) for level in sorted(set(y.values()), reverse=True)]
+    assert levels == [[0], [1, 2, 4], [3, 5, 6], [7]]
+    x = {d: b.get_x() for d, b in box.items()}
+    assert x[4] == pytest.approx((x[5] + x[6]) / 2) and x[6] == pytest.approx(x[7])
+
+
+def test_text_is_never_smaller_than_seven_points():
+    trace = run_1d("all_to_all")
+    run = algorithms.torus_all_reduce([np.full(16, float(d)) for d in range(8)], (2, 4))
+    simpmd.set_device_count(64)
+    f = simpmd.pmap(lambda x: lax.all_gather(x, "i"), axis_name="i")
+    f(np.arange(64.0))
+    for fig in (viz.draw_collective(trace), viz.draw_algorithm(run), viz.draw_collective(f.trace),
+                viz.draw_mesh(64, ("i",)), viz.draw_timeline(f.trace)):
+        sizes = [t.get_fontsize() for t in fig.findobj(lambda a: type(a).__name__ == "Text")
+                 if t.get_text()]
+        assert min(sizes) >= 7.0
