@@ -32,6 +32,14 @@ class Drawing(Figure):
         self.savefig(buffer, format="png", bbox_inches="tight")
         return buffer.getvalue()
 
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        """The PNG at 150 dpi, shown at the size a 100 dpi image would take (sharp on
+        high-resolution screens, no larger on the page)."""
+        data = self._repr_png_()
+        width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+        shown = {"width": round(width * 100 / DPI), "height": round(height * 100 / DPI)}
+        return {"image/png": data}, {"image/png": shown}
+
 
 def new_figure(width: float, height: float) -> Drawing:
     fig = Drawing(figsize=(width, height), dpi=DPI)

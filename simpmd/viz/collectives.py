@@ -107,6 +107,7 @@ class Picture:
     symbol: str
     caption: str
     split: Callable | None = None
+    words: tuple = ("from", "from")     # how a block's label names its member, before/after
 
 
 _REDUCE = "colour = {who}; grey, hatched = combined from the whole group"
@@ -121,7 +122,7 @@ DRAWING = {
                           "colour = the {who} a block came from: everyone ends with every block"),
     "psum_scatter": Picture(_scattered_by_destination, _own, "group", "sum + split",
                             "colour = the {who} a block is summed onto: block i of every "
-                            "device is added and lands on {who} i"),
+                            "device is added and lands on {who} i", words=("to", "from")),
     "all_to_all": Picture(_own, _joined_by_source, "group", "all-to-all",
                           "colour = the {who} a block came from: block i of {who} j goes to "
                           "{who} i (a transpose)", split=_split_blocks),
@@ -193,12 +194,12 @@ def _row_label(e):
 
 MAX_SHOWN_ROWS, MAX_SHOWN_COLS = 128, 512   # larger values are drawn from evenly spaced samples
 CELL_IN = 0.55        # a cell is at most this wide (inches) ...
-CELL_H_IN = 0.3       # ... and this tall; a 2-D value's rows share at most ROW_CAP_IN
-ROW_CAP_IN = 1.2
+CELL_H_IN = 0.27      # ... and this tall; a 2-D value's rows share at most ROW_CAP_IN
+ROW_CAP_IN = 1.0
 BOX_IN = 4.2          # the widest value in a call is at most this wide
 LABEL_IN, GAP_IN, RIGHT_IN = 1.1, 1.6, 0.7
 HEADER_IN = 1.0       # title, caption and column headings
-ROW_PAD_IN, GROUP_GAP_IN = 0.13, 0.14
+ROW_PAD_IN, GROUP_GAP_IN = 0.11, 0.14
 MIN_WIDTH_IN = 7.5
 SUM_HATCH = "////"
 
@@ -226,7 +227,7 @@ class _Scale:
     ch: float
     rows: int
     cols: int
-    fs: float | None          # font size of the numbers, or None: the numbers do not fit
+    fs: float | None          # largest font size for numbers, or None: too many to print
 
 
 def _scale_for(values, max_numbers):
@@ -234,17 +235,20 @@ def _scale_for(values, max_numbers):
     rows = max(r for r, _ in shapes)
     cols = max(max(c for _, c in shapes), 1)
     cw = min(CELL_IN, BOX_IN / cols)
-    ch = CELL_H_IN if rows == 1 else max(min(CELL_H_IN, ROW_CAP_IN / rows), 0.02)
+    ch = CELL_H_IN if rows == 1 else max(min(CELL_H_IN, ROW_CAP_IN / rows), 0.01)
     if rows > 1:                       # keep a grid's cells near square
         cw = min(cw, max(2.5 * ch, 0.3))
-    fs = None
     small = all(np.size(v) <= max_numbers and np.asarray(v).dtype.kind in "biufc" for v in values)
-    if small and values:
-        longest = max(len(number(t)) for v in values for t in np.ravel(v)) if any(
-            np.size(v) for v in values) else 1
-        size = min(9.0, ch * 72 / 1.45, cw * 72 / (0.6 * longest + 0.5))
-        fs = size if size >= MIN_FONT else None
-    return _Scale(cw, ch, rows, cols, fs)
+    return _Scale(cw, ch, rows, cols, 9.0 if small and values else None)
+
+
+def _number_size(texts, scale):
+    """The font size at which the longest of ``texts`` fits a cell, or None below 7 pt."""
+    if scale.fs is None or not texts:
+        return None
+    longest = max(len(t) for t in texts)
+    size = min(scale.fs, scale.ch * 72 / 1.2, scale.cw * 72 / (0.63 * longest + 0.3))
+    return size if size >= MIN_FONT else None
 
 
 def _faces(src, p):
@@ -269,7 +273,7 @@ def _boundaries(b, x0, ytop, w, h):
     return segments
 
 
-def _draw_value(ax, x0, ytop, value, sources, split, p, scale, member):
+def _draw_value(ax, x0, ytop, value, sources, split, p, scale, member, word="from"):
     """One value with its top-left corner at ``(x0, ytop)``; returns its width and height."""
     a = np.asarray(value)
     r, c = _grid(a.shape)
@@ -298,20 +302,21 @@ def _draw_value(ax, x0, ytop, value, sources, split, p, scale, member):
         ax.add_collection(LineCollection(lines, colors="white", linewidths=0.7, zorder=2))
     ax.add_collection(LineCollection(_boundaries(b, x0, ytop, w, h), colors=INK,
                                      linewidths=1.3, zorder=3))
-    if scale.fs is not None:
-        for i in range(r):
-            for k in range(c):
-                ax.text(x0 + (k + 0.5) * sx, ytop - (i + 0.5) * sy, number(a[np.unravel_index(
-                        i * c + k, a.shape)] if a.ndim else a), ha="center", va="center",
-                        fontsize=scale.fs, color=INK, zorder=4)
+    words = [number(v) for v in a.ravel()] if scale.fs is not None else []
+    fs = _number_size(words, scale)
+    if fs is not None:
+        for k, word in enumerate(words):
+            i, j = divmod(k, c)
+            ax.text(x0 + (j + 0.5) * sx, ytop - (i + 0.5) * sy, word, ha="center", va="center",
+                    fontsize=fs, color=INK, zorder=4)
     else:
-        _label_blocks(ax, s, x0, ytop, sx, sy, member)
+        _label_blocks(ax, s, x0, ytop, sx, sy, member, word)
     return w, h
 
 
-def _label_blocks(ax, s, x0, ytop, sx, sy, member):
+def _label_blocks(ax, s, x0, ytop, sx, sy, member, word):
     """Without numbers, write in each rectangular block the member its data came from
-    (where colour alone would have to say it)."""
+    (or goes to: ``word``), where colour alone would have to say it."""
     kinds = [int(k) for k in np.unique(s) if k >= 0]
     if kinds == [member]:
         return
@@ -323,7 +328,7 @@ def _label_blocks(ax, s, x0, ytop, sx, sy, member):
         bw, bh = (k1 - k0) * sx, (i1 - i0) * sy
         if bh * 72 < MIN_FONT * 1.3:
             continue
-        text = f"from {k}" if bw * 72 >= 0.6 * MIN_FONT * 7 else str(k)
+        text = f"{word} {k}" if bw * 72 >= 0.6 * MIN_FONT * 7 else str(k)
         if bw * 72 < 0.6 * MIN_FONT * len(text) + 2:
             continue
         ax.text(x0 + (k0 + k1) / 2 * sx, ytop - (i0 + i1) / 2 * sy, text, ha="center",
@@ -401,7 +406,7 @@ def _draw_call(ax, plan, *, leaf, title, index=None):
             value = vals[leaf]
             split = picture.split(e, value) if (side == "before" and picture.split) else None
             w, h = _draw_value(ax, x0, top, value, fn(e, value, group_inputs), split,
-                               p, scale, e.member)
+                               p, scale, e.member, picture.words[side == "after"])
             box = Rectangle((x0, top - h), w, h, fill=grey, facecolor=(0.85, 0.85, 0.85, 0.7),
                             edgecolor=INK, linewidth=0.9, zorder=5)
             tag(box, side, e.program)
