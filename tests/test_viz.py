@@ -516,3 +516,16 @@ def test_text_is_never_smaller_than_seven_points():
         sizes = [t.get_fontsize() for t in fig.findobj(lambda a: type(a).__name__ == "Text")
                  if t.get_text()]
         assert min(sizes) >= 7.0
+
+
+def test_draw_trace_puts_narrow_panels_side_by_side():
+    f = simpmd.pmap(lambda v: (lax.psum(v, "i"), lax.pmean(v, "i"), lax.pmax(v, "i"),
+                               lax.pmin(v, "i")), axis_name="i")
+    f(np.arange(16.0).reshape(8, 2))
+    fig = viz.draw_trace(f.trace)
+    lefts = sorted({round(ax.get_position().x0, 6) for ax in fig.axes})
+    bottoms = sorted({round(ax.get_position().y0, 6) for ax in fig.axes})
+    assert len(fig.axes) == 4 and len(lefts) == 2 and len(bottoms) == 2
+    assert len(viz.draw_trace(f.trace, ncols=1).axes) == 4
+    one = viz.draw_trace(f.trace, ncols=1)
+    assert len({round(ax.get_position().x0, 6) for ax in one.axes}) == 1

@@ -232,9 +232,11 @@ def _draw_frame(ax, run, t, held, segs, show):
         elif kind == "grid":             # above, at the left: the arrows attach right of it
             ax.text(x0, y0 + h + 0.03, label, ha="left", va="bottom", fontsize=MIN_FONT,
                     color=colour)
-        else:                            # outside the ring, clear of the arrows between boxes
+        else:                            # at the outer end, clear of the arrows that arrive
             below = cy < -1e-9
-            ax.text(cx, y0 - 0.03 if below else y0 + h + 0.03, label, ha="center",
+            side = "left" if cx < -1e-9 else ("right" if cx > 1e-9 else "center")
+            lx = {"left": x0, "right": x0 + w, "center": cx}[side]
+            ax.text(lx, y0 - 0.03 if below else y0 + h + 0.03, label, ha=side,
                     va="top" if below else "bottom", fontsize=MIN_FONT, color=colour)
 
     if kind == "tree":                   # the tree itself, faint, in every frame

@@ -200,7 +200,7 @@ BOX_IN = 4.2          # the widest value in a call is at most this wide
 LABEL_IN, GAP_IN, RIGHT_IN = 1.1, 1.6, 0.7
 HEADER_IN = 1.0       # title, caption and column headings
 ROW_PAD_IN, GROUP_GAP_IN = 0.11, 0.14
-MIN_WIDTH_IN = 7.5
+MIN_WIDTH_IN = 5.5     # room for the title and a wrapped caption
 SUM_HATCH = "////"
 
 
@@ -378,7 +378,9 @@ def _plan(events, leaf, max_numbers, max_rows):
     box = widest("inputs")
     x_before = LABEL_IN + 0.1
     x_after = x_before + box + GAP_IN
-    width = max(x_after + widest("outputs") + RIGHT_IN, MIN_WIDTH_IN)
+    after = next((e.outputs[leaf] for e in ordered if len(e.outputs) > leaf), None)
+    heading = len(f"after: {dtype_shape(after)} on each") * 9 * 0.6 / 72 if after is not None else 0
+    width = max(x_after + widest("outputs") + RIGHT_IN, x_after + heading + 0.2, MIN_WIDTH_IN)
     return dict(groups=groups, first=first, shown=shown, elided=elided, scale=scale,
                 tops=tops, row_h=row_h, x_before=x_before, x_after=x_after, box=box,
                 width=width, height=-y + 0.15, n_leaves=n_leaves, group_of=group_of)
@@ -571,11 +573,13 @@ def draw_collective(trace, call=0, *, leaf: int = 0, max_numbers: int = 64, max_
 
 
 def draw_trace(trace, *, leaf: int = 0, max_numbers: int = 64, max_rows: int = MAX_ROWS,
-               max_calls: int = 12):
-    """Draw every collective call of a run, one panel per call, top to bottom; return the Figure.
+               max_calls: int = 12, ncols: int | None = None):
+    """Draw every collective call of a run, one panel per call, in reading order; return the Figure.
 
     The first ``max_calls`` calls are drawn (a note says how many were left out); each
-    panel is :func:`draw_collective` of that call.
+    panel is :func:`draw_collective` of that call. Narrow panels sit ``ncols`` to a row
+    (by default as many as fit in about 16 inches), so that a run of small calls is not
+    one tall column.
     """
     calls = trace.calls()
     if not calls:
@@ -585,16 +589,24 @@ def draw_trace(trace, *, leaf: int = 0, max_numbers: int = 64, max_rows: int = M
     leaves = [min(leaf, len(c[0].inputs) - 1) if c[0].inputs else 0 for c in shown]
     plans = [_plan([e for e in c if e.kind == "collective"], k, max_numbers, max_rows)
              for c, k in zip(shown, leaves)]
+    slot = max(pl["width"] for pl in plans)
+    if ncols is None:
+        ncols = max(1, int(16.5 // slot))
+    ncols = max(1, min(ncols, len(plans)))
+    rows = [plans[k:k + ncols] for k in range(0, len(plans), ncols)]
+    heights = [max(pl["height"] for pl in row) for row in rows]
     note = 0.3 if len(calls) > len(shown) else 0.0
-    width = max(pl["width"] for pl in plans)
-    total = sum(pl["height"] for pl in plans) + note + 0.1
+    width = slot * ncols
+    total = sum(heights) + note + 0.1
     fig = new_figure(width, total)
     top = total - 0.05
-    for k, (pl, lf) in enumerate(zip(plans, leaves)):
-        h = pl["height"]
-        ax = fig.add_axes((0.0, (top - h) / total, pl["width"] / width, h / total))
-        _draw_call(ax, pl, leaf=lf, title=None, index=k)
-        top -= h
+    for r, (row, h_row) in enumerate(zip(rows, heights)):
+        for c, pl in enumerate(row):
+            k = r * ncols + c
+            h = pl["height"]
+            ax = fig.add_axes((c * slot / width, (top - h) / total, pl["width"] / width, h / total))
+            _draw_call(ax, pl, leaf=leaves[k], title=None, index=k)
+        top -= h_row
     if note:
         fig.text(0.01, 0.1 / total, f"... {len(calls) - len(shown)} more call(s); "
                  f"draw_collective(trace, call=k) draws any one", fontsize=8, color=INK)
