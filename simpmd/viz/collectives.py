@@ -130,8 +130,7 @@ DRAWING = {
                          "colour = the {who} a block came from: block i of {who} j goes to "
                          "{who} i", split=_split_blocks),
     "ppermute": Picture(_own, _permuted, "pairs", "",
-                        "colour = the {who} the value came from; white = nobody sent (zeros); "
-                        "grey row = idle (neither sends nor receives)"),
+                        "colour = the {who} the value came from; white = nobody sent (zeros)"),
     "pshuffle": Picture(_own, _shuffled, "pairs", "", "colour = the {who} the value came from"),
 }
 _DEFAULT = Picture(_own, _own, "group", "?", "colour = {who}")
@@ -443,6 +442,8 @@ def _draw_call(ax, plan, *, leaf, title, index=None):
             title += f"   (leaf {leaf} of {plan['n_leaves']})"
     who = "member of its group" if len(groups) > 1 else "device"
     caption = picture.caption.format(who=who)
+    if idle:
+        caption += "; grey rows are idle (they neither send nor receive)"
     if len(groups) > 1:
         caption += f" (member k of every group has colour k; the groups are {_groups_text(groups)})"
     chars = int(plan["width"] * 72 / (8.5 * 0.62))
