@@ -374,12 +374,15 @@ def _plan(events, leaf, max_numbers, max_rows):
         return max([_grid(np.shape(getattr(e, side)[leaf]))[1] for e in ordered
                     if len(getattr(e, side)) > leaf] or [1]) * scale.cw
 
-    box = widest("inputs")
+    def heading(side, word):      # the column heading's width, so that nothing covers it
+        value = next((getattr(e, side)[leaf] for e in ordered if len(getattr(e, side)) > leaf), None)
+        return len(f"{word}: {dtype_shape(value)} on each") * 9 * 0.6 / 72 if value is not None else 0
+
+    box = max(widest("inputs"), heading("inputs", "before") - 0.2)
     x_before = LABEL_IN + 0.1
     x_after = x_before + box + GAP_IN
-    after = next((e.outputs[leaf] for e in ordered if len(e.outputs) > leaf), None)
-    heading = len(f"after: {dtype_shape(after)} on each") * 9 * 0.6 / 72 if after is not None else 0
-    width = max(x_after + widest("outputs") + RIGHT_IN, x_after + heading + 0.2, MIN_WIDTH_IN)
+    width = max(x_after + widest("outputs") + RIGHT_IN, x_after + heading("outputs", "after") + 0.2,
+                MIN_WIDTH_IN)
     return dict(groups=groups, first=first, shown=shown, elided=elided, scale=scale,
                 tops=tops, row_h=row_h, x_before=x_before, x_after=x_after, box=box,
                 width=width, height=-y + 0.15, n_leaves=n_leaves, group_of=group_of)
