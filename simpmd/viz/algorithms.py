@@ -386,9 +386,12 @@ def draw_algorithm(run, *, frames=None, ncols: int | None = None, show: str = "s
     per row (as many as fit in about 22 inches); a free slot explains the colours. Return the Figure."""
     _check(run, show)
     fw, fh = _frame_inches(run)
-    if ncols is None:
-        ncols = max(1, min(4, int(22 // fw)))
     frames = list(range(_frame_count(run))) if frames is None else list(frames)
+    if ncols is None:          # as few rows as fit, then as few empty slots as those rows allow
+        widest = max(1, min(4, int(22 // fw)))
+        slots = len(frames) + 1
+        rows = math.ceil(slots / widest)
+        ncols = next(c for c in range(1, widest + 1) if math.ceil(slots / c) == rows)
     ncols = max(1, min(ncols, len(frames)))
     nrows = math.ceil(len(frames) / ncols)
     fig = new_figure(fw * ncols, fh * nrows)
