@@ -68,6 +68,19 @@ def banner():
           f"simulated); {real}; numpy {np.__version__}")
 
 
+def jax_outcome(call):
+    """``(result, None)`` or ``(None, exception)`` of a call into JAX, keeping out of the
+    notebook what some releases print as they raise (jax 0.12 prints the source line of a
+    sharding error), so that a lesson's output reads the same on every release."""
+    import contextlib
+    import io
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            return call(), None
+    except Exception as exc:
+        return None, exc
+
+
 def show_error(engine: str, run, first_line_only: bool = False) -> None:
     """Call ``run()`` and print the exception it raises, wrapped for reading.
 
@@ -76,31 +89,29 @@ def show_error(engine: str, run, first_line_only: bool = False) -> None:
     is printed on one line that starts "On this JAX (version):", which the course's tests
     leave out when they compare a lesson's output across JAX versions.
     """
-    import contextlib
-    import io
     import textwrap
     on_jax = engine.strip().startswith("jax")
-    version = getattr(sys.modules.get("jax"), "__version__", "?")
-    printed = io.StringIO()      # some JAX releases print an error's source line as they raise it
-    try:
-        with contextlib.redirect_stdout(printed) if on_jax else contextlib.nullcontext():
+    if on_jax:
+        _, exc = jax_outcome(run)
+    else:
+        try:
             run()
-    except Exception as exc:
-        lines = [line for line in str(exc).splitlines() if line.strip()]
-        lines = lines[:1] if first_line_only else lines
-        if on_jax:
-            print(f"{engine}:")
-            print(f"    On this JAX ({version}): raised {type(exc).__name__}: {' '.join(lines)}")
-            return
+            exc = None
+        except Exception as raised:
+            exc = raised
+    lines = [line for line in str(exc).splitlines() if line.strip()] if exc else []
+    lines = lines[:1] if first_line_only else lines
+    if on_jax:
+        version = getattr(sys.modules.get("jax"), "__version__", "?")
+        what = f"raised {type(exc).__name__}: {' '.join(lines)}" if exc else "no error"
+        print(f"{engine}:")
+        print(f"    On this JAX ({version}): {what}")
+    elif exc is None:
+        print(f"{engine}: no error")
+    else:
         print(f"{engine} raised {type(exc).__name__}:")
         for line in lines:
             print(textwrap.fill(line, 92, initial_indent="    ", subsequent_indent="    "))
-    else:
-        if on_jax:
-            print(f"{engine}:")
-            print(f"    On this JAX ({version}): no error")
-        else:
-            print(f"{engine}: no error")
 
 
 # -- checking answers --------------------------------------------------------------------
