@@ -92,9 +92,13 @@ def run_jax(jax, case: Case):
 # -- comparing two result trees ---------------------------------------------------------
 
 def _flatten(tree):
-    """Leaves (as NumPy arrays) and structure, with JAX's pytree rules (None is no leaf)."""
-    import jax
-    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    """Leaves (as NumPy arrays) and structure, with JAX's pytree rules (None is no leaf);
+    simpmd's own pytree code where JAX is not installed (the Python 3.10 leg)."""
+    try:
+        from jax.tree_util import tree_flatten
+    except ImportError:
+        from simpmd.tree import flatten as tree_flatten
+    leaves, treedef = tree_flatten(tree)
     return [np.asarray(leaf) for leaf in leaves], treedef
 
 
