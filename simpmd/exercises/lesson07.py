@@ -114,7 +114,7 @@ def _explain_2x4(a: np.ndarray, what: str) -> bool:
         return _say(True, f"{what} matches: {e[0, 0]:g} on every device.")
     if np.allclose(a, e * 4):
         return _say(False, f"{what} is 4 times too large: you added the values of all 8 devices "
-                    f"(the tutorial's 12.0 mistake). The psum over 'data' adds only the 2 devices "
+                    f"(the 12.0 mistake of section 3). The psum over 'data' adds only the 2 devices "
                     f"that share a 'model' index; after the psum over 'model' the 4 devices of a "
                     f"row hold the same number, so adding all 8 counts each row 4 times.")
     if np.allclose(a, e / 2):
