@@ -330,7 +330,8 @@ class CrossCheckReport:
         if self.ok:
             return f"crosscheck of {self.name}: simpmd and JAX agree"
         if not self.checked:
-            return f"crosscheck of {self.name}: not checked against JAX (see below)"
+            why = " (see below)" if self.details() else ""
+            return f"crosscheck of {self.name}: not checked against JAX{why}"
         return f"crosscheck of {self.name}: simpmd and JAX DISAGREE"
 
     def assert_match(self):
