@@ -67,14 +67,16 @@ else
         echo "Executed notebooks go to $outdir (pass --inplace to update notebooks/)"
     fi
     checks=$(mktemp -d "${TMPDIR:-/tmp}/simpmd-crosschecks.XXXXXX")
+    sockets=$(mktemp -d "${TMPDIR:-/tmp}/simpmd-kernel.XXXXXX")
     for nb in "${notebooks[@]}"; do
         start=$SECONDS
         export SIMPMD_CROSSCHECK_LOG="$checks/$(basename "$nb" .ipynb).log"
         : > "$SIMPMD_CROSSCHECK_LOG"
         # IPC transport: the kernel talks to nbconvert over local sockets instead of TCP,
-        # so it has no reason to warn about unencrypted TCP once per notebook.
+        # so it has no reason to warn about unencrypted TCP once per notebook. The socket
+        # path must be absolute: the kernel runs in notebooks/, nbconvert here.
         if "$py" -m jupyter nbconvert --to notebook --execute --log-level=WARN \
-                --KernelManager.transport=ipc \
+                --KernelManager.transport=ipc --KernelManager.ip="$sockets/kernel" \
                 --ExecutePreprocessor.timeout=600 "${destination[@]}" "$nb"; then
             echo "ok      $nb  ($((SECONDS - start)) s)"
         else
@@ -83,6 +85,7 @@ else
         fi
     done
     unset SIMPMD_CROSSCHECK_LOG
+    rm -rf "$sockets"
     ran+=("${#notebooks[@]} notebooks")
     if ((inplace)); then
         # Execution timestamps would make every re-run a diff; they are not content.
