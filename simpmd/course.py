@@ -190,7 +190,7 @@ def check_against_mistakes(answer, expected, mistakes, *, what: str, unit: str) 
     """
     a = number_or_complaint(answer, what, unit)
     if a is None:
-        return False
+        return Verdict(False)
     hints = [hint for wrong, hint in mistakes if np.isclose(a, wrong)]
     if hints and not np.isclose(a, expected):
         text = " Or ".join(h + "." for h in hints)

@@ -113,3 +113,10 @@ def test_ring_bytes_7168_names_each_slip_once(capsys):
     out = capsys.readouterr().out
     assert out.count("Not yet") == 1 and " Or " not in out
     assert out.index("values instead of bytes") < out.index("one phase")
+
+
+def test_a_placeholder_gives_a_false_verdict_that_jupyter_does_not_show(capsys):
+    verdict = lesson04.check_ring_bytes(...)
+    assert not verdict and type(verdict).__name__ == "Verdict"
+    assert verdict._ipython_display_() is None
+    assert "Not yet" in capsys.readouterr().out
