@@ -146,13 +146,13 @@ def _shapes_expected():
 def check_shapes(answer) -> bool:
     """Exercise 3: the per-device shapes of three collectives, as a tuple of three tuples."""
     if _placeholder(answer):
-        return _say(False, "answer is still a placeholder; give three shapes, e.g. ((1, 2), (3,), ()).")
+        return _say(False, "your answer is still a placeholder; give three shapes, e.g. ((1, 2), (3,), ()).")
     try:
         got = [tuple(int(n) for n in shape) for shape in answer]
     except (TypeError, ValueError):
-        return _say(False, f"answer should be three shapes (tuples of ints), got {answer!r}.")
+        return _say(False, f"your answer should be three shapes (tuples of ints), got {answer!r}.")
     if len(got) != 3:
-        return _say(False, f"answer has {len(got)} shape(s); give one for each of the three calls.")
+        return _say(False, f"your answer has {len(got)} shape(s); give one for each of the three calls.")
     expected = _shapes_expected()
     rows, cols = SHAPES_INPUT
     p = N_DEVICES
