@@ -339,7 +339,7 @@ class Pmapped:
                 if differ:
                     warnings.warn(
                         f"out_axes=None returns one copy of a result that should be the same on "
-                        f"every device, but {', '.join(differ[:4])} hold(s) a different value "
+                        f"every device, but {', '.join(differ[:4])}{f' and {len(differ) - 4} more' if len(differ) > 4 else ''} hold(s) a different value "
                         f"than {tasks[0].where()}. simpmd returns the first device's value, as "
                         f"JAX does (JAX does not check). Reduce it first (e.g. lax.pmean).",
                         stacklevel=user_stacklevel())

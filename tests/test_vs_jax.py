@@ -162,7 +162,7 @@ def test_simpmd_matches_closed_form(case):
 
 def test_worked_check_is_six(jax8):
     """Outer 'data' over inner 'model': psum(x * 0.5, 'model') * 2 gives 1 and 5 on the two
-    data rows, psum over 'data' gives 6. A popular tutorial says 12; it is 6 on both."""
+    data rows, psum over 'data' gives 6 (adding all four devices would give 12); 6 on both."""
     case = by_name("nested_worked_check_2x2")
     six = np.full((2, 2), 6.0, dtype=np.float32)
     np.testing.assert_array_equal(np.asarray(run_simpmd(case)), six)
