@@ -39,11 +39,13 @@ case " ${XLA_FLAGS:-} " in
 esac
 
 failed=()
+ran=()      # what ran, for the closing line
 
 echo
 echo "== The tour: python -m simpmd"
 if [[ -f simpmd/__main__.py ]]; then
     "$py" -m simpmd || failed+=("the tour (python -m simpmd)")
+    ran+=("the tour")
 else
     echo "skipped: simpmd/__main__.py does not exist yet"
 fi
@@ -65,11 +67,16 @@ else
         echo "Executed notebooks go to $outdir (pass --inplace to update notebooks/)"
     fi
     checks=$(mktemp -d "${TMPDIR:-/tmp}/simpmd-crosschecks.XXXXXX")
+    sockets=$(mktemp -d "${TMPDIR:-/tmp}/simpmd-kernel.XXXXXX")
     for nb in "${notebooks[@]}"; do
         start=$SECONDS
         export SIMPMD_CROSSCHECK_LOG="$checks/$(basename "$nb" .ipynb).log"
         : > "$SIMPMD_CROSSCHECK_LOG"
+        # IPC transport: the kernel talks to nbconvert over local sockets instead of TCP,
+        # so it has no reason to warn about unencrypted TCP once per notebook. The socket
+        # path must be absolute: the kernel runs in notebooks/, nbconvert here.
         if "$py" -m jupyter nbconvert --to notebook --execute --log-level=WARN \
+                --KernelManager.transport=ipc --KernelManager.ip="$sockets/kernel" \
                 --ExecutePreprocessor.timeout=600 "${destination[@]}" "$nb"; then
             echo "ok      $nb  ($((SECONDS - start)) s)"
         else
@@ -78,6 +85,8 @@ else
         fi
     done
     unset SIMPMD_CROSSCHECK_LOG
+    rm -rf "$sockets"
+    ran+=("${#notebooks[@]} notebooks")
     if ((inplace)); then
         # Execution timestamps would make every re-run a diff; they are not content.
         "$py" -c 'import json, sys
@@ -99,7 +108,9 @@ for p in sys.argv[1:]:
              "$known differ for a known reason, $bad disagree"
         grep '^NOT OK\|^EXPLAINED' "$log" | sed 's/^/    /' || true
         if ((bad)); then failed+=("cross-checks in $(basename "$log" .log)"); fi
+        crosschecks=$((${crosschecks:-0} + total))
     done
+    ran+=("${crosschecks:-0} cross-checks against real JAX")
     echo "(one line per cross-check in $checks)"
 fi
 
@@ -107,6 +118,7 @@ echo
 echo "== The figures: python -m simpmd.figures"
 if [[ -f simpmd/figures.py || -f simpmd/figures/__main__.py ]]; then
     "$py" -m simpmd.figures || failed+=("the figures (python -m simpmd.figures)")
+    ran+=("the figures")
 else
     echo "skipped: simpmd/figures does not exist yet"
 fi
@@ -117,4 +129,9 @@ if ((${#failed[@]})); then
     printf '  %s\n' "${failed[@]}" >&2
     exit 1
 fi
-echo "course.sh: every step that exists ran without error."
+if ((${#ran[@]} == 0)); then
+    echo "course.sh: nothing to run yet."
+else
+    summary=$(printf '%s, ' "${ran[@]}")
+    echo "course.sh: ran without error: ${summary%, }."
+fi

@@ -5,6 +5,18 @@ notebooks' copies identical to it), so where simpmd is installed from is configu
 one place. Exercises end with :func:`check`, which says what is wrong with an answer
 instead of only "wrong": a shape, a dtype, a value on one device, or a unit or factor
 that is off (bf16's 2 bytes per value is a classic).
+
+How a lesson lays out an exercise, so that running it top to bottom (as CI does) never
+overwrites the learner's answer and never shows the answer early:
+
+* an exercise cell holds the learner's name set to a placeholder (``answer_1 = ...`` or a
+  ``def`` that returns None), and the next cell checks it (``ex.check_x(answer_1)``); a
+  placeholder prints "Not yet: ..." and raises nothing;
+* checkers return a :class:`Verdict`: true or false like a bool, so ``assert`` works, but
+  shown as nothing in Jupyter, since the verdict was already printed;
+* the reference solutions sit in a "Solutions" section at the end of the lesson, under
+  other names (``solution_exercise_1``), each checked with the same checker in an
+  ``assert``, so CI proves that every reference solution passes.
 """
 from __future__ import annotations
 
@@ -68,6 +80,19 @@ def banner():
           f"simulated); {real}; numpy {np.__version__}")
 
 
+def jax_outcome(call):
+    """``(result, None)`` or ``(None, exception)`` of a call into JAX, keeping out of the
+    notebook what some releases print as they raise (jax 0.12 prints the source line of a
+    sharding error), so that a lesson's output reads the same on every release."""
+    import contextlib
+    import io
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            return call(), None
+    except Exception as exc:
+        return None, exc
+
+
 def show_error(engine: str, run, first_line_only: bool = False) -> None:
     """Call ``run()`` and print the exception it raises, wrapped for reading.
 
@@ -76,39 +101,65 @@ def show_error(engine: str, run, first_line_only: bool = False) -> None:
     is printed on one line that starts "On this JAX (version):", which the course's tests
     leave out when they compare a lesson's output across JAX versions.
     """
-    import contextlib
-    import io
     import textwrap
     on_jax = engine.strip().startswith("jax")
-    version = getattr(sys.modules.get("jax"), "__version__", "?")
-    printed = io.StringIO()      # some JAX releases print an error's source line as they raise it
-    try:
-        with contextlib.redirect_stdout(printed) if on_jax else contextlib.nullcontext():
+    if on_jax:
+        _, exc = jax_outcome(run)
+    else:
+        try:
             run()
-    except Exception as exc:
-        lines = [line for line in str(exc).splitlines() if line.strip()]
-        lines = lines[:1] if first_line_only else lines
-        if on_jax:
-            print(f"{engine}:")
-            print(f"    On this JAX ({version}): raised {type(exc).__name__}: {' '.join(lines)}")
-            return
+            exc = None
+        except Exception as raised:
+            exc = raised
+    lines = [line for line in str(exc).splitlines() if line.strip()] if exc else []
+    lines = lines[:1] if first_line_only else lines
+    if on_jax:
+        version = getattr(sys.modules.get("jax"), "__version__", "?")
+        what = f"raised {type(exc).__name__}: {' '.join(lines)}" if exc else "no error"
+        print(f"{engine}:")
+        print(f"    On this JAX ({version}): {what}")
+    elif exc is None:
+        print(f"{engine}: no error")
+    else:
         print(f"{engine} raised {type(exc).__name__}:")
         for line in lines:
             print(textwrap.fill(line, 92, initial_indent="    ", subsequent_indent="    "))
-    else:
-        if on_jax:
-            print(f"{engine}:")
-            print(f"    On this JAX ({version}): no error")
-        else:
-            print(f"{engine}: no error")
 
 
 # -- checking answers --------------------------------------------------------------------
 
-def say(ok: bool, message: str) -> bool:
-    """Print a check's verdict ("Correct: ..." or "Not yet: ...") and return ``ok``."""
+class Verdict:
+    """A check's outcome: true or false like a bool, but displayed as nothing in Jupyter.
+
+    A check prints its verdict in words ("Correct: ..." / "Not yet: ..."); if it returned a
+    bare bool, a check cell would also show ``False`` under those words.
+    """
+
+    __slots__ = ("ok",)
+
+    def __init__(self, ok):
+        self.ok = bool(ok)
+
+    def __bool__(self):
+        return self.ok
+
+    def __eq__(self, other):
+        return bool(self) == bool(other) if isinstance(other, (bool, Verdict)) else NotImplemented
+
+    def __hash__(self):
+        return hash(self.ok)
+
+    def __repr__(self):
+        return f"Verdict({self.ok})"
+
+    def _ipython_display_(self):
+        """Show nothing: the check already printed its verdict."""
+
+
+def say(ok: bool, message: str) -> Verdict:
+    """Print a check's verdict ("Correct: ..." or "Not yet: ...") and return it as a Verdict."""
     print(("Correct: " if ok else "Not yet: ") + message)
-    return ok
+    return Verdict(ok)
 
 
 def is_placeholder(answer) -> bool:
@@ -141,7 +192,7 @@ def number_or_complaint(answer, what: str, unit: str):
         return None
 
 
-def check_against_mistakes(answer, expected, mistakes, *, what: str, unit: str) -> bool:
+def check_against_mistakes(answer, expected, mistakes, *, what: str, unit: str) -> Verdict:
     """Check a number, first naming the known mistake(s) whose value it equals.
 
     ``mistakes`` lists ``(wrong value, hint)`` pairs, each worked out from the same
@@ -150,7 +201,7 @@ def check_against_mistakes(answer, expected, mistakes, *, what: str, unit: str) 
     """
     a = number_or_complaint(answer, what, unit)
     if a is None:
-        return False
+        return Verdict(False)
     hints = [hint for wrong, hint in mistakes if np.isclose(a, wrong)]
     if hints and not np.isclose(a, expected):
         text = " Or ".join(h + "." for h in hints)
@@ -159,10 +210,11 @@ def check_against_mistakes(answer, expected, mistakes, *, what: str, unit: str) 
 
 
 def check(answer, expected, *, what: str = "your answer", unit: str | None = None,
-          rtol: float = 1e-6, atol: float = 0.0) -> bool:
+          rtol: float = 1e-6, atol: float = 0.0) -> Verdict:
     """Compare ``answer`` with ``expected``; print what is right or what is off.
 
-    Returns True when they agree, so a reference solution can ``assert check(...)``.
+    Returns a true :class:`Verdict` when they agree, so a reference solution can
+    ``assert check(...)``.
     ``unit`` (e.g. ``"bytes"``, ``"s"``) turns on hints for numbers off by a telling
     factor: 2 or 4 (bytes per value), 8 (bits vs bytes), 1000 vs 1024, powers of 1000
     (seconds vs milliseconds).

@@ -446,7 +446,8 @@ class Pmapped:
 def _warn_not_replicated(differ, first):
     warnings.warn(
         f"out_axes=None returns one copy of a result that should be the same on "
-        f"every device, but {', '.join(differ[:4])} hold(s) a different value "
+        f"every device, but {', '.join(differ[:4])}"
+        f"{f' and {len(differ) - 4} more' if len(differ) > 4 else ''} hold(s) a different value "
         f"than {first}. simpmd returns the first device's value, as "
         f"JAX does (JAX does not check). Reduce it first (e.g. lax.pmean).",
         stacklevel=user_stacklevel())

@@ -94,10 +94,11 @@ def draw_sharding(shape_or_array, mesh=None, spec=None, *, ax=None, title=None):
     if ax is None:
         aspect = rows / cols if cols else 1
         _, ax = plt.subplots(figsize=(5, max(1.2, min(5, 5 * aspect))))
-    colors = plt.get_cmap("Set3")           # light colours, so the labels stay readable
+    from .viz.canvas import OKABE_ITO, tint
     groups = sorted({tuple(sorted(v)) for v in cells.values()})
     for (r, c), ids in sorted(cells.items()):
-        color = colors(groups.index(tuple(sorted(ids))) % 12)
+        # Okabe-Ito hues, lightened so the labels stay readable (safe for colour-blind readers)
+        color = tint(OKABE_ITO[groups.index(tuple(sorted(ids))) % len(OKABE_ITO)], 0.45)
         ax.add_patch(Rectangle((c[0], r[0]), c[1] - c[0], r[1] - r[0], facecolor=color,
                                edgecolor="black", linewidth=1.5))
         word = "device" if len(ids) == 1 else "devices"

@@ -136,6 +136,14 @@ def test_out_axes_none_returns_one_copy_and_warns_when_devices_differ():
     assert float(out) == 0.0                                 # device 0's value, as JAX returns
 
 
+def test_out_axes_none_warning_counts_the_devices_it_does_not_list():
+    # Devices 1-7 all differ from device 0: four are named, the other three counted.
+    with pytest.warns(UserWarning) as caught:
+        simpmd.pmap(lambda v: v * 2, "i", out_axes=None)(np.arange(8.0))
+    text = str(caught[0].message)
+    assert "device 4" in text and "device 5" not in text and "and 3 more" in text
+
+
 def test_pytrees_in_and_out():
     Pair = collections.namedtuple("Pair", "a b")
 

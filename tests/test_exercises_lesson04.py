@@ -90,8 +90,9 @@ def test_ring_bytes_accepts_14336(capsys):
 @pytest.mark.parametrize("answer, hint", [
     (..., "placeholder"),
     (28672, "4 bytes per value (float32); bf16 takes 2"),
-    (7168, "two phases"),
-    (7168, "counts values, not bytes"),
+    (7168, "half the answer"),
+    (7168, "counting values instead of bytes"),
+    (7168, "counting one phase of the ring"),
     (16384, "(p-1)/p of the buffer"),
     (8192, "size of the buffer itself"),
     (14336 * 8, "bits"),
@@ -102,3 +103,20 @@ def test_ring_bytes_accepts_14336(capsys):
 def test_ring_bytes_rejects_with_hint(capsys, answer, hint):
     assert not lesson04.check_ring_bytes(answer)
     verdict(capsys, False, hint)
+
+
+def test_ring_bytes_7168_names_each_slip_once(capsys):
+    # 7168 = 7/8 * 4096 * 2 (one phase, in bytes) = 2 * 7/8 * 4096 (both phases, in values):
+    # one hint, naming both slips, and nothing else.
+    assert 7 / 8 * 4096 * 2 == 2 * 7 / 8 * 4096 == 7168
+    assert not lesson04.check_ring_bytes(7168)
+    out = capsys.readouterr().out
+    assert out.count("Not yet") == 1 and " Or " not in out
+    assert out.index("values instead of bytes") < out.index("one phase")
+
+
+def test_a_placeholder_gives_a_false_verdict_that_jupyter_does_not_show(capsys):
+    verdict = lesson04.check_ring_bytes(...)
+    assert not verdict and type(verdict).__name__ == "Verdict"
+    assert verdict._ipython_display_() is None
+    assert "Not yet" in capsys.readouterr().out

@@ -35,6 +35,9 @@ def test_specs_accept_jax_partition_specs():
     (("i", P()), P(), "P('i')"),
     ((P("i"), None), P(), "static argument"),
     ((P("j"), P()), P(), "only axis is 'i'"),
+    ((P("i"), P()), P(None, "i"), "along axis 1, like out_axes=1"),
+    ((P("i"), P()), P("j"), "names no axis of this mesh"),
+    ((P("i"), P()), None, "returned once, is P()"),
 ])
 def test_specs_wrong(in_specs, out_specs, hint, capsys):
     assert not ex.check_specs(in_specs, out_specs)
@@ -128,3 +131,23 @@ def test_sharded_bytes_wrong(answer, hints, capsys):
     out = said(capsys)
     for h in hints:
         assert h in out
+
+
+@pytest.mark.parametrize("out_specs", [P("i"), P(None, "i"), P("j"), None])
+def test_specs_each_wrong_out_spec_gets_its_own_hint(out_specs, capsys):
+    # Each wrong out_specs is told what IT does, written as the learner wrote it.
+    assert not ex.check_specs((P("i"), P()), out_specs)
+    text = said(capsys)
+    assert "P('i',)" not in text
+    if out_specs is None:
+        assert "in_specs" not in text
+    else:
+        assert f"out_specs is P({', '.join(repr(e) for e in out_specs)})" in text
+
+
+def test_check_cells_show_no_bare_bool():
+    # A checker's verdict is truthy/falsy for assert, but Jupyter shows nothing for it.
+    verdict = ex.check_specs(..., ...)
+    assert not verdict and verdict == False  # noqa: E712
+    assert hasattr(verdict, "_ipython_display_") and verdict._ipython_display_() is None
+    assert ex.check_specs((P("i"), P()), P()) and ex.check_block_shapes(..., ..., ...) == False  # noqa: E712

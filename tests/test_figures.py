@@ -34,6 +34,12 @@ def test_figures_command_writes_every_figure_twice_with_identical_bytes(tmp_path
     sizes = {p.name: p.stat().st_size for p in written}
     assert sizes["ring_allreduce.gif"] < 1.5e6
     assert sum(sizes.values()) < 3e6
+    from PIL import Image
+    with Image.open(first / "ring_allreduce.gif") as gif:     # twice the old 430 x 370 px
+        assert gif.size[0] >= 860 and gif.size[1] >= 740
+    for name in sorted(EXPECTED - {"ring_allreduce.gif"}):
+        with Image.open(first / name) as png:
+            assert min(png.info["dpi"]) >= 149.9, f"{name} is saved below 150 dpi"
 
 
 def test_the_figures_folder_holds_every_expected_figure():

@@ -4,6 +4,7 @@ The choice is tested on stand-ins for the jax module (TPU, GPU, CPU-only machine
 real paths (a fresh import, jax imported but idle, jax already running with too few
 devices) each run in a fresh interpreter, because a JAX backend starts once per process.
 """
+import importlib.util
 import os
 import subprocess
 import sys
@@ -197,6 +198,10 @@ def test_cpu_default_with_a_gpu_beside_it_says_so():
 
 # -- fresh interpreters: the real first-import paths ---------------------------------------------
 
+needs_jax = pytest.mark.skipif(importlib.util.find_spec("jax") is None,
+                               reason="JAX is not installed (the Python 3.10 leg runs without it)")
+
+
 def run_fresh(code, **env):
     """Run code in a new interpreter without this process's XLA_FLAGS, CPU only."""
     child_env = {k: v for k, v in os.environ.items()
@@ -206,6 +211,7 @@ def run_fresh(code, **env):
                           env=child_env, capture_output=True, text=True, timeout=120)
 
 
+@needs_jax
 def test_fresh_import_makes_fake_cpu_devices_and_keeps_user_flags():
     out = run_fresh("""
         import os, sys, simpmd
@@ -220,6 +226,7 @@ def test_fresh_import_makes_fake_cpu_devices_and_keeps_user_flags():
         f"4 4 --xla_cpu_multi_thread_eigen=false {FLAG}=4"]
 
 
+@needs_jax
 def test_jax_imported_but_idle_still_gets_its_devices_and_config_is_raised():
     out = run_fresh("""
         import jax, simpmd
@@ -230,6 +237,7 @@ def test_jax_imported_but_idle_still_gets_its_devices_and_config_is_raised():
     assert out.stdout.split() == ["8", "8"]
 
 
+@needs_jax
 def test_jax_already_running_with_one_device_gives_the_restart_advice():
     out = run_fresh("""
         import jax, simpmd
@@ -245,6 +253,7 @@ def test_jax_already_running_with_one_device_gives_the_restart_advice():
     assert "Restart the kernel" in out.stdout and "simpmd.use_jax_devices(8)` first" in out.stdout
 
 
+@needs_jax
 def test_crosscheck_chooses_devices_itself_when_not_told():
     out = run_fresh("""
         import numpy as np, simpmd

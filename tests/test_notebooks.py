@@ -89,3 +89,67 @@ def test_setup_cell_says_in_one_sentence_what_to_do_when_the_install_fails():
         "Could not install simpmd from file:///nonexistent/simpmd: check that this runtime is "
         "online and that the address is right, then run this cell again."]
     assert run.stdout == ""
+
+
+# -- exercises: answers out of sight (see simpmd.course's docstring for the pattern) -------------
+# Lessons that keep their reference solutions in a "Solutions" section at the end. The
+# others still put a solution right after its exercise; add each lesson here as it adopts
+# the pattern.
+SOLUTIONS_AT_THE_END = ["03_in_axes_out_axes.ipynb", "04_named_axes_collectives.ipynb",
+                        "06_collective_algorithms_and_cost.ipynb",
+                        "07_nested_pmap_2d_meshes.ipynb", "10_shard_map_and_jit.ipynb"]
+
+
+def _top_level_names(source):
+    """The names a cell's code assigns or defines at the top level."""
+    import ast
+    lines = [line for line in source.splitlines() if not line.lstrip().startswith(("%", "!"))]
+    names = set()
+    for node in ast.parse("\n".join(lines)).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                names |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+    return names
+
+
+def _sections(path):
+    """(exercise cells, solution cells): from '## Exercises' to '## Solutions', and after."""
+    cells = json.loads(path.read_text())["cells"]
+    heads = ["".join(c["source"]) if c["cell_type"] == "markdown" else "" for c in cells]
+    start = next(i for i, h in enumerate(heads) if "## Exercises" in h)
+    solutions = [i for i, h in enumerate(heads) if h.startswith("## Solutions")]
+    assert len(solutions) == 1, f"{path.name}: needs one '## Solutions' section"
+    later = [h.splitlines()[0] for h in heads[solutions[0] + 1:] if h.startswith("## ")]
+    assert not later, f"{path.name}: the Solutions section must be the last, but {later} follow"
+    return cells[start:solutions[0]], cells[solutions[0]:]
+
+
+@pytest.mark.parametrize("name", SOLUTIONS_AT_THE_END)
+def test_solutions_never_overwrite_the_learners_answers(name):
+    exercises, solutions = _sections(ROOT / "notebooks" / name)
+    learner = set().union(*(_top_level_names("".join(c["source"])) for c in exercises
+                            if c["cell_type"] == "code"))
+    for c in solutions:
+        if c["cell_type"] == "code":
+            clash = _top_level_names("".join(c["source"])) & learner
+            assert not clash, f"{name}: the Solutions section redefines the learner's {sorted(clash)}"
+    checked = [c for c in solutions if c["cell_type"] == "code" and "solution_exercise_" in
+               "".join(c["source"]) and "assert " in "".join(c["source"])]
+    assert checked, f"{name}: each reference solution should be checked with an assert"
+
+
+@pytest.mark.parametrize("name", SOLUTIONS_AT_THE_END)
+def test_placeholders_say_not_yet_and_check_cells_show_no_bare_bool(name):
+    exercises, _ = _sections(ROOT / "notebooks" / name)
+    said = ""
+    for c in exercises:
+        for out in c.get("outputs", []):
+            assert out["output_type"] != "error", f"{name}: an exercise cell raised on its placeholder"
+            plain = "".join(out.get("data", {}).get("text/plain", ""))
+            assert plain not in ("True", "False"), f"{name}: a check cell shows a bare {plain}"
+            said += "".join(out.get("text", ""))
+    assert "Not yet" in said and "Correct" not in said, (
+        f"{name}: the exercises, left as placeholders, should each print 'Not yet: ...'")

@@ -170,14 +170,14 @@ def test_draw_collective_1d_every_kind(op):
     assert sorted(gids(fig, "before")) == sorted(programs)
     assert sorted(gids(fig, "after")) == sorted(programs)
     if op in ("ppermute", "pshuffle"):
-        assert len(gids(fig, "link")) == 8 and not gids(fig, "hub")
+        assert len(gids(fig, "link")) == 8 and not gids(fig, "group")
     else:
-        assert len(gids(fig, "hub")) == 1
+        assert len(gids(fig, "group")) == 1
 
 
 @pytest.mark.parametrize("op", sorted(BODIES))
 @pytest.mark.parametrize("axis", ["model", "data"])
-def test_draw_collective_2d_every_kind_one_hub_or_arrow_set_per_group(op, axis):
+def test_draw_collective_2d_every_kind_one_band_or_arrow_set_per_group(op, axis):
     trace = run_2d(op, axis)
     fig = viz.draw_collective(trace, op)
     assert len(gids(fig, "before")) == len(gids(fig, "after")) == 8
@@ -185,7 +185,7 @@ def test_draw_collective_2d_every_kind_one_hub_or_arrow_set_per_group(op, axis):
     if op in ("ppermute", "pshuffle"):
         assert len(gids(fig, "link")) == 8
     else:
-        assert len(gids(fig, "hub")) == groups
+        assert len(gids(fig, "group")) == groups
 
 
 def test_the_numbers_drawn_are_the_numbers_in_the_trace():
@@ -258,11 +258,15 @@ def test_64_devices_every_view():
     f = simpmd.pmap(lambda x: (lax.psum_scatter(x, "i", tiled=True), lax.ppermute(x, "i", ring)),
                     axis_name="i")
     f(np.arange(64 * 128.0).reshape(64, 128))
+    shown = [f"device {d}" for d in list(range(12)) + [62, 63]]   # the middle is elided
     for fig in (viz.draw_collective(f.trace, 0), viz.draw_collective(f.trace, 1)):
-        assert len(gids(fig, "before")) == len(gids(fig, "after")) == 64
+        assert gids(fig, "before") == gids(fig, "after") == shown
+        assert gids(fig, "elided") == ["50"]
+        assert any("50 rows not drawn" in t and "device 12 to device 61" in t for t in texts(fig))
+    assert len(gids(viz.draw_collective(f.trace, 0, max_rows=64), "before")) == 64
     fig = viz.draw_trace(f.trace)
     fig.canvas.draw()                                     # renders without error
-    assert len(gids(fig, "after")) == 128
+    assert len(gids(fig, "after")) == 2 * len(shown)
     assert len(gids(viz.draw_trace_mesh(f.trace), "device")) == 64
     assert len(gids(viz.draw_mesh((4, 4, 4), ("x", "y", "z"), highlight_axis="y"), "device")) == 64
     assert len(gids(viz.draw_timeline(f.trace), "device")) == 64
@@ -403,3 +407,140 @@ def test_backward_collectives_are_drawn_with_a_backward_title():
     # the reduce-scatter hands device d the sum of everyone's block d: 2 (d + 1) here
     back = trace.calls()[1]
     assert [float(e.outputs[0][0]) for e in back] == [2.0 * (d + 1) for d in range(8)]
+
+
+# -- reading at a glance ----------------------------------------------------------------------
+
+def _boxes(fig, role):
+    """Tagged before/after boxes by program: (width, height) in data units (inches)."""
+    return {a.get_gid().split(":", 2)[2]: (a.get_width(), a.get_height()) for a in tagged(fig, role)}
+
+
+def test_values_are_drawn_to_scale_and_2d_values_as_grids():
+    """Cell size is shared by both sides of a call: all_gather's result of 8 scalars is 8
+    times as wide as its input; psum_scatter's result an eighth; an [8,2] result is a
+    grid 8 rows tall and 2 wide, not a strip like [16]."""
+    f = simpmd.pmap(BODIES["all_gather"], axis_name="i")
+    f(np.arange(8.0))                                          # scalars -> [8]
+    fig = viz.draw_collective(f.trace)
+    (w0, h0), (w1, h1) = _boxes(fig, "before")["device 3"], _boxes(fig, "after")["device 3"]
+    assert w1 == pytest.approx(8 * w0) and h1 == pytest.approx(h0)
+    fig = viz.draw_collective(run_1d("psum_scatter"))
+    (w0, h0), (w1, h1) = _boxes(fig, "before")["device 0"], _boxes(fig, "after")["device 0"]
+    assert w0 == pytest.approx(8 * w1)
+    fig = viz.draw_collective(run_1d("all_gather", n=2))      # [2] -> [8, 2]
+    (w0, h0), (w1, h1) = _boxes(fig, "before")["device 0"], _boxes(fig, "after")["device 0"]
+    assert w1 == pytest.approx(w0) and h1 == pytest.approx(8 * h0)
+
+
+def test_pmax_and_pmin_colour_each_element_by_the_device_that_won():
+    from simpmd.viz.collectives import DRAWING
+    x = np.array([[5.0, 0.0], [1.0, 9.0], [7.0, 2.0], [0.0, 1.0]])
+    for op, expected in (("pmax", [2, 1]), ("pmin", [3, 0])):
+        f = simpmd.pmap(BODIES[op], axis_name="i")
+        f(x)
+        e = next(e for e in f.trace.events if e.kind == "collective")
+        ins = [m.inputs[0] for m in f.trace.collectives()[0]]
+        assert DRAWING[op].after(e, e.outputs[0], ins).tolist() == expected
+
+
+def test_grouped_legends_say_colour_is_the_position_in_the_group():
+    f = simpmd.pmap(lambda x: lax.psum(x, "i", axis_index_groups=[[0, 2], [1, 3]]), axis_name="i")
+    f(np.arange(4.0))
+    words = " ".join(texts(viz.draw_collective(f.trace)))
+    assert "colour = member of its group" in words and "colour = device" not in words
+    assert "{0, 2}" in words and "{1, 3}" in words
+    words = " ".join(texts(viz.draw_collective(run_1d("psum"))))
+    assert "colour = device" in words
+
+
+def test_titles_carry_no_source_lines_and_idle_devices_are_marked():
+    f = simpmd.pmap(lambda x: lax.ppermute(x, "i", perm=[(0, 1), (1, 0)]), axis_name="i")
+    f(np.arange(8.0))
+    fig = viz.draw_collective(f.trace)
+    words = texts(fig)
+    assert not any(".py:" in t or "<cell>" in t for t in words)
+    assert sum("(idle)" in t for t in words) == 6                 # devices 2..7 do nothing
+    assert len(gids(fig, "link")) == 2
+
+
+def test_the_palette_is_okabe_ito_and_stays_distinct_for_colour_blind_readers():
+    """Under a deuteranopia simulation (Machado, Oliveira & Fernandes 2009, severity 1.0),
+    every pair of the 8 device colours stays apart, which tab10's green and red do not."""
+    from matplotlib import colormaps
+    from simpmd.viz.canvas import device_color
+    deutan = np.array([[0.367322, 0.860646, -0.227968], [0.280085, 0.672501, 0.047413],
+                       [-0.011820, 0.042940, 0.968881]])
+
+    def seen(rgb):
+        linear = np.where(np.asarray(rgb) <= 0.04045, np.asarray(rgb) / 12.92,
+                          ((np.asarray(rgb) + 0.055) / 1.055) ** 2.4)
+        return np.clip(deutan @ linear, 0, 1)
+
+    ours = [seen(device_color(k, 8)) for k in range(8)]
+    closest = min(np.linalg.norm(a - b) for i, a in enumerate(ours) for b in ours[i + 1:])
+    tab = [seen(colormaps["tab10"](k)[:3]) for k in (2, 3)]
+    assert closest > 2 * np.linalg.norm(tab[0] - tab[1])
+    assert device_color(1, 8) == pytest.approx((0x56 / 255, 0xB4 / 255, 0xE9 / 255))
+
+
+def test_long_1d_meshes_wrap_into_rows_and_elide_the_middle():
+    fig = viz.draw_mesh(64, ("i",), highlight_axis="i")
+    boxes = {int(a.get_gid().split(":")[2]): a for a in tagged(fig, "device")}
+    assert sorted(boxes) == list(range(64)) and not gids(fig, "elided")
+    rows = {round(b.get_y(), 6) for b in boxes.values()}
+    assert len(rows) == 4                                   # 64 devices: 4 rows of 16
+    assert boxes[16].get_x() == pytest.approx(boxes[0].get_x())
+    assert boxes[16].get_y() < boxes[0].get_y()
+    fig = viz.draw_mesh(512, ("i",))
+    shown = sorted(int(g) for g in gids(fig, "device"))
+    assert shown == list(range(96)) + list(range(496, 512))   # 6 rows, a note, the last row
+    assert gids(fig, "elided") == ["400"]
+    assert any("devices 96 to 495" in t for t in texts(fig))
+
+
+def test_value_boxes_name_the_device_once():
+    """Device i returns i: the box says 'device 3' and '3', not three bare 3s."""
+    f = simpmd.pmap(lambda x: lax.axis_index("i"), axis_name="i")
+    f(np.zeros(8))
+    words = texts(viz.draw_trace_mesh(f.trace, values="returned"))
+    assert words.count("3") == 1 and words.count("device 3") == 1
+
+
+def test_the_tree_all_reduce_is_drawn_level_by_level():
+    """A binomial tree over 8: 0 on top; 1, 2, 4 one level down; 3, 5, 6 next; 7 last. Each
+    parent sits above the middle of its children."""
+    run = algorithms.tree_all_reduce([np.full(4, float(d)) for d in range(8)])
+    fig = viz.draw_algorithm_step(run, 0)
+    box = {int(a.get_gid().split(":")[2]): a for a in tagged(fig, "device")}
+    y = {d: round(b.get_y(), 6) for d, b in box.items()}
+    levels = [sorted(d for d in y if y[d] == level) for level in sorted(set(y.values()), reverse=True)]
+    assert levels == [[0], [1, 2, 4], [3, 5, 6], [7]]
+    x = {d: b.get_x() for d, b in box.items()}
+    assert x[4] == pytest.approx((x[5] + x[6]) / 2) and x[6] == pytest.approx(x[7])
+
+
+def test_text_is_never_smaller_than_seven_points():
+    trace = run_1d("all_to_all")
+    run = algorithms.torus_all_reduce([np.full(16, float(d)) for d in range(8)], (2, 4))
+    simpmd.set_device_count(64)
+    f = simpmd.pmap(lambda x: lax.all_gather(x, "i"), axis_name="i")
+    f(np.arange(64.0))
+    for fig in (viz.draw_collective(trace), viz.draw_algorithm(run), viz.draw_collective(f.trace),
+                viz.draw_mesh(64, ("i",)), viz.draw_timeline(f.trace)):
+        sizes = [t.get_fontsize() for t in fig.findobj(lambda a: type(a).__name__ == "Text")
+                 if t.get_text()]
+        assert min(sizes) >= 7.0
+
+
+def test_draw_trace_puts_narrow_panels_side_by_side():
+    f = simpmd.pmap(lambda v: (lax.psum(v, "i"), lax.pmean(v, "i"), lax.pmax(v, "i"),
+                               lax.pmin(v, "i")), axis_name="i")
+    f(np.arange(16.0).reshape(8, 2))
+    fig = viz.draw_trace(f.trace)
+    lefts = sorted({round(ax.get_position().x0, 6) for ax in fig.axes})
+    bottoms = sorted({round(ax.get_position().y0, 6) for ax in fig.axes})
+    assert len(fig.axes) == 4 and len(lefts) == 2 and len(bottoms) == 2
+    assert len(viz.draw_trace(f.trace, ncols=1).axes) == 4
+    one = viz.draw_trace(f.trace, ncols=1)
+    assert len({round(ax.get_position().x0, 6) for ax in one.axes}) == 1

@@ -72,7 +72,7 @@ def _leaf_axes(answer):
 def check_pytree_in_axes(answer) -> bool:
     """Exercise 1: the in_axes that shares w, and gives each device its own b and x."""
     if _placeholder(answer):
-        return _say(False, "answer is still a placeholder; give in_axes for (params, x).")
+        return _say(False, "your answer is still a placeholder; give in_axes for (params, x).")
     axes = _leaf_axes(answer)
     if isinstance(axes, str):
         return _say(False, axes)
@@ -117,12 +117,12 @@ def _normalise_expected():
 def check_other_axes(answer) -> bool:
     """Exercise 2: ``dict(in_axes=..., out_axes=...)`` mapping the columns of FEATURES."""
     if _placeholder(answer):
-        return _say(False, "answer is still a placeholder; give dict(in_axes=..., out_axes=...).")
+        return _say(False, "your answer is still a placeholder; give dict(in_axes=..., out_axes=...).")
     if not isinstance(answer, dict) or set(answer) != {"in_axes", "out_axes"}:
-        return _say(False, f"answer should be dict(in_axes=..., out_axes=...), got {answer!r}.")
+        return _say(False, f"your answer should be dict(in_axes=..., out_axes=...), got {answer!r}.")
     ia, oa = answer["in_axes"], answer["out_axes"]
     if ia is Ellipsis or oa is Ellipsis:
-        return _say(False, "answer still has a placeholder (...); give both in_axes and out_axes.")
+        return _say(False, "your answer still has a placeholder (...); give both in_axes and out_axes.")
     if not (_axis_ok(ia) and _axis_ok(oa)):
         return _say(False, "in_axes and out_axes should each be an int or None here.")
     if ia is None:
@@ -158,12 +158,12 @@ HALVE_X = np.arange(N_DEVICES * 2, dtype=np.float64).reshape(N_DEVICES, 2)
 def check_static(answer) -> bool:
     """Exercise 3: ``answer`` is a simpmd.pmap of halve(x, times) that runs for any int times."""
     if _placeholder(answer):
-        return _say(False, "answer is still a placeholder; write the simpmd.pmap(...) call.")
+        return _say(False, "your answer is still a placeholder; write the simpmd.pmap(...) call.")
     if not isinstance(answer, Pmapped):
         if callable(answer):
-            return _say(False, "answer is a plain function; wrap it: simpmd.pmap(halve, ...). "
+            return _say(False, "your answer is a plain function; wrap it: simpmd.pmap(halve, ...). "
                         "(The check runs it on simpmd.)")
-        return _say(False, f"answer should be simpmd.pmap(halve, ...), got {type(answer).__name__}.")
+        return _say(False, f"your answer should be simpmd.pmap(halve, ...), got {type(answer).__name__}.")
     for times in (3, 1):
         expected = HALVE_X / 2.0 ** times
         try:

@@ -146,13 +146,13 @@ def _shapes_expected():
 def check_shapes(answer) -> bool:
     """Exercise 3: the per-device shapes of three collectives, as a tuple of three tuples."""
     if _placeholder(answer):
-        return _say(False, "answer is still a placeholder; give three shapes, e.g. ((1, 2), (3,), ()).")
+        return _say(False, "your answer is still a placeholder; give three shapes, e.g. ((1, 2), (3,), ()).")
     try:
         got = [tuple(int(n) for n in shape) for shape in answer]
     except (TypeError, ValueError):
-        return _say(False, f"answer should be three shapes (tuples of ints), got {answer!r}.")
+        return _say(False, f"your answer should be three shapes (tuples of ints), got {answer!r}.")
     if len(got) != 3:
-        return _say(False, f"answer has {len(got)} shape(s); give one for each of the three calls.")
+        return _say(False, f"your answer has {len(got)} shape(s); give one for each of the three calls.")
     expected = _shapes_expected()
     rows, cols = SHAPES_INPUT
     p = N_DEVICES
@@ -187,9 +187,13 @@ def check_ring_bytes(answer) -> bool:
     expected = 2 * (p - 1) * n * 2 / p          # worked by hand: 2 * 7 * 4096 * 2 / 8 = 14336
     mistakes = [
         (2 * (p - 1) * n * 4 / p, "you counted 4 bytes per value (float32); bf16 takes 2"),
-        ((p - 1) * n * 2 / p, "a ring all-reduce has two phases, a reduce-scatter and then an "
-                              "all-gather, each sending (p-1)/p of the buffer; count both"),
-        (2 * (p - 1) * n / p, "that counts values, not bytes: bf16 takes 2 bytes per value"),
+        # One phase in bytes and both phases in values give the same number (7168), so one
+        # hint names both slips, the more common one (values, not bytes) first.
+        ((p - 1) * n * 2 / p, "it is half the answer, which is what either of two slips gives: "
+                              "counting values instead of bytes (bf16 takes 2 bytes per value), "
+                              "or counting one phase of the ring (a ring all-reduce is a "
+                              "reduce-scatter and then an all-gather, each sending (p-1)/p of "
+                              "the buffer)"),
         (2 * n * 2, "each phase sends (p-1)/p of the buffer, not all of it (a device keeps its "
                     "own block)"),
         (n * 2, "that is the size of the buffer itself; the ring sends almost twice that"),

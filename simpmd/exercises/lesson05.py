@@ -22,7 +22,7 @@ _error_text = error_summary
 
 
 # Exercise 1 -------------------------------------------------------------------------------
-# A one-feature model with scalar parameters, as in the popular tutorial: y = w x + b.
+# A one-feature model with scalar parameters: y = w x + b.
 SEED_PARAMS = {"w": np.float32(0.5), "b": np.float32(0.0)}
 _x = np.linspace(-1.0, 1.0, N_DEVICES * 4, dtype=np.float32)
 SEED_BATCH = {"x": _x.reshape(N_DEVICES, 4), "y": (3.0 * _x - 1.0).reshape(N_DEVICES, 4)}

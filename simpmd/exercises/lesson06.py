@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from simpmd.course import (check, is_placeholder as _placeholder, number_or_complaint,
+from simpmd.course import (Verdict, check, is_placeholder as _placeholder, number_or_complaint,
                            say as _say)
 
 # The gradient of the exercises: N parameters in bf16 (2 bytes per value), all-reduced
@@ -61,7 +61,7 @@ def check_ring_bytes(answer) -> bool:
     """Exercise 1: bytes ONE device sends in a ring all-reduce of the bf16 gradient."""
     a = _number(answer, "bytes sent by one device", "bytes")
     if a is None:
-        return False
+        return Verdict(False)        # the complaint is printed already
     n, p, expected = N_PARAMS, P, ring_bytes_expected()
     mistakes = [
         (expected * 2, "you counted 4 bytes per value (float32); the gradient is bf16, "
@@ -95,7 +95,7 @@ def check_ring_time(answer) -> bool:
     """Exercise 2: estimated time in SECONDS of that ring all-reduce on 8 H100s."""
     a = _number(answer, "the estimated time", "s")
     if a is None:
-        return False
+        return Verdict(False)        # the complaint is printed already
     n, p = N_PARAMS * BF16_BYTES, P
     expected = ring_time_expected()
     latency = 2 * (p - 1) * H100_ALPHA_S
@@ -193,7 +193,7 @@ def check_crossover(answer) -> bool:
     """Exercise 4: the message size in BYTES (per device) where ring and tree tie."""
     a = _number(answer, "the crossover size", "bytes")
     if a is None:
-        return False
+        return Verdict(False)        # the complaint is printed already
     expected = crossover_expected()
     p = P
     mistakes = [
@@ -237,7 +237,7 @@ def check_book_gather(answer) -> bool:
     """Exercise 5: seconds for AllGather_Y([E_Y, F]) -> [E, F] on a v5e 8x16."""
     a = _number(answer, "the time of the gather", "s")
     if a is None:
-        return False
+        return Verdict(False)        # the complaint is printed already
     v = E * F * BF16_BYTES
     expected = book_gather_expected()
     mistakes = [

@@ -54,7 +54,7 @@ def check_data_groups(answer) -> bool:
     """Exercise 1: the device groups of ``psum(..., 'data')`` on the 4x2 mesh
     (``data`` = 4 rows, ``model`` = 2 columns, devices numbered row-major)."""
     if _placeholder(answer):
-        return _say(False, "answer is still a placeholder; replace it with a list of groups.")
+        return _say(False, "your answer is still a placeholder; replace it with a list of groups.")
     groups, problem = _as_groups(answer)
     if problem:
         return _say(False, problem)
@@ -114,7 +114,7 @@ def _explain_2x4(a: np.ndarray, what: str) -> bool:
         return _say(True, f"{what} matches: {e[0, 0]:g} on every device.")
     if np.allclose(a, e * 4):
         return _say(False, f"{what} is 4 times too large: you added the values of all 8 devices "
-                    f"(the tutorial's 12.0 mistake). The psum over 'data' adds only the 2 devices "
+                    f"(the 12.0 mistake of section 3). The psum over 'data' adds only the 2 devices "
                     f"that share a 'model' index; after the psum over 'model' the 4 devices of a "
                     f"row hold the same number, so adding all 8 counts each row 4 times.")
     if np.allclose(a, e / 2):
@@ -133,11 +133,11 @@ def _explain_2x4(a: np.ndarray, what: str) -> bool:
 def check_worked_example_2x4(answer) -> bool:
     """Exercise 2: the value every device returns, as a (2, 4) array."""
     if _placeholder(answer):
-        return _say(False, "answer is still a placeholder; replace it with a (2, 4) array.")
+        return _say(False, "your answer is still a placeholder; replace it with a (2, 4) array.")
     try:
         a = np.asarray(answer, dtype=np.float64)
     except (TypeError, ValueError):
-        return _say(False, f"answer should be an array of numbers, got {answer!r}.")
+        return _say(False, f"your answer should be an array of numbers, got {answer!r}.")
     return _explain_2x4(a, "the value on each device")
 
 

@@ -10,7 +10,7 @@ import warnings
 
 import numpy as np
 
-from simpmd.course import error_summary, say as _say
+from simpmd.course import Verdict, error_summary, say as _say
 
 from .lesson08 import Factor, check_quantity
 
@@ -30,9 +30,17 @@ def _entries(spec):
     return tuple(parts)
 
 
+def _spec_text(entries) -> str:
+    """``P('i')``, ``P(None, 'i')``, ``P()``: a spec's entries as the learner wrote them."""
+    return "P(" + ", ".join(repr(e) for e in entries) + ")"
+
+
 def _not_a_spec(name, value) -> str:
     if isinstance(value, str):
         return f"{name} is the bare string {value!r}; a spec is P({value!r}) (from simpmd import P)."
+    if value is None and name == "out_specs":
+        return ("out_specs is None; a result that is the same on every device, returned once, "
+                "is P().")
     if value is None:
         return (f"{name} is None. In in_specs None means 'pass through untouched' (a static "
                 f"argument); a whole, replicated argument is P().")
@@ -64,17 +72,22 @@ def check_specs(in_specs, out_specs) -> bool:
                 problems.append("in_specs[0]: x is mapped (in_axes=0), so its axis 0 is split "
                                 "over 'i': P('i'). P() would give every device all of x.")
             elif "i" in got:
-                problems.append(f"in_specs[0] is P{got!r}: in_axes=0 splits the FIRST axis of x, "
-                                "so 'i' goes in the first entry: P('i').")
+                problems.append(f"in_specs[0] is {_spec_text(got)}: in_axes=0 splits the FIRST "
+                                "axis of x, so 'i' goes in the first entry: P('i').")
             else:
-                problems.append(f"in_specs[0] is P{got!r}; the mesh's only axis is 'i'.")
+                problems.append(f"in_specs[0] is {_spec_text(got)}; the mesh's only axis is 'i'.")
         elif name.startswith("in_specs[1]"):
-            problems.append(f"in_specs[1] is P{got!r}: in_axes=None gives every device the whole "
-                            "w, which is a spec naming no mesh axis: P().")
+            problems.append(f"in_specs[1] is {_spec_text(got)}: in_axes=None gives every device "
+                            "the whole w, which is a spec naming no mesh axis: P().")
+        elif "i" in got:
+            k = got.index("i")
+            problems.append(f"out_specs is {_spec_text(got)}, which concatenates the 8 devices' "
+                            f"blocks along axis {k}, like out_axes={k}. out_axes=None returns ONE "
+                            "copy of a result that is the same on every device: P().")
         else:
-            problems.append(f"out_specs is P{got!r}: out_axes=None returns ONE copy of a result "
-                            "that is the same on every device, which is P() in shard_map. "
-                            "(P('i') would concatenate the 8 devices' blocks, like out_axes=0.)")
+            problems.append(f"out_specs is {_spec_text(got)}, which names no axis of this mesh "
+                            "(its only axis is 'i'). out_axes=None returns ONE copy of a result "
+                            "that is the same on every device: P().")
     if problems:
         return _say(False, " ".join(problems))
     return _say(True, "in_specs=(P('i'), P()), out_specs=P(): x split over 'i', w and the "
@@ -148,7 +161,7 @@ def check_block_shapes(a, b, c) -> bool:
                 notes.append(f"dimension {k} is split over {names[0]!r}, which has {n} devices "
                              f"('data' has 2, 'model' 4): {shape[k]} / {n} = {e}, not {g}")
         _say(False, f"({label}) {spec_text}: " + "; ".join(notes) + ".")
-    return ok
+    return Verdict(ok)
 
 
 # -- exercise 3: porting a pmap program -------------------------------------------------------

@@ -1,15 +1,17 @@
 """Collective algorithms step by step: frames, a grid of frames, an animation, a GIF.
 
 The runs come from :mod:`simpmd.algorithms`, which plays an algorithm message by message
-and keeps every device's buffer after every step. A frame shows the devices (on a ring,
-or on their grid for a 2-D torus), each with its buffer cut into pieces; each piece is
-coloured by where it sits in the buffer, and pale while it holds few devices' data,
-strong once it holds everyone's. Arrows are the messages of that step: solid when the
-receiver adds the piece into its own, dashed when it copies it.
+and keeps every device's buffer after every step. A frame shows the devices (on a ring;
+level by level for a tree; on their grid for a 2-D torus), each with its buffer cut into
+pieces; each piece is coloured by where it sits in the buffer (a key in the frame's corner
+numbers them), pale while it holds few devices' data, strong once it holds everyone's, and
+says whose data it holds. Arrows are the messages of that step: solid when the receiver
+adds the piece into its own, dashed when it copies it. Devices that neither send nor
+receive in a step are greyed.
 
 Frame ``t`` shows the buffers after step ``t`` and the messages of step ``t``; frame 0 is
 the start. A ring all-reduce over ``p`` devices has ``2(p-1)`` steps, so ``2(p-1) + 1``
-frames.
+frames. Frames are laid out in inches, so the 7 pt text floor holds on paper and screen.
 """
 from __future__ import annotations
 
@@ -17,23 +19,26 @@ import math
 
 import numpy as np
 from matplotlib.animation import FuncAnimation, PillowWriter
+from matplotlib.path import Path
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
-from matplotlib import colormaps
-from matplotlib.colors import to_rgb
+from .canvas import (INK, MIN_FONT, OKABE_ITO, device_color, figure_and_axes, new_figure,
+                     number, tag, tint)
 
-from .canvas import INK, device_color, figure_and_axes, new_figure, number, tag, tint
-
-
-_TURBO = colormaps["turbo"]
+HATCHES = ("", "xx", "..", "\\\\\\\\")    # the 2nd, 3rd and 4th run of 8 piece colours
 
 
 def _piece_color(s, n):
-    """Pieces: distinct hues when few, a ramp along the buffer when many (never light/dark
-    pairs, which would read as 'partial' and 'complete')."""
-    if n <= 9:
-        return device_color(s, n)
-    return to_rgb(_TURBO(0.08 + 0.84 * s / max(n - 1, 1)))
+    """Pieces: Okabe-Ito hues, repeated with a hatch (:func:`_piece_hatch`) past 8, and
+    a colour-blind-safe ramp past 32 (never light/dark pairs of one hue, which would read
+    as 'partial' and 'complete')."""
+    if n <= 4 * len(OKABE_ITO):
+        return OKABE_ITO[s % len(OKABE_ITO)]
+    return device_color(s, n)
+
+
+def _piece_hatch(s, n):
+    return HATCHES[s // len(OKABE_ITO)] if n <= 4 * len(OKABE_ITO) else ""
 
 
 # -- which devices' data each piece holds ---------------------------------------------------
@@ -77,25 +82,80 @@ def sources(run):
     return out
 
 
-# -- where the devices go -------------------------------------------------------------------
 
-def _layout(run):
-    """Device centres, the box size, and the plot limits."""
+# -- where the devices go (in inches) ---------------------------------------------------------
+
+HEAD_IN = 0.75        # the frame's title lines and piece key
+FOOT_IN = 0.45        # the bytes moved and the piece key
+
+
+def _tree(run):
+    """A tree run's parent of each device (who it first reduces into), read from its
+    messages; the root has none."""
+    parent = {}
+    for step in run.steps:
+        for m in step.messages:
+            if m.kind == "reduce":
+                parent.setdefault(m.src, m.dst)
+    return parent
+
+
+def _tree_places(run):
+    """(x slot, level) of each device: the root on top, children one level down, each
+    parent centred over its children and the leaves side by side (a tidy tree)."""
+    parent = _tree(run)
+    children: dict = {}
+    for child, up in sorted(parent.items()):
+        children.setdefault(up, []).append(child)
+    roots = [d for d in range(run.num_devices) if d not in parent]
+    places, next_leaf = {}, [0.0]
+
+    def place(d, level):
+        kids = children.get(d, [])
+        for k in kids:
+            place(k, level + 1)
+        if kids:
+            x = (places[kids[0]][0] + places[kids[-1]][0]) / 2
+        else:
+            x, next_leaf[0] = next_leaf[0], next_leaf[0] + 1
+        places[d] = (x, level)
+
+    for r in roots:
+        place(r, 0)
+    return places
+
+
+def _layout(run, n_pieces):
+    """Device centres, box width and height, the plot limits and the kind of layout."""
     shape = tuple(run.mesh_shape) or (run.num_devices,)
     p = run.num_devices
     if len(shape) == 2 and shape[0] > 1:
         rows, cols = shape
-        w = 1.5
-        sx, sy = w * 1.6, 1.7
+        w = float(np.clip(0.25 * n_pieces, 1.6, 2.6))
+        h = 0.34
+        sx, sy = w + 0.9, 1.25
         centres = {r * cols + c: (c * sx, -r * sy) for r in range(rows) for c in range(cols)}
-        limits = (-w * 1.1, (cols - 1) * sx + w * 1.1, -(rows - 1) * sy - 0.9, 0.9)
-        return centres, w, 0.42, limits, "grid"
-    w = 1.9 if p <= 4 else (1.25 if p <= 8 else max(0.5, 10.0 / p))
-    radius = max(1.45, p * w * 1.2 / (2 * math.pi))
+        limits = (-w / 2 - 0.1, (cols - 1) * sx + w / 2 + 0.55, -(rows - 1) * sy - h / 2 - 0.75,
+                  h / 2 + 0.3)
+        return centres, w, h, limits, "grid"
+    if "tree" in run.algorithm:
+        places = _tree_places(run)
+        w = float(np.clip(0.22 * n_pieces, 0.62, 1.6))
+        h, sx, sy = 0.32, w + 0.7, 0.8           # room for the label at each box's left
+        centres = {d: (x * sx, -level * sy) for d, (x, level) in places.items()}
+        width = max(x for x, _ in places.values())
+        levels = max(level for _, level in places.values())
+        limits = (-w / 2 - 0.6, width * sx + w / 2 + 0.1, -levels * sy - h / 2 - 0.3,
+                  h / 2 + 0.25)
+        return centres, w, h, limits, "tree"
+    w = float(np.clip(0.42 * n_pieces, 1.2, 2.0)) if p <= 8 else max(0.45, 11.0 / p)
+    h = 0.34 if p <= 16 else 0.22
+    radius = max(1.3, p * (w + 0.2) / (2 * math.pi), (h + 0.35) * p / (2 * math.pi) * 1.6)
     centres = {i: (radius * math.sin(2 * math.pi * i / p), radius * math.cos(2 * math.pi * i / p))
                for i in range(p)}
-    pad = w * 0.75 + 0.2
-    return centres, w, min(0.42, w * 0.34), (-radius - pad, radius + pad, -radius - 0.55, radius + 0.55), "ring"
+    pad = w / 2 + 0.1
+    limits = (-radius - pad, radius + pad, -radius - h / 2 - 0.3, radius + h / 2 + 0.3)
+    return centres, w, h, limits, "ring"
 
 
 def _edge(centre, toward, w, h):
@@ -127,95 +187,170 @@ def _cell_text(held, p, value, show):
     return f"{len(held)}/{p}"
 
 
+def _fits(text, width_in, fs=MIN_FONT):
+    return len(text) * 0.6 * fs / 72 + 0.03 <= width_in
+
+
+def _busy(run, t):
+    if t == 0:
+        return set(range(run.num_devices))
+    return {d for m in run.steps[t - 1].messages for d in (m.src, m.dst)}
+
+
 def _draw_frame(ax, run, t, held, segs, show):
-    centres, w, h, limits, kind = _layout(run)
+    centres, w, h, limits, kind = _layout(run, len(segs))
     p = run.num_devices
     n = max((b for _, b in segs), default=0)
-    fs = 7.5 if w >= 1.2 else max(4.0, w * 6)
+    busy = _busy(run, t)
+    fs = MIN_FONT + 0.5
     for i, (cx, cy) in centres.items():
         x0, y0 = cx - w / 2, cy - h / 2
-        box = Rectangle((x0, y0), w, h, fill=False, edgecolor=INK, linewidth=1.0, zorder=3)
+        idle = i not in busy
+        box = Rectangle((x0, y0), w, h, fill=False, edgecolor=(0.6, 0.6, 0.6) if idle else INK,
+                        linewidth=1.0, zorder=3)
         tag(box, "device", i)
         ax.add_patch(box)
         state = np.asarray(run.states[t][i]).ravel()
         for s, (a, b) in enumerate(segs):
             frac = len(held[t][i][s]) / p
-            face = tint(_piece_color(s, len(segs)), 0.12 + 0.88 * frac) if frac else (1, 1, 1)
+            face = tint(_piece_color(s, len(segs)), 0.15 + 0.85 * frac) if frac else (1, 1, 1)
+            if idle:
+                face = tint(face, 0.45)
             cell = Rectangle((x0 + w * a / n, y0), w * (b - a) / n, h, facecolor=face,
-                             edgecolor="white", linewidth=0.5, zorder=2)
+                             edgecolor="white", linewidth=0.5, zorder=2,
+                             hatch=_piece_hatch(s, len(segs)) or None)
             ax.add_patch(cell)
-            if w * (b - a) / n >= 0.3:
-                ax.text(x0 + w * (a + b) / (2 * n), cy, _cell_text(held[t][i][s], p, state[a], show),
-                        ha="center", va="center", fontsize=fs * 0.8, color=INK, zorder=4)
-        below = kind == "ring" and cy < -1e-9
-        if kind == "grid":       # at the left, clear of the arrows from the row above
-            ax.text(x0, y0 + h + 0.04, f"device {i}", ha="left", va="bottom", fontsize=fs * 0.9,
-                    color=INK)
-        else:                    # at the outer end, clear of the arrows that arrive
+            text = _cell_text(held[t][i][s], p, state[a], show)
+            if text and _fits(text, w * (b - a) / n):
+                strong = frac == 1 and max(_piece_color(s, len(segs))) < 0.75
+                ax.text(x0 + w * (a + b) / (2 * n), cy, text, ha="center", va="center",
+                        fontsize=MIN_FONT, color="white" if strong else INK, zorder=4)
+        label = f"device {i}" if p <= 16 else str(i)
+        colour = (0.6, 0.6, 0.6) if idle else INK
+        if kind == "tree":               # at the left: arrows attach at the top and bottom
+            ax.text(x0 - 0.05, cy, label, ha="right", va="center", fontsize=MIN_FONT, color=colour)
+        elif kind == "grid":             # above, at the left: the arrows attach right of it
+            ax.text(x0, y0 + h + 0.03, label, ha="left", va="bottom", fontsize=MIN_FONT,
+                    color=colour)
+        else:                            # at the outer end, clear of the arrows that arrive
+            below = cy < -1e-9
             side = "left" if cx < -1e-9 else ("right" if cx > 1e-9 else "center")
             lx = {"left": x0, "right": x0 + w, "center": cx}[side]
-            ax.text(lx, y0 - 0.04 if below else y0 + h + 0.04, f"device {i}", ha=side,
-                    va="top" if below else "bottom", fontsize=fs, color=INK)
+            ax.text(lx, y0 - 0.03 if below else y0 + h + 0.03, label, ha=side,
+                    va="top" if below else "bottom", fontsize=MIN_FONT, color=colour)
 
+    if kind == "tree":                   # the tree itself, faint, in every frame
+        for child, up in _tree(run).items():
+            (cx, cy), (ux, uy) = centres[child], centres[up]
+            ax.plot([ux, cx], [uy - h / 2, cy + h / 2], color=(0.82, 0.82, 0.82), lw=2.5,
+                    zorder=0, solid_capstyle="round")
     if t > 0:
         step = run.steps[t - 1]
-        pairs: dict = {}
-        for m in step.messages:
-            pairs.setdefault((m.src, m.dst), []).append(m)
-        for (src, dst), msgs in pairs.items():
-            first = run.chunks[msgs[0].chunk][0]
-            s = next(k for k, (a, b) in enumerate(segs) if a <= first < b)
-            (ax_, ay), (bx, by) = centres[src], centres[dst]
-            style = dict(arrowstyle="-|>", mutation_scale=11, lw=1.6, zorder=5,
-                         color=_piece_color(s, len(segs)),
-                         linestyle="-" if msgs[0].kind == "reduce" else (0, (3, 2)))
-            cols = run.mesh_shape[-1] if kind == "grid" else 1
-            wraps = kind == "grid" and (abs(src // cols - dst // cols) > 1
-                                        or abs(src % cols - dst % cols) > 1)
-            if wraps:
-                # a torus wraparound link: leave through one edge, come back through the other
-                ux, uy = np.sign(ax_ - bx), np.sign(ay - by)
-                out_end = (ax_ + ux * (w / 2 + 0.45), ay + uy * (h / 2 + 0.45))
-                in_start = (bx - ux * (w / 2 + 0.45), by - uy * (h / 2 + 0.45))
-                shift = (0.12 * uy, 0.12 * ux)          # keep the two directions apart
-                leave = _edge((ax_ + shift[0], ay + shift[1]), out_end, w, h)
-                enter = _edge((bx + shift[0], by + shift[1]), in_start, w, h)
-                arrow = FancyArrowPatch(leave, (out_end[0] + shift[0], out_end[1] + shift[1]),
-                                        **style)
-                ax.add_patch(FancyArrowPatch((in_start[0] + shift[0], in_start[1] + shift[1]),
-                                             enter, **style))
-            else:
-                near = kind == "grid" or (dst - src) % p in (1, p - 1)
-                arrow = FancyArrowPatch(_edge((ax_, ay), (bx, by), w, h),
-                                        _edge((bx, by), (ax_, ay), w, h),
-                                        connectionstyle=f"arc3,rad={0.15 if near else 0.35}",
-                                        **style)
-            tag(arrow, "message", f"{t}:{src}->{dst}")
-            ax.add_patch(arrow)
-            if len(msgs) > 1:
-                mx, my = (ax_ + bx) / 2, (ay + by) / 2
-                ax.text(mx, my, f"×{len(msgs)}", fontsize=fs * 0.8, color=INK, ha="center",
-                        va="center", zorder=6)
+        _draw_messages(ax, run, t, step, centres, w, h, kind, segs)
         what = f"step {t}/{run.num_steps}: {step.label}"
         moved = f"{len(step.messages)} message(s), {step.nbytes} B"
     else:
         what = "start: every device holds its own data"
         moved = ""
     x0, x1, y0, y1 = limits
-    ax.text(x0, y1 + 0.55, run.algorithm, ha="left", va="bottom", fontsize=9, fontweight="bold",
-            color=INK)
-    ax.text(x0, y1 + 0.2, what, ha="left", va="bottom", fontsize=8.5, color=INK)
-    ax.text(x0, y0 - 0.12, moved, ha="left", va="top", fontsize=7.5, color=INK)
-    ax.set_xlim(x0 - 0.2, x1 + 0.05)
-    ax.set_ylim(y0 - 0.45, y1 + 1.05)
+    ax.text(x0, y1 + HEAD_IN - 0.08, run.algorithm, ha="left", va="top", fontsize=9.5,
+            fontweight="bold", color=INK)
+    ax.text(x0, y1 + HEAD_IN - 0.33, what, ha="left", va="top", fontsize=8.5, color=INK)
+    ax.text(x0, y0 - 0.05, moved, ha="left", va="top", fontsize=MIN_FONT + 0.5, color=INK)
+    if len(segs) > 1:
+        _piece_key(ax, segs, x1, y0 - 0.05)
+    ax.set_xlim(x0 - 0.1, x1 + 0.1)
+    ax.set_ylim(y0 - FOOT_IN, y1 + HEAD_IN)
     ax.set_aspect("equal", adjustable="box")
     ax.set_axis_off()
 
 
+def _piece_key(ax, segs, x_right, y_top):
+    """A row of small swatches at the bottom right: piece k of the buffer, numbered."""
+    size = 0.2
+    y_top -= 0.14                        # the numbers go above the swatches
+    for k in range(len(segs)):
+        x = x_right - (len(segs) - k) * size
+        ax.add_patch(Rectangle((x, y_top - size), size, size, facecolor=_piece_color(k, len(segs)),
+                               edgecolor="white", linewidth=0.5,
+                               hatch=_piece_hatch(k, len(segs)) or None))
+        if len(segs) <= 24:
+            ax.text(x + size / 2, y_top + 0.01, str(k), ha="center", va="bottom",
+                    fontsize=MIN_FONT, color=INK)
+    ax.text(x_right - len(segs) * size - 0.05, y_top - size / 2, "pieces", ha="right",
+            va="center", fontsize=MIN_FONT, color=INK)
+
+
+def _draw_messages(ax, run, t, step, centres, w, h, kind, segs):
+    p = run.num_devices
+    pairs: dict = {}
+    for m in step.messages:
+        pairs.setdefault((m.src, m.dst), []).append(m)
+    cols = run.mesh_shape[-1] if kind == "grid" else 1
+    rows = p // cols if kind == "grid" else 1
+    for (src, dst), msgs in pairs.items():
+        first = run.chunks[msgs[0].chunk][0]
+        s = next(k for k, (a, b) in enumerate(segs) if a <= first < b)
+        style = dict(arrowstyle="-|>", mutation_scale=10, lw=1.5, zorder=5,
+                     color=_piece_color(s, len(segs)),
+                     linestyle="-" if msgs[0].kind == "reduce" else (0, (3, 2)))
+        (sx, sy), (dx, dy) = centres[src], centres[dst]
+        if kind == "grid":
+            arrow, (mx, my) = _grid_arrow(src, dst, centres, w, h, rows, cols, style)
+        elif kind == "tree":             # along the tree's edge, beside its faint line
+            up, down = (sx, sy - h / 2), (dx, dy + h / 2)
+            if sy < dy:
+                up, down = (sx, sy + h / 2), (dx, dy - h / 2)
+            arrow = FancyArrowPatch(up, down, connectionstyle="arc3,rad=0.15", **style)
+            mx, my = (sx + dx) / 2, (sy + dy) / 2
+        else:
+            near = (dst - src) % p in (1, p - 1)
+            arrow = FancyArrowPatch(_edge((sx, sy), (dx, dy), w, h), _edge((dx, dy), (sx, sy), w, h),
+                                    connectionstyle=f"arc3,rad={0.12 if near else 0.3}", **style)
+            mx, my = (sx + dx) / 2, (sy + dy) / 2
+        tag(arrow, "message", f"{t}:{src}->{dst}")
+        ax.add_patch(arrow)
+        if len(msgs) > 1:
+            ax.text(mx, my, f"×{len(msgs)}", fontsize=MIN_FONT, color=INK, ha="center",
+                    va="center", zorder=6,
+                    bbox=dict(boxstyle="round,pad=0.05", facecolor="white", edgecolor="none"))
+
+
+def _grid_arrow(src, dst, centres, w, h, rows, cols, style):
+    """A message between torus neighbours: straight between adjacent boxes (the two
+    directions side by side, right of the device label), and for a wraparound link a path
+    that runs in a lane below the row (or right of the column) to the far end."""
+    (sx, sy), (dx, dy) = centres[src], centres[dst]
+    r0, c0, r1, c1 = src // cols, src % cols, dst // cols, dst % cols
+    if r0 == r1 and abs(c1 - c0) == 1:               # along a row
+        off = 0.07 if c1 > c0 else -0.07
+        a = (sx + np.sign(c1 - c0) * w / 2, sy + off)
+        b = (dx - np.sign(c1 - c0) * w / 2, dy + off)
+        return FancyArrowPatch(a, b, **style), ((a[0] + b[0]) / 2, a[1] + 0.1 * np.sign(off))
+    if c0 == c1 and abs(r1 - r0) == 1:               # along a column
+        off = 0.12 if r1 > r0 else 0.3
+        a = (sx + off, sy - np.sign(r1 - r0) * h / 2)
+        b = (dx + off, dy + np.sign(r1 - r0) * h / 2)
+        return FancyArrowPatch(a, b, **style), (a[0] + 0.12, (a[1] + b[1]) / 2)
+    if r0 == r1:                                     # a row's wraparound link: a lane below
+        lane = sy - h / 2 - (0.2 if c1 < c0 else 0.32)
+        x_a = sx - w / 2 + (0.15 if c1 < c0 else 0.3)
+        x_b = dx - w / 2 + (0.15 if c1 < c0 else 0.3)
+        verts = [(x_a, sy - h / 2), (x_a, lane), (x_b, lane), (x_b, dy - h / 2)]
+    else:                                            # a column's: a lane to the right
+        lane = sx + w / 2 + (0.15 if r1 < r0 else 0.28)
+        y_a = sy - (0.08 if r1 < r0 else -0.08)
+        y_b = dy - (0.08 if r1 < r0 else -0.08)
+        verts = [(sx + w / 2, y_a), (lane, y_a), (lane, y_b), (dx + w / 2, y_b)]
+    path = Path(verts, [Path.MOVETO] + [Path.LINETO] * 3)
+    mid = ((verts[1][0] + verts[2][0]) / 2, (verts[1][1] + verts[2][1]) / 2)
+    return FancyArrowPatch(path=path, **style), mid
+
+
 def _frame_inches(run):
-    _, _, _, (x0, x1, y0, y1), kind = _layout(run)
-    scale = (4.2 if kind == "ring" else 6.0) / max(x1 - x0 + 0.25, y1 - y0 + 1.5)
-    return (x1 - x0 + 0.25) * scale + 0.1, (y1 - y0 + 1.5) * scale + 0.1
+    """A frame's size in inches: the layout's data units are inches."""
+    _, _, _, (x0, x1, y0, y1), _ = _layout(run, len(_segments(run)))
+    return (x1 - x0) + 0.2, (y1 - y0) + HEAD_IN + FOOT_IN
 
 
 # -- public -----------------------------------------------------------------------------------
@@ -245,16 +380,20 @@ def draw_algorithm_step(run, t: int, *, show: str = "sources", ax=None):
     return fig
 
 
+
 def draw_algorithm(run, *, frames=None, ncols: int | None = None, show: str = "sources"):
     """Draw several frames of a run side by side (all ``num_steps + 1`` by default), ``ncols``
-    per row (4 for a ring, 2 for a torus); the last free slot explains the colours. Return the Figure."""
+    per row (as many as fit in about 22 inches); a free slot explains the colours. Return the Figure."""
     _check(run, show)
-    if ncols is None:
-        ncols = 4 if _layout(run)[4] == "ring" else 2
+    fw, fh = _frame_inches(run)
     frames = list(range(_frame_count(run))) if frames is None else list(frames)
+    if ncols is None:          # as few rows as fit, then as few empty slots as those rows allow
+        widest = max(1, min(4, int(22 // fw)))
+        slots = len(frames) + 1
+        rows = math.ceil(slots / widest)
+        ncols = next(c for c in range(1, widest + 1) if math.ceil(slots / c) == rows)
     ncols = max(1, min(ncols, len(frames)))
     nrows = math.ceil(len(frames) / ncols)
-    fw, fh = _frame_inches(run)
     fig = new_figure(fw * ncols, fh * nrows)
     held, segs = sources(run), _segments(run)
     for k, t in enumerate(frames):
@@ -265,22 +404,24 @@ def draw_algorithm(run, *, frames=None, ncols: int | None = None, show: str = "s
         k = len(frames)
         r, c = divmod(k, ncols)
         ax = fig.add_axes((c / ncols, 1 - (r + 1) / nrows, 1 / ncols, 1 / nrows))
-        _legend(ax)
+        _legend(ax, fh)
     return fig
 
 
-def _legend(ax):
+def _legend(ax, height_in):
     lines = ["How to read a frame",
              "",
              "a box = one device's buffer, cut in pieces",
-             "colour = which piece of the buffer",
-             "pale: one device's data; strong: all",
-             "text: whose data the piece holds",
+             "colour = which piece of the buffer (key: 'pieces')",
+             "pale: one device's data; strong: everyone's",
+             "text: whose data the piece holds (0+2, 3/8, all)",
+             "grey box: the device is idle in this step",
              "",
              "solid arrow: the piece is added in",
              "dashed arrow: the piece is copied"]
+    step = 0.17 / max(height_in, 1e-9)
     for k, line in enumerate(lines):
-        ax.text(0.06, 0.86 - k * 0.085, line, transform=ax.transAxes, fontsize=8.5, color=INK,
+        ax.text(0.04, 0.9 - k * step, line, transform=ax.transAxes, fontsize=8.5, color=INK,
                 fontweight="bold" if k == 0 else "normal", va="top")
     ax.set_axis_off()
 
@@ -314,7 +455,7 @@ def algorithm_html(run, *, interval: int = 900, show: str = "sources"):
     return HTML(text)
 
 
-def save_algorithm_gif(run, path, *, fps: float = 1.2, dpi: int = 100, hold: int = 2,
+def save_algorithm_gif(run, path, *, fps: float = 1.2, dpi: int = 200, hold: int = 2,
                        show: str = "sources"):
     """Write the run as an animated GIF (Pillow, which matplotlib brings); return ``path``."""
     anim = animate_algorithm(run, show=show, hold=hold)

@@ -15,7 +15,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 
-DPI = 100
+DPI = 150        # at least 150 dpi, so that 7 pt text is legible on screen and paper
+MIN_FONT = 7.0   # no text is drawn smaller than this (points)
 TAG = "simpmd"
 SUM = -1          # a cell that holds a combination of every member's values
 ZERO = -2         # a cell nobody sent anything to (ppermute fills it with zeros)
@@ -30,6 +31,14 @@ class Drawing(Figure):
         buffer = io.BytesIO()
         self.savefig(buffer, format="png", bbox_inches="tight")
         return buffer.getvalue()
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        """The PNG at 150 dpi, shown at the size a 100 dpi image would take (sharp on
+        high-resolution screens, no larger on the page)."""
+        data = self._repr_png_()
+        width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+        shown = {"width": round(width * 100 / DPI), "height": round(height * 100 / DPI)}
+        return {"image/png": data}, {"image/png": shown}
 
 
 def new_figure(width: float, height: float) -> Drawing:
@@ -59,26 +68,38 @@ def tagged(fig, role: str | None = None) -> list:
     return [a for a in fig.findobj(lambda a: (a.get_gid() or "").startswith(prefix))]
 
 
-# tab10 and tab20 without their greys, which mean "combined from everyone" here
-_FEW = [to_rgb(colormaps["tab10"](i)) for i in (0, 1, 2, 3, 4, 5, 6, 8, 9)]
-_SOME = [to_rgb(colormaps["tab20"](i)) for i in range(20) if i not in (14, 15)]
-
-
-_TURBO = colormaps["turbo"]
+# Okabe & Ito's colour-blind-safe palette ("Color Universal Design", 2008,
+# https://jfly.uni-koeln.de/color/): orange, sky blue, bluish green, yellow, blue,
+# vermillion, reddish purple, black. Every pair stays distinct under deuteranopia,
+# protanopia and tritanopia, which tab10's green and red (pieces 2 and 3) do not.
+OKABE_ITO = [to_rgb(c) for c in ("#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2",
+                                 "#D55E00", "#CC79A7", "#000000")]
+SUM_FACE = (0.87, 0.87, 0.87)      # combined from every member: light grey, hatched
+_RAMP = colormaps["cividis"]       # beyond 8 members: a colour-blind-safe ramp
 
 
 @functools.lru_cache(maxsize=8192)
 def device_color(k: int, p: int):
-    """The colour of member ``k`` of ``p``: distinct hues up to 18, a smooth ramp beyond."""
+    """The colour of member ``k`` of ``p``: Okabe-Ito hues up to 8, a cividis ramp beyond
+    (where the drawings also write the member's number, since neighbours look alike)."""
     if k == SUM:
         return GREY
     if k == ZERO:
         return (1.0, 1.0, 1.0)
-    if p <= len(_FEW):
-        return _FEW[k % len(_FEW)]
-    if p <= len(_SOME):
-        return _SOME[k % len(_SOME)]
-    return to_rgb(_TURBO(0.08 + 0.84 * k / max(p - 1, 1)))
+    if p <= len(OKABE_ITO):
+        return OKABE_ITO[k % len(OKABE_ITO)]
+    return to_rgb(_RAMP(0.05 + 0.9 * k / max(p - 1, 1)))
+
+
+def face_color(k: int, p: int):
+    """The fill of a cell that came from member ``k`` of ``p``: its colour, lightened so
+    that black numbers stay readable; white for ZERO, light grey for SUM."""
+    if k == SUM:
+        return SUM_FACE
+    if k == ZERO:
+        return (1.0, 1.0, 1.0)
+    color = device_color(k, p)
+    return tint(color, 0.4 if max(color) < 0.2 else 0.55)    # black: a mid grey, not dark
 
 
 def tint(color, amount: float):
@@ -122,6 +143,6 @@ def short(value, limit: int = 4) -> str:
     return dtype_shape(a)
 
 
-def font_size(row_inches: float, largest: float = 9.0, smallest: float = 4.0) -> float:
-    """A font size that fits a row ``row_inches`` tall."""
+def font_size(row_inches: float, largest: float = 9.0, smallest: float = MIN_FONT) -> float:
+    """A font size that fits a row ``row_inches`` tall, never below the 7 pt floor."""
     return float(np.clip(row_inches * 26, smallest, largest))

@@ -12,11 +12,13 @@ import math
 import numpy as np
 from matplotlib.patches import FancyBboxPatch, Rectangle
 
-from .canvas import INK, device_color, figure_and_axes, short, tag, tint
+from .canvas import INK, MIN_FONT, device_color, figure_and_axes, short, tag, tint
 
 BOX = 1.0         # a device box is BOX x BOX data units
 GAP = 0.25        # between boxes
 SLICE_GAP = 1.2   # between the 2-D slices of a 3-D (or larger) mesh
+WRAP = 16         # a 1-D mesh longer than this is wrapped into rows of WRAP devices ...
+MAX_WRAPPED_ROWS = 8   # ... and past this many rows, the middle rows are elided
 
 
 def _device_grid(shape_or_devices):
@@ -54,8 +56,20 @@ def mesh_groups(shape, highlight_axis, axis_names):
     return np.ravel_multi_index(tuple(coords[k] for k in others), other_shape), math.prod(other_shape)
 
 
+def _wrapped_rows(n):
+    """The rows of WRAP devices that a long 1-D mesh of ``n`` is drawn as: the first
+    index on each drawn row, and how many rows were elided (drawn as one note row)."""
+    starts = list(range(0, n, WRAP))
+    if len(starts) <= MAX_WRAPPED_ROWS:
+        return starts, 0
+    keep = MAX_WRAPPED_ROWS - 2
+    return starts[:keep] + [None] + starts[-1:], len(starts) - keep - 1
+
+
 def _slices(shape):
     """The 2-D slices of an n-D mesh: (leading index tuple, rows, cols)."""
+    if len(shape) == 1 and shape[0] > WRAP:
+        return [((), len(_wrapped_rows(shape[0])[0]), WRAP)]
     if len(shape) == 1:
         return [((), 1, shape[0])]
     lead = shape[:-2]
@@ -105,7 +119,9 @@ def draw_mesh(shape_or_devices, axis_names=None, highlight_axis=None, values=Non
     total_h = margin_top + n_slice_rows * (slice_h + (SLICE_GAP if len(shape) > 2 else 0)) + 0.9
     scale = min(0.85, 11.0 / total_w, 9.0 / total_h)
     fig, ax = figure_and_axes(ax, total_w * scale, total_h * scale)
-    fs = float(np.clip(scale * 13 * BOX, 5, 12))
+    fs = float(np.clip(scale * 13 * BOX, MIN_FONT, 12))
+    wrapped = len(shape) == 1 and shape[0] > WRAP
+    starts = _wrapped_rows(shape[0])[0] if wrapped else None
 
     boxes = {}
     for s, (lead, nr, nc) in enumerate(slices):
@@ -116,8 +132,21 @@ def draw_mesh(shape_or_devices, axis_names=None, highlight_axis=None, values=Non
             ax.text(ox + slice_w / 2 - GAP / 2, oy + 0.85, label, ha="center", va="bottom",
                     fontsize=fs, color=INK, fontweight="bold")
         for r in range(nr):
+            if wrapped and starts[r] is None:
+                skipped = _wrapped_rows(shape[0])[1]
+                first, last = starts[r - 1] + WRAP, starts[r + 1] - 1
+                note = ax.text(ox, oy - r * (BOX + GAP) - BOX / 2,
+                               f"⋮   {skipped} rows not drawn: devices {first} to {last}",
+                               ha="left", va="center", fontsize=fs, color=INK, style="italic")
+                tag(note, "elided", skipped * WRAP)
+                continue
             for c in range(nc):
-                pos = (*lead, r, c) if len(shape) > 1 else (c,)
+                if wrapped:
+                    if starts[r] + c >= shape[0]:
+                        continue
+                    pos = (starts[r] + c,)
+                else:
+                    pos = (*lead, r, c) if len(shape) > 1 else (c,)
                 flat = int(np.ravel_multi_index(pos, shape))
                 x, y = ox + c * (BOX + GAP), oy - r * (BOX + GAP) - BOX
                 face = (0.96, 0.96, 0.96)
@@ -130,17 +159,21 @@ def draw_mesh(shape_or_devices, axis_names=None, highlight_axis=None, values=Non
                 tag(box, "device", int(flat_ids[flat]))
                 ax.add_patch(box)
                 boxes[flat] = (x, y)
-                ax.text(x + BOX / 2, y + BOX * (0.7 if text else 0.5), str(flat_ids[flat]),
-                        ha="center", va="center", fontsize=fs * 1.2, fontweight="bold", color=INK)
+                if text:          # the device small at the top, what it holds large below
+                    ax.text(x + 0.06, y + BOX - 0.06, f"device {flat_ids[flat]}", ha="left",
+                            va="top", fontsize=max(fs * 0.62, MIN_FONT), color=INK)
+                else:
+                    ax.text(x + BOX / 2, y + BOX * 0.5, str(flat_ids[flat]), ha="center",
+                            va="center", fontsize=fs * 1.2, fontweight="bold", color=INK)
                 if text:
                     words = text.get(flat, "")
                     lines = words.count("\n") + 1
                     width = max((len(w) for w in words.split("\n")), default=1)
-                    size = min(fs * 0.8, fs * 0.62 * 3 / lines, fs * 0.62 * 11 / max(width, 1))
-                    ax.text(x + BOX / 2, y + BOX * 0.27, words, ha="center", va="center",
-                            fontsize=max(size, 3.5), color=INK, family="monospace",
+                    size = min(fs * 1.1, fs * 0.62 * 3 / lines, fs * 0.62 * 11 / max(width, 1))
+                    ax.text(x + BOX / 2, y + BOX * 0.4, words, ha="center", va="center",
+                            fontsize=max(size, MIN_FONT), color=INK, family="monospace",
                             linespacing=1.1)
-        _axis_labels(ax, shape, axis_names, ox, oy, nr, nc, fs)
+        _axis_labels(ax, shape, axis_names, ox, oy, nr, nc, fs, starts, flat_ids)
 
     if groups is not None:
         _group_outlines(ax, groups, n_groups, boxes)
@@ -153,7 +186,7 @@ def draw_mesh(shape_or_devices, axis_names=None, highlight_axis=None, values=Non
             size = ids.size // n_groups
             title += (f"\na collective over {over!r} runs in {n_groups} group{'s' if n_groups > 1 else ''} "
                       f"of {size}")
-    ax.text(margin_left - GAP, 0.2, title, ha="left", va="top", fontsize=fs * 1.05, color=INK)
+    ax.text(margin_left - GAP, 0.2, title, ha="left", va="top", fontsize=max(fs * 1.05, 9.0), color=INK)
     ax.set_xlim(0, total_w)
     ax.set_ylim(-total_h + 0.5, 0.5)
     ax.set_aspect("equal", adjustable="box")
@@ -174,16 +207,25 @@ def _value_text(values, flat_ids):
     return {k: short(v) for k, v in enumerate(values)}
 
 
-def _axis_labels(ax, shape, axis_names, ox, oy, nr, nc, fs):
-    """Axis names along the top (the inner axis) and the left (the next one out)."""
+def _axis_labels(ax, shape, axis_names, ox, oy, nr, nc, fs, starts=None, flat_ids=None):
+    """Axis names along the top (the inner axis) and the left (the next one out). Index
+    numbers are left out where they would only repeat the device ids in the boxes."""
     inner = axis_names[-1]
     right = ox + nc * (BOX + GAP) - GAP
     ax.annotate("", xy=(right, oy + 0.45), xytext=(ox, oy + 0.45),
                 arrowprops=dict(arrowstyle="->", color=INK, lw=1))
-    ax.text(ox, oy + 0.55, inner, ha="left", va="bottom", fontsize=fs, color=INK, style="italic")
-    for c in range(nc):
+    name = inner + (f"   ({WRAP} per row, continuing on the next)" if starts else "")
+    ax.text(ox, oy + 0.55, name, ha="left", va="bottom", fontsize=fs, color=INK, style="italic")
+    if starts:
+        for r, first in enumerate(starts):
+            if first is not None:
+                ax.text(ox - 0.12, oy - r * (BOX + GAP) - BOX / 2, f"{inner}={first}",
+                        ha="right", va="center", fontsize=max(fs * 0.8, MIN_FONT), color=INK)
+        return
+    same = len(shape) == 1 and list(flat_ids) == list(range(len(flat_ids)))
+    for c in range(nc if not same else 0):
         ax.text(ox + c * (BOX + GAP) + BOX / 2, oy + 0.12, str(c), ha="center", va="bottom",
-                fontsize=fs * 0.8, color=INK)
+                fontsize=max(fs * 0.8, MIN_FONT), color=INK)
     if len(shape) > 1:
         outer = axis_names[-2]
         bottom = oy - nr * (BOX + GAP) + GAP
@@ -193,7 +235,7 @@ def _axis_labels(ax, shape, axis_names, ox, oy, nr, nc, fs):
                 color=INK, style="italic", rotation=90)
         for r in range(nr):
             ax.text(ox - 0.12, oy - r * (BOX + GAP) - BOX / 2, str(r), ha="right", va="center",
-                    fontsize=fs * 0.8, color=INK)
+                    fontsize=max(fs * 0.8, MIN_FONT), color=INK)
 
 
 def _group_outlines(ax, groups, n_groups, boxes):

@@ -26,14 +26,15 @@ from dataclasses import dataclass
 
 from matplotlib.patches import Patch, Rectangle
 
-from .canvas import INK, figure_and_axes, font_size, tag
+from .canvas import INK, MIN_FONT, OKABE_ITO, figure_and_axes, font_size, tag, tint
 
 FALLBACK_BANDWIDTH = 100e9      # bytes/s, used only when simpmd.cost is missing
 FALLBACK_HBM = 1e12
-COLORS = {"compute": (0.55, 0.71, 0.86), "wait": (0.93, 0.93, 0.93), "comm": (0.95, 0.55, 0.2)}
-# one per collective op when a run uses several (no blue: blue is compute)
-OP_COLORS = [(0.95, 0.55, 0.2), (0.35, 0.7, 0.32), (0.86, 0.3, 0.3), (0.6, 0.45, 0.75),
-             (0.6, 0.42, 0.3), (0.9, 0.5, 0.75), (0.7, 0.7, 0.25), (0.3, 0.7, 0.7)]
+# Okabe-Ito colours (see canvas.OKABE_ITO): sky blue computes, grey hatched waits, and each
+# collective op gets one of the other hues (the labels in the bars name them too)
+COLORS = {"compute": tint(OKABE_ITO[1], 0.7), "wait": (0.93, 0.93, 0.93),
+          "comm": tint(OKABE_ITO[0], 0.85)}
+OP_COLORS = [tint(OKABE_ITO[k], 0.85) for k in (0, 2, 6, 3, 5, 4)]
 
 
 @dataclass(frozen=True)
@@ -221,7 +222,7 @@ def draw_timeline(trace, hardware="TPU v4", *, compute=None, slowdown=None, topo
         ax.add_patch(rect)
         if s.kind == "comm" and n <= 16 and s.duration / end > 0.06:
             ax.text((s.start + s.stop) / 2 / scale, row[s.device], s.label, ha="center",
-                    va="center", fontsize=fs * 0.85, color=INK, zorder=3)
+                    va="center", fontsize=max(fs * 0.85, MIN_FONT), color=INK, zorder=3)
     ax.set_xlim(0, end / scale * 1.01)
     ax.set_ylim(n - 0.5, -0.5)
     ax.set_yticks(range(n))
