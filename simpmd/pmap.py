@@ -312,7 +312,7 @@ class Pmapped:
                 if ax is None:
                     received.append((a, k, v, f"{path} whole (in_axes=None)"))
                 else:
-                    received.append((a, k, None, (f"{path}[{':, ' * ax}", f"] of shape {v.shape}")))
+                    received.append((a, k, None, (f"{path}[{':, ' * ax}", received_from(path, v, ax))))
         for i, t in enumerate(tasks):
             for a, k, whole, detail in received:
                 if whole is None:
@@ -350,7 +350,7 @@ class Pmapped:
                     received.append((None, v, lambda k, t=f"{path} whole (in_axes=None)": t))
                 else:
                     received.append((np.moveaxis(v, ax, 0), None,
-                                     lambda k, a=f"{path}[{':, ' * ax}", b=f"] of shape {v.shape}":
+                                     lambda k, a=f"{path}[{':, ' * ax}", b=received_from(path, v, ax):
                                      f"{a}{k}{b}"))
         batch.receive(received)
         try:
@@ -451,6 +451,13 @@ def _warn_not_replicated(differ, first):
         f"than {first}. simpmd returns the first device's value, as "
         f"JAX does (JAX does not check). Reduce it first (e.g. lax.pmean).",
         stacklevel=user_stacklevel())
+
+
+def received_from(path, value, ax) -> str:
+    """'], shape (3,), from x of shape (8, 3)': how a device's row of the trace ends, saying
+    both what the device got and the whole argument it was cut from."""
+    block = value.shape[:ax] + value.shape[ax + 1:]
+    return f"], shape {block}, from {path} of shape {value.shape}"
 
 
 def path_position(path, pmapped) -> str:

@@ -313,7 +313,7 @@ class ShardMapped:
                 self._check_replicated(where, list(stack), coords, spec, f"out{label(j)}", first.ndim)
             whole = _join_blocks(stack, spec, mesh)
             batch.returned(stack, lambda k, name=f"out{label(j)}", shape=whole.shape, spec=spec:
-                           _block_detail(name, shape, spec, block_slices(spec, mesh, shape, coords[k])))
+                           _block_detail(name, shape, spec, block_slices(spec, mesh, shape, coords[k]), "into"))
             out_leaves.append(MeshArray(whole, NamedSharding(mesh, spec)))
         return tree.unflatten(treedef, out_leaves)
 
@@ -349,7 +349,7 @@ class ShardMapped:
                 if replica_id(spec, mesh, c) == 0:
                     whole[index] = v
                 sim.log(t, "return", outputs=(v,),
-                        detail=_block_detail(f"out{label(j)}", global_shape, spec, index))
+                        detail=_block_detail(f"out{label(j)}", global_shape, spec, index, "into"))
             out_leaves.append(MeshArray(whole, NamedSharding(mesh, spec)))
         return tree.unflatten(treedef, out_leaves)
 
@@ -545,11 +545,15 @@ def _replicated(stack, spec, mesh) -> bool:
                           equal_nan=stack.dtype.kind in "fc")
 
 
-def _block_detail(path, shape, spec, index) -> str:
-    """'x[0:2, :] of shape (4, 16)', or 'w whole (P())' when nothing is split."""
+def _block_detail(path, shape, spec, index, whole="from") -> str:
+    """'x[0:2, :], shape (2, 16), from x of shape (4, 16)', or 'w whole (P())' when nothing
+    is split: the device's block, and the whole array it was cut from (or, for a result,
+    goes ``whole="into"``)."""
     if all(sl == slice(None) for sl in index):
         return f"{path} whole ({spec!r})"
-    return f"{path}[{slices_text(index, shape)}] of shape {tuple(shape)}"
+    block = tuple(len(range(*sl.indices(n))) for sl, n in zip(index, shape))
+    return (f"{path}[{slices_text(index, shape)}], shape {block}, "
+            f"{whole} {path} of shape {tuple(shape)}")
 
 
 def _labeller(treedef):

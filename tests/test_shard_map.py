@@ -129,7 +129,8 @@ def test_tuple_entries_split_one_dimension_over_several_axes_row_major(mesh24):
                          in_specs=P(("model", "data")), out_specs=P(("model", "data")))
     np.testing.assert_array_equal(np.asarray(g(x)), [0, 1, 0, 1, 0, 1, 0, 1])
     received = {e.device: e.detail for e in g.trace.events if e.kind == "receive"}
-    assert received[1] == "b[2:3] of shape (8,)" and received[4] == "b[1:2] of shape (8,)"
+    assert received[1] == "b[2:3], shape (1,), from b of shape (8,)"
+    assert received[4] == "b[1:2], shape (1,), from b of shape (8,)"
 
 
 def test_unnamed_mesh_axes_replicate_the_argument(mesh24):
@@ -137,8 +138,8 @@ def test_unnamed_mesh_axes_replicate_the_argument(mesh24):
     f = simpmd.shard_map(lambda b: b * 10, mesh=mesh24, in_specs=P("data"), out_specs=P("data"))
     np.testing.assert_array_equal(np.asarray(f(x)), x * 10)
     received = {e.device: e.detail for e in f.trace.events if e.kind == "receive"}
-    assert {received[i] for i in range(4)} == {"b[0:1, :] of shape (2, 4)"}
-    assert {received[i] for i in range(4, 8)} == {"b[1:2, :] of shape (2, 4)"}
+    assert {received[i] for i in range(4)} == {"b[0:1, :], shape (1, 4), from b of shape (2, 4)"}
+    assert {received[i] for i in range(4, 8)} == {"b[1:2, :], shape (1, 4), from b of shape (2, 4)"}
     w = simpmd.shard_map(lambda b: b + 1, mesh=mesh24, in_specs=P(), out_specs=P())(x)
     np.testing.assert_array_equal(np.asarray(w), x + 1)
 
@@ -169,8 +170,8 @@ def test_pytrees_static_arguments_and_decorator_form(mesh24):
     np.testing.assert_array_equal(np.asarray(out["y"]), (np.ones((2, 4)) * np.arange(4.0) + 1) * 3)
     assert int(out["n"]) == 8
     details = [e.detail for e in f.trace.device(5).events if e.kind == "receive"]
-    assert details == ["p['b'] whole (P())", "p['w'][1:2] of shape (4,)",
-                       "x[1:2, :] of shape (2, 1)"]
+    assert details == ["p['b'] whole (P())", "p['w'][1:2], shape (1,), from p['w'] of shape (4,)",
+                       "x[1:2, :], shape (1, 1), from x of shape (2, 1)"]
 
 
 def test_body_sees_local_blocks_and_refuses_what_jax_refuses(mesh24):
@@ -299,21 +300,21 @@ def test_trace_says_which_block_each_device_received_and_returned(mesh24):
     out = f(np.arange(64.0).reshape(4, 16))
     assert out.shape == (4, 4)
     received = {e.device: e.detail for e in f.trace.events if e.kind == "receive"}
-    assert received == {0: "b[0:2, 0:4] of shape (4, 16)", 1: "b[0:2, 4:8] of shape (4, 16)",
-                        2: "b[0:2, 8:12] of shape (4, 16)", 3: "b[0:2, 12:16] of shape (4, 16)",
-                        4: "b[2:4, 0:4] of shape (4, 16)", 5: "b[2:4, 4:8] of shape (4, 16)",
-                        6: "b[2:4, 8:12] of shape (4, 16)", 7: "b[2:4, 12:16] of shape (4, 16)"}
+    blocks = {0: "0:2, 0:4", 1: "0:2, 4:8", 2: "0:2, 8:12", 3: "0:2, 12:16",
+              4: "2:4, 0:4", 5: "2:4, 4:8", 6: "2:4, 8:12", 7: "2:4, 12:16"}
+    assert received == {d: f"b[{b}], shape (2, 4), from b of shape (4, 16)" for d, b in blocks.items()}
     e5 = next(e for e in f.trace.events if e.kind == "receive" and e.device == 5)
     np.testing.assert_array_equal(e5.inputs[0], np.arange(64.0).reshape(4, 16)[2:4, 4:8])
     assert e5.coords == (("data", 1, 2), ("model", 1, 4))
     returned = {e.device: e.detail for e in f.trace.events if e.kind == "return"}
-    assert returned[1] == "out[0:2, :] of shape (4, 4)" and returned[6] == "out[2:4, :] of shape (4, 4)"
+    assert returned[1] == "out[0:2, :], shape (2, 4), into out of shape (4, 4)"
+    assert returned[6] == "out[2:4, :], shape (2, 4), into out of shape (4, 4)"
     coll = [e for e in f.trace.events if e.kind == "collective"]
     assert {e.group for e in coll} == {(0, 1, 2, 3), (4, 5, 6, 7)}
     assert all(e.source.startswith("test_shard_map.py:") and "lax.psum" in e.code for e in coll)
     assert simpmd.last_trace() is f.trace
     text = str(f.trace)
-    assert "receive b[2:4, 12:16] of shape (4, 16)" in text and "psum('model')" in text
+    assert "receive b[2:4, 12:16], shape (2, 4), from b of shape (4, 16)" in text and "psum('model')" in text
     again = f(np.arange(64.0).reshape(4, 16)) is not None and str(f.trace)
     assert again == text                                       # deterministic
 
