@@ -27,7 +27,7 @@ import numpy as np
 from . import collectives, errors, runtime
 from .trace import Event, current_phase
 from .traced import (Traced, _OPERATOR_UFUNCS, _jax_promotion, _no_new_float64, defers_to,
-                     numpy_function_refused)
+                     install_operators, numpy_function_refused)
 
 
 TRACE_ONCE = True        # False: every call runs one program per device (runtime.py), as eager does
@@ -113,33 +113,6 @@ class Batched(Traced):
         return format(str(self), spec)
 
 
-def _operator(ufunc, reflected=False, unary=False):
-    if unary:
-        return lambda self: apply_ufunc(ufunc, (self,), {})
-    if reflected:
-        return lambda self, other: (NotImplemented if defers_to(other) else
-                                    apply_ufunc(ufunc, (other, self), {}))
-    return lambda self, other: (NotImplemented if defers_to(other) else
-                                apply_ufunc(ufunc, (self, other), {}))
-
-
-for _name, _ufunc in [("add", np.add), ("sub", np.subtract), ("mul", np.multiply),
-                      ("truediv", np.true_divide), ("floordiv", np.floor_divide),
-                      ("mod", np.remainder), ("divmod", np.divmod), ("pow", np.power),
-                      ("matmul", np.matmul), ("lshift", np.left_shift),
-                      ("rshift", np.right_shift), ("and", np.bitwise_and),
-                      ("xor", np.bitwise_xor), ("or", np.bitwise_or)]:
-    setattr(Batched, f"__{_name}__", _operator(_ufunc))
-    setattr(Batched, f"__r{_name}__", _operator(_ufunc, reflected=True))
-for _name, _ufunc in [("lt", np.less), ("le", np.less_equal), ("eq", np.equal),
-                      ("ne", np.not_equal), ("gt", np.greater), ("ge", np.greater_equal)]:
-    setattr(Batched, f"__{_name}__", _operator(_ufunc))
-for _name, _ufunc in [("neg", np.negative), ("pos", np.positive), ("abs", np.absolute),
-                      ("invert", np.invert)]:
-    setattr(Batched, f"__{_name}__", _operator(_ufunc, unary=True))
-del _name, _ufunc
-
-
 def apply_ufunc(ufunc, inputs, kwargs, method="__call__"):
     """NumPy's ``ufunc`` on every device at once, with JAX's dtypes (the batching rule of
     an elementwise function: line the ranks up, then one NumPy call)."""
@@ -159,6 +132,9 @@ def apply_ufunc(ufunc, inputs, kwargs, method="__call__"):
     if len(values) > 1:
         values = _jax_promotion(values)
     return _batched(_no_new_float64(ufunc(*values), values))
+
+
+install_operators(Batched, apply_ufunc)
 
 
 def apply_function(func, args, kwargs):
@@ -589,9 +565,7 @@ class Batch:
         if type(v) is Batched:
             return v.value
         if hasattr(v, "__jax_array__") or type(v).__module__.startswith("jax"):
-            raise errors.TracerArrayConversionError(
-                "a JAX array reached a simpmd collective inside a simulated device. Inside a "
-                "function that runs on both engines, use simpmd.numpy instead of jax.numpy.")
+            raise errors.jax_array_in_collective()
         v = np.asarray(_value(v))
         return np.broadcast_to(v, (self.n,) + v.shape)
 

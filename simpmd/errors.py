@@ -108,3 +108,10 @@ def unbound_axis_message(opname, name, where, coords, under_shard_map) -> str:
     return (f"{opname} on {where} names axis {name!r}, but no enclosing pmap binds it. "
             f"Axis names in scope: {scope}. Pass axis_name={name!r} to the pmap that maps "
             f"this axis, or use one of the names in scope.")
+
+
+def jax_array_in_collective() -> "TracerArrayConversionError":
+    """The error for a JAX array handed to a simpmd collective on a simulated device."""
+    return TracerArrayConversionError(
+        "a JAX array reached a simpmd collective inside a simulated device. Inside a "
+        "function that runs on both engines, use simpmd.numpy instead of jax.numpy.")

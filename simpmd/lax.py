@@ -89,9 +89,7 @@ def _leaf_value(x):
     if type(x) is Traced:
         return x.value
     if hasattr(x, "__jax_array__") or type(x).__module__.startswith("jax"):
-        raise errors.TracerArrayConversionError(
-            "a JAX array reached a simpmd collective inside a simulated device. Inside a "
-            "function that runs on both engines, use simpmd.numpy instead of jax.numpy.")
+        raise errors.jax_array_in_collective()
     return np.asarray(x)
 
 

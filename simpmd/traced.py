@@ -345,30 +345,41 @@ def _fast(ufunc, me, other, reflected):
     return Traced(r, me.eager)
 
 
-def _operator(ufunc, reflected=False, unary=False):
-    """The operator method that computes ``ufunc`` (NumPy's mixin would go through
-    __array_ufunc__, which refuses explicit NumPy calls)."""
-    if unary:
-        return lambda self: apply_ufunc(ufunc, (self,), {})
-    if reflected:
+BINARY_OPERATORS = [("add", np.add), ("sub", np.subtract), ("mul", np.multiply),
+                    ("truediv", np.true_divide), ("floordiv", np.floor_divide),
+                    ("mod", np.remainder), ("divmod", np.divmod), ("pow", np.power),
+                    ("matmul", np.matmul), ("lshift", np.left_shift), ("rshift", np.right_shift),
+                    ("and", np.bitwise_and), ("xor", np.bitwise_xor), ("or", np.bitwise_or)]
+COMPARISONS = [("lt", np.less), ("le", np.less_equal), ("eq", np.equal),
+               ("ne", np.not_equal), ("gt", np.greater), ("ge", np.greater_equal)]
+UNARY_OPERATORS = [("neg", np.negative), ("pos", np.positive), ("abs", np.absolute),
+                   ("invert", np.invert)]
+
+
+def install_operators(cls, apply, skip=()):
+    """Give ``cls`` the Python operators, each computing its ufunc through ``apply`` (NumPy's
+    mixin would go through __array_ufunc__, which refuses explicit NumPy calls). Operators
+    named in ``skip`` keep the class's own (faster) definitions."""
+    def binary(ufunc, reflected):
+        if reflected:
+            return lambda self, other: (NotImplemented if defers_to(other) else
+                                        apply(ufunc, (other, self), {}))
         return lambda self, other: (NotImplemented if defers_to(other) else
-                                    apply_ufunc(ufunc, (other, self), {}))
-    return lambda self, other: (NotImplemented if defers_to(other) else
-                                apply_ufunc(ufunc, (self, other), {}))
+                                    apply(ufunc, (self, other), {}))
+    for name, ufunc in BINARY_OPERATORS:
+        if name not in skip:
+            setattr(cls, f"__{name}__", binary(ufunc, False))
+            setattr(cls, f"__r{name}__", binary(ufunc, True))
+    for name, ufunc in COMPARISONS:
+        setattr(cls, f"__{name}__", binary(ufunc, False))
+    for name, ufunc in UNARY_OPERATORS:
+        if name not in skip:
+            setattr(cls, f"__{name}__", lambda self, _u=ufunc: apply(_u, (self,), {}))
 
 
-for _name, _ufunc in [("floordiv", np.floor_divide), ("mod", np.remainder),
-                      ("divmod", np.divmod), ("lshift", np.left_shift),
-                      ("rshift", np.right_shift), ("and", np.bitwise_and),
-                      ("xor", np.bitwise_xor), ("or", np.bitwise_or)]:
-    setattr(Traced, f"__{_name}__", _operator(_ufunc))
-    setattr(Traced, f"__r{_name}__", _operator(_ufunc, reflected=True))
-for _name, _ufunc in [("lt", np.less), ("le", np.less_equal), ("eq", np.equal),
-                      ("ne", np.not_equal), ("gt", np.greater), ("ge", np.greater_equal)]:
-    setattr(Traced, f"__{_name}__", _operator(_ufunc))
-for _name, _ufunc in [("pos", np.positive), ("abs", np.absolute), ("invert", np.invert)]:
-    setattr(Traced, f"__{_name}__", _operator(_ufunc, unary=True))
-del _name, _ufunc
+# add, sub, mul, truediv, matmul, pow and neg have fast paths in the class itself.
+install_operators(Traced, apply_ufunc,
+                  skip=("add", "sub", "mul", "truediv", "matmul", "pow", "neg"))
 
 
 class _IndexUpdateHelper:
