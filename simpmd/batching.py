@@ -40,6 +40,7 @@ class NeedsPerDevice(BaseException):
 
 # -- the stacked value ---------------------------------------------------------------------
 
+
 class Batched(Traced):
     """Every device's value of one array in the body, stacked along a leading device axis.
 
@@ -253,6 +254,7 @@ def per_device(fn, args, kwargs):
 
 # -- batching rules: methods -----------------------------------------------------------------
 
+
 def _shift(axis, ndim):
     """A per-device axis (int or tuple) as an axis of the stack."""
     if isinstance(axis, (tuple, list)):
@@ -316,6 +318,7 @@ METHOD_RULES.update(
 
 
 # -- batching rules: NumPy functions ---------------------------------------------------------
+
 
 def _elementwise(func):
     def rule(*args, **kwargs):
@@ -447,6 +450,7 @@ class _BatchedUpdateRef:
 
 
 # -- the program that stands for every device ------------------------------------------------
+
 
 class Batch:
     """One trace-once run over a grid of devices: what ``simpmd.lax`` calls into, and the
