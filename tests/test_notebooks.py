@@ -95,9 +95,11 @@ def test_setup_cell_says_in_one_sentence_what_to_do_when_the_install_fails():
 # Lessons that keep their reference solutions in a "Solutions" section at the end. The
 # others still put a solution right after its exercise; add each lesson here as it adopts
 # the pattern.
-SOLUTIONS_AT_THE_END = ["03_in_axes_out_axes.ipynb", "04_named_axes_collectives.ipynb",
+SOLUTIONS_AT_THE_END = ["02_pmap_basics.ipynb", "03_in_axes_out_axes.ipynb",
+                        "04_named_axes_collectives.ipynb", "05_data_parallel_training.ipynb",
                         "06_collective_algorithms_and_cost.ipynb",
-                        "07_nested_pmap_2d_meshes.ipynb", "10_shard_map_and_jit.ipynb"]
+                        "07_nested_pmap_2d_meshes.ipynb", "08_model_parallelism.ipynb",
+                        "09_debugging_spmd.ipynb", "10_shard_map_and_jit.ipynb"]
 
 
 def _top_level_names(source):

@@ -3,14 +3,14 @@
 Each check compares the learner's answer with a value worked out here by hand or with
 plain NumPy (never with the lesson's reference solution), runs programs on simpmd, and
 prints what is off: a shape, which examples a device got, the value on one device.
-Every check returns True or False, so a reference solution can ``assert`` it.
+Every check returns a Verdict (true or false), so a reference solution can ``assert`` it.
 """
 from __future__ import annotations
 
 import numpy as np
 
 import simpmd
-from simpmd.course import check, error_summary, is_placeholder as _placeholder, say as _say
+from simpmd.course import Verdict, check, error_summary, is_placeholder as _placeholder, say as _say
 
 N_DEVICES = 8
 
@@ -31,7 +31,7 @@ SHAPES_WHAT = ("the shape of x inside the body", "the shape the body returns on 
                "the shape of f(x)")
 
 
-def check_shapes(answer) -> bool:
+def check_shapes(answer) -> Verdict:
     """Exercise 1: three shapes, as a tuple ``(inside, returned, result)``."""
     if _placeholder(answer):
         return _say(False, "answer is still a placeholder; give three shapes, e.g. ((1, 2), (3,), ()).")
@@ -86,7 +86,7 @@ def _example_ids(block):
     return [int(v) // 3 for v in np.asarray(block).reshape(-1, 3)[:, 0]]
 
 
-def check_batch(answer) -> bool:
+def check_batch(answer) -> Verdict:
     """Exercise 2: BATCH reshaped so that pmap gives each of 8 devices 4 consecutive examples."""
     if _placeholder(answer):
         return _say(False, "answer is still a placeholder; reshape `batch`.")
@@ -122,7 +122,7 @@ NORM_DATA = np.arange(24, dtype=np.float64).reshape(N_DEVICES, 3)
 NORM_SQUARED = sum(float(v) ** 2 for v in range(24))     # 0^2 + ... + 23^2 = 4324
 
 
-def check_global_norm(body) -> bool:
+def check_global_norm(body) -> Verdict:
     """Exercise 3: ``body(x)`` returns the Euclidean norm of the whole array on every device."""
     if _placeholder(body):
         return _say(False, "global_norm is still a placeholder; write the function.")

@@ -1,8 +1,8 @@
 """Checks for lesson 8, model parallelism on the mesh.
 
 Each check prints what is right or what is off (a block of columns, a device whose value
-is wrong, a factor such as bf16's 2 bytes per value) and returns True or False, so that
-a reference solution can ``assert`` it. Expected values come from NumPy closed forms and
+is wrong, a factor such as bf16's 2 bytes per value) and returns a Verdict (true or false), so
+that a reference solution can ``assert`` it. Expected values come from NumPy closed forms and
 the mesh's row-major layout, never from the lesson's reference solutions.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from simpmd.course import check, error_summary, is_placeholder as _placeholder, say as _say
+from simpmd.course import Verdict, check, error_summary, is_placeholder as _placeholder, say as _say
 
 __all__ = ["Factor", "check_quantity", "check_columns", "row_parallel_data",
            "check_row_parallel", "check_weight_bytes", "check_psum_bytes",
@@ -39,7 +39,7 @@ class Factor:
     wrong: dict = field(default_factory=dict)     # wrong value -> hint
 
 
-def check_quantity(answer, factors, *, what: str, unit: str) -> bool:
+def check_quantity(answer, factors, *, what: str, unit: str) -> Verdict:
     """Check a number that is a product of ``factors`` and name every factor that is off.
 
     The expected value is the product of the right values. If ``answer`` equals the
@@ -76,7 +76,7 @@ def check_quantity(answer, factors, *, what: str, unit: str) -> bool:
 
 # -- exercise 1: which block of W1 a device holds ------------------------------------------
 
-def check_columns(answer, *, device: int = 6, mesh_shape=(2, 4), hidden: int = 32) -> bool:
+def check_columns(answer, *, device: int = 6, mesh_shape=(2, 4), hidden: int = 32) -> Verdict:
     """``answer`` = (start, stop) of the columns of W1 (shape (D, hidden), spec
     P(None, 'model')) that ``device`` holds on a row-major ('data', 'model') mesh."""
     what = f"the columns of W1 on device {device}"
@@ -129,7 +129,7 @@ def row_parallel_data():
     return h, w2, h_blocks, w2_blocks
 
 
-def check_row_parallel(fn) -> bool:
+def check_row_parallel(fn) -> Verdict:
     """Run ``fn(h_block, w2_block)`` on 4 simulated devices along 'model' and compare
     with the full product h @ W2 on every device."""
     import simpmd
@@ -176,7 +176,7 @@ def check_row_parallel(fn) -> bool:
 # -- exercise 3: weight bytes per device ----------------------------------------------------
 
 def check_weight_bytes(answer, *, d_model: int = 4096, hidden: int = 16384,
-                       mesh_shape=(2, 4)) -> bool:
+                       mesh_shape=(2, 4)) -> Verdict:
     """Bytes of W1 (d_model x hidden) and W2 (hidden x d_model), bf16, that ONE device
     holds when both are split over 'model' and replicated over 'data'."""
     n_data, n_model = mesh_shape
@@ -208,7 +208,7 @@ def check_weight_bytes(answer, *, d_model: int = 4096, hidden: int = 16384,
 # -- exercise 4: bytes one device sends in the forward psum ---------------------------------
 
 def check_psum_bytes(answer, *, tokens: int = 8192, d_model: int = 4096,
-                     mesh_shape=(2, 4)) -> bool:
+                     mesh_shape=(2, 4)) -> Verdict:
     """Bytes ONE device sends in the forward psum over 'model' of the 2-D layer (bf16
     activations of shape (tokens / n_data, d_model)), with a ring all-reduce."""
     n_data, n_model = mesh_shape
@@ -252,7 +252,7 @@ def fsdp_gradients(devices: int = 4, rows: int = 8, cols: int = 3):
     return rng.integers(-4, 5, size=(devices, rows, cols)).astype(np.float32)
 
 
-def check_fsdp_backward(fn) -> bool:
+def check_fsdp_backward(fn) -> Verdict:
     """Run ``fn(g_full)`` on 4 simulated devices along 'data': every device passes its
     gradient of the whole weight matrix and must keep the sum over the devices of its own
     rows (device d: rows 2d, 2d+1 of 8), as the reduce-scatter of FSDP's backward pass."""
