@@ -84,10 +84,9 @@ def jax_outcome(call):
     """``(result, None)`` or ``(None, exception)`` of a call into JAX, keeping out of the
     notebook what some releases print as they raise (jax 0.12 prints the source line of a
     sharding error), so that a lesson's output reads the same on every release."""
-    import contextlib
-    import io
+    from .jaxcheck import quiet_jax
     try:
-        with contextlib.redirect_stdout(io.StringIO()):
+        with quiet_jax():
             return call(), None
     except Exception as exc:
         return None, exc
