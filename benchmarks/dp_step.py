@@ -176,7 +176,8 @@ def plot(rows, path, caption) -> list:
             (jn, [r["jax_step"] * ms for r in jax_rows], dict(
                 color=jax_color, marker="^", lw=2.2, label="jax.pmap step (steady)")),
             (jn, [r["jax_step"] * ms / TARGET for r in jax_rows], dict(
-                color="0.45", ls=":", lw=1.6, label=f"1/{TARGET} of jax.pmap's step (the target at 1024 devices)")),
+                color="0.45", ls=":", lw=1.6,
+                label=f"1/{TARGET} of jax.pmap's step (the target at 1024 devices)")),
         ]
     for x, y, style in lines:
         ax.plot(x, y, **style)
@@ -214,15 +215,18 @@ def main(argv=None):
     sim, bare = psum_vs_numpy()
 
     print("1. data-parallel step (grad of a 1024-float vector, pmean, update)")
+    print("   times in ms; simpmd/jax is the steady step's ratio")
     print(f"{'devices':>8} {'simpmd first':>13} {'simpmd step':>12} {'log':>8} {'jax first':>10} "
           f"{'jax step':>9} {'simpmd/jax':>10}")
     rows = []
     for n in sizes:
         s_first, s_steady, log = simpmd_step(n, args.repeats)
         j = None if (args.no_jax or n > JAX_LARGEST) else run_jax(n, args.repeats)
-        ratio = f"{s_steady / j[1]:10.2f}" if j else f"{'-':>10}"
-        jf, js = (f"{j[0]:10.3f}", f"{j[1]:9.4f}") if j else (f"{'-':>10}", f"{'-':>9}")
-        print(f"{n:>8} {s_first:13.3f} {s_steady:12.4f} {log:8.3f} {jf} {js} {ratio}")
+        ratio = f"{s_steady / j[1]:10.3f}" if j else f"{'-':>10}"
+        jf, js = ((f"{j[0] * 1e3:10.1f}", f"{j[1] * 1e3:9.3g}") if j
+                  else (f"{'-':>10}", f"{'-':>9}"))
+        print(f"{n:>8} {s_first * 1e3:13.3g} {s_steady * 1e3:12.3g} {log * 1e3:8.3g} "
+              f"{jf} {js} {ratio}")
         rows.append(dict(devices=n, simpmd_first=s_first, simpmd_step=s_steady, log=log,
                          jax_first=j[0] if j else None, jax_step=j[1] if j else None))
 
