@@ -118,7 +118,7 @@ def psum_vs_numpy(devices=64, mib=1, repeats=30):
     return sim, bare
 
 
-JAX_LARGEST = 1024          # jax.pmap on more fake CPU devices than this takes minutes per size
+JAX_LARGEST = 1024          # jax.pmap stops here: its step grows about 3x per doubling
 TARGET = 20                 # issue 10: the 1024-device step takes at most 1/20 of jax.pmap's
 
 
@@ -142,7 +142,7 @@ def caption(repeats) -> str:
             f"devices. Redraw: python benchmarks/dp_step.py --plot docs/dp_step.png")
 
 
-def plot(rows, path, caption) -> list:
+def plot(rows, path, footnote) -> list:
     """Draw time per step against devices (both log axes) into the PNG at path.
 
     rows are main()'s dicts. Returns the labels of the lines drawn, in order. matplotlib
@@ -196,7 +196,7 @@ def plot(rows, path, caption) -> list:
                  "simpmd beside jax.pmap", fontsize=10.5, loc="left")
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2,
               frameon=False)
-    fig.text(0.01, 0.01, caption, fontsize=7.5, color="0.3", ha="left", va="bottom")
+    fig.text(0.01, 0.01, footnote, fontsize=7.5, color="0.3", ha="left", va="bottom")
     fig.tight_layout(rect=(0, 0.06, 1, 1))
     fig.savefig(path, dpi=120, facecolor="white", metadata={"Software": None})
     plt.close(fig)
