@@ -1,7 +1,8 @@
 """Speed of simpmd beside real jax.pmap, on the same program and the same device counts.
 
-    python benchmarks/dp_step.py            # 8 .. 1024 devices (+ 4096, 16384 simpmd only)
-    python benchmarks/dp_step.py --quick    # 8 and 64 devices
+    python benchmarks/dp_step.py                          # 8 .. 16384 devices (jax.pmap up to 1024)
+    python benchmarks/dp_step.py --quick                  # 8 and 64 devices
+    python benchmarks/dp_step.py --plot docs/dp_step.png  # and draw the curve (needs matplotlib)
 
 Two measurements, each reported as a ratio against a baseline measured in the same run:
 
@@ -13,14 +14,19 @@ Two measurements, each reported as a ratio against a baseline measured in the sa
 2. One ``psum`` of 1 MiB per device over 64 devices, beside the bare NumPy reduction of
    the same stacked data (``x.sum(axis=0)``: the memory-bandwidth floor).
 
+``--plot`` draws the first measurement against the device count (the README's curve),
+naming the machine's kind and core count and the date, never the host's name.
+
 The step body is written once and runs on both engines: ``simpmd.lax.pmean`` joins the
 simulation on a simulated device and hands over to ``jax.lax.pmean`` inside jax.pmap.
 """
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
+import platform
 import subprocess
 import sys
 import time
@@ -112,31 +118,124 @@ def psum_vs_numpy(devices=64, mib=1, repeats=30):
     return sim, bare
 
 
+JAX_LARGEST = 1024          # jax.pmap stops here: its step grows about 3x per doubling
+TARGET = 20                 # issue 10: the 1024-device step takes at most 1/20 of jax.pmap's
+
+
+def machine() -> str:
+    """The machine's kind in a few words (CPU model, architecture, cores), without its name."""
+    model = ""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip() + ", "
+                break
+    except OSError:
+        pass
+    return f"{model}{platform.machine()}, {os.cpu_count()} cores"
+
+
+def caption(repeats) -> str:
+    """The figure's footnote: where and when it was measured, and how to redraw it."""
+    return (f"Measured in one run on {machine()}, {datetime.date.today()}; steady step: best "
+            f"of {repeats} calls after the first.\njax.pmap ran on up to {JAX_LARGEST} fake CPU "
+            f"devices. Redraw: python benchmarks/dp_step.py --plot docs/dp_step.png")
+
+
+def plot(rows, path, footnote) -> list:
+    """Draw time per step against devices (both log axes) into the PNG at path.
+
+    rows are main()'s dicts. Returns the labels of the lines drawn, in order. matplotlib
+    is imported here, with the Agg backend, so the benchmark runs without it otherwise.
+    """
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
+    ms = 1e3
+    n = [r["devices"] for r in rows]
+    jax_rows = [r for r in rows if r["jax_step"] is not None]
+    fig, ax = plt.subplots(figsize=(7.2, 5.4))
+    simpmd_color, jax_color = "tab:blue", "tab:orange"
+    lines = [
+        (n, [r["simpmd_first"] * ms for r in rows], dict(
+            color=simpmd_color, ls="--", marker="o", mfc="white", label="simpmd, first call")),
+        (n, [(r["simpmd_step"] + r["log"]) * ms for r in rows], dict(
+            color="tab:green", ls="-.", marker="s", ms=4,
+            label="simpmd step + reading its per-device log (f.trace)")),
+        (n, [r["simpmd_step"] * ms for r in rows], dict(
+            color=simpmd_color, marker="o", lw=2.2, label="simpmd step (steady)")),
+    ]
+    if jax_rows:
+        jn = [r["devices"] for r in jax_rows]
+        lines += [
+            (jn, [r["jax_first"] * ms for r in jax_rows], dict(
+                color=jax_color, ls="--", marker="^", mfc="white",
+                label="jax.pmap, first call (compiles)")),
+            (jn, [r["jax_step"] * ms for r in jax_rows], dict(
+                color=jax_color, marker="^", lw=2.2, label="jax.pmap step (steady)")),
+            (jn, [r["jax_step"] * ms / TARGET for r in jax_rows], dict(
+                color="0.45", ls=":", lw=1.6,
+                label=f"1/{TARGET} of jax.pmap's step (the target at 1024 devices)")),
+        ]
+    for x, y, style in lines:
+        ax.plot(x, y, **style)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.xaxis.set_major_locator(FixedLocator(n))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.tick_params(labelsize=8)
+    ax.set_xlabel("devices (simulated by simpmd; fake CPU devices for jax.pmap)", fontsize=9)
+    ax.set_ylabel("time per call (ms, log scale)", fontsize=9)
+    ax.grid(True, which="major", color="0.85", lw=0.8)
+    ax.grid(True, which="minor", axis="y", color="0.94", lw=0.5)
+    ax.set_title("One data-parallel step (gradient of 1024 floats, pmean, update):\n"
+                 "simpmd beside jax.pmap", fontsize=10.5, loc="left")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2,
+              frameon=False)
+    fig.text(0.01, 0.01, footnote, fontsize=7.5, color="0.3", ha="left", va="bottom")
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.savefig(path, dpi=120, facecolor="white", metadata={"Software": None})
+    plt.close(fig)
+    return [style["label"] for _, _, style in lines]
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="8 and 64 devices only")
     parser.add_argument("--no-jax", action="store_true", help="skip the JAX baseline")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--plot", metavar="PNG", help="draw the step times into this PNG file")
     args = parser.parse_args(argv)
-    sizes = [8, 64] if args.quick else [8, 64, 256, 1024, 4096, 16384]
+    sizes = [8, 64] if args.quick else [2 ** k for k in range(3, 15)]      # 8 .. 16384
 
     sim, bare = psum_vs_numpy()
 
     print("1. data-parallel step (grad of a 1024-float vector, pmean, update)")
+    print("   times in ms; simpmd/jax is the steady step's ratio")
     print(f"{'devices':>8} {'simpmd first':>13} {'simpmd step':>12} {'log':>8} {'jax first':>10} "
           f"{'jax step':>9} {'simpmd/jax':>10}")
     rows = []
     for n in sizes:
         s_first, s_steady, log = simpmd_step(n, args.repeats)
-        j = None if (args.no_jax or n > 1024) else run_jax(n, args.repeats)
-        ratio = f"{s_steady / j[1]:10.2f}" if j else f"{'-':>10}"
-        jf, js = (f"{j[0]:10.3f}", f"{j[1]:9.4f}") if j else (f"{'-':>10}", f"{'-':>9}")
-        print(f"{n:>8} {s_first:13.3f} {s_steady:12.4f} {log:8.3f} {jf} {js} {ratio}")
-        rows.append((n, s_steady, j))
+        j = None if (args.no_jax or n > JAX_LARGEST) else run_jax(n, args.repeats)
+        ratio = f"{s_steady / j[1]:10.3f}" if j else f"{'-':>10}"
+        jf, js = ((f"{j[0] * 1e3:10.1f}", f"{j[1] * 1e3:9.3g}") if j
+                  else (f"{'-':>10}", f"{'-':>9}"))
+        print(f"{n:>8} {s_first * 1e3:13.3g} {s_steady * 1e3:12.3g} {log * 1e3:8.3g} "
+              f"{jf} {js} {ratio}")
+        rows.append(dict(devices=n, simpmd_first=s_first, simpmd_step=s_steady, log=log,
+                         jax_first=j[0] if j else None, jax_step=j[1] if j else None))
 
     print("\n2. psum of 1 MiB per device over 64 devices (whole pmap call: split, psum, stack)")
     print(f"   simpmd {sim * 1e3:.1f} ms, bare NumPy x.sum(axis=0) {bare * 1e3:.1f} ms, "
           f"ratio {sim / bare:.2f}")
+    if args.plot:
+        plot(rows, args.plot, caption(args.repeats))
+        print(f"\nwrote {args.plot}")
     return rows
 
 

@@ -8,8 +8,9 @@
 # Three environment variables choose what is installed where (scripts/test_matrix.sh uses them):
 #   PYTHON       the interpreter that creates the venv (default python3)
 #   SIMPMD_VENV  the venv's folder (default .venv)
-#   SIMPMD_JAX   a JAX version to pin jax and jaxlib to (e.g. 0.7.2); "none" installs no JAX
-#                (Python 3.10 has no jaxlib newer than 0.6, so there only the engine runs);
+#   SIMPMD_JAX   a JAX version to pin jax and jaxlib to (e.g. 0.7.2); "none" installs the
+#                extras without JAX (Python 3.10 has no jaxlib newer than 0.6, so there only
+#                the engine runs);
 #                unset: the newest JAX that pip finds for the interpreter.
 VENV=${SIMPMD_VENV:-.venv}
 
@@ -39,12 +40,32 @@ print(h.hexdigest())')
         local spec start=$SECONDS pins=()
         [[ -n "$pin" && "$pin" != none ]] && pins=("jax==$pin" "jaxlib==$pin")
         spec=".[$(IFS=,; echo "$*")]"
-        echo "Installing simpmd$spec${pin:+ with jax $pin} into $VENV (the first time downloads JAX, about 600 MB)"
         if [[ "$pin" == none ]]; then
-            # The extras without JAX: what the engine's own tests need.
-            "$py" -m pip install --quiet --disable-pip-version-check --editable . \
-                "numpy>=1.24" "matplotlib>=3.7" "pytest>=7.4" "hypothesis>=6.80" "nbval>=0.11"
+            echo "Installing simpmd$spec without JAX into $VENV"
+            # The same extras without jax and jaxlib. Their packages are read from simpmd's
+            # own metadata, which the editable install has just built from pyproject.toml,
+            # so the list is written in one place (importlib.metadata: any Python >= 3.10).
+            # Each line there reads `name>=version; [marker and ]extra == "name"`.
+            "$py" -m pip install --quiet --disable-pip-version-check --editable .
+            local listed requirements=()
+            listed=$("$py" - "$@" <<'PY'
+import importlib.metadata, re, sys
+wanted = {}
+for line in importlib.metadata.requires("simpmd") or []:
+    spec, _, marker = (part.strip() for part in line.partition(";"))
+    extra = re.fullmatch(r'(?:(.+) and )?extra == "([^"]+)"', marker)
+    name = re.match(r"[A-Za-z0-9._-]+", spec).group().lower()
+    if extra and extra.group(2) in sys.argv[1:] and name not in ("jax", "jaxlib"):
+        wanted[f"{spec}; {extra.group(1)}" if extra.group(1) else spec] = True
+print("\n".join(wanted))
+PY
+)
+            if [[ -n "$listed" ]]; then
+                mapfile -t requirements <<< "$listed"
+                "$py" -m pip install --quiet --disable-pip-version-check "${requirements[@]}"
+            fi
         else
+            echo "Installing simpmd$spec${pin:+ with jax $pin} into $VENV (the first time downloads JAX, about 600 MB)"
             "$py" -m pip install --quiet --disable-pip-version-check --editable "$spec" "${pins[@]}"
         fi
         for extra in "$@"; do echo "$hash" > "$VENV/.simpmd-$extra.stamp"; done

@@ -267,6 +267,19 @@ def test_the_two_scripts_set_up_the_venv_the_same_way():
         "the ensure_venv function differs between test.sh and course.sh: keep them identical"
 
 
+def test_the_venv_without_jax_takes_its_packages_from_pyproject():
+    """SIMPMD_JAX=none installs the extras minus JAX by reading them from simpmd's metadata
+    (built from pyproject.toml), rather than from a second copy of the list."""
+    script = read("scripts/ensure_venv.sh")
+    assert 'importlib.metadata.requires("simpmd")' in script
+    for extra in load_pyproject()["project"]["optional-dependencies"].values():
+        for requirement in extra:
+            name, constraint = split_requirement(requirement)
+            assert not re.search(rf"{re.escape(name)}\s*{re.escape(constraint)}", script), (
+                f"scripts/ensure_venv.sh lists {requirement!r} itself: derive it from "
+                "pyproject.toml")
+
+
 def test_gitignore_keeps_the_venv_and_build_outputs_out_of_git():
     ignored = set(read(".gitignore").split())
     for pattern in (".venv/", "__pycache__/", "*.egg-info/", ".pytest_cache/", ".hypothesis/",

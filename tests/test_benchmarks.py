@@ -1,0 +1,70 @@
+"""benchmarks/dp_step.py still runs and draws its curve. Timings are never asserted here
+(they depend on the machine and its load); only that the run completes, prints a row per
+size and writes a readable PNG with the lines it should have."""
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+BENCHMARKS = ROOT / "benchmarks"
+
+pytest.importorskip("matplotlib")
+Image = pytest.importorskip("PIL.Image")        # matplotlib depends on Pillow
+
+
+def test_quick_run_with_plot_writes_a_png(tmp_path):
+    """The README's command on the --quick sizes: a table row for 8 and for 64 devices, a PNG."""
+    png = tmp_path / "dp_step.png"
+    result = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "dp_step.py"), "--quick", "--repeats", "2",
+         "--plot", str(png)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = [line.split() for line in result.stdout.splitlines()]
+    assert [row[0] for row in rows if row and row[0].isdigit()] == ["8", "64"], result.stdout
+    assert f"wrote {png}" in result.stdout
+    with Image.open(png) as image:
+        assert image.format == "PNG"
+        width, height = image.size
+    assert width >= 600 and height >= 400, (width, height)
+
+
+@pytest.fixture
+def dp_step(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import dp_step
+    return dp_step
+
+
+def made_up_rows(sizes, jax_up_to):
+    """Rows shaped like main()'s, with invented times (the plot does not judge them)."""
+    return [dict(devices=n, simpmd_first=2e-3 * n, simpmd_step=1e-3 * n, log=1e-2 * n,
+                 jax_first=(0.5 if n <= jax_up_to else None),
+                 jax_step=(1e-2 * n if n <= jax_up_to else None)) for n in sizes]
+
+
+def test_plot_draws_jax_lines_only_where_jax_ran(tmp_path, dp_step):
+    sizes = [8, 64, 1024, 16384]
+    with_jax = dp_step.plot(made_up_rows(sizes, 1024), tmp_path / "a.png", "caption")
+    without = dp_step.plot(made_up_rows(sizes, 0), tmp_path / "b.png", "caption")
+    assert (tmp_path / "a.png").stat().st_size > 0 and (tmp_path / "b.png").stat().st_size > 0
+    simpmd_lines = {"simpmd, first call", "simpmd step (steady)"}
+    assert simpmd_lines <= set(with_jax) and simpmd_lines <= set(without)
+    assert any(label.startswith("jax.pmap step") for label in with_jax)
+    assert any(label.startswith("1/20 of jax.pmap") for label in with_jax)
+    assert not any("jax" in label for label in without), without
+
+
+def test_caption_names_cores_and_date_not_the_host(dp_step):
+    import datetime
+    import os
+    import socket
+    before = datetime.date.today()
+    text = dp_step.caption(5)
+    assert f"{os.cpu_count()} cores" in text
+    assert str(before) in text or str(datetime.date.today()) in text
+    host = socket.gethostname()
+    if len(host) >= 4:                  # a very short name could occur in any text
+        assert host not in text
