@@ -461,6 +461,7 @@ class Batch:
     """
 
     eager = False
+    nested, tasks = False, None           # what the front ends' assemble asks (spmd.py)
 
     def __init__(self, devices, axes, maps_a_mesh=False):
         self.axes = tuple(axes)

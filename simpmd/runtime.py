@@ -34,7 +34,7 @@ from . import tree
 # frame outside them (so the tour in simpmd/__main__.py still counts as user code).
 ENGINE_MODULES = {"simpmd.lax", "simpmd.runtime", "simpmd.pmap", "simpmd.traced", "simpmd.debug",
                   "simpmd.collectives", "simpmd.tree", "simpmd.numpy", "simpmd.shard_map",
-                  "simpmd.batching", "simpmd.autodiff"}
+                  "simpmd.batching", "simpmd.autodiff", "simpmd.spmd", "simpmd.handoff"}
 _local = threading.local()            # .task: the program this thread is running
 _idle_workers: list = []              # parked worker threads, reused across runs
 _WORKER_STACK = 1 << 20               # 1 MiB is plenty for a device's Python frames
