@@ -23,7 +23,7 @@ import numpy as np
 from .devices import device_count, devices as platform_devices
 from . import errors, handoff, spmd, tree
 from .array import Array
-from .batching import Batch, NeedsPerDevice
+from .batching import Batch, Batched
 from .mesh import ShardingError
 from .runtime import current_task, user_stacklevel
 from .spmd import Piece, as_array, positional_names
@@ -232,49 +232,69 @@ class Pmapped:
     # -- calling --------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
         parent = current_task()
-        if type(parent) is Batch:
-            raise NeedsPerDevice()     # nested: the outer body runs per device (runtime.py)
         if parent is None and handoff.holds_tracer((args, kwargs)):
             # Inside a real JAX trace (jax.pmap of a nested simpmd program): today's JAX
             # spells the inner pmap jax.vmap with the same axis name.
             return handoff.pmap_inside_jax(self, args, kwargs)
+        once = type(parent) is Batch            # nested in a body traced once
         if parent is None:
             device_list = self._device_list()
         else:
-            if parent.sim.maps_a_mesh:
-                raise ShardingError(
-                    "a pmap was called inside a shard_map body. simpmd does not nest pmap "
-                    "inside shard_map (and real JAX no longer nests maps over devices either): "
-                    "a shard_map already maps every axis of its mesh. Add the inner axis to "
-                    "the mesh instead, e.g. make_mesh((2, 4), ('data', 'model')), and split "
-                    "the arguments over it in in_specs; collectives can then name either axis "
-                    "or both.")
-            if self.devices is not None:
-                raise errors.MappedAxisError(
-                    "a nested pmap cannot take devices=: its devices are the sub-grid of the "
-                    "outer pmap's devices (choose them with devices= on the outer pmap)")
-            device_list = parent.sim.device_list
-        static, defs, kw_def, arrays, paths, size = self._split(args, kwargs, len(device_list))
+            self._check_nesting(parent)
+            device_list = [] if once else parent.sim.device_list
+        # Nested in a body traced once, each argument leaf holds every outer device's value
+        # stacked: the call is checked on the first outer device's, and all are split.
+        outer = parent.n if once else 1
+        seen = (_first_outer_device(args), _first_outer_device(kwargs)) if once else (args, kwargs)
+        static, defs, kw_def, arrays, paths, size = self._split(
+            *seen, len(device_list) if device_list else 1 << 30)     # else the grid is checked
 
-        def piece(v, ax, path):
+        def piece(leaf, v, ax, path):
+            whole = leaf.value if type(leaf) is Batched else np.broadcast_to(v, (outer,) + v.shape)
             if ax is None:
-                return Piece(np.broadcast_to(v, (size,) + v.shape),
-                             lambda k, t=f"{path} whole (in_axes=None)": t)
-            head, tail = f"{path}[{':, ' * ax}", received_from(path, v, ax)
-            return Piece(np.moveaxis(v, ax, 0), lambda k: f"{head}{k}{tail}")
-        mapped = [None if conv is None else
-                  tree.unflatten(td, [piece(v, ax, path) for (v, ax), path in zip(conv, leaf_paths)])
-                  for conv, td, leaf_paths in zip(arrays[:-1], defs, paths)]
-        kw = tree.unflatten(kw_def, [piece(v, ax, path) for (v, ax), path in zip(arrays[-1], paths[-1])])
+                stack = np.broadcast_to(whole[:, None], (outer, size) + v.shape)
+                detail = (lambda k, t=f"{path} whole (in_axes=None)": t)
+            else:
+                stack = np.moveaxis(whole, ax + 1, 1)
+                head, tail = f"{path}[{':, ' * ax}", received_from(path, v, ax)
+                detail = (lambda k: f"{head}{k % size}{tail}")
+            return Piece(stack.reshape((outer * size,) + stack.shape[2:]), detail)
+
+        def pieces(value, conv, td, leaf_paths):
+            return tree.unflatten(td, [piece(leaf, v, ax, path) for leaf, (v, ax), path
+                                       in zip(tree.flatten(value)[0], conv, leaf_paths)])
         dynamic = [i for i in range(len(args)) if i not in static]
+        mapped = [pieces(args[i], arrays[i], defs[i], paths[i]) for i in dynamic]
+        kw = pieces(kwargs, arrays[-1], kw_def, paths[-1])
 
         def body(*dyn, **kw):
             full = list(args)                  # static arguments reach the body as they are
             for i, v in zip(dynamic, dyn):
                 full[i] = v
             return self.fun(*full, **kw)
-        return spmd.run(self, body, device_list, ((self.axis_name, size),),
-                        tuple(mapped[i] for i in dynamic), kw, self._assemble, eager=self.eager)
+        return spmd.run(self, body, device_list, ((self.axis_name, size),), tuple(mapped), kw,
+                        self._assemble, eager=self.eager)
+
+    def _check_nesting(self, parent):
+        """A pmap inside another's body maps a sub-grid; inside shard_map it cannot."""
+        if parent.sim.maps_a_mesh:
+            raise ShardingError(
+                "a pmap was called inside a shard_map body. simpmd does not nest pmap "
+                "inside shard_map (and real JAX no longer nests maps over devices either): "
+                "a shard_map already maps every axis of its mesh. Add the inner axis to "
+                "the mesh instead, e.g. make_mesh((2, 4), ('data', 'model')), and split "
+                "the arguments over it in in_specs; collectives can then name either axis "
+                "or both.")
+        if self.eager and not parent.eager:
+            raise errors.MappedAxisError(
+                f"this pmap over {self.axis_name!r} has eager=True, but it is nested in a pmap "
+                f"whose body is traced once, so it cannot run one program per device. Give "
+                f"eager=True to the outermost pmap: the pmaps nested in its body then run "
+                f"per device too.")
+        if self.devices is not None:
+            raise errors.MappedAxisError(
+                "a nested pmap cannot take devices=: its devices are the sub-grid of the "
+                "outer pmap's devices (choose them with devices= on the outer pmap)")
 
     def _device_list(self) -> list:
         """The devices a top-level call may use: ``devices=``, or all of the platform's."""
@@ -293,16 +313,23 @@ class Pmapped:
     # -- stacking -------------------------------------------------------------------------
     def _assemble(self, stacks, treedef, run):
         """Each result leaf stacked along ``out_axes`` (one copy for ``None``), as an Array
-        that knows its shards; inside an outer pmap, as the outer device's value."""
+        that knows its shards; inside an outer pmap, as each outer device's value.
+
+        A nested pmap traced once runs the inner grids of all outer devices together:
+        ``run.outer_n`` of them, of ``m`` devices each, one after the other."""
+        g = run.outer_n
+        m = run.n // g
         out_axes = tree.broadcast_prefix(self.out_axes, tree.unflatten(treedef, [s[0] for s in stacks]),
                                          what="out_axes")
         out = []
         for k, (s, ax) in enumerate(zip(stacks, out_axes)):
             first, label = s[0], f"out{spmd.leaf_label(treedef, k)}"
+            per_outer = s.reshape((g, m) + s.shape[1:])
             if ax is None:
-                differ = np.nonzero(~(s == first).reshape(run.n, -1).all(axis=1))[0]
+                same = (per_outer == per_outer[:, :1]).reshape(g * m, -1).all(axis=1)
+                differ = np.nonzero(~same)[0]
                 if len(differ):
-                    _warn_not_replicated([run.where(i) for i in differ], run.where(0))
+                    _warn_not_replicated([run.where(i) for i in differ], run.where(differ[0] - differ[0] % m))
                 run.returned(s, lambda i, t=label + " whole (out_axes=None)": t)
             else:
                 if not -(first.ndim + 1) <= ax <= first.ndim:
@@ -314,13 +341,21 @@ class Pmapped:
                         f"use an axis in {-(n + 1)}..{n} (0 stacks along the first axis), or "
                         f"None to return one copy of a result that is the same on every device.")
                 ax = ax % (first.ndim + 1)
-                run.returned(s, lambda i, a=f"{label}[{':, ' * ax}": f"{a}{i}]")
-            if run.nested:
+                run.returned(s, lambda i, a=f"{label}[{':, ' * ax}": f"{a}{i % m}]")
+            if not run.nested:
+                out.append(Array(s, run.devices, ax, _grid_layout(run, s, ax)))
+            elif g == 1:                     # one outer program of a per-device run
                 out.append(Traced(first if ax is None else np.moveaxis(s, 0, ax), run.sim.eager))
-            else:
-                layout = _grid_layout(run.tasks, s, ax) if run.tasks else None
-                out.append(Array(s, run.devices, ax, layout))
+            else:                            # every outer device's value, stacked
+                out.append(Batched(per_outer[:, 0] if ax is None else
+                                   np.moveaxis(per_outer, 1, ax + 1)))
         return tree.unflatten(treedef, out)
+
+
+def _first_outer_device(value):
+    """``value`` with each stacked leaf (every outer device's) cut to the first device's."""
+    leaves, td = tree.flatten(value)
+    return tree.unflatten(td, [Traced(v.value[0]) if type(v) is Batched else v for v in leaves])
 
 
 def _warn_not_replicated(differ, first):
@@ -349,7 +384,7 @@ def path_position(path, pmapped) -> str:
     return path.split()[-1].split("[")[0] if path.startswith("argument") else "i"
 
 
-def _grid_layout(tasks, values, ax):
+def _grid_layout(run, values, ax):
     """Where the shards of a nested pmap's result live: every device of the grid.
 
     Row ``i`` of the outer result was computed by the devices of outer program ``i``.
@@ -357,18 +392,19 @@ def _grid_layout(tasks, values, ax):
     ``(i, j)`` lives on inner device ``j``; otherwise each of them holds a copy of row ``i``.
     Returns None for a pmap that is not nested.
     """
-    if not any(t.children for t in tasks):
+    subs = [run.sub_devices(i) for i in range(run.n)]
+    if not any(subs):
         return None
     layout = []
-    for i, (t, v) in enumerate(zip(tasks, values)):
+    for i, (v, children) in enumerate(zip(values, subs)):
         outer = (slice(None),) * (ax or 0) + (slice(i, i + 1),)
         rest = (slice(None),) * max(v.ndim - 1, 0)
-        split = ax == 0 and v.ndim >= 1 and v.shape[0] == len(t.children)
-        for j, child in enumerate(t.children):
+        split = ax == 0 and v.ndim >= 1 and v.shape[0] == len(children)
+        for j, device in enumerate(children):
             if ax is None:
-                layout.append((child.device, (slice(None),) * v.ndim, i * len(t.children) + j))
+                layout.append((device, (slice(None),) * v.ndim, i * len(children) + j))
             elif split:
-                layout.append((child.device, outer + (slice(j, j + 1),) + rest, 0))
+                layout.append((device, outer + (slice(j, j + 1),) + rest, 0))
             else:
-                layout.append((child.device, outer + (slice(None),) * v.ndim, j))
+                layout.append((device, outer + (slice(None),) * v.ndim, j))
     return layout

@@ -142,7 +142,8 @@ def leaf_device_ids(task) -> list:
     """The ids of the devices that run ``task``: its own, or those of its inner programs."""
     if not task.children:
         return [task.device.id]
-    return [i for child in task.children for i in leaf_device_ids(child)]
+    # several inner pmaps in one outer body run on the same sub-grid: name each device once
+    return list(dict.fromkeys(i for child in task.children for i in leaf_device_ids(child)))
 
 
 def coords_text(coords) -> str:
@@ -444,7 +445,7 @@ class Simulation:
         """Name each program by its devices, now that nesting has settled who spans what."""
         for t in reversed(self.tasks):          # children were created after parents
             if t.children:
-                t.devices = tuple(d for c in t.children for d in c.devices)
+                t.devices = tuple(dict.fromkeys(d for c in t.children for d in c.devices))
                 t.device = None
         ids = {}
         for t in self.tasks:

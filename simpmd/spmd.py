@@ -9,9 +9,10 @@ together; this module does the rest, the same way for both:
 1. every mapped argument leaf arrives as a :class:`Piece`: all devices' pieces *stacked*
    along a leading device axis (row ``k`` belongs to device ``k`` of the grid, counted
    row-major over the axes);
-2. the body runs one time over the stacks, as JAX traces it once (``batching.py``); with
-   ``eager=True``, or when a pmap is nested inside it, it runs as one program per device
-   instead (``runtime.py``);
+2. the body runs one time over the stacks, as JAX traces it once (``batching.py``); a
+   pmap nested inside it adds its axis below the outer ones, a grid of outer x inner
+   devices, and is traced once too. With ``eager=True`` the body runs as one program per
+   device instead (``runtime.py``), and so do pmaps nested inside it;
 3. the results come back stacked the same way, one shape on every device, and the front
    end's ``assemble`` puts them together.
 
@@ -26,7 +27,7 @@ import math
 import numpy as np
 
 from . import batching, errors, tree
-from .batching import Batch, Batched, NeedsPerDevice, run_once
+from .batching import Batch, Batched, run_once
 from .runtime import Simulation, current_task, flat_results, _refuse_non_arrays
 from .trace import Trace
 from .traced import Traced
@@ -74,20 +75,20 @@ def run(owner, fun, devices, axes, args, kwargs, assemble, *, eager=False, check
     run's trace, which :func:`last_trace` returns too.
     """
     parent = current_task()
+    if type(parent) is Batch:
+        # A pmap inside a body traced once: its grid nests below the outer one (a 2-D
+        # mesh of outer x inner devices), and it is traced once too.
+        return _run_once(owner, fun, parent.nest(axes), args, kwargs, assemble)
     if parent is None and not eager and batching.TRACE_ONCE:
-        try:
-            return _run_once(owner, fun, devices, axes, args, kwargs, assemble, check_vma,
-                             maps_a_mesh)
-        except NeedsPerDevice:
-            pass          # a pmap nested in the body: run one program per device instead
+        batch = Batch(devices, axes, maps_a_mesh=maps_a_mesh)
+        batch.check_vma = check_vma
+        return _run_once(owner, fun, batch, args, kwargs, assemble)
     return _run_per_device(owner, fun, devices, axes, args, kwargs, assemble, eager, check_vma,
                            maps_a_mesh, parent)
 
 
-def _run_once(owner, fun, devices, axes, args, kwargs, assemble, check_vma, maps_a_mesh):
+def _run_once(owner, fun, batch, args, kwargs, assemble):
     """The body, one time, over every device's piece stacked (see batching.py)."""
-    batch = Batch(devices, axes, maps_a_mesh=maps_a_mesh)
-    batch.check_vma = check_vma
     leaves, treedef = tree.flatten((args, kwargs))
     pieces = [x for x in leaves if type(x) is Piece]
     for x in pieces:
@@ -103,13 +104,10 @@ def _run_once(owner, fun, devices, axes, args, kwargs, assemble, check_vma, maps
         stacks = [v.value if type(v) is Batched else
                   np.broadcast_to(plain(v), (batch.n,) + np.shape(plain(v))) for v in out]
         outputs = assemble(stacks, out_def, batch)
-    except errors.SimpmdError as exc:
+    except Exception as exc:               # the trace so far goes with the error
         if getattr(exc, "trace", None) is None:
             exc.trace = Trace(batch.events)
         owner.trace = record_trace(exc.trace)
-        raise
-    except Exception as exc:
-        exc.trace = owner.trace = record_trace(Trace(batch.events))
         raise
     owner.trace = record_trace(Trace(batch.events))
     return outputs
@@ -166,10 +164,17 @@ def _run_per_device(owner, fun, devices, axes, args, kwargs, assemble, eager, ch
 class _Programs:
     """A per-device run as ``assemble`` sees it (``Batch`` answers the same questions)."""
 
+    outer_n = 1                          # a nested call here is one outer program's
+
     def __init__(self, sim, tasks, nested):
         self.sim, self.tasks, self.nested = sim, tasks, nested
         self.n = len(tasks)
         self.devices = [t.device for t in tasks]
+
+    def sub_devices(self, k) -> list:
+        """The devices of program ``k``'s inner grid (each once: several inner pmaps in one
+        body run on the same sub-grid)."""
+        return list(dict.fromkeys(c.device for c in self.tasks[k].children))
 
     def where(self, k=0) -> str:
         return self.tasks[k].where()
