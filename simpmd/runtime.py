@@ -2,8 +2,8 @@
 
 By default simpmd traces a body once over all devices (``batching.py``). With
 ``eager=True`` the body may branch on its values in Python, as real JAX cannot, so each
-device must run its own copy: this module runs them (and a nested pmap, whose inner maps
-it runs per outer program). Every simulated device runs the user's function on its own
+device must run its own copy: this module runs them (and the pmaps nested in such a body,
+whose inner maps it runs per outer program). Every simulated device runs the user's function on its own
 thread, but only one thread runs at a time: a device runs until it reaches a collective (or finishes), then hands
 the *baton* to the next device in the run queue. A collective is a *rendezvous*: the
 last member of the group to arrive combines everyone's values in one NumPy call (see
