@@ -13,7 +13,8 @@ from .errors import (ConcretizationTypeError, DeadlockError, DeviceError, Diverg
                      MappedAxisError, SimpmdError, TracerArrayConversionError,
                      TracerBoolConversionError, TracerIntegerConversionError, UnboundAxisError,
                      CollectiveArgumentError)
-from .pmap import last_trace, pmap
+from .pmap import pmap
+from .spmd import last_trace
 from .trace import Event, Trace
 
 __version__ = "0.1.0"

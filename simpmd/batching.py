@@ -33,11 +33,6 @@ from .traced import (Traced, _OPERATOR_UFUNCS, _jax_promotion, _no_new_float64, 
 TRACE_ONCE = True        # False: every call runs one program per device (runtime.py), as eager does
 
 
-class NeedsPerDevice(BaseException):
-    """Raised in a body traced once by something that needs one program per device (a
-    pmap nested inside it): the driver drops the trace and re-runs the call per device."""
-
-
 # -- the stacked value ---------------------------------------------------------------------
 
 
@@ -457,28 +452,65 @@ class Batch:
     run's log, kept as stacked records until it is read.
 
     ``axes`` is ``((name, size), ...)``; device ``k`` of the grid (row-major) is
-    ``devices[k]``.
+    ``devices[k]``. A pmap called inside the body makes an *inner* batch (:meth:`nest`):
+    its grid has the outer axes and the inner one, the way a nested pmap is a 2-D mesh,
+    and it writes into the same log.
     """
 
     eager = False
 
-    def __init__(self, devices, axes, maps_a_mesh=False):
+    def __init__(self, devices, axes, maps_a_mesh=False, outer=None):
         self.axes = tuple(axes)
         self.n = math.prod(s for _, s in self.axes)
-        self.devices = list(devices)[:self.n]
+        self.all_devices = list(devices)        # an inner pmap's grid may use more of them
+        self.devices = self.all_devices[:self.n]
         self.grid = np.arange(self.n).reshape([s for _, s in self.axes])
-        self.records: list = []           # ('kind', step, ...) in the order they happened
-        self.step = self.calls = 0
-        self.prints: list = []
         self._coords = None
         self.maps_a_mesh = maps_a_mesh        # a shard_map's run (for error messages)
         # shard_map(check_vma=True) sets these: id(body input) -> (input, mesh axes it varies over)
         self.check_vma, self.input_vma = False, {}
+        # Nesting: ``outer`` is the batch whose body called this one's pmap; ``inner`` the
+        # size of the grid a pmap in this body adds below each of its devices.
+        self.outer, self.inner, self.inner_axes = outer, 0, ()
+        self.root = self if outer is None else outer.root
+        if outer is None:
+            self.records: list = []       # (batch, 'kind', step, ...) in the order they happened
+            self.step = self.calls = 0
+            self.prints: list = []
+
+    def nest(self, inner_axes) -> "Batch":
+        """The batch of a pmap called inside this body: this grid with ``inner_axes`` below."""
+        size = math.prod(s for _, s in inner_axes)
+        if self.inner and self.inner != size:
+            raise errors.MappedAxisError(
+                f"two pmaps nested in one body map different sizes ({self.inner} and {size}); "
+                f"simpmd lays a nested pmap out as a grid of devices, so an outer body's "
+                f"inner pmaps must map the same size.")
+        if self.n * size > len(self.all_devices):
+            shape = " x ".join(f"{n}={s}" for n, s in self.axes + tuple(inner_axes))
+            raise errors.MappedAxisError(
+                f"nested pmap needs a grid of {shape} = {self.n * size} devices, but only "
+                f"{len(self.all_devices)} are available. Call "
+                f"simpmd.set_device_count({self.n * size}) or map smaller sizes.")
+        self.inner, self.inner_axes = size, tuple(inner_axes)
+        return Batch(self.all_devices, self.axes + tuple(inner_axes), self.maps_a_mesh, self)
 
     # -- naming devices --------------------------------------------------------------------
     @property
     def sim(self):
         return self                       # what simpmd.lax asks a program for
+
+    @property
+    def nested(self) -> bool:
+        """True for an inner pmap's batch (its results go back into the outer body)."""
+        return self.outer is not None
+
+    tasks = None                          # a per-device run's programs (spmd.py); none here
+
+    @property
+    def outer_n(self) -> int:
+        """How many outer programs this grid's devices are split among (1 unless nested)."""
+        return 1 if self.outer is None else self.outer.n
 
     @property
     def coords(self) -> tuple:
@@ -495,26 +527,41 @@ class Batch:
                             for row in index]
         return self._coords[k]
 
+    def sub_devices(self, k) -> list:
+        """The devices of program ``k``'s inner grid (none unless a pmap nests inside)."""
+        return self.all_devices[k * self.inner:(k + 1) * self.inner]
+
+    def label(self, k) -> str:
+        """How the log names program ``k``: 'device 3', or 'i=1' for an outer body."""
+        if self.inner:
+            return runtime.coords_text(self.coords_of(k))
+        return f"device {self.devices[k].id}"
+
     def where(self, k=0) -> str:
         """How error messages name device ``k``: 'device 3 (i=3)'. The body runs once for
         every device, so an error raised while tracing is reported on the first one."""
-        return f"device {self.devices[k].id} ({runtime.coords_text(self.coords_of(k))})"
+        coords = runtime.coords_text(self.coords_of(k))
+        if self.inner:
+            ids = [d.id for d in self.sub_devices(k)]
+            inner = ", ".join(f"{'index' if n is None else n}=0..{s - 1}"
+                              for n, s in self.inner_axes)
+            return f"the outer body at {coords} (devices {errors.id_ranges(ids)} at {inner})"
+        return f"device {self.devices[k].id} ({coords})"
 
     @contextlib.contextmanager
     def running(self):
         """Make this the program ``simpmd.lax`` sees while the body runs."""
         previous = runtime.current_task()
         runtime._local.task = self
+        log = self.root
         try:
             yield self
-        except NeedsPerDevice:
-            self.prints = []          # the per-device re-run prints them
-            raise
         finally:
             runtime._local.task = previous
-            for line in self.prints:
-                builtins.print(line)
-            self.prints = []
+            if log is self:          # an inner pmap's lines wait for the outer body's
+                for line in log.prints:
+                    builtins.print(line)
+                log.prints = []
 
     # -- what simpmd.lax asks --------------------------------------------------------------
     def axis_size(self, axis_names, opname):
@@ -557,12 +604,13 @@ class Batch:
             check([s[0] for s in stacks], sets[0].shape[1], params, self.where(0), axis_names)
         outputs = [_run_stacked(op, s, sets, params, self.n) for s in stacks]
         source, code = runtime.caller_source()
-        self.calls += 1
+        log = self.root
+        log.calls += 1
         label = None if groups is None else tuple(tuple(g) for g in groups)
         logged = dict(params, axis_index_groups=label) if label is not None else params
-        self.records.append(("collective", self.step + 1, op, axis_names, logged, params, stacks,
-                             outputs, sets, self.calls, source, code, current_phase()))
-        self.step += sum(m.shape[0] for m in sets)
+        log.records.append((self, "collective", log.step + 1, op, axis_names, logged, params,
+                            stacks, outputs, sets, log.calls, source, code, current_phase()))
+        log.step += sum(m.shape[0] for m in sets)
         return [Batched(o) for o in outputs]
 
     def _stacked(self, v):
@@ -576,73 +624,112 @@ class Batch:
     def print(self, fmt, args, kwargs, source, code):
         """``simpmd.debug.print``: one line per device, printed when the body returns."""
         texts = [fmt.format(*at_device(args, k), **at_device(kwargs, k)) for k in range(self.n)]
-        self.prints += [f"[{self.where(k)}] {t}" for k, t in enumerate(texts)]
-        self.records.append(("print", self.step, texts, source, code))
+        log = self.root
+        log.prints += [f"[{self.where(k)}] {t}" for k, t in enumerate(texts)]
+        log.records.append((self, "print", log.step, texts, source, code))
 
     # -- the log ---------------------------------------------------------------------------
     def receive(self, entries):
         """Log what each device received: ``entries`` of (stack or None, whole, detail(k))."""
-        self.records.append(("receive", self.step, entries))
+        self.root.records.append((self, "receive", self.root.step, entries))
 
     def returned(self, stack, detail):
-        self.records.append(("return", self.step, stack, detail))
+        self.root.records.append((self, "return", self.root.step, stack, detail))
 
     def error(self, text):
-        self.records.append(("error", self.step, text))
+        self.root.records.append((self, "error", self.root.step, text))
 
     def events(self) -> list:
-        """The per-device log, written out from the stacked records."""
-        labels = [f"device {d.id}" for d in self.devices]
-        ids = [d.id for d in self.devices]
-        seq = [0] * self.n
-        out = []
+        """The per-device log, written out from the stacked records (of every batch of
+        the run, inner pmaps' included)."""
+        out, seq, names = [], {}, {}
 
-        def event(k, kind, step, **fields):
-            e = Event(kind=kind, program=labels[k], coords=self.coords_of(k), seq=seq[k], step=step,
-                      device=ids[k], devices=(ids[k],), **fields)
-            seq[k] += 1
-            out.append(e)
-            return e
+        def programs(batch):
+            """(labels, device ids, devices spanned) of ``batch``'s programs."""
+            if batch not in names:
+                labels = [batch.label(k) for k in range(batch.n)]
+                if batch.inner:
+                    spans = [tuple(_leaf_ids(batch, k)) for k in range(batch.n)]
+                    names[batch] = (labels, [None] * batch.n, spans, labels)
+                else:
+                    ids = [d.id for d in batch.devices]
+                    names[batch] = (labels, ids, [(i,) for i in ids], ids)
+            return names[batch]
 
-        for record in self.records:
-            kind, step = record[0], record[1]
+        def writer(batch):
+            labels, ids, spans, _ = programs(batch)
+
+            def event(k, kind, step, **fields):
+                key = (id(batch), k)
+                e = Event(kind=kind, program=labels[k], coords=batch.coords_of(k),
+                          seq=seq.get(key, 0), step=step, device=ids[k], devices=spans[k],
+                          **fields)
+                seq[key] = e.seq + 1
+                out.append(e)
+                return e
+            return event
+
+        for record in self.root.records:
+            batch, kind, step = record[0], record[1], record[2]
+            event = writer(batch)
             if kind == "receive":
-                for k in range(self.n):
-                    for stack, whole, detail in record[2]:
+                for k in range(batch.n):
+                    for stack, whole, detail in record[3]:
                         event(k, "receive", step, inputs=(whole if stack is None else stack[k, ...],),
                               detail=detail(k))
             elif kind == "return":
-                stack, detail = record[2], record[3]
-                for k in range(self.n):
+                stack, detail = record[3], record[4]
+                for k in range(batch.n):
                     event(k, "return", step, outputs=(stack[k, ...],), detail=detail(k))
             elif kind == "print":
-                for k, text in enumerate(record[2]):
-                    event(k, "print", step, detail=text, source=record[3], code=record[4])
+                for k, text in enumerate(record[3]):
+                    event(k, "print", step, detail=text, source=record[4], code=record[5])
             elif kind == "error":
-                event(0, "error", step, detail=record[2])
+                event(0, "error", step, detail=record[3])
             else:
-                self._collective_events(record, event, labels, ids)
+                labels, _, _, members = programs(batch)
+                _collective_events(record[1:], event, labels, members)
         return out
 
-    def _collective_events(self, record, event, labels, ids):
-        (_, step, op, axes, logged, params, stacks, outputs, sets, call, source, code,
-         phase) = record
-        bytes_fn = collectives.WIRE_BYTES[op]
-        nbytes = [s[0].nbytes for s in stacks]
-        for members in sets:
-            p = members.shape[1]
-            moved = [tuple(map(sum, zip(*(bytes_fn(b, p, pos, **params) for b in nbytes))))
-                     or (0, 0) for pos in range(p)]
-            for row in members.tolist():
-                group = tuple(ids[k] for k in row)
-                programs = tuple(labels[k] for k in row)
-                for pos, k in enumerate(row):
-                    event(k, "collective", step, call=call, op=op, axes=axes, member=pos,
-                          params=logged, inputs=tuple(s[k, ...] for s in stacks),
-                          outputs=tuple(o[k, ...] for o in outputs), bytes_sent=moved[pos][0],
-                          bytes_received=moved[pos][1], source=source, code=code,
-                          group=group, group_programs=programs, phase=phase)
-                step += 1
+
+def _leaf_ids(batch, k) -> list:
+    """The ids of the devices that run program ``k`` of ``batch``, inner grids included."""
+    inner = next((b for b in _inner_batches(batch)), None)
+    if inner is None:
+        return [batch.devices[k].id]
+    return [i for j in range(k * batch.inner, (k + 1) * batch.inner) for i in _leaf_ids(inner, j)]
+
+
+def _inner_batches(batch):
+    """The batches nested directly under ``batch`` (from the run's records)."""
+    seen = []
+    for record in batch.root.records:
+        b = record[0]
+        if b.outer is batch and b not in seen:
+            seen.append(b)
+    return seen
+
+
+def _collective_events(record, event, labels, members_of):
+    """One event per member of every group of one stacked collective."""
+    (_, step, op, axes, logged, params, stacks, outputs, sets, call, source, code,
+     phase) = record
+    bytes_fn = collectives.WIRE_BYTES[op]
+    nbytes = [s[0].nbytes for s in stacks]
+    for members in sets:
+        p = members.shape[1]
+        moved = [tuple(map(sum, zip(*(bytes_fn(b, p, pos, **params) for b in nbytes))))
+                 or (0, 0) for pos in range(p)]
+        for row in members.tolist():
+            group = tuple(members_of[k] for k in row)
+            programs = tuple(labels[k] for k in row)
+            for pos, k in enumerate(row):
+                event(k, "collective", step, call=call, op=op, axes=axes, member=pos,
+                      params=logged, inputs=tuple(s[k, ...] for s in stacks),
+                      outputs=tuple(o[k, ...] for o in outputs), bytes_sent=moved[pos][0],
+                      bytes_received=moved[pos][1], source=source, code=code,
+                      group=group, group_programs=programs, phase=phase)
+            step += 1
 
 
 class _Named:
@@ -682,9 +769,9 @@ def run_once(batch, fun, args, kwargs):
     try:
         with batch.running():
             return fun(*args, **kwargs)
-    except NeedsPerDevice:
-        raise
     except Exception as exc:
+        if getattr(exc, "trace", None) is not None:
+            raise                     # already explained, by a pmap nested in the body
         batch.error(f"{type(exc).__name__}: {exc}")
         problem = runtime.explain_failure(batch.where(0), batch.devices[0].id, exc)
         from .trace import Trace

@@ -14,7 +14,7 @@ Three things need more than "run both":
   ``jax.vmap(..., axis_name=...)`` inside the outer ``jax.pmap`` (what JAX's pmap
   migration guide suggests), and, separately, the whole program becomes a
   ``jax.shard_map`` over a 2-D ``Mesh`` (which can also express collectives over both
-  axes at once). :func:`pmap_inside_jax` does the translation.
+  axes at once). :func:`simpmd.handoff.pmap_inside_jax` does the translation.
 * **Known JAX bugs.** JAX before 0.11 cannot compile negative ``split_axis``,
   ``concat_axis``, ``scatter_dimension`` and ``pswapaxes`` axes (jax 0.10 sometimes
   aborts the whole process), so on those releases crosscheck looks for them in simpmd's
@@ -44,7 +44,13 @@ from typing import Any
 import numpy as np
 
 from . import errors, tree
-from .runtime import current_task
+from .array import Array
+from .devices import device_count
+from .jax_devices import JaxDevicesError, chosen_devices, use_jax_devices
+from .handoff import (Translation, find_shard_map, jax_version, shard_map_on_jax, translating,
+                     _per_arg_axes, _static_split)
+from .pmap import Pmapped, pmap as simpmd_pmap
+from .shard_map import ShardMapped
 
 # Collective parameters that jax < 0.11 cannot lower when negative (0.10 may abort the process).
 # simpmd's names (trace events) and JAX's primitive names (jaxprs) both appear here.
@@ -58,171 +64,6 @@ FIXED_IN = (0, 11)
 # The JAX releases the course is tested on (scripts/test_matrix.sh), for notes about bugs
 # that all of them share.
 CHECKED_VERSIONS = "0.7.2, 0.10.2 and 0.12.0.1"
-
-
-# -- what JAX is installed ----------------------------------------------------------------
-
-def jax_version(jax) -> tuple:
-    """``jax.__version__`` as a tuple of ints, e.g. (0, 10, 2)."""
-    parts = re.findall(r"\d+", getattr(jax, "__version__", "0"))[:3]
-    return tuple(int(p) for p in parts)
-
-
-def find_shard_map(jax):
-    """(shard_map, name of its 'do not check replication' keyword), or (None, None).
-
-    ``jax.shard_map`` (check_vma) in current JAX; ``jax.experimental.shard_map`` (check_rep)
-    in older releases.
-    """
-    fn = getattr(jax, "shard_map", None)
-    if fn is None:
-        try:
-            from jax.experimental.shard_map import shard_map as fn
-        except ImportError:
-            return None, None
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        params = {}
-    for name in ("check_vma", "check_rep"):
-        if name in params:
-            return fn, name
-    return fn, None
-
-
-# -- nested simpmd.pmap inside a JAX trace -------------------------------------------------
-
-@dataclass
-class Translation:
-    """How a ``simpmd.pmap`` that meets JAX tracers is run (see :func:`pmap_inside_jax`)."""
-
-    mode: str = "vmap"                   # 'vmap' or 'shard_map'
-    inner_name: Any = None               # shard_map: the axis name the inner pmap maps
-    inner_size: int | None = None
-    mesh_axis: Any = None                # shard_map: the mesh axis standing for it
-    calls: list = field(default_factory=list)    # (axis_name, size) of each translated pmap
-
-
-_translation: Translation | None = None
-
-
-def pmap_inside_jax(pmapped, args, kwargs):
-    """The JAX meaning of a ``simpmd.pmap`` called inside a real JAX trace, or NotImplemented.
-
-    A ``simpmd.pmap`` called on a simulated device is a nested pmap of the simulation. One
-    called where no simulated device runs, on JAX tracers, sits inside a real JAX
-    transformation: typically the outer ``jax.pmap`` of a nested program. Real JAX no
-    longer nests pmap, so it becomes ``jax.vmap(fun, in_axes, out_axes, axis_name=...)``:
-    the same named axis, mapped inside each device. Under crosscheck's shard_map
-    translation the named axis is a mesh axis instead, and each device keeps its own
-    slice of it. Anything else (plain NumPy arguments) returns NotImplemented: simulate.
-    """
-    if current_task() is not None:
-        return NotImplemented
-    jax = sys.modules.get("jax")
-    if jax is None or not _holds_tracer((args, kwargs), jax):
-        return NotImplemented
-    translation = _translation or Translation()
-    static, dynamic = _static_split(pmapped.static_argnums, len(args))
-    per_arg = _per_arg_axes(pmapped.in_axes, len(args))
-    size = pmapped.axis_size
-    for i in dynamic:
-        for leaf, ax in zip(tree.flatten(args[i])[0], tree.broadcast_prefix(per_arg[i], args[i])):
-            if ax is not None and size is None:
-                size = int(np.shape(leaf)[ax])
-    translation.calls.append((pmapped.axis_name, size))
-    if translation.mode == "shard_map":
-        return _inner_on_mesh(jax, translation, pmapped, args, kwargs, static, per_arg, size)
-
-    def with_static(*dyn, **kw):
-        full = list(args)
-        for i, v in zip(dynamic, dyn):
-            full[i] = v
-        return pmapped.fun(*full, **kw)
-
-    in_axes = pmapped.in_axes
-    if isinstance(in_axes, (list, tuple)):
-        in_axes = tuple(in_axes[i] for i in dynamic)
-    return jax.vmap(with_static, in_axes=in_axes, out_axes=pmapped.out_axes,
-                    axis_name=pmapped.axis_name, axis_size=pmapped.axis_size)(
-        *[args[i] for i in dynamic], **kwargs)
-
-
-def _inner_on_mesh(jax, translation, pmapped, args, kwargs, static, per_arg, size):
-    """Inside shard_map: this device's slice of the inner axis, gathered back afterwards."""
-    name = pmapped.axis_name
-    if name != translation.inner_name or size != translation.inner_size:
-        raise ValueError(
-            f"crosscheck's shard_map translation maps the inner axis "
-            f"{translation.inner_name!r} of size {translation.inner_size}, but this nested "
-            f"simpmd.pmap maps {name!r} of size {size}; only one inner pmap axis translates.")
-    name = translation.mesh_axis
-    index = jax.lax.axis_index(name)
-
-    def my_slice(leaf, ax):
-        if ax is None:
-            return leaf
-        return jax.lax.dynamic_index_in_dim(leaf, index, ax % np.ndim(leaf), keepdims=False)
-
-    new_args = list(args)
-    for i, a in enumerate(args):
-        if i not in static:
-            leaves, td = tree.flatten(a)
-            axes = tree.broadcast_prefix(per_arg[i], a)
-            new_args[i] = tree.unflatten(td, [my_slice(v, ax) for v, ax in zip(leaves, axes)])
-    kw_leaves, kw_def = tree.flatten(kwargs)
-    new_kwargs = tree.unflatten(kw_def, [my_slice(v, 0) for v in kw_leaves])
-    out = pmapped.fun(*new_args, **new_kwargs)
-    leaves, td = tree.flatten(out)
-    axes = tree.broadcast_prefix(pmapped.out_axes, out, what="out_axes")
-    import jax.numpy as jnp
-    gathered = []
-    for leaf, ax in zip(leaves, axes):
-        leaf = jnp.asarray(leaf)
-        gathered.append(leaf if ax is None else
-                        jax.lax.all_gather(leaf, name, axis=ax % (leaf.ndim + 1)))
-    return tree.unflatten(td, gathered)
-
-
-@contextlib.contextmanager
-def translating(translation: Translation):
-    """Within the block, ``simpmd.pmap`` calls on JAX tracers follow ``translation``.
-
-    Wraps ``Pmapped.__call__`` for the duration, so that crosscheck works whether or not
-    ``simpmd/pmap.py`` calls :func:`pmap_inside_jax` itself.
-    """
-    global _translation
-    from .pmap import Pmapped
-    original = Pmapped.__call__
-
-    def __call__(self, *args, **kwargs):
-        result = pmap_inside_jax(self, args, kwargs)
-        return original(self, *args, **kwargs) if result is NotImplemented else result
-
-    previous, _translation = _translation, translation
-    Pmapped.__call__ = __call__
-    try:
-        yield translation
-    finally:
-        Pmapped.__call__ = original
-        _translation = previous
-
-
-def _holds_tracer(value, jax) -> bool:
-    kinds = tuple(k for k in (getattr(getattr(jax, "core", None), "Tracer", None),) if k)
-    return bool(kinds) and any(isinstance(v, kinds) for v in tree.flatten(value)[0])
-
-
-def _static_split(static_argnums, n_args):
-    nums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
-    static = {a % n_args for a in nums} if n_args else set()
-    return static, [i for i in range(n_args) if i not in static]
-
-
-def _per_arg_axes(in_axes, n_args):
-    if isinstance(in_axes, (list, tuple)):
-        return list(in_axes)
-    return [in_axes] * n_args
 
 
 # -- the report ----------------------------------------------------------------------------
@@ -695,11 +536,6 @@ def crosscheck(fun, *args, axis_name=None, in_axes=0, out_axes=0, static_broadca
     ``jax.shard_map`` over a 2-D mesh. Never raises for the program's own errors: they
     are part of the report.
     """
-    from .devices import device_count
-    from .jax_devices import JaxDevicesError, chosen_devices, use_jax_devices
-    from .pmap import Pmapped, pmap as simpmd_pmap
-
-    from .shard_map import ShardMapped
     if isinstance(fun, ShardMapped):
         return _crosscheck_shard_map(fun, args, rtol, atol)
     if isinstance(fun, Pmapped):
@@ -838,8 +674,6 @@ def crosscheck(fun, *args, axis_name=None, in_axes=0, out_axes=0, static_broadca
 def _crosscheck_shard_map(program, args, rtol, atol) -> CrossCheckReport:
     """A ``simpmd.shard_map`` program against ``jax.shard_map`` over a JAX mesh of the same
     shape (see :func:`simpmd.shard_map.on_jax`); the values are compared whole."""
-    from .jax_devices import JaxDevicesError, chosen_devices, use_jax_devices
-    from .shard_map import on_jax
 
     mesh = program.mesh
     shape = "x".join(str(n) for n in mesh.devices.shape)
@@ -862,7 +696,7 @@ def _crosscheck_shard_map(program, args, rtol, atol) -> CrossCheckReport:
         else:
             try:
                 with quiet_jax():
-                    other.outputs = _to_numpy(on_jax(program, devices=devices)(*args))
+                    other.outputs = _to_numpy(shard_map_on_jax(program, devices=devices)(*args))
             except Exception as exc:
                 other.error = exc
     except (ImportError, JaxDevicesError) as exc:
@@ -915,7 +749,6 @@ def _has_unequal_pmean(trace) -> bool:
 
 
 def _plain_leaf(v):
-    from .array import Array
     return np.asarray(v) if isinstance(v, Array) else v
 
 
@@ -943,7 +776,6 @@ def _run_on_mesh(jax, fun, args, axis_name, in_axes, out_axes, static, grid, inn
     outer_name = "outer" if outer_name is None else outer_name
     inner_name = "inner" if inner_name is None else inner_name
     count = outer_size * inner_size
-    from .jax_devices import JaxDevicesError, chosen_devices
     devices = chosen_devices() or []
     if len(devices) < count:
         try:

@@ -4,16 +4,16 @@ Called in a body traced once (the default), each function combines every device'
 value in one NumPy call (``batching.Batch.collective``); called on one device of an
 eager run, it joins a rendezvous of that simulation (``runtime.Simulation``).
 Called anywhere else (for instance inside a real ``jax.pmap`` trace) it hands over to
-``jax.lax`` when JAX has been imported, so one function body runs on both engines.
+``jax.lax`` when JAX has been imported (``handoff.py``), so one function body runs on both
+engines.
 """
 from __future__ import annotations
 
 import numbers
-import sys
 
 import numpy as np
 
-from . import autodiff, errors, tree
+from . import autodiff, errors, handoff, tree
 from .batching import Batch, Batched
 from .runtime import current_task
 from .traced import Traced
@@ -30,9 +30,9 @@ def _axes(axis_name) -> tuple:
 
 def _outside(name, *args, **kwargs):
     """Outside a simulation: JAX's own collective, when JAX is in use."""
-    if "jax" in sys.modules:
-        import jax
-        return getattr(jax.lax, name)(*args, **kwargs)
+    result = handoff.collective(name, *args, **kwargs)
+    if result is not NotImplemented:
+        return result
     axis = args[0] if name in ("axis_index", "axis_size") else args[1]
     raise errors.UnboundAxisError(
         f"lax.{name} over axis {axis!r} was called outside any mapped function, so no axis "

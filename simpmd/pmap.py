@@ -1,8 +1,11 @@
-"""``simpmd.pmap``: split the arguments, run the body over every device, stack the results.
+"""``simpmd.pmap``: split the arguments along one axis, run the body on every device,
+stack the results.
 
-The body runs once, over every device's shard stacked along a device axis, as JAX
-traces a mapped function once (``batching.py``); with ``eager=True``, or when a pmap is
-nested inside it, it runs as one program per device (``runtime.py``).
+A front end over the driver that ``shard_map`` uses (``spmd.py``), as ``jax.pmap`` is a
+front end over ``jax.shard_map``: the devices form a one-axis mesh named ``axis_name``,
+and ``in_axes=a`` is the spec that splits axis ``a`` over it, with that axis dropped from
+each device's piece (JAX squeezes it; ``out_axes`` puts it back). So device ``i`` gets
+``x[i]`` for ``in_axes=0``, and the whole of ``x`` for ``in_axes=None``.
 
 Mirrors ``jax.pmap``: ``in_axes``/``out_axes`` as an int, ``None`` (broadcast /
 replicated) or a pytree prefix, ``static_broadcasted_argnums``, ``devices=`` and
@@ -13,35 +16,19 @@ original JAX semantics that today's JAX no longer runs.
 from __future__ import annotations
 
 import functools
-import inspect
-import sys
 import warnings
 
 import numpy as np
 
 from .devices import device_count, devices as platform_devices
-from . import errors, tree
+from . import errors, handoff, spmd, tree
 from .array import Array
-from .runtime import (Simulation, _refuse_non_arrays, current_task, flat_results,
-                      user_stacklevel)
+from .batching import Batch, Batched
+from .mesh import ShardingError
+from .runtime import current_task, user_stacklevel
+from .spmd import Piece, as_array, positional_names
 from .trace import Trace
 from .traced import Traced
-from . import batching
-from .batching import Batch, Batched, NeedsPerDevice, _Named, run_once
-
-_last_trace = None
-
-
-def last_trace():
-    """The trace of the most recent top-level run of pmap or shard_map (or None)."""
-    return _last_trace
-
-
-def record_trace(trace):
-    """Keep ``trace`` as the one :func:`last_trace` returns; returns it."""
-    global _last_trace
-    _last_trace = trace
-    return trace
 
 
 def pmap(fun=None, axis_name=None, *, in_axes=0, out_axes=0, static_broadcasted_argnums=(),
@@ -97,15 +84,6 @@ def _check_static_positions(nums, n_args, fun_name):
                 f"{n_args} positional argument(s), so position {a} names no argument "
                 f"(positions run 0..{n_args - 1}). Pass the static argument by position, "
                 f"or fix the number.")
-
-
-def positional_names(fun) -> list[str]:
-    """The names of ``fun``'s positional parameters, for messages about arguments."""
-    try:
-        params = inspect.signature(fun).parameters.values()
-    except (TypeError, ValueError):
-        return []
-    return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
 
 def _argnums(nums):
@@ -254,193 +232,130 @@ class Pmapped:
     # -- calling --------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
         parent = current_task()
-        if type(parent) is Batch:
-            raise NeedsPerDevice()
-        if parent is None and "jax" in sys.modules:
-            # Inside a real JAX trace (jax.pmap of a nested simpmd program), the inner pmap
-            # means jax.vmap with the same axis name: real JAX no longer nests pmap.
-            from .jaxcheck import pmap_inside_jax
-            result = pmap_inside_jax(self, args, kwargs)
-            if result is not NotImplemented:
-                return result
-        if parent is not None and self.devices is not None:
+        if parent is None and handoff.holds_tracer((args, kwargs)):
+            # Inside a real JAX trace (jax.pmap of a nested simpmd program): today's JAX
+            # spells the inner pmap jax.vmap with the same axis name.
+            return handoff.pmap_inside_jax(self, args, kwargs)
+        once = type(parent) is Batch            # nested in a body traced once
+        if parent is None:
+            device_list = self._device_list()
+        else:
+            self._check_nesting(parent)
+            device_list = [] if once else parent.sim.device_list
+        # Nested in a body traced once, each argument leaf holds every outer device's value
+        # stacked: the call is checked on the first outer device's, and all are split.
+        outer = parent.n if once else 1
+        seen = (_first_outer_device(args), _first_outer_device(kwargs)) if once else (args, kwargs)
+        static, defs, kw_def, arrays, paths, size = self._split(
+            *seen, len(device_list) if device_list else 1 << 30)     # else the grid is checked
+
+        def piece(leaf, v, ax, path):
+            whole = leaf.value if type(leaf) is Batched else np.broadcast_to(v, (outer,) + v.shape)
+            if ax is None:
+                stack = np.broadcast_to(whole[:, None], (outer, size) + v.shape)
+                detail = (lambda k, t=f"{path} whole (in_axes=None)": t)
+            else:
+                stack = np.moveaxis(whole, ax + 1, 1)
+                head, tail = f"{path}[{':, ' * ax}", received_from(path, v, ax)
+                detail = (lambda k: f"{head}{k % size}{tail}")
+            return Piece(stack.reshape((outer * size,) + stack.shape[2:]), detail)
+
+        def pieces(value, conv, td, leaf_paths):
+            return tree.unflatten(td, [piece(leaf, v, ax, path) for leaf, (v, ax), path
+                                       in zip(tree.flatten(value)[0], conv, leaf_paths)])
+        dynamic = [i for i in range(len(args)) if i not in static]
+        mapped = [pieces(args[i], arrays[i], defs[i], paths[i]) for i in dynamic]
+        kw = pieces(kwargs, arrays[-1], kw_def, paths[-1])
+
+        def body(*dyn, **kw):
+            full = list(args)                  # static arguments reach the body as they are
+            for i, v in zip(dynamic, dyn):
+                full[i] = v
+            return self.fun(*full, **kw)
+        return spmd.run(self, body, device_list, ((self.axis_name, size),), tuple(mapped), kw,
+                        self._assemble, eager=self.eager)
+
+    def _check_nesting(self, parent):
+        """A pmap inside another's body maps a sub-grid; inside shard_map it cannot."""
+        if parent.sim.maps_a_mesh:
+            raise ShardingError(
+                "a pmap was called inside a shard_map body. simpmd does not nest pmap "
+                "inside shard_map (and real JAX no longer nests maps over devices either): "
+                "a shard_map already maps every axis of its mesh. Add the inner axis to "
+                "the mesh instead, e.g. make_mesh((2, 4), ('data', 'model')), and split "
+                "the arguments over it in in_specs; collectives can then name either axis "
+                "or both.")
+        if self.eager and not parent.eager:
+            raise errors.MappedAxisError(
+                f"this pmap over {self.axis_name!r} has eager=True, but it is nested in a pmap "
+                f"whose body is traced once, so it cannot run one program per device. Give "
+                f"eager=True to the outermost pmap: the pmaps nested in its body then run "
+                f"per device too.")
+        if self.devices is not None:
             raise errors.MappedAxisError(
                 "a nested pmap cannot take devices=: its devices are the sub-grid of the "
                 "outer pmap's devices (choose them with devices= on the outer pmap)")
-        if parent is None:
-            device_list = list(self.devices) if self.devices is not None else platform_devices()
-            for d in device_list:
-                if type(d).__name__ != "SimDevice":
-                    raise TypeError(f"devices= must list simpmd.devices(), got {d!r}")
-            ids = [d.id for d in device_list]
-            repeated = sorted({i for i in ids if ids.count(i) > 1}) if len(set(ids)) < len(ids) else []
-            if repeated:
-                raise ValueError(
-                    f"devices= names device(s) {repeated} more than once; each shard needs a "
-                    f"device of its own. Pass distinct devices, e.g. simpmd.devices()[:n].")
-            sim = Simulation(device_list, eager=self.eager)
-            max_devices = len(device_list)
-        else:
-            sim = parent.sim
-            max_devices = len(sim.device_list)
-        static, defs, kw_def, arrays, paths, size = self._split(args, kwargs, max_devices)
-        if parent is None and not self.eager and batching.TRACE_ONCE:
-            try:
-                return self._call_once(device_list, args, defs, kw_def, arrays, paths, size)
-            except NeedsPerDevice:
-                pass          # a pmap nested in the body: run one program per device instead
 
-        eager = sim.eager
-        # Each device's shard of each leaf, made once: it goes to the device's arguments
-        # and to the device's 'receive' log line.
-        shards = [[[_take(v, ax, i) for v, ax in conv] if conv is not None else None
-                   for conv in arrays] for i in range(size)]
-        per_device = []
-        for i in range(size):
-            dev_args = [args[a] if conv is None else
-                        tree.unflatten(td, [Traced(x, eager) for x in shards[i][a]])
-                        for a, (conv, td) in enumerate(zip(arrays[:-1], defs))]
-            kw = tree.unflatten(kw_def, [Traced(x, eager) for x in shards[i][-1]])
-            per_device.append((dev_args, kw))
+    def _device_list(self) -> list:
+        """The devices a top-level call may use: ``devices=``, or all of the platform's."""
+        device_list = list(self.devices) if self.devices is not None else platform_devices()
+        for d in device_list:
+            if type(d).__name__ != "SimDevice":
+                raise TypeError(f"devices= must list simpmd.devices(), got {d!r}")
+        ids = [d.id for d in device_list]
+        repeated = sorted({i for i in ids if ids.count(i) > 1}) if len(set(ids)) < len(ids) else []
+        if repeated:
+            raise ValueError(
+                f"devices= names device(s) {repeated} more than once; each shard needs a "
+                f"device of its own. Pass distinct devices, e.g. simpmd.devices()[:n].")
+        return device_list
 
-        fun = self.fun
-        run_one = (lambda a, k: fun(*a, **k))
-        tasks = sim.new_tasks(run_one, per_device, ((self.axis_name, size),), parent)
-        received = []                 # (argument, leaf, whole value or None, detail text)
-        for a, (conv, leaf_paths) in enumerate(zip(arrays, paths)):
-            for k, ((v, ax), path) in enumerate(zip(conv or (), leaf_paths or ())):
-                if ax is None:
-                    received.append((a, k, v, f"{path} whole (in_axes=None)"))
-                else:
-                    received.append((a, k, None, (f"{path}[{':, ' * ax}", received_from(path, v, ax))))
-        for i, t in enumerate(tasks):
-            for a, k, whole, detail in received:
-                if whole is None:
-                    sim.log(t, "receive", inputs=(shards[i][a][k],), detail=f"{detail[0]}{i}{detail[1]}")
-                else:
-                    sim.log(t, "receive", inputs=(whole,), detail=detail)
+    # -- stacking -------------------------------------------------------------------------
+    def _assemble(self, stacks, treedef, run):
+        """Each result leaf stacked along ``out_axes`` (one copy for ``None``), as an Array
+        that knows its shards; inside an outer pmap, as each outer device's value.
 
-        if parent is None:
-            try:
-                sim.run(tasks)
-            except errors.SimpmdError as exc:
-                self.trace = record_trace(exc.trace)
-                raise
-            outputs = self._stack(sim, tasks, nested=False)
-            sim.finalize()
-            self.trace = record_trace(Trace(sim.events, eager=eager))
-            return outputs
-        sim.run_nested(parent, tasks)
-        return self._stack(sim, tasks, nested=True)
-
-    # -- tracing once ---------------------------------------------------------------------
-    def _call_once(self, device_list, args, defs, kw_def, arrays, paths, size):
-        """Run the body one time over every device's shard, stacked (see batching.py)."""
-        batch = Batch(device_list, ((self.axis_name, size),))
-
-        def stacked(v, ax):
-            return Batched(np.broadcast_to(v, (size,) + v.shape) if ax is None else np.moveaxis(v, ax, 0))
-        dev_args = [args[a] if conv is None else tree.unflatten(td, [stacked(v, ax) for v, ax in conv])
-                    for a, (conv, td) in enumerate(zip(arrays[:-1], defs))]
-        kw = tree.unflatten(kw_def, [stacked(v, ax) for v, ax in arrays[-1]])
-        received = []               # (stacked shards or None, whole value, detail(device))
-        for conv, leaf_paths in zip(arrays, paths):
-            for (v, ax), path in zip(conv or (), leaf_paths or ()):
-                if ax is None:
-                    received.append((None, v, lambda k, t=f"{path} whole (in_axes=None)": t))
-                else:
-                    received.append((np.moveaxis(v, ax, 0), None,
-                                     lambda k, a=f"{path}[{':, ' * ax}", b=received_from(path, v, ax):
-                                     f"{a}{k}{b}"))
-        batch.receive(received)
-        try:
-            result = run_once(batch, self.fun, dev_args, kw)
-            outputs = self._stack_once(batch, result)
-        except errors.SimpmdError as exc:
-            if getattr(exc, "trace", None) is None:
-                exc.trace = Trace(batch.events)
-            self.trace = record_trace(exc.trace)
-            raise
-        self.trace = record_trace(Trace(batch.events))
-        return outputs
-
-    def _stack_once(self, batch, result):
-        """The stacked results as pmap's Arrays, each device's part logged as returned."""
-        leaves, treedef = tree.flatten(result)
-        _refuse_non_arrays([_Named(batch.where(0))], [(leaves, treedef)], treedef)
-        stacks = [v.value if type(v) is Batched else
-                  np.broadcast_to(_plain(v), (batch.n,) + np.shape(_plain(v))) for v in leaves]
+        A nested pmap traced once runs the inner grids of all outer devices together:
+        ``run.outer_n`` of them, of ``m`` devices each, one after the other."""
+        g = run.outer_n
+        m = run.n // g
         out_axes = tree.broadcast_prefix(self.out_axes, tree.unflatten(treedef, [s[0] for s in stacks]),
                                          what="out_axes")
         out = []
         for k, (s, ax) in enumerate(zip(stacks, out_axes)):
-            first = s[0]
+            first, label = s[0], f"out{spmd.leaf_label(treedef, k)}"
+            per_outer = s.reshape((g, m) + s.shape[1:])
             if ax is None:
-                differ = np.nonzero(~(s == first).reshape(batch.n, -1).all(axis=1))[0]
+                same = (per_outer == per_outer[:, :1]).reshape(g * m, -1).all(axis=1)
+                differ = np.nonzero(~same)[0]
                 if len(differ):
-                    _warn_not_replicated([batch.where(i) for i in differ], batch.where(0))
+                    _warn_not_replicated([run.where(i) for i in differ], run.where(differ[0] - differ[0] % m))
+                run.returned(s, lambda i, t=label + " whole (out_axes=None)": t)
             else:
                 if not -(first.ndim + 1) <= ax <= first.ndim:
                     n = first.ndim
                     raise ValueError(
-                        f"out_axes={ax} is out of range for result{_leaf_label(treedef, k)} "
+                        f"out_axes={ax} is out of range for result{spmd.leaf_label(treedef, k)} "
                         f"of shape {first.shape} on each device. out_axes says where the "
                         f"mapped axis goes in the stacked result, which has rank {n + 1}, so "
                         f"use an axis in {-(n + 1)}..{n} (0 stacks along the first axis), or "
                         f"None to return one copy of a result that is the same on every device.")
                 ax = ax % (first.ndim + 1)
-            label = f"out{_leaf_label(treedef, k)}"
-            if ax is None:
-                batch.returned(s, lambda i, t=label + " whole (out_axes=None)": t)
-            else:
-                batch.returned(s, lambda i, a=f"{label}[{':, ' * ax}": f"{a}{i}]")
-            out.append(Array(s, batch.devices, ax))
+                run.returned(s, lambda i, a=f"{label}[{':, ' * ax}": f"{a}{i % m}]")
+            if not run.nested:
+                out.append(Array(s, run.devices, ax, _grid_layout(run, s, ax)))
+            elif g == 1:                     # one outer program of a per-device run
+                out.append(Traced(first if ax is None else np.moveaxis(s, 0, ax), run.sim.eager))
+            else:                            # every outer device's value, stacked
+                out.append(Batched(per_outer[:, 0] if ax is None else
+                                   np.moveaxis(per_outer, 1, ax + 1)))
         return tree.unflatten(treedef, out)
 
-    # -- stacking -------------------------------------------------------------------------
-    def _stack(self, sim, tasks, nested):
-        results, treedef = flat_results(tasks)
-        out_axes = tree.broadcast_prefix(self.out_axes, tree.unflatten(treedef, results[0][0]),
-                                         what="out_axes")
-        leaves = []
-        devices = [t.device for t in tasks]
-        for k, ax in enumerate(out_axes):
-            values = [_plain(r[0][k]) for r in results]
-            shapes = {(v.shape, v.dtype) for v in values}
-            if len(shapes) > 1 and ax is not None:
-                odd, v = next((t, v) for t, v in zip(tasks, values)
-                              if (v.shape, v.dtype) != (values[0].shape, values[0].dtype))
-                raise errors.DivergenceError(
-                    f"result{_leaf_label(treedef, k)} has shape {values[0].shape} "
-                    f"{values[0].dtype} on {tasks[0].where()} but shape {v.shape} {v.dtype} "
-                    f"on {odd.where()}; every device must return the same shapes and dtypes "
-                    f"to be stacked (JAX compiles one program for all of them). Pad or slice "
-                    f"to a shape every device shares, and mask the unused part.")
-            if ax is None:
-                differ = [t.where() for t, v in zip(tasks[1:], values[1:]) if v is not values[0]
-                          and (v.shape != values[0].shape or not np.array_equal(v, values[0]))]
-                if differ:
-                    _warn_not_replicated(differ, tasks[0].where())
-            else:
-                if not -(values[0].ndim + 1) <= ax <= values[0].ndim:
-                    n = values[0].ndim
-                    raise ValueError(
-                        f"out_axes={ax} is out of range for result{_leaf_label(treedef, k)} "
-                        f"of shape {values[0].shape} on each device. out_axes says where the "
-                        f"mapped axis goes in the stacked result, which has rank {n + 1}, so "
-                        f"use an axis in {-(n + 1)}..{n} (0 stacks along the first axis), or "
-                        f"None to return one copy of a result that is the same on every device.")
-                ax = ax % (values[0].ndim + 1)
-            label = f"out{_leaf_label(treedef, k)}"
-            for i, (t, v) in enumerate(zip(tasks, values)):
-                where = " whole (out_axes=None)" if ax is None else f"[{':, ' * ax}{i}]"
-                sim.log(t, "return", outputs=(v,), detail=label + where)
-            if nested:
-                stacked = values[0] if ax is None else np.stack(values, axis=ax)
-                leaves.append(Traced(stacked, sim.eager))
-            else:
-                leaves.append(Array(values, devices, ax, _grid_layout(tasks, values, ax)))
-        return tree.unflatten(treedef, leaves)
+
+def _first_outer_device(value):
+    """``value`` with each stacked leaf (every outer device's) cut to the first device's."""
+    leaves, td = tree.flatten(value)
+    return tree.unflatten(td, [Traced(v.value[0]) if type(v) is Batched else v for v in leaves])
 
 
 def _warn_not_replicated(differ, first):
@@ -469,7 +384,7 @@ def path_position(path, pmapped) -> str:
     return path.split()[-1].split("[")[0] if path.startswith("argument") else "i"
 
 
-def _grid_layout(tasks, values, ax):
+def _grid_layout(run, values, ax):
     """Where the shards of a nested pmap's result live: every device of the grid.
 
     Row ``i`` of the outer result was computed by the devices of outer program ``i``.
@@ -477,56 +392,19 @@ def _grid_layout(tasks, values, ax):
     ``(i, j)`` lives on inner device ``j``; otherwise each of them holds a copy of row ``i``.
     Returns None for a pmap that is not nested.
     """
-    if not any(t.children for t in tasks):
+    subs = [run.sub_devices(i) for i in range(run.n)]
+    if not any(subs):
         return None
     layout = []
-    for i, (t, v) in enumerate(zip(tasks, values)):
+    for i, (v, children) in enumerate(zip(values, subs)):
         outer = (slice(None),) * (ax or 0) + (slice(i, i + 1),)
         rest = (slice(None),) * max(v.ndim - 1, 0)
-        split = ax == 0 and v.ndim >= 1 and v.shape[0] == len(t.children)
-        for j, child in enumerate(t.children):
+        split = ax == 0 and v.ndim >= 1 and v.shape[0] == len(children)
+        for j, device in enumerate(children):
             if ax is None:
-                layout.append((child.device, (slice(None),) * v.ndim, i * len(t.children) + j))
+                layout.append((device, (slice(None),) * v.ndim, i * len(children) + j))
             elif split:
-                layout.append((child.device, outer + (slice(j, j + 1),) + rest, 0))
+                layout.append((device, outer + (slice(j, j + 1),) + rest, 0))
             else:
-                layout.append((child.device, outer + (slice(None),) * v.ndim, j))
+                layout.append((device, outer + (slice(None),) * v.ndim, j))
     return layout
-
-
-def _leaf_label(treedef, k):
-    if treedef.kind == "leaf":
-        return ""
-    dummy = tree.unflatten(treedef, list(range(treedef.num_leaves)))
-    return tree.leaf_paths(dummy)[k]
-
-
-def _take(value, axis, i):
-    if axis is None:
-        return value
-    return value[(slice(None),) * axis + (i,)]
-
-
-def _plain(x):
-    if type(x) is Traced:
-        return x.value
-    return as_array(x)
-
-
-def as_array(x):
-    """A NumPy array for ``x``; Python numbers get JAX's default 32-bit dtypes.
-
-    JAX (without x64) turns a Python float into float32 and an int into int32, while
-    NumPy would pick 64 bits; arrays keep their own dtype.
-    """
-    if isinstance(x, (np.generic, np.ndarray)):
-        return np.asarray(x)
-    if isinstance(x, bool):
-        return np.asarray(x, dtype=bool)
-    if isinstance(x, int):
-        return np.asarray(x, dtype=np.int32)
-    if isinstance(x, float):
-        return np.asarray(x, dtype=np.float32)
-    if isinstance(x, complex):
-        return np.asarray(x, dtype=np.complex64)
-    return np.asarray(x)

@@ -2,8 +2,8 @@
 
 By default simpmd traces a body once over all devices (``batching.py``). With
 ``eager=True`` the body may branch on its values in Python, as real JAX cannot, so each
-device must run its own copy: this module runs them (and a nested pmap, whose inner maps
-it runs per outer program). Every simulated device runs the user's function on its own
+device must run its own copy: this module runs them (and the pmaps nested in such a body,
+whose inner maps it runs per outer program). Every simulated device runs the user's function on its own
 thread, but only one thread runs at a time: a device runs until it reaches a collective (or finishes), then hands
 the *baton* to the next device in the run queue. A collective is a *rendezvous*: the
 last member of the group to arrive combines everyone's values in one NumPy call (see
@@ -34,7 +34,7 @@ from . import tree
 # frame outside them (so the tour in simpmd/__main__.py still counts as user code).
 ENGINE_MODULES = {"simpmd.lax", "simpmd.runtime", "simpmd.pmap", "simpmd.traced", "simpmd.debug",
                   "simpmd.collectives", "simpmd.tree", "simpmd.numpy", "simpmd.shard_map",
-                  "simpmd.batching", "simpmd.autodiff"}
+                  "simpmd.batching", "simpmd.autodiff", "simpmd.spmd", "simpmd.handoff"}
 _local = threading.local()            # .task: the program this thread is running
 _idle_workers: list = []              # parked worker threads, reused across runs
 _WORKER_STACK = 1 << 20               # 1 MiB is plenty for a device's Python frames
@@ -142,7 +142,8 @@ def leaf_device_ids(task) -> list:
     """The ids of the devices that run ``task``: its own, or those of its inner programs."""
     if not task.children:
         return [task.device.id]
-    return [i for child in task.children for i in leaf_device_ids(child)]
+    # several inner pmaps in one outer body run on the same sub-grid: name each device once
+    return list(dict.fromkeys(i for child in task.children for i in leaf_device_ids(child)))
 
 
 def coords_text(coords) -> str:
@@ -444,7 +445,7 @@ class Simulation:
         """Name each program by its devices, now that nesting has settled who spans what."""
         for t in reversed(self.tasks):          # children were created after parents
             if t.children:
-                t.devices = tuple(d for c in t.children for d in c.devices)
+                t.devices = tuple(dict.fromkeys(d for c in t.children for d in c.devices))
                 t.device = None
         ids = {}
         for t in self.tasks:

@@ -20,21 +20,17 @@ from __future__ import annotations
 
 import functools
 import math
-import sys
 import warnings
 
 import numpy as np
 
-from . import errors, tree
+from . import errors, handoff, spmd, tree
 from .array import HostArray, Shard
 from .mesh import (Mesh, NamedSharding, PartitionSpec, ShardingError, block_counts,
                    block_slices, check_spec, replica_id, slices_text)
-from .pmap import as_array, positional_names, record_trace
-from .runtime import Simulation, _refuse_non_arrays, current_task, flat_results
+from .runtime import current_task
+from .spmd import Piece, as_array, positional_names
 from .trace import Trace, summarize
-from .traced import Traced
-from . import batching
-from .batching import Batch, Batched, NeedsPerDevice, run_once
 
 _REQUIRED = object()
 
@@ -76,22 +72,6 @@ class MeshArray(HostArray):
             index = block_slices(spec, mesh, v.shape, coords)
             shards.append(Shard(d, index, v[index], replica_id(spec, mesh, coords)))
         return shards
-
-
-class _MeshSimulation(Simulation):
-    """A simulation of one shard_map: refuses a pmap nested inside the body."""
-
-    maps_a_mesh = True
-
-    def new_tasks(self, fun, per_device_args, axes, parent=None):
-        if parent is not None:
-            raise ShardingError(
-                "a pmap was called inside a shard_map body. simpmd does not nest pmap inside "
-                "shard_map (and real JAX no longer nests maps over devices either): a "
-                "shard_map already maps every axis of its mesh. Add the inner axis to the "
-                "mesh instead, e.g. make_mesh((2, 4), ('data', 'model')), and split the "
-                "arguments over it in in_specs; collectives can then name either axis or both.")
-        return super().new_tasks(fun, per_device_args, axes, parent)
 
 
 def _refuse_nesting(task):
@@ -198,158 +178,51 @@ class ShardMapped:
     def __call__(self, *args, **kwargs):
         parent = current_task()
         if parent is not None:
-            _refuse_nesting(_Named(parent.where()) if type(parent) is Batch else parent)
-        if _holds_jax_tracer(args):
+            _refuse_nesting(parent)
+        if handoff.holds_tracer(args):
             # Inside a real JAX trace (jax.jit, a cross-check): this is jax.shard_map's job.
-            return on_jax(self)(*args)
+            return handoff.shard_map_on_jax(self)(*args)
         if kwargs:
             raise TypeError(
                 f"shard_map'd functions take positional arguments only (as in JAX), got "
                 f"keyword(s) {', '.join(kwargs)}. Pass them by position, with one in_specs "
                 f"entry each.")
         leaves, treedef = self._split(args)
-        if not self.eager and batching.TRACE_ONCE:
-            try:
-                return self._call_once(leaves, treedef)
-            except NeedsPerDevice:
-                pass          # a pmap inside the body: the per-device run explains the refusal
-        mesh, eager = self.mesh, self.eager
-        sim = _MeshSimulation(list(mesh.devices.flat), eager=eager)
-        # For simpmd.grad: under check_vma each body input varies over its spec's axes.
-        sim.check_vma = self.check_vma
-
-        per_device, blocks = [], []
-        for k in range(mesh.size):
-            coords = mesh.coords_of(k)
-            dev_leaves, dev_blocks = [], []
-            for path, value, spec in leaves:
-                if spec is None:
-                    dev_leaves.append(value)
-                    continue
-                index = block_slices(spec, mesh, value.shape, coords)
-                dev_leaves.append(Traced(value[index], eager))
-                for array in (dev_leaves[-1].value, value):     # the block, and what it views
-                    sim.input_vma[id(array)] = (array, _spec_axes(spec))
-                dev_blocks.append((path, value, spec, index))
-            per_device.append((tree.unflatten(treedef, dev_leaves),))
-            blocks.append(dev_blocks)
-
-        fun = self.fun
-        tasks = sim.new_tasks(lambda a: fun(*a), per_device, tuple(mesh.shape.items()))
-        for t, dev_blocks in zip(tasks, blocks):
-            for path, value, spec, index in dev_blocks:
-                sim.log(t, "receive", inputs=(value[index],),
-                        detail=_block_detail(path, value.shape, spec, index))
-        try:
-            sim.run(tasks)
-        except errors.SimpmdError as exc:
-            self.trace = record_trace(exc.trace)
-            raise
-        error = None
-        try:
-            outputs = self._assemble(sim, tasks)
-        except Exception as exc:             # raised below, with the run's trace attached
-            error = exc
-        sim.finalize()
-        # simpmd.last_trace() reports the latest top-level run, pmap or shard_map
-        self.trace = record_trace(Trace(sim.events, eager=eager))
-        if error is not None:
-            if isinstance(error, errors.SimpmdError):
-                error.trace = self.trace
-            raise error
-        return outputs
-
-    # -- tracing once ----------------------------------------------------------------------
-    def _call_once(self, leaves, treedef):
-        """Run the body one time over every device's block, stacked (see batching.py)."""
         mesh = self.mesh
-        batch = Batch(list(mesh.devices.flat), tuple(mesh.shape.items()), maps_a_mesh=True)
-        batch.check_vma = self.check_vma
         coords = [mesh.coords_of(k) for k in range(mesh.size)]
-        dev_leaves, received = [], []
-        for path, value, spec in leaves:
-            if spec is None:
-                dev_leaves.append(value)
-                continue
-            blocks = _stack_blocks(value, spec, mesh)
-            dev_leaves.append(Batched(blocks))
-            batch.input_vma[id(blocks)] = (blocks, _spec_axes(spec))      # for simpmd.grad
-            received.append((blocks, None, lambda k, path=path, value=value, spec=spec: _block_detail(
-                path, value.shape, spec, block_slices(spec, mesh, value.shape, coords[k]))))
-        batch.receive(received)
-        try:
-            result = run_once(batch, self.fun, tree.unflatten(treedef, dev_leaves), {})
-            outputs = self._assemble_once(batch, result, coords)
-        except errors.SimpmdError as exc:
-            if getattr(exc, "trace", None) is None:
-                exc.trace = Trace(batch.events)
-            self.trace = record_trace(exc.trace)
-            raise
-        except Exception as exc:
-            exc.trace = self.trace = record_trace(Trace(batch.events))
-            raise
-        self.trace = record_trace(Trace(batch.events))
-        return outputs
 
-    def _assemble_once(self, batch, result, coords):
+        def piece(path, value, spec):
+            def detail(k):
+                return _block_detail(path, value.shape, spec,
+                                     block_slices(spec, mesh, value.shape, coords[k]))
+            return Piece(_stack_blocks(value, spec, mesh), detail, _spec_axes(spec))
+        inputs = [value if spec is None else piece(path, value, spec)
+                  for path, value, spec in leaves]
+        return spmd.run(self, self.fun, list(mesh.devices.flat), tuple(mesh.shape.items()),
+                        tree.unflatten(treedef, inputs), {},
+                        lambda stacks, out_def, run: self._assemble(stacks, out_def, run, coords),
+                        eager=self.eager, check_vma=self.check_vma, maps_a_mesh=True)
+
+    # -- putting the blocks together -------------------------------------------------------
+    def _assemble(self, stacks, treedef, run, coords):
+        """The result blocks, stacked in device order, as MeshArrays laid out by out_specs."""
         mesh = self.mesh
-        leaves, treedef = tree.flatten(result)
-        _refuse_non_arrays([_Named(batch.where(0))], [(leaves, treedef)], treedef)
-        stacks = [v.value if type(v) is Batched else
-                  np.broadcast_to(_plain(v), (batch.n,) + np.shape(_plain(v))) for v in leaves]
         out_specs = self.out_specs
         if isinstance(out_specs, list) and treedef.kind == "tuple":
             out_specs = tuple(out_specs)
         specs = tree.broadcast_prefix(out_specs, tree.unflatten(treedef, [s[0] for s in stacks]),
                                       what="out_specs")
-        label = _labeller(treedef)
         out_leaves = []
         for j, (stack, spec) in enumerate(zip(stacks, specs)):
-            first = stack[0]
-            check_spec(spec, mesh, f"out_specs for out{label(j)} (a result of shape {first.shape})",
+            name, first = f"out{spmd.leaf_label(treedef, j)}", stack[0]
+            check_spec(spec, mesh, f"out_specs for {name} (a result of shape {first.shape})",
                        first.ndim)
             if not _replicated(stack, spec, mesh):
-                where = [_Named(batch.where(k)) for k in range(batch.n)]
-                self._check_replicated(where, list(stack), coords, spec, f"out{label(j)}", first.ndim)
+                where = [_Named(run.where(k)) for k in range(run.n)]
+                self._check_replicated(where, list(stack), coords, spec, name, first.ndim)
             whole = _join_blocks(stack, spec, mesh)
-            batch.returned(stack, lambda k, name=f"out{label(j)}", shape=whole.shape, spec=spec:
-                           _block_detail(name, shape, spec, block_slices(spec, mesh, shape, coords[k]), "into"))
-            out_leaves.append(MeshArray(whole, NamedSharding(mesh, spec)))
-        return tree.unflatten(treedef, out_leaves)
-
-    # -- putting the blocks together -------------------------------------------------------
-    def _assemble(self, sim, tasks):
-        mesh = self.mesh
-        results, treedef = flat_results(tasks)
-        out_specs = self.out_specs
-        if isinstance(out_specs, list) and treedef.kind == "tuple":
-            out_specs = tuple(out_specs)
-        specs = tree.broadcast_prefix(out_specs, tree.unflatten(treedef, results[0][0]),
-                                      what="out_specs")
-        label = _labeller(treedef)
-        coords = [mesh.coords_of(k) for k in range(mesh.size)]
-        out_leaves = []
-        for j, spec in enumerate(specs):
-            values = [_plain(r[0][j]) for r in results]
-            what = f"out_specs for out{label(j)}"
-            first = values[0]
-            check_spec(spec, mesh, f"{what} (a result of shape {first.shape})", first.ndim)
-            for t, v in zip(tasks, values):
-                if v.shape != first.shape or v.dtype != first.dtype:
-                    raise errors.DivergenceError(
-                        f"out{label(j)} is {v.dtype}{list(v.shape)} on {t.where()} but "
-                        f"{first.dtype}{list(first.shape)} on {tasks[0].where()}; every device "
-                        f"must return blocks of the same shape and dtype.")
-            self._check_replicated(tasks, values, coords, spec, f"out{label(j)}", first.ndim)
-            counts = block_counts(spec, mesh, first.ndim)
-            global_shape = tuple(s * n for s, n in zip(first.shape, counts))
-            whole = np.empty(global_shape, dtype=first.dtype)
-            for t, v, c in zip(tasks, values, coords):
-                index = block_slices(spec, mesh, global_shape, c)
-                if replica_id(spec, mesh, c) == 0:
-                    whole[index] = v
-                sim.log(t, "return", outputs=(v,),
-                        detail=_block_detail(f"out{label(j)}", global_shape, spec, index, "into"))
+            run.returned(stack, lambda k, name=name, shape=whole.shape, spec=spec: _block_detail(
+                name, shape, spec, block_slices(spec, mesh, shape, coords[k]), "into"))
             out_leaves.append(MeshArray(whole, NamedSharding(mesh, spec)))
         return tree.unflatten(treedef, out_leaves)
 
@@ -402,68 +275,6 @@ class ShardMapped:
                 "check_vma=False turns the check off.)")
         warnings.warn(message + " With check_vma=False simpmd returns the first device's "
                       "copy, as JAX does (JAX does not check).", stacklevel=4)
-
-
-# -- the same program on real JAX ----------------------------------------------------------
-
-def on_jax(shard_mapped: ShardMapped, *, devices=None, check_vma=None):
-    """``shard_mapped``'s program as a real ``jax.shard_map`` (for cross-checks).
-
-    The JAX mesh has the simpmd mesh's shape and axis names and ``Auto`` axes; the specs
-    become ``jax.sharding.PartitionSpec``s; the body is the same function, whose
-    ``simpmd.lax`` calls hand over to ``jax.lax`` inside JAX's trace. ``devices`` are the
-    JAX devices in the mesh's row-major order (default: the JAX devices with the simpmd
-    mesh's device ids). ``check_vma`` defaults to the simpmd program's setting; JAX checks
-    replication from types, so it refuses some programs that are replicated in value.
-    """
-    import jax
-    from jax.sharding import Mesh as JaxMesh, PartitionSpec as JaxP
-
-    if shard_mapped.eager:
-        raise ValueError("this shard_map was made with eager=True: its body uses Python "
-                         "control flow on values, which real JAX cannot trace.")
-    mesh = shard_mapped.mesh
-    if devices is None:
-        available = jax.devices()
-        ids = [d.id for d in mesh.devices.flat]
-        if max(ids) >= len(available):
-            raise ValueError(
-                f"the mesh uses simpmd devices {ids}, but JAX has only {len(available)} "
-                f"devices. Give JAX more (simpmd.use_jax_devices(n) before importing jax) "
-                f"or pass devices=.")
-        devices = [available[i] for i in ids]
-    grid = np.empty(mesh.size, dtype=object)
-    grid[:] = list(devices)
-    jax_mesh = JaxMesh(grid.reshape(mesh.devices.shape), mesh.axis_names)
-    check = shard_mapped.check_vma if check_vma is None else check_vma
-    in_specs = _specs_for_jax(shard_mapped.in_specs, JaxP)
-    out_specs = _specs_for_jax(shard_mapped.out_specs, JaxP)
-    if hasattr(jax, "shard_map"):
-        return jax.shard_map(shard_mapped.fun, mesh=jax_mesh, in_specs=in_specs,
-                             out_specs=out_specs, check_vma=check)
-    from jax.experimental.shard_map import shard_map as experimental_shard_map
-    return experimental_shard_map(shard_mapped.fun, mesh=jax_mesh, in_specs=in_specs,
-                                  out_specs=out_specs, check_rep=check)
-
-
-def _specs_for_jax(specs, JaxP):
-    """The same pytree of specs with simpmd's P replaced by JAX's (None kept: static)."""
-    if isinstance(specs, PartitionSpec):
-        return JaxP(*specs)
-    if isinstance(specs, tuple) and hasattr(type(specs), "_fields"):
-        return type(specs)(*(_specs_for_jax(s, JaxP) for s in specs))
-    if isinstance(specs, (tuple, list)):
-        return type(specs)(_specs_for_jax(s, JaxP) for s in specs)
-    if isinstance(specs, dict):
-        return {k: _specs_for_jax(v, JaxP) for k, v in specs.items()}
-    return specs
-
-
-def _holds_jax_tracer(args) -> bool:
-    if "jax" not in sys.modules:
-        return False
-    tracer = sys.modules["jax"].core.Tracer
-    return any(isinstance(leaf, tracer) for leaf in tree.flatten(args)[0])
 
 
 def _suggest(spec, free, ndim) -> str:
@@ -556,19 +367,7 @@ def _block_detail(path, shape, spec, index, whole="from") -> str:
             f"{whole} {path} of shape {tuple(shape)}")
 
 
-def _labeller(treedef):
-    if treedef.kind == "leaf":
-        return lambda j: ""
-    paths = tree.leaf_paths(tree.unflatten(treedef, list(range(treedef.num_leaves))))
-    return lambda j: paths[j]
-
-
-def _plain(x):
-    if type(x) is Traced:
-        return x.value
-    return as_array(x)
-
-
 # `simpmd.shard_map` is the function (the package attribute hides this module), so the
-# JAX translation is reachable from it too: simpmd.shard_map.on_jax(f).
-shard_map.on_jax = on_jax
+# JAX translation is reachable from it too: simpmd.shard_map.on_jax(f) (and, for
+# `from simpmd.shard_map import on_jax`, from this module).
+on_jax = shard_map.on_jax = handoff.shard_map_on_jax

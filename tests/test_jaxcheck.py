@@ -464,16 +464,10 @@ def test_crosscheck_takes_shard_map_programs():
 def test_understood_differences_are_explained(tmp_path, monkeypatch):
     log = tmp_path / "checks.log"
     monkeypatch.setenv("SIMPMD_CROSSCHECK_LOG", str(log))
-    calls = []
-
-    def alternating(x):                   # per-device Python state: devices diverge
-        calls.append(1)
-        return simpmd.lax.psum(x, "j") if len(calls) % 2 else simpmd.lax.pmax(x, "j")
-    # A nested pmap still runs one program per device (a top-level body is traced once,
-    # so its Python state cannot differ between devices any more).
-    report = simpmd.crosscheck(lambda x: simpmd.pmap(alternating, "j")(x),
-                               np.ones((2, 4), np.float32), axis_name="i")
-    assert not report.ok and "divergence" in report.explained
+    groups = [[0, 1, 2], [3, 4, 5, 6, 7]]       # pmean over unequal groups: a known JAX bug
+    report = simpmd.crosscheck(lambda x: simpmd.lax.pmean(x, "i", axis_index_groups=groups),
+                               np.arange(8, dtype=np.float32), axis_name="i")
+    assert not report.ok and report.explained == "known JAX bug"
     agreeing = simpmd.crosscheck(lambda x: x * 2, np.ones(8, np.float32), axis_name="i")
     assert agreeing.explained is None
     lines = log.read_text().splitlines()

@@ -144,7 +144,47 @@ def test_collectives_record_the_phase():
     assert "backward psum('i')" in f.trace.table()
 
 
-def test_a_nested_pmap_runs_per_device_and_prints_once_per_program(capsys):
+def _log(trace):
+    """Each program's log, in its own order: what both engines must agree on (how the
+    programs' steps interleave differs)."""
+    return [(e.program, e.seq, e.kind, e.coords, e.device, e.devices, e.detail, e.op, e.axes,
+             e.group, [np.asarray(v).tolist() for v in e.inputs + e.outputs])
+            for e in sorted(trace.events, key=lambda e: (e.program, e.seq))]
+
+
+def test_a_nested_pmap_is_traced_once_as_a_grid_and_logs_as_one_program_per_device():
+    calls = []
+
+    def inner(y):
+        calls.append("inner")              # a Python counter: once per trace, as on JAX
+        return lax.psum(y, "j") + lax.axis_index("i") * 10.0
+    def outer(x):
+        calls.append("outer")
+        z = simpmd.pmap(inner, "j", in_axes=(1,), out_axes=None)(x.T)
+        return lax.pmax(z, "i"), simpmd.pmap(lambda y: y * 2, "j")(x)
+    x = np.arange(24.0).reshape(2, 4, 3)
+    traced = simpmd.pmap(outer, "i")
+    out = traced(x)
+    assert calls == ["outer", "inner"]
+    eager = simpmd.pmap(outer, "i", eager=True)
+    want = eager(x)
+    # NumPy by hand: device (i, j) gets x[i, j]; psum over j sums x[i] over its rows.
+    both = np.maximum(x[0].sum(0), x[1].sum(0) + 10)             # the same on i=0 and i=1
+    np.testing.assert_allclose(np.asarray(out[0]), [both, both])
+    np.testing.assert_allclose(np.asarray(out[1]), x * 2)
+    for a, b in zip(out, want):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        assert [(s.device.id, s.index) for s in a.addressable_shards] == \
+               [(s.device.id, s.index) for s in b.addressable_shards]
+    assert _log(traced.trace) == _log(eager.trace)
+
+
+def test_an_eager_pmap_nested_in_a_traced_one_says_where_eager_goes():
+    with pytest.raises(simpmd.MappedAxisError, match="outermost pmap"):
+        simpmd.pmap(lambda x: simpmd.pmap(lambda y: y, "j", eager=True)(x), "i")(np.ones((2, 4)))
+
+
+def test_a_nested_pmap_prints_once_per_program(capsys):
     def outer(x):
         simpmd.debug.print("outer {}", x.sum())
         return simpmd.pmap(lambda y: lax.psum(y, "j"), "j")(x)

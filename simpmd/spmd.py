@@ -1,0 +1,255 @@
+"""The driver under ``simpmd.shard_map`` and ``simpmd.pmap``: one body, a grid of devices.
+
+``shard_map`` maps a body over every device of a mesh, and ``pmap`` is a front end over
+the same machinery, as in JAX, where ``jax.pmap`` builds a one-axis mesh and calls
+``jax.shard_map`` (``_cached_shard_map`` in jax/_src/pmap.py, since jax 0.8). Each front
+end says in its own words how the arguments are cut and how the results go back
+together; this module does the rest, the same way for both:
+
+1. every mapped argument leaf arrives as a :class:`Piece`: all devices' pieces *stacked*
+   along a leading device axis (row ``k`` belongs to device ``k`` of the grid, counted
+   row-major over the axes);
+2. the body runs one time over the stacks, as JAX traces it once (``batching.py``); a
+   pmap nested inside it adds its axis below the outer ones, a grid of outer x inner
+   devices, and is traced once too. With ``eager=True`` the body runs as one program per
+   device instead (``runtime.py``), and so do pmaps nested inside it;
+3. the results come back stacked the same way, one shape on every device, and the front
+   end's ``assemble`` puts them together.
+
+The log of the run (what each device received, every collective, what it returned)
+is written here for both front ends, so their traces read alike.
+"""
+from __future__ import annotations
+
+import inspect
+import math
+
+import numpy as np
+
+from . import batching, errors, tree
+from .batching import Batch, Batched, run_once
+from .runtime import Simulation, current_task, flat_results, _refuse_non_arrays
+from .trace import Trace
+from .traced import Traced
+
+_last_trace = None
+
+
+def last_trace():
+    """The trace of the most recent top-level run of pmap or shard_map (or None)."""
+    return _last_trace
+
+
+def record_trace(trace):
+    """Keep ``trace`` as the one :func:`last_trace` returns; returns it."""
+    global _last_trace
+    _last_trace = trace
+    return trace
+
+
+class Piece:
+    """One mapped argument leaf: every device's piece of it, stacked.
+
+    ``stack[k]`` is what device ``k`` of the grid gets; ``detail(k)`` is the 'receive'
+    row of its log; ``varies`` are the mesh axes the piece varies over (for
+    ``simpmd.grad`` under ``shard_map(check_vma=True)``), or None.
+    """
+
+    __slots__ = ("stack", "detail", "varies")
+
+    def __init__(self, stack, detail, varies=None):
+        self.stack, self.detail, self.varies = stack, detail, varies
+
+
+def run(owner, fun, devices, axes, args, kwargs, assemble, *, eager=False, check_vma=False,
+        maps_a_mesh=False):
+    """Run ``fun(*args, **kwargs)`` over the grid ``axes`` (``((name, size), ...)``) of
+    ``devices``, and return ``assemble(stacks, treedef, run)``.
+
+    Mapped leaves of ``args``/``kwargs`` are :class:`Piece`\\ s; any other leaf reaches
+    every device as it is. ``assemble`` gets each result leaf stacked over the devices,
+    the results' treedef, and the run, which tells it ``n``, ``devices``, ``where(k)`` (how
+    messages name device ``k``), ``returned(stack, detail)`` (logs what each device
+    returned), ``nested`` and, for a per-device run, ``tasks``. Called inside a running
+    program, the grid is nested under it (a nested pmap). ``owner.trace`` is set to the
+    run's trace, which :func:`last_trace` returns too.
+    """
+    parent = current_task()
+    if type(parent) is Batch:
+        # A pmap inside a body traced once: its grid nests below the outer one (a 2-D
+        # mesh of outer x inner devices), and it is traced once too.
+        return _run_once(owner, fun, parent.nest(axes), args, kwargs, assemble)
+    if parent is None and not eager and batching.TRACE_ONCE:
+        batch = Batch(devices, axes, maps_a_mesh=maps_a_mesh)
+        batch.check_vma = check_vma
+        return _run_once(owner, fun, batch, args, kwargs, assemble)
+    return _run_per_device(owner, fun, devices, axes, args, kwargs, assemble, eager, check_vma,
+                           maps_a_mesh, parent)
+
+
+def _run_once(owner, fun, batch, args, kwargs, assemble):
+    """The body, one time, over every device's piece stacked (see batching.py)."""
+    leaves, treedef = tree.flatten((args, kwargs))
+    pieces = [x for x in leaves if type(x) is Piece]
+    for x in pieces:
+        if x.varies is not None:
+            batch.input_vma[id(x.stack)] = (x.stack, x.varies)
+    batch.receive([(x.stack, None, x.detail) for x in pieces])
+    args, kwargs = tree.unflatten(treedef, [Batched(x.stack) if type(x) is Piece else x
+                                            for x in leaves])
+    try:
+        result = run_once(batch, fun, args, kwargs)
+        out, out_def = tree.flatten(result)
+        _refuse_non_arrays([batching._Named(batch.where(0))], [(out, out_def)], out_def)
+        stacks = [v.value if type(v) is Batched else
+                  np.broadcast_to(plain(v), (batch.n,) + np.shape(plain(v))) for v in out]
+        outputs = assemble(stacks, out_def, batch)
+    except Exception as exc:               # the trace so far goes with the error
+        if getattr(exc, "trace", None) is None:
+            exc.trace = Trace(batch.events)
+        owner.trace = record_trace(exc.trace)
+        raise
+    owner.trace = record_trace(Trace(batch.events))
+    return outputs
+
+
+def _run_per_device(owner, fun, devices, axes, args, kwargs, assemble, eager, check_vma,
+                    maps_a_mesh, parent):
+    """One program per device (runtime.py), nested under ``parent`` if there is one."""
+    if parent is None:
+        sim = Simulation(devices, eager=eager)
+        sim.maps_a_mesh, sim.check_vma = maps_a_mesh, check_vma
+    else:
+        sim = parent.sim
+    leaves, treedef = tree.flatten((args, kwargs))
+    pieces = [x for x in leaves if type(x) is Piece]
+    n = math.prod(size for _, size in axes)
+    per_device = []
+    for k in range(n):
+        mine = [Traced(x.stack[k], sim.eager) if type(x) is Piece else x for x in leaves]
+        for x, v in zip(leaves, mine):
+            if type(x) is Piece and x.varies is not None:     # for simpmd.grad
+                for array in (v.value, _memory_owner(x.stack)):
+                    sim.input_vma[id(array)] = (array, x.varies)
+        per_device.append(tree.unflatten(treedef, mine))
+    tasks = sim.new_tasks(lambda a, kw: fun(*a, **kw), per_device, axes, parent)
+    for k, t in enumerate(tasks):
+        for x in pieces:
+            sim.log(t, "receive", inputs=(x.stack[k],), detail=x.detail(k))
+
+    if parent is not None:
+        sim.run_nested(parent, tasks)
+        stacks, out_def = _stacked_results(tasks)
+        return assemble(stacks, out_def, _Programs(sim, tasks, nested=True))
+    try:
+        sim.run(tasks)
+    except errors.SimpmdError as exc:
+        owner.trace = record_trace(exc.trace)
+        raise
+    error = None
+    try:
+        stacks, out_def = _stacked_results(tasks)
+        outputs = assemble(stacks, out_def, _Programs(sim, tasks, nested=False))
+    except Exception as exc:             # raised below, with the run's trace attached
+        error = exc
+    sim.finalize()
+    owner.trace = record_trace(Trace(sim.events, eager=sim.eager))
+    if error is not None:
+        if isinstance(error, errors.SimpmdError):
+            error.trace = owner.trace
+        raise error
+    return outputs
+
+
+class _Programs:
+    """A per-device run as ``assemble`` sees it (``Batch`` answers the same questions)."""
+
+    outer_n = 1                          # a nested call here is one outer program's
+
+    def __init__(self, sim, tasks, nested):
+        self.sim, self.tasks, self.nested = sim, tasks, nested
+        self.n = len(tasks)
+        self.devices = [t.device for t in tasks]
+
+    def sub_devices(self, k) -> list:
+        """The devices of program ``k``'s inner grid (each once: several inner pmaps in one
+        body run on the same sub-grid)."""
+        return list(dict.fromkeys(c.device for c in self.tasks[k].children))
+
+    def where(self, k=0) -> str:
+        return self.tasks[k].where()
+
+    def returned(self, stack, detail):
+        for k, t in enumerate(self.tasks):
+            self.sim.log(t, "return", outputs=(stack[k],), detail=detail(k))
+
+
+def _stacked_results(tasks):
+    """Every device's results, stacked per leaf; a device whose shapes differ is named."""
+    results, treedef = flat_results(tasks)
+    stacks = []
+    for j in range(treedef.num_leaves):
+        values = [plain(r[0][j]) for r in results]
+        first = values[0]
+        for t, v in zip(tasks, values):
+            if v.shape != first.shape or v.dtype != first.dtype:
+                label = leaf_label(treedef, j)
+                raise errors.DivergenceError(
+                    f"result{label} has shape {first.shape} {first.dtype} on "
+                    f"{tasks[0].where()} but shape {v.shape} {v.dtype} on {t.where()}; every "
+                    f"device must return the same shapes and dtypes to be stacked (JAX "
+                    f"compiles one program for all of them). Pad or slice to a shape every "
+                    f"device shares, and mask the unused part.")
+        stacks.append(np.stack(values))
+    return stacks, treedef
+
+
+def _memory_owner(array):
+    while isinstance(array.base, np.ndarray):
+        array = array.base
+    return array
+
+
+# -- shared by the front ends ----------------------------------------------------------------
+
+def leaf_label(treedef, k) -> str:
+    """'[1]' or "['w']": how leaf ``k`` of a result tree is named in messages ('' for a leaf)."""
+    if treedef.kind == "leaf":
+        return ""
+    dummy = tree.unflatten(treedef, list(range(treedef.num_leaves)))
+    return tree.leaf_paths(dummy)[k]
+
+
+def positional_names(fun) -> list[str]:
+    """The names of ``fun``'s positional parameters, for messages about arguments."""
+    try:
+        params = inspect.signature(fun).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+def plain(x):
+    """The NumPy value of a result or argument leaf."""
+    if isinstance(x, Traced):
+        return x.value
+    return as_array(x)
+
+
+def as_array(x):
+    """A NumPy array for ``x``; Python numbers get JAX's default 32-bit dtypes.
+
+    JAX (without x64) turns a Python float into float32 and an int into int32, while
+    NumPy would pick 64 bits; arrays keep their own dtype.
+    """
+    if isinstance(x, (np.generic, np.ndarray)):
+        return np.asarray(x)
+    if isinstance(x, bool):
+        return np.asarray(x, dtype=bool)
+    if isinstance(x, int):
+        return np.asarray(x, dtype=np.int32)
+    if isinstance(x, float):
+        return np.asarray(x, dtype=np.float32)
+    if isinstance(x, complex):
+        return np.asarray(x, dtype=np.complex64)
+    return np.asarray(x)
