@@ -285,7 +285,7 @@ class Pmapped:
                 "the mesh instead, e.g. make_mesh((2, 4), ('data', 'model')), and split "
                 "the arguments over it in in_specs; collectives can then name either axis "
                 "or both.")
-        if self.eager and not parent.eager:
+        if self.eager and type(parent) is Batch:
             raise errors.MappedAxisError(
                 f"this pmap over {self.axis_name!r} has eager=True, but it is nested in a pmap "
                 f"whose body is traced once, so it cannot run one program per device. Give "
