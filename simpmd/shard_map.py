@@ -140,7 +140,11 @@ class ShardMapped:
         """Per leaf: (path, value, spec) with spec None for a static leaf; errors that teach."""
         in_specs = self.in_specs
         if isinstance(in_specs, list):
-            in_specs = tuple(in_specs)
+            raise ShardingError(
+                f"in_specs={in_specs!r} is a list, but the arguments arrive as a tuple, and JAX "
+                f"matches in_specs to them as a pytree prefix: a list is a different pytree "
+                f"node, so real JAX refuses it ('pytree structure error'). Write a tuple: "
+                f"in_specs={tuple(in_specs)!r}.")
         if isinstance(in_specs, tuple) and len(in_specs) != len(args):
             raise ShardingError(
                 f"in_specs has {len(in_specs)} entries but the function was called with "
