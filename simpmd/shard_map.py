@@ -213,7 +213,11 @@ class ShardMapped:
         mesh = self.mesh
         out_specs = self.out_specs
         if isinstance(out_specs, list) and treedef.kind == "tuple":
-            out_specs = tuple(out_specs)
+            raise ShardingError(
+                f"out_specs={out_specs!r} is a list, but the function returned a tuple, and "
+                f"JAX matches out_specs to the results as a pytree prefix: a list is a "
+                f"different pytree node, so real JAX refuses it ('pytree structure error'). "
+                f"Write a tuple: out_specs={tuple(out_specs)!r}.")
         specs = tree.broadcast_prefix(out_specs, tree.unflatten(treedef, [s[0] for s in stacks]),
                                       what="out_specs")
         out_leaves = []
