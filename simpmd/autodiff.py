@@ -7,9 +7,10 @@ rule that sends a cotangent back to its inputs. The backward pass walks the grap
 reverse and applies those rules. There are two tables:
 
 * ``VJP``: one rule per primitive (``multiply``, ``matmul``, ``sum``, ...), in NumPy.
-* ``TRANSPOSE``: one rule per collective. The backward pass of a collective is another
-  collective: ``all_gather`` becomes ``psum_scatter`` (FSDP's reduce-scatter),
-  ``ppermute`` sends back along the inverse permutation, ``psum`` becomes ``psum``.
+* ``TRANSPOSE``: one rule per collective, registered by ``simpmd.lax``. The backward pass
+  of a collective is another collective: ``all_gather`` becomes ``psum_scatter`` (FSDP's
+  reduce-scatter), ``ppermute`` sends back along the inverse permutation, ``psum``
+  becomes ``psum``.
   These run on the devices like any collective, inside ``trace.backward_pass()``, so
   each device's log marks them as backward.
 
@@ -26,12 +27,11 @@ facts were checked on jax 0.10.2 with 8 CPU devices (tests/test_grad_vs_jax.py).
 from __future__ import annotations
 
 import itertools
-import sys
 
 import numpy as np
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
-from . import errors, lax, tree      # lax imports this module too: use lax.* in calls only
+from . import errors, tree
 from . import numpy as snp           # NumPy on plain arrays and on simpmd's device values
 from .runtime import mapped_run
 from .trace import backward_pass
@@ -263,7 +263,7 @@ def _apply(op, inputs, forward, vjp=None, out_vma=None):
             c = cts[k]
             missing = tuple(a for a in sorted(vma, key=str) if a not in x.vma) if uses_vma else ()
             if missing and c is not None:
-                c = lax.psum(c, missing)
+                c = TRANSPOSE["pvary"](c, missing, {}, None)
             result.append(c)
         return result
 
@@ -431,31 +431,11 @@ FUNCTION_VJP = {                     # keyed by NumPy's names (np.true_divide is
 
 # -- collectives: one transpose rule each -----------------------------------------------------
 
-def _inverse(perm):
-    return [(dst, src) for src, dst in perm]
-
-
-def _pshuffle_inverse(perm):
-    inverse = [0] * len(perm)
-    for i, source in enumerate(perm):
-        inverse[source] = i
-    return inverse
-
-
 # op -> (ct, axes, params, groups) -> the cotangent of the input, itself a collective.
-TRANSPOSE = {
-    "psum": lambda ct, axes, p, g: lax.psum(ct, axes, axis_index_groups=g),
-    "pmean": lambda ct, axes, p, g: lax.pmean(ct, axes, axis_index_groups=g),
-    "all_gather": lambda ct, axes, p, g: lax.psum_scatter(
-        ct, axes, scatter_dimension=p["axis"], tiled=p["tiled"], axis_index_groups=g),
-    "psum_scatter": lambda ct, axes, p, g: lax.all_gather(
-        ct, axes, axis=p["scatter_dimension"], tiled=p["tiled"], axis_index_groups=g),
-    "ppermute": lambda ct, axes, p, g: lax.ppermute(ct, axes, _inverse(p["perm"])),
-    "pshuffle": lambda ct, axes, p, g: lax.pshuffle(ct, axes, _pshuffle_inverse(p["perm"])),
-    "all_to_all": lambda ct, axes, p, g: lax.all_to_all(
-        ct, axes, p["concat_axis"], p["split_axis"], tiled=p["tiled"], axis_index_groups=g),
-    "pswapaxes": lambda ct, axes, p, g: lax.pswapaxes(ct, axes, p["axis"], axis_index_groups=g),
-}
+# simpmd.lax fills it in, as jax.lax registers its primitives' transpose rules with JAX's
+# autodiff, so this module calls no collective itself. "pvary" is the implicit broadcast
+# of an invariant value over the axes it meets (JAX's pvary); its transpose is a psum.
+TRANSPOSE: dict = {}
 
 
 # Under check_vma: the invariant-making collectives divide the cotangent among the devices
@@ -497,7 +477,7 @@ def collective(op, leaves, treedef, axis_name, params, groups, run):
                     c = TRANSPOSE[op](ct, axes, params, groups)
                 missing = tuple(a for a in sorted(vma_in, key=str) if a not in leaf.vma)
                 if missing:                  # the implicit pvary of an invariant input
-                    c = lax.psum(c, missing)
+                    c = TRANSPOSE["pvary"](c, missing, {}, None)
             return [c]
         results.append(Tracer(out, (leaf,), backward, vma_out, leaf.level, op))
     return tree.unflatten(treedef, results)
@@ -534,10 +514,7 @@ def _backward(out: Tracer, seed):
 
 
 def _uses_jax(args, kwargs) -> bool:
-    if "jax" not in sys.modules:
-        return False
-    from .numpy import uses_jax
-    return uses_jax(args) or uses_jax(kwargs)
+    return snp.uses_jax(args) or snp.uses_jax(kwargs)
 
 
 def _check_argnums(argnums, nargs):

@@ -43,10 +43,21 @@ class Batched(Traced):
     and refuses what JAX refuses while tracing, exactly as :class:`Traced` does.
     """
 
-    __slots__ = ()
+    __slots__ = ("_stack",)
 
     def __init__(self, stacked):
-        self.value, self.eager = stacked, False
+        self._stack, self.eager = stacked, False
+
+    @property
+    def value(self):
+        """The stack, one row per device of the grid now running. A value that the body of
+        an inner (nested) pmap closes over from the outer body has a row per outer device;
+        every inner device below an outer one sees that outer device's row, as in JAX."""
+        stack = self._stack
+        task = getattr(runtime._local, "task", None)
+        if type(task) is Batch and stack.shape[0] != task.n and task.outer is not None:
+            return np.repeat(stack, task.n // stack.shape[0], axis=0)
+        return stack
 
     def _with(self, stacked):
         return Batched(stacked)

@@ -33,7 +33,6 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, field
 import html
-import inspect
 import io
 import itertools
 import os

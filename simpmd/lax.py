@@ -224,3 +224,35 @@ def _size(task, axes, opname):
     if type(task) is Batch:
         return task.axis_size(axes, opname)
     return task.sim.axis_position(task, axes, opname)[1]
+
+
+# -- the transposes, for simpmd.grad ---------------------------------------------------------
+# The backward pass of a collective is a collective. Each is registered with autodiff.py
+# here, as jax.lax registers its primitives' transpose rules with JAX's autodiff.
+
+def _inverse(perm):
+    return [(dst, src) for src, dst in perm]
+
+
+def _pshuffle_inverse(perm):
+    inverse = [0] * len(perm)
+    for i, source in enumerate(perm):
+        inverse[source] = i
+    return inverse
+
+
+# op -> (ct, axes, params, groups) -> the cotangent of the input.
+autodiff.TRANSPOSE.update({
+    "psum": lambda ct, axes, p, g: psum(ct, axes, axis_index_groups=g),
+    "pmean": lambda ct, axes, p, g: pmean(ct, axes, axis_index_groups=g),
+    "all_gather": lambda ct, axes, p, g: psum_scatter(
+        ct, axes, scatter_dimension=p["axis"], tiled=p["tiled"], axis_index_groups=g),
+    "psum_scatter": lambda ct, axes, p, g: all_gather(
+        ct, axes, axis=p["scatter_dimension"], tiled=p["tiled"], axis_index_groups=g),
+    "ppermute": lambda ct, axes, p, g: ppermute(ct, axes, _inverse(p["perm"])),
+    "pshuffle": lambda ct, axes, p, g: pshuffle(ct, axes, _pshuffle_inverse(p["perm"])),
+    "all_to_all": lambda ct, axes, p, g: all_to_all(
+        ct, axes, p["concat_axis"], p["split_axis"], tiled=p["tiled"], axis_index_groups=g),
+    "pswapaxes": lambda ct, axes, p, g: pswapaxes(ct, axes, p["axis"], axis_index_groups=g),
+    "pvary": lambda ct, axes, p, g: psum(ct, axes),
+})

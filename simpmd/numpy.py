@@ -32,14 +32,18 @@ from .traced import Traced as _Traced
 
 
 def _is_grad_tracer(x) -> bool:
-    """A value simpmd.grad is differentiating (it computes through NumPy's protocols)."""
-    from .autodiff import Tracer
-    return type(x) is Tracer
+    """A value simpmd.grad is differentiating: it wraps device values in turn, so device
+    values defer to it (``traced.defers_to``), and its own rules compute through NumPy's
+    protocols."""
+    return _traced.defers_to(x)
 
 
 def _holds_grad_tracer(value) -> bool:
-    from .autodiff import Tracer
-    return _contains(value, (Tracer,))
+    if isinstance(value, (list, tuple)):
+        return any(_holds_grad_tracer(v) for v in value)
+    if isinstance(value, dict):
+        return any(_holds_grad_tracer(v) for v in value.values())
+    return _is_grad_tracer(value)
 
 _MISSING = object()
 # What simpmd.numpy forwards to for a few names, on simpmd's devices. np.asarray(x) asks

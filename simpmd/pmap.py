@@ -326,10 +326,10 @@ class Pmapped:
             first, label = s[0], f"out{spmd.leaf_label(treedef, k)}"
             per_outer = s.reshape((g, m) + s.shape[1:])
             if ax is None:
-                same = (per_outer == per_outer[:, :1]).reshape(g * m, -1).all(axis=1)
-                differ = np.nonzero(~same)[0]
-                if len(differ):
-                    _warn_not_replicated([run.where(i) for i in differ], run.where(differ[0] - differ[0] % m))
+                same = (per_outer == per_outer[:, :1]).reshape(g, m, -1).all(axis=2)
+                for o in np.nonzero(~same.all(axis=1))[0]:        # per outer program
+                    _warn_not_replicated([run.where(o * m + j) for j in np.nonzero(~same[o])[0]],
+                                         run.where(o * m))
                 run.returned(s, lambda i, t=label + " whole (out_axes=None)": t)
             else:
                 if not -(first.ndim + 1) <= ax <= first.ndim:

@@ -140,7 +140,11 @@ class ShardMapped:
         """Per leaf: (path, value, spec) with spec None for a static leaf; errors that teach."""
         in_specs = self.in_specs
         if isinstance(in_specs, list):
-            in_specs = tuple(in_specs)
+            raise ShardingError(
+                f"in_specs={in_specs!r} is a list, but the arguments arrive as a tuple, and JAX "
+                f"matches in_specs to them as a pytree prefix: a list is a different pytree "
+                f"node, so real JAX refuses it ('pytree structure error'). Write a tuple: "
+                f"in_specs={tuple(in_specs)!r}.")
         if isinstance(in_specs, tuple) and len(in_specs) != len(args):
             raise ShardingError(
                 f"in_specs has {len(in_specs)} entries but the function was called with "
@@ -209,7 +213,11 @@ class ShardMapped:
         mesh = self.mesh
         out_specs = self.out_specs
         if isinstance(out_specs, list) and treedef.kind == "tuple":
-            out_specs = tuple(out_specs)
+            raise ShardingError(
+                f"out_specs={out_specs!r} is a list, but the function returned a tuple, and "
+                f"JAX matches out_specs to the results as a pytree prefix: a list is a "
+                f"different pytree node, so real JAX refuses it ('pytree structure error'). "
+                f"Write a tuple: out_specs={tuple(out_specs)!r}.")
         specs = tree.broadcast_prefix(out_specs, tree.unflatten(treedef, [s[0] for s in stacks]),
                                       what="out_specs")
         out_leaves = []

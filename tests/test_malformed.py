@@ -160,6 +160,32 @@ def test_deadlock_in_many_groups_stays_short():
     assert len(message) < 3000
 
 
+def test_shard_map_in_specs_given_as_a_list(jax8):
+    mesh = simpmd.make_mesh((8,), ("i",))
+    f = simpmd.shard_map(lambda a, b: a * b, mesh=mesh, in_specs=[P("i"), P()], out_specs=P("i"))
+    refused(simpmd.ShardingError, lambda: f(X, np.float32(2)),
+            "in_specs=[", "list", "tuple", "in_specs=(P('i',), P())")
+    from jax.sharding import Mesh, PartitionSpec as JP
+    from simpmd.handoff import find_shard_map
+    shard_map, check = find_shard_map(jax8)
+    jax_mesh = Mesh(np.array(jax8.devices()[:8]), ("i",))
+    jax_refuses(jax8, lambda: shard_map(lambda a, b: a * b, mesh=jax_mesh, in_specs=[JP("i"), JP()],
+                                        out_specs=JP("i"), **{check: False})(X, np.float32(2)))
+
+
+def test_shard_map_out_specs_given_as_a_list_for_a_tuple(jax8):
+    mesh = simpmd.make_mesh((8,), ("i",))
+    f = simpmd.shard_map(lambda a: (a, a), mesh=mesh, in_specs=P("i"), out_specs=[P("i"), P("i")])
+    refused(simpmd.ShardingError, lambda: f(X), "out_specs=[", "list", "returned a tuple",
+            "out_specs=(P('i',), P('i',))")
+    from jax.sharding import Mesh, PartitionSpec as JP
+    from simpmd.handoff import find_shard_map
+    shard_map, check = find_shard_map(jax8)
+    jax_mesh = Mesh(np.array(jax8.devices()[:8]), ("i",))
+    jax_refuses(jax8, lambda: shard_map(lambda a: (a, a), mesh=jax_mesh, in_specs=JP("i"),
+                                        out_specs=[JP("i"), JP("i")], **{check: False})(X))
+
+
 def test_unknown_axis_inside_shard_map_names_the_mesh_axes(jax8):
     mesh = simpmd.make_mesh((2, 4), ("data", "model"))
     f = simpmd.shard_map(lambda v: lax.psum(v, "i"), mesh=mesh, in_specs=P("data"),

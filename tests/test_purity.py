@@ -61,3 +61,41 @@ print(json.dumps(sorted(added)))
     added = set(json.loads(result.stdout.strip().splitlines()[-1]))
     allowed = {"simpmd", "numpy"} | set(sys.stdlib_module_names)
     assert sorted(added - allowed) == []
+
+
+# The engine's own modules: everything in simpmd/ but the course, the pictures and the
+# package's front file (which imports them all). The course and the cross-checks sit on
+# top of the engine; the engine never imports them.
+ENGINE = sorted(p.stem for p in (ROOT / "simpmd").glob("*.py")
+                if p.stem not in ("__init__", "__main__", "course", "figures"))
+
+
+def _engine_imports(module: str) -> set:
+    """The engine modules ``module`` imports, at the top or inside a function."""
+    import ast
+    tree = ast.parse((ROOT / "simpmd" / f"{module}.py").read_text())
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            names = [node.module] if node.module else [a.name for a in node.names]
+            found |= {n.split(".")[0] for n in names}
+    return found & set(ENGINE)
+
+
+def test_the_engine_reads_top_down_without_import_circles():
+    graph = {m: _engine_imports(m) for m in ENGINE}
+    assert "autodiff" in graph["lax"] and "spmd" in graph["pmap"]     # the walk sees imports
+    circles = []
+    for start in ENGINE:                 # depth-first: a path that comes back to its start
+        stack = [(start, [start])]
+        while stack:
+            node, path = stack.pop()
+            for nxt in graph[node]:
+                if nxt == start:
+                    circles.append(" -> ".join(path + [start]))
+                elif nxt not in path:
+                    stack.append((nxt, path + [nxt]))
+    assert not circles, "modules that import each other:\n" + "\n".join(sorted(set(circles))[:10])
+    # and the layering the README describes: the hand-off and the cross-checks sit above
+    for core in ("runtime", "batching", "spmd", "pmap", "shard_map", "lax"):
+        assert "jaxcheck" not in graph[core], core

@@ -1,5 +1,7 @@
 """Trace once: the body runs a single time over stacked values, and agrees with running it
 once per device (``eager=True``, plain NumPy on each device: an independent oracle)."""
+import warnings
+
 import numpy as np
 import pytest
 
@@ -177,6 +179,52 @@ def test_a_nested_pmap_is_traced_once_as_a_grid_and_logs_as_one_program_per_devi
         assert [(s.device.id, s.index) for s in a.addressable_shards] == \
                [(s.device.id, s.index) for s in b.addressable_shards]
     assert _log(traced.trace) == _log(eager.trace)
+
+
+NX = np.arange(48.0, dtype=np.float32).reshape(2, 4, 6)
+RING = [(k, (k + 1) % 4) for k in range(4)]
+# Outer bodies over 'i' (2 devices), each calling an inner pmap over 'j' (4 devices).
+NESTED = {
+    "in_axes None and a keyword": lambda x: simpmd.pmap(
+        lambda y, w, *, z: y * w + z, "j", in_axes=(0, None))(x, x[0], z=x),
+    "a static argument": lambda x: simpmd.pmap(
+        lambda y, k: y * k, "j", static_broadcasted_argnums=1)(x, 3),
+    "in_axes 1, out_axes 1": lambda x: simpmd.pmap(lambda y: y + 1, "j", in_axes=1, out_axes=1)(x.T),
+    "out_axes -1": lambda x: simpmd.pmap(lambda y: y * 2, "j", out_axes=-1)(x),
+    "out_axes None, replicated": lambda x: simpmd.pmap(lambda y: lax.psum(y, "j"), "j", out_axes=None)(x),
+    "out_axes None, not replicated": lambda x: simpmd.pmap(lambda y: y, "j", out_axes=None)(x),
+    "psum over both axes": lambda x: simpmd.pmap(lambda y: lax.psum(y, ("i", "j")), "j")(x),
+    "all_gather over the outer axis": lambda x: simpmd.pmap(lambda y: lax.all_gather(y, "i"), "j")(x),
+    "groups": lambda x: simpmd.pmap(
+        lambda y: lax.psum(y, "j", axis_index_groups=[[0, 1], [2, 3]]), "j")(x),
+    "ppermute and axis_index": lambda x: simpmd.pmap(
+        lambda y: lax.ppermute(y, "j", RING) * lax.axis_index("i"), "j")(x),
+    "a NumPy constant": lambda x: simpmd.pmap(lambda y, c: y + c, "j")(x, np.ones((4, 6), np.float32)),
+    "an outer value closed over": lambda x: (lambda s: simpmd.pmap(
+        lambda y: y * s + lax.axis_index("i"), "j")(x))(x.sum()),
+    "a pytree result": lambda x: simpmd.pmap(lambda y: {"a": y, "b": (y.sum(), y.max())}, "j")(x),
+    "axis_size, no arguments": lambda x: simpmd.pmap(lambda: lax.axis_index("j") * 1.0, "j", axis_size=4)(),
+}
+
+
+@pytest.mark.parametrize("name", NESTED)
+def test_nested_pmaps_traced_once_agree_with_one_program_per_device(name):
+    """Results, shards, warnings and each program's log: the grid traced once against the
+    per-device runtime (eager=True), which runs each outer program's inner pmap itself."""
+    runs = []
+    for eager in (False, True):
+        f = simpmd.pmap(NESTED[name], "i", eager=eager)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = simpmd.tree.flatten(f(NX))[0]
+        runs.append(([np.asarray(v) for v in out],
+                     [[(s.device.id, s.index, s.replica_id) for s in v.addressable_shards] for v in out],
+                     [str(w.message) for w in caught], _log(f.trace)))
+    (values, shards, warned, log), (want, want_shards, want_warned, want_log) = runs
+    for a, b in zip(values, want):
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(a, b)
+    assert shards == want_shards and warned == want_warned and log == want_log
 
 
 def test_an_eager_pmap_nested_in_a_traced_one_says_where_eager_goes():

@@ -372,6 +372,17 @@ def test_timeline_segments_waits_and_stragglers():
     assert not viz.model_timeline(trace, "H100").total("wait")   # same work everywhere: nobody waits
 
 
+def test_timeline_defaults_to_the_platforms_hardware():
+    from simpmd import cost
+    simpmd.set_device_count(8, hardware="H100")         # conftest restores the default
+    trace = run_1d("psum")
+    tl = viz.model_timeline(trace, compute=1e-5)
+    assert "H100" in tl.comm_model
+    # the H100 preset's own estimate (not TPU v4's, the old default)
+    assert tl.total("comm", 0) == pytest.approx(cost.estimate_trace(trace, "H100").total_time_s)
+    assert tl.total("comm", 0) != pytest.approx(cost.estimate_trace(trace, "TPU v4").total_time_s)
+
+
 def test_timeline_default_compute_model_and_nested_runs():
     def outer(x):
         return lax.psum(simpmd.pmap(lambda v: lax.psum(v, "model"), axis_name="model")(x), "data")

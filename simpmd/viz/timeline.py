@@ -77,7 +77,7 @@ def _comm_times(trace, hardware, topology):
     try:
         from .. import cost
         estimate = cost.estimate_trace(trace, hardware=hardware, topology=topology)
-        hbm = cost.hardware_preset(hardware).hbm_bandwidth
+        hbm = cost.hardware_preset(estimate.hardware).hbm_bandwidth
     except ImportError:
         times = {}
         for group in trace.collectives():
@@ -92,8 +92,11 @@ def _comm_times(trace, hardware, topology):
             f"{hbm / 1e12:g} TB/s HBM")
 
 
-def model_timeline(trace, hardware="TPU v4", *, compute=None, slowdown=None, topology=None) -> Timeline:
+def model_timeline(trace, hardware=None, *, compute=None, slowdown=None, topology=None) -> Timeline:
     """Model the run of ``trace`` on ``hardware``; return a :class:`Timeline` of segments.
+
+    ``hardware`` defaults to the platform's (``simpmd.set_device_count(n, hardware=...)``),
+    as in ``simpmd.cost.estimate_trace``.
 
     ``compute``: None (bytes written / HBM bandwidth, see the module docstring), a number
     (seconds for every compute segment), or ``f(program, k, event) -> seconds`` for the
@@ -183,7 +186,7 @@ def _unit(t: float):
     return "ns", 1e-9
 
 
-def draw_timeline(trace, hardware="TPU v4", *, compute=None, slowdown=None, topology=None,
+def draw_timeline(trace, hardware=None, *, compute=None, slowdown=None, topology=None,
                   title=None, ax=None):
     """Draw the modelled run as a Gantt chart, one row per device; return the Figure.
 
