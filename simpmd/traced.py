@@ -323,7 +323,8 @@ def defers_to(other) -> bool:
     """True for an operand that wraps device values in turn (simpmd.grad's Tracer, with a
     higher ``__array_priority__``): device values return NotImplemented to it, so that its
     own (reflected) operation runs and sees the device value whole."""
-    return getattr(other, "__array_priority__", 0) > Traced.__array_priority__
+    priority = getattr(other, "__array_priority__", 0)   # a class (a dtype) has a descriptor
+    return isinstance(priority, (int, float)) and priority > Traced.__array_priority__
 
 
 def _fast(ufunc, me, other, reflected):
