@@ -339,6 +339,47 @@ def test_tree_torus_and_gather_runs_draw():
         viz.draw_algorithm([1, 2])
 
 
+def _segments_of(arrow):
+    """The straight pieces of an arrow as drawn (shaft and head), in inches."""
+    return [(a, b) for line in arrow.get_path().to_polygons(closed_only=False)
+            for a, b in zip(line[:-1], line[1:])]
+
+
+def _cross(p, q):
+    """Whether segments p and q cross or touch (orientation test, worked by hand)."""
+    def side(a, b, c):
+        return np.sign((b[0] - a[0]) * (c[1] - a[1]) - (b[1] - a[1]) * (c[0] - a[0]))
+    (a, b), (c, d) = p, q
+    if side(a, b, c) * side(a, b, d) > 0 or side(c, d, a) * side(c, d, b) > 0:
+        return False
+    return (min(a[0], b[0]) <= max(c[0], d[0]) and min(c[0], d[0]) <= max(a[0], b[0]) and
+            min(a[1], b[1]) <= max(c[1], d[1]) and min(c[1], d[1]) <= max(a[1], b[1]))
+
+
+@pytest.mark.parametrize("shape", [(4, 4), (2, 4), (4, 3), (8, 8)])
+def test_torus_wraparounds_cross_no_row_or_column_link(shape):
+    """A wraparound (between the two ends of a row or a column) runs round the outside
+    of the grid: none of its segments meets a link between neighbours."""
+    rows, cols = shape
+    p = rows * cols
+    run = algorithms.torus_all_reduce([np.full(2 * p, float(d)) for d in range(p)], shape)
+    wraps_seen = 0
+    for t in (1, run.num_steps // 2 + 1):
+        fig = viz.draw_algorithm_step(run, t)
+        wraps, links = [], []
+        for arrow in tagged(fig, "message"):
+            src, dst = map(int, arrow.get_gid().rsplit(":", 1)[1].split("->"))
+            (r0, c0), (r1, c1) = divmod(src, cols), divmod(dst, cols)
+            wrap = (r0 == r1 and abs(c1 - c0) > 1) or (c0 == c1 and abs(r1 - r0) > 1)
+            (wraps if wrap else links).append(_segments_of(arrow))
+        assert links
+        wraps_seen += len(wraps)
+        for wrap in wraps:
+            for link in links:
+                assert not any(_cross(u, v) for u in wrap for v in link)
+    assert wraps_seen >= 2 * rows        # every row's wraparound, both ways, was checked
+
+
 def test_animation_to_html_and_gif(tmp_path):
     from PIL import Image
     run = algorithms.ring_all_reduce([np.full(3, float(d)) for d in range(3)])

@@ -135,8 +135,10 @@ def _layout(run, n_pieces):
         h = 0.34
         sx, sy = w + 0.9, 1.25
         centres = {r * cols + c: (c * sx, -r * sy) for r in range(rows) for c in range(cols)}
-        limits = (-w / 2 - 0.1, (cols - 1) * sx + w / 2 + 0.55, -(rows - 1) * sy - h / 2 - 0.75,
-                  h / 2 + 0.3)
+        lanes = _torus_lanes(run)
+        side = LANE_IN * (lanes[0] + lanes[1]) + (0.2 if any(lanes) else 0.0)
+        limits = (-w / 2 - 0.1 - side, (cols - 1) * sx + w / 2 + max(0.55, side + 0.1),
+                  -(rows - 1) * sy - h / 2 - (side + 0.1 if side else 0.75), h / 2 + 0.3 + side)
         return centres, w, h, limits, "grid"
     if "tree" in run.algorithm:
         places = _tree_places(run)
@@ -288,6 +290,7 @@ def _draw_messages(ax, run, t, step, centres, w, h, kind, segs):
         pairs.setdefault((m.src, m.dst), []).append(m)
     cols = run.mesh_shape[-1] if kind == "grid" else 1
     rows = p // cols if kind == "grid" else 1
+    lanes = _torus_lanes(run) if kind == "grid" else (0, 0)
     for (src, dst), msgs in pairs.items():
         first = run.chunks[msgs[0].chunk][0]
         s = next(k for k, (a, b) in enumerate(segs) if a <= first < b)
@@ -296,7 +299,7 @@ def _draw_messages(ax, run, t, step, centres, w, h, kind, segs):
                      linestyle="-" if msgs[0].kind == "reduce" else (0, (3, 2)))
         (sx, sy), (dx, dy) = centres[src], centres[dst]
         if kind == "grid":
-            arrow, (mx, my) = _grid_arrow(src, dst, centres, w, h, rows, cols, style)
+            arrow, (mx, my) = _grid_arrow(src, dst, centres, w, h, rows, cols, style, lanes)
         elif kind == "tree":             # along the tree's edge, beside its faint line
             up, down = (sx, sy - h / 2), (dx, dy + h / 2)
             if sy < dy:
@@ -316,10 +319,37 @@ def _draw_messages(ax, run, t, step, centres, w, h, kind, segs):
                     bbox=dict(boxstyle="round,pad=0.05", facecolor="white", edgecolor="none"))
 
 
-def _grid_arrow(src, dst, centres, w, h, rows, cols, style):
+LANE_IN = 0.09         # between two wraparound lanes of a torus
+
+
+def _is_wrap(src, dst, rows, cols):
+    """A torus message between the two ends of a row or a column (not between neighbours)."""
+    (r0, c0), (r1, c1) = divmod(src, cols), divmod(dst, cols)
+    return (r0 == r1 and abs(c1 - c0) > 1) or (c0 == c1 and abs(r1 - r0) > 1)
+
+
+def _torus_lanes(run):
+    """How many wraparound lanes a torus frame needs in each margin: (for rows, for columns).
+
+    Half the rows' wraparounds run over the top of the grid, half under it; half the
+    columns' round the left, half round the right; two lanes (one per direction) a line."""
+    rows, cols = run.mesh_shape
+    wraps = [(m.src, m.dst) for step in run.steps for m in step.messages
+             if _is_wrap(m.src, m.dst, rows, cols)]
+    row_wraps = any(s // cols == d // cols for s, d in wraps)
+    col_wraps = any(s % cols == d % cols for s, d in wraps)
+    return (2 * math.ceil(rows / 2) if row_wraps else 0,
+            2 * math.ceil(cols / 2) if col_wraps else 0)
+
+
+def _grid_arrow(src, dst, centres, w, h, rows, cols, style, lanes=(0, 0)):
     """A message between torus neighbours: straight between adjacent boxes (the two
-    directions side by side, right of the device label), and for a wraparound link a path
-    that runs in a lane below the row (or right of the column) to the far end."""
+    directions side by side, right of the device label). A wraparound link runs round
+    the outside of the grid, so that it crosses no link between neighbours: a row's from
+    its right end out to the right, over the top (or under the bottom) and in at its left
+    end; a column's from its bottom end down, round the left (or right) side and in at
+    its top. ``lanes`` is :func:`_torus_lanes`; outer rows and columns take outer lanes,
+    so that the wraparounds of one side nest without crossing one another."""
     (sx, sy), (dx, dy) = centres[src], centres[dst]
     r0, c0, r1, c1 = src // cols, src % cols, dst // cols, dst % cols
     if r0 == r1 and abs(c1 - c0) == 1:               # along a row
@@ -332,18 +362,38 @@ def _grid_arrow(src, dst, centres, w, h, rows, cols, style):
         a = (sx + off, sy - np.sign(r1 - r0) * h / 2)
         b = (dx + off, dy + np.sign(r1 - r0) * h / 2)
         return FancyArrowPatch(a, b, **style), (a[0] + 0.12, (a[1] + b[1]) / 2)
-    if r0 == r1:                                     # a row's wraparound link: a lane below
-        lane = sy - h / 2 - (0.2 if c1 < c0 else 0.32)
-        x_a = sx - w / 2 + (0.15 if c1 < c0 else 0.3)
-        x_b = dx - w / 2 + (0.15 if c1 < c0 else 0.3)
-        verts = [(x_a, sy - h / 2), (x_a, lane), (x_b, lane), (x_b, dy - h / 2)]
-    else:                                            # a column's: a lane to the right
-        lane = sx + w / 2 + (0.15 if r1 < r0 else 0.28)
-        y_a = sy - (0.08 if r1 < r0 else -0.08)
-        y_b = dy - (0.08 if r1 < r0 else -0.08)
-        verts = [(sx + w / 2, y_a), (lane, y_a), (lane, y_b), (dx + w / 2, y_b)]
-    path = Path(verts, [Path.MOVETO] + [Path.LINETO] * 3)
-    mid = ((verts[1][0] + verts[2][0]) / 2, (verts[1][1] + verts[2][1]) / 2)
+    n_row, n_col = lanes
+    left, right = -w / 2, centres[cols - 1][0] + w / 2
+    top, bottom = h / 2 + 0.25, centres[(rows - 1) * cols][1] - h / 2 - 0.15
+    if r0 == r1:                                     # a row's wraparound
+        over = r0 < rows / 2                         # over the top, else under the bottom
+        rank = r0 if over else rows - 1 - r0         # rows nearer that side: inner lanes
+        back = c1 < c0                               # from the right end to the left end
+        k = 2 * rank + (0 if back else 1)
+        y = sy + (0.07 if back != over else -0.07)   # the inner lane's end nearer the side
+        lane_x = 0.15 + k * LANE_IN                  # in the side margins: inside the columns'
+        lane_y = (n_col + k) * LANE_IN               # above and below: outside the columns'
+        ly = top + lane_y if over else bottom - lane_y
+        verts = [(right, y), (right + lane_x, y), (right + lane_x, ly), (left - lane_x, ly),
+                 (left - lane_x, y), (left, y)]
+        if not back:
+            verts = verts[::-1]
+    else:                                            # a column's wraparound
+        west = c0 < cols / 2                         # round the left, else round the right
+        rank = c0 if west else cols - 1 - c0
+        up = r1 < r0                                 # from the bottom end to the top end
+        k = 2 * rank + (0 if up else 1)
+        x = sx + (0.12 if up == west else 0.3)       # outer lanes drop further from the side
+        lane_x = 0.15 + (n_row + k) * LANE_IN        # in the side margins: outside the rows'
+        lane_y = k * LANE_IN                         # above and below: inside the rows'
+        lx = left - lane_x if west else right + lane_x
+        low, high = centres[(rows - 1) * cols][1] - h / 2, h / 2
+        verts = [(x, low), (x, bottom - lane_y), (lx, bottom - lane_y), (lx, top + lane_y),
+                 (x, top + lane_y), (x, high)]
+        if not up:
+            verts = verts[::-1]
+    path = Path(verts, [Path.MOVETO] + [Path.LINETO] * (len(verts) - 1))
+    mid = ((verts[2][0] + verts[3][0]) / 2, (verts[2][1] + verts[3][1]) / 2)
     return FancyArrowPatch(path=path, **style), mid
 
 
