@@ -380,6 +380,28 @@ def test_torus_wraparounds_cross_no_row_or_column_link(shape):
     assert wraps_seen >= 2 * rows        # every row's wraparound, both ways, was checked
 
 
+@pytest.mark.parametrize("p", [17, 64])
+def test_a_long_ring_elides_its_middle_with_a_note(p):
+    """As long collective calls do (16 rows at most: the first 12, a note, the last 2)."""
+    run = algorithms.ring_all_reduce([np.full(p, float(d)) for d in range(p)])
+    shown = list(range(12)) + [p - 2, p - 1]
+    hidden = [d for d in range(p) if d not in shown]
+    for t in (0, 1, run.num_steps):
+        fig = viz.draw_algorithm_step(run, t)
+        assert sorted(map(int, gids(fig, "device"))) == shown
+        assert gids(fig, "elided") == [str(p - 14)]
+        assert any(f"{p - 14} devices not drawn: devices 12 to {p - 3}" in x for x in texts(fig))
+        # a message is drawn when either end is drawn; those among hidden devices are not
+        sent = {(m.src, m.dst) for m in run.steps[t - 1].messages} if t else set()
+        expected = {f"{t}:{a}->{b}" for a, b in sent if a in shown or b in shown}
+        assert set(gids(fig, "message")) == expected
+        assert not expected or len(expected) < len(sent) == p
+    fig = viz.draw_algorithm(run, frames=[0, 1])
+    assert len(gids(fig, "device")) == 2 * 14 and gids(fig, "elided") == [str(len(hidden))] * 2
+    assert len(gids(viz.draw_algorithm_step(algorithms.ring_all_reduce(
+        [np.full(16, float(d)) for d in range(16)]), 1), "device")) == 16     # 16: all drawn
+
+
 def test_animation_to_html_and_gif(tmp_path):
     from PIL import Image
     run = algorithms.ring_all_reduce([np.full(3, float(d)) for d in range(3)])
@@ -578,8 +600,10 @@ def test_text_is_never_smaller_than_seven_points():
     simpmd.set_device_count(64)
     f = simpmd.pmap(lambda x: lax.all_gather(x, "i"), axis_name="i")
     f(np.arange(64.0))
+    ring = algorithms.ring_all_reduce([np.full(64, float(d)) for d in range(64)])
     for fig in (viz.draw_collective(trace), viz.draw_algorithm(run), viz.draw_collective(f.trace),
-                viz.draw_mesh(64, ("i",)), viz.draw_timeline(f.trace)):
+                viz.draw_mesh(64, ("i",)), viz.draw_timeline(f.trace),
+                viz.draw_algorithm_step(ring, 1)):
         sizes = [t.get_fontsize() for t in fig.findobj(lambda a: type(a).__name__ == "Text")
                  if t.get_text()]
         assert min(sizes) >= 7.0

@@ -22,8 +22,8 @@ from matplotlib.animation import FuncAnimation, PillowWriter
 from matplotlib.path import Path
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
-from .canvas import (INK, MIN_FONT, OKABE_ITO, device_color, figure_and_axes, new_figure,
-                     number, tag, tint)
+from .canvas import (INK, MIN_FONT, OKABE_ITO, device_color, elide, figure_and_axes,
+                     new_figure, number, tag, tint)
 
 HATCHES = ("", "xx", "..", "\\\\\\\\")    # the 2nd, 3rd and 4th run of 8 piece colours
 
@@ -86,6 +86,7 @@ def sources(run):
 # -- where the devices go (in inches) ---------------------------------------------------------
 
 HEAD_IN = 0.75        # the frame's title lines and piece key
+MAX_RING = 16         # a ring of more devices is drawn with its middle elided, with a note
 FOOT_IN = 0.45        # the bytes moved and the piece key
 
 
@@ -150,12 +151,19 @@ def _layout(run, n_pieces):
         limits = (-w / 2 - 0.6, width * sx + w / 2 + 0.1, -levels * sy - h / 2 - 0.3,
                   h / 2 + 0.25)
         return centres, w, h, limits, "tree"
-    w = float(np.clip(0.42 * n_pieces, 1.2, 2.0)) if p <= 8 else max(0.45, 11.0 / p)
-    h = 0.34 if p <= 16 else 0.22
-    radius = max(1.3, p * (w + 0.2) / (2 * math.pi), (h + 0.35) * p / (2 * math.pi) * 1.6)
-    centres = {i: (radius * math.sin(2 * math.pi * i / p), radius * math.cos(2 * math.pi * i / p))
-               for i in range(p)}
-    pad = w / 2 + 0.1
+    slots, elided = _ring_slots(p)          # past MAX_RING, the middle takes two slots
+    n = len(slots) + (1 if elided else 0)
+    w = float(np.clip(0.42 * n_pieces, 1.2, 2.0)) if n <= 8 else max(0.45, 11.0 / n)
+    h = 0.34 if n <= 16 else 0.22
+    radius = max(1.3, n * (w + 0.2) / (2 * math.pi), (h + 0.35) * n / (2 * math.pi) * 1.6)
+    def place(k):
+        return radius * math.sin(2 * math.pi * k / n), radius * math.cos(2 * math.pi * k / n)
+
+    gap = slots.index(None) if elided else n
+    centres = {i: place(k if k < gap else k + 1) for k, i in enumerate(slots) if i is not None}
+    for i in elided:                        # their messages end in the middle of the gap
+        centres[i] = place(gap + 0.5)
+    pad = w / 2 + 0.1 + (0.6 if n > 8 else 0.0)     # room for labels beside the boxes
     limits = (-radius - pad, radius + pad, -radius - h / 2 - 0.3, radius + h / 2 + 0.3)
     return centres, w, h, limits, "ring"
 
@@ -169,6 +177,27 @@ def _edge(centre, toward, w, h):
     scale = min((w / 2) / abs(dx) if dx else np.inf, (h / 2) / abs(dy) if dy else np.inf)
     scale = min(scale, 1.0)
     return cx + dx * scale, cy + dy * scale
+
+
+def _ring_slots(p):
+    """The devices drawn round a ring of ``p``, with ``None`` for the elided middle (past
+    MAX_RING devices, as the collective drawings do with rows), and the elided devices."""
+    return elide(list(range(p)), MAX_RING)
+
+
+def _draw_gap(ax, centre, elided, radius):
+    """The elided middle of a ring: a dotted stretch of ring and a note inside it."""
+    angle = math.atan2(centre[0], centre[1])
+    arc = np.linspace(angle - 0.16, angle + 0.16, 9)
+    ax.plot(radius * np.sin(arc), radius * np.cos(arc), linestyle=(0, (1, 2.5)), lw=2.5,
+            color=INK, zorder=3)
+    inward = 0.72
+    note = ax.text(centre[0] * inward, centre[1] * inward,
+                   f"⋮  {len(elided)} devices not drawn: devices {elided[0]} to {elided[-1]}\n"
+                   f"(their messages end at the dotted stretch)",
+                   ha="left" if centre[0] < 0 else "right", va="center",
+                   fontsize=MIN_FONT + 1, color=INK, style="italic", zorder=6)
+    tag(note, "elided", len(elided))
 
 
 def _frame_count(run):
@@ -205,7 +234,11 @@ def _draw_frame(ax, run, t, held, segs, show):
     n = max((b for _, b in segs), default=0)
     busy = _busy(run, t)
     fs = MIN_FONT + 0.5
-    for i, (cx, cy) in centres.items():
+    slots, elided = _ring_slots(p) if kind == "ring" else (list(centres), [])
+    if elided:
+        _draw_gap(ax, centres[elided[0]], elided, math.hypot(*centres[0]))
+    for i in (d for d in slots if d is not None):
+        cx, cy = centres[i]
         x0, y0 = cx - w / 2, cy - h / 2
         idle = i not in busy
         box = Rectangle((x0, y0), w, h, fill=False, edgecolor=(0.6, 0.6, 0.6) if idle else INK,
@@ -227,13 +260,16 @@ def _draw_frame(ax, run, t, held, segs, show):
                 strong = frac == 1 and max(_piece_color(s, len(segs))) < 0.75
                 ax.text(x0 + w * (a + b) / (2 * n), cy, text, ha="center", va="center",
                         fontsize=MIN_FONT, color="white" if strong else INK, zorder=4)
-        label = f"device {i}" if p <= 16 else str(i)
+        label = f"device {i}" if len(slots) <= 16 else str(i)
         colour = (0.6, 0.6, 0.6) if idle else INK
         if kind == "tree":               # at the left: arrows attach at the top and bottom
             ax.text(x0 - 0.05, cy, label, ha="right", va="center", fontsize=MIN_FONT, color=colour)
         elif kind == "grid":             # above, at the left: the arrows attach right of it
             ax.text(x0, y0 + h + 0.03, label, ha="left", va="bottom", fontsize=MIN_FONT,
                     color=colour)
+        elif len(slots) > 8 and abs(cx) > 1.2 * abs(cy):   # a crowded ring's sides: outside
+            ax.text(x0 - 0.05 if cx < 0 else x0 + w + 0.05, cy, label, va="center",
+                    ha="right" if cx < 0 else "left", fontsize=MIN_FONT, color=colour)
         else:                            # at the outer end, clear of the arrows that arrive
             below = cy < -1e-9
             side = "left" if cx < -1e-9 else ("right" if cx > 1e-9 else "center")
@@ -260,16 +296,17 @@ def _draw_frame(ax, run, t, held, segs, show):
     ax.text(x0, y1 + HEAD_IN - 0.33, what, ha="left", va="top", fontsize=8.5, color=INK)
     ax.text(x0, y0 - 0.05, moved, ha="left", va="top", fontsize=MIN_FONT + 0.5, color=INK)
     if len(segs) > 1:
-        _piece_key(ax, segs, x1, y0 - 0.05)
+        _piece_key(ax, segs, x1, y0 - 0.05, room=x1 - x0 - 1.9)
     ax.set_xlim(x0 - 0.1, x1 + 0.1)
     ax.set_ylim(y0 - FOOT_IN, y1 + HEAD_IN)
     ax.set_aspect("equal", adjustable="box")
     ax.set_axis_off()
 
 
-def _piece_key(ax, segs, x_right, y_top):
-    """A row of small swatches at the bottom right: piece k of the buffer, numbered."""
-    size = 0.2
+def _piece_key(ax, segs, x_right, y_top, room=np.inf):
+    """A row of small swatches at the bottom right: piece k of the buffer, numbered;
+    narrower swatches when 0.2 inch each would not fit in ``room`` inches."""
+    size = min(0.2, room / len(segs))
     y_top -= 0.14                        # the numbers go above the swatches
     for k in range(len(segs)):
         x = x_right - (len(segs) - k) * size
@@ -306,6 +343,8 @@ def _draw_messages(ax, run, t, step, centres, w, h, kind, segs):
                 up, down = (sx, sy + h / 2), (dx, dy - h / 2)
             arrow = FancyArrowPatch(up, down, connectionstyle="arc3,rad=0.15", **style)
             mx, my = (sx + dx) / 2, (sy + dy) / 2
+        elif centres[src] == centres[dst]:     # both in a ring's elided middle: not drawn
+            continue
         else:
             near = (dst - src) % p in (1, p - 1)
             arrow = FancyArrowPatch(_edge((sx, sy), (dx, dy), w, h), _edge((dx, dy), (sx, sy), w, h),
