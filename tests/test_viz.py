@@ -269,7 +269,8 @@ def test_64_devices_every_view():
     assert len(gids(fig, "after")) == 2 * len(shown)
     assert len(gids(viz.draw_trace_mesh(f.trace), "device")) == 64
     assert len(gids(viz.draw_mesh((4, 4, 4), ("x", "y", "z"), highlight_axis="y"), "device")) == 64
-    assert len(gids(viz.draw_timeline(f.trace), "device")) == 64
+    assert gids(viz.draw_timeline(f.trace), "device") == [str(d) for d in list(range(12)) + [62, 63]]
+    assert len(gids(viz.draw_timeline(f.trace, max_rows=None), "device")) == 64
 
 
 def test_ax_argument_draws_into_a_given_axes():
@@ -444,6 +445,8 @@ def test_timeline_defaults_to_the_platforms_hardware():
     # the H100 preset's own estimate (not TPU v4's, the old default)
     assert tl.total("comm", 0) == pytest.approx(cost.estimate_trace(trace, "H100").total_time_s)
     assert tl.total("comm", 0) != pytest.approx(cost.estimate_trace(trace, "TPU v4").total_time_s)
+    title = texts(viz.draw_timeline(trace, compute=1e-5))
+    assert any(t.startswith("estimated run on H100:") for t in title)   # not "on None"
 
 
 def test_timeline_default_compute_model_and_nested_runs():
@@ -458,6 +461,58 @@ def test_timeline_default_compute_model_and_nested_runs():
     assert first.duration == pytest.approx(8000 / 1.2e12)   # 1000 float64s / TPU v4's HBM
     fig = viz.draw_timeline(g.trace, "TPU v4")
     assert len(gids(fig, "device")) == 8
+
+
+def _row_labels(fig):
+    """The timeline's row labels that are drawn (visible, with text), and their sizes."""
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    return [(t.get_text(), t.get_fontsize()) for t in ax.get_yticklabels()
+            if t.get_visible() and t.get_text()]
+
+
+def test_a_64_device_timeline_labels_every_row_it_draws():
+    """Past 16 devices the middle rows are elided, as in draw_collective (the first 12, a
+    note, the last 2); a straggler or the device that waits most stays in view; every
+    drawn row carries its label at 7 pt or more (the old chart hid every other label)."""
+    p = 64
+    simpmd.set_device_count(p)
+    ring = [(i, (i + 1) % p) for i in range(p)]
+    f = simpmd.pmap(lambda x: lax.psum(lax.ppermute(x, "i", ring), "i"), axis_name="i")
+    f(np.arange(p * 4.0).reshape(p, 4))
+
+    fig = viz.draw_timeline(f.trace, compute=2e-6)
+    labels = _row_labels(fig)
+    drawn = list(range(12)) + [62, 63]
+    assert [t for t, _ in labels] == [f"device {d}" for d in drawn[:12]] + ["⋮"] + \
+        [f"device {d}" for d in drawn[12:]]
+    assert min(size for _, size in labels) >= 7.0
+    assert gids(fig, "device") == [str(d) for d in drawn]
+    assert gids(fig, "elided") == ["50"]
+    assert any("50 devices not drawn: devices 12 to 61 (none of them waits)" in t for t in texts(fig))
+    assert {g.split(":")[0] for g in gids(fig, "comm")} == {str(d) for d in drawn}
+
+    # device 30 computes 3 x 2 µs before each of the 2 collectives, the others 2 µs: each
+    # of them waits 4 µs twice, 8 µs in all; device 30 stays in view, between two notes
+    fig = viz.draw_timeline(f.trace, compute=2e-6, slowdown={30: 3.0})
+    assert [t for t, _ in _row_labels(fig)] == [f"device {d}" for d in range(12)] + \
+        ["⋮", "device 30", "⋮", "device 62", "device 63"]
+    assert gids(fig, "elided") == ["18", "31"]
+    notes = [t for t in texts(fig) if "devices not drawn" in t]
+    assert notes == ["⋮  18 devices not drawn: devices 12 to 29 (each waits at most 8 µs)",
+                     "⋮  31 devices not drawn: devices 31 to 61 (each waits at most 8 µs)"]
+
+    fig = viz.draw_timeline(f.trace, compute=2e-6, max_rows=None)     # every row, taller
+    labels = _row_labels(fig)
+    assert [t for t, _ in labels] == [f"device {d}" for d in range(p)]
+    assert min(size for _, size in labels) >= 7.0
+    row_height_pt = fig.axes[0].get_window_extent().height / p * 72 / fig.dpi
+    assert row_height_pt >= 7.0 and not gids(fig, "elided")
+
+    simpmd.set_device_count(8)
+    f = simpmd.pmap(lambda x: lax.psum(x, "i"), axis_name="i")
+    f(np.arange(8.0))
+    assert len(_row_labels(viz.draw_timeline(f.trace))) == 8 == len(gids(viz.draw_timeline(f.trace), "device"))
 
 
 def test_timeline_without_the_cost_model_says_so(monkeypatch):
