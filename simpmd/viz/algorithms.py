@@ -7,7 +7,9 @@ pieces; each piece is coloured by where it sits in the buffer (a key in the fram
 numbers them), pale while it holds few devices' data, strong once it holds everyone's, and
 says whose data it holds. Arrows are the messages of that step: solid when the receiver
 adds the piece into its own, dashed when it copies it. Devices that neither send nor
-receive in a step are greyed.
+receive in a step are greyed. A torus's wraparound links run round the outside of its
+grid, clear of the links between neighbours. A ring of more than 16 devices shows the
+first 12 and the last 2, with a note for the middle, as the collective drawings do.
 
 Frame ``t`` shows the buffers after step ``t`` and the messages of step ``t``; frame 0 is
 the start. A ring all-reduce over ``p`` devices has ``2(p-1)`` steps, so ``2(p-1) + 1``
@@ -458,8 +460,8 @@ def draw_algorithm_step(run, t: int, *, show: str = "sources", ax=None):
 
     ``show='sources'`` writes in each piece which devices' data it holds (``0+1``, or a
     count beyond 4 devices, ``all`` when complete); ``show='values'`` writes the first
-    number of the piece. Device boxes are tagged ``simpmd:device:<id>`` and arrows
-    ``simpmd:message:<t>:<src>-><dst>``.
+    number of the piece. Device boxes are tagged ``simpmd:device:<id>``, arrows
+    ``simpmd:message:<t>:<src>-><dst>`` and a long ring's note ``simpmd:elided:<count>``.
     """
     _check(run, show)
     if not 0 <= t <= run.num_steps:
