@@ -269,7 +269,8 @@ def test_64_devices_every_view():
     assert len(gids(fig, "after")) == 2 * len(shown)
     assert len(gids(viz.draw_trace_mesh(f.trace), "device")) == 64
     assert len(gids(viz.draw_mesh((4, 4, 4), ("x", "y", "z"), highlight_axis="y"), "device")) == 64
-    assert len(gids(viz.draw_timeline(f.trace), "device")) == 64
+    assert gids(viz.draw_timeline(f.trace), "device") == [str(d) for d in list(range(12)) + [62, 63]]
+    assert len(gids(viz.draw_timeline(f.trace, max_rows=None), "device")) == 64
 
 
 def test_ax_argument_draws_into_a_given_axes():
@@ -339,6 +340,69 @@ def test_tree_torus_and_gather_runs_draw():
         viz.draw_algorithm([1, 2])
 
 
+def _segments_of(arrow):
+    """The straight pieces of an arrow as drawn (shaft and head), in inches."""
+    return [(a, b) for line in arrow.get_path().to_polygons(closed_only=False)
+            for a, b in zip(line[:-1], line[1:])]
+
+
+def _cross(p, q):
+    """Whether segments p and q cross or touch (orientation test, worked by hand)."""
+    def side(a, b, c):
+        return np.sign((b[0] - a[0]) * (c[1] - a[1]) - (b[1] - a[1]) * (c[0] - a[0]))
+    (a, b), (c, d) = p, q
+    if side(a, b, c) * side(a, b, d) > 0 or side(c, d, a) * side(c, d, b) > 0:
+        return False
+    return (min(a[0], b[0]) <= max(c[0], d[0]) and min(c[0], d[0]) <= max(a[0], b[0]) and
+            min(a[1], b[1]) <= max(c[1], d[1]) and min(c[1], d[1]) <= max(a[1], b[1]))
+
+
+@pytest.mark.parametrize("shape", [(4, 4), (2, 4), (4, 3), (8, 8)])
+def test_torus_wraparounds_cross_no_row_or_column_link(shape):
+    """A wraparound (between the two ends of a row or a column) runs round the outside
+    of the grid: none of its segments meets a link between neighbours."""
+    rows, cols = shape
+    p = rows * cols
+    run = algorithms.torus_all_reduce([np.full(2 * p, float(d)) for d in range(p)], shape)
+    wraps_seen = 0
+    for t in (1, run.num_steps // 2 + 1):
+        fig = viz.draw_algorithm_step(run, t)
+        wraps, links = [], []
+        for arrow in tagged(fig, "message"):
+            src, dst = map(int, arrow.get_gid().rsplit(":", 1)[1].split("->"))
+            (r0, c0), (r1, c1) = divmod(src, cols), divmod(dst, cols)
+            wrap = (r0 == r1 and abs(c1 - c0) > 1) or (c0 == c1 and abs(r1 - r0) > 1)
+            (wraps if wrap else links).append(_segments_of(arrow))
+        assert links
+        wraps_seen += len(wraps)
+        for wrap in wraps:
+            for link in links:
+                assert not any(_cross(u, v) for u in wrap for v in link)
+    assert wraps_seen >= 2 * rows        # every row's wraparound, both ways, was checked
+
+
+@pytest.mark.parametrize("p", [17, 64])
+def test_a_long_ring_elides_its_middle_with_a_note(p):
+    """As long collective calls do (16 rows at most: the first 12, a note, the last 2)."""
+    run = algorithms.ring_all_reduce([np.full(p, float(d)) for d in range(p)])
+    shown = list(range(12)) + [p - 2, p - 1]
+    hidden = [d for d in range(p) if d not in shown]
+    for t in (0, 1, run.num_steps):
+        fig = viz.draw_algorithm_step(run, t)
+        assert sorted(map(int, gids(fig, "device"))) == shown
+        assert gids(fig, "elided") == [str(p - 14)]
+        assert any(f"{p - 14} devices not drawn: devices 12 to {p - 3}" in x for x in texts(fig))
+        # a message is drawn when either end is drawn; those among hidden devices are not
+        sent = {(m.src, m.dst) for m in run.steps[t - 1].messages} if t else set()
+        expected = {f"{t}:{a}->{b}" for a, b in sent if a in shown or b in shown}
+        assert set(gids(fig, "message")) == expected
+        assert not expected or len(expected) < len(sent) == p
+    fig = viz.draw_algorithm(run, frames=[0, 1])
+    assert len(gids(fig, "device")) == 2 * 14 and gids(fig, "elided") == [str(len(hidden))] * 2
+    assert len(gids(viz.draw_algorithm_step(algorithms.ring_all_reduce(
+        [np.full(16, float(d)) for d in range(16)]), 1), "device")) == 16     # 16: all drawn
+
+
 def test_animation_to_html_and_gif(tmp_path):
     from PIL import Image
     run = algorithms.ring_all_reduce([np.full(3, float(d)) for d in range(3)])
@@ -381,6 +445,8 @@ def test_timeline_defaults_to_the_platforms_hardware():
     # the H100 preset's own estimate (not TPU v4's, the old default)
     assert tl.total("comm", 0) == pytest.approx(cost.estimate_trace(trace, "H100").total_time_s)
     assert tl.total("comm", 0) != pytest.approx(cost.estimate_trace(trace, "TPU v4").total_time_s)
+    title = texts(viz.draw_timeline(trace, compute=1e-5))
+    assert any(t.startswith("estimated run on H100:") for t in title)   # not "on None"
 
 
 def test_timeline_default_compute_model_and_nested_runs():
@@ -395,6 +461,58 @@ def test_timeline_default_compute_model_and_nested_runs():
     assert first.duration == pytest.approx(8000 / 1.2e12)   # 1000 float64s / TPU v4's HBM
     fig = viz.draw_timeline(g.trace, "TPU v4")
     assert len(gids(fig, "device")) == 8
+
+
+def _row_labels(fig):
+    """The timeline's row labels that are drawn (visible, with text), and their sizes."""
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    return [(t.get_text(), t.get_fontsize()) for t in ax.get_yticklabels()
+            if t.get_visible() and t.get_text()]
+
+
+def test_a_64_device_timeline_labels_every_row_it_draws():
+    """Past 16 devices the middle rows are elided, as in draw_collective (the first 12, a
+    note, the last 2); a straggler or the device that waits most stays in view; every
+    drawn row carries its label at 7 pt or more (the old chart hid every other label)."""
+    p = 64
+    simpmd.set_device_count(p)
+    ring = [(i, (i + 1) % p) for i in range(p)]
+    f = simpmd.pmap(lambda x: lax.psum(lax.ppermute(x, "i", ring), "i"), axis_name="i")
+    f(np.arange(p * 4.0).reshape(p, 4))
+
+    fig = viz.draw_timeline(f.trace, compute=2e-6)
+    labels = _row_labels(fig)
+    drawn = list(range(12)) + [62, 63]
+    assert [t for t, _ in labels] == [f"device {d}" for d in drawn[:12]] + ["⋮"] + \
+        [f"device {d}" for d in drawn[12:]]
+    assert min(size for _, size in labels) >= 7.0
+    assert gids(fig, "device") == [str(d) for d in drawn]
+    assert gids(fig, "elided") == ["50"]
+    assert any("50 devices not drawn: devices 12 to 61 (none of them waits)" in t for t in texts(fig))
+    assert {g.split(":")[0] for g in gids(fig, "comm")} == {str(d) for d in drawn}
+
+    # device 30 computes 3 x 2 µs before each of the 2 collectives, the others 2 µs: each
+    # of them waits 4 µs twice, 8 µs in all; device 30 stays in view, between two notes
+    fig = viz.draw_timeline(f.trace, compute=2e-6, slowdown={30: 3.0})
+    assert [t for t, _ in _row_labels(fig)] == [f"device {d}" for d in range(12)] + \
+        ["⋮", "device 30", "⋮", "device 62", "device 63"]
+    assert gids(fig, "elided") == ["18", "31"]
+    notes = [t for t in texts(fig) if "devices not drawn" in t]
+    assert notes == ["⋮  18 devices not drawn: devices 12 to 29 (each waits at most 8 µs)",
+                     "⋮  31 devices not drawn: devices 31 to 61 (each waits at most 8 µs)"]
+
+    fig = viz.draw_timeline(f.trace, compute=2e-6, max_rows=None)     # every row, taller
+    labels = _row_labels(fig)
+    assert [t for t, _ in labels] == [f"device {d}" for d in range(p)]
+    assert min(size for _, size in labels) >= 7.0
+    row_height_pt = fig.axes[0].get_window_extent().height / p * 72 / fig.dpi
+    assert row_height_pt >= 7.0 and not gids(fig, "elided")
+
+    simpmd.set_device_count(8)
+    f = simpmd.pmap(lambda x: lax.psum(x, "i"), axis_name="i")
+    f(np.arange(8.0))
+    assert len(_row_labels(viz.draw_timeline(f.trace))) == 8 == len(gids(viz.draw_timeline(f.trace), "device"))
 
 
 def test_timeline_without_the_cost_model_says_so(monkeypatch):
@@ -537,8 +655,10 @@ def test_text_is_never_smaller_than_seven_points():
     simpmd.set_device_count(64)
     f = simpmd.pmap(lambda x: lax.all_gather(x, "i"), axis_name="i")
     f(np.arange(64.0))
+    ring = algorithms.ring_all_reduce([np.full(64, float(d)) for d in range(64)])
     for fig in (viz.draw_collective(trace), viz.draw_algorithm(run), viz.draw_collective(f.trace),
-                viz.draw_mesh(64, ("i",)), viz.draw_timeline(f.trace)):
+                viz.draw_mesh(64, ("i",)), viz.draw_timeline(f.trace),
+                viz.draw_algorithm_step(ring, 1)):
         sizes = [t.get_fontsize() for t in fig.findobj(lambda a: type(a).__name__ == "Text")
                  if t.get_text()]
         assert min(sizes) >= 7.0

@@ -7,7 +7,9 @@ pieces; each piece is coloured by where it sits in the buffer (a key in the fram
 numbers them), pale while it holds few devices' data, strong once it holds everyone's, and
 says whose data it holds. Arrows are the messages of that step: solid when the receiver
 adds the piece into its own, dashed when it copies it. Devices that neither send nor
-receive in a step are greyed.
+receive in a step are greyed. A torus's wraparound links run round the outside of its
+grid, clear of the links between neighbours. A ring of more than 16 devices shows the
+first 12 and the last 2, with a note for the middle, as the collective drawings do.
 
 Frame ``t`` shows the buffers after step ``t`` and the messages of step ``t``; frame 0 is
 the start. A ring all-reduce over ``p`` devices has ``2(p-1)`` steps, so ``2(p-1) + 1``
@@ -22,8 +24,8 @@ from matplotlib.animation import FuncAnimation, PillowWriter
 from matplotlib.path import Path
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
-from .canvas import (INK, MIN_FONT, OKABE_ITO, device_color, figure_and_axes, new_figure,
-                     number, tag, tint)
+from .canvas import (INK, MIN_FONT, OKABE_ITO, device_color, elide, figure_and_axes,
+                     new_figure, number, tag, tint)
 
 HATCHES = ("", "xx", "..", "\\\\\\\\")    # the 2nd, 3rd and 4th run of 8 piece colours
 
@@ -86,6 +88,7 @@ def sources(run):
 # -- where the devices go (in inches) ---------------------------------------------------------
 
 HEAD_IN = 0.75        # the frame's title lines and piece key
+MAX_RING = 16         # a ring of more devices is drawn with its middle elided, with a note
 FOOT_IN = 0.45        # the bytes moved and the piece key
 
 
@@ -135,8 +138,10 @@ def _layout(run, n_pieces):
         h = 0.34
         sx, sy = w + 0.9, 1.25
         centres = {r * cols + c: (c * sx, -r * sy) for r in range(rows) for c in range(cols)}
-        limits = (-w / 2 - 0.1, (cols - 1) * sx + w / 2 + 0.55, -(rows - 1) * sy - h / 2 - 0.75,
-                  h / 2 + 0.3)
+        lanes = _torus_lanes(run)
+        side = LANE_IN * (lanes[0] + lanes[1]) + (0.2 if any(lanes) else 0.0)
+        limits = (-w / 2 - 0.1 - side, (cols - 1) * sx + w / 2 + max(0.55, side + 0.1),
+                  -(rows - 1) * sy - h / 2 - (side + 0.1 if side else 0.75), h / 2 + 0.3 + side)
         return centres, w, h, limits, "grid"
     if "tree" in run.algorithm:
         places = _tree_places(run)
@@ -148,12 +153,19 @@ def _layout(run, n_pieces):
         limits = (-w / 2 - 0.6, width * sx + w / 2 + 0.1, -levels * sy - h / 2 - 0.3,
                   h / 2 + 0.25)
         return centres, w, h, limits, "tree"
-    w = float(np.clip(0.42 * n_pieces, 1.2, 2.0)) if p <= 8 else max(0.45, 11.0 / p)
-    h = 0.34 if p <= 16 else 0.22
-    radius = max(1.3, p * (w + 0.2) / (2 * math.pi), (h + 0.35) * p / (2 * math.pi) * 1.6)
-    centres = {i: (radius * math.sin(2 * math.pi * i / p), radius * math.cos(2 * math.pi * i / p))
-               for i in range(p)}
-    pad = w / 2 + 0.1
+    slots, elided = _ring_slots(p)          # past MAX_RING, the middle takes two slots
+    n = len(slots) + (1 if elided else 0)
+    w = float(np.clip(0.42 * n_pieces, 1.2, 2.0)) if n <= 8 else max(0.45, 11.0 / n)
+    h = 0.34 if n <= 16 else 0.22
+    radius = max(1.3, n * (w + 0.2) / (2 * math.pi), (h + 0.35) * n / (2 * math.pi) * 1.6)
+    def place(k):
+        return radius * math.sin(2 * math.pi * k / n), radius * math.cos(2 * math.pi * k / n)
+
+    gap = slots.index(None) if elided else n
+    centres = {i: place(k if k < gap else k + 1) for k, i in enumerate(slots) if i is not None}
+    for i in elided:                        # their messages end in the middle of the gap
+        centres[i] = place(gap + 0.5)
+    pad = w / 2 + 0.1 + (0.6 if n > 8 else 0.0)     # room for labels beside the boxes
     limits = (-radius - pad, radius + pad, -radius - h / 2 - 0.3, radius + h / 2 + 0.3)
     return centres, w, h, limits, "ring"
 
@@ -167,6 +179,27 @@ def _edge(centre, toward, w, h):
     scale = min((w / 2) / abs(dx) if dx else np.inf, (h / 2) / abs(dy) if dy else np.inf)
     scale = min(scale, 1.0)
     return cx + dx * scale, cy + dy * scale
+
+
+def _ring_slots(p):
+    """The devices drawn round a ring of ``p``, with ``None`` for the elided middle (past
+    MAX_RING devices, as the collective drawings do with rows), and the elided devices."""
+    return elide(list(range(p)), MAX_RING)
+
+
+def _draw_gap(ax, centre, elided, radius):
+    """The elided middle of a ring: a dotted stretch of ring and a note inside it."""
+    angle = math.atan2(centre[0], centre[1])
+    arc = np.linspace(angle - 0.16, angle + 0.16, 9)
+    ax.plot(radius * np.sin(arc), radius * np.cos(arc), linestyle=(0, (1, 2.5)), lw=2.5,
+            color=INK, zorder=3)
+    inward = 0.72
+    note = ax.text(centre[0] * inward, centre[1] * inward,
+                   f"⋮  {len(elided)} devices not drawn: devices {elided[0]} to {elided[-1]}\n"
+                   f"(their messages end at the dotted stretch)",
+                   ha="left" if centre[0] < 0 else "right", va="center",
+                   fontsize=MIN_FONT + 1, color=INK, style="italic", zorder=6)
+    tag(note, "elided", len(elided))
 
 
 def _frame_count(run):
@@ -203,7 +236,11 @@ def _draw_frame(ax, run, t, held, segs, show):
     n = max((b for _, b in segs), default=0)
     busy = _busy(run, t)
     fs = MIN_FONT + 0.5
-    for i, (cx, cy) in centres.items():
+    slots, elided = _ring_slots(p) if kind == "ring" else (list(centres), [])
+    if elided:
+        _draw_gap(ax, centres[elided[0]], elided, math.hypot(*centres[0]))
+    for i in (d for d in slots if d is not None):
+        cx, cy = centres[i]
         x0, y0 = cx - w / 2, cy - h / 2
         idle = i not in busy
         box = Rectangle((x0, y0), w, h, fill=False, edgecolor=(0.6, 0.6, 0.6) if idle else INK,
@@ -225,13 +262,16 @@ def _draw_frame(ax, run, t, held, segs, show):
                 strong = frac == 1 and max(_piece_color(s, len(segs))) < 0.75
                 ax.text(x0 + w * (a + b) / (2 * n), cy, text, ha="center", va="center",
                         fontsize=MIN_FONT, color="white" if strong else INK, zorder=4)
-        label = f"device {i}" if p <= 16 else str(i)
+        label = f"device {i}" if len(slots) <= 16 else str(i)
         colour = (0.6, 0.6, 0.6) if idle else INK
         if kind == "tree":               # at the left: arrows attach at the top and bottom
             ax.text(x0 - 0.05, cy, label, ha="right", va="center", fontsize=MIN_FONT, color=colour)
         elif kind == "grid":             # above, at the left: the arrows attach right of it
             ax.text(x0, y0 + h + 0.03, label, ha="left", va="bottom", fontsize=MIN_FONT,
                     color=colour)
+        elif len(slots) > 8 and abs(cx) > 1.2 * abs(cy):   # a crowded ring's sides: outside
+            ax.text(x0 - 0.05 if cx < 0 else x0 + w + 0.05, cy, label, va="center",
+                    ha="right" if cx < 0 else "left", fontsize=MIN_FONT, color=colour)
         else:                            # at the outer end, clear of the arrows that arrive
             below = cy < -1e-9
             side = "left" if cx < -1e-9 else ("right" if cx > 1e-9 else "center")
@@ -258,16 +298,17 @@ def _draw_frame(ax, run, t, held, segs, show):
     ax.text(x0, y1 + HEAD_IN - 0.33, what, ha="left", va="top", fontsize=8.5, color=INK)
     ax.text(x0, y0 - 0.05, moved, ha="left", va="top", fontsize=MIN_FONT + 0.5, color=INK)
     if len(segs) > 1:
-        _piece_key(ax, segs, x1, y0 - 0.05)
+        _piece_key(ax, segs, x1, y0 - 0.05, room=x1 - x0 - 1.9)
     ax.set_xlim(x0 - 0.1, x1 + 0.1)
     ax.set_ylim(y0 - FOOT_IN, y1 + HEAD_IN)
     ax.set_aspect("equal", adjustable="box")
     ax.set_axis_off()
 
 
-def _piece_key(ax, segs, x_right, y_top):
-    """A row of small swatches at the bottom right: piece k of the buffer, numbered."""
-    size = 0.2
+def _piece_key(ax, segs, x_right, y_top, room=np.inf):
+    """A row of small swatches at the bottom right: piece k of the buffer, numbered;
+    narrower swatches when 0.2 inch each would not fit in ``room`` inches."""
+    size = min(0.2, room / len(segs))
     y_top -= 0.14                        # the numbers go above the swatches
     for k in range(len(segs)):
         x = x_right - (len(segs) - k) * size
@@ -288,6 +329,7 @@ def _draw_messages(ax, run, t, step, centres, w, h, kind, segs):
         pairs.setdefault((m.src, m.dst), []).append(m)
     cols = run.mesh_shape[-1] if kind == "grid" else 1
     rows = p // cols if kind == "grid" else 1
+    lanes = _torus_lanes(run) if kind == "grid" else (0, 0)
     for (src, dst), msgs in pairs.items():
         first = run.chunks[msgs[0].chunk][0]
         s = next(k for k, (a, b) in enumerate(segs) if a <= first < b)
@@ -296,13 +338,15 @@ def _draw_messages(ax, run, t, step, centres, w, h, kind, segs):
                      linestyle="-" if msgs[0].kind == "reduce" else (0, (3, 2)))
         (sx, sy), (dx, dy) = centres[src], centres[dst]
         if kind == "grid":
-            arrow, (mx, my) = _grid_arrow(src, dst, centres, w, h, rows, cols, style)
+            arrow, (mx, my) = _grid_arrow(src, dst, centres, w, h, rows, cols, style, lanes)
         elif kind == "tree":             # along the tree's edge, beside its faint line
             up, down = (sx, sy - h / 2), (dx, dy + h / 2)
             if sy < dy:
                 up, down = (sx, sy + h / 2), (dx, dy - h / 2)
             arrow = FancyArrowPatch(up, down, connectionstyle="arc3,rad=0.15", **style)
             mx, my = (sx + dx) / 2, (sy + dy) / 2
+        elif centres[src] == centres[dst]:     # both in a ring's elided middle: not drawn
+            continue
         else:
             near = (dst - src) % p in (1, p - 1)
             arrow = FancyArrowPatch(_edge((sx, sy), (dx, dy), w, h), _edge((dx, dy), (sx, sy), w, h),
@@ -316,10 +360,37 @@ def _draw_messages(ax, run, t, step, centres, w, h, kind, segs):
                     bbox=dict(boxstyle="round,pad=0.05", facecolor="white", edgecolor="none"))
 
 
-def _grid_arrow(src, dst, centres, w, h, rows, cols, style):
+LANE_IN = 0.09         # between two wraparound lanes of a torus
+
+
+def _is_wrap(src, dst, rows, cols):
+    """A torus message between the two ends of a row or a column (not between neighbours)."""
+    (r0, c0), (r1, c1) = divmod(src, cols), divmod(dst, cols)
+    return (r0 == r1 and abs(c1 - c0) > 1) or (c0 == c1 and abs(r1 - r0) > 1)
+
+
+def _torus_lanes(run):
+    """How many wraparound lanes a torus frame needs in each margin: (for rows, for columns).
+
+    Half the rows' wraparounds run over the top of the grid, half under it; half the
+    columns' round the left, half round the right; two lanes (one per direction) a line."""
+    rows, cols = run.mesh_shape
+    wraps = [(m.src, m.dst) for step in run.steps for m in step.messages
+             if _is_wrap(m.src, m.dst, rows, cols)]
+    row_wraps = any(s // cols == d // cols for s, d in wraps)
+    col_wraps = any(s % cols == d % cols for s, d in wraps)
+    return (2 * math.ceil(rows / 2) if row_wraps else 0,
+            2 * math.ceil(cols / 2) if col_wraps else 0)
+
+
+def _grid_arrow(src, dst, centres, w, h, rows, cols, style, lanes=(0, 0)):
     """A message between torus neighbours: straight between adjacent boxes (the two
-    directions side by side, right of the device label), and for a wraparound link a path
-    that runs in a lane below the row (or right of the column) to the far end."""
+    directions side by side, right of the device label). A wraparound link runs round
+    the outside of the grid, so that it crosses no link between neighbours: a row's from
+    its right end out to the right, over the top (or under the bottom) and in at its left
+    end; a column's from its bottom end down, round the left (or right) side and in at
+    its top. ``lanes`` is :func:`_torus_lanes`; outer rows and columns take outer lanes,
+    so that the wraparounds of one side nest without crossing one another."""
     (sx, sy), (dx, dy) = centres[src], centres[dst]
     r0, c0, r1, c1 = src // cols, src % cols, dst // cols, dst % cols
     if r0 == r1 and abs(c1 - c0) == 1:               # along a row
@@ -332,18 +403,38 @@ def _grid_arrow(src, dst, centres, w, h, rows, cols, style):
         a = (sx + off, sy - np.sign(r1 - r0) * h / 2)
         b = (dx + off, dy + np.sign(r1 - r0) * h / 2)
         return FancyArrowPatch(a, b, **style), (a[0] + 0.12, (a[1] + b[1]) / 2)
-    if r0 == r1:                                     # a row's wraparound link: a lane below
-        lane = sy - h / 2 - (0.2 if c1 < c0 else 0.32)
-        x_a = sx - w / 2 + (0.15 if c1 < c0 else 0.3)
-        x_b = dx - w / 2 + (0.15 if c1 < c0 else 0.3)
-        verts = [(x_a, sy - h / 2), (x_a, lane), (x_b, lane), (x_b, dy - h / 2)]
-    else:                                            # a column's: a lane to the right
-        lane = sx + w / 2 + (0.15 if r1 < r0 else 0.28)
-        y_a = sy - (0.08 if r1 < r0 else -0.08)
-        y_b = dy - (0.08 if r1 < r0 else -0.08)
-        verts = [(sx + w / 2, y_a), (lane, y_a), (lane, y_b), (dx + w / 2, y_b)]
-    path = Path(verts, [Path.MOVETO] + [Path.LINETO] * 3)
-    mid = ((verts[1][0] + verts[2][0]) / 2, (verts[1][1] + verts[2][1]) / 2)
+    n_row, n_col = lanes
+    left, right = -w / 2, centres[cols - 1][0] + w / 2
+    top, bottom = h / 2 + 0.25, centres[(rows - 1) * cols][1] - h / 2 - 0.15
+    if r0 == r1:                                     # a row's wraparound
+        over = r0 < rows / 2                         # over the top, else under the bottom
+        rank = r0 if over else rows - 1 - r0         # rows nearer that side: inner lanes
+        back = c1 < c0                               # from the right end to the left end
+        k = 2 * rank + (0 if back else 1)
+        y = sy + (0.07 if back != over else -0.07)   # the inner lane's end nearer the side
+        lane_x = 0.15 + k * LANE_IN                  # in the side margins: inside the columns'
+        lane_y = (n_col + k) * LANE_IN               # above and below: outside the columns'
+        ly = top + lane_y if over else bottom - lane_y
+        verts = [(right, y), (right + lane_x, y), (right + lane_x, ly), (left - lane_x, ly),
+                 (left - lane_x, y), (left, y)]
+        if not back:
+            verts = verts[::-1]
+    else:                                            # a column's wraparound
+        west = c0 < cols / 2                         # round the left, else round the right
+        rank = c0 if west else cols - 1 - c0
+        up = r1 < r0                                 # from the bottom end to the top end
+        k = 2 * rank + (0 if up else 1)
+        x = sx + (0.12 if up == west else 0.3)       # outer lanes drop further from the side
+        lane_x = 0.15 + (n_row + k) * LANE_IN        # in the side margins: outside the rows'
+        lane_y = k * LANE_IN                         # above and below: inside the rows'
+        lx = left - lane_x if west else right + lane_x
+        low, high = centres[(rows - 1) * cols][1] - h / 2, h / 2
+        verts = [(x, low), (x, bottom - lane_y), (lx, bottom - lane_y), (lx, top + lane_y),
+                 (x, top + lane_y), (x, high)]
+        if not up:
+            verts = verts[::-1]
+    path = Path(verts, [Path.MOVETO] + [Path.LINETO] * (len(verts) - 1))
+    mid = ((verts[2][0] + verts[3][0]) / 2, (verts[2][1] + verts[3][1]) / 2)
     return FancyArrowPatch(path=path, **style), mid
 
 
@@ -369,8 +460,8 @@ def draw_algorithm_step(run, t: int, *, show: str = "sources", ax=None):
 
     ``show='sources'`` writes in each piece which devices' data it holds (``0+1``, or a
     count beyond 4 devices, ``all`` when complete); ``show='values'`` writes the first
-    number of the piece. Device boxes are tagged ``simpmd:device:<id>`` and arrows
-    ``simpmd:message:<t>:<src>-><dst>``.
+    number of the piece. Device boxes are tagged ``simpmd:device:<id>``, arrows
+    ``simpmd:message:<t>:<src>-><dst>`` and a long ring's note ``simpmd:elided:<count>``.
     """
     _check(run, show)
     if not 0 <= t <= run.num_steps:

@@ -143,6 +143,16 @@ def short(value, limit: int = 4) -> str:
     return dtype_shape(a)
 
 
+def elide(items, most: int):
+    """What a drawing shows of ``items`` when there are more than ``most``: the first
+    ``most - 4`` and the last 2, with ``None`` standing for the middle (drawn as a note
+    that says how many were left out); and the elided items themselves."""
+    if most is None or len(items) <= most:
+        return list(items), []
+    head, tail = most - 4, 2
+    return list(items[:head]) + [None] + list(items[-tail:]), list(items[head:-tail])
+
+
 def font_size(row_inches: float, largest: float = 9.0, smallest: float = MIN_FONT) -> float:
     """A font size that fits a row ``row_inches`` tall, never below the 7 pt floor."""
     return float(np.clip(row_inches * 26, smallest, largest))

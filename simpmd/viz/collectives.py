@@ -22,7 +22,7 @@ from matplotlib.collections import LineCollection
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle
 
 from .canvas import (INK, MIN_FONT, SUM, ZERO, device_color, dtype_shape, face_color,
-                     figure_and_axes, new_figure, number, tag)
+                     elide, figure_and_axes, new_figure, number, tag)
 
 
 # -- where each element of a value came from (or goes to) -------------------------------
@@ -341,14 +341,6 @@ def _label_blocks(ax, s, x0, ytop, sx, sy, member, word):
 MAX_ROWS = 16          # more rows than this: the middle ones are elided, with a note
 
 
-def _elide(rows, max_rows):
-    """The rows to draw, with ``None`` standing for the elided middle, and what was elided."""
-    if len(rows) <= max_rows:
-        return list(rows), []
-    head, tail = max_rows - 4, 2
-    return list(rows[:head]) + [None] + list(rows[-tail:]), list(rows[head:-tail])
-
-
 def _plan(events, leaf, max_numbers, max_rows):
     """Where everything goes, in inches, before anything is drawn."""
     groups = _order(events)
@@ -357,7 +349,7 @@ def _plan(events, leaf, max_numbers, max_rows):
     if not 0 <= leaf < max(n_leaves, 1):
         raise IndexError(f"leaf={leaf}, but this collective moved {n_leaves} leaf/leaves")
     ordered = [e for g in groups for e in g]
-    shown, elided = _elide(ordered, max_rows)
+    shown, elided = elide(ordered, max_rows)
     values = [v[leaf] for e in ordered for v in (e.inputs, e.outputs) if len(v) > leaf]
     scale = _scale_for(values, max_numbers)
     row_h = scale.rows * scale.ch + ROW_PAD_IN

@@ -25,11 +25,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from matplotlib.patches import Patch, Rectangle
+from matplotlib.transforms import blended_transform_factory
 
-from .canvas import INK, MIN_FONT, OKABE_ITO, figure_and_axes, font_size, tag, tint
+from .canvas import INK, MIN_FONT, OKABE_ITO, elide, figure_and_axes, font_size, tag, tint
 
 FALLBACK_BANDWIDTH = 100e9      # bytes/s, used only when simpmd.cost is missing
 FALLBACK_HBM = 1e12
+MAX_ROWS = 16          # more devices than this: the middle ones are elided, with a note
+ROW_IN = 0.32          # a row's height (inches) up to 24 rows; past that the least that keeps
+FLOOR_ROW_IN = MIN_FONT / 26 + 0.005   # ... a 7 pt label on every row (canvas.font_size)
 # Okabe-Ito colours (see canvas.OKABE_ITO): sky blue computes, grey hatched waits, and each
 # collective op gets one of the other hues (the labels in the bars name them too)
 COLORS = {"compute": tint(OKABE_ITO[1], 0.7), "wait": (0.93, 0.93, 0.93),
@@ -63,6 +67,7 @@ class Timeline:
     end: float
     comm_model: str
     compute_model: str
+    hardware: str = ""      # what the communication times are for
 
     def of(self, device: int) -> list:
         return [s for s in self.segments if s.device == device]
@@ -86,10 +91,10 @@ def _comm_times(trace, hardware, topology):
         return (times, FALLBACK_HBM,
                 f"communication: busiest member's bytes / {FALLBACK_BANDWIDTH / 1e9:g} GB/s "
                 f"(simpmd.cost is not available: not a hardware estimate)",
-                f"{FALLBACK_HBM / 1e12:g} TB/s")
+                f"{FALLBACK_HBM / 1e12:g} TB/s", f"{FALLBACK_BANDWIDTH / 1e9:g} GB/s links")
     times = {c.step: c.time_s for c in estimate.collectives}
     return (times, hbm, f"communication: simpmd.cost on {estimate.hardware} ({estimate.topology})",
-            f"{hbm / 1e12:g} TB/s HBM")
+            f"{hbm / 1e12:g} TB/s HBM", str(estimate.hardware))
 
 
 def model_timeline(trace, hardware=None, *, compute=None, slowdown=None, topology=None) -> Timeline:
@@ -104,7 +109,7 @@ def model_timeline(trace, hardware=None, *, compute=None, slowdown=None, topolog
     last segment, before the program returns). ``slowdown``: ``{device id: factor}``
     multiplies that device's compute. ``topology`` goes to ``simpmd.cost.estimate_trace``.
     """
-    times, hbm, comm_label, hbm_label = _comm_times(trace, hardware, topology)
+    times, hbm, comm_label, hbm_label, hardware_name = _comm_times(trace, hardware, topology)
     slowdown = dict(slowdown or {})
     if compute is None:
         compute_label = (f"compute: bytes each device writes for its next collective or "
@@ -167,7 +172,7 @@ def model_timeline(trace, hardware=None, *, compute=None, slowdown=None, topolog
             done_programs.add(e.program)
             run_compute(e.program, _spans(e), None, returned.get(e.program, 0))
     end = max(clock.values(), default=0.0)
-    return Timeline(segments, devices, end, comm_label, compute_label)
+    return Timeline(segments, devices, end, comm_label, compute_label, hardware_name)
 
 
 def _spans(e):
@@ -186,30 +191,68 @@ def _unit(t: float):
     return "ns", 1e-9
 
 
+def _rows(tl, most, keep):
+    """The rows to draw: device ids, and lists of elided devices (one note row each).
+
+    Past ``most`` devices the middle is elided, as in the other drawings, except the
+    devices in ``keep``: a straggler, or the device that waits most, stays in view."""
+    shown, _ = elide(tl.devices, most)
+    shown = set(d for d in shown if d is not None) | set(keep)
+    rows: list = []
+    for d in tl.devices:
+        if d in shown:
+            rows.append(d)
+        elif rows and isinstance(rows[-1], list):
+            rows[-1].append(d)
+        else:
+            rows.append([d])
+    # a lone hidden device is drawn instead: its note would take a row anyway
+    return [r[0] if isinstance(r, list) and len(r) == 1 else r for r in rows]
+
+
+def _elision_note(tl, hidden):
+    waited = max(tl.total("wait", d) for d in hidden)
+    return (f"{len(hidden)} devices not drawn: devices {hidden[0]} to {hidden[-1]} "
+            f"({'each waits at most ' + _seconds(waited) if waited else 'none of them waits'})")
+
+
 def draw_timeline(trace, hardware=None, *, compute=None, slowdown=None, topology=None,
-                  title=None, ax=None):
+                  title=None, max_rows: int | None = MAX_ROWS, ax=None):
     """Draw the modelled run as a Gantt chart, one row per device; return the Figure.
 
     Blue: compute; orange: communication (one colour per collective op when a run uses
     several kinds); grey: waiting for the last member of a group. See :func:`model_timeline` for
-    the model and its limits. Rows are tagged ``simpmd:device:<id>``, segments
-    ``simpmd:<kind>:<device>:<k>``.
+    the model and its limits. Past ``max_rows`` devices the middle rows are elided with a
+    note (``max_rows=None`` draws every row, in a taller figure), but the devices in
+    ``slowdown`` and the one that waits most stay; every row is labelled, at 7 pt or more.
+    Rows are tagged ``simpmd:device:<id>``, segments ``simpmd:<kind>:<device>:<k>``, the
+    notes ``simpmd:elided:<count>``.
     """
     tl = model_timeline(trace, hardware, compute=compute, slowdown=slowdown, topology=topology)
-    n = len(tl.devices)
-    row_in = 0.32 if n <= 16 else max(0.1, 6.5 / n)
+    waits_most = max(tl.devices, key=lambda d: tl.total("wait", d), default=None)
+    keep = set(slowdown or {}) | ({waits_most} if tl.total("wait", waits_most) > 0 else set())
+    rows = _rows(tl, max_rows, keep & set(tl.devices)) if tl.devices else []
+    n = len(rows)
+    row_in = ROW_IN if n <= 24 else FLOOR_ROW_IN
     fig, ax = figure_and_axes(ax, 10.0, n * row_in + 1.6)
     if ax.get_position().width > 0.9:        # our own figure: leave room for labels
         ax.set_position((0.1, 1.05 / (n * row_in + 1.6), 0.87, n * row_in / (n * row_in + 1.6)))
     ax.set_axis_on()
     end = tl.end if tl.end > 0 else 1e-9
     unit, scale = _unit(end)
-    row = {d: k for k, d in enumerate(tl.devices)}
+    row = {d: k for k, d in enumerate(rows) if not isinstance(d, list)}
     ops = sorted({s.label for s in tl.segments if s.kind == "comm"})
     op_color = {op: OP_COLORS[k % len(OP_COLORS)] for k, op in enumerate(ops)}
     fs = font_size(row_in, largest=8.5)
-    for d in tl.devices:
-        back = Rectangle((0, row[d] - 0.5), end / scale, 1.0, facecolor=(0.985, 0.985, 0.985),
+    across = blended_transform_factory(ax.transAxes, ax.transData)
+    for k, d in enumerate(rows):
+        if isinstance(d, list):
+            note = ax.text(0.01, k, "⋮  " + _elision_note(tl, d), transform=across, ha="left",
+                           va="center", fontsize=max(fs, MIN_FONT + 0.5), color=INK,
+                           style="italic", zorder=3)
+            tag(note, "elided", len(d))
+            continue
+        back = Rectangle((0, k - 0.5), end / scale, 1.0, facecolor=(0.985, 0.985, 0.985),
                          edgecolor="none", zorder=0)
         tag(back, "device", d)
         ax.add_patch(back)
@@ -217,6 +260,8 @@ def draw_timeline(trace, hardware=None, *, compute=None, slowdown=None, topology
     for s in tl.segments:
         k = counters.get((s.kind, s.device), 0)
         counters[(s.kind, s.device)] = k + 1
+        if s.device not in row:
+            continue
         color = op_color.get(s.label, COLORS["comm"]) if s.kind == "comm" else COLORS[s.kind]
         rect = Rectangle((s.start / scale, row[s.device] - 0.38), s.duration / scale, 0.76,
                          facecolor=color, edgecolor="white" if s.kind != "wait" else (0.6, 0.6, 0.6),
@@ -229,10 +274,7 @@ def draw_timeline(trace, hardware=None, *, compute=None, slowdown=None, topology
     ax.set_xlim(0, end / scale * 1.01)
     ax.set_ylim(n - 0.5, -0.5)
     ax.set_yticks(range(n))
-    ax.set_yticklabels([f"device {d}" for d in tl.devices], fontsize=fs)
-    if n > 32:
-        for label in ax.get_yticklabels()[1::2]:
-            label.set_visible(False)
+    ax.set_yticklabels(["⋮" if isinstance(d, list) else f"device {d}" for d in rows], fontsize=fs)
     ax.set_xlabel(f"time ({unit}), modelled", fontsize=8.5)
     ax.tick_params(axis="x", labelsize=8)
     for side in ("top", "right"):
@@ -245,7 +287,7 @@ def draw_timeline(trace, hardware=None, *, compute=None, slowdown=None, topology
               fontsize=8, frameon=False)
     if title is None:
         waited = max((tl.total("wait", d) for d in tl.devices), default=0.0)
-        title = (f"estimated run on {getattr(hardware, 'name', hardware)}: {_seconds(tl.end) if tl.end else '0 s'}; "
+        title = (f"estimated run on {tl.hardware}: {_seconds(tl.end) if tl.end else '0 s'}; "
                  + (f"the device that waits most waits {_seconds(waited)}" if waited
                     else "no device waits"))
     fig.text(0.01, 0.995, title, ha="left", va="top", fontsize=10, fontweight="bold", color=INK)
