@@ -516,8 +516,6 @@ class Batch:
         """True for an inner pmap's batch (its results go back into the outer body)."""
         return self.outer is not None
 
-    tasks = None                          # a per-device run's programs (spmd.py); none here
-
     @property
     def outer_n(self) -> int:
         """How many outer programs this grid's devices are split among (1 unless nested)."""
@@ -541,6 +539,10 @@ class Batch:
     def sub_devices(self, k) -> list:
         """The devices of program ``k``'s inner grid (none unless a pmap nests inside)."""
         return self.all_devices[k * self.inner:(k + 1) * self.inner]
+
+    def sub_grids(self):
+        """Every program's inner devices, or None when no pmap nests inside."""
+        return [self.sub_devices(k) for k in range(self.n)] if self.inner else None
 
     def label(self, k) -> str:
         """How the log names program ``k``: 'device 3', or 'i=1' for an outer body."""

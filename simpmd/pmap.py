@@ -392,8 +392,8 @@ def _grid_layout(run, values, ax):
     ``(i, j)`` lives on inner device ``j``; otherwise each of them holds a copy of row ``i``.
     Returns None for a pmap that is not nested.
     """
-    subs = [run.sub_devices(i) for i in range(run.n)]
-    if not any(subs):
+    subs = run.sub_grids()
+    if subs is None:
         return None
     layout = []
     for i, (v, children) in enumerate(zip(values, subs)):

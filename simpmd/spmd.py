@@ -70,9 +70,11 @@ def run(owner, fun, devices, axes, args, kwargs, assemble, *, eager=False, check
     every device as it is. ``assemble`` gets each result leaf stacked over the devices,
     the results' treedef, and the run, which tells it ``n``, ``devices``, ``where(k)`` (how
     messages name device ``k``), ``returned(stack, detail)`` (logs what each device
-    returned), ``nested`` and, for a per-device run, ``tasks``. Called inside a running
-    program, the grid is nested under it (a nested pmap). ``owner.trace`` is set to the
-    run's trace, which :func:`last_trace` returns too.
+    returned), ``nested`` (the results go back into an outer body), ``outer_n`` (how many
+    outer programs the grid's devices are split among) and ``sub_grids()`` (the devices
+    of each program's inner pmap, if any). Called inside a running program, the grid is
+    nested under it (a nested pmap). ``owner.trace`` is set to the run's trace, which
+    :func:`last_trace` returns too.
     """
     parent = current_task()
     if type(parent) is Batch:
@@ -171,10 +173,12 @@ class _Programs:
         self.n = len(tasks)
         self.devices = [t.device for t in tasks]
 
-    def sub_devices(self, k) -> list:
-        """The devices of program ``k``'s inner grid (each once: several inner pmaps in one
-        body run on the same sub-grid)."""
-        return list(dict.fromkeys(c.device for c in self.tasks[k].children))
+    def sub_grids(self):
+        """Every program's inner devices (each once: several inner pmaps in one body run on
+        the same sub-grid), or None when no pmap nested inside."""
+        if not any(t.children for t in self.tasks):
+            return None
+        return [list(dict.fromkeys(c.device for c in t.children)) for t in self.tasks]
 
     def where(self, k=0) -> str:
         return self.tasks[k].where()
