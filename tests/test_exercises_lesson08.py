@@ -54,22 +54,34 @@ def test_check_quantity_placeholder_and_unknown_factor(capsys):
     ("16:24", "two integers"),
     (None, "placeholder"),
 ])
-def test_columns_wrong(answer, hint, capsys):
-    assert not ex.check_columns(answer)
+def test_columns_wrong(answer, hint, capsys):          # on the 2x4 mesh the lesson draws
+    assert not ex.check_columns(answer, mesh_shape=(2, 4))
     assert hint in said(capsys)
 
 
 def test_columns_right(capsys):
-    assert ex.check_columns((16, 24))
-    assert ex.check_columns(slice(16, 24))
+    assert ex.check_columns((16, 24), mesh_shape=(2, 4))
+    assert ex.check_columns(slice(16, 24), mesh_shape=(2, 4))
     assert "data=1, model=2" in said(capsys)
 
 
-def test_columns_agrees_with_the_sharding_itself():
-    mesh = simpmd.make_mesh((2, 4), ("data", "model"))
+def test_the_exercise_asks_about_the_4x2_mesh_the_lesson_does_not_draw(capsys):
+    # device 6 of a row-major 4x2 mesh: data = 6 // 2 = 3, model = 6 % 2 = 0; 32 columns
+    # over 2 'model' blocks of 16: columns 0:16
+    assert ex.check_columns((0, 16))
+    assert "data=3, model=0" in said(capsys)
+    assert not ex.check_columns((16, 24))              # read off the 2x4 figure
+    assert "2x4 mesh" in said(capsys)
+    assert not ex.check_columns((16, 32))
+    assert "another device's block" in said(capsys)
+
+
+@pytest.mark.parametrize("shape", [(2, 4), (4, 2)])
+def test_columns_agrees_with_the_sharding_itself(shape):
+    mesh = simpmd.make_mesh(shape, ("data", "model"))
     index = simpmd.NamedSharding(mesh, simpmd.P(None, "model")).devices_indices_map((8, 32))
     for dev, (_, cols) in index.items():
-        assert ex.check_columns((cols.start, cols.stop), device=dev.id)
+        assert ex.check_columns((cols.start, cols.stop), device=dev.id, mesh_shape=shape)
 
 
 # -- exercise 2 -----------------------------------------------------------------------------

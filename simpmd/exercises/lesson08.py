@@ -76,9 +76,10 @@ def check_quantity(answer, factors, *, what: str, unit: str) -> Verdict:
 
 # -- exercise 1: which block of W1 a device holds ------------------------------------------
 
-def check_columns(answer, *, device: int = 6, mesh_shape=(2, 4), hidden: int = 32) -> Verdict:
+def check_columns(answer, *, device: int = 6, mesh_shape=(4, 2), hidden: int = 32) -> Verdict:
     """``answer`` = (start, stop) of the columns of W1 (shape (D, hidden), spec
-    P(None, 'model')) that ``device`` holds on a row-major ('data', 'model') mesh."""
+    P(None, 'model')) that ``device`` holds on a row-major ('data', 'model') mesh (the
+    exercise's 4x2 mesh by default: the lesson draws the 2x4 one)."""
     what = f"the columns of W1 on device {device}"
     if _placeholder(answer):
         return _say(False, f"{what} are still a placeholder; give (start, stop).")
@@ -106,6 +107,14 @@ def check_columns(answer, *, device: int = 6, mesh_shape=(2, 4), hidden: int = 3
         return _say(False, f"you split W1 over all {n_data * n_model} devices. P(None, "
                     f"'model') splits the columns over the 'model' axis only ({n_model} blocks "
                     f"of {width}); devices that differ only in 'data' hold the same block.")
+    t_data, t_model = divmod(device, n_data)          # the same device on the mesh turned round
+    t_width = hidden // n_data
+    if n_data != n_model and (start, stop) == (t_model * t_width, (t_model + 1) * t_width):
+        return _say(False, f"({start}, {stop}) is device {device}'s block on a {n_model}x{n_data} "
+                    f"mesh. This mesh is {n_data}x{n_model}: {n_data} devices along 'data' and "
+                    f"{n_model} along 'model', so device {device} sits at data={data}, "
+                    f"model={model}, and 'model' cuts the {hidden} columns into {n_model} "
+                    f"blocks of {width}.")
     if (start, stop) == (data * width, (data + 1) * width):
         return _say(False, f"you used the device's 'data' coordinate ({data}); the columns "
                     f"are split over 'model', and device {device} has model={model}.")
