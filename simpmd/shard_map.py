@@ -1,8 +1,10 @@
 """``simpmd.shard_map``: cut the arguments into blocks over a mesh, run the body over
 every device's block, and put the result blocks back together.
 
-The body runs once over all blocks stacked in the mesh's row-major device order, as JAX
-traces it once (``batching.py``); ``eager=True`` runs one program per device instead.
+This module says how the arguments are cut into blocks and how the result blocks go back
+together; the driver it shares with ``pmap`` (``spmd.py``) runs the body once over all
+blocks stacked in the mesh's row-major device order, as JAX traces it once
+(``batching.py``), or with ``eager=True`` one program per device.
 
 Mirrors ``jax.shard_map(f, mesh=..., in_specs=..., out_specs=...)``. Where ``pmap`` maps
 one axis per call (and nests for more), ``shard_map`` maps every axis of a mesh at once:
