@@ -52,10 +52,11 @@ class Batched(Traced):
     def value(self):
         """The stack, one row per device of the grid now running. A value that the body of
         an inner (nested) pmap closes over from the outer body has a row per outer device;
-        every inner device below an outer one sees that outer device's row, as in JAX."""
+        every inner device below an outer one sees that outer device's row, as in JAX. (An
+        inner pmap's result, read back in the outer body, has more rows, and is left alone.)"""
         stack = self._stack
         task = getattr(runtime._local, "task", None)
-        if type(task) is Batch and stack.shape[0] != task.n and task.outer is not None:
+        if type(task) is Batch and stack.shape[0] < task.n and task.outer is not None:
             return np.repeat(stack, task.n // stack.shape[0], axis=0)
         return stack
 
@@ -481,8 +482,9 @@ class Batch:
         # shard_map(check_vma=True) sets these: id(body input) -> (input, mesh axes it varies over)
         self.check_vma, self.input_vma = False, {}
         # Nesting: ``outer`` is the batch whose body called this one's pmap; ``inner`` the
-        # size of the grid a pmap in this body adds below each of its devices.
-        self.outer, self.inner, self.inner_axes = outer, 0, ()
+        # size of the grid a pmap in this body adds below each of its devices, and
+        # ``inner_batch`` that pmap's batch.
+        self.outer, self.inner, self.inner_batch = outer, 0, None
         self.root = self if outer is None else outer.root
         if outer is None:
             self.records: list = []       # (batch, 'kind', step, ...) in the order they happened
@@ -503,8 +505,10 @@ class Batch:
                 f"nested pmap needs a grid of {shape} = {self.n * size} devices, but only "
                 f"{len(self.all_devices)} are available. Call "
                 f"simpmd.set_device_count({self.n * size}) or map smaller sizes.")
-        self.inner, self.inner_axes = size, tuple(inner_axes)
-        return Batch(self.all_devices, self.axes + tuple(inner_axes), self.maps_a_mesh, self)
+        self.inner = size
+        self.inner_batch = Batch(self.all_devices, self.axes + tuple(inner_axes),
+                                 self.maps_a_mesh, self)
+        return self.inner_batch
 
     # -- naming devices --------------------------------------------------------------------
     @property
@@ -555,11 +559,21 @@ class Batch:
         every device, so an error raised while tracing is reported on the first one."""
         coords = runtime.coords_text(self.coords_of(k))
         if self.inner:
-            ids = [d.id for d in self.sub_devices(k)]
+            deepest = self
+            while deepest.inner:
+                deepest = deepest.inner_batch
             inner = ", ".join(f"{'index' if n is None else n}=0..{s - 1}"
-                              for n, s in self.inner_axes)
-            return f"the outer body at {coords} (devices {errors.id_ranges(ids)} at {inner})"
+                              for n, s in deepest.axes[len(self.axes):])
+            return (f"the outer body at {coords} (devices {errors.id_ranges(self.leaf_ids(k))} "
+                    f"at {inner})")
         return f"device {self.devices[k].id} ({coords})"
+
+    def leaf_ids(self, k) -> list:
+        """The ids of the devices that run program ``k``, inner grids included."""
+        if not self.inner:
+            return [self.devices[k].id]
+        return [i for j in range(k * self.inner, (k + 1) * self.inner)
+                for i in self.inner_batch.leaf_ids(j)]
 
     @contextlib.contextmanager
     def running(self):
@@ -642,9 +656,10 @@ class Batch:
         log.records.append((self, "print", log.step, texts, source, code))
 
     # -- the log ---------------------------------------------------------------------------
-    def receive(self, entries):
-        """Log what each device received: ``entries`` of (stack or None, whole, detail(k))."""
-        self.root.records.append((self, "receive", self.root.step, entries))
+    def receive(self, pieces):
+        """Log what each device received: ``pieces`` (``spmd.Piece``: a stack, and the
+        detail of device ``k``'s row)."""
+        self.root.records.append((self, "receive", self.root.step, pieces))
 
     def returned(self, stack, detail):
         self.root.records.append((self, "return", self.root.step, stack, detail))
@@ -662,7 +677,7 @@ class Batch:
             if batch not in names:
                 labels = [batch.label(k) for k in range(batch.n)]
                 if batch.inner:
-                    spans = [tuple(_leaf_ids(batch, k)) for k in range(batch.n)]
+                    spans = [tuple(batch.leaf_ids(k)) for k in range(batch.n)]
                     names[batch] = (labels, [None] * batch.n, spans, labels)
                 else:
                     ids = [d.id for d in batch.devices]
@@ -687,9 +702,9 @@ class Batch:
             event = writer(batch)
             if kind == "receive":
                 for k in range(batch.n):
-                    for stack, whole, detail in record[3]:
-                        event(k, "receive", step, inputs=(whole if stack is None else stack[k, ...],),
-                              detail=detail(k))
+                    for piece in record[3]:
+                        event(k, "receive", step, inputs=(piece.stack[k, ...],),
+                              detail=piece.detail(k))
             elif kind == "return":
                 stack, detail = record[3], record[4]
                 for k in range(batch.n):
@@ -703,24 +718,6 @@ class Batch:
                 labels, _, _, members = programs(batch)
                 _collective_events(record[1:], event, labels, members)
         return out
-
-
-def _leaf_ids(batch, k) -> list:
-    """The ids of the devices that run program ``k`` of ``batch``, inner grids included."""
-    inner = next((b for b in _inner_batches(batch)), None)
-    if inner is None:
-        return [batch.devices[k].id]
-    return [i for j in range(k * batch.inner, (k + 1) * batch.inner) for i in _leaf_ids(inner, j)]
-
-
-def _inner_batches(batch):
-    """The batches nested directly under ``batch`` (from the run's records)."""
-    seen = []
-    for record in batch.root.records:
-        b = record[0]
-        if b.outer is batch and b not in seen:
-            seen.append(b)
-    return seen
 
 
 def _collective_events(record, event, labels, members_of):

@@ -344,11 +344,11 @@ class Pmapped:
                 run.returned(s, lambda i, a=f"{label}[{':, ' * ax}": f"{a}{i % m}]")
             if not run.nested:
                 out.append(Array(s, run.devices, ax, _grid_layout(run, s, ax)))
-            elif g == 1:                     # one outer program of a per-device run
-                out.append(Traced(first if ax is None else np.moveaxis(s, 0, ax), run.sim.eager))
-            else:                            # every outer device's value, stacked
+            elif type(run) is Batch:         # every outer device's value, stacked
                 out.append(Batched(per_outer[:, 0] if ax is None else
                                    np.moveaxis(per_outer, 1, ax + 1)))
+            else:                            # one outer program of a per-device run
+                out.append(Traced(first if ax is None else np.moveaxis(s, 0, ax), run.sim.eager))
         return tree.unflatten(treedef, out)
 
 

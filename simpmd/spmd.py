@@ -96,15 +96,14 @@ def _run_once(owner, fun, batch, args, kwargs, assemble):
     for x in pieces:
         if x.varies is not None:
             batch.input_vma[id(x.stack)] = (x.stack, x.varies)
-    batch.receive([(x.stack, None, x.detail) for x in pieces])
+    batch.receive(pieces)
     args, kwargs = tree.unflatten(treedef, [Batched(x.stack) if type(x) is Piece else x
                                             for x in leaves])
     try:
         result = run_once(batch, fun, args, kwargs)
         out, out_def = tree.flatten(result)
         _refuse_non_arrays([batching._Named(batch.where(0))], [(out, out_def)], out_def)
-        stacks = [v.value if type(v) is Batched else
-                  np.broadcast_to(plain(v), (batch.n,) + np.shape(plain(v))) for v in out]
+        stacks = [v.value if type(v) is Batched else _everywhere(plain(v), batch.n) for v in out]
         outputs = assemble(stacks, out_def, batch)
     except Exception as exc:               # the trace so far goes with the error
         if getattr(exc, "trace", None) is None:
@@ -206,6 +205,11 @@ def _stacked_results(tasks):
                     f"device shares, and mask the unused part.")
         stacks.append(np.stack(values))
     return stacks, treedef
+
+
+def _everywhere(value, n):
+    """A result that is the same on every device (a constant), stacked ``n`` times (a view)."""
+    return np.broadcast_to(value, (n,) + value.shape)
 
 
 def _memory_owner(array):

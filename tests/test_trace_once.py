@@ -227,6 +227,37 @@ def test_nested_pmaps_traced_once_agree_with_one_program_per_device(name):
     assert shards == want_shards and warned == want_warned and log == want_log
 
 
+def test_a_nested_pmap_under_an_outer_axis_of_one_device():
+    """The outer grid has a single device: the inner result still goes back into the outer
+    body as that device's stacked value (a per-device value would be taken for a constant)."""
+    def outer(x):
+        return lax.psum(simpmd.pmap(lambda v: lax.psum(v, "j"), "j")(x) * 2, "i")
+    x = np.arange(4.0).reshape(1, 4)
+    got, want = simpmd.pmap(outer, "i")(x), simpmd.pmap(outer, "i", eager=True)(x)
+    np.testing.assert_array_equal(np.asarray(got), [[12.0] * 4])       # (0+1+2+3) * 2
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+@pytest.mark.parametrize("innermost", [lambda z: z, lambda z: lax.psum(z, ("i", "j", "k"))],
+                         ids=["identity", "psum over all three axes"])
+def test_three_nested_pmaps_agree_with_one_program_per_device(innermost, capsys):
+    def middle(y):
+        return simpmd.pmap(innermost, "k")(y) * (1 + lax.axis_index("j"))
+    def outer(x):
+        out = simpmd.pmap(middle, "j")(x) + lax.axis_index("i")
+        simpmd.debug.print("sum {}", out.sum())       # names the outer body and its devices
+        return out
+    x = np.arange(8.0).reshape(2, 2, 2)
+    traced, eager = simpmd.pmap(outer, "i"), simpmd.pmap(outer, "i", eager=True)
+    got = traced(x)
+    printed = capsys.readouterr().out
+    want = eager(x)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    assert _log(traced.trace) == _log(eager.trace)
+    assert printed == capsys.readouterr().out
+    assert "[the outer body at i=1 (devices 4-7 at j=0..1, k=0..1)]" in printed
+
+
 def test_an_eager_pmap_nested_in_a_traced_one_says_where_eager_goes():
     with pytest.raises(simpmd.MappedAxisError, match="outermost pmap"):
         simpmd.pmap(lambda x: simpmd.pmap(lambda y: y, "j", eager=True)(x), "i")(np.ones((2, 4)))
