@@ -11,7 +11,12 @@ Two measurements, each reported as a ratio against a baseline measured in the sa
    JAX fixes its device count when its backend starts, so each JAX size runs in a
    fresh subprocess. simpmd keeps the run's values for its per-device log and writes
    the log out when it is read: the ``log`` column is the time that takes, once.
-2. One ``psum`` of 1 MiB per device over 64 devices, beside the bare NumPy reduction of
+   The first call traces the body into a program (as jax.pmap traces and compiles);
+   the steady step is a cached call, which runs the program and none of the body's Python.
+2. Reading the log of one step, as a learner would (``len(trace.events)``,
+   ``trace.device(k)``, ``str(trace)``, ``trace.collectives()``), each on a fresh step,
+   as a ratio to the step itself (``--log-devices``, 16384 by default).
+3. One ``psum`` of 1 MiB per device over 64 devices, beside the bare NumPy reduction of
    the same stacked data (``x.sum(axis=0)``: the memory-bandwidth floor).
 
 ``--plot`` draws the first measurement against the device count (the README's curve),
@@ -74,6 +79,31 @@ def simpmd_step(n, repeats):
     t = time.perf_counter()
     assert len(f.trace.events) == 4 * n          # receive w and x, pmean, return: per device
     return first, steady, time.perf_counter() - t
+
+
+def log_reading(n, repeats=5):
+    """Seconds to read each view of one step's log on n devices, and the step's own time
+    (best of ``repeats``; every view is read on a fresh step, so nothing is cached)."""
+    import simpmd
+    simpmd.set_device_count(n)
+    f = simpmd.pmap(step, axis_name="batch", in_axes=(None, 0))
+    w = np.zeros(VECTOR, np.float32)
+    x = np.random.default_rng(0).standard_normal((n, VECTOR)).astype(np.float32)
+    f(w, x)                                   # trace once
+    views = {"trace.events": lambda t: len(t.events), "trace.device(k)": lambda t: t.device(n // 2),
+             "str(trace)": str, "trace.collectives()": lambda t: t.collectives()}
+    best = {name: float("inf") for name in views}
+    step_time = float("inf")
+    for _ in range(repeats):
+        for name, view in views.items():
+            t = time.perf_counter()
+            f(w, x)
+            step_time = min(step_time, time.perf_counter() - t)
+            trace = f.trace
+            t = time.perf_counter()
+            view(trace)
+            best[name] = min(best[name], time.perf_counter() - t)
+    return step_time, best
 
 
 def jax_step(n, repeats):
@@ -209,6 +239,8 @@ def main(argv=None):
     parser.add_argument("--no-jax", action="store_true", help="skip the JAX baseline")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--plot", metavar="PNG", help="draw the step times into this PNG file")
+    parser.add_argument("--log-devices", type=int, default=16384,
+                        help="devices for the log-reading measurement (0 skips it)")
     args = parser.parse_args(argv)
     sizes = [8, 64] if args.quick else [2 ** k for k in range(3, 15)]      # 8 .. 16384
 
@@ -230,7 +262,14 @@ def main(argv=None):
         rows.append(dict(devices=n, simpmd_first=s_first, simpmd_step=s_steady, log=log,
                          jax_first=j[0] if j else None, jax_step=j[1] if j else None))
 
-    print("\n2. psum of 1 MiB per device over 64 devices (whole pmap call: split, psum, stack)")
+    if args.log_devices:
+        n = 64 if args.quick else args.log_devices
+        step_time, views = log_reading(n)
+        print(f"\n2. reading the log of one step on {n} devices (step {step_time * 1e3:.3g} ms)")
+        for name, seconds in views.items():
+            print(f"   {name:<22} {seconds * 1e3:9.3g} ms  = {seconds / step_time:6.2f} x the step")
+
+    print("\n3. psum of 1 MiB per device over 64 devices (whole pmap call: split, psum, stack)")
     print(f"   simpmd {sim * 1e3:.1f} ms, bare NumPy x.sum(axis=0) {bare * 1e3:.1f} ms, "
           f"ratio {sim / bare:.2f}")
     if args.plot:

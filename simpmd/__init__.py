@@ -14,7 +14,7 @@ from .errors import (ConcretizationTypeError, DeadlockError, DeviceError, Diverg
                      TracerBoolConversionError, TracerIntegerConversionError, UnboundAxisError,
                      CollectiveArgumentError)
 from .pmap import pmap
-from .spmd import last_trace
+from .spmd import last_trace, make_jaxpr
 from .trace import Event, Trace
 
 __version__ = "0.1.0"

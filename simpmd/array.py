@@ -23,10 +23,11 @@ class Shard:
 
 
 @dataclass(frozen=True)
-class PmapSharding:
-    """How an :class:`Array` is laid out: axis ``mapped_axis`` split over ``devices``.
+class GridSharding:
+    """How a nested pmap's result is laid out over the grid of outer x inner devices.
 
-    ``mapped_axis`` is None for a replicated result (``out_axes=None``).
+    (A top-level pmap's result has a ``NamedSharding``, as in JAX since 0.10; today's JAX
+    has no nested pmap, so this layout has no JAX class to copy.)
     """
 
     devices: tuple
@@ -38,7 +39,7 @@ class PmapSharding:
 
     def __repr__(self):
         where = "replicated" if self.mapped_axis is None else f"axis {self.mapped_axis} split"
-        return f"PmapSharding({where} over {len(self.devices)} simulated devices)"
+        return f"GridSharding({where} over {len(self.devices)} simulated devices)"
 
 
 class HostArray(NDArrayOperatorsMixin):
@@ -115,7 +116,8 @@ class HostArray(NDArrayOperatorsMixin):
 class Array(HostArray):
     """A result of ``simpmd.pmap``: behaves like a NumPy array, and knows its shards."""
 
-    def __init__(self, per_device: list, devices, mapped_axis: int | None, layout=None):
+    def __init__(self, per_device: list, devices, mapped_axis: int | None, layout=None,
+                 axis_name=None):
         # Like a jax.Array, the result stays "on the devices" (one value per device)
         # until the host asks for the whole: the stacked copy is made on first use.
         # ``layout`` ((device, index, replica_id), ...) overrides where shards live: a
@@ -124,13 +126,24 @@ class Array(HostArray):
         self._per_device = per_device
         self._stacked = None
         self._layout = layout
-        self.sharding = PmapSharding(tuple(d for d, _, _ in layout) if layout else tuple(devices),
-                                     mapped_axis)
+        self.mapped_axis = mapped_axis
+        self._devices = tuple(d for d, _, _ in layout) if layout else tuple(devices)
+        if layout is None:
+            # As jax.pmap's results since jax 0.10: a NamedSharding over a one-axis mesh of
+            # the devices, whose spec names the mapped axis where out_axes put it.
+            from .mesh import Mesh, NamedSharding, PartitionSpec
+            name = "_pmap_axis" if axis_name is None else axis_name
+            mesh = Mesh(np.array(self._devices, dtype=object), (name,))
+            spec = PartitionSpec() if mapped_axis is None else PartitionSpec(
+                *([None] * mapped_axis + [name]))
+            self.sharding = NamedSharding(mesh, spec)
+        else:
+            self.sharding = GridSharding(self._devices, mapped_axis)
 
     @property
     def _value(self) -> np.ndarray:
         if self._stacked is None:
-            ax = self.sharding.mapped_axis
+            ax = self.mapped_axis
             self._stacked = (np.array(self._per_device[0]) if ax is None
                              else np.stack(list(self._per_device), axis=ax))
         return self._stacked
@@ -139,9 +152,9 @@ class Array(HostArray):
     def addressable_shards(self) -> list[Shard]:
         if self._layout is not None:
             return [Shard(d, index, self._value[index], r) for d, index, r in self._layout]
-        ax = self.sharding.mapped_axis
+        ax = self.mapped_axis
         shards = []
-        for i, (d, v) in enumerate(zip(self.sharding.devices, self._per_device)):
+        for i, (d, v) in enumerate(zip(self._devices, self._per_device)):
             if ax is None:
                 shards.append(Shard(d, (slice(None),) * v.ndim, v, replica_id=i))
             else:
@@ -151,7 +164,7 @@ class Array(HostArray):
 
     @property
     def shape(self):
-        first, ax = self._per_device[0], self.sharding.mapped_axis
+        first, ax = self._per_device[0], self.mapped_axis
         if ax is None:
             return first.shape
         return first.shape[:ax] + (len(self._per_device),) + first.shape[ax:]

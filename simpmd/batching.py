@@ -24,7 +24,7 @@ import math
 
 import numpy as np
 
-from . import collectives, errors, runtime
+from . import collectives, errors, program, runtime
 from .trace import Event, current_phase
 from .traced import (Traced, _OPERATOR_UFUNCS, _jax_promotion, _no_new_float64, defers_to,
                      install_operators, numpy_function_refused)
@@ -44,6 +44,7 @@ class Batched(Traced):
     """
 
     __slots__ = ("_stack",)
+    stacked_by_device = True          # how program.py recognises it
 
     def __init__(self, stacked):
         self._stack, self.eager = stacked, False
@@ -83,14 +84,12 @@ class Batched(Traced):
     def __getattr__(self, name):
         if name.startswith("__"):
             raise AttributeError(name)
-        rule = METHOD_RULES.get(name)
-        if rule is not None:
-            return functools.partial(rule, self)
+        if name in METHOD_RULES:
+            return functools.partial(call_method, name, self)
         attr = getattr(self.value[0], name)
         if not callable(attr):
-            return Batched(getattr(self.value, name)) if name in ("real", "imag") else attr
-        return lambda *a, **k: per_device(lambda v, *a, **k: getattr(v, name)(*a, **k),
-                                          (self,) + a, k)
+            return call_method(name, self) if name in ("real", "imag") else attr
+        return functools.partial(call_method, name, self)
 
     def __len__(self):
         if self.ndim == 0:
@@ -98,15 +97,10 @@ class Batched(Traced):
         return self.shape[0]
 
     def __iter__(self):
-        return (Batched(self.value[:, i]) for i in range(len(self)))
+        return (self[i] for i in range(len(self)))
 
     def __getitem__(self, index):
-        index = index if isinstance(index, tuple) else (index,)
-        if not any(isinstance(i, Traced) for i in index):
-            arrays = [k for k, i in enumerate(index) if not _is_basic(i)]
-            if not arrays or arrays == list(range(arrays[0], arrays[-1] + 1)):
-                return Batched(self.value[(slice(None),) + index])
-        return per_device(lambda v, *i: v[i], (self,) + index, {})
+        return getitem(self, index if isinstance(index, tuple) else (index,))
 
     @property
     def at(self):
@@ -121,6 +115,14 @@ class Batched(Traced):
         return format(str(self), spec)
 
 
+def _describe_ufunc(ufunc, inputs, kwargs, method="__call__"):
+    if ufunc is np.matmul:
+        return "dot_general", {"dimension_numbers": _matmul_dimensions(*inputs)}
+    name = program.UFUNC_PRIMITIVES.get(ufunc.__name__, ufunc.__name__)
+    return (name if method == "__call__" else f"{name}.{method}"), {}
+
+
+@program.operation(_describe_ufunc)
 def apply_ufunc(ufunc, inputs, kwargs, method="__call__"):
     """NumPy's ``ufunc`` on every device at once, with JAX's dtypes (the batching rule of
     an elementwise function: line the ranks up, then one NumPy call)."""
@@ -145,6 +147,15 @@ def apply_ufunc(ufunc, inputs, kwargs, method="__call__"):
 install_operators(Batched, apply_ufunc)
 
 
+def _describe_function(func, args, kwargs):
+    name = getattr(func, "__name__", str(func))
+    if name in METHOD_PRIMITIVES:
+        return _describe_method(name, *args, **kwargs)
+    elementwise = name in ("where", "clip") or isinstance(func, np.ufunc)
+    return program.FUNCTION_PRIMITIVES.get(name, name), ({} if elementwise else {"_settings": True})
+
+
+@program.operation(_describe_function)
 def apply_function(func, args, kwargs):
     """The NumPy function ``func`` on every device: its batching rule, or a loop."""
     rule = FUNCTION_RULES.get(func)
@@ -308,6 +319,86 @@ def _squeeze(x, axis=None):
     return Batched(x.value.squeeze(_shift(axis, x.ndim)))
 
 
+def _axes_param(x, axis):
+    ndim = x.ndim if hasattr(x, "ndim") else 0
+    if axis is None:
+        return tuple(range(ndim))
+    axes = axis if isinstance(axis, (tuple, list)) else (axis,)
+    return tuple(sorted(int(a) % max(ndim, 1) for a in axes))
+
+
+METHOD_PRIMITIVES = {"sum": "reduce_sum", "max": "reduce_max", "min": "reduce_min",
+                     "prod": "reduce_prod", "any": "reduce_or", "all": "reduce_and",
+                     "amax": "reduce_max", "amin": "reduce_min", "argmax": "argmax",
+                     "argmin": "argmin", "cumsum": "cumsum", "cumprod": "cumprod",
+                     "mean": "mean", "std": "std", "var": "var", "reshape": "reshape",
+                     "transpose": "transpose", "squeeze": "squeeze", "astype":
+                     "convert_element_type", "swapaxes": "transpose", "ravel": "reshape",
+                     "flatten": "reshape", "copy": "copy", "real": "real", "imag": "imag",
+                     "conj": "conj", "round": "round", "clip": "clamp"}
+
+
+def _describe_method(name, x, *args, **kwargs):
+    primitive = METHOD_PRIMITIVES.get(name, name)
+    if primitive.startswith("reduce_") or name in ("argmax", "argmin", "mean", "std", "var"):
+        axes = _axes_param(x, kwargs.get("axis", args[0] if args else None))
+        if name == "mean":
+            return primitive, {"axes": axes, "_divisor": math.prod(x.shape[a] for a in axes)}
+        return primitive, {"axes": axes}
+    if name == "transpose":
+        axes = args[0] if len(args) == 1 and not isinstance(args[0], (int, np.integer)) else args
+        axes = tuple(reversed(range(x.ndim))) if axes in (None, ()) else tuple(
+            int(a) % x.ndim for a in axes)
+        return primitive, {"permutation": axes}
+    if name == "squeeze":
+        axis = kwargs.get("axis", args[0] if args else None)
+        dims = [d for d, s in enumerate(x.shape) if s == 1] if axis is None else _axes_param(x, axis)
+        return primitive, {"dimensions": tuple(dims)}
+    if name in ("cumsum", "cumprod"):
+        return primitive, {"axis": kwargs.get("axis", args[0] if args else None)}
+    if name == "astype":
+        return primitive, {"new_dtype": np.dtype(kwargs.get("dtype", args[0] if args else None))}
+    return primitive, {}
+
+
+@program.operation(_describe_method, data_constants=False)
+def call_method(name, x, *args, **kwargs):
+    """``x.name(*args, **kwargs)`` on every device: its batching rule, or a loop."""
+    rule = METHOD_RULES.get(name)
+    if rule is not None:
+        return rule(x, *args, **kwargs)
+    if name in ("real", "imag"):
+        return Batched(getattr(x.value, name))
+    return per_device(lambda v, *a, **k: getattr(v, name)(*a, **k), (x,) + args, kwargs)
+
+
+def _describe_index(x, index):
+    if all(_is_basic(i) for i in index):
+        return "slice", {}
+    return "gather", {}
+
+
+@program.operation(_describe_index, data_constants=False)
+def getitem(x, index):
+    """``x[index]`` on every device (one NumPy indexing of the stack where it can be)."""
+    if not any(isinstance(i, Traced) for i in index):
+        arrays = [k for k, i in enumerate(index) if not _is_basic(i)]
+        if not arrays or arrays == list(range(arrays[0], arrays[-1] + 1)):
+            return Batched(x.value[(slice(None),) + index])
+    return per_device(lambda v, *i: v[i], (x,) + index, {})
+
+
+def as_device_value(x, *args, **kwargs):
+    """``snp.asarray(x, dtype)`` of a stacked value: still a device value, converted."""
+    return _as_device_value(x, *args, **kwargs)
+
+
+@program.operation(lambda x, *a, **k: ("convert_element_type",
+                                       {"new_dtype": np.dtype(k.get("dtype", a[0] if a else x.dtype))}))
+def _as_device_value(x, *args, **kwargs):
+    return Batched(np.asarray(x.value, *args, **kwargs))
+
+
 METHOD_RULES = {name: _reduction(name) for name in (
     "sum", "mean", "max", "min", "prod", "std", "var", "any", "all", "argmax", "argmin",
     "cumsum", "cumprod")}
@@ -354,6 +445,15 @@ def _joined(func):
         ndim = parts[0].ndim - 1 + (func is np.stack)
         return Batched(func(parts, axis=_shift(axis, ndim)))
     return rule
+
+
+def _matmul_dimensions(a, b):
+    """dot_general's ((lhs contracting, rhs contracting), (lhs batch, rhs batch)) for a @ b."""
+    na, nb = np.ndim(a) if type(a) is not Batched else a.ndim, np.ndim(b) if type(b) is not Batched else b.ndim
+    if na == 1 or nb == 1:
+        return (([na - 1], [0 if nb == 1 else nb - 2]), ([], []))
+    batch = list(range(min(na, nb) - 2)) if na == nb else []
+    return (([na - 1], [nb - 2]), (batch, batch))
 
 
 def _matmul(a, b):
@@ -424,27 +524,7 @@ class _BatchedUpdateRef:
         self.x, self.index = x, index
 
     def _apply(self, ufunc, v):
-        x, index = self.x, self.index
-        if all(_is_basic(i) for i in index):
-            out = np.array(x.value, copy=True)
-            where = (slice(None),) + index
-            region = out[where]
-            if type(v) is Batched:
-                pad = region.ndim - v.value.ndim
-                v = v.value.reshape(v.value.shape[:1] + (1,) * pad + v.value.shape[1:])
-            else:
-                v = np.asarray(_value(v))
-            out[where] = v if ufunc is None else ufunc(region, v)
-            return Batched(out)
-
-        def one(value, v, *index):
-            value = np.array(value, copy=True)
-            if ufunc is None:
-                value[index] = v
-            else:
-                ufunc.at(value, index, v)
-            return value
-        return per_device(one, (x, v) + index, {})
+        return _update(self.x, self.index, ufunc, v)
 
     def get(self):
         return self.x[self.index]
@@ -454,6 +534,101 @@ class _BatchedUpdateRef:
     def multiply(self, v): return self._apply(np.multiply, v)
     def min(self, v): return self._apply(np.minimum, v)
     def max(self, v): return self._apply(np.maximum, v)
+
+
+@program.operation(lambda x, index, ufunc, v: (
+    "scatter" if ufunc is None else f"scatter_{program.UFUNC_PRIMITIVES.get(ufunc.__name__, ufunc.__name__)}", {}))
+def _update(x, index, ufunc, v):
+    """``x.at[index].set(v)`` (``ufunc`` None) or ``.add``/``.multiply``/... on every device."""
+    if all(_is_basic(i) for i in index):
+        out = np.array(x.value, copy=True)
+        where = (slice(None),) + index
+        region = out[where]
+        if type(v) is Batched:
+            pad = region.ndim - v.value.ndim
+            v = v.value.reshape(v.value.shape[:1] + (1,) * pad + v.value.shape[1:])
+        else:
+            v = np.asarray(_value(v))
+        out[where] = v if ufunc is None else ufunc(region, v)
+        return Batched(out)
+
+    def one(value, v, *index):
+        value = np.array(value, copy=True)
+        if ufunc is None:
+            value[index] = v
+        else:
+            ufunc.at(value, index, v)
+        return value
+    return per_device(one, (x, v) + index, {})
+
+
+# -- lax.cond / lax.switch -----------------------------------------------------------------
+
+
+def switch(batch, index, branches, operands, what):
+    """``lax.switch`` in a body traced once: every branch is traced (as JAX traces them),
+    each device's own branch is the one it runs, and the results are chosen per device.
+    While a branch runs, its collectives run only for the devices that take it."""
+    source, code = runtime.caller_source()
+    last = len(branches) - 1
+    if type(index) is Batched:
+        if index.shape != ():
+            raise TypeError(
+                f"lax.{what}'s {'predicate' if what == 'cond' else 'index'} must be a scalar on "
+                f"each device, got shape {index.shape}. Reduce it first (e.g. x.sum() > 0), or "
+                f"choose elementwise with snp.where.")
+        chosen = apply_ufunc(np.clip, (index.astype(np.int32), 0, last), {})
+        masks = [chosen == k for k in range(len(branches))]
+    else:
+        k = int(np.clip(int(np.asarray(_value(index))), 0, last))
+        masks = [np.full(batch.n, j == k) for j in range(len(branches))]
+    results = []
+    for k, branch in enumerate(branches):
+        _enter_branch(masks[k], (what, k, source, code))
+        try:
+            results.append(branch(*operands))
+        finally:
+            _leave_branch()
+    from . import tree
+    flat = [tree.flatten(r) for r in results]
+    for k, (leaves, treedef) in enumerate(flat[1:], 1):
+        if treedef != flat[0][1]:
+            raise errors.BranchError(
+                f"lax.{what}'s branches return different structures: {flat[0][1]} and "
+                f"{treedef}. Every branch must return the same pytree of arrays, with the same "
+                f"shapes and dtypes (JAX compiles both).")
+        for a, b in zip(flat[0][0], leaves):
+            sa, sb = (np.shape(_value(a)) if type(a) is not Batched else a.shape,
+                      np.shape(_value(b)) if type(b) is not Batched else b.shape)
+            if sa != sb:
+                raise errors.BranchError(
+                    f"lax.{what}'s branches return arrays of different shapes, {sa} and {sb}. "
+                    f"Every branch must return the same shapes and dtypes (JAX compiles both); "
+                    f"pad or reshape one of them.")
+    chosen = list(flat[0][0])
+    for k in range(1, len(branches)):
+        mask = masks[k]
+        chosen = [_choose(mask, b, a) for a, b in zip(chosen, flat[k][0])]
+    return tree.unflatten(flat[0][1], chosen)
+
+
+def _choose(mask, yes, no):
+    """``yes`` on the devices where ``mask`` holds, ``no`` elsewhere."""
+    if defers_to(yes) or defers_to(no):            # simpmd.grad's values: its own rule
+        return np.where(mask, yes, no)
+    mask = mask if type(mask) is Batched else Batched(np.asarray(mask))
+    return apply_function(np.where, (mask, yes, no), {})
+
+
+@program.operation(lambda mask, label: ("cond_branch", {"branch": label[1]}), data_constants=False)
+def _enter_branch(mask, label):
+    taking = np.asarray(mask.value if type(mask) is Batched else mask, dtype=bool).reshape(-1)
+    runtime.current_task().branches.append((taking, label))
+
+
+@program.operation(lambda: ("cond_branch_end", {}))
+def _leave_branch():
+    runtime.current_task().branches.pop()
 
 
 # -- the program that stands for every device ------------------------------------------------
@@ -479,8 +654,11 @@ class Batch:
         self.grid = np.arange(self.n).reshape([s for _, s in self.axes])
         self._coords = None
         self.maps_a_mesh = maps_a_mesh        # a shard_map's run (for error messages)
+        # Inside lax.cond / lax.switch: (devices taking the branch, what to call it), innermost last
+        self.branches: list = []
         # shard_map(check_vma=True) sets these: id(body input) -> (input, mesh axes it varies over)
         self.check_vma, self.input_vma = False, {}
+        self.out_types = None       # [(vma, var)] of each result leaf, once typed
         # Nesting: ``outer`` is the batch whose body called this one's pmap; ``inner`` the
         # size of the grid a pmap in this body adds below each of its devices, and
         # ``inner_batch`` that pmap's batch.
@@ -505,6 +683,7 @@ class Batch:
                 f"nested pmap needs a grid of {shape} = {self.n * size} devices, but only "
                 f"{len(self.all_devices)} are available. Call "
                 f"simpmd.set_device_count({self.n * size}) or map smaller sizes.")
+        program.break_recording("the body calls a nested pmap")
         self.inner = size
         self.inner_batch = Batch(self.all_devices, self.axes + tuple(inner_axes),
                                  self.maps_a_mesh, self)
@@ -625,12 +804,20 @@ class Batch:
     def collective(self, op, axis_names, leaves, params, groups):
         """Run ``op`` over ``axis_names`` for every group at once; the outputs, stacked."""
         sets, size = self._groups(axis_names, op, groups)
+        logged_sets = self._taking_this_branch(sets, op, axis_names) if self.branches else sets
         stacks = [self._stacked(v) for v in leaves]
         check = collectives.PRECHECK.get(op)
         if check is not None:          # on device 0's values: every device has their shapes
             check([s[0] for s in stacks], sets[0].shape[1], params, self.where(0), axis_names)
         outputs = [_run_stacked(op, s, sets, params, self.n) for s in stacks]
         source, code = runtime.caller_source()
+        results = [Batched(o) for o in outputs]
+        program.record(*_describe_collective(op, axis_names, params, groups, size),
+                       functools.partial(_replay_collective, op, axis_names, params, groups),
+                       (list(leaves),), results)
+        if not logged_sets:             # a branch no device takes: traced, never run
+            return results
+        sets = logged_sets
         log = self.root
         log.calls += 1
         label = None if groups is None else tuple(tuple(g) for g in groups)
@@ -638,7 +825,40 @@ class Batch:
         log.records.append((self, "collective", log.step + 1, op, axis_names, logged, params,
                             stacks, outputs, sets, log.calls, source, code, current_phase()))
         log.step += sum(m.shape[0] for m in sets)
-        return [Batched(o) for o in outputs]
+        return results
+
+    def _taking_this_branch(self, sets, op, axis_names):
+        """The groups whose devices all take the branches now running (a collective
+        there runs for them only); a group split between branches is a deadlock."""
+        taking = np.logical_and.reduce([mask for mask, _ in self.branches])
+        kept = []
+        for members in sets:
+            inside = taking[members]
+            split = inside.any(axis=1) & ~inside.all(axis=1)
+            if split.any():
+                row = members[np.argmax(split)]
+                raise errors.DeadlockError(self._deadlock_text(row, taking, op, axis_names))
+            if inside.all(axis=1).any():
+                kept.append(members[inside.all(axis=1)])
+        return kept
+
+    def _deadlock_text(self, row, taking, op, axis_names):
+        _, (what, k, source, code) = self.branches[-1]
+        ids = [self.devices[i].id for i in row]
+        here = [self.devices[i].id for i in row if taking[i]]
+        away = [i for i in ids if i not in here]
+        axes = axis_names[0] if len(axis_names) == 1 else axis_names
+        where, line = runtime.caller_source()
+        branch = {("cond", 1): "the true branch", ("cond", 0): "the false branch"}.get(
+            (what, k), f"branch {k}")
+        return (f"deadlock: lax.{what} at {source} ({code}) sends devices "
+                f"{errors.id_ranges(here)} into {branch}, which calls {op} over axis {axes!r} "
+                f"at {where} ({line}); devices {errors.id_ranges(away)} of the same group take "
+                f"another branch and never reach it. The {op} needs all {len(ids)} devices of "
+                f"the group ({errors.id_ranges(ids)}), so on real hardware the devices that "
+                f"reached it wait forever (jax.pmap hangs). Move the collective out of the "
+                f"branch (compute it on every device, then choose with lax.cond or "
+                f"snp.where), or make the predicate the same on every device of the group.")
 
     def _stacked(self, v):
         if type(v) is Batched:
@@ -650,6 +870,8 @@ class Batch:
 
     def print(self, fmt, args, kwargs, source, code):
         """``simpmd.debug.print``: one line per device, printed when the body returns."""
+        program.record("debug_callback", {"callback": f"print({fmt!r})"},
+                       functools.partial(_replay_print, fmt, source, code), (args, kwargs), None)
         texts = [fmt.format(*at_device(args, k), **at_device(kwargs, k)) for k in range(self.n)]
         log = self.root
         log.prints += [f"[{self.where(k)}] {t}" for k, t in enumerate(texts)]
@@ -667,9 +889,40 @@ class Batch:
     def error(self, text):
         self.root.records.append((self, "error", self.root.step, text))
 
-    def events(self) -> list:
+    def summary(self):
+        """What the trace's header and table need, read off the stacked records without
+        writing out every device's events: None when an inner pmap makes it complicated."""
+        if self.inner:
+            return None
+        count, groups, sent = 0, 0, 0
+        for record in self.root.records:
+            batch, kind = record[0], record[1]
+            if kind == "receive":
+                count += batch.n * len(record[3])
+            elif kind in ("return",):
+                count += batch.n
+            elif kind == "print":
+                count += len(record[3])
+            elif kind == "error":
+                count += 1
+            else:
+                op, params, stacks, sets = record[3], record[6], record[7], record[9]
+                bytes_fn = collectives.WIRE_BYTES[op]
+                nbytes = [st[0].nbytes for st in stacks]
+                for members in sets:
+                    g, p = members.shape
+                    count += g * p
+                    groups += g
+                    sent += g * sum(bytes_fn(b, p, pos, **params)[0]
+                                    for pos in range(p) for b in nbytes)
+        programs = [f"device {d.id}" for d in sorted(self.devices, key=lambda d: d.id)]
+        return {"events": count, "collective_groups": groups, "bytes_sent": sent,
+                "programs": programs}
+
+    def events(self, only=None, limit=None, collectives_only=False) -> list:
         """The per-device log, written out from the stacked records (of every batch of
-        the run, inner pmaps' included)."""
+        the run, inner pmaps' included): every event, or those of device ``only``, or the
+        first ``limit``."""
         out, seq, names = [], {}, {}
 
         def programs(batch):
@@ -684,62 +937,141 @@ class Batch:
                     names[batch] = (labels, ids, [(i,) for i in ids], ids)
             return names[batch]
 
+        class Enough(Exception):
+            pass
+
         def writer(batch):
             labels, ids, spans, _ = programs(batch)
 
             def event(k, kind, step, **fields):
+                if only is not None and ids[k] != only:
+                    return None
                 key = (id(batch), k)
                 e = Event(kind=kind, program=labels[k], coords=batch.coords_of(k),
                           seq=seq.get(key, 0), step=step, device=ids[k], devices=spans[k],
                           **fields)
                 seq[key] = e.seq + 1
                 out.append(e)
+                if limit is not None and len(out) >= limit:
+                    raise Enough
                 return e
+
+            def skip(k, count):
+                """Count ``count`` events of program ``k`` without writing them out."""
+                key = (id(batch), k)
+                seq[key] = seq.get(key, 0) + count
+            event.skip = skip
             return event
 
+        try:
+            self._write(writer, programs, only, collectives_only)
+        except Enough:
+            pass
+        return out
+
+    def _write(self, writer, programs, only, collectives_only=False):
         for record in self.root.records:
             batch, kind, step = record[0], record[1], record[2]
+            if collectives_only and kind != "collective":
+                event = writer(batch)         # their places in each program's log still count
+                if kind == "receive":
+                    for k in range(batch.n):
+                        event.skip(k, len(record[3]))
+                elif kind in ("return", "print"):
+                    for k in range(batch.n):
+                        event.skip(k, 1)
+                elif kind == "error":
+                    event.skip(0, 1)
+                continue
             event = writer(batch)
+            ks = range(batch.n)
+            if only is not None and kind in ("receive", "return", "print"):
+                _, ids, _, _ = programs(batch)
+                ks = [k for k in ks if ids[k] == only]
             if kind == "receive":
-                for k in range(batch.n):
+                for k in ks:
                     for piece in record[3]:
                         event(k, "receive", step, inputs=(piece.stack[k, ...],),
                               detail=piece.detail(k))
             elif kind == "return":
                 stack, detail = record[3], record[4]
-                for k in range(batch.n):
+                for k in ks:
                     event(k, "return", step, outputs=(stack[k, ...],), detail=detail(k))
             elif kind == "print":
-                for k, text in enumerate(record[3]):
+                for k in ks:
+                    text = record[3][k]
                     event(k, "print", step, detail=text, source=record[4], code=record[5])
             elif kind == "error":
                 event(0, "error", step, detail=record[3])
             else:
                 labels, _, _, members = programs(batch)
-                _collective_events(record[1:], event, labels, members)
-        return out
+                _collective_events(record[1:], event, labels, members, only)
 
 
-def _collective_events(record, event, labels, members_of):
-    """One event per member of every group of one stacked collective."""
+def _collective_events(record, event, labels, members_of, only=None):
+    """One event per member of every group of one stacked collective (of device ``only``'s
+    group alone, if given)."""
     (_, step, op, axes, logged, params, stacks, outputs, sets, call, source, code,
      phase) = record
     bytes_fn = collectives.WIRE_BYTES[op]
     nbytes = [s[0].nbytes for s in stacks]
     for members in sets:
         p = members.shape[1]
-        moved = [tuple(map(sum, zip(*(bytes_fn(b, p, pos, **params) for b in nbytes))))
-                 or (0, 0) for pos in range(p)]
+
+        @functools.lru_cache(maxsize=None)
+        def moved(pos):
+            return tuple(map(sum, zip(*(bytes_fn(b, p, pos, **params) for b in nbytes)))) or (0, 0)
         for row in members.tolist():
             group = tuple(members_of[k] for k in row)
+            if only is not None and only not in group:
+                step += 1
+                continue
             programs = tuple(labels[k] for k in row)
             for pos, k in enumerate(row):
+                if only is not None and members_of[k] != only:
+                    continue
                 event(k, "collective", step, call=call, op=op, axes=axes, member=pos,
                       params=logged, inputs=tuple(s[k, ...] for s in stacks),
-                      outputs=tuple(o[k, ...] for o in outputs), bytes_sent=moved[pos][0],
-                      bytes_received=moved[pos][1], source=source, code=code,
+                      outputs=tuple(o[k, ...] for o in outputs), bytes_sent=moved(pos)[0],
+                      bytes_received=moved(pos)[1], source=source, code=code,
                       group=group, group_programs=programs, phase=phase)
             step += 1
+
+
+def _replay_collective(op, axis_names, params, groups, leaves):
+    return runtime.current_task().collective(op, axis_names, leaves, params, groups)
+
+
+def _replay_print(fmt, source, code, args, kwargs):
+    runtime.current_task().print(fmt, args, kwargs, source, code)
+
+
+def replay_axis_index(axis_names):
+    return Batched(runtime.current_task().axis_index(axis_names))
+
+
+def _describe_collective(op, axes, params, groups, size):
+    """JAX's primitive name and parameters for a collective (as ``jax.make_jaxpr`` prints them)."""
+    groups = None if groups is None else tuple(tuple(g) for g in groups)
+    name = axes if len(axes) > 1 else axes[0]
+    if op in ("psum", "pmax", "pmin"):
+        return op, {"axes": axes, "axis_index_groups": groups}
+    if op == "pmean":
+        return "pmean", {"axes": axes, "axis_index_groups": groups, "_divisor": size}
+    if op == "all_gather":
+        return op, {"all_gather_dimension": params["axis"], "axis_index_groups": groups,
+                    "axis_name": axes, "axis_size": size, "tiled": params["tiled"]}
+    if op == "psum_scatter":
+        return "reduce_scatter", {"axis_index_groups": groups, "axis_name": axes,
+                                  "axis_size": size, "scatter_dimension": params["scatter_dimension"],
+                                  "tiled": params["tiled"]}
+    if op == "all_to_all":
+        return op, {"axis_index_groups": groups, "axis_name": name,
+                    "concat_axis": params["concat_axis"], "split_axis": params["split_axis"],
+                    "tiled": params["tiled"]}
+    if op == "ppermute":
+        return op, {"axis_name": axes, "perm": params["perm"]}
+    return op, dict(params, axis_name=axes, axis_index_groups=groups)
 
 
 class _Named:

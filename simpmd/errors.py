@@ -28,6 +28,10 @@ class DivergenceError(SimpmdError):
     """Devices of one group called different collectives, or the same one with other shapes."""
 
 
+class BranchError(SimpmdError, TypeError):
+    """The branches of lax.cond / lax.switch return different structures, shapes or dtypes."""
+
+
 class DeadlockError(SimpmdError):
     """Some devices wait at a collective that the rest of their group will never join."""
 

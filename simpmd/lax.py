@@ -13,13 +13,15 @@ import numbers
 
 import numpy as np
 
-from . import autodiff, errors, handoff, tree
+import functools
+
+from . import autodiff, batching, errors, handoff, program, tree
 from .batching import Batch, Batched
 from .runtime import current_task
 from .traced import Traced
 
 __all__ = ["psum", "pmean", "pmax", "pmin", "all_gather", "psum_scatter", "ppermute",
-           "pshuffle", "all_to_all", "pswapaxes", "axis_index", "axis_size"]
+           "pshuffle", "all_to_all", "pswapaxes", "axis_index", "axis_size", "cond", "switch"]
 
 
 def _axes(axis_name) -> tuple:
@@ -99,6 +101,12 @@ def _run(op, x, axis_name, params, groups=None, flat=None):
     _check_axis_name(axis_name, op)
     leaves, treedef = flat or tree.flatten(x)
     groups = None if groups is None else [list(g) for g in groups]
+    if groups is not None and task.sim.maps_a_mesh and task.sim.check_vma:
+        raise errors.CollectiveArgumentError(
+            f"lax.{op} got axis_index_groups inside shard_map with check_vma=True; real JAX "
+            f"does not implement that combination (it raises NotImplementedError). Pass "
+            f"check_vma=False to shard_map, use pmap, or split the mesh axis into two "
+            f"axes and reduce over one of them.")
     if autodiff.holds_tracer(leaves):        # a value simpmd.grad is differentiating
         return autodiff.collective(op, leaves, treedef, axis_name, params, groups,
                                    lambda primals: tree.flatten(_run(
@@ -206,7 +214,11 @@ def axis_index(axis_name):
         return _outside("axis_index", axis_name)
     _check_axis_name(axis_name, "axis_index")
     if type(task) is Batch:
-        return Batched(task.axis_index(_axes(axis_name)))
+        out = Batched(task.axis_index(_axes(axis_name)))
+        axes = _axes(axis_name)
+        program.record("axis_index", {"axis_name": axes if len(axes) > 1 else axes[0]},
+                       functools.partial(batching.replay_axis_index, axes), (), out)
+        return out
     index, _ = task.sim.axis_position(task, _axes(axis_name), "axis_index")
     return Traced(np.asarray(index, dtype=np.int32), task.sim.eager)
 
@@ -224,6 +236,43 @@ def _size(task, axes, opname):
     if type(task) is Batch:
         return task.axis_size(axes, opname)
     return task.sim.axis_position(task, axes, opname)[1]
+
+
+# -- control flow on device values ----------------------------------------------------------
+
+
+def cond(pred, true_fun, false_fun, *operands):
+    """``true_fun(*operands)`` where ``pred`` is true, ``false_fun(*operands)`` elsewhere.
+
+    As ``jax.lax.cond``: the choice may depend on a device value, so different devices
+    can take different branches. That is how a collective gets past tracing into only
+    some devices' programs: under ``jax.pmap`` such a program hangs. simpmd traces both
+    branches, runs each device's own, and stops with a :class:`DeadlockError` that names
+    the devices in each branch if a collective is reached by only some of its group.
+    """
+    return switch(pred, (false_fun, true_fun), *operands, _what="cond")
+
+
+def switch(index, branches, *operands, _what="switch"):
+    """``branches[index](*operands)``, per device (``index`` clamped into range), as
+    ``jax.lax.switch``."""
+    branches = list(branches)
+    if not branches:
+        raise ValueError("lax.switch needs at least one branch")
+    task = current_task()
+    if task is None or handoff.holds_tracer((index, operands)):
+        if handoff.holds_tracer((index, operands)):
+            import jax
+            if _what == "cond":
+                return jax.lax.cond(index, branches[1], branches[0], *operands)
+            return jax.lax.switch(index, branches, *operands)
+        k = int(np.clip(int(np.asarray(index)), 0, len(branches) - 1))
+        return branches[k](*operands)
+    if type(task) is not Batch:                 # one program per device: a Python choice
+        value = index.value if isinstance(index, Traced) else np.asarray(index)
+        k = int(np.clip(int(np.asarray(value)), 0, len(branches) - 1))
+        return branches[k](*operands)
+    return batching.switch(task, index, branches, operands, _what)
 
 
 # -- the transposes, for simpmd.grad ---------------------------------------------------------

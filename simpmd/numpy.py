@@ -119,6 +119,8 @@ def _dispatching(namespace: tuple, name: str):
         if name in _KEEPS_DEVICE_VALUES and not namespace and args and _is_grad_tracer(args[0]):
             return args[0] if len(args) == 1 and not kwargs else args[0].astype(
                 kwargs.get("dtype", args[1] if len(args) > 1 else args[0].dtype))
+        if name in _KEEPS_DEVICE_VALUES and not namespace and args and type(args[0]) is _batching.Batched:
+            return _batching.as_device_value(args[0], *args[1:2], **kwargs)
         if name in _KEEPS_DEVICE_VALUES and not namespace and args and isinstance(args[0], _Traced):
             x = args[0]
             return x._with(_np.asarray(x.value, *args[1:2], **kwargs))

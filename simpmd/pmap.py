@@ -21,7 +21,7 @@ import warnings
 import numpy as np
 
 from .devices import device_count, devices as platform_devices
-from . import errors, handoff, spmd, tree
+from . import errors, handoff, program, spmd, tree
 from .array import Array
 from .batching import Batch, Batched
 from .mesh import ShardingError
@@ -272,8 +272,19 @@ class Pmapped:
             for i, v in zip(dynamic, dyn):
                 full[i] = v
             return self.fun(*full, **kw)
+        cache = None
+        if parent is None and not self.eager:
+            # JAX's signature: the function, the static arguments, the axes, and each
+            # argument's shape and dtype (64-bit numbers count as the 32-bit ones JAX makes).
+            leaves = tuple((tuple(np.shape(v)), program.canonical_dtype(v.dtype), ax)
+                           for conv in arrays if conv is not None for v, ax in conv)
+            key = ("pmap", self.axis_name, repr(self.in_axes), repr(self.out_axes),
+                   self.axis_size, size, tuple(d.id for d in device_list),
+                   tuple((i, type(args[i]), args[i]) for i in sorted(static)),
+                   tuple(str(d) for d in defs), str(kw_def), leaves)
+            cache = (self.fun, key)
         return spmd.run(self, body, device_list, ((self.axis_name, size),), tuple(mapped), kw,
-                        self._assemble, eager=self.eager)
+                        self._assemble, eager=self.eager, cache=cache)
 
     def _check_nesting(self, parent):
         """A pmap inside another's body maps a sub-grid; inside shard_map it cannot."""
@@ -299,6 +310,11 @@ class Pmapped:
     def _device_list(self) -> list:
         """The devices a top-level call may use: ``devices=``, or all of the platform's."""
         device_list = list(self.devices) if self.devices is not None else platform_devices()
+        if self.devices is not None and not device_list:
+            raise ValueError(
+                "pmap was given devices=[], an empty list, so there is no device to run on. "
+                "Pass the devices to map over, e.g. devices=simpmd.devices()[:n] for the "
+                "first n, or leave devices= out to use all of them.")
         for d in device_list:
             if type(d).__name__ != "SimDevice":
                 raise TypeError(f"devices= must list simpmd.devices(), got {d!r}")
@@ -343,7 +359,7 @@ class Pmapped:
                 ax = ax % (first.ndim + 1)
                 run.returned(s, lambda i, a=f"{label}[{':, ' * ax}": f"{a}{i % m}]")
             if not run.nested:
-                out.append(Array(s, run.devices, ax, _grid_layout(run, s, ax)))
+                out.append(Array(s, run.devices, ax, _grid_layout(run, s, ax), self.axis_name))
             elif type(run) is Batch:         # every outer device's value, stacked
                 out.append(Batched(per_outer[:, 0] if ax is None else
                                    np.moveaxis(per_outer, 1, ax + 1)))

@@ -26,7 +26,8 @@ import threading
 
 import numpy as np
 
-from . import collectives, errors
+from . import collectives, errors, program
+from .program import replay_source
 from .trace import Event, Trace, current_phase
 from . import tree
 
@@ -34,7 +35,8 @@ from . import tree
 # frame outside them (so the tour in simpmd/__main__.py still counts as user code).
 ENGINE_MODULES = {"simpmd.lax", "simpmd.runtime", "simpmd.pmap", "simpmd.traced", "simpmd.debug",
                   "simpmd.collectives", "simpmd.tree", "simpmd.numpy", "simpmd.shard_map",
-                  "simpmd.batching", "simpmd.autodiff", "simpmd.spmd", "simpmd.handoff"}
+                  "simpmd.batching", "simpmd.autodiff", "simpmd.spmd", "simpmd.handoff",
+                  "simpmd.program"}
 _local = threading.local()            # .task: the program this thread is running
 _idle_workers: list = []              # parked worker threads, reused across runs
 _WORKER_STACK = 1 << 20               # 1 MiB is plenty for a device's Python frames
@@ -175,6 +177,9 @@ def user_stacklevel() -> int:
 
 def caller_source() -> tuple[str, str]:
     """('file.py:12', 'the code on that line') for the user code that called into simpmd."""
+    replayed = replay_source()
+    if replayed is not None:         # a cached program: the line that was traced
+        return replayed
     frame = sys._getframe(1)
     while frame is not None and frame.f_globals.get("__name__") in ENGINE_MODULES:
         frame = frame.f_back
@@ -193,6 +198,7 @@ def caller_source() -> tuple[str, str]:
 
 
 _sources: dict = {}                  # (code object, line) -> (source, code): SPMD repeats them
+program.where_called = caller_source
 
 
 class _Rendezvous:

@@ -227,7 +227,11 @@ class ShardMapped:
             name, first = f"out{spmd.leaf_label(treedef, j)}", stack[0]
             check_spec(spec, mesh, f"out_specs for {name} (a result of shape {first.shape})",
                        first.ndim)
-            if not _replicated(stack, spec, mesh):
+            types = getattr(run, "out_types", None) if self.check_vma else None
+            if types is not None:           # check_vma: JAX decides from the value's type
+                self._check_types(types[j], getattr(run, "why", {}), stack, spec, name,
+                                  first.ndim, run, coords)
+            elif not _replicated(stack, spec, mesh):
                 where = [_Named(run.where(k)) for k in range(run.n)]
                 self._check_replicated(where, list(stack), coords, spec, name, first.ndim)
             whole = _join_blocks(stack, spec, mesh)
@@ -235,6 +239,42 @@ class ShardMapped:
                 name, shape, spec, block_slices(spec, mesh, shape, coords[k]), "into"))
             out_leaves.append(MeshArray(whole, NamedSharding(mesh, spec)))
         return tree.unflatten(treedef, out_leaves)
+
+    def _check_types(self, typed, why, stack, spec, name, ndim, run, coords):
+        """Under check_vma, an out_spec may leave out a mesh axis only if the result's type
+        says it does not vary over it, whatever its values are (as JAX checks)."""
+        vma, var = typed
+        missing = sorted(vma - set(spec.mesh_axes()))
+        if not missing:
+            return
+        if not _replicated(stack, spec, self.mesh):     # the values differ too: show them
+            where = [_Named(run.where(k)) for k in range(run.n)]
+            self._check_replicated(where, list(stack), coords, spec, name, ndim)
+        causes = []
+        for axis in missing:
+            made = why.get((var, axis))
+            if made is None:
+                causes.append(f"over {axis!r} because an input split over {axis!r} by in_specs "
+                              f"flows into it")
+            else:
+                primitive, source, code = made
+                causes.append(f"over {axis!r} because of {primitive} at {source}"
+                              + (f" ({code})" if code else ""))
+        axes = " and ".join(repr(a) for a in missing)
+        over = repr(missing[0]) if len(missing) == 1 else repr(tuple(missing))
+        equal = _replicated(stack, spec, self.mesh)
+        fact = (f" Its values happen to be equal along {axes} here, but JAX does not look at "
+                f"values: it decides from the type, before anything runs, and the type says "
+                f"varying (an all_gather's or ppermute's result, or axis_index, stays varying "
+                f"over its axis even when every device ends up with the same numbers)."
+                if equal else "")
+        raise ShardingError(
+            f"out_specs {spec!r} for {name} leaves out mesh axis {axes}, which declares it "
+            f"replicated there, but under check_vma=True its type says it varies "
+            f"{'; '.join(causes)}.{fact} Real JAX refuses this too ('out_specs which require "
+            f"replication which can't be statically inferred'). Either reduce it over "
+            f"{axes} (lax.psum(..., {over}) or lax.pmean), or {_suggest(spec, missing, ndim)} "
+            f"to keep each device's block, or pass check_vma=False to skip the check.")
 
     def _check_replicated(self, tasks, values, coords, spec, name, ndim):
         """Along every mesh axis ``spec`` leaves out, all devices must hold the same value."""

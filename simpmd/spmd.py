@@ -26,7 +26,7 @@ import math
 
 import numpy as np
 
-from . import batching, errors, tree
+from . import batching, errors, program, tree
 from .batching import Batch, Batched, run_once
 from .runtime import Simulation, current_task, flat_results, _refuse_non_arrays
 from .trace import Trace
@@ -62,7 +62,7 @@ class Piece:
 
 
 def run(owner, fun, devices, axes, args, kwargs, assemble, *, eager=False, check_vma=False,
-        maps_a_mesh=False):
+        maps_a_mesh=False, cache=None):
     """Run ``fun(*args, **kwargs)`` over the grid ``axes`` (``((name, size), ...)``) of
     ``devices``, and return ``assemble(stacks, treedef, run)``.
 
@@ -75,6 +75,10 @@ def run(owner, fun, devices, axes, args, kwargs, assemble, *, eager=False, check
     of each program's inner pmap, if any). Called inside a running program, the grid is
     nested under it (a nested pmap). ``owner.trace`` is set to the run's trace, which
     :func:`last_trace` returns too.
+
+    ``cache`` is ``(function, signature)`` for a front end that caches its programs as
+    JAX does (pmap): the first call with a signature traces the body into a program
+    (``program.py``), later ones run the program and none of the body's Python.
     """
     parent = current_task()
     if type(parent) is Batch:
@@ -84,23 +88,33 @@ def run(owner, fun, devices, axes, args, kwargs, assemble, *, eager=False, check
     if parent is None and not eager and batching.TRACE_ONCE:
         batch = Batch(devices, axes, maps_a_mesh=maps_a_mesh)
         batch.check_vma = check_vma
-        return _run_once(owner, fun, batch, args, kwargs, assemble)
+        return _run_once(owner, fun, batch, args, kwargs, assemble, cache)
     return _run_per_device(owner, fun, devices, axes, args, kwargs, assemble, eager, check_vma,
                            maps_a_mesh, parent)
 
 
-def _run_once(owner, fun, batch, args, kwargs, assemble):
-    """The body, one time, over every device's piece stacked (see batching.py)."""
+def _run_once(owner, fun, batch, args, kwargs, assemble, cache=None):
+    """The body, one time, over every device's piece stacked (see batching.py), or its
+    cached program (see program.py)."""
     leaves, treedef = tree.flatten((args, kwargs))
     pieces = [x for x in leaves if type(x) is Piece]
     for x in pieces:
         if x.varies is not None:
             batch.input_vma[id(x.stack)] = (x.stack, x.varies)
     batch.receive(pieces)
-    args, kwargs = tree.unflatten(treedef, [Batched(x.stack) if type(x) is Piece else x
-                                            for x in leaves])
+    inputs = [Batched(x.stack) if type(x) is Piece else x for x in leaves]
+    args, kwargs = tree.unflatten(treedef, inputs)
+    traced = None if cache is None else program.cached(*cache)
+    if _capturing:                       # make_jaxpr of a mapped function: trace it anew
+        cache, traced = None, None
     try:
-        result = run_once(batch, fun, args, kwargs)
+        if isinstance(traced, program.Program):
+            result = run_once(batch, traced.run, (inputs,), {})
+        elif (cache is not None and traced is None) or _capturing or batch.check_vma:
+            varies = [x.varies if type(x) is Piece else None for x in leaves]
+            result = trace(batch, fun, args, kwargs, inputs, treedef, cache, varies)
+        else:
+            result = run_once(batch, fun, args, kwargs)
         out, out_def = tree.flatten(result)
         _refuse_non_arrays([batching._Named(batch.where(0))], [(out, out_def)], out_def)
         stacks = [v.value if type(v) is Batched else _everywhere(plain(v), batch.n) for v in out]
@@ -110,8 +124,84 @@ def _run_once(owner, fun, batch, args, kwargs, assemble):
             exc.trace = Trace(batch.events)
         owner.trace = record_trace(exc.trace)
         raise
-    owner.trace = record_trace(Trace(batch.events))
+    owner.trace = record_trace(Trace(batch.events, log=batch))
     return outputs
+
+
+def trace(batch, fun, args, kwargs, inputs, treedef, cache=None, varies=None):
+    """Run the body once while recording its program; cache the program under ``cache``
+    (or, if it cannot be replayed, that it must be traced on every call). Under
+    ``shard_map(check_vma=True)`` the program also types each value with the mesh axes it
+    varies over (``varies``: each input's), and ``batch.out_types`` gets the results'."""
+    rec = program.Recorder(track_vma=batch.check_vma)
+    varies = varies or [None] * len(inputs)
+    invars = [rec.input(v, a) if type(v) is Batched else None for v, a in zip(inputs, varies)]
+    with program.recorder_active(rec):
+        result = run_once(batch, fun, args, kwargs)
+    traced = rec.finish(invars, treedef, result)
+    traced.broken = rec.broken
+    if batch.check_vma:
+        batch.out_types = [(traced.vma.get(v, frozenset()), v) if type(v) is program.Var
+                           else (frozenset(), None) for v in traced.outs]
+        batch.why = traced.why
+    if cache is not None:
+        program.store(*cache, traced if rec.broken is None else program.UNCACHEABLE)
+    program.last_traced = traced
+    return result
+
+
+_capturing: list = []
+
+
+def make_jaxpr(fun, static_argnums=(), axis_env=None, return_shape=False):
+    """``jax.make_jaxpr``: ``make_jaxpr(f, axis_env=[("i", 8)])(x)`` traces ``f`` as one
+    device would run it, inside a map over the named axes, and returns its program, which
+    prints in JAX's notation (collectives included). ``f`` may also be a ``simpmd.pmap``-ed
+    or ``shard_map``-ed function: then the program is its body's, as each device runs it
+    (JAX prints the same body inside a ``shard_map`` equation).
+    """
+    static = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
+
+    def traced(*args, **kwargs):
+        if hasattr(fun, "trace") and hasattr(fun, "fun"):      # a pmap or shard_map
+            _capturing.append(True)
+            program.last_traced = None
+            try:
+                out = fun(*args, **kwargs)
+            finally:
+                _capturing.pop()
+            jaxpr = program.last_traced
+            return (jaxpr, _shapes(out)) if return_shape else jaxpr
+        axes = tuple((name, int(size)) for name, size in (axis_env or ()))
+        n = math.prod(size for _, size in axes)
+        from .devices import SimDevice
+        batch = Batch([SimDevice(i) for i in range(n)], axes)
+        dynamic = [i for i in range(len(args)) if i not in {a % max(len(args), 1) for a in static}]
+        leaves, treedef = tree.flatten(([args[i] for i in dynamic], kwargs))
+        inputs = []
+        for x in leaves:
+            if isinstance(x, (str, bytes)) or x is None:
+                inputs.append(x)                   # not an array: reaches the body as it is
+            else:
+                a = plain(x)
+                inputs.append(Batched(np.broadcast_to(a, (n,) + a.shape)))
+        dyn, kw = tree.unflatten(treedef, inputs)
+
+        def body(*dyn, **kw):
+            full = list(args)
+            for i, v in zip(dynamic, dyn):
+                full[i] = v
+            return fun(*full, **kw)
+        result = trace(batch, body, dyn, kw, inputs, treedef)
+        jaxpr = program.last_traced
+        return (jaxpr, _shapes(result)) if return_shape else jaxpr
+    return traced
+
+
+def _shapes(out):
+    """The shape and dtype of each result leaf (``return_shape=True``)."""
+    leaves, treedef = tree.flatten(out)
+    return tree.unflatten(treedef, [(tuple(np.shape(plain(v))), plain(v).dtype) for v in leaves])
 
 
 def _run_per_device(owner, fun, devices, axes, args, kwargs, assemble, eager, check_vma,

@@ -6,6 +6,7 @@ here, the pictures in ``simpmd.viz``, the estimates in ``simpmd.cost``) only rea
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 import contextlib
 import contextvars
 import html
@@ -164,6 +165,29 @@ def _table(rows: list[dict], columns=_COLUMNS, max_width: int = 60) -> str:
     return "\n".join(lines)
 
 
+class _EventList(Sequence):
+    """``trace.events`` of a columnar log: its length is known at once, and every device's
+    events are written out the first time one of them is read."""
+
+    def __init__(self, trace, n):
+        self._trace, self._n = trace, n
+
+    def __len__(self):
+        return self._n
+
+    def __getitem__(self, index):
+        return self._trace._written_out()[index]
+
+    def __iter__(self):
+        return iter(self._trace._written_out())
+
+    def __eq__(self, other):
+        return list(self) == list(other)
+
+    def __repr__(self):
+        return repr(self._trace._written_out())
+
+
 class Trace:
     """The logs of one run: every event, per program and merged.
 
@@ -173,13 +197,34 @@ class Trace:
     values stacked, and writes the per-device records only when someone reads them.
     """
 
-    def __init__(self, events, eager: bool = False, max_rows: int = 64):
+    def __init__(self, events, eager: bool = False, max_rows: int = 64, log=None):
         self._events = events if callable(events) else list(events)
         self.eager = eager
         self.max_rows = max_rows
+        # A run traced once keeps its log columnar (one record per collective call, every
+        # device's values stacked); ``log`` answers the header and the first rows, and
+        # one device's rows, without writing out every device's events.
+        self._log = log
+        self._summary = None
+
+    def _columnar(self):
+        """The columnar log's summary, while the events have not been written out."""
+        if self._log is None or not callable(self._events):
+            return None
+        if self._summary is None:
+            self._summary = self._log.summary() or False
+        return self._summary or None
 
     @property
     def events(self) -> list[Event]:
+        if callable(self._events):
+            summary = self._columnar()
+            if summary is not None:          # written out when first looked into
+                return _EventList(self, summary["events"])
+            self._events = list(self._events())
+        return self._events
+
+    def _written_out(self) -> list:
         if callable(self._events):
             self._events = list(self._events())
         return self._events
@@ -191,6 +236,9 @@ class Trace:
     # -- plain data -----------------------------------------------------------------------
     @property
     def programs(self) -> list[str]:
+        summary = self._columnar()
+        if summary is not None:
+            return list(summary["programs"])
         seen: dict = {}
         for e in self.events:
             seen.setdefault(e.program, e.device if e.device is not None else -1)
@@ -201,12 +249,15 @@ class Trace:
 
     def device(self, device_id: int) -> "Trace":
         """The log of one simulated device, as a Trace of its own."""
+        if self._columnar() is not None:
+            return Trace(self._log.events(only=device_id), self.eager, self.max_rows)
         return Trace([e for e in self.events if e.device == device_id], self.eager, self.max_rows)
 
     def collectives(self) -> list[list[Event]]:
         """Each collective instance (one group's rendezvous) as its members' events."""
         by_step: dict = {}
-        for e in self.events:
+        columnar = self._columnar() is not None
+        for e in (self._log.events(collectives_only=True) if columnar else self.events):
             if e.kind == "collective":
                 by_step.setdefault(e.step, []).append(e)
         return [sorted(v, key=lambda e: e.member) for _, v in sorted(by_step.items())]
@@ -220,16 +271,21 @@ class Trace:
         return [v for _, v in sorted(by_call.items(), key=lambda kv: min(e.step for e in kv[1]))]
 
     def __len__(self):
-        return len(self.events)
+        summary = self._columnar()
+        return summary["events"] if summary is not None else len(self.events)
 
     def __iter__(self):
         return iter(self.events)
 
     # -- views ----------------------------------------------------------------------------
     def _header(self) -> str:
-        n = len([p for p in self.programs])
-        ncoll = len(self.collectives())
-        sent = sum(e.bytes_sent for e in self.events)
+        n = len(self.programs)
+        summary = self._columnar()
+        if summary is not None:
+            ncoll, sent = summary["collective_groups"], summary["bytes_sent"]
+        else:
+            ncoll = len(self.collectives())
+            sent = sum(e.bytes_sent for e in self.events)
         head = f"Trace: {n} program(s), {ncoll} collective group(s), {_bytes(sent)} sent in all"
         if self.eager:
             head += "\nEAGER RUN: Python control flow on values was allowed; real JAX cannot run this program."
@@ -237,12 +293,16 @@ class Trace:
 
     def table(self, program: str | None = None) -> str:
         """Text table of one program's log (``program='device 3'``) or of all, merged."""
-        events = self.events if program is None else self.for_program(program)
-        rows = [_row(e) for e in events]
+        summary = self._columnar() if program is None else None
+        if summary is not None:
+            events, total = self._log.events(limit=self.max_rows), summary["events"]
+        else:
+            events = self.events if program is None else self.for_program(program)
+            total = len(events)
+        rows = [_row(e) for e in events[:self.max_rows]]      # only the rows shown
         cut = ""
-        if len(rows) > self.max_rows:
-            cut = f"\n... {len(rows) - self.max_rows} more event(s); see trace.events or trace.device(i)"
-            rows = rows[:self.max_rows]
+        if total > self.max_rows:
+            cut = f"\n... {total - self.max_rows} more event(s); see trace.events or trace.device(i)"
         cols = _COLUMNS if program is None else _COLUMNS[:1] + _COLUMNS[2:]
         return _table(rows, cols) + cut
 
@@ -266,14 +326,17 @@ class Trace:
         return self._header() + "\n" + self.table()
 
     def __repr__(self):
-        return f"<Trace of {len(self.events)} events over {len(self.programs)} program(s)>"
+        return f"<Trace of {len(self)} events over {len(self.programs)} program(s)>"
 
     def _repr_html_(self):
-        rows = [_row(e) for e in self.events][:self.max_rows]
+        summary = self._columnar()
+        shown = (self._log.events(limit=self.max_rows) if summary is not None
+                 else self.events[:self.max_rows])
+        rows = [_row(e) for e in shown]
         head = "".join(f"<th>{c}</th>" for c in _COLUMNS)
         body = "".join("<tr>" + "".join(f"<td>{html.escape(r[c])}</td>" for c in _COLUMNS) + "</tr>"
                        for r in rows)
-        more = len(self.events) - len(rows)
+        more = len(self) - len(rows)
         note = f"<p>... {more} more event(s)</p>" if more > 0 else ""
         return (f"<div><pre>{html.escape(self._header())}</pre>"
                 f"<table style='font-family:monospace;font-size:90%'><thead><tr>{head}</tr></thead>"

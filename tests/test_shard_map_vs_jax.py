@@ -176,8 +176,30 @@ def assert_same(jax, got, want):
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_shard_map_matches_jax(jax8, case):
     want = run_jax(jax8, case)
-    got, _ = run_simpmd(case)
+    got, _ = run_simpmd(case, check_vma=case.jax_check_vma)
     assert_same(jax8, got, want)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if not c.jax_check_vma], ids=lambda c: c.name)
+def test_under_check_vma_simpmd_refuses_what_jax_refuses(jax8, case):
+    """The cases the conformance run gives JAX check_vma=False, run with check_vma=True on
+    both engines: both refuse, or both accept and agree. (Most return a value that is
+    replicated in fact but varying by type, an all_gather's result, with out_specs that
+    claim replication: JAX refuses them from the types, and so does simpmd.)"""
+    from jax.sharding import PartitionSpec
+    try:
+        want = jax_shard_map(jax8, case.make(jax8.lax), jax_mesh(jax8, case.mesh),
+                             case.in_specs(PartitionSpec), case.out_specs(PartitionSpec),
+                             True)(*case.args())
+    except (ValueError, NotImplementedError) as exc:
+        with pytest.raises(simpmd.SimpmdError):
+            run_simpmd(case, check_vma=True)
+        if "replication" in str(exc):
+            with pytest.raises(simpmd.ShardingError, match="type says it varies"):
+                run_simpmd(case, check_vma=True)
+    else:
+        got, _ = run_simpmd(case, check_vma=True)
+        assert_same(jax8, got, want)
 
 
 @pytest.mark.parametrize("name", ["psum_model", "tuple_spec_model_major", "all_to_all_both"])
