@@ -50,6 +50,7 @@ def test_merge_right_by_hand_on_one_query(capsys):
     (lambda a, b: merge_right(a, b)[:2] + (a[2] + b[2],), "o is o1 + o2"),
     (lambda a, b: merge_right(a, b)[:2] + (merge_right(a, b)[2][:, :1],), "shapes"),
     (lambda a, b: 1 / 0, "ZeroDivisionError"),
+    (lambda a, b: None, "returned None"),
     (None, "placeholder"),
 ])
 def test_merge_wrong(wrong, hint, capsys):
@@ -142,6 +143,7 @@ def test_keep_mask_right(capsys):
     (lambda c, n, cap: np.ones(len(c), bool), "expected"),
     (lambda c, n, cap: np.where(keep_right(c, n, cap), 2, 0), "True/False"),
     (lambda c, n, cap: c[len(c)], "IndexError"),
+    (lambda c, n, cap: None, "returned None"),
     ("keep", "placeholder"),
 ])
 def test_keep_mask_wrong(wrong, hint, capsys):

@@ -53,6 +53,8 @@ def check_merge(merge) -> Verdict:
         m, l, o = partial_softmax(s, v)
         try:
             got = merge(a, b)
+            if got is None:
+                return _say(False, "merge returned None; return the tuple (m, l, o).")
             gm, gl, go = (np.asarray(t, dtype=np.float64) for t in got)
         except Exception as exc:      # the learner's code: say what it raised
             return _say(False, f"merge raised {error_summary(exc)}")
@@ -173,7 +175,10 @@ def check_keep_mask(keep_mask) -> Verdict:
     for choice, n, cap in KEEP_CASES:
         want = _reference_keep(choice, n, cap)
         try:
-            got = np.asarray(keep_mask(np.array(choice), n, cap))
+            got = keep_mask(np.array(choice), n, cap)
+            if got is None:
+                return _say(False, "keep_mask returned None; return one True/False per token.")
+            got = np.asarray(got)
         except Exception as exc:
             return _say(False, f"keep_mask raised {error_summary(exc)}")
         case = f"for experts {choice} with capacity {cap}"
