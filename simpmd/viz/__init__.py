@@ -4,6 +4,8 @@
     viz.draw_trace_mesh(f.trace)           # the mesh the run used
     viz.draw_trace(f.trace)                # every collective call: before / after
     viz.draw_timeline(f.trace, "TPU v4")   # who computes, talks and waits, when
+    viz.draw_dispatch(f.trace)             # an all_to_all as a sender x receiver matrix
+    viz.draw_permute_steps(f.trace)        # whose block each device holds along a ring
 
 and, for the algorithms of :mod:`simpmd.algorithms` (message by message)::
 
@@ -37,6 +39,10 @@ _WHERE = {
     "model_timeline": "timeline",
     "Segment": "timeline",
     "tagged": "canvas",
+    "draw_dispatch": "dispatch",
+    "dispatch_matrix": "dispatch",
+    "draw_permute_steps": "dispatch",
+    "permute_steps": "dispatch",
 }
 
 __all__ = sorted(_WHERE)
