@@ -27,6 +27,7 @@ import numpy as np
 from . import collectives, errors, program, runtime
 from .trace import Event, current_phase
 from .traced import (Traced, _OPERATOR_UFUNCS, _jax_promotion, _no_new_float64, defers_to,
+                     reduction_dtype,
                      install_operators, numpy_function_refused)
 
 
@@ -288,6 +289,9 @@ def _reduction(name):
             return per_device(lambda v, *a, **k: getattr(v, name)(*a, **k),
                               (x, axis) + args, kwargs)
         v = x.value
+        dtype = reduction_dtype(name, v.dtype, kwargs)
+        if dtype is not None:
+            kwargs = dict(kwargs, dtype=dtype)
         if axis is None and name in ("argmax", "argmin", "cumsum", "cumprod"):
             v, stack_axis = v.reshape(v.shape[0], -1), 1
         elif axis is None:

@@ -82,6 +82,25 @@ def _no_new_float64(result, inputs):
     return result
 
 
+_ACCUMULATING = {"sum", "prod", "cumsum", "cumprod", "nansum", "nanprod"}
+_AVERAGING = {"mean", "std", "var", "nanmean", "nanstd", "nanvar"}
+
+
+def reduction_dtype(name, dtype, kwargs):
+    """The dtype JAX gives a reduction of ``dtype`` (without x64), as ``dtype=`` for NumPy,
+    or None to leave NumPy's. NumPy sums int32 and bool into int64 and averages integers
+    into float64; JAX keeps 32 bits: int32 (uint32) and float32. 64-bit inputs, which JAX
+    would not have, keep NumPy's choice (simpmd's documented float64 rule, traced.py)."""
+    if kwargs.get("dtype") is not None:
+        return None
+    dtype = np.dtype(dtype)
+    if name in _ACCUMULATING and (dtype.kind == "b" or (dtype.kind in "iu" and dtype.itemsize <= 4)):
+        return np.dtype("uint32" if dtype.kind == "u" else "int32")
+    if name in _AVERAGING and dtype.kind in "biu" and dtype.itemsize <= 4:
+        return np.dtype("float32")
+    return None
+
+
 def _eager_of(args) -> bool:
     for a in args:
         if type(a) is Traced:
@@ -102,6 +121,11 @@ def apply_ufunc(ufunc, inputs, kwargs, method="__call__"):
 
 def apply_function(func, args, kwargs):
     """Compute the NumPy function ``func`` on device values; returns device values."""
+    name = getattr(func, "__name__", "")
+    if args and name in _ACCUMULATING | _AVERAGING:
+        dtype = reduction_dtype(name, np.asarray(unwrap(args[0])).dtype, kwargs)
+        if dtype is not None:
+            kwargs = dict(kwargs, dtype=dtype)
     result = func(*unwrap(args), **unwrap(kwargs))
     return wrap(result, _eager_of(args) or _eager_of(tuple(kwargs.values())))
 
@@ -213,8 +237,12 @@ class Traced(NDArrayOperatorsMixin):
         attr = getattr(self.value, name)
         if callable(attr):
             eager = self.eager
+            dtype = self.value.dtype
 
             def method(*args, **kwargs):
+                jax_dtype = reduction_dtype(name, dtype, kwargs)
+                if jax_dtype is not None:
+                    kwargs = dict(kwargs, dtype=jax_dtype)
                 return wrap(attr(*unwrap(args), **unwrap(kwargs)), eager)
             method.__name__ = name
             return method
