@@ -1557,19 +1557,16 @@ def _collective_cost(eqn, op: str, sizes: dict, hw: Hardware, topology):
 
 
 def _shapes_text(eqn) -> str:
+    """``float32[8, 16],float32[16] -> float32[8]``: an equation's operands as a reader sees them."""
     def one(v):
         a = _aval(v)
-        return f"{getattr(np.dtype(a.dtype), 'name', a.dtype) if _is_np(a.dtype) else a.dtype}{list(a.shape)}"
-    return ",".join(one(v) for v in eqn.invars if hasattr(_aval(v), "shape")) + " -> " + \
-        ",".join(one(v) for v in eqn.outvars)
-
-
-def _is_np(dtype) -> bool:
-    try:
-        np.dtype(dtype)
-        return True
-    except TypeError:
-        return False
+        try:
+            name = np.dtype(a.dtype).name
+        except TypeError:                                   # e.g. a PRNG key type
+            name = str(a.dtype)
+        return f"{name}{list(a.shape)}"
+    ins = ",".join(one(v) for v in eqn.invars if hasattr(_aval(v), "shape"))
+    return f"{ins} -> {','.join(one(v) for v in eqn.outvars)}"
 
 
 def _rate_dtype(eqn, name: str):
@@ -1581,6 +1578,15 @@ def _rate_dtype(eqn, name: str):
 def _walk(eqns, sizes, hw, topology, depth, rows):
     for eqn in eqns:
         name = _primitive_name(eqn)
+        if name == "scan":                                  # its body, `length` times over
+            n, body = eqn.params["length"], []
+            _walk(_equation_list(eqn.params["jaxpr"]), sizes, hw, topology, depth + 1, body)
+            rows.append(EquationCost(f"scan x{n}", _shapes_text(eqn), "", 0, 0, 0.0, 0.0,
+                                     depth=depth))
+            rows += [replace(r, flops=r.flops * n, bytes=r.bytes * n, compute_s=r.compute_s * n,
+                             memory_s=r.memory_s * n, comms_s=r.comms_s * n,
+                             comm_bytes=r.comm_bytes * n) for r in body]
+            continue
         inner = next((eqn.params[k] for k in NESTED if k in eqn.params), None)
         if inner is not None:
             here = dict(sizes)
@@ -1590,19 +1596,6 @@ def _walk(eqns, sizes, hw, topology, depth, rows):
                 here[str(eqn.params["axis_name"])] = int(eqn.params["axis_size"])
             rows.append(EquationCost(name, _shapes_text(eqn), "", 0, 0, 0.0, 0.0, depth=depth))
             _walk(_equation_list(inner), here, hw, topology, depth + 1, rows)
-            continue
-        if name == "scan":
-            body: list = []
-            _walk(_equation_list(eqn.params["jaxpr"]), sizes, hw, topology, depth + 1, body)
-            rows.append(EquationCost(f"scan x{eqn.params['length']}", _shapes_text(eqn), "", 0, 0,
-                                     0.0, 0.0, depth=depth))
-            for r in body:
-                rows.append(replace(r, flops=r.flops * eqn.params["length"],
-                                    bytes=r.bytes * eqn.params["length"],
-                                    compute_s=r.compute_s * eqn.params["length"],
-                                    memory_s=r.memory_s * eqn.params["length"],
-                                    comms_s=r.comms_s * eqn.params["length"],
-                                    comm_bytes=r.comm_bytes * eqn.params["length"]))
             continue
         if name in COLLECTIVE_PRIMITIVES:
             op = COLLECTIVE_PRIMITIVES[name]

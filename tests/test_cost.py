@@ -887,3 +887,20 @@ def test_collective_wire_bytes_agree_with_jax_roofline(jax8, op):
     except ValueError as exc:                             # replication checks differ by version
         pytest.skip(f"this jax refuses the program: {exc}")
     assert ours.comm_bytes["i"] == pytest.approx(theirs.ici_bytes["i"])
+
+
+def test_pmap_and_scan_are_walked_into(jax8):
+    """A pmapped body is costed per device with the mapped axis's size (xla_pmap before
+    jax 0.8, jit of shard_map since); a scan costs its body times its length."""
+    jnp, lax = jax8.numpy, jax8.lax
+    x = jnp.ones((8, 64, 32), jnp.float32)
+    f = jax8.pmap(lambda v: lax.psum(v @ v.T, "i"), axis_name="i")
+    r = C.roofline_of(jax8.make_jaxpr(f)(x), hardware="H100")
+    assert r.flops == 2 * 64 * 32 * 64
+    assert r.comm_bytes == {"i": pytest.approx(2 * 7 / 8 * 64 * 64 * 4)}
+
+    def body(carry, w):
+        return carry @ w, None
+    scan = jax8.make_jaxpr(lambda c, ws: lax.scan(body, c, ws)[0])(
+        jnp.ones((16, 32)), jnp.ones((5, 32, 32)))
+    assert C.roofline_of(scan, hardware="H100").flops == 5 * 2 * 16 * 32 * 32
