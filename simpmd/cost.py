@@ -1489,6 +1489,20 @@ class Roofline:
         parts = (self.compute_s, self.memory_s, self.comms_s)
         return max(parts), sum(parts)
 
+    def segments(self) -> list:
+        """Seconds of work before each collective and after the last, in program order:
+        each segment's equations at their own roofline, max(compute, memory), summed.
+        ``len(segments) == number of collectives + 1``; what a timeline draws between
+        the collectives."""
+        out, current = [], 0.0
+        for e in self.equations:
+            if e.axes:                                   # a collective closes the segment
+                out.append(current)
+                current = 0.0
+            else:
+                current += max(e.compute_s, e.memory_s)
+        return out + [current]
+
     @property
     def bound(self) -> str:
         parts = {"compute": self.compute_s, "memory": self.memory_s,

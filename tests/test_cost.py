@@ -904,3 +904,21 @@ def test_pmap_and_scan_are_walked_into(jax8):
     scan = jax8.make_jaxpr(lambda c, ws: lax.scan(body, c, ws)[0])(
         jnp.ones((16, 32)), jnp.ones((5, 32, 32)))
     assert C.roofline_of(scan, hardware="H100").flops == 5 * 2 * 16 * 32 * 32
+
+
+def test_segments_split_the_work_at_the_collectives(jax8):
+    """What a timeline needs: the roofline time of the work between collectives."""
+    jnp, lax = jax8.numpy, jax8.lax
+
+    def step(w, x):
+        g = lax.psum(x.T @ (x @ w), "i")
+        return lax.psum((g * g).sum(), "i")
+    program = jax8.make_jaxpr(step, axis_env=[("i", 8)])(jnp.ones((64, 32)), jnp.ones((16, 64)))
+    r = C.roofline_of(program, hardware="H100", axis_env=[("i", 8)])
+    hw = C.HARDWARE["H100"]
+    segments = r.segments()
+    assert len(segments) == 3 and segments[2] == 0.0
+    first = [e for e in r.equations[:next(i for i, e in enumerate(r.equations) if e.axes)]]
+    assert segments[0] == pytest.approx(sum(max(e.flops / hw.peak_fp32_flops,
+                                                e.bytes / hw.hbm_bandwidth) for e in first))
+    assert segments[1] > 0
