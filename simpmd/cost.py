@@ -319,12 +319,33 @@ class Hardware:
     links_per_device: int          # TPU: 2 per torus axis; H100: 18 NVLinks into the switches
     hop_latency: float             # s per hop (a round figure; see citations)
     hbm_bandwidth: float           # bytes/s
-    peak_bf16_flops: float         # FLOP/s, dense
+    peak_bf16_flops: float         # FLOP/s, dense: 16-bit floats (bf16, fp16) on the matmul units
     torus_rank: int | None = None  # 2 or 3 for a TPU torus; None for a switch
     node_size: int | None = None   # devices on one switch (GPU node)
     citations: tuple = ()
     pod_axis: int = 16             # 2-D TPUs: an axis this long has wraparound links
     aliases: tuple = ()            # other names learners use, e.g. the book's "TPU v4p"
+    peak_fp32_flops: float | None = None   # FLOP/s, dense, exact float32 (see peak_flops)
+
+    def peak_flops(self, dtype) -> float:
+        """Peak FLOP/s for arithmetic in ``dtype``.
+
+        16-bit (and 8-bit) floats run at the bf16 rate of the matrix units; everything else
+        (float32, integers) at the float32 rate: on a TPU, float32 matmuls at JAX's
+        ``precision="highest"`` take 6 bf16 passes (``jax.lax.Precision`` docstring), on a
+        GPU the datasheet's non-tensor FP32 rate. JAX's *default* precision is faster
+        (bf16 on TPU, TF32 on A100/H100): pass 16-bit arrays to model that.
+        """
+        name = np.dtype(dtype).name if not isinstance(dtype, str) else dtype
+        if name in ("bfloat16", "float16") or name.startswith("float8"):
+            return self.peak_bf16_flops
+        return self.peak_fp32_flops if self.peak_fp32_flops else self.peak_bf16_flops
+
+    @property
+    def critical_intensity(self) -> float:
+        """FLOPs per HBM byte above which a bf16 operation is compute-bound (the Scaling
+        Book's Part 1, "All About Rooflines": peak FLOP/s over HBM bandwidth, 240 on a v5e)."""
+        return self.peak_bf16_flops / self.hbm_bandwidth
 
     @property
     def device_bandwidth(self) -> float:
@@ -378,6 +399,8 @@ class Hardware:
                  f"  hop latency      {self.hop_latency * 1e6:g} us",
                  f"  HBM bandwidth    {self.hbm_bandwidth / 1e12:g} TB/s",
                  f"  peak bf16        {self.peak_bf16_flops / 1e12:g} TFLOP/s"]
+        if self.peak_fp32_flops:
+            lines.append(f"  peak fp32        {self.peak_fp32_flops / 1e12:.3g} TFLOP/s")
         return "\n".join(lines + ["  sources:"] + [f"    - {c}" for c in self.citations])
 
 
@@ -415,68 +438,75 @@ _JOUPPI_2020 = ("N. Jouppi et al., 'A Domain-Specific Supercomputer for Training
                 "Networks', CACM 63(7), 2020, Table 3: TPU v2 chip 46 TFLOP/s bf16, HBM 700 GB/s; "
                 "2-D torus of 16x16 chips (v2 pod) and 32x32 (v3 pod)")
 _A100 = ("NVIDIA A100 Tensor Core GPU datasheet (SXM 80GB): NVLink 600 GB/s (both directions "
-         "together, 12 third-generation links), HBM2e 2,039 GB/s, BF16 312 TFLOPS dense")
+         "together, 12 third-generation links), HBM2e 2,039 GB/s, BF16 312 TFLOPS dense, FP32 19.5 TFLOPS")
+_BOOK_ROOFLINE = ("Scaling book Part 1 'All About Rooflines', https://jax-ml.github.io/scaling-book/"
+                  "roofline/ : a v5e does 1.97e14 bf16 FLOP/s from 8.2e11 B/s of HBM, critical "
+                  "intensity 240 (the Part 2 table says 8.1e11 B/s, kept here: 243)")
+_FP32_TPU = ("float32 rate: bf16 rate / 6, JAX's lax.Precision docstring: HIGHEST 'performs "
+             "float32 computations in 6 bfloat16' passes on TPU")
 _B200 = ("NVIDIA HGX B200 / DGX B200 datasheet: fifth-generation NVLink 1.8 TB/s per GPU (both "
          "directions together, 18 links), HBM3e 8 TB/s per GPU; BF16 2.25 PFLOPS dense per "
-         "GPU (half the 4.5 PFLOPS sparse figure)")
+         "GPU (half the 4.5 PFLOPS sparse figure); FP32 600 TFLOPS per 8-GPU board, 75 per GPU")
 
 HARDWARE = {
     "TPU v2": Hardware(
         "TPU v2", "ICI, 2-D torus", link_bandwidth=6e10, links_per_device=4,
-        hop_latency=1e-6, hbm_bandwidth=7e11, peak_bf16_flops=4.6e13, torus_rank=2,
-        citations=(_BOOK_V2, _JOUPPI_2020, _BOOK_ICI_LATENCY), aliases=("v2", "TPUv2")),
+        hop_latency=1e-6, hbm_bandwidth=7e11, peak_bf16_flops=4.6e13, peak_fp32_flops=4.6e13 / 6, torus_rank=2,
+        citations=(_FP32_TPU, _BOOK_V2, _JOUPPI_2020, _BOOK_ICI_LATENCY), aliases=("v2", "TPUv2")),
     "TPU v3": Hardware(
         "TPU v3", "ICI, 2-D torus", link_bandwidth=1e11, links_per_device=4,
-        hop_latency=1e-6, hbm_bandwidth=9e11, peak_bf16_flops=1.4e14, torus_rank=2,
+        hop_latency=1e-6, hbm_bandwidth=9e11, peak_bf16_flops=1.4e14, peak_fp32_flops=1.4e14 / 6, torus_rank=2,
         pod_axis=32,
-        citations=(_BOOK_TPU + " (row 'TPU v3': 9.0e11 B/s, 1.4e14 FLOP/s, 1e11 B/s; pod 32x32)",
+        citations=(_FP32_TPU, _BOOK_TPU + " (row 'TPU v3': 9.0e11 B/s, 1.4e14 FLOP/s, 1e11 B/s; pod 32x32)",
                    _JOUPPI_2020, _BOOK_ICI_LATENCY), aliases=("v3", "TPUv3")),
     "TPU v4": Hardware(
         "TPU v4", "ICI, 3-D torus", link_bandwidth=4.5e10, links_per_device=6,
-        hop_latency=1e-6, hbm_bandwidth=1.2e12, peak_bf16_flops=2.75e14, torus_rank=3,
-        citations=(_BOOK_TPU + " (row 'TPU v4p': 1.2e12 B/s, 2.75e14 FLOP/s, 4.5e10 B/s)",
+        hop_latency=1e-6, hbm_bandwidth=1.2e12, peak_bf16_flops=2.75e14, peak_fp32_flops=2.75e14 / 6, torus_rank=3,
+        citations=(_FP32_TPU, _BOOK_TPU + " (row 'TPU v4p': 1.2e12 B/s, 2.75e14 FLOP/s, 4.5e10 B/s)",
                    _BOOK_ICI_LATENCY, _BOOK_TORUS), aliases=("TPU v4p", "v4", "v4p", "TPUv4")),
     "TPU v5e": Hardware(
         "TPU v5e", "ICI, 2-D torus", link_bandwidth=4.5e10, links_per_device=4,
-        hop_latency=1e-6, hbm_bandwidth=8.1e11, peak_bf16_flops=1.97e14, torus_rank=2,
-        citations=(_BOOK_TPU + " (8.1e11 B/s, 1.97e14 FLOP/s, 4.5e10 B/s)",
+        hop_latency=1e-6, hbm_bandwidth=8.1e11, peak_bf16_flops=1.97e14, peak_fp32_flops=1.97e14 / 6, torus_rank=2,
+        citations=(_FP32_TPU, _BOOK_TPU + " (8.1e11 B/s, 1.97e14 FLOP/s, 4.5e10 B/s)", _BOOK_ROOFLINE,
                    "Cloud TPU docs, 'TPU v5e', https://cloud.google.com/tpu/docs/v5e : 197 "
                    "TFLOPs bf16, 819 GBps HBM", _BOOK_ICI_LATENCY, _BOOK_TORUS),
         aliases=("v5e", "TPU v5 lite", "v5litepod", "TPUv5e")),
     "TPU v5p": Hardware(
         "TPU v5p", "ICI, 3-D torus", link_bandwidth=9e10, links_per_device=6,
-        hop_latency=1e-6, hbm_bandwidth=2.8e12, peak_bf16_flops=4.59e14, torus_rank=3,
-        citations=(_BOOK_TPU + " (2.8e12 B/s, 4.59e14 FLOP/s, 9e10 B/s)",
+        hop_latency=1e-6, hbm_bandwidth=2.8e12, peak_bf16_flops=4.59e14, peak_fp32_flops=4.59e14 / 6, torus_rank=3,
+        citations=(_FP32_TPU, _BOOK_TPU + " (2.8e12 B/s, 4.59e14 FLOP/s, 9e10 B/s)",
                    "Cloud TPU docs, 'TPU v5p', https://cloud.google.com/tpu/docs/v5p : 459 "
                    "TFLOPs bf16 per chip", _BOOK_ICI_LATENCY, _BOOK_TORUS),
         aliases=("v5p", "TPU v5", "TPUv5p")),
     "TPU v6e": Hardware(
         "TPU v6e", "ICI, 2-D torus", link_bandwidth=9e10, links_per_device=4,
-        hop_latency=1e-6, hbm_bandwidth=1.6e12, peak_bf16_flops=9.2e14, torus_rank=2,
-        citations=(_BOOK_TPU + " (1.6e12 B/s, 9.2e14 FLOP/s, 9e10 B/s)",
+        hop_latency=1e-6, hbm_bandwidth=1.6e12, peak_bf16_flops=9.2e14, peak_fp32_flops=9.2e14 / 6, torus_rank=2,
+        citations=(_FP32_TPU, _BOOK_TPU + " (1.6e12 B/s, 9.2e14 FLOP/s, 9e10 B/s)",
                    _BOOK_ICI_LATENCY, _BOOK_TORUS), aliases=("v6e", "Trillium", "TPUv6e")),
     "A100": Hardware(
         "A100", "NVLink 3.0 + NVSwitch", link_bandwidth=25e9, links_per_device=12,
-        hop_latency=1e-6, hbm_bandwidth=2.039e12, peak_bf16_flops=3.12e14, node_size=8,
+        hop_latency=1e-6, hbm_bandwidth=2.039e12, peak_bf16_flops=3.12e14, peak_fp32_flops=1.95e13, node_size=8,
         citations=(_A100, _NCCL_LATENCY), aliases=("NVIDIA A100", "A100 SXM")),
     "H100": Hardware(
         "H100", "NVLink 4.0 + NVSwitch", link_bandwidth=25e9, links_per_device=18,
-        hop_latency=1e-6, hbm_bandwidth=3.35e12, peak_bf16_flops=9.9e14, node_size=8,
+        hop_latency=1e-6, hbm_bandwidth=3.35e12, peak_bf16_flops=9.9e14, peak_fp32_flops=6.7e13, node_size=8,
         citations=(_BOOK_GPU, "NVIDIA H100 datasheet (SXM): NVLink 900 GB/s (both directions "
-                   "together), HBM3 3.35 TB/s", _NCCL_LATENCY),
+                   "together), HBM3 3.35 TB/s, BF16 1,979 TFLOPS with sparsity (989 dense; simpmd keeps "
+                   "the book table's 9.9e14), "
+                   "FP32 67 TFLOPS", _NCCL_LATENCY),
         aliases=("NVIDIA H100", "H100 SXM", "H800")),
     "H200": Hardware(
         "H200", "NVLink 4.0 + NVSwitch", link_bandwidth=25e9, links_per_device=18,
-        hop_latency=1e-6, hbm_bandwidth=4.8e12, peak_bf16_flops=9.9e14, node_size=8,
+        hop_latency=1e-6, hbm_bandwidth=4.8e12, peak_bf16_flops=9.9e14, peak_fp32_flops=6.7e13, node_size=8,
         citations=(_BOOK_GPU, "NVIDIA H200 datasheet (SXM): NVLink 900 GB/s (both directions "
-                   "together), HBM3e 4.8 TB/s", _NCCL_LATENCY), aliases=("NVIDIA H200",)),
+                   "together), HBM3e 4.8 TB/s, FP32 67 TFLOPS", _NCCL_LATENCY), aliases=("NVIDIA H200",)),
     "B200": Hardware(
         "B200", "NVLink 5.0 + NVSwitch", link_bandwidth=50e9, links_per_device=18,
-        hop_latency=1e-6, hbm_bandwidth=8e12, peak_bf16_flops=2.25e15, node_size=8,
+        hop_latency=1e-6, hbm_bandwidth=8e12, peak_bf16_flops=2.25e15, peak_fp32_flops=7.5e13, node_size=8,
         citations=(_B200, _NCCL_LATENCY), aliases=("NVIDIA B200",)),
     "CPU": Hardware(
         "CPU", "toy: processes on one switch", link_bandwidth=1e10, links_per_device=1,
-        hop_latency=1e-5, hbm_bandwidth=5e10, peak_bf16_flops=1e12,
+        hop_latency=1e-5, hbm_bandwidth=5e10, peak_bf16_flops=1e12, peak_fp32_flops=1e12,
         citations=("Invented round numbers for a slow toy machine, not a measurement: "
                    "10 GB/s, 10 us, 50 GB/s memory, 1 TFLOP/s",)),
 }
@@ -1263,3 +1293,379 @@ def estimate_trace(trace_or_events, hardware=None, topology=None) -> TraceEstima
 
 def _link_of(topology) -> float:
     return topology.port_bandwidth if topology.kind == "switch" else topology.axis_bandwidth
+
+
+# -- compute: a roofline per equation of a traced program ---------------------------------
+# The Scaling Book's Part 1 ("All About Rooflines", https://jax-ml.github.io/scaling-book/
+# roofline/): an operation takes at least FLOPs / peak FLOP/s (compute) and at least
+# bytes / HBM bandwidth (memory), and its arithmetic intensity FLOPs / bytes says which
+# bound wins: above the hardware's critical intensity (peak / bandwidth, 240 on a v5e) it
+# is compute-bound. A program is a list of equations shaped like JAX's jaxpr equations
+# (``.primitive``, ``.params``, ``.invars``/``.outvars`` with ``.aval.shape`` and
+# ``.aval.dtype``); the table below says what each primitive costs. Bytes are every input
+# and output at its dtype's width, as if nothing were fused (XLA fuses elementwise chains,
+# so real programs move fewer bytes; see docs/cost_vs_scaling_book.md).
+
+ELEMENTWISE = frozenset("""
+    add sub mul div rem neg sign abs exp exp2 expm1 log log1p tanh logistic sin cos tan
+    asin acos atan atan2 sinh cosh asinh acosh atanh sqrt rsqrt cbrt pow integer_pow square
+    max min floor ceil round is_finite nextafter erf erfc erf_inv lgamma digamma
+    and or not xor eq ne lt le gt ge select_n clamp shift_left shift_right_logical
+    shift_right_arithmetic population_count imag real conj
+""".split())
+REDUCTIONS = frozenset("""
+    reduce_sum reduce_max reduce_min reduce_prod reduce_and reduce_or reduce_xor argmax argmin
+    cumsum cumprod cummax cummin cumlogsumexp
+""".split())
+LAYOUT = frozenset("""
+    broadcast_in_dim reshape transpose squeeze expand_dims convert_element_type
+    bitcast_convert_type concatenate slice dynamic_slice dynamic_update_slice gather pad rev
+    iota copy copy_p select_and_gather_add split sort stop_gradient reduce_precision
+""".split())
+NO_COST = frozenset("axis_index axis_size pvary pcast sharding_constraint device_put "
+                    "optimization_barrier".split())
+# the jaxpr name of a collective -> the lax name cost.estimate knows
+COLLECTIVE_PRIMITIVES = {
+    "psum": "psum", "psum_invariant": "psum", "psum2": "psum", "pmax": "pmax", "pmin": "pmin",
+    "all_gather": "all_gather", "all_gather_invariant": "all_gather",
+    "reduce_scatter": "psum_scatter", "psum_scatter": "psum_scatter",
+    "ppermute": "ppermute", "all_to_all": "all_to_all",
+}
+NESTED = ("jaxpr", "call_jaxpr", "fun_jaxpr")   # where pjit/jit, shard_map, custom_* keep theirs
+
+
+def _dot_general_flops(eqn) -> int:
+    """2 x M x N x K, times the batch: one multiply and one add per term of every sum."""
+    (lhs_contract, _), (lhs_batch, _) = eqn.params["dimension_numbers"]
+    lhs, rhs = (_aval(v) for v in eqn.invars[:2])
+    contract = math.prod(lhs.shape[i] for i in lhs_contract)
+    batch = math.prod(lhs.shape[i] for i in lhs_batch)
+    return int(2 * _size(lhs) * _size(rhs) // max(contract * batch, 1))
+
+
+def _flops(eqn, name: str) -> int:
+    if name == "dot_general":
+        return _dot_general_flops(eqn)
+    if name in ELEMENTWISE:
+        return sum(_size(_aval(v)) for v in eqn.outvars)
+    if name in REDUCTIONS:
+        return sum(_size(_aval(v)) for v in eqn.invars)
+    return 0
+
+
+def _primitive_name(eqn) -> str:
+    prim = eqn.primitive
+    return prim if isinstance(prim, str) else prim.name
+
+
+def _aval(var):
+    return getattr(var, "aval", var)
+
+
+def _size(aval) -> int:
+    return int(math.prod(aval.shape))
+
+
+def _nbytes(aval) -> int:
+    try:
+        width = np.dtype(aval.dtype).itemsize
+    except TypeError:                                   # e.g. a PRNG key type
+        width = getattr(aval.dtype, "itemsize", 0)
+    return _size(aval) * int(width)
+
+
+def _equation_list(program) -> list:
+    """The equations of a ClosedJaxpr, a Jaxpr, or a list of equations."""
+    inner = getattr(program, "jaxpr", program)
+    return list(getattr(inner, "eqns", inner))
+
+
+def _axis_sizes(axis_env) -> dict:
+    """``[("i", 8)]``, ``{"i": 8}`` or a mesh (simpmd or JAX) -> ``{"i": 8}``."""
+    if axis_env is None:
+        return {}
+    if isinstance(axis_env, dict):
+        return {str(k): int(v) for k, v in axis_env.items()}
+    shape = getattr(axis_env, "shape", None)
+    if isinstance(shape, dict) or hasattr(shape, "items"):
+        return {str(k): int(v) for k, v in shape.items()}
+    names = getattr(axis_env, "axis_names", None)
+    if names is not None:
+        return dict(zip(map(str, names), map(int, np.shape(axis_env.devices))))
+    return {str(k): int(v) for k, v in axis_env}
+
+
+@dataclass(frozen=True)
+class EquationCost:
+    """One equation's row of the roofline: what it computes, moves and communicates.
+
+    ``compute_s = flops / peak`` (at its dtype's rate), ``memory_s = bytes / HBM
+    bandwidth``; a collective's ``comms_s`` comes from :func:`estimate` and
+    ``comm_bytes`` is what one device sends (a ring's count, as jax.experimental.roofline
+    counts ``ici_bytes``). ``depth`` is how deeply the equation is nested (jit, shard_map).
+    """
+
+    primitive: str
+    shapes: str
+    dtype: str
+    flops: int
+    bytes: int
+    compute_s: float
+    memory_s: float
+    comms_s: float = 0.0
+    comm_bytes: float = 0.0
+    axes: tuple = ()
+    depth: int = 0
+
+    @property
+    def time_s(self) -> float:
+        """The roofline: the larger of compute and memory, or the collective's time."""
+        return max(self.compute_s, self.memory_s) + self.comms_s
+
+    @property
+    def intensity(self) -> float:
+        return self.flops / self.bytes if self.bytes else 0.0
+
+    @property
+    def bound(self) -> str:
+        if self.comms_s > 0:
+            return "communication"
+        if not self.flops and not self.bytes:
+            return ""
+        return "compute" if self.compute_s >= self.memory_s else "memory"
+
+
+@dataclass
+class Roofline:
+    """The roofline of a whole program on one device of ``hardware``.
+
+    Totals ``flops``, ``bytes`` (HBM, unfused), ``comm_bytes`` (per mesh axis); times
+    ``compute_s``, ``memory_s``, ``comms_s`` (each summed over equations); ``time_s`` is
+    the Scaling Book's pair (lower, upper): everything overlapped (the largest of the
+    three) and nothing overlapped (their sum). ``bound`` names the largest term.
+    ``equations`` is the per-equation table (:class:`EquationCost`).
+    """
+
+    hardware: str
+    equations: list = field(default_factory=list)
+    critical_intensity: float = 0.0
+
+    @property
+    def flops(self) -> int:
+        return sum(e.flops for e in self.equations)
+
+    @property
+    def bytes(self) -> int:
+        return sum(e.bytes for e in self.equations)
+
+    @property
+    def comm_bytes(self) -> dict:
+        out: dict = {}
+        for e in self.equations:
+            for a in e.axes:
+                out[a] = out.get(a, 0.0) + e.comm_bytes
+        return out
+
+    @property
+    def intensity(self) -> float:
+        """FLOPs per HBM byte of the whole program."""
+        return self.flops / self.bytes if self.bytes else 0.0
+
+    @property
+    def compute_s(self) -> float:
+        return sum(e.compute_s for e in self.equations)
+
+    @property
+    def memory_s(self) -> float:
+        return sum(e.memory_s for e in self.equations)
+
+    @property
+    def comms_s(self) -> float:
+        return sum(e.comms_s for e in self.equations)
+
+    @property
+    def time_s(self) -> tuple:
+        """(lower, upper): max(compute, memory, comms) if all overlap, their sum if none do."""
+        parts = (self.compute_s, self.memory_s, self.comms_s)
+        return max(parts), sum(parts)
+
+    def segments(self) -> list:
+        """Seconds of work before each collective and after the last, in program order:
+        each segment's equations at their own roofline, max(compute, memory), summed.
+        ``len(segments) == number of collectives + 1``; what a timeline draws between
+        the collectives."""
+        out, current = [], 0.0
+        for e in self.equations:
+            if e.axes:                                   # a collective closes the segment
+                out.append(current)
+                current = 0.0
+            else:
+                current += max(e.compute_s, e.memory_s)
+        return out + [current]
+
+    @property
+    def bound(self) -> str:
+        parts = {"compute": self.compute_s, "memory": self.memory_s,
+                 "communication": self.comms_s}
+        return max(parts, key=parts.get)
+
+    def __str__(self):
+        lower, upper = self.time_s
+        lines = [f"Roofline on {self.hardware} (one device): {self.flops:.4g} FLOPs, "
+                 f"{_bytes(self.bytes)} HBM, intensity {self.intensity:.3g} FLOPs/byte "
+                 f"(critical {self.critical_intensity:.3g})",
+                 f"  compute {_seconds(self.compute_s) if self.compute_s else '0 s'}, memory "
+                 f"{_seconds(self.memory_s) if self.memory_s else '0 s'}, comms "
+                 f"{_seconds(self.comms_s) if self.comms_s else '0 s'}: "
+                 f"{_seconds(lower) if lower else '0 s'} to {_seconds(upper) if upper else '0 s'}, "
+                 f"{self.bound}-bound"]
+        header = ("op", "shapes", "FLOPs", "bytes", "time", "bound")
+        rows = [("  " * e.depth + e.primitive, e.shapes, f"{e.flops:.3g}", _bytes(e.bytes),
+                 _seconds(e.time_s) if e.time_s else "0", e.bound) for e in self.equations]
+        widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
+                  for i, h in enumerate(header)]
+        lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip())
+        lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
+        return "\n".join(lines)
+
+    def __repr__(self):
+        lower, upper = self.time_s
+        return (f"<Roofline on {self.hardware}: {self.flops:.4g} FLOPs, {_bytes(self.bytes)}, "
+                f"{_seconds(lower) if lower else '0 s'}..{_seconds(upper) if upper else '0 s'}, "
+                f"{self.bound}-bound>")
+
+
+def _ring_bytes(collective: str, nbytes: float, p: int, moves: bool = True) -> float:
+    """Bytes one device sends in a ring schedule (what jax.experimental.roofline calls ICI
+    bytes): 2(p-1)/p n for an all-reduce, (p-1) n for an all-gather of n-byte shards."""
+    if p <= 1 or not moves:
+        return 0.0
+    return {"all_reduce": 2 * (p - 1) / p * nbytes, "all_gather": (p - 1) * nbytes,
+            "reduce_scatter": (p - 1) / p * nbytes, "all_to_all": (p - 1) / p * nbytes,
+            "collective_permute": nbytes}[collective]
+
+
+def _collective_cost(eqn, op: str, sizes: dict, hw: Hardware, topology):
+    """(group axes, comm bytes, seconds) of one collective equation."""
+    axes = eqn.params.get("axes", eqn.params.get("axis_name", ()))
+    axes = (axes,) if isinstance(axes, str) else tuple(axes)
+    unknown = [a for a in axes if str(a) not in sizes]
+    if unknown:
+        raise ValueError(f"{op} over axis {unknown[0]!r}, whose size the roofline does not know "
+                         f"(known: {sizes or 'none'}): pass axis_env=[({str(unknown[0])!r}, size)]")
+    groups = eqn.params.get("axis_index_groups")
+    p = len(groups[0]) if groups else math.prod(sizes[str(a)] for a in axes)
+    nbytes = sum(_nbytes(_aval(v)) for v in eqn.invars)
+    collective = collective_of(op)
+    perm = None
+    if collective == "collective_permute":
+        perm = [(int(s), int(d)) for s, d in eqn.params.get("perm", ())]
+        moves = any(s != d for s, d in perm)
+    else:
+        moves = True
+    wire = _ring_bytes(collective, nbytes, p, moves)
+    if p <= 1 or not moves:
+        return tuple(map(str, axes)), 0.0, 0.0
+    e = estimate(op, nbytes, p, hardware=hw, topology=topology, perm=perm)
+    return tuple(map(str, axes)), wire, e.time_s
+
+
+def _shapes_text(eqn) -> str:
+    """``float32[8, 16],float32[16] -> float32[8]``: an equation's operands as a reader sees them."""
+    def one(v):
+        a = _aval(v)
+        try:
+            name = np.dtype(a.dtype).name
+        except TypeError:                                   # e.g. a PRNG key type
+            name = str(a.dtype)
+        return f"{name}{list(a.shape)}"
+    ins = ",".join(one(v) for v in eqn.invars if hasattr(_aval(v), "shape"))
+    return f"{ins} -> {','.join(one(v) for v in eqn.outvars)}"
+
+
+def _rate_dtype(eqn, name: str):
+    """The dtype whose peak rate applies: a matmul's inputs, else the first output."""
+    vars_ = eqn.invars[:1] if name == "dot_general" else (eqn.outvars or eqn.invars)
+    return _aval(vars_[0]).dtype if vars_ else np.float32
+
+
+def _walk(eqns, sizes, hw, topology, depth, rows):
+    for eqn in eqns:
+        name = _primitive_name(eqn)
+        if name == "scan":                                  # its body, `length` times over
+            n, body = eqn.params["length"], []
+            _walk(_equation_list(eqn.params["jaxpr"]), sizes, hw, topology, depth + 1, body)
+            rows.append(EquationCost(f"scan x{n}", _shapes_text(eqn), "", 0, 0, 0.0, 0.0,
+                                     depth=depth))
+            rows += [replace(r, flops=r.flops * n, bytes=r.bytes * n, compute_s=r.compute_s * n,
+                             memory_s=r.memory_s * n, comms_s=r.comms_s * n,
+                             comm_bytes=r.comm_bytes * n) for r in body]
+            continue
+        inner = next((eqn.params[k] for k in NESTED if k in eqn.params), None)
+        if inner is not None:
+            here = dict(sizes)
+            if name == "shard_map" and "mesh" in eqn.params:
+                here.update(_axis_sizes(eqn.params["mesh"]))
+            if name == "xla_pmap":
+                here[str(eqn.params["axis_name"])] = int(eqn.params["axis_size"])
+            rows.append(EquationCost(name, _shapes_text(eqn), "", 0, 0, 0.0, 0.0, depth=depth))
+            _walk(_equation_list(inner), here, hw, topology, depth + 1, rows)
+            continue
+        if name in COLLECTIVE_PRIMITIVES:
+            op = COLLECTIVE_PRIMITIVES[name]
+            axes, wire, seconds = _collective_cost(eqn, op, sizes, hw, topology)
+            rows.append(EquationCost(name, _shapes_text(eqn), "", 0, 0, 0.0, 0.0, seconds, wire,
+                                     axes, depth))
+            continue
+        if name in NO_COST:
+            rows.append(EquationCost(name, _shapes_text(eqn), "", 0, 0, 0.0, 0.0, depth=depth))
+            continue
+        if not (name == "dot_general" or name in ELEMENTWISE or name in REDUCTIONS or name in LAYOUT):
+            raise ValueError(
+                f"the roofline has no rule for the primitive {name!r} (in {_shapes_text(eqn)}): "
+                f"add it to simpmd.cost.ELEMENTWISE, REDUCTIONS or LAYOUT, or give it its own "
+                f"FLOP count in cost._flops; a silent 0 would hide its cost")
+        flops = _flops(eqn, name)
+        nbytes = sum(_nbytes(_aval(v)) for v in (*eqn.invars, *eqn.outvars)
+                     if hasattr(_aval(v), "shape"))
+        dtype = _rate_dtype(eqn, name)
+        rows.append(EquationCost(name, _shapes_text(eqn), str(dtype), flops, nbytes,
+                                 flops / hw.peak_flops(dtype) if flops else 0.0,
+                                 nbytes / hw.hbm_bandwidth, depth=depth))
+    return rows
+
+
+def roofline_of(program, hardware=None, axis_env=None, topology=None) -> Roofline:
+    """The roofline of a program given as equations: a jaxpr, a ClosedJaxpr, or a list.
+
+    ``jax.make_jaxpr(f)(*args)`` (with ``axis_env=[("i", 8)]`` for collectives, or of a
+    ``shard_map``, whose mesh gives the axis sizes) is such a program. Costs are per
+    device: inside a shard_map or pmap the shapes are one device's shard. ``hardware`` a
+    preset name or :class:`Hardware`; ``axis_env`` the mapped axes' sizes (pairs, a dict
+    or a mesh); ``topology`` passes on to :func:`estimate` for the collectives.
+    An equation whose primitive has no rule raises ValueError rather than costing 0.
+    """
+    hw = _hardware_of(hardware)
+    rows = _walk(_equation_list(program), _axis_sizes(axis_env), hw, topology, 0, [])
+    return Roofline(hw.name, rows, hw.critical_intensity)
+
+
+def _equations_of(fun, args, axis_env):
+    """The traced program of ``fun`` on ``args``: simpmd's own, once it can trace one."""
+    import simpmd
+    make_jaxpr = getattr(simpmd, "make_jaxpr", None)
+    if make_jaxpr is None:
+        raise NotImplementedError(
+            "simpmd.cost.roofline(fun, *args) needs simpmd's traced program (simpmd.make_jaxpr), "
+            "which this version does not have yet. Meanwhile pass a program to "
+            "simpmd.cost.roofline_of, e.g. roofline_of(jax.make_jaxpr(f, axis_env=[('i', 8)])"
+            "(*args), hardware='TPU v5e', axis_env=[('i', 8)])")
+    traced = make_jaxpr(fun, axis_env=axis_env)(*args) if axis_env else make_jaxpr(fun)(*args)
+    return _equation_list(traced)
+
+
+def roofline(fun, *args, hardware=None, axis_env=None, topology=None) -> Roofline:
+    """How long ``fun(*args)`` takes on one device of ``hardware``, by the Scaling Book's
+    roofline: every equation of its traced program costs FLOPs / peak and bytes / HBM
+    bandwidth, every collective what :func:`estimate` says. See :class:`Roofline`."""
+    return roofline_of(_equations_of(fun, args, axis_env), hardware, axis_env, topology)

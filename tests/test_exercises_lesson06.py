@@ -170,3 +170,47 @@ def test_book_gather_accepts(capsys):
 def test_book_gather_rejects_with_hint(capsys, answer, hint):
     assert not L.check_book_gather(answer)
     verdict(capsys, False, hint)
+
+
+# -- exercise 6: the roofline's compute-bound batch ----------------------------------------
+
+def test_compute_bound_batch_constants_and_value():
+    hw = cost.HARDWARE["H100"]
+    assert (L.H100_PEAK_BF16, L.H100_HBM) == (hw.peak_bf16_flops, hw.hbm_bandwidth)
+    assert math.isclose(L.V5E_CRITICAL, cost.HARDWARE["TPU v5e"].critical_intensity)
+    i = 9.9e14 / 3.35e12                                  # by hand: 295.52
+    assert math.isclose(L.compute_bound_batch_expected(), i * 4096 ** 2 / (4096 ** 2 - 2 * 4096 * i))
+    assert 345 < L.compute_bound_batch_expected() < 346
+
+
+def test_compute_bound_batch_agrees_with_the_roofline():
+    """The roofline of the matmul flips from memory- to compute-bound between 345 and 346."""
+    from types import SimpleNamespace as NS
+    ml_dtypes = pytest.importorskip("ml_dtypes", reason="bfloat16 comes with JAX's ml_dtypes")
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+
+    def matmul(B):
+        var = lambda *shape: NS(aval=NS(shape=shape, dtype=bf16))
+        return [NS(primitive="dot_general", params={"dimension_numbers": (((1,), (0,)), ((), ()))},
+                   invars=[var(B, 4096), var(4096, 4096)], outvars=[var(B, 4096)])]
+    assert cost.roofline_of(matmul(345), hardware="H100").bound == "memory"
+    assert cost.roofline_of(matmul(346), hardware="H100").bound == "compute"
+
+
+def test_compute_bound_batch_accepts(capsys):
+    assert L.check_compute_bound_batch(346)
+    assert L.check_compute_bound_batch(345.4)
+    verdict(capsys, True, "rows")
+
+
+@pytest.mark.parametrize("answer, hint", [
+    (..., "placeholder"),
+    (296, "critical intensity itself"),
+    (243, "TPU v5e"),
+    (831, "multiply-add is 2 FLOPs"),
+    ("346", "one number"),
+    (1000, "expected"),
+])
+def test_compute_bound_batch_rejects_with_hint(capsys, answer, hint):
+    assert not L.check_compute_bound_batch(answer)
+    verdict(capsys, False, hint)

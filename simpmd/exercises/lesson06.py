@@ -257,3 +257,43 @@ def check_book_gather(answer) -> bool:
     # 7%: the book's V / W_bidi, or the same with 8 us of latency added, or with the
     # (N-1)/N = 15/16 factor that a balanced ring saves, all pass.
     return _explain(a, expected, mistakes, "the time of the gather", "s", 0.07)
+
+
+# Exercise 6 -------------------------------------------------------------------------------
+# The roofline of one bf16 matmul [B, D] x [D, F] on an H100 (the preset's numbers, cited
+# in simpmd.cost.HARDWARE["H100"]; tests keep them equal to the preset).
+
+H100_PEAK_BF16 = 9.9e14         # FLOP/s, dense
+H100_HBM = 3.35e12              # bytes/s
+MM_D = MM_F = 4096
+V5E_CRITICAL = 1.97e14 / 8.1e11
+
+
+def compute_bound_batch_expected(d: int = MM_D, f: int = MM_F) -> float:
+    """The B where 2BDF / peak = 2(BD + DF + BF) / HBM bandwidth, solved by hand:
+    B = I D F / (D F - I (D + F)) with I = peak / bandwidth (about 345.4 here)."""
+    i = H100_PEAK_BF16 / H100_HBM
+    return i * d * f / (d * f - i * (d + f))
+
+
+def check_compute_bound_batch(answer) -> bool:
+    """Exercise 6: the smallest batch B at which the bf16 matmul is compute-bound on an H100."""
+    a = _number(answer, "the batch size", "rows")
+    if a is None:
+        return Verdict(False)        # the complaint is printed already
+    expected = compute_bound_batch_expected()
+    i = H100_PEAK_BF16 / H100_HBM
+    d, f = MM_D, MM_F
+    mistakes = [
+        (i, "that is the critical intensity itself, the rule of thumb for B much smaller than "
+            "D and F; here D = F = 4096 is only 14 times larger, so the bytes of X[B, D] and "
+            "Z[B, F] count too: solve 2BDF / peak = 2(BD + DF + BF) / bandwidth for B"),
+        (V5E_CRITICAL, "that is the TPU v5e's critical intensity; this exercise is on the H100"),
+        (2 * i * d * f / (d * f - 2 * i * (d + f)),
+         "that counts BDF FLOPs or 4 bytes per value: a multiply-add is 2 FLOPs, and bf16 "
+         "has 2 bytes per value"),
+        (i * d * f / (d * f - i * d), "that leaves out the bytes of one operand; a matmul reads "
+                                      "X and W and writes Z"),
+    ]
+    # within one row of the exact solution: 345 and 346 both pass
+    return _explain(a, expected, mistakes, "the batch size", "rows", 1.0 / expected)
