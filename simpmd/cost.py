@@ -1271,7 +1271,7 @@ def estimate_trace(trace_or_events, hardware=None, topology=None) -> TraceEstima
         members = sorted(by_step[step], key=lambda e: e.member)
         first = members[0]
         devices = [_member_device(e) for e in members]
-        collective = COLLECTIVE_OF.get(first.op)
+        collective = collective_of(first.op)     # an op with no row raises, never costs 0 s
         nbytes = max(e.nbytes_in for e in members)
         axes, note = _group_on(topo, devices)
         perm = None
@@ -1311,22 +1311,24 @@ ELEMENTWISE = frozenset("""
     asin acos atan atan2 sinh cosh asinh acosh atanh sqrt rsqrt cbrt pow integer_pow square
     max min floor ceil round is_finite nextafter erf erfc erf_inv lgamma digamma
     and or not xor eq ne lt le gt ge select_n clamp shift_left shift_right_logical
-    shift_right_arithmetic population_count imag real conj
+    shift_right_arithmetic population_count imag real conj clip
 """.split())
 REDUCTIONS = frozenset("""
     reduce_sum reduce_max reduce_min reduce_prod reduce_and reduce_or reduce_xor argmax argmin
-    cumsum cumprod cummax cummin cumlogsumexp
+    cumsum cumprod cummax cummin cumlogsumexp mean std var
 """.split())
 LAYOUT = frozenset("""
     broadcast_in_dim reshape transpose squeeze expand_dims convert_element_type
     bitcast_convert_type concatenate slice dynamic_slice dynamic_update_slice gather pad rev
     iota copy copy_p select_and_gather_add split sort stop_gradient reduce_precision
+    scatter scatter_add scatter_mul scatter_min scatter_max
 """.split())
 NO_COST = frozenset("axis_index axis_size pvary pcast sharding_constraint device_put "
-                    "optimization_barrier".split())
+                    "optimization_barrier cond_branch cond_branch_end debug_callback".split())
 # the jaxpr name of a collective -> the lax name cost.estimate knows
 COLLECTIVE_PRIMITIVES = {
     "psum": "psum", "psum_invariant": "psum", "psum2": "psum", "pmax": "pmax", "pmin": "pmin",
+    "pmean": "pmean", "pshuffle": "ppermute", "pswapaxes": "all_to_all",
     "all_gather": "all_gather", "all_gather_invariant": "all_gather",
     "reduce_scatter": "psum_scatter", "psum_scatter": "psum_scatter",
     "ppermute": "ppermute", "all_to_all": "all_to_all",
@@ -1660,12 +1662,14 @@ def _equations_of(fun, args, axis_env):
             "which this version does not have yet. Meanwhile pass a program to "
             "simpmd.cost.roofline_of, e.g. roofline_of(jax.make_jaxpr(f, axis_env=[('i', 8)])"
             "(*args), hardware='TPU v5e', axis_env=[('i', 8)])")
-    traced = make_jaxpr(fun, axis_env=axis_env)(*args) if axis_env else make_jaxpr(fun)(*args)
-    return _equation_list(traced)
+    return make_jaxpr(fun, axis_env=axis_env)(*args) if axis_env else make_jaxpr(fun)(*args)
 
 
 def roofline(fun, *args, hardware=None, axis_env=None, topology=None) -> Roofline:
     """How long ``fun(*args)`` takes on one device of ``hardware``, by the Scaling Book's
     roofline: every equation of its traced program costs FLOPs / peak and bytes / HBM
     bandwidth, every collective what :func:`estimate` says. See :class:`Roofline`."""
-    return roofline_of(_equations_of(fun, args, axis_env), hardware, axis_env, topology)
+    program = _equations_of(fun, args, axis_env)
+    if axis_env is None:         # a pmapped or shard_mapped function: the axes it ran over
+        axis_env = getattr(program, "axis_env", None)
+    return roofline_of(program, hardware, axis_env, topology)

@@ -140,6 +140,7 @@ def trace(batch, fun, args, kwargs, inputs, treedef, cache=None, varies=None):
         result = run_once(batch, fun, args, kwargs)
     traced = rec.finish(invars, treedef, result)
     traced.broken = rec.broken
+    traced.axis_env = tuple((name, size) for name, size in batch.axes if name is not None)
     if batch.check_vma:
         batch.out_types = [(traced.vma.get(v, frozenset()), v) if type(v) is program.Var
                            else (frozenset(), None) for v in traced.outs]
