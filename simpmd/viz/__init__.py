@@ -36,6 +36,7 @@ _WHERE = {
     "draw_timeline": "timeline",
     "model_timeline": "timeline",
     "Segment": "timeline",
+    "Timeline": "timeline",
     "tagged": "canvas",
 }
 
