@@ -88,14 +88,19 @@ def check_training_idle(fn, p: int = TRAINING_STAGES, ms=(2, 4, 6)) -> Verdict:
     loss, backward) idles in its ``k``-th compute segment, with ``m`` microbatches."""
     if is_placeholder(fn):
         return _say(False, "training_idle is still a placeholder; define it with def.")
-    got = {}
+    got, answers = {}, set()
     for m in ms:
         for d in range(p):
             for k in range(2 * (m + p - 1)):
                 try:
-                    got[d, k, m] = bool(fn(d, k, m))
+                    answer = fn(d, k, m)
+                    answers.add(answer is None)
+                    got[d, k, m] = bool(answer)
                 except Exception as exc:
                     return _say(False, f"training_idle({d}, {k}, {m}) raised {error_summary(exc)}")
+    if answers == {True}:
+        return _say(False, "training_idle returns None (the placeholder's body is still ...); "
+                    "return True or False.")
     want = {key: _training_idle(*key) for key in got}
     wrong = [key for key in got if got[key] != want[key]]
     if not wrong:
@@ -229,10 +234,10 @@ def check_activations_held(gpipe, one_f_one_b, p: int = HELD_STAGES,
     ok = True
     want_g = [m] * p
     want_1 = [min(p - s, m) for s in range(p)]
-    for name, answer, want in (("gpipe", gpipe, want_g), ("one_f_one_b", one_f_one_b, want_1)):
+    for name, answer, want in (("GPipe", gpipe, want_g), ("1F1B", one_f_one_b, want_1)):
         if is_placeholder(answer):
-            ok = _say(False, f"{name} is still a placeholder; give a list of {p} numbers, "
-                      f"one per stage.") and ok
+            ok = _say(False, f"{name}'s list is still a placeholder; give {p} numbers, one "
+                      f"per stage.") and ok
             continue
         try:
             got = [int(v) for v in answer]
@@ -246,7 +251,7 @@ def check_activations_held(gpipe, one_f_one_b, p: int = HELD_STAGES,
             _say(True, f"{name}: {got}.")
             continue
         ok = False
-        if name == "gpipe":
+        if name == "GPipe":
             if got == want_1:
                 hint = ("that is 1F1B's profile. GPipe runs all m forwards before any backward, "
                         f"so every stage holds all m = {m} microbatches at the turn")
