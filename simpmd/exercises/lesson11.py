@@ -41,8 +41,9 @@ def check_bubble(answer, p: int = BUBBLE_STAGES, m: int = BUBBLE_MICROBATCHES) -
                      f"{100 * want:.1f}%"),
         (1 - want, "that is the share of the step a stage is BUSY (m of m+p-1 steps); the "
                    "bubble is the rest"),
-        ((p - 1) / m, f"(p-1)/m = {p - 1}/{m} compares the idle steps with the busy ones; "
-                      f"the fraction of the whole step divides by all m+p-1 = {m + p - 1} steps"),
+        ((p - 1) / m, f"(p-1)/m = {p - 1}/{m} divides the idle steps by the busy ones (the form "
+                      f"Narayanan et al. 2021 quote); the question asks for the share of the "
+                      f"whole step, which divides by all m+p-1 = {m + p - 1} steps"),
         (p / (m + p - 1), f"a stage idles p-1 = {p - 1} steps, not p: the first stage starts at "
                           f"step 0, the last at step p-1"),
         (p / (m + p), f"a stage idles p-1 = {p - 1} of m+p-1 = {m + p - 1} steps"),
