@@ -449,6 +449,56 @@ def test_timeline_defaults_to_the_platforms_hardware():
     assert any(t.startswith("estimated run on H100:") for t in title)   # not "on None"
 
 
+def _shift_chain(steps, p=4):
+    """A shard_map program that computes, then passes its value one device on, ``steps``
+    times (a pipeline's forward pass without the layers)."""
+    from simpmd import P
+    mesh = simpmd.make_mesh((p,), ("stage",))
+
+    def body(x):
+        for _ in range(steps):
+            x = lax.ppermute(x * 2.0, "stage", [(j, j + 1) for j in range(p - 1)])
+        return x
+    f = simpmd.shard_map(body, mesh=mesh, in_specs=P("stage"), out_specs=P("stage"))
+    f(np.ones((p, 3), dtype=np.float32))
+    return f.trace
+
+
+def test_timeline_marks_idle_segments_and_reads_off_the_bubble():
+    # 4 stages, 3 microbatches: 6 steps of 1 ms; device d works at steps d..d+2, so each
+    # device idles 3 of 6 steps: (p-1)/(m+p-1) = 3/6 of its compute time
+    trace = _shift_chain(5)
+    busy = lambda d, k: d <= k < d + 3
+    tl = viz.model_timeline(trace, "TPU v5e", compute=1e-3, idle=lambda d, k: not busy(d, k))
+    for d in range(4):
+        kinds = [s.kind for s in tl.of(d) if s.kind in ("compute", "idle")]
+        assert kinds == ["compute" if busy(d, k) else "idle" for k in range(6)]
+        assert tl.total("idle", d) == pytest.approx(3e-3)
+    comm = tl.total("comm", 0)
+    assert comm > 0 and tl.end == pytest.approx(6e-3 + comm)
+    assert tl.fraction("idle") == pytest.approx(3e-3 / (6e-3 + comm))
+    assert tl.fraction("idle", 2) == pytest.approx(tl.fraction("idle"))
+    assert not tl.total("wait")                 # idle is not waiting: every stage runs every step
+    fig = viz.draw_timeline(trace, "TPU v5e", compute=1e-3, idle=lambda d, k: not busy(d, k))
+    assert len(tagged(fig, "idle")) == 12 and len(tagged(fig, "compute")) == 12
+    assert any("idle (no useful work)" in t for t in texts(fig))
+    assert any("idle 49." in t or "idle 50.0%" in t for t in texts(fig))
+    # without idle=, the same run is all compute, as before
+    plain = viz.model_timeline(trace, "TPU v5e", compute=1e-3)
+    assert not plain.total("idle") and plain.total("compute") == pytest.approx(4 * 6e-3)
+
+
+def test_draw_timeline_takes_a_timeline_built_by_hand():
+    Segment, Timeline = viz.Segment, viz.Timeline
+    segs = [Segment(0, "compute", 0.0, 1.0, "stage 0", "F0"), Segment(0, "idle", 1.0, 3.0, "stage 0"),
+            Segment(1, "idle", 0.0, 1.0, "stage 1"), Segment(1, "compute", 1.0, 3.0, "stage 1", "F0")]
+    tl = Timeline(segs, [0, 1], 3.0, "no communication", "compute: units", "a schedule")
+    assert tl.fraction("idle") == pytest.approx(3.0 / 6.0)
+    fig = viz.draw_timeline(tl, title="hand-made")
+    assert len(tagged(fig, "compute")) == 2 and len(tagged(fig, "idle")) == 2
+    assert texts(fig).count("F0") == 2 and "hand-made" in texts(fig)
+
+
 def test_timeline_default_compute_model_and_nested_runs():
     def outer(x):
         return lax.psum(simpmd.pmap(lambda v: lax.psum(v, "model"), axis_name="model")(x), "data")

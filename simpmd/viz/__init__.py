@@ -38,6 +38,7 @@ _WHERE = {
     "draw_timeline": "timeline",
     "model_timeline": "timeline",
     "Segment": "timeline",
+    "Timeline": "timeline",
     "tagged": "canvas",
     "draw_dispatch": "dispatch",
     "dispatch_matrix": "dispatch",

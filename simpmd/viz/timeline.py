@@ -16,6 +16,10 @@ timeline is a *model* built from the trace:
 * **waiting**: a collective starts when the last member of its group arrives; the others
   wait from their arrival until then. In a nested pmap an outer program spans several
   devices, and its collectives start when all of them are ready.
+* **idle**: a compute segment whose result the program throws away (a pipeline stage
+  that has no microbatch yet runs its layer on zeros, since every device runs the same
+  program). Pass ``idle(device, k) -> bool`` to say which; they take the same time as
+  compute but are drawn and counted as idle: the pipeline's *bubble*.
 
 The order of the model is the order of the trace's events: a device's segments follow
 its own log, and collective instances run in ``step`` order.
@@ -37,16 +41,17 @@ FLOOR_ROW_IN = MIN_FONT / 26 + 0.005   # ... a 7 pt label on every row (canvas.f
 # Okabe-Ito colours (see canvas.OKABE_ITO): sky blue computes, grey hatched waits, and each
 # collective op gets one of the other hues (the labels in the bars name them too)
 COLORS = {"compute": tint(OKABE_ITO[1], 0.7), "wait": (0.93, 0.93, 0.93),
-          "comm": tint(OKABE_ITO[0], 0.85)}
+          "comm": tint(OKABE_ITO[0], 0.85), "idle": (1.0, 1.0, 1.0)}
+KINDS = ("compute", "idle", "wait", "comm")
 OP_COLORS = [tint(OKABE_ITO[k], 0.85) for k in (0, 2, 6, 3, 5, 4)]
 
 
 @dataclass(frozen=True)
 class Segment:
-    """What one device does from ``start`` to ``stop`` (seconds): compute, wait or comm."""
+    """What one device does from ``start`` to ``stop`` (seconds): compute, idle, wait or comm."""
 
     device: int
-    kind: str            # 'compute', 'wait' or 'comm'
+    kind: str            # 'compute', 'idle', 'wait' or 'comm'
     start: float
     stop: float
     program: str
@@ -76,6 +81,12 @@ class Timeline:
         return sum(s.duration for s in self.segments
                    if s.kind == kind and (device is None or s.device == device))
 
+    def fraction(self, kind: str, device: int | None = None) -> float:
+        """The share of the run spent on ``kind``: of ``device``'s time from 0 to ``end``,
+        or of all devices' time together (``fraction('idle')`` is a pipeline's bubble)."""
+        span = self.end * (1 if device is not None else len(self.devices))
+        return self.total(kind, device) / span if span > 0 else 0.0
+
 
 def _comm_times(trace, hardware, topology):
     """Seconds per collective step, the HBM bandwidth, and a label saying where they came from."""
@@ -97,7 +108,8 @@ def _comm_times(trace, hardware, topology):
             f"{hbm / 1e12:g} TB/s HBM", str(estimate.hardware))
 
 
-def model_timeline(trace, hardware=None, *, compute=None, slowdown=None, topology=None) -> Timeline:
+def model_timeline(trace, hardware=None, *, compute=None, slowdown=None, topology=None,
+                   idle=None) -> Timeline:
     """Model the run of ``trace`` on ``hardware``; return a :class:`Timeline` of segments.
 
     ``hardware`` defaults to the platform's (``simpmd.set_device_count(n, hardware=...)``),
@@ -108,6 +120,8 @@ def model_timeline(trace, hardware=None, *, compute=None, slowdown=None, topolog
     k-th segment of a program (``event`` is the collective that ends it, or None for the
     last segment, before the program returns). ``slowdown``: ``{device id: factor}``
     multiplies that device's compute. ``topology`` goes to ``simpmd.cost.estimate_trace``.
+    ``idle``: ``f(device, k) -> bool``, true where the k-th compute segment of the program
+    on ``device`` does no useful work; that segment becomes an 'idle' one.
     """
     times, hbm, comm_label, hbm_label, hardware_name = _comm_times(trace, hardware, topology)
     slowdown = dict(slowdown or {})
@@ -146,8 +160,9 @@ def model_timeline(trace, hardware=None, *, compute=None, slowdown=None, topolog
         base = compute_seconds(program, k, event, nbytes, max(len(spans), 1))
         for d in spans:
             t = base * float(slowdown.get(d, 1.0))
+            kind = "idle" if idle is not None and idle(d, k) else "compute"
             if t > 0:
-                segments.append(Segment(d, "compute", clock[d], clock[d] + t, program))
+                segments.append(Segment(d, kind, clock[d], clock[d] + t, program))
             clock[d] += t
 
     done_steps, done_programs = set(), set()
@@ -217,7 +232,7 @@ def _elision_note(tl, hidden):
 
 
 def draw_timeline(trace, hardware=None, *, compute=None, slowdown=None, topology=None,
-                  title=None, max_rows: int | None = MAX_ROWS, ax=None):
+                  title=None, max_rows: int | None = MAX_ROWS, ax=None, idle=None):
     """Draw the modelled run as a Gantt chart, one row per device; return the Figure.
 
     Blue: compute; orange: communication (one colour per collective op when a run uses
@@ -226,9 +241,16 @@ def draw_timeline(trace, hardware=None, *, compute=None, slowdown=None, topology
     note (``max_rows=None`` draws every row, in a taller figure), but the devices in
     ``slowdown`` and the one that waits most stay; every row is labelled, at 7 pt or more.
     Rows are tagged ``simpmd:device:<id>``, segments ``simpmd:<kind>:<device>:<k>``, the
-    notes ``simpmd:elided:<count>``.
+    notes ``simpmd:elided:<count>``. White, dotted: idle (see ``idle`` in
+    :func:`model_timeline`). ``trace`` may also be a :class:`Timeline` already modelled
+    (or built by hand, e.g. for a schedule); a compute segment's ``label`` is then written
+    in its bar.
     """
-    tl = model_timeline(trace, hardware, compute=compute, slowdown=slowdown, topology=topology)
+    if isinstance(trace, Timeline):
+        tl = trace
+    else:
+        tl = model_timeline(trace, hardware, compute=compute, slowdown=slowdown,
+                            topology=topology, idle=idle)
     waits_most = max(tl.devices, key=lambda d: tl.total("wait", d), default=None)
     keep = set(slowdown or {}) | ({waits_most} if tl.total("wait", waits_most) > 0 else set())
     rows = _rows(tl, max_rows, keep & set(tl.devices)) if tl.devices else []
@@ -263,12 +285,15 @@ def draw_timeline(trace, hardware=None, *, compute=None, slowdown=None, topology
         if s.device not in row:
             continue
         color = op_color.get(s.label, COLORS["comm"]) if s.kind == "comm" else COLORS[s.kind]
+        edge = {"wait": (0.6, 0.6, 0.6), "idle": (0.45, 0.45, 0.45)}.get(s.kind, "white")
         rect = Rectangle((s.start / scale, row[s.device] - 0.38), s.duration / scale, 0.76,
-                         facecolor=color, edgecolor="white" if s.kind != "wait" else (0.6, 0.6, 0.6),
-                         linewidth=0.4, hatch="///" if s.kind == "wait" else None, zorder=2)
+                         facecolor=color, edgecolor=edge, linewidth=0.4 if s.kind != "idle" else 0.8,
+                         linestyle=":" if s.kind == "idle" else "-",
+                         hatch="///" if s.kind == "wait" else None, zorder=2)
         tag(rect, s.kind, f"{s.device}:{k}")
         ax.add_patch(rect)
-        if s.kind == "comm" and n <= 16 and s.duration / end > 0.06:
+        wide = s.duration / end > (0.06 if s.kind == "comm" else 0.025)
+        if s.label and s.kind in ("comm", "compute") and n <= 16 and wide:
             ax.text((s.start + s.stop) / 2 / scale, row[s.device], s.label, ha="center",
                     va="center", fontsize=max(fs * 0.85, MIN_FONT), color=INK, zorder=3)
     ax.set_xlim(0, end / scale * 1.01)
@@ -279,9 +304,12 @@ def draw_timeline(trace, hardware=None, *, compute=None, slowdown=None, topology
     ax.tick_params(axis="x", labelsize=8)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
-    handles = [Patch(facecolor=COLORS["compute"], label="compute"),
-               Patch(facecolor=COLORS["wait"], edgecolor=(0.6, 0.6, 0.6), hatch="///",
-                     label="waiting for the group")]
+    handles = [Patch(facecolor=COLORS["compute"], label="compute")]
+    if any(s.kind == "idle" for s in tl.segments):
+        handles.append(Patch(facecolor=COLORS["idle"], edgecolor=(0.45, 0.45, 0.45),
+                             linestyle=":", label="idle (no useful work)"))
+    handles.append(Patch(facecolor=COLORS["wait"], edgecolor=(0.6, 0.6, 0.6), hatch="///",
+                         label="waiting for the group"))
     handles += [Patch(facecolor=op_color[op], label=op) for op in ops]
     ax.legend(handles=handles, loc="lower left", bbox_to_anchor=(0, 1.0), ncol=len(handles),
               fontsize=8, frameon=False)
@@ -290,6 +318,8 @@ def draw_timeline(trace, hardware=None, *, compute=None, slowdown=None, topology
         title = (f"estimated run on {tl.hardware}: {_seconds(tl.end) if tl.end else '0 s'}; "
                  + (f"the device that waits most waits {_seconds(waited)}" if waited
                     else "no device waits"))
+        if tl.total("idle"):
+            title += f"; idle {tl.fraction('idle'):.1%} of all device time"
     fig.text(0.01, 0.995, title, ha="left", va="top", fontsize=10, fontweight="bold", color=INK)
     fig.text(0.01, 0.005, tl.comm_model + "\n" + tl.compute_model, ha="left", va="bottom",
              fontsize=7.5, color=INK)
