@@ -105,6 +105,7 @@ def _run_once(owner, fun, batch, args, kwargs, assemble, cache=None):
     inputs = [Batched(x.stack) if type(x) is Piece else x for x in leaves]
     args, kwargs = tree.unflatten(treedef, inputs)
     traced = None if cache is None else program.cached(*cache)
+    recorded = False
     if _capturing:                       # make_jaxpr of a mapped function: trace it anew
         cache, traced = None, None
     try:
@@ -113,6 +114,7 @@ def _run_once(owner, fun, batch, args, kwargs, assemble, cache=None):
         elif (cache is not None and traced is None) or _capturing or batch.check_vma:
             varies = [x.varies if type(x) is Piece else None for x in leaves]
             result = trace(batch, fun, args, kwargs, inputs, treedef, cache, varies)
+            recorded = True
         else:
             result = run_once(batch, fun, args, kwargs)
         out, out_def = tree.flatten(result)
@@ -125,6 +127,8 @@ def _run_once(owner, fun, batch, args, kwargs, assemble, cache=None):
         owner.trace = record_trace(exc.trace)
         raise
     owner.trace = record_trace(Trace(batch.events, log=batch))
+    owner.trace.program = (traced if isinstance(traced, program.Program)
+                           else program.last_traced if recorded else None)
     return outputs
 
 

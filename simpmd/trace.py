@@ -206,6 +206,7 @@ class Trace:
         # one device's rows, without writing out every device's events.
         self._log = log
         self._summary = None
+        self.program = None          # the traced program the run interpreted, if any
 
     def _columnar(self):
         """The columnar log's summary, while the events have not been written out."""

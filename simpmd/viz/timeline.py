@@ -108,6 +108,27 @@ def _comm_times(trace, hardware, topology):
             f"{hbm / 1e12:g} TB/s HBM", str(estimate.hardware))
 
 
+def _roofline_segments(trace, hardware):
+    """(seconds of each compute segment, the Roofline) from the program ``trace`` ran, or
+    None when there is none (an eager run) or it does not line up with the log."""
+    program = getattr(trace, "program", None)
+    if program is None:
+        return None
+    try:
+        from .. import cost
+        r = cost.roofline_of(program, hardware, getattr(program, "axis_env", None))
+    except (ImportError, ValueError, KeyError):
+        return None
+    segs = r.segments()
+    per_program: dict = {}
+    for e in trace.events:
+        if e.kind == "collective":
+            per_program[e.program] = per_program.get(e.program, 0) + 1
+    if any(n != len(segs) - 1 for n in per_program.values()):
+        return None                  # e.g. collectives in a cond branch some devices skip
+    return segs, r
+
+
 def model_timeline(trace, hardware=None, *, compute=None, slowdown=None, topology=None,
                    idle=None) -> Timeline:
     """Model the run of ``trace`` on ``hardware``; return a :class:`Timeline` of segments.
@@ -115,7 +136,9 @@ def model_timeline(trace, hardware=None, *, compute=None, slowdown=None, topolog
     ``hardware`` defaults to the platform's (``simpmd.set_device_count(n, hardware=...)``),
     as in ``simpmd.cost.estimate_trace``.
 
-    ``compute``: None (bytes written / HBM bandwidth, see the module docstring), a number
+    ``compute``: None (the roofline of the run's traced program, segment by segment, see
+    ``simpmd.cost.roofline``; for a run with no program, such as ``eager=True``, bytes
+    written / HBM bandwidth, see the module docstring), a number
     (seconds for every compute segment), or ``f(program, k, event) -> seconds`` for the
     k-th segment of a program (``event`` is the collective that ends it, or None for the
     last segment, before the program returns). ``slowdown``: ``{device id: factor}``
@@ -125,7 +148,12 @@ def model_timeline(trace, hardware=None, *, compute=None, slowdown=None, topolog
     """
     times, hbm, comm_label, hbm_label, hardware_name = _comm_times(trace, hardware, topology)
     slowdown = dict(slowdown or {})
-    if compute is None:
+    roofline = _roofline_segments(trace, hardware_name) if compute is None else None
+    if roofline is not None:
+        segs, r = roofline
+        compute_label = (f"compute: roofline of the traced program on {r.hardware} "
+                         f"({r.flops:.3g} FLOPs, {r.bytes:.3g} B of HBM traffic per device)")
+    elif compute is None:
         compute_label = (f"compute: bytes each device writes for its next collective or "
                          f"result / {hbm_label} (a lower bound)")
     elif callable(compute):
@@ -134,6 +162,8 @@ def model_timeline(trace, hardware=None, *, compute=None, slowdown=None, topolog
         compute_label = f"compute: {_seconds(float(compute))} per segment (as given)"
 
     def compute_seconds(program, k, event, nbytes, width):
+        if roofline is not None:
+            return segs[k] if k < len(segs) else 0.0
         if compute is None:
             return nbytes / hbm / width
         if callable(compute):
