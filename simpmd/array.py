@@ -132,7 +132,7 @@ class Array(HostArray):
             # As jax.pmap's results since jax 0.10: a NamedSharding over a one-axis mesh of
             # the devices, whose spec names the mapped axis where out_axes put it.
             from .mesh import Mesh, NamedSharding, PartitionSpec
-            name = "_pmap_axis" if axis_name is None else axis_name
+            name = "_internal_pmap_axis_name" if axis_name is None else axis_name   # JAX's
             mesh = Mesh(np.array(self._devices, dtype=object), (name,))
             spec = PartitionSpec() if mapped_axis is None else PartitionSpec(
                 *([None] * mapped_axis + [name]))

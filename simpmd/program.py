@@ -177,6 +177,8 @@ class Recorder:
         source, code = where_called()
         if primitive == "reshape" and outvars:
             params = dict(params, new_sizes=outvars[0].shape, dimensions=None)
+        if primitive == "dot_general" and outvars:
+            params = dict(params, preferred_element_type=outvars[0].dtype)
         if self.track_vma:
             self._types(primitive, params, invars, outvars, source, code)
         eqn = Equation(primitive, params, fn, args, kwargs, invars, outvars, None, source, code)
@@ -510,7 +512,7 @@ def pretty(program, width=80) -> str:
             names[v] = next(counter)
         return names[v]
 
-    vma = getattr(program, "vma", None) or {}
+    vma = dict(getattr(program, "vma", None) or {})
 
     def typed(v):
         text = f"{name(v)}:{type_text(v.shape, v.dtype)}"
@@ -548,19 +550,21 @@ def pretty(program, width=80) -> str:
     for eqn in program.eqns:
         like = (eqn.invars[0].dtype if eqn.invars else
                 eqn.outvars[0].dtype if eqn.outvars else None)
-        types = [typed(v) for v in eqn.outvars]
-        outs = " ".join(types) or "_"
         ins = " ".join(operand(v, like) for v in _operands(eqn))
         divisor = eqn.params.get("_divisor")
         if divisor is not None and len(eqn.outvars) == 1:
             # JAX has no pmean or mean primitive: it sums (psum, reduce_sum), then divides.
             v = eqn.outvars[0]
             total = Var(v.shape, v.dtype)
-            summed = f"{name(total)}:{type_text(v.shape, v.dtype)}"
+            total.count = -1
+            vma[total] = vma.get(v, frozenset())       # the sum already has the result's type
+            summed = typed(total)
+            types = [typed(v)]
             lines += line(summed, "psum" if eqn.primitive == "pmean" else "reduce_sum",
                           eqn.params, ins)
             lines += line(types[0], "div", {}, f"{name(total)} {operand(float(divisor), v.dtype)}")
             continue
+        outs = " ".join(typed(v) for v in eqn.outvars) or "_"
         lines += line(outs, eqn.primitive, eqn.params, ins)
     outs = ", ".join(name(v) if type(v) is Var else operand(v) for v in program.outs)
     lines.append(f"  in ({outs}{',' if len(program.outs) == 1 else ''}) }}")
