@@ -384,7 +384,10 @@ def _user_line() -> tuple:
         if not path.startswith(_HERE):
             info = inspect.getframeinfo(frame, context=1)
             code = info.code_context[0].strip() if info.code_context else ""
-            return f"{os.path.basename(path)}:{frame.f_lineno}", code
+            name = os.path.basename(path)
+            if "ipykernel" in path or path.startswith("<ipython"):
+                name = "<cell>"      # notebook cells get temporary, machine-dependent names
+            return f"{name}:{frame.f_lineno}", code
         frame = frame.f_back
     return "", ""
 
