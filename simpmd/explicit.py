@@ -385,7 +385,7 @@ def _user_line() -> tuple:
             info = inspect.getframeinfo(frame, context=1)
             code = info.code_context[0].strip() if info.code_context else ""
             name = os.path.basename(path)
-            if "ipykernel" in path or path.startswith("<ipython"):
+            if "ipykernel" in path or "<ipython" in path:
                 name = "<cell>"      # notebook cells get temporary, machine-dependent names
             return f"{name}:{frame.f_lineno}", code
         frame = frame.f_back
