@@ -87,3 +87,8 @@ def test_fsdp_bytes(capsys):
     assert "2 bytes" in said(capsys)
     assert not ex.check_fsdp_gather_bytes(4096 * 4096 * 2 // 8)
     assert "receives the 7 blocks" in said(capsys)
+
+
+def test_reshard_collectives_placeholders(capsys):
+    assert not ex.check_reshard_collectives({"a": ..., "b": ..., "c": ...})
+    assert "placeholders" in said(capsys)

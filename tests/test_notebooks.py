@@ -99,7 +99,8 @@ SOLUTIONS_AT_THE_END = ["02_pmap_basics.ipynb", "03_in_axes_out_axes.ipynb",
                         "04_named_axes_collectives.ipynb", "05_data_parallel_training.ipynb",
                         "06_collective_algorithms_and_cost.ipynb",
                         "07_nested_pmap_2d_meshes.ipynb", "08_model_parallelism.ipynb",
-                        "09_debugging_spmd.ipynb", "10_shard_map_and_jit.ipynb"]
+                        "09_debugging_spmd.ipynb", "10_shard_map_and_jit.ipynb",
+                        "13_explicit_sharding_and_jit.ipynb"]
 
 
 def _top_level_names(source):

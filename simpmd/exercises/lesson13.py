@@ -133,6 +133,9 @@ RESHARDS = {"a": ("P('data', 'model')", "P('data', None)", "all-gather"),
 def check_reshard_collectives(answers) -> Verdict:
     """A dict {'a': ..., 'b': ..., 'c': ...}: the collective each reshard of :data:`RESHARDS`
     needs ('all-gather', 'all-to-all', 'all-reduce', 'reduce-scatter' or 'none')."""
+    if isinstance(answers, dict) and any(v is Ellipsis for v in answers.values()):
+        return _say(False, "answer_3 still holds placeholders (...); name a collective for "
+                    "each of (a), (b) and (c), or 'none'.")
     if _placeholder(answers) or not isinstance(answers, dict):
         return _say(False, "answer_3 should be a dict such as {'a': 'all-gather', 'b': ..., 'c': ...}.")
     wrong = []
