@@ -111,7 +111,8 @@ def _dispatching(namespace: tuple, name: str):
         if not namespace and _holds_sharded((args, kwargs)):
             from . import explicit          # jit with Explicit shardings: the rule table
             return explicit.call_numpy(name, _lookup(namespace, name, jax_side=False), args, kwargs)
-        if "out_sharding" in kwargs and not (uses_jax(args) or uses_jax(kwargs)):
+        if ("out_sharding" in kwargs and not (uses_jax(args) or uses_jax(kwargs))
+                and not _holds_device_values((args, kwargs))):
             from . import explicit
             if explicit.get_mesh() is not None:
                 return explicit.call_numpy(name, None, args, kwargs)

@@ -242,3 +242,20 @@ def test_hlo_counts_read_tuple_all_to_all():
   %fusion = f32[8] fusion(%all-reduce), kind=kLoop
 """
     assert hlo_collective_counts(text) == {"all-reduce": 1, "all-to-all": 1, "collective-permute": 1}
+
+
+def test_simpmd_numpy_routes_by_argument(mesh):
+    a, b = arange(16, 32), np.ones((32, 8), np.float32)
+    y = snp.matmul(a, b, out_sharding=P("data", None))          # NumPy inputs, a mesh set
+    assert str(simpmd.typeof(y)) == "float32[16@data,8]"
+    np.testing.assert_allclose(np.asarray(y), a @ b)
+    assert isinstance(snp.tanh(a), np.ndarray)                 # plain NumPy stays NumPy
+    with pytest.raises(ShardingTypeError, match="no sharding rule"):
+        snp.cumsum(simpmd.device_put(a, P("data")))
+
+
+def test_eager_operations_log_their_collectives(mesh):
+    simpmd.explicit.eager_trace()                              # start empty
+    x = simpmd.device_put(arange(16, 32), P("data", "model"))
+    x.sum(0)
+    assert collective_counts(simpmd.explicit.eager_trace()) == {"all-reduce": 1}
