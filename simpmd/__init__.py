@@ -20,7 +20,8 @@ from .trace import Event, Trace
 __version__ = "0.1.0"
 
 # -- features built on the engine (each line added by the feature's own change) ----------
-from .mesh import Mesh, NamedSharding, P, PartitionSpec, ShardingError, make_mesh
+from .mesh import AxisType, Mesh, NamedSharding, P, PartitionSpec, ShardingError, make_mesh
+from .explicit import ShardedArray, ShardingTypeError, device_put, jit, reshard, set_mesh, typeof
 from .shard_map import shard_map
 from . import numpy                                    # functions for bodies that run on both engines
 from . import course                                   # what the course notebooks share

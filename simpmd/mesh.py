@@ -12,6 +12,7 @@ pairs the two and answers "which device holds which block?" for a given global s
 from __future__ import annotations
 
 from collections import OrderedDict
+import enum
 import math
 
 import numpy as np
@@ -25,6 +26,34 @@ class ShardingError(SimpmdError, ValueError):
 
 
 # -- the mesh ------------------------------------------------------------------------------
+
+class AxisType(enum.Enum):
+    """How a mesh axis is handled by ``jit``, as ``jax.sharding.AxisType``.
+
+    ``Explicit``: the sharding is part of each array's type and every operation has a rule
+    for it (simpmd.explicit simulates these). ``Auto``: the compiler's partitioner chooses,
+    by heuristics simpmd does not reproduce. ``Manual``: inside a ``shard_map`` body.
+    """
+    Auto = "Auto"
+    Explicit = "Explicit"
+    Manual = "Manual"
+
+    def __repr__(self):
+        return self.name
+
+
+def axis_types_of(mesh) -> tuple:
+    """The mesh's axis types as a tuple of :class:`AxisType` (``Auto`` where none was given).
+
+    Accepts JAX's own ``AxisType`` members too (they are matched by name).
+    """
+    types = mesh.axis_types
+    if types is None:
+        return (AxisType.Auto,) * len(mesh.axis_names)
+    if not isinstance(types, (tuple, list)):
+        types = (types,) * len(mesh.axis_names)
+    return tuple(AxisType[getattr(t, "name", str(t)).split(".")[-1]] for t in types)
+
 
 class Mesh:
     """Simulated devices in an n-D grid with one name per axis, like ``jax.sharding.Mesh``.
@@ -107,8 +136,10 @@ def make_mesh(axis_shapes, axis_names, *, devices=None, axis_types=None) -> Mesh
     """A mesh of the given shape over the first devices, row-major, like ``jax.make_mesh``.
 
     ``make_mesh((2, 4), ('data', 'model'))`` puts devices 0-3 on the first 'data' row and
-    4-7 on the second. ``axis_types`` is accepted for JAX's signature and ignored: a
-    simulation always behaves like JAX's ``Auto`` axes inside ``shard_map``.
+    4-7 on the second. ``axis_types`` defaults to ``Explicit`` on every axis, as
+    ``jax.make_mesh`` does from jax 0.9 (``Mesh(...)`` stays ``Auto``, as in JAX). Only
+    ``simpmd.jit`` and the sharded arrays of ``simpmd.device_put`` read the types;
+    ``shard_map`` bodies see the same blocks either way.
     """
     axis_shapes = tuple(int(s) for s in axis_shapes)
     if isinstance(axis_names, str):
@@ -129,7 +160,11 @@ def make_mesh(axis_shapes, axis_names, *, devices=None, axis_types=None) -> Mesh
             f"{len(devices)}.")
     grid = np.empty(needed, dtype=object)
     grid[:] = devices
-    return Mesh(grid.reshape(axis_shapes), axis_names, axis_types=axis_types)
+    if axis_types is None:
+        axis_types = (AxisType.Explicit,) * len(axis_shapes)
+    elif not isinstance(axis_types, (tuple, list)):
+        axis_types = (axis_types,) * len(axis_shapes)
+    return Mesh(grid.reshape(axis_shapes), axis_names, axis_types=tuple(axis_types))
 
 
 # -- the partition spec ----------------------------------------------------------------------

@@ -72,6 +72,12 @@ def _contains(value, kinds) -> bool:
     return False
 
 
+def _holds_sharded(value) -> bool:
+    """True if ``value`` holds a simpmd.explicit ShardedArray (only once that module is loaded)."""
+    explicit = _sys.modules.get(__name__.rsplit(".", 1)[0] + ".explicit")
+    return explicit is not None and explicit.holds_sharded(value)
+
+
 def _holds_device_values(value) -> bool:
     """True if ``value`` is (or contains) a simpmd device value."""
     return _contains(value, (_Traced,))
@@ -102,7 +108,18 @@ def _dispatching(namespace: tuple, name: str):
     qualified = _dotted(namespace, name)
 
     def call(*args, **kwargs):
+        if not namespace and _holds_sharded((args, kwargs)):
+            from . import explicit          # jit with Explicit shardings: the rule table
+            return explicit.call_numpy(name, _lookup(namespace, name, jax_side=False), args, kwargs)
+        if ("out_sharding" in kwargs and not (uses_jax(args) or uses_jax(kwargs))
+                and not _holds_device_values((args, kwargs))):
+            from . import explicit
+            if explicit.get_mesh() is not None:
+                return explicit.call_numpy(name, None, args, kwargs)
         if uses_jax(args) or uses_jax(kwargs):
+            if "out_sharding" in kwargs:
+                from . import explicit
+                kwargs = dict(kwargs, out_sharding=explicit.to_jax_spec(kwargs["out_sharding"]))
             fn = _lookup(namespace, name, jax_side=True)
             if fn is _MISSING:
                 raise AttributeError(

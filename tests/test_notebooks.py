@@ -101,7 +101,8 @@ SOLUTIONS_AT_THE_END = ["02_pmap_basics.ipynb", "03_in_axes_out_axes.ipynb",
                         "07_nested_pmap_2d_meshes.ipynb", "08_model_parallelism.ipynb",
                         "09_debugging_spmd.ipynb", "10_shard_map_and_jit.ipynb",
                         "11_pipeline_parallelism.ipynb",
-                        "12_sequence_and_expert_parallelism.ipynb"]
+                        "12_sequence_and_expert_parallelism.ipynb",
+                        "13_explicit_sharding_and_jit.ipynb"]
 
 
 def _top_level_names(source):

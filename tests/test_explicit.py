@@ -1,0 +1,261 @@
+"""simpmd.explicit: jit with Explicit shardings, checked against hand-worked blocks and NumPy.
+
+Expectations are written out here (which rows and columns each device holds, which
+collective the rule needs, the bytes a ring moves), never read from simpmd's own output.
+"""
+import numpy as np
+import pytest
+
+import simpmd
+import simpmd.numpy as snp
+from simpmd import P
+from simpmd.explicit import ShardingTypeError, collective_counts, hlo_collective_counts
+
+
+@pytest.fixture
+def mesh():
+    m = simpmd.make_mesh((2, 4), ("data", "model"))
+    with simpmd.set_mesh(m):
+        yield m
+
+
+def arange(*shape):
+    return np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+
+
+def test_make_mesh_defaults_to_explicit_and_mesh_to_auto():
+    m = simpmd.make_mesh((2, 4), ("data", "model"))
+    assert simpmd.mesh.axis_types_of(m) == (simpmd.AxisType.Explicit,) * 2
+    raw = simpmd.Mesh(np.array(simpmd.devices()[:8]).reshape(2, 4), ("data", "model"))
+    assert simpmd.mesh.axis_types_of(raw) == (simpmd.AxisType.Auto,) * 2
+
+
+def test_set_mesh_is_a_context_manager():
+    m = simpmd.make_mesh((8,), ("i",))
+    before = simpmd.explicit.get_mesh()
+    with simpmd.set_mesh(m):
+        assert simpmd.explicit.get_mesh() is m
+    assert simpmd.explicit.get_mesh() is before
+
+
+def test_typeof_prints_like_jax(mesh):
+    x = simpmd.device_put(arange(16, 32), P("data", "model"))
+    assert str(simpmd.typeof(x)) == "float32[16@data,32@model]"
+    assert repr(simpmd.typeof(x)) == "ShapedArray(float32[16@data,32@model])"
+    y = simpmd.device_put(arange(16, 32), P(None, ("data", "model")))
+    assert str(simpmd.typeof(y)) == "float32[16,32@(data,model)]"
+    assert str(simpmd.typeof(simpmd.device_put(np.ones(4)))) == "float32[4]"   # float64 -> float32
+
+
+def test_device_put_blocks_by_hand(mesh):
+    a = arange(16, 32)
+    x = simpmd.device_put(a, P("data", "model"))
+    # device 6 sits at data=1, model=2: rows 8-15, columns 16-23
+    np.testing.assert_array_equal(x.block(6), a[8:16, 16:24])
+    np.testing.assert_array_equal(np.asarray(x), a)
+    w = simpmd.device_put(a, simpmd.NamedSharding(mesh, P("model")))
+    np.testing.assert_array_equal(w.block(6), a[8:12])        # replicated over data
+    np.testing.assert_array_equal(w.block(2), a[8:12])
+
+
+def test_uneven_split_is_refused(mesh):
+    with pytest.raises(ShardingTypeError, match="evenly"):
+        simpmd.device_put(arange(6, 4), P("model"))
+
+
+def test_ambiguous_contraction_raises_and_says_what_to_write(mesh):
+    x = simpmd.device_put(arange(16, 32), P("data", "model"))
+    w = simpmd.device_put(arange(32, 8), P("model", None))
+    with pytest.raises(ShardingTypeError, match="out_sharding"):
+        simpmd.jit(lambda x, w: x @ w)(x, w)
+
+
+def test_all_reduce_for_a_replicated_result(mesh):
+    a, b = arange(16, 32) / 100, arange(32, 8) / 100
+    x = simpmd.device_put(a, P("data", "model"))
+    w = simpmd.device_put(b, P("model", None))
+    f = simpmd.jit(lambda x, w: snp.matmul(x, w, out_sharding=P("data", None)))
+    y = f(x, w)
+    assert str(simpmd.typeof(y)) == "float32[16@data,8]"
+    np.testing.assert_allclose(np.asarray(y), a @ b, rtol=1e-5)
+    (call,) = f.trace.calls()
+    assert {e.op for e in call} == {"psum"} and len(call) == 8
+    e5 = next(e for e in call if e.device == 5)               # data=1, model=1
+    assert e5.group == (4, 5, 6, 7) and e5.axes == ("model",)
+    np.testing.assert_allclose(e5.inputs[0], a[8:16, 8:16] @ b[8:16], rtol=1e-5)   # its partial sum
+    np.testing.assert_allclose(e5.outputs[0], (a @ b)[8:16], rtol=1e-5)
+    assert e5.bytes_sent == 2 * 3 * (8 * 8 * 4) // 4           # ring all-reduce: 2(p-1)/p of the block
+    assert e5.params["inserted"] == "jit: matmul"
+    assert e5.source.startswith("test_explicit.py:")
+
+
+def test_reduce_scatter_for_a_split_result(mesh):
+    a, b = arange(16, 32) / 100, arange(32, 8) / 100
+    x = simpmd.device_put(a, P("data", "model"))
+    w = simpmd.device_put(b, P("model", None))
+    f = simpmd.jit(lambda x, w: snp.matmul(x, w, out_sharding=P("data", "model")))
+    y = f(x, w)
+    assert str(simpmd.typeof(y)) == "float32[16@data,8@model]"
+    assert collective_counts(f.trace) == {"reduce-scatter": 1}
+    np.testing.assert_allclose(y.block(6), (a @ b)[8:16, 4:6], rtol=1e-5)
+
+
+def test_one_sided_contraction_cuts_the_whole_operand_then_all_reduces(mesh):
+    a, b = arange(16, 32), np.ones((32, 8), np.float32)
+    x = simpmd.device_put(a, P("data", "model"))
+    f = simpmd.jit(lambda x, w: x @ w)
+    y = f(x, b)
+    assert str(simpmd.typeof(y)) == "float32[16@data,8]"
+    np.testing.assert_allclose(np.asarray(y), a @ b)
+    assert collective_counts(f.trace) == {"all-reduce": 1}
+
+
+def test_free_dims_keep_their_split_without_traffic(mesh):
+    x = simpmd.device_put(arange(16, 32), P("data", None))
+    w = simpmd.device_put(arange(32, 8), P(None, "model"))
+    f = simpmd.jit(lambda x, w: x @ w)
+    y = f(x, w)
+    assert str(simpmd.typeof(y)) == "float32[16@data,8@model]"
+    assert f.trace.calls() == []
+
+
+def test_conflicting_elementwise_raises(mesh):
+    x = simpmd.device_put(arange(16, 32), P("data", "model"))
+    y = simpmd.device_put(arange(16, 32), P("model", "data"))
+    with pytest.raises(ShardingTypeError, match="reshard"):
+        x + y
+
+
+def test_broadcast_takes_the_split_operand(mesh):
+    a, b = arange(16, 32), arange(32)
+    x = simpmd.device_put(a, P("data", "model"))
+    y = simpmd.jit(lambda x, b: snp.tanh(x / 100) + b)(x, b)
+    assert str(simpmd.typeof(y)) == "float32[16@data,32@model]"
+    np.testing.assert_allclose(np.asarray(y), np.tanh(a / 100) + b, rtol=1e-6)
+
+
+def test_reductions(mesh):
+    a = arange(16, 32)
+    x = simpmd.device_put(a, P("data", "model"))
+    f = simpmd.jit(lambda x: x.sum())
+    assert float(np.asarray(f(x))) == a.sum()
+    assert collective_counts(f.trace) == {"all-reduce": 2}   # one per split dim
+    g = simpmd.jit(lambda x: x.max(1))
+    m = g(x)
+    assert str(simpmd.typeof(m)) == "float32[16@data]"
+    np.testing.assert_array_equal(np.asarray(m), a.max(1))
+    assert {e.op for e in g.trace.events if e.kind == "collective"} == {"pmax"}
+    np.testing.assert_allclose(np.asarray(x.mean(0)), a.mean(0))
+
+
+def test_reshard_gather_move_and_slice(mesh):
+    a = arange(16, 32)
+    x = simpmd.device_put(a, P("data", "model"))
+    f = simpmd.jit(lambda x: simpmd.reshard(x, P("data", None)))
+    y = f(x)
+    assert collective_counts(f.trace) == {"all-gather": 1}
+    np.testing.assert_array_equal(y.block(5), a[8:16])
+    r = simpmd.device_put(a, P("data", None))
+    g = simpmd.jit(lambda x: simpmd.reshard(x, P(None, "data")))
+    z = g(r)
+    assert collective_counts(g.trace) == {"all-to-all": 1}
+    np.testing.assert_array_equal(z.block(4), a[:, 16:32])
+    h = simpmd.jit(lambda x: simpmd.reshard(x, P("data", "model")))
+    h(simpmd.device_put(a, P()))
+    assert h.trace.calls() == []                               # each device cuts its piece
+
+
+def test_slice_moves_blocks_by_permutes(mesh):
+    a = arange(16, 4)
+    x = simpmd.device_put(a, P("data"))
+    f = simpmd.jit(lambda x: x[:8])
+    y = f(x)
+    # rows 0-7 in two blocks of 4: device at data=0 keeps rows 0-3, data=1 gets rows 4-7 from data=0
+    np.testing.assert_array_equal(y.block(4), a[4:8])
+    (call,) = f.trace.calls()
+    assert {e.op for e in call} == {"ppermute"} and call[0].params["perm"] == ((0, 1),)
+    with pytest.raises(ShardingTypeError, match="refuses"):
+        x[3]
+    with pytest.raises(ShardingTypeError, match="divide"):
+        x[:3]
+
+
+def test_reshape_rules(mesh):
+    a = arange(16, 32)
+    x = simpmd.device_put(a, P("data", "model"))
+    y = x.reshape(16, 4, 8)
+    assert str(simpmd.typeof(y)) == "float32[16@data,4@model,8]"
+    np.testing.assert_array_equal(np.asarray(y), a.reshape(16, 4, 8))
+    with pytest.raises(ShardingTypeError, match="out_sharding"):
+        x.reshape(32, 16)
+    z = x.reshape(32, 16, out_sharding=P("data", None))
+    np.testing.assert_array_equal(np.asarray(z), a.reshape(32, 16))
+
+
+def test_einsum_and_transpose(mesh):
+    a, b = arange(4, 8, 16) / 50, arange(4, 16, 8) / 50
+    x = simpmd.device_put(a, P("data", None, None))
+    w = simpmd.device_put(b, P("data", None, "model"))
+    y = simpmd.jit(lambda x, w: snp.einsum("bij,bjk->bki", x, w))(x, w)
+    assert str(simpmd.typeof(y)) == "float32[4@data,8@model,8]"
+    np.testing.assert_allclose(np.asarray(y), np.einsum("bij,bjk->bki", a, b), rtol=1e-5)
+
+
+def test_concatenate(mesh):
+    a = arange(16, 32)
+    x = simpmd.device_put(a, P("data", "model"))
+    y = snp.concatenate([x, x], axis=0)
+    assert str(simpmd.typeof(y)) == "float32[32@data,32@model]"
+    np.testing.assert_array_equal(y.block(4), a[:, 0:8])       # data=1 holds rows 16-31 = a again
+    with pytest.raises(ShardingTypeError, match="same|one sharding"):
+        snp.concatenate([x, simpmd.device_put(a, P("data", None))])
+
+
+def test_auto_axes_are_not_simulated():
+    raw = simpmd.Mesh(np.array(simpmd.devices()[:8]).reshape(2, 4), ("data", "model"))
+    x = simpmd.device_put(arange(16, 32), simpmd.NamedSharding(raw, P("data", "model")))
+    assert str(simpmd.typeof(x)) == "float32[16,32]"            # JAX prints no @ for Auto axes
+    with pytest.raises(ShardingTypeError, match="Auto"):
+        x + 1
+
+
+def test_trace_is_costed_and_drawn(mesh):
+    import matplotlib
+    matplotlib.use("Agg")
+    x = simpmd.device_put(arange(16, 32), P("data", "model"))
+    w = simpmd.device_put(arange(32, 8), P("model", None))
+    f = simpmd.jit(lambda x, w: snp.matmul(x, w, out_sharding=P("data", None)))
+    f(x, w)
+    from simpmd import cost
+    est = cost.estimate_trace(f.trace, hardware="TPU v4")
+    assert len(est.collectives) == 2 and all(c.estimate.time_s > 0 and c.estimate.op == "all_reduce" for c in est.collectives)
+    assert "psum('model', inserted=jit: matmul)" in str(f.trace)
+    fig = f.trace.draw()
+    assert fig is not None
+
+
+def test_hlo_counts_read_tuple_all_to_all():
+    text = """
+  %all-to-all.2 = (f32[8,1]{1,0}, f32[8,1]{1,0}) all-to-all(%a, %b), channel_id=1
+  %all-reduce = f32[] all-reduce(%x), channel_id=2
+  ROOT %collective-permute = f32[4,16]{1,0} collective-permute(%c), channel_id=3
+  %fusion = f32[8] fusion(%all-reduce), kind=kLoop
+"""
+    assert hlo_collective_counts(text) == {"all-reduce": 1, "all-to-all": 1, "collective-permute": 1}
+
+
+def test_simpmd_numpy_routes_by_argument(mesh):
+    a, b = arange(16, 32), np.ones((32, 8), np.float32)
+    y = snp.matmul(a, b, out_sharding=P("data", None))          # NumPy inputs, a mesh set
+    assert str(simpmd.typeof(y)) == "float32[16@data,8]"
+    np.testing.assert_allclose(np.asarray(y), a @ b)
+    assert isinstance(snp.tanh(a), np.ndarray)                 # plain NumPy stays NumPy
+    with pytest.raises(ShardingTypeError, match="no sharding rule"):
+        snp.cumsum(simpmd.device_put(a, P("data")))
+
+
+def test_eager_operations_log_their_collectives(mesh):
+    simpmd.explicit.eager_trace()                              # start empty
+    x = simpmd.device_put(arange(16, 32), P("data", "model"))
+    x.sum(0)
+    assert collective_counts(simpmd.explicit.eager_trace()) == {"all-reduce": 1}
