@@ -187,8 +187,9 @@ def make_jaxpr(fun, static_argnums=(), axis_env=None, return_shape=False):
         for x in leaves:
             if isinstance(x, (str, bytes)) or x is None:
                 inputs.append(x)                   # not an array: reaches the body as it is
-            else:
+            else:           # as JAX sees it without x64: 64-bit numbers become 32-bit
                 a = plain(x)
+                a = a.astype(program.canonical_dtype(a.dtype), copy=False)
                 inputs.append(Batched(np.broadcast_to(a, (n,) + a.shape)))
         dyn, kw = tree.unflatten(treedef, inputs)
 
