@@ -16,9 +16,10 @@ def _first_line(exc: BaseException) -> str:
     return lines[0] if lines else ""
 
 
-def _run(fn, x, name):
+def _run(fn, x, name, divergence_hint=None):
     """Run ``fn`` with simpmd.pmap over axis 'i': (result, None), or (None, what went wrong
-    in a sentence that says how to write it instead)."""
+    in a sentence that says how to write it instead). ``divergence_hint(exc)`` words a
+    DeadlockError or DivergenceError for the exercise at hand."""
     import simpmd
     try:
         return simpmd.pmap(fn, axis_name="i")(x), None
@@ -41,12 +42,45 @@ def _run(fn, x, name):
                       "device value, which real JAX refuses. Call it through simpmd.numpy "
                       "(snp.where, snp.exp), which works on both engines.")
     except (simpmd.DivergenceError, simpmd.DeadlockError) as exc:
+        if divergence_hint:
+            return None, divergence_hint(exc)
         return None, (f"the devices still reach different collectives: "
                       f"{type(exc).__name__}: {_first_line(exc)}")
     except simpmd.SimpmdError as exc:
         return None, f"simpmd raised {type(exc).__name__}: {_first_line(exc)}"
     except Exception as exc:                     # the learner's own code failed
         return None, f"{name} raised {type(exc).__name__}: {_first_line(exc)}"
+
+
+def _eight_values(fn, name, x, what, divergence_hint=None):
+    """Run the learner's ``fn`` over 'i' on simpmd: (one float per device, None), or
+    (None, the verdict that says what stopped it)."""
+    if _placeholder(fn):
+        return None, _say(False, f"{name} is still a placeholder; define it as a function of x.")
+    if not callable(fn):
+        return None, _say(False, f"{name} should be a function of x, got {type(fn).__name__}.")
+    out, problem = _run(fn, x, name, divergence_hint)
+    if problem:
+        return None, _say(False, problem)
+    if out is None:
+        return None, _say(False, f"{name} returned None; return {what}.")
+    a = np.asarray(out, dtype=np.float64)
+    if a.shape != (len(x),):
+        return None, _say(False, f"the result has shape {a.shape}; each of the {len(x)} devices "
+                          f"should return one number (the mapped result has shape ({len(x)},)).")
+    return a, None
+
+
+def _confirmed_on_jax(fn, x, correct: str):
+    """Right on simpmd: cross-check on real JAX, then say ``correct`` or what disagrees."""
+    if not _agrees_with_jax(fn, x):
+        return _say(False, "simpmd gives the right values but real JAX does not agree (see the "
+                    "report above): use simpmd.lax and simpmd.numpy in the body.")
+    return _say(True, correct)
+
+def _named_slip(a, slips):
+    """The hint of the first (value, hint) in ``slips`` that ``a`` equals, or None."""
+    return next((hint for value, hint in slips if np.allclose(a, value)), None)
 
 
 def _agrees_with_jax(fn, *args) -> bool:
@@ -71,23 +105,11 @@ def expected_mixed() -> np.ndarray:
 def check_fixed_mixed(fn) -> bool:
     """Exercise 1: ``fn`` (mapped over axis 'i' on 8 devices) gives device 3 the pmax and
     every other device the psum, on simpmd and on real JAX."""
-    import simpmd
-
-    if _placeholder(fn):
-        return _say(False, "fixed_mixed is still a placeholder; define it as a function of x.")
-    if not callable(fn):
-        return _say(False, f"fixed_mixed should be a function of x, got {type(fn).__name__}.")
-    out, problem = _run(fn, XS, "fixed_mixed")
-    if problem:
-        return _say(False, problem)
-    if out is None:
-        return _say(False, "fixed_mixed returned None; return the value each device should hold.")
-    a = np.asarray(out, dtype=np.float64)
+    a, verdict = _eight_values(fn, "fixed_mixed", XS, "the value each device should hold")
+    if verdict is not None:
+        return verdict
     e = expected_mixed().astype(np.float64)
     total, top = float(XS.sum()), float(XS.max())
-    if a.shape != e.shape:
-        return _say(False, f"the result has shape {a.shape}; each of the 8 devices should return "
-                    f"one number (the mapped result has shape (8,)).")
     if not np.allclose(a, e):
         if np.allclose(a, total):
             return _say(False, f"every device holds the sum ({total:g}); device 3 should hold "
@@ -178,22 +200,12 @@ def expected_smooth() -> np.ndarray:
 def check_smooth(fn) -> bool:
     """Exercise 3: ``fn`` gives every device the mean of its value and its two ring
     neighbours' (8 devices, axis 'i'), on simpmd and on real JAX."""
-    if _placeholder(fn):
-        return _say(False, "smooth_fixed is still a placeholder; define it as a function of x.")
-    if not callable(fn):
-        return _say(False, f"smooth_fixed should be a function of x, got {type(fn).__name__}.")
-    out, problem = _run(fn, SMOOTH_X, "smooth_fixed")
-    if problem:
-        return _say(False, problem)
-    if out is None:
-        return _say(False, "smooth_fixed returned None; return the smoothed value.")
-    a = np.asarray(out, dtype=np.float64)
+    a, verdict = _eight_values(fn, "smooth_fixed", SMOOTH_X, "the smoothed value")
+    if verdict is not None:
+        return verdict
     e = expected_smooth()
     x = SMOOTH_X.astype(np.float64)
     left, right = np.roll(x, 1), np.roll(x, -1)            # device d's neighbours d-1 and d+1
-    if a.shape != e.shape:
-        return _say(False, f"the result has shape {a.shape}; each of the 8 devices should return "
-                    f"one number (the mapped result has shape (8,)).")
     if not np.allclose(a, e):
         hints = [
             ((x + 2 * left) / 3, "device 0 still gets device 7's value twice: both ppermutes "
@@ -207,17 +219,15 @@ def check_smooth(fn) -> bool:
             ((left + right) / 2, "that is the mean of the two neighbours; the device's own value "
              "belongs in the mean too."),
         ]
-        for value, hint in hints:
-            if np.allclose(a, value):
-                return _say(False, hint)
+        hint = _named_slip(a, hints)
+        if hint:
+            return _say(False, hint)
         k = int(np.argwhere(~np.isclose(a, e))[0][0])
         return _say(False, f"device {k} holds {a[k]:g}, expected {e[k]:g} = ({left[k]:g} + "
                     f"{x[k]:g} + {right[k]:g}) / 3; read what it received in the trace.")
-    if not _agrees_with_jax(fn, SMOOTH_X):
-        return _say(False, "simpmd gives the right values but real JAX does not agree (see the "
-                    "report above): use simpmd.lax and simpmd.numpy in the body.")
-    return _say(True, f"every device holds the mean of itself and its two neighbours (device 0: "
-                f"({left[0]:g} + {x[0]:g} + {right[0]:g}) / 3 = {e[0]:g}), and real JAX agrees.")
+    return _confirmed_on_jax(fn, SMOOTH_X, f"every device holds the mean of itself and its two "
+                             f"neighbours (device 0: ({left[0]:g} + {x[0]:g} + {right[0]:g}) / 3 "
+                             f"= {e[0]:g}), and real JAX agrees.")
 
 
 # -- exercise 4: a collective that every device reaches ------------------------------------
@@ -233,35 +243,18 @@ def expected_top_half_total() -> np.ndarray:
 def check_top_half_total(fn) -> bool:
     """Exercise 4: devices 0-3 get the psum over all 8 devices, devices 4-7 keep their own
     value, and every device reaches the psum (no collective inside a branch)."""
-    import simpmd
-    if _placeholder(fn):
-        return _say(False, "top_half_total is still a placeholder; define it as a function "
-                    "of x.")
-    if not callable(fn):
-        return _say(False, f"top_half_total should be a function of x, got "
-                    f"{type(fn).__name__}.")
-    try:
-        simpmd.pmap(fn, axis_name="i")(HALF_X)
-    except (simpmd.DeadlockError, simpmd.DivergenceError) as exc:
-        return _say(False, f"simpmd stopped with {type(exc).__name__}: only some devices reach "
-                    f"the collective. That is the hazard of section 3b, and on real JAX it "
-                    f"hangs. Call the psum on every device, outside any branch, and choose "
-                    f"each device's result afterwards with snp.where.")
-    except Exception:                              # noqa: BLE001 - _run below says what
-        pass
-    out, problem = _run(fn, HALF_X, "top_half_total")
-    if problem:
-        return _say(False, problem)
-    if out is None:
-        return _say(False, "top_half_total returned None; return each device's value.")
-    a = np.asarray(out, dtype=np.float64)
+    def hazard(exc):
+        return (f"simpmd stopped with {type(exc).__name__}: only some devices reach the "
+                f"collective. That is the hazard of section 3b, and on real JAX it hangs. "
+                f"Call the psum on every device, outside any branch, and choose each "
+                f"device's result afterwards with snp.where.")
+    a, verdict = _eight_values(fn, "top_half_total", HALF_X, "each device's value", hazard)
+    if verdict is not None:
+        return verdict
     e = expected_top_half_total()
     x = HALF_X.astype(np.float64)
     total, top4 = float(x.sum()), float(x[:4].sum())
     low = np.arange(8) < 4
-    if a.shape != e.shape:
-        return _say(False, f"the result has shape {a.shape}; each of the 8 devices should return "
-                    f"one number (the mapped result has shape (8,)).")
     if not np.allclose(a, e):
         hints = [
             (np.full(8, total), f"every device holds the sum ({total:g}); devices 4-7 should "
@@ -272,14 +265,12 @@ def check_top_half_total(fn) -> bool:
              "sum, devices 4-7 their own value."),
             (x, "every device kept its own value: nothing was summed."),
         ]
-        for value, hint in hints:
-            if np.allclose(a, value):
-                return _say(False, hint)
+        hint = _named_slip(a, hints)
+        if hint:
+            return _say(False, hint)
         k = int(np.argwhere(~np.isclose(a, e))[0][0])
         return _say(False, f"device {k} holds {a[k]:g}, expected {e[k]:g} "
                     f"({'the sum over all 8 devices' if k < 4 else 'its own value'}).")
-    if not _agrees_with_jax(fn, HALF_X):
-        return _say(False, "simpmd gives the right values but real JAX does not agree (see the "
-                    "report above): use simpmd.lax and simpmd.numpy in the body.")
-    return _say(True, f"devices 0-3 hold the sum ({total:g}), devices 4-7 their own values, "
-                "every device reached the psum, and real JAX agrees.")
+    return _confirmed_on_jax(fn, HALF_X, f"devices 0-3 hold the sum ({total:g}), devices 4-7 "
+                             f"their own values, every device reached the psum, and real JAX "
+                             f"agrees.")
