@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Set up simpmd and run the whole course headless:  bash course.sh [--inplace]
+# Or set up and open lesson 1 in JupyterLab, running nothing:  bash course.sh --open
 #
-# Needs only Python 3.10 or newer. In order, it
+# Needs Python 3.11 or newer (the lessons need a JAX that Python 3.10 cannot install;
+# PYTHON=/path/to/python3.x chooses the interpreter). In order, it
 #   1. creates .venv in this folder if needed and installs simpmd with its course and test
 #      extras (JAX, matplotlib, JupyterLab, nbval); reinstalls only when pyproject.toml
 #      or the package layout changed;
@@ -16,13 +18,24 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 
 inplace=0
+open=0
 for arg in "$@"; do
     case "$arg" in
         --inplace) inplace=1 ;;
+        --open) open=1 ;;
         -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
-        *) echo "course.sh: unknown argument '$arg' (usage: bash course.sh [--inplace])" >&2; exit 2 ;;
+        *) echo "course.sh: unknown argument '$arg' (usage: bash course.sh [--inplace | --open])" >&2; exit 2 ;;
     esac
 done
+
+# The lessons need Python 3.11 or newer: for 3.10, pip finds no JAX that runs them.
+course_python=${PYTHON:-python3}
+[[ -x "${SIMPMD_VENV:-.venv}/bin/python" ]] && course_python=${SIMPMD_VENV:-.venv}/bin/python
+if ! "$course_python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+    echo "The course needs Python 3.11 or newer, and '$course_python' is $("$course_python" --version 2>&1 | head -n 1)." >&2
+    echo "Run with PYTHON=/path/to/python3.11 (or newer); remove ${SIMPMD_VENV:-.venv} first if an older Python made it." >&2
+    exit 1
+fi
 
 # --- venv set-up: the same in test.sh and course.sh (a test checks) ---
 # shellcheck source=scripts/ensure_venv.sh
@@ -31,6 +44,11 @@ source scripts/ensure_venv.sh
 
 ensure_venv course test
 py=$VENV/bin/python
+
+if ((open)); then
+    echo "Opening lesson 1 in JupyterLab; stop it with Ctrl-C here."
+    exec "$VENV/bin/jupyter" lab notebooks/01_devices_and_meshes.ipynb
+fi
 
 # The notebooks and the figures run JAX on 8 fake CPU devices where no accelerator is present.
 case " ${XLA_FLAGS:-} " in

@@ -327,7 +327,20 @@ def _value_text(v) -> str:
     return str(v.item())
 
 
-_FLOAT_NOTES_SAID: set[str] = set()     # the float notes this Python process has printed
+_NOTES_SAID: set[str] = set()           # the said-once notes this Python process has printed
+_FLOAT_NOTES_SAID = _NOTES_SAID
+
+
+def _once(key: str, note: str) -> str | None:
+    """``note`` the first time this process meets ``key``, marked as said once; then None.
+
+    Explanations that do not change from one report to the next (how a nested pmap was
+    translated for JAX) are read once: under every report of a lesson they are noise.
+    """
+    if key in _NOTES_SAID:
+        return None
+    _NOTES_SAID.add(key)
+    return note[:-1] + " (said once: later reports leave this note out)."
 
 
 def _float_note(widths, rtol, atol, *, agreed: bool = True) -> str | None:
@@ -626,11 +639,13 @@ def crosscheck(fun, *args, axis_name=None, in_axes=0, out_axes=0, static_broadca
         first.engine = "jax.pmap + jax.vmap"
         first.optional = True
         inner_name = inner[0][0] if inner else grid[1][0]
-        notes.append(
+        note = _once("nested pmap as vmap", (
             f"nested pmap: today's JAX no longer runs a jax.pmap inside "
             f"another, so the inner simpmd.pmap(..., axis_name={inner_name!r}) ran as "
             f"jax.vmap(..., axis_name={inner_name!r}) inside the outer jax.pmap (as JAX's "
-            f"pmap migration guide suggests).")
+            f"pmap migration guide suggests)."))
+        if note:
+            notes.append(note)
 
     # 6. Nested: also as jax.shard_map over a 2-D mesh.
     if nested:
@@ -848,11 +863,13 @@ def _run_on_mesh(jax, fun, args, axis_name, in_axes, out_axes, static, grid, inn
                 run.outputs = tree.unflatten(out_def["treedef"], list(outputs))
         except Exception as exc:
             run.error = exc
-    notes.append(
+    note = _once("nested pmap as shard_map", (
         f"jax.shard_map over a {outer_size}x{inner_size} Mesh ({outer_name!r}, {inner_name!r}): "
         f"each device runs the outer body on its {outer_name!r} slice, and the inner "
         f"simpmd.pmap takes the device's own {inner_name!r} slice, runs the inner body, and "
         f"all_gathers the results over {inner_name!r}. This spelling also expresses what "
         f"pmap-of-vmap cannot (collectives over both axes at once, axis_index_groups or "
-        f"psum_scatter on the inner axis).")
+        f"psum_scatter on the inner axis)."))
+    if note:
+        notes.append(note)
     return run

@@ -1,5 +1,6 @@
 """The checks of lesson 2's exercises accept the right answers and, for the usual wrong
 ones, say what is off (a shape, which examples a device gets, the value on a device)."""
+import numpy as np
 import pytest
 
 import simpmd.numpy as snp
@@ -70,6 +71,8 @@ def test_global_norm_right(capsys):
     (lambda x: snp.sqrt(lax.psum((x * x).sum(), "batch")), "called 'i' here"),
     (lambda x: snp.sqrt(lax.psum(x * x, "i")), "one number"),
     (lambda x: None, "returns None"),
+    # NumPy's sqrt on a mapped value: the verdict keeps the fix, not only the first sentence
+    (lambda x: np.sqrt(lax.psum((x * x).sum(), "i")), "snp.sqrt(...)"),
     (lambda x: lax.psum(x.sum(), "i"), "expected 65.7571"),
     (None, "placeholder"),
     (3.0, "should be a function"),

@@ -31,6 +31,19 @@ def test_global_mean_rejects_with_hint(capsys, body, hint):
     verdict(capsys, False, hint)
 
 
+def test_global_mean_refuses_a_hard_coded_device_count(capsys):
+    # psum / 8 is right on the 8 devices of the exercise; on 4 devices the mean is the sum
+    # over 4 rows divided by 4, and dividing by 8 gives half of it: the check runs both.
+    assert not lesson04.check_global_mean(lambda x: lax.psum(x, "i") / 8)
+    verdict(capsys, False, "right on 8 devices", "divides by 8", "lax.psum(1, 'i')")
+
+
+def test_global_mean_divided_by_the_row_length_gets_a_hint(capsys):
+    # Inside the body x has shape (3,): x.shape[0] is 3, so the result is the sum / 3.
+    assert not lesson04.check_global_mean(lambda x: lax.psum(x, "i") / x.shape[0])
+    verdict(capsys, False, "divided by 3", "x.shape[0] is not the number of devices")
+
+
 # -- exercise 2: ring shift to the left ----------------------------------------------------
 
 def test_shift_left_accepts_any_order_of_pairs(capsys):
@@ -103,6 +116,16 @@ def test_ring_bytes_accepts_14336(capsys):
 def test_ring_bytes_rejects_with_hint(capsys, answer, hint):
     assert not lesson04.check_ring_bytes(answer)
     verdict(capsys, False, hint)
+
+
+def test_ring_bytes_seven_whole_buffers_is_not_called_a_float32_slip(capsys):
+    # 7 ring steps each sending the whole buffer: 7 * 4096 values * 2 bytes = 57,344 bytes,
+    # 4 times the answer, but by counting whole buffers, not by counting 4 bytes per value
+    # (that slip gives 2 * 7/8 * 4096 * 4 = 28,672, twice the answer).
+    assert 7 * 4096 * 2 == 57344 == 4 * 14336
+    assert not lesson04.check_ring_bytes(57344)
+    out = verdict(capsys, False, "p-1 whole buffers", "n/p values")
+    assert "float32" not in out
 
 
 def test_ring_bytes_7168_names_each_slip_once(capsys):

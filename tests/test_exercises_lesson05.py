@@ -71,6 +71,10 @@ def test_global_gradient_accepts(capsys, body):
     (lambda g, c: lax.psum(g, "model") / c, "UnboundAxisError"),
     (lambda g, c: lax.psum(g, "batch") / lax.psum(c, "batch") + lax.axis_index("batch"),
      "device 1 holds"),
+    # 8 * 32 = 256 on the first devices, but 7 * 32 + 8 = 232 examples in all
+    (lambda g, c: lax.psum(g, "batch") / (8 * c), "8 times its own count"),
+    (lambda g, c: lax.psum(g, "batch") / (8 * c), "lax.psum(count, 'batch')"),
+    (lambda g, c: lax.psum(g, "batch") / 200.0, "two psums"),
 ])
 def test_global_gradient_rejects_with_hint(capsys, body, hint):
     assert not lesson05.check_global_gradient(body)

@@ -62,21 +62,66 @@ def test_worked_example_wrong_answers_get_the_right_hint(capsys, answer, fragmen
     verdict(capsys, False, *fragments)
 
 
-# -- exercise 3 ----------------------------------------------------------------------------
+# -- exercise 3: pmap over 'model' (axis 1 of x), vmap over 'data' ---------------------------
 
-def _pmap_of_vmap(jax, psum_axes=("data",)):
-    def inner_body(x, p):           # the second psum is called here, where both names are bound
+def _program(jax, psum_axes=("data",)):
+    def body(x, p):                 # one grid position; both names are bound here
         return jax.lax.psum(jax.lax.psum(x * p, "model") * 2, psum_axes)
+    return body
+
+
+def _pmap_model_of_vmap_data(jax, psum_axes=("data",), out_axes=1):
+    body = jax.vmap(_program(jax, psum_axes), axis_name="data")
+    return lambda x, p: jax.pmap(body, axis_name="model", in_axes=1, out_axes=out_axes,
+                                 devices=jax.devices()[:4])(x, p)
+
+
+def _pmap_data_of_vmap_model(jax):  # section 5a's port: 'data' on devices
+    def inner_body(x, p):
+        return jax.lax.psum(x * p, "model") * 2
 
     def outer_body(x, p):
-        return jax.vmap(inner_body, axis_name="model")(x, p)
+        return jax.lax.psum(jax.vmap(inner_body, axis_name="model")(x, p), "data")
 
     return lambda x, p: jax.pmap(outer_body, axis_name="data", devices=jax.devices()[:2])(x, p)
 
 
-def test_modern_accepts_pmap_of_vmap(jax8, capsys):
-    assert ex.check_modern(_pmap_of_vmap(jax8))
+def test_modern_accepts_pmap_over_model_of_vmap_over_data(jax8, capsys):
+    assert ex.check_modern(_pmap_model_of_vmap_data(jax8))
     verdict(capsys, True, "14 on every device")
+
+
+def test_modern_refuses_section_5a_copied(jax8, capsys):
+    """Right values (14 everywhere, by hand in exercise 2), but 'data' on the devices."""
+    assert np.allclose(np.asarray(_pmap_data_of_vmap_model(jax8)(ex.X_2x4, ex.P_2x4)), 14.0)
+    assert not ex.check_modern(_pmap_data_of_vmap_model(jax8))
+    verdict(capsys, False, "section 5a", "put 'model' on the 4 devices")
+
+
+def test_modern_refuses_a_shard_map(jax8, capsys):
+    from jax.sharding import Mesh, PartitionSpec as P
+    mesh = Mesh(np.array(jax8.devices()[:8]).reshape(2, 4), ("data", "model"))
+    spec = P("data", "model")
+    sm = jax8.shard_map(_program(jax8), mesh=mesh, in_specs=(spec, spec), out_specs=spec)
+    assert np.allclose(np.asarray(sm(ex.X_2x4, ex.P_2x4)), 14.0)
+    assert not ex.check_modern(sm)
+    verdict(capsys, False, "both axes run on devices", "jax.vmap over 'data'")
+
+
+def test_modern_refuses_simpmds_own_result(capsys):
+    import simpmd
+    from simpmd import lax
+    body = lambda x, p: lax.psum(lax.psum(x * p, "model") * 2, "data")
+    via_simpmd = lambda x, p: simpmd.pmap(simpmd.pmap(body, axis_name="model"),
+                                          axis_name="data")(x, p)
+    assert not ex.check_modern(via_simpmd)
+    out = verdict(capsys, False, "simpmd's result", "real JAX")
+    assert "worked out by hand" not in out
+
+
+def test_modern_names_the_transposed_result(jax8, capsys):
+    assert not ex.check_modern(_pmap_model_of_vmap_data(jax8, out_axes=0))
+    verdict(capsys, False, "(4, 2)", "out_axes=1")
 
 
 def test_modern_refuses_nested_pmap_with_the_vmap_hint(jax8, capsys):
@@ -89,14 +134,14 @@ def test_modern_refuses_nested_pmap_with_the_vmap_hint(jax8, capsys):
 
 
 def test_modern_names_a_sum_over_both_axes(jax8, capsys):
-    assert not ex.check_modern(_pmap_of_vmap(jax8, ("data", "model")))
+    assert not ex.check_modern(_pmap_model_of_vmap_data(jax8, ("data", "model")))
     verdict(capsys, False, "4 times too large")
 
 
 @pytest.mark.parametrize("fn, fragments", [
     (None, ["placeholder"]),
     (lambda x, p: None, ["returned None"]),
-    (lambda x, p: np.full((2, 4), 14.0), ["not a value worked out by hand"]),
+    (lambda x, p: np.full((2, 4), 14.0), ["made outside JAX"]),
     (lambda x, p: 1 / 0, ["ZeroDivisionError"]),
     (42, ["function of (x, p)"]),
 ])
@@ -107,7 +152,7 @@ def test_modern_other_mistakes(capsys, fn, fragments):
 
 def test_modern_unbound_axis_hint(jax8, capsys):
     fn = functools.partial(
-        lambda jax, x, p: jax.pmap(lambda a, b: jax.lax.psum(a * b, "model"), axis_name="data",
-                                   devices=jax.devices()[:2])(x, p), jax8)
+        lambda jax, x, p: jax.pmap(lambda a, b: jax.lax.psum(a * b, "data"), axis_name="model",
+                                   in_axes=1, out_axes=1, devices=jax.devices()[:4])(x, p), jax8)
     assert not ex.check_modern(fn)
-    verdict(capsys, False, "Name the outer map 'data'")
+    verdict(capsys, False, "Name the jax.pmap's axis 'model'")

@@ -200,3 +200,30 @@ def test_fsdp_backward_is_what_grad_makes_of_all_gather():
         return simpmd.grad(lambda s: (lax.all_gather(s, "data", tiled=True) * g_full).sum())(w_shard)
     got = np.asarray(simpmd.pmap(body, "data")(np.zeros((4, 2, 3), np.float32), g))
     assert np.allclose(got, g.sum(0).reshape(4, 2, 3))
+
+
+def test_fsdp_backward_refuses_an_all_reduce_then_a_slice(capsys):
+    """psum, then each device slicing its own rows, gives the right numbers through the
+    all-reduce the lesson warns against: the trace shows the psum, and the check refuses it."""
+    from verdicts import verdict
+    g = ex.fsdp_gradients()
+    sliced = lambda x: lax.psum(x, "data").reshape(4, 2, 3)[lax.axis_index("data")]
+    # the values alone would pass: device d's rows 2d, 2d+1 of the sum, worked with NumPy
+    out = np.asarray(simpmd.pmap(sliced, "data")(g))
+    assert np.allclose(out, g.sum(0).reshape(4, 2, 3))
+    assert not ex.check_fsdp_backward(sliced)
+    verdict(capsys, False, "the trace shows psum", "psum_scatter")
+
+
+def test_row_parallel_all_gather_first_gets_a_hint_not_numpys_error(capsys):
+    """Gathering h before the product: W2's block has 4 rows, the gathered h 16 columns."""
+    from verdicts import verdict
+    gather_first = lambda h, w: lax.all_gather(h, "model", axis=1, tiled=True) @ w
+    assert not ex.check_row_parallel(gather_first)
+    out = verdict(capsys, False, "all_gather", "h_k @ W2_k")
+    assert "gufunc" not in out
+    # untiled: (4, 8, 4) @ (4, 4) runs, giving h_j @ W2_k, which are not the partial products
+    assert not ex.check_row_parallel(lambda h, w: lax.all_gather(h, "model") @ w)
+    verdict(capsys, False, "not the partial products")
+    assert not ex.check_row_parallel(lambda h, w: lax.all_gather(h @ w, "model"))
+    verdict(capsys, False, "does not add them")

@@ -120,44 +120,99 @@ def test_failed_run_mistakes_get_the_right_hint(capsys, answer, fragments):
     verdict(capsys, False, *fragments)
 
 
-# -- exercise 3 ----------------------------------------------------------------------------
+# -- exercise 3: the ppermute found wrong in the trace ------------------------------------------
 
-def test_ring_perm_right_answer_in_any_order(capsys):
-    assert ex.check_ring_perm([(3, 0), (0, 1), (2, 3), (1, 2)])
-    verdict(capsys, True, "ring shift to the right")
-
-
-@pytest.mark.parametrize("perm, fragments", [
-    (..., ["placeholder"]),
-    ([(0, 1), (1, 2), (2, 3), (3, 3)], ["destination [3]", "must be unique"]),
-    ([(0, 1), (0, 2), (2, 3), (3, 0)], ["source [0]"]),
-    ([(1, 0), (2, 1), (3, 2), (0, 3)], ["to the left"]),
-    ([(0, 1), (1, 2), (2, 3)], ["device 3 sends nothing", "device 0 receives zeros", "(3, 0)"]),
-    ([(0, 1), (1, 2), (2, 3), (3, 4)], ["destination 4", "outside the axis"]),
-    ([(0, 2), (1, 3), (2, 0), (3, 1)], ["pair (0, 2)", "should go to device 1"]),
-    ([0, 1, 2, 3], ["(source, destination) pairs"]),
-])
-def test_ring_perm_mistakes_get_the_right_hint(capsys, perm, fragments):
-    assert not ex.check_ring_perm(perm)
-    verdict(capsys, False, *fragments)
+def test_expected_smooth_by_hand():
+    # squares 0, 1, 4, ..., 49; device 0's neighbours are devices 7 (49) and 1 (1)
+    e = ex.expected_smooth()
+    assert np.isclose(e[0], (49 + 0 + 1) / 3) and np.isclose(e[3], (4 + 9 + 16) / 3)
+    assert np.isclose(e[7], (36 + 49 + 0) / 3)
 
 
-# -- exercise 4 ----------------------------------------------------------------------------
+def ring(x, to_right, to_left):
+    from_left = lax.ppermute(x, "i", perm=to_right)
+    from_right = lax.ppermute(x, "i", perm=to_left)
+    return (x + from_left + from_right) / 3
 
-def test_padded_length_right_answer(capsys):
-    assert ex.check_padded_length(8)
-    verdict(capsys, True, "2 per device", "2 zeros")
+
+RIGHT = [(j, (j + 1) % 8) for j in range(8)]            # device j's value goes to j + 1
+LEFT = [((j + 1) % 8, j) for j in range(8)]             # device j + 1's value goes to j
+BUGGY = [((j - 1) % 8, j) for j in range(8)]            # the lesson's slip: the same as RIGHT
 
 
-@pytest.mark.parametrize("answer, fragments", [
+def test_smooth_right_answer_on_both_engines(jax8, capsys):
+    assert ex.check_smooth(lambda x: ring(x, RIGHT, LEFT))
+    verdict(capsys, True, "(49 + 0 + 1) / 3", "real JAX agrees")
+
+
+@pytest.mark.parametrize("fn, fragments", [
     (None, ["placeholder"]),
-    (6, ["does not split into 4"]),
-    (4, ["shorter than the 6 values"]),
-    (12, ["not the smallest"]),
-    (24, ["not the smallest"]),
-    (10, ["does not split into 4"]),
-    ("eight", ["number of values"]),
+    (3, ["function of x"]),
+    (lambda x: None, ["returned None"]),
+    (lambda x: ring(x, RIGHT, BUGGY), ["device 7's value twice", "trace"]),
+    (lambda x: ring(x, LEFT, LEFT), ["right neighbour's value"]),
+    (lambda x: ring(x, RIGHT, LEFT) * 3, ["divide by 3"]),
+    (lambda x: (lax.ppermute(x, "i", RIGHT) + lax.ppermute(x, "i", LEFT)) / 3, ["own value"]),
+    (lambda x: (lax.ppermute(x, "i", RIGHT) + lax.ppermute(x, "i", LEFT)) / 2, ["two neighbours"]),
+    (lambda x: ring(x, RIGHT, [(1, 0), (2, 0)]), ["raised"]),
+    (lambda x: ring(x, RIGHT, LEFT) + (lax.axis_index("i") == 5), ["device 5 holds"]),
 ])
-def test_padded_length_mistakes_get_the_right_hint(capsys, answer, fragments):
-    assert not ex.check_padded_length(answer)
+def test_smooth_mistakes_get_the_right_hint(capsys, fn, fragments):
+    assert not ex.check_smooth(fn)
     verdict(capsys, False, *fragments)
+
+
+# -- exercise 4: a psum every device reaches ------------------------------------------------------
+
+def test_expected_top_half_total_by_hand():
+    # HALF_X = 2, -1, 4, 3, 5, -2, 6, 1 sums to 18; devices 0-3 alone to 8
+    np.testing.assert_array_equal(ex.expected_top_half_total(), [18, 18, 18, 18, 5, -2, 6, 1])
+
+
+def test_top_half_total_right_answer_on_both_engines(jax8, capsys):
+    fn = lambda x: snp.where(lax.axis_index("i") < 4, lax.psum(x, "i"), x)
+    assert ex.check_top_half_total(fn)
+    verdict(capsys, True, "sum (18)", "real JAX agrees")
+
+
+def python_if_sum(x):
+    if lax.axis_index("i") < 4:
+        return lax.psum(x, "i")
+    return x
+
+
+def jax_cond_sum(x):
+    import jax
+    return jax.lax.cond(lax.axis_index("i") < 4, lambda v: lax.psum(v, "i"), lambda v: v, x)
+
+
+@pytest.mark.parametrize("fn, fragments", [
+    (None, ["placeholder"]),
+    (lambda x: None, ["returned None"]),
+    (python_if_sum, ["branches in Python"]),
+    (jax_cond_sum, ["runs on JAX only"]),
+    (lambda x: lax.psum(x, "i"), ["every device holds the sum (18)"]),
+    (lambda x: snp.where(lax.axis_index("i") < 4,
+                         lax.psum(snp.where(lax.axis_index("i") < 4, x, 0.0), "i"), x),
+     ["hold 8, the sum of devices 0-3 only", "Mask the result"]),
+    (lambda x: snp.where(lax.axis_index("i") < 4, x, lax.psum(x, "i")), ["swapped"]),
+    (lambda x: x * 1.0, ["nothing was summed"]),
+    (lambda x: snp.where(lax.axis_index("i") < 3, lax.psum(x, "i"), x), ["device 3 holds 3, expected 18"]),
+])
+def test_top_half_total_mistakes_get_the_right_hint(capsys, fn, fragments):
+    assert not ex.check_top_half_total(fn)
+    verdict(capsys, False, *fragments)
+
+
+def test_top_half_total_names_a_deadlock_as_the_hazard(capsys):
+    """A collective reached by only some devices: simpmd's eager run stops with a
+    DeadlockError, which the check names as the lesson's hazard."""
+    eager_half = simpmd.pmap(python_if_sum, axis_name="i", eager=True)
+    with pytest.raises(simpmd.DeadlockError):
+        eager_half(ex.HALF_X)
+
+    class Raising:                      # stands for a body whose run deadlocks on simpmd
+        def __call__(self, x):
+            raise simpmd.DeadlockError("devices 0-3 wait in psum over 'i'")
+    assert not ex.check_top_half_total(Raising())
+    verdict(capsys, False, "DeadlockError", "section 3b", "snp.where")

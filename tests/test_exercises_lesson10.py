@@ -1,5 +1,6 @@
 """The checks of lesson 10's exercises: right answers pass, typical wrong ones get the hint
 that names what is off."""
+import numpy as np
 import pytest
 
 import simpmd
@@ -107,6 +108,23 @@ def test_centering_right(capsys):
 def test_centering_wrong(centered, hint, capsys):
     assert not ex.check_centering(centered)
     assert hint in said(capsys)
+
+
+def test_centering_names_mesh_i_the_exercises_mesh(capsys):
+    assert not ex.check_centering(simpmd.pmap(lambda r: r - lax.pmean(r, "i"), axis_name="i"))
+    out = said(capsys)
+    assert "mesh=mesh_i" in out and "mesh1" not in out
+
+
+def test_centering_with_in_specs_p_explains_what_p_does(capsys):
+    # in_specs=P(): every device gets the whole (8, 3) x; the pmean of 8 equal copies is x
+    # itself, so each block is zeros, and out_specs=P('i') joins 8 blocks of (8, 3): (64, 3).
+    whole = simpmd.shard_map(lambda r: r - lax.pmean(r, "i"), mesh=MESH1, in_specs=P(),
+                             out_specs=P("i"))
+    assert np.asarray(whole(ex.centering_data())).shape == (64, 3)
+    assert not ex.check_centering(whole)
+    out = said(capsys)
+    assert "(64, 3)" in out and "P() names no mesh axis" in out and "P('i')" in out
 
 
 # -- exercise 4: bytes of a sharded array ---------------------------------------------------

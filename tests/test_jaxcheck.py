@@ -237,6 +237,24 @@ def test_nested_worked_example_is_six_on_both_translations():
     assert "jax.shard_map over a 2x2 Mesh ('data', 'model')" in text
 
 
+def test_nested_translation_notes_are_said_once_per_session():
+    """Lesson 7 cross-checks a dozen nested programs: the two notes on how a nested pmap
+    was translated for JAX come under the first report only."""
+    def inner(x, p):
+        return lax.psum(x * p, "model") * 2
+
+    def outer(x, p):
+        return lax.psum(simpmd.pmap(inner, axis_name="model")(x, p), "data")
+
+    args = (np.arange(4.0).reshape(2, 2), np.full((2, 2), 0.5))
+    first = str(simpmd.crosscheck(outer, *args, axis_name="data").assert_match())
+    second = simpmd.crosscheck(outer, *args, axis_name="data").assert_match()
+    assert "ran as jax.vmap" in first and "jax.shard_map over a 2x2 Mesh" in first
+    assert first.count("said once") >= 2
+    assert "ran as jax.vmap" not in str(second) and "Mesh ('data'" not in str(second)
+    assert [r.engine for r in second.jax] == ["jax.pmap + jax.vmap", "jax.shard_map"]
+
+
 def test_nested_2x4_inner_outer_and_both_axes():
     def inner(v):
         return (lax.psum(v, "model"), lax.psum(v, "data"), lax.psum(v, ("data", "model")),

@@ -6,6 +6,7 @@ unexecuted, and that every lesson starts the same way.
 """
 import json
 import pathlib
+import re
 
 import pytest
 
@@ -141,9 +142,15 @@ def test_solutions_never_overwrite_the_learners_answers(name):
         if c["cell_type"] == "code":
             clash = _top_level_names("".join(c["source"])) & learner
             assert not clash, f"{name}: the Solutions section redefines the learner's {sorted(clash)}"
+    # Each reference solution goes through its exercise's checker, whose "Correct: ..." is
+    # in the stored output, so that nbval fails the day a solution stops passing. (A bare
+    # call or an assert; learners read the call more easily.)
     checked = [c for c in solutions if c["cell_type"] == "code" and "solution_exercise_" in
-               "".join(c["source"]) and "assert " in "".join(c["source"])]
-    assert checked, f"{name}: each reference solution should be checked with an assert"
+               "".join(c["source"]) and re.search(r"\.check_\w+\(", "".join(c["source"]))]
+    assert checked, f"{name}: each reference solution should be run through its checker"
+    for c in checked:
+        said = "".join("".join(out.get("text", "")) for out in c.get("outputs", []))
+        assert "Correct: " in said, f"{name}: a reference solution's check did not say Correct"
 
 
 @pytest.mark.parametrize("name", SOLUTIONS_AT_THE_END)

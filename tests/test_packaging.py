@@ -1,6 +1,7 @@
 """The project's front door stays consistent: pyproject.toml and environment.yml install the
 same things, the README gives the commands that the scripts and CI really run, and the
 README's first example works."""
+import hashlib
 import os
 import pathlib
 import re
@@ -304,3 +305,45 @@ def test_readme_quick_look_runs_and_prints_what_it_says():
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[0] == promised
     assert len(result.stdout.splitlines()) > 1, "print(f.trace) printed nothing"
+
+
+def test_readme_opens_with_the_learners_path():
+    """What a learner needs comes first: what they will be able to do, what to know and
+    have (Python 3.11+), how long it takes, and how to open lesson 1; the engine's
+    internals, benchmarks and test matrix live in docs/, linked from the README."""
+    readme = read("README.md")
+    heads = re.findall(r"^## (.+)$", readme, flags=re.M)
+    assert heads[:3] == ["What you will be able to do", "Before you start", "Open lesson 1"], heads
+    assert "Python 3.11 or newer" in readme and "3.10 or newer" not in readme
+    opening = readme[readme.index("## Open lesson 1"):readme.index("## The lessons")]
+    assert "bash course.sh --open" in opening
+    assert "notebooks/01_devices_and_meshes.ipynb" in opening          # the Colab link
+    for doc in ("docs/engine.md", "docs/benchmarks.md", "docs/testing.md"):
+        assert f"]({doc})" in readme and (ROOT / doc).is_file(), doc
+    assert "scripts/test_matrix.sh" in read("docs/testing.md")
+    assert "scripts/set_repository.py" in read("docs/testing.md")
+    assert "| 1024 |" in read("docs/benchmarks.md") and "| 1024 |" not in readme
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not installed")
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="the course, and so course.sh, needs 3.11+")
+def test_course_open_sets_up_and_opens_lesson_1_without_running_the_course(tmp_path):
+    """`bash course.sh --open` on a venv that is already set up: it execs JupyterLab on
+    lesson 1 (a stand-in jupyter here) and runs no notebook, tour or figure."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    jupyter = venv / "bin" / "jupyter"
+    jupyter.write_text('#!/usr/bin/env bash\necho "jupyter called with: $*"\n')
+    jupyter.chmod(0o755)
+    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes())   # ensure_venv's stamp
+    for init in sorted((ROOT / "simpmd").glob("**/__init__.py")):
+        digest.update(init.relative_to(ROOT).as_posix().encode())
+    for extra in ("course", "test"):
+        (venv / f".simpmd-{extra}.stamp").write_text(digest.hexdigest() + "\n")
+    env = {**os.environ, "SIMPMD_VENV": str(venv), "SIMPMD_JAX": ""}
+    run = subprocess.run(["bash", str(ROOT / "course.sh"), "--open"], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "jupyter called with: lab notebooks/01_devices_and_meshes.ipynb" in run.stdout
+    assert "Installing" not in run.stdout and "== The tour" not in run.stdout

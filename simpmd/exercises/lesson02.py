@@ -136,6 +136,10 @@ def check_global_norm(body) -> Verdict:
         hint = ""
         if summary.startswith("UnboundAxisError:"):
             hint = " The mapped axis is called 'i' here: use lax.psum(..., 'i')."
+        elif summary.startswith("TracerArrayConversionError:"):
+            hint = (" A NumPy function needs a concrete array, which a mapped value is not "
+                    "(real JAX refuses it too). Use simpmd.numpy, which runs on both engines: "
+                    "snp.sqrt(...) (with `import simpmd.numpy as snp`).")
         return _say(False, f"your function raised on simpmd: {summary}{hint}")
     if out is None:
         return _say(False, "your function returns None; return the norm (a scalar).")

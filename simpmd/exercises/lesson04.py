@@ -18,6 +18,7 @@ N_DEVICES = 8
 # Exercise 1 -------------------------------------------------------------------------------
 # Every device holds a row of MEAN_DATA; the answer is the column means on every device.
 MEAN_DATA = np.random.default_rng(0).integers(-9, 10, size=(N_DEVICES, 3)).astype(np.float64)
+FEWER_DEVICES = 4          # the check runs the answer on 4 devices too: no hard-coded 8
 
 
 
@@ -66,10 +67,32 @@ def check_global_mean(body) -> bool:
     if np.allclose(out, x / N_DEVICES):
         return _say(False, "each device divided its own x by the device count but never summed "
                     "over devices: psum the values too.")
+    row_length = x.shape[1]
+    if np.allclose(out, expected * N_DEVICES / row_length):
+        return _say(False, f"the sum was divided by {row_length}, the length of the device's own "
+                    f"x: inside pmap the mapped axis is gone, so x.shape[0] is not the number "
+                    f"of devices. Count the devices with lax.psum(1, 'i').")
     bad = _first_bad_device(out, expected)
     if bad is not None:
         return _say(False, f"device {bad} holds {out[bad]}, but the mean over devices is "
                     f"{expected[bad]}.")
+    # Right on 8 devices; a hard-coded 8 shows on another device count.
+    fewer = x[:FEWER_DEVICES]
+    out_fewer, _, error = _run(body, fewer)
+    want_fewer = np.broadcast_to(fewer.mean(axis=0), fewer.shape)
+    if error:
+        return _say(False, f"right on {N_DEVICES} devices, but on {FEWER_DEVICES} devices your "
+                    f"function raised: {error}")
+    if out_fewer is None or out_fewer.shape != want_fewer.shape or not np.allclose(out_fewer,
+                                                                                 want_fewer):
+        if out_fewer is not None and np.allclose(out_fewer,
+                                                 want_fewer * FEWER_DEVICES / N_DEVICES):
+            return _say(False, f"right on {N_DEVICES} devices, but on {FEWER_DEVICES} devices "
+                        f"it divides by {N_DEVICES}: the device count is written into the code. "
+                        f"Let the program count them: lax.psum(1, 'i').")
+        return _say(False, f"right on {N_DEVICES} devices, but not on {FEWER_DEVICES}: the mean "
+                    f"should follow the number of devices the function is mapped over "
+                    f"(lax.psum(1, 'i')).")
     return check(out, expected, what="the mean on every device")
 
 
@@ -198,6 +221,11 @@ def check_ring_bytes(answer) -> bool:
                     "own block)"),
         (n * 2, "that is the size of the buffer itself; the ring sends almost twice that"),
         (expected * 8, "that is bits: divide by 8 for bytes"),
+        ((p - 1) * n * 2, "that is p-1 whole buffers: a ring step sends one block of the "
+                          "buffer, n/p values, not all of it; and there are two phases of "
+                          "p-1 steps"),
+        (2 * (p - 1) * n * 2, "that is 2(p-1) whole buffers: each of the 2(p-1) ring steps "
+                              "sends one block of the buffer, n/p values, not all of it"),
     ]
     return check_against_mistakes(answer, expected, mistakes, what="bytes sent per device",
                                   unit="bytes")

@@ -120,6 +120,11 @@ def check_global_gradient(body) -> bool:
         (GRAD_SUMS.sum(axis=0) / COUNTS[:, None],
          "each device divided by its own count; divide by the count summed over devices."),
         (means, "every device returns its own mean: nothing was combined across devices."),
+        (GRAD_SUMS.sum(axis=0) / (N_DEVICES * COUNTS[:, None]),
+         f"each device divided the summed gradient by {N_DEVICES} times its own count, as if "
+         f"every device held as many examples as it does: right only when all counts are "
+         f"equal. Here the last device has {COUNTS[-1]} and the others {COUNTS[0]}, {total} in "
+         f"all: divide by the count summed over devices, lax.psum(count, 'batch')."),
     ]
     if not np.allclose(out, expected):
         for value, hint in wrong:
@@ -127,8 +132,10 @@ def check_global_gradient(body) -> bool:
                 return _say(False, hint)
         for d in range(N_DEVICES):
             if not np.allclose(out[d], expected[d]):
-                return _say(False, f"device {d} holds {out[d]}, but the mean gradient over all "
-                            f"{total} examples is {expected[d]}.")
+                return _say(False, f"device {d} holds {np.round(out[d], 4)}, but the mean "
+                            f"gradient over all {total} examples is {np.round(expected[d], 4)}: "
+                            f"the gradient sums added over devices, divided by the counts "
+                            f"added over devices (two psums).")
     return check(out, expected, what="the mean gradient on every device")
 
 

@@ -150,6 +150,13 @@ def check_row_parallel(fn) -> Verdict:
     try:
         out = simpmd.pmap(fn, axis_name="model")(h_blocks, w2_blocks)
     except Exception as exc:                  # the learner's error is the message
+        if "all_gather" in _collectives_of(getattr(exc, "trace", None)):
+            return _say(False, f"the body gathered h with all_gather, and the product that "
+                        f"followed failed: the gathered h has all {w2.shape[0]} hidden "
+                        f"columns, but a device holds only the {w2_blocks.shape[1]} rows of W2 "
+                        f"that match its own columns of h. Multiply the blocks "
+                        f"the device has (h_k @ W2_k), then add the {m} partial products "
+                        f"with one collective.")
         return _say(False, f"running it on {m} simulated devices raised {error_summary(exc)}")
     if out is None:
         return _say(False, "row_parallel returned None; return the layer output.")
@@ -170,6 +177,12 @@ def check_row_parallel(fn) -> Verdict:
         return _say(False, f"the output differs from h @ W2 on device(s) {bad}; e.g. device "
                     f"{bad[0]} holds {np.round(got[bad[0]].ravel()[:3], 4)} ... where "
                     f"{np.round(want.ravel()[:3], 4)} ... is expected.")
+    if got.shape == (m, m, *want.shape) and not np.allclose(got, partial[None], rtol=1e-5,
+                                                            atol=1e-5):
+        return _say(False, f"each device gathered the {m} blocks of h with all_gather (shape "
+                    f"{got.shape[1:]}) and multiplied each by its own block of W2: those are not "
+                    f"the partial products. Multiply the blocks the device has (h_k @ W2_k) "
+                    f"first, then add the partial products over 'model' with one collective.")
     if got.shape == (m, m, *want.shape):
         return _say(False, f"each device holds all {m} partial products stacked (shape "
                     f"{got.shape[1:]}): all_gather collects them but does not add them. "
@@ -180,6 +193,13 @@ def check_row_parallel(fn) -> Verdict:
                     f"layer's output must be whole on every device: psum.")
     return _say(False, f"the result has shape {got.shape[1:]} on each device; expected "
                 f"{want.shape} (tokens x d_model).")
+
+
+def _collectives_of(trace) -> set:
+    """The names of the collectives a simpmd trace (or None) records."""
+    if trace is None:
+        return set()
+    return {e.op for e in trace.events if e.kind == "collective"}
 
 
 # -- exercise 3: weight bytes per device ----------------------------------------------------
@@ -273,8 +293,9 @@ def check_fsdp_backward(fn) -> Verdict:
     k = rows // n
     total = g.sum(axis=0)                                          # the summed gradient
     want = total.reshape(n, k, cols)                               # device d keeps block d
+    run = simpmd.pmap(fn, axis_name="data")
     try:
-        out = simpmd.pmap(fn, axis_name="data")(g)
+        out = run(g)
     except Exception as exc:                  # the learner's error is the message
         return _say(False, f"running it on {n} simulated devices raised {error_summary(exc)}")
     if out is None:
@@ -295,6 +316,14 @@ def check_fsdp_backward(fn) -> Verdict:
                     f"exactly {n} entries and drops it; use tiled=True to keep blocks of rows.")
         return _say(False, f"the result has shape {got.shape[1:]} on each device; expected "
                     f"({k}, {cols}): device d's {k} rows of the summed gradient.{hint}")
+    ops = _collectives_of(run.trace)
+    if np.allclose(got, want) and "psum_scatter" not in ops:
+        used = ", ".join(sorted(ops)) or "no collective"
+        return _say(False, f"the shards are right, but the trace shows {used}, not a "
+                    f"reduce-scatter: every device received the whole summed gradient "
+                    f"({rows} rows) and then kept {k}. That is the all-reduce the lesson warns "
+                    f"against, twice the bytes on the wire; psum_scatter(..., tiled=True) sums "
+                    f"and splits in one collective.")
     if np.allclose(got, want):
         return _say(True, f"each of the {n} devices keeps rows of the gradient summed over "
                     f"all devices, {k} of {rows}: the reduce-scatter that grad makes of "

@@ -181,7 +181,7 @@ def check_centering(centered) -> bool:
         return _say(False, "centered is still a placeholder; build it with simpmd.shard_map.")
     if isinstance(centered, Pmapped):
         return _say(False, "centered is a simpmd.pmap; the exercise is to write it with "
-                    "simpmd.shard_map(..., mesh=mesh1, in_specs=..., out_specs=...).")
+                    "simpmd.shard_map(..., mesh=mesh_i, in_specs=..., out_specs=...).")
     x = centering_data()
     want = x - x.mean(axis=0)
     try:
@@ -203,7 +203,17 @@ def check_centering(centered) -> bool:
             return _say(False, "the result has shape (3,): inside shard_map each device's "
                         "block is x[k:k+1], shape (1, 3); keep that axis, and concatenate "
                         "with out_specs P('i').")
+        if got.shape == (8 * 8, 3):
+            return _say(False, "the result has shape (64, 3), 8 blocks of (8, 3): every device "
+                        "received the whole x. in_specs=P() names no mesh axis, so nothing is "
+                        "split and each device gets a full copy; out_specs=P('i') then joins "
+                        "8 whole copies. Split the rows over the devices: in_specs=P('i').")
         return _say(False, f"the result has shape {got.shape}, expected {want.shape}.")
+    if np.allclose(got, 0.0, atol=1e-6) and not np.allclose(want, 0.0, atol=1e-6):
+        return _say(False, "every value is 0: each device subtracted the mean of copies that "
+                    "were all the same. With in_specs=P() every device receives the whole x "
+                    "(P() names no mesh axis, so nothing is split); give each device its own "
+                    "row with in_specs=P('i').")
     if np.allclose(got, want, rtol=1e-5, atol=1e-5):
         return _say(True, "every row is x minus the column means, as in the pmap version.")
     if np.allclose(got, x - 8 * x.mean(axis=0), rtol=1e-5, atol=1e-5):
