@@ -170,11 +170,11 @@ class Pmapped:
                     if value.ndim == 0:
                         raise errors.MappedAxisError(
                             f"{path} is a scalar (shape ()), so it has no axis {ax} to split "
-                            f"across devices. Real JAX says only 'IndexError: tuple index out of "
-                            f"range' or 'pmap requires at least one argument with a mapped "
-                            f"axis' here. To give every device the same value, mark it "
-                            f"in_axes=None (e.g. in_axes=(None, 0)); if Python code decides "
-                            f"on it (an `if`, a loop count), make it static instead "
+                            f"across devices. Real JAX refuses it too, with a message that does "
+                            f"not name the argument (its words change between releases). To "
+                            f"give every device the same value, mark it in_axes=None (e.g. "
+                            f"in_axes=(None, 0)); if Python code decides on it (an `if`, a "
+                            f"loop count), make it static instead "
                             f"(static_broadcasted_argnums); to give each device its own "
                             f"value, pass an array with one entry per device.")
                     if not -value.ndim <= ax < value.ndim:
