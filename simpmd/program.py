@@ -416,7 +416,8 @@ def _reducing(params, vma, primitive):
             f"{sorted(inside)} but not over {sorted(outside)}: under shard_map(check_vma=True) "
             f"JAX's psum, pmax and pmin need the value to vary over all of the axes they "
             f"reduce or over none of them (JAX: 'psum can only accept axis_name which "
-            f"corresponds to one of varying ... or invarying state of the input'). Reduce "
+            f"corresponds to one of varying ... or invarying state of the input'; seen on "
+            f"jax 0.10.2 and 0.12.0.1, while 0.7.2 accepts it, making the value vary first). Reduce "
             f"over {tuple(sorted(inside))} only, or make the value vary over every axis first "
             f"(lax.pcast(x, {tuple(sorted(outside))}, to='varying') on JAX).")
     return vma - axes, frozenset()
