@@ -1024,6 +1024,8 @@ def _collective_events(record, event, labels, members_of, only=None):
 
         @functools.lru_cache(maxsize=None)
         def moved(pos):
+            if op in collectives.SAME_BYTES_FOR_EVERY_MEMBER:
+                pos = 0
             return tuple(map(sum, zip(*(bytes_fn(b, p, pos, **params) for b in nbytes)))) or (0, 0)
         for row in members.tolist():
             group = tuple(members_of[k] for k in row)

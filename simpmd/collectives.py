@@ -16,6 +16,8 @@ The tables, keyed by collective name, hold one concern each:
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 
@@ -226,9 +228,14 @@ def _all_to_all_bytes(nbytes, p, member, **params):
 
 
 def _permute_bytes(nbytes, p, member, perm=(), **params):
-    sends = any(src == member and dst != member for src, dst in perm)
-    receives = any(dst == member and src != member for src, dst in perm)
-    return (nbytes if sends else 0), (nbytes if receives else 0)
+    senders, receivers = _movers(tuple(map(tuple, perm)))
+    return (nbytes if member in senders else 0), (nbytes if member in receivers else 0)
+
+
+@functools.lru_cache(maxsize=64)
+def _movers(perm):
+    """The members that send and that receive something other than their own value."""
+    return ({s for s, d in perm if s != d}, {d for s, d in perm if s != d})
 
 
 def _pshuffle_bytes(nbytes, p, member, perm=(), **params):
@@ -238,6 +245,10 @@ def _pshuffle_bytes(nbytes, p, member, perm=(), **params):
 def _no_bytes(nbytes, p, member, **params):
     return 0, 0
 
+
+# Collectives whose every member sends and receives the same bytes (the log computes them once).
+SAME_BYTES_FOR_EVERY_MEMBER = {"psum", "pmean", "pmax", "pmin", "all_gather", "psum_scatter",
+                               "all_to_all", "pswapaxes"}
 
 WIRE_BYTES = {
     "psum": _all_reduce_bytes,

@@ -66,17 +66,19 @@ class Equation:
 
     ``args``/``kwargs`` are the call that computed it, with each stacked input replaced by
     its :class:`Var`; ``fn`` is the function that was called. ``invars``/``outvars`` list
-    the variables in order, as a jaxpr's equations do.
+    the variables in order, as a jaxpr's equations do. ``data_constants`` says whether the
+    call's scalar constants are data (``x * 2``, printed as literals) or settings
+    (``x.reshape(3, 1)``, printed as parameters).
     """
 
     __slots__ = ("primitive", "params", "fn", "args", "kwargs", "invars", "outvars",
-                 "out_tree", "source", "code")
+                 "data_constants", "source", "code")
 
-    def __init__(self, primitive, params, fn, args, kwargs, invars, outvars, out_tree,
+    def __init__(self, primitive, params, fn, args, kwargs, invars, outvars, data_constants,
                  source, code):
         self.primitive, self.params, self.fn = Primitive(primitive), params, fn
         self.args, self.kwargs = args, kwargs
-        self.invars, self.outvars, self.out_tree = invars, outvars, out_tree
+        self.invars, self.outvars, self.data_constants = invars, outvars, data_constants
         self.source, self.code = source, code
 
     def __repr__(self):
@@ -86,10 +88,12 @@ class Equation:
 class Program:
     """A traced body: its inputs, its equations in order, and its outputs."""
 
-    def __init__(self, invars, in_tree, eqns, outs, out_tree, constvars=()):
+    def __init__(self, invars, in_tree, eqns, outs, out_tree):
         self.invars, self.in_tree = invars, in_tree
         self.eqns, self.outs, self.out_tree = eqns, outs, out_tree
-        self.constvars = constvars
+        self.broken = None           # why it must be traced again on every call, if it must
+        self.axis_env = ()           # the mapped axes it was traced over: ((name, size), ...)
+        self.vma, self.why = {}, {}  # shard_map(check_vma=True): each value's type, and why
 
     @property
     def outvars(self):
@@ -181,9 +185,8 @@ class Recorder:
             params = dict(params, preferred_element_type=outvars[0].dtype)
         if self.track_vma:
             self._types(primitive, params, invars, outvars, source, code)
-        eqn = Equation(primitive, params, fn, args, kwargs, invars, outvars, None, source, code)
-        eqn.out_tree = data_constants          # (reused slot: whether constants are data)
-        self.eqns.append(eqn)
+        self.eqns.append(Equation(primitive, params, fn, args, kwargs, invars, outvars,
+                                  data_constants, source, code))
 
     def _types(self, primitive, params, invars, outvars, source, code):
         """Each output's vma, by the primitive's rule (``VMA_RULES``), as JAX types it."""
@@ -206,7 +209,7 @@ class Recorder:
                                        else self.why.get((src, axis)))
 
     def finish(self, invars, in_tree, result):
-        """The program, given the body's result; None if it cannot be replayed."""
+        """The program, given the body's result (its ``broken`` says if it cannot be replayed)."""
         leaves, out_tree = tree.flatten(result)
         outs = []
         for v in leaves:
@@ -220,7 +223,7 @@ class Recorder:
             else:
                 outs.append(v)
         program = Program(invars, in_tree, self.eqns, outs, out_tree)
-        program.vma, program.why = self.vma, self.why
+        program.vma, program.why, program.broken = self.vma, self.why, self.broken
         self.vars = {}                 # let go of the first call's values
         return program
 
@@ -329,17 +332,23 @@ def is_stacked(x) -> bool:
     return getattr(type(x), "stacked_by_device", False)
 
 
-def _map_stacked(x, f):
-    """``x`` with every stacked value inside lists, tuples and dicts replaced by ``f(value)``."""
-    if is_stacked(x):
+def _map_leaves(x, is_leaf, f):
+    """``x`` with every leaf ``is_leaf`` picks, inside lists, tuples and dicts, replaced by
+    ``f(leaf)`` (the call arguments an equation keeps are such trees)."""
+    if is_leaf(x):
         return f(x)
     if type(x) in (list, tuple):
-        return type(x)(_map_stacked(i, f) for i in x)
+        return type(x)(_map_leaves(i, is_leaf, f) for i in x)
     if isinstance(x, tuple) and hasattr(type(x), "_fields"):
-        return type(x)(*(_map_stacked(i, f) for i in x))
+        return type(x)(*(_map_leaves(i, is_leaf, f) for i in x))
     if type(x) is dict:
-        return {k: _map_stacked(v, f) for k, v in x.items()}
+        return {k: _map_leaves(v, is_leaf, f) for k, v in x.items()}
     return x
+
+
+def _map_stacked(x, f):
+    """``x`` with every stacked value replaced by ``f(value)``."""
+    return _map_leaves(x, is_stacked, f)
 
 
 def _stacked_leaves(x) -> list:
@@ -350,15 +359,7 @@ def _stacked_leaves(x) -> list:
 
 def _substitute(x, env):
     """``x`` with each :class:`Var` replaced by its value in ``env``."""
-    if type(x) is Var:
-        return env[x]
-    if type(x) in (list, tuple):
-        return type(x)(_substitute(i, env) for i in x)
-    if isinstance(x, tuple) and hasattr(type(x), "_fields"):
-        return type(x)(*(_substitute(i, env) for i in x))
-    if type(x) is dict:
-        return {k: _substitute(v, env) for k, v in x.items()}
-    return x
+    return _map_leaves(x, lambda v: type(v) is Var, env.__getitem__)
 
 
 # JAX's primitive names for NumPy's ufuncs and functions (where JAX has the primitive).
@@ -586,7 +587,7 @@ def _operands(eqn):
             shown.append(x)
         elif isinstance(x, np.ndarray):
             shown.append(x)
-    if eqn.out_tree is False or eqn.params.get("_settings"):   # constants are settings
+    if not eqn.data_constants or eqn.params.get("_settings"):   # constants are settings
         return list(eqn.invars)
     for a in eqn.args:
         visit(a)

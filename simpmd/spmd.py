@@ -143,9 +143,8 @@ def trace(batch, fun, args, kwargs, inputs, treedef, cache=None, varies=None):
     with program.recorder_active(rec):
         result = run_once(batch, fun, args, kwargs)
     traced = rec.finish(invars, treedef, result)
-    traced.broken = rec.broken
     traced.axis_env = tuple((name, size) for name, size in batch.axes if name is not None)
-    if batch.check_vma:
+    if batch.check_vma and rec.broken is None:    # else: types unknown, values are checked
         batch.out_types = [(traced.vma.get(v, frozenset()), v) if type(v) is program.Var
                            else (frozenset(), None) for v in traced.outs]
         batch.why = traced.why
