@@ -200,8 +200,20 @@ def jax_cond_sum(x):
     (lambda x: snp.where(lax.axis_index("i") < 3, lax.psum(x, "i"), x), ["device 3 holds 3, expected 18"]),
 ])
 def test_top_half_total_mistakes_get_the_right_hint(capsys, fn, fragments):
+    if fn is jax_cond_sum:
+        pytest.importorskip("jax", reason="the answer calls jax.lax.cond")
     assert not ex.check_top_half_total(fn)
     verdict(capsys, False, *fragments)
+
+
+def test_top_half_total_names_simpmd_lax_cond_with_a_psum_inside_as_the_hazard(capsys):
+    """The hazard written with simpmd.lax.cond: simpmd stops it with a DeadlockError (no
+    eager run needed), and the check says so."""
+    def cond_sum(x):
+        return lax.cond(lax.axis_index("i") < 4, lambda v: lax.psum(v, "i"), lambda v: v, x)
+    assert not ex.check_top_half_total(cond_sum)
+    out = capsys.readouterr().out
+    assert "Not yet" in out and "deadlock" in out.lower(), out
 
 
 def test_top_half_total_names_a_deadlock_as_the_hazard(capsys):
