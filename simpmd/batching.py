@@ -24,7 +24,7 @@ import math
 
 import numpy as np
 
-from . import collectives, errors, program, runtime
+from . import collectives, errors, program, runtime, tree
 from .trace import Event, current_phase
 from .traced import (Traced, _OPERATOR_UFUNCS, _jax_promotion, _no_new_float64, defers_to,
                      reduction_dtype,
@@ -392,14 +392,10 @@ def getitem(x, index):
     return per_device(lambda v, *i: v[i], (x,) + index, {})
 
 
-def as_device_value(x, *args, **kwargs):
-    """``snp.asarray(x, dtype)`` of a stacked value: still a device value, converted."""
-    return _as_device_value(x, *args, **kwargs)
-
-
 @program.operation(lambda x, *a, **k: ("convert_element_type",
                                        {"new_dtype": np.dtype(k.get("dtype", a[0] if a else x.dtype))}))
-def _as_device_value(x, *args, **kwargs):
+def as_device_value(x, *args, **kwargs):
+    """``snp.asarray(x, dtype)`` of a stacked value: still a device value, converted."""
     return Batched(np.asarray(x.value, *args, **kwargs))
 
 
@@ -593,7 +589,6 @@ def switch(batch, index, branches, operands, what):
             results.append(branch(*operands))
         finally:
             _leave_branch()
-    from . import tree
     flat = [tree.flatten(r) for r in results]
     for k, (leaves, treedef) in enumerate(flat[1:], 1):
         if treedef != flat[0][1]:
@@ -816,9 +811,10 @@ class Batch:
         outputs = [_run_stacked(op, s, sets, params, self.n) for s in stacks]
         source, code = runtime.caller_source()
         results = [Batched(o) for o in outputs]
-        program.record(*_describe_collective(op, axis_names, params, groups, size),
-                       functools.partial(_replay_collective, op, axis_names, params, groups),
-                       (list(leaves),), results)
+        if program.recording() is not None:       # (a replayed call records nothing)
+            program.record(*_describe_collective(op, axis_names, params, groups, size),
+                           functools.partial(_replay_collective, op, axis_names, params, groups),
+                           (list(leaves),), results)
         if not logged_sets:             # a branch no device takes: traced, never run
             return results
         sets = logged_sets
@@ -874,8 +870,10 @@ class Batch:
 
     def print(self, fmt, args, kwargs, source, code):
         """``simpmd.debug.print``: one line per device, printed when the body returns."""
-        program.record("debug_callback", {"callback": f"print({fmt!r})"},
-                       functools.partial(_replay_print, fmt, source, code), (args, kwargs), None)
+        if program.recording() is not None:
+            program.record("debug_callback", {"callback": f"print({fmt!r})"},
+                           functools.partial(_replay_print, fmt, source, code), (args, kwargs),
+                           None)
         texts = [fmt.format(*at_device(args, k), **at_device(kwargs, k)) for k in range(self.n)]
         log = self.root
         log.prints += [f"[{self.where(k)}] {t}" for k, t in enumerate(texts)]

@@ -214,10 +214,11 @@ def axis_index(axis_name):
         return _outside("axis_index", axis_name)
     _check_axis_name(axis_name, "axis_index")
     if type(task) is Batch:
-        out = Batched(task.axis_index(_axes(axis_name)))
         axes = _axes(axis_name)
-        program.record("axis_index", {"axis_name": axes if len(axes) > 1 else axes[0]},
-                       functools.partial(batching.replay_axis_index, axes), (), out)
+        out = Batched(task.axis_index(axes))
+        if program.recording() is not None:
+            program.record("axis_index", {"axis_name": axes if len(axes) > 1 else axes[0]},
+                           functools.partial(batching.replay_axis_index, axes), (), out)
         return out
     index, _ = task.sim.axis_position(task, _axes(axis_name), "axis_index")
     return Traced(np.asarray(index, dtype=np.int32), task.sim.eager)
@@ -259,20 +260,18 @@ def switch(index, branches, *operands, _what="switch"):
     branches = list(branches)
     if not branches:
         raise ValueError("lax.switch needs at least one branch")
+    if handoff.holds_tracer((index, operands)):   # inside a JAX trace: JAX's own
+        import jax
+        if _what == "cond":
+            return jax.lax.cond(index, branches[1], branches[0], *operands)
+        return jax.lax.switch(index, branches, *operands)
     task = current_task()
-    if task is None or handoff.holds_tracer((index, operands)):
-        if handoff.holds_tracer((index, operands)):
-            import jax
-            if _what == "cond":
-                return jax.lax.cond(index, branches[1], branches[0], *operands)
-            return jax.lax.switch(index, branches, *operands)
-        k = int(np.clip(int(np.asarray(index)), 0, len(branches) - 1))
-        return branches[k](*operands)
-    if type(task) is not Batch:                 # one program per device: a Python choice
-        value = index.value if isinstance(index, Traced) else np.asarray(index)
-        k = int(np.clip(int(np.asarray(value)), 0, len(branches) - 1))
-        return branches[k](*operands)
-    return batching.switch(task, index, branches, operands, _what)
+    if type(task) is Batch:
+        return batching.switch(task, index, branches, operands, _what)
+    # No simulation, or one program per device: the index is concrete, a Python choice.
+    value = index.value if isinstance(index, Traced) else index
+    k = int(np.clip(int(np.asarray(value)), 0, len(branches) - 1))
+    return branches[k](*operands)
 
 
 # -- the transposes, for simpmd.grad ---------------------------------------------------------

@@ -27,6 +27,7 @@ import math
 import numpy as np
 
 from . import batching, errors, program, tree
+from .devices import SimDevice
 from .batching import Batch, Batched, run_once
 from .runtime import Simulation, current_task, flat_results, _refuse_non_arrays
 from .trace import Trace
@@ -105,7 +106,6 @@ def _run_once(owner, fun, batch, args, kwargs, assemble, cache=None):
     inputs = [Batched(x.stack) if type(x) is Piece else x for x in leaves]
     args, kwargs = tree.unflatten(treedef, inputs)
     traced = None if cache is None else program.cached(*cache)
-    recorded = False
     if _capturing:                       # make_jaxpr of a mapped function: trace it anew
         cache, traced = None, None
     try:
@@ -113,8 +113,7 @@ def _run_once(owner, fun, batch, args, kwargs, assemble, cache=None):
             result = run_once(batch, traced.run, (inputs,), {})
         elif (cache is not None and traced is None) or _capturing or batch.check_vma:
             varies = [x.varies if type(x) is Piece else None for x in leaves]
-            result = trace(batch, fun, args, kwargs, inputs, treedef, cache, varies)
-            recorded = True
+            result, traced = trace(batch, fun, args, kwargs, inputs, treedef, cache, varies)
         else:
             result = run_once(batch, fun, args, kwargs)
         out, out_def = tree.flatten(result)
@@ -127,8 +126,7 @@ def _run_once(owner, fun, batch, args, kwargs, assemble, cache=None):
         owner.trace = record_trace(exc.trace)
         raise
     owner.trace = record_trace(Trace(batch.events, log=batch))
-    owner.trace.program = (traced if isinstance(traced, program.Program)
-                           else program.last_traced if recorded else None)
+    owner.trace.program = traced if isinstance(traced, program.Program) else None
     return outputs
 
 
@@ -136,7 +134,9 @@ def trace(batch, fun, args, kwargs, inputs, treedef, cache=None, varies=None):
     """Run the body once while recording its program; cache the program under ``cache``
     (or, if it cannot be replayed, that it must be traced on every call). Under
     ``shard_map(check_vma=True)`` the program also types each value with the mesh axes it
-    varies over (``varies``: each input's), and ``batch.out_types`` gets the results'."""
+    varies over (``varies``: each input's), and ``batch.out_types`` gets the results'.
+    Returns the body's result and the program; ``program.last_traced`` keeps the program
+    too, for ``make_jaxpr`` of a mapped function, which reaches this through its front end."""
     rec = program.Recorder(track_vma=batch.check_vma)
     varies = varies or [None] * len(inputs)
     invars = [rec.input(v, a) if type(v) is Batched else None for v, a in zip(inputs, varies)]
@@ -151,7 +151,7 @@ def trace(batch, fun, args, kwargs, inputs, treedef, cache=None, varies=None):
     if cache is not None:
         program.store(*cache, traced if rec.broken is None else program.UNCACHEABLE)
     program.last_traced = traced
-    return result
+    return result, traced
 
 
 _capturing: list = []
@@ -178,7 +178,6 @@ def make_jaxpr(fun, static_argnums=(), axis_env=None, return_shape=False):
             return (jaxpr, _shapes(out)) if return_shape else jaxpr
         axes = tuple((name, int(size)) for name, size in (axis_env or ()))
         n = math.prod(size for _, size in axes)
-        from .devices import SimDevice
         batch = Batch([SimDevice(i) for i in range(n)], axes)
         dynamic = [i for i in range(len(args)) if i not in {a % max(len(args), 1) for a in static}]
         leaves, treedef = tree.flatten(([args[i] for i in dynamic], kwargs))
@@ -197,8 +196,7 @@ def make_jaxpr(fun, static_argnums=(), axis_env=None, return_shape=False):
             for i, v in zip(dynamic, dyn):
                 full[i] = v
             return fun(*full, **kw)
-        result = trace(batch, body, dyn, kw, inputs, treedef)
-        jaxpr = program.last_traced
+        result, jaxpr = trace(batch, body, dyn, kw, inputs, treedef)
         return (jaxpr, _shapes(result)) if return_shape else jaxpr
     return traced
 

@@ -218,12 +218,10 @@ class Trace:
 
     @property
     def events(self) -> list[Event]:
-        if callable(self._events):
-            summary = self._columnar()
-            if summary is not None:          # written out when first looked into
-                return _EventList(self, summary["events"])
-            self._events = list(self._events())
-        return self._events
+        summary = self._columnar()
+        if summary is not None:              # written out when first looked into
+            return _EventList(self, summary["events"])
+        return self._written_out()
 
     def _written_out(self) -> list:
         if callable(self._events):
