@@ -11,7 +11,7 @@
 #   3. executes every notebook in notebooks/ in a fresh kernel, writing the executed copies
 #      to a temporary folder so that the repository stays as it was; with --inplace the
 #      executed notebooks replace the ones in notebooks/;
-#   4. regenerates the figures with `python -m simpmd.figures`, when that module exists.
+#   4. regenerates the figures with `python -m simpmd.course.figures`, when that module exists.
 # Steps 2-4 are skipped, with a message, while the part they run does not exist yet.
 # Exits non-zero if any step failed; every notebook is run even when an earlier one fails.
 set -euo pipefail
@@ -133,12 +133,12 @@ for p in sys.argv[1:]:
 fi
 
 echo
-echo "== The figures: python -m simpmd.figures"
-if [[ -f simpmd/figures.py || -f simpmd/figures/__main__.py ]]; then
-    "$py" -m simpmd.figures || failed+=("the figures (python -m simpmd.figures)")
+echo "== The figures: python -m simpmd.course.figures"
+if [[ -f simpmd/course/figures.py ]]; then
+    "$py" -m simpmd.course.figures || failed+=("the figures (python -m simpmd.course.figures)")
     ran+=("the figures")
 else
-    echo "skipped: simpmd/figures does not exist yet"
+    echo "skipped: simpmd/course/figures.py does not exist"
 fi
 
 echo

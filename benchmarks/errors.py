@@ -26,7 +26,8 @@ import numpy as np
 
 import simpmd
 import simpmd.numpy as snp
-from simpmd import P, lax, runtime
+from simpmd import P, lax
+from simpmd.core import runtime
 
 _diagnosis = []                      # seconds spent in Simulation._diagnose, per call
 

@@ -21,7 +21,7 @@ def github_path(url: str) -> str:
 def main(new: str) -> None:
     if not re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+", new):
         sys.exit(f"expected an address like https://github.com/you/simpmd, got {new!r}")
-    course = ROOT / "simpmd" / "course.py"
+    course = ROOT / "simpmd" / "course" / "__init__.py"
     text = course.read_text()
     old = re.search(r'^REPOSITORY = "([^"]+)"$', text, flags=re.M).group(1)
     course.write_text(text.replace(f'REPOSITORY = "{old}"', f'REPOSITORY = "{new}"'))

@@ -1,6 +1,6 @@
 """Collective algorithms as explicit messages between devices.
 
-``simpmd.collectives`` computes what a collective returns in one NumPy call. Real
+``simpmd.core.collectives`` computes what a collective returns in one NumPy call. Real
 interconnects get there in *steps*: at each step every device sends a piece of its buffer
 to another device, and the receiver either combines it into its own piece (a reduction)
 or stores it (a copy). This module plays those steps one at a time, so that a learner

@@ -42,14 +42,16 @@ import inspect
 import math
 import os
 import re
+import sys
 from dataclasses import dataclass
 
 import numpy as np
 
-from .collectives import WIRE_BYTES
-from .errors import SimpmdError
-from .mesh import AxisType, Mesh, NamedSharding, PartitionSpec, axis_types_of
-from .trace import Event, Trace
+from .core import numpy as _core_numpy
+from .core.collectives import WIRE_BYTES
+from .core.errors import SimpmdError
+from .core.mesh import AxisType, Mesh, NamedSharding, PartitionSpec, axis_types_of
+from .core.trace import Event, Trace
 
 P = PartitionSpec
 
@@ -1234,3 +1236,7 @@ def call_numpy(name: str, fn, args, kwargs):
     raise ShardingTypeError(
         f"simpmd.numpy.{name} has no sharding rule in simpmd.explicit; the operations it "
         f"simulates are: {', '.join(sorted(_FUNCTIONS))} and NumPy's elementwise functions.")
+
+
+# simpmd.numpy calls on ShardedArrays (and with out_sharding=) follow this module's rules.
+_core_numpy.sharded_engine = sys.modules[__name__]

@@ -2,7 +2,7 @@
 
 JAX reads XLA_FLAGS and its platform list once, when its backend first starts, so they are
 set here at import time, before any test module can import jax, by the same function the
-course uses (simpmd.jax_devices.prepare). On a machine with one GPU or one TPU core that
+course uses (simpmd.jax.devices.prepare). On a machine with one GPU or one TPU core that
 makes the CPU, with its 8 fake devices, JAX's default backend, as in the lessons. test.sh
 exports the flag as well; setting it here too lets a bare `python -m pytest` behave the same.
 """
@@ -24,7 +24,7 @@ def _with_fake_devices(xla_flags: str, count: int = FAKE_DEVICES) -> str:
 
 os.environ["XLA_FLAGS"] = _with_fake_devices(os.environ.get("XLA_FLAGS", ""))
 try:
-    from simpmd.jax_devices import prepare
+    from simpmd.jax.devices import prepare
 except ImportError:                  # simpmd half-written: the engine tests will say so
     pass
 else:
@@ -65,7 +65,7 @@ def _default_platform():
         set_device_count = simpmd.set_device_count
     except Exception:  # simpmd missing or half-written: nothing to reset
         return
-    hardware = getattr(sys.modules.get("simpmd.devices"), "DEFAULT_HARDWARE", None)
+    hardware = getattr(sys.modules.get("simpmd.core.devices"), "DEFAULT_HARDWARE", None)
     if hardware is None:
         set_device_count(FAKE_DEVICES)
     else:

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 import simpmd
-from simpmd import autodiff, collectives, cost, program
-from simpmd.batching import _describe_collective
+from simpmd.core import autodiff, collectives, program
+from simpmd import cost
+from simpmd.core.batching import _describe_collective
 from simpmd.viz import collectives as drawings
 
 OPS = sorted(collectives.MATH)

@@ -22,7 +22,7 @@ if len(jax.devices()) < 8:
 
 sys.path.insert(0, os.path.dirname(__file__))
 from explicit_cases import CASES                      # noqa: E402
-from simpmd.explicit_jax import compare, jax_has_explicit_axes   # noqa: E402
+from simpmd.jax.explicit import compare, jax_has_explicit_axes   # noqa: E402
 
 if not jax_has_explicit_axes()[0]:
     pytest.skip(f"this JAX lacks {jax_has_explicit_axes()[1]}", allow_module_level=True)

@@ -1,4 +1,4 @@
-"""`python -m simpmd.figures` writes every figure the README and the course show, and
+"""`python -m simpmd.course.figures` writes every figure the README and the course show, and
 writes the same bytes every time (run twice: once in a fresh interpreter, once here)."""
 import pathlib
 import subprocess
@@ -7,7 +7,7 @@ import sys
 import pytest
 
 pytest.importorskip("matplotlib")
-from simpmd import figures  # noqa: E402
+from simpmd.course import figures  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 EXPECTED = {
@@ -19,7 +19,7 @@ EXPECTED = {
 
 def test_figures_command_writes_every_figure_twice_with_identical_bytes(tmp_path):
     first, second = tmp_path / "first", tmp_path / "second"
-    result = subprocess.run([sys.executable, "-m", "simpmd.figures", "--out", str(first)],
+    result = subprocess.run([sys.executable, "-m", "simpmd.course.figures", "--out", str(first)],
                             cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert f"in {len(EXPECTED)} files" in result.stdout

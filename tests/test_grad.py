@@ -10,7 +10,7 @@ import pytest
 import simpmd
 import simpmd.numpy as snp
 from simpmd import grad, lax, value_and_grad
-from simpmd.autodiff import NotDifferentiableError
+from simpmd.core.autodiff import NotDifferentiableError
 
 N = 8
 
@@ -151,7 +151,7 @@ def test_mapped_run_tells_a_body_its_axes_check_vma_and_inputs_vma(eager):
     """What simpmd.grad asks the engine, on both engines: the axes in scope with their
     sizes, check_vma, and the mesh axes each body input varies over (None for a value
     computed in the body)."""
-    from simpmd.runtime import mapped_run
+    from simpmd.core.runtime import mapped_run
     seen = []
 
     def body(a, b):

@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import pytest
 
 import simpmd
-from simpmd import jax_devices
-from simpmd.jax_devices import (JaxDevicesError, backend_started, choose_devices,
+from simpmd.jax import devices as jax_devices
+from simpmd.jax.devices import (JaxDevicesError, backend_started, choose_devices,
                                 flag_device_count, xla_flags_with_device_count)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

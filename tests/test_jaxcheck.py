@@ -14,8 +14,9 @@ import pytest
 
 import simpmd
 import simpmd.numpy as snp
-from simpmd import collectives, lax
-from simpmd.traced import Traced
+from simpmd.core import collectives
+from simpmd import lax
+from simpmd.core.traced import Traced
 
 try:
     from tests.jax_cases import CASES
@@ -56,7 +57,7 @@ def crosscheck_case(case):
 @pytest.fixture(autouse=True)
 def fresh_session():
     """Each test starts as a fresh session would: no float note said yet."""
-    from simpmd import jaxcheck
+    from simpmd.jax import crosscheck as jaxcheck
     jaxcheck._FLOAT_NOTES_SAID.clear()
     yield
     jaxcheck._FLOAT_NOTES_SAID.clear()
@@ -154,7 +155,7 @@ def test_negative_axis_found_in_jaxpr_when_simpmd_stops_first():
     code = textwrap.dedent("""
         import numpy as np, simpmd
         from simpmd import lax
-        from simpmd.traced import Traced
+        from simpmd.core.traced import Traced
         simpmd.use_jax_devices(8, verbose=False)
 
         def f(x):
@@ -356,7 +357,7 @@ def test_the_float_note_is_said_once_unless_it_matters():
     assert "rtol=0.001" in str(simpmd.crosscheck(f, x, axis_name="i", rtol=1e-3))
     strict = simpmd.crosscheck(f, x, axis_name="i", rtol=0, atol=0)
     assert not strict.ok and "computed in float64" in str(strict)
-    from simpmd.jaxcheck import _float_note
+    from simpmd.jax.crosscheck import _float_note
     widths = {("float64", "float32")}
     assert _float_note(widths, None, None) is None                     # said above
     assert "compared at rtol=1e-05" in _float_note(widths, None, None, agreed=False)
@@ -463,7 +464,7 @@ def test_crosscheck_takes_shard_map_programs():
     wrong = simpmd.shard_map(lambda x: simpmd.lax.psum(x, "data") * 2, mesh=mesh,
                              in_specs=simpmd.P("data", "model"), out_specs=simpmd.P(None, "model"))
     # same body on JAX, but simpmd's result monkeypatched to differ: a mismatch is reported
-    import simpmd.jaxcheck as jc
+    import simpmd.jax.crosscheck as jc
     real = jc._to_numpy
     calls = []
 

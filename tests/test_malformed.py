@@ -166,7 +166,7 @@ def test_shard_map_in_specs_given_as_a_list(jax8):
     refused(simpmd.ShardingError, lambda: f(X, np.float32(2)),
             "in_specs=[", "list", "tuple", "in_specs=(P('i',), P())")
     from jax.sharding import Mesh, PartitionSpec as JP
-    from simpmd.handoff import find_shard_map
+    from simpmd.jax.handoff import find_shard_map
     shard_map, check = find_shard_map(jax8)
     jax_mesh = Mesh(np.array(jax8.devices()[:8]), ("i",))
     jax_refuses(jax8, lambda: shard_map(lambda a, b: a * b, mesh=jax_mesh, in_specs=[JP("i"), JP()],
@@ -179,7 +179,7 @@ def test_shard_map_out_specs_given_as_a_list_for_a_tuple(jax8):
     refused(simpmd.ShardingError, lambda: f(X), "out_specs=[", "list", "returned a tuple",
             "out_specs=(P('i',), P('i',))")
     from jax.sharding import Mesh, PartitionSpec as JP
-    from simpmd.handoff import find_shard_map
+    from simpmd.jax.handoff import find_shard_map
     shard_map, check = find_shard_map(jax8)
     jax_mesh = Mesh(np.array(jax8.devices()[:8]), ("i",))
     jax_refuses(jax8, lambda: shard_map(lambda a: (a, a), mesh=jax_mesh, in_specs=JP("i"),

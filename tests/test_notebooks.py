@@ -64,7 +64,7 @@ def test_set_repository_points_every_copy_at_a_fork(tmp_path):
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     old = simpmd.course.REPOSITORY
-    course = (copy / "simpmd" / "course.py").read_text()
+    course = (copy / "simpmd" / "course" / "__init__.py").read_text()
     assert f'REPOSITORY = "{fork}"' in course
     for path in NOTEBOOKS:
         first = "".join(code_cells(copy / "notebooks" / path.name)[0]["source"])

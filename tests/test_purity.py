@@ -63,30 +63,42 @@ print(json.dumps(sorted(added)))
     assert sorted(added - allowed) == []
 
 
-# The engine's own modules: everything in simpmd/ but the course, the pictures and the
-# package's front file (which imports them all). The course and the cross-checks sit on
-# top of the engine; the engine never imports them.
-ENGINE = sorted(p.stem for p in (ROOT / "simpmd").glob("*.py")
-                if p.stem not in ("__init__", "__main__", "course", "figures"))
+# The core: simpmd/core/, NumPy only. The JAX bridge, the drawings, the cost model and the
+# course sit on top of it and register what the core calls (simpmd.core.bridge).
+CORE = sorted(p.stem for p in (ROOT / "simpmd" / "core").glob("*.py") if p.stem != "__init__")
 
 
-def _engine_imports(module: str) -> set:
-    """The engine modules ``module`` imports, at the top or inside a function."""
+def _core_imports(module: str) -> tuple[set, set]:
+    """(core modules, simpmd modules outside the core) that core/``module`` imports, at the
+    top or inside a function."""
     import ast
-    tree = ast.parse((ROOT / "simpmd" / f"{module}.py").read_text())
-    found = set()
+    tree = ast.parse((ROOT / "simpmd" / "core" / f"{module}.py").read_text())
+    inside, outside = set(), set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.level == 1:
             names = [node.module] if node.module else [a.name for a in node.names]
-            found |= {n.split(".")[0] for n in names}
-    return found & set(ENGINE)
+            inside |= {n.split(".")[0] for n in names}
+        elif isinstance(node, ast.ImportFrom) and node.level > 1:
+            outside.add("." * node.level + (node.module or ""))
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("simpmd"):
+            outside.add(node.module)
+        elif isinstance(node, ast.Import):
+            outside |= {a.name for a in node.names if a.name.startswith("simpmd")}
+    return inside & set(CORE), outside
 
 
-def test_the_engine_reads_top_down_without_import_circles():
-    graph = {m: _engine_imports(m) for m in ENGINE}
-    assert "autodiff" in graph["lax"] and "spmd" in graph["pmap"]     # the walk sees imports
+def test_the_core_imports_nothing_outside_itself():
+    assert {"pmap", "lax", "batching", "program", "collectives"} <= set(CORE)
+    assert _core_imports("lax")[0] >= {"batching", "autodiff"}       # the walk sees imports
+    leaks = {m: sorted(_core_imports(m)[1]) for m in CORE if _core_imports(m)[1]}
+    assert leaks == {}, f"core modules that import simpmd outside simpmd/core: {leaks}"
+
+
+def test_the_core_reads_top_down_without_import_circles():
+    graph = {m: _core_imports(m)[0] for m in CORE}
+    assert "spmd" in graph["pmap"]
     circles = []
-    for start in ENGINE:                 # depth-first: a path that comes back to its start
+    for start in CORE:                   # depth-first: a path that comes back to its start
         stack = [(start, [start])]
         while stack:
             node, path = stack.pop()
@@ -96,6 +108,13 @@ def test_the_engine_reads_top_down_without_import_circles():
                 elif nxt not in path:
                     stack.append((nxt, path + [nxt]))
     assert not circles, "modules that import each other:\n" + "\n".join(sorted(set(circles))[:10])
-    # and the layering the README describes: the hand-off and the cross-checks sit above
-    for core in ("runtime", "batching", "spmd", "pmap", "shard_map", "lax"):
-        assert "jaxcheck" not in graph[core], core
+
+
+def test_the_bridges_register_themselves():
+    """`import simpmd` fills in what the core calls outside itself."""
+    result = run_fresh("""
+import simpmd
+from simpmd.core import bridge
+print(bridge.jax.__name__, bridge.views.__name__, simpmd.shard_map.on_jax.__name__)
+""")
+    assert result.stdout.split() == ["simpmd.jax.handoff", "simpmd.viz", "shard_map_on_jax"]

@@ -335,7 +335,7 @@ def test_running_a_shard_map_program_imports_no_jax_and_no_matplotlib():
 # -- pictures ------------------------------------------------------------------------------
 
 def test_sharding_text_lists_the_devices_of_each_block(mesh24):
-    from simpmd.viz_sharding import sharding_text
+    from simpmd.viz.sharding import sharding_text
     assert sharding_text((8, 8), mesh24, P("data")) == "\n".join([
         "shape (8, 8), P('data',) on Mesh('data': 2, 'model': 4)",
         "+--------+", "|  0-3   |", "+--------+", "|  4-7   |", "+--------+"])
@@ -351,7 +351,7 @@ def test_draw_sharding(mesh24):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from simpmd.viz_sharding import draw_sharding
+    from simpmd.viz.sharding import draw_sharding
     ax = draw_sharding((8, 8), mesh24, P("data", "model"))
     labels = sorted(t.get_text() for t in ax.texts)
     assert labels == sorted(f"device\n{i}" for i in range(8)) and len(ax.patches) == 8

@@ -278,7 +278,7 @@ def test_case_list_covers_every_collective_over_one_axis_and_two():
 @pytest.mark.parametrize("name", ["psum_model", "pytrees_and_static", "all_to_all_both"])
 def test_on_jax_runs_the_simpmd_program_on_jax_shard_map(jax8, name):
     """simpmd.shard_map's on_jax (what a cross-check calls) is the same JAX program."""
-    from simpmd.shard_map import on_jax
+    from simpmd.jax import on_jax
     case = by_name(name)
     got, f = run_simpmd(case)
     want = on_jax(f, check_vma=case.jax_check_vma)(*case.args())

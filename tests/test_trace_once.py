@@ -59,7 +59,7 @@ def test_traced_once_agrees_with_one_program_per_device(name):
     once = simpmd.pmap(body, "i", in_axes=(0, 0, None))
     per_device = simpmd.pmap(body, "i", in_axes=(0, 0, None), eager=True)
     got, expected = once(X, V, W), per_device(X, V, W)
-    g_leaves, e_leaves = simpmd.tree.flatten(got)[0], simpmd.tree.flatten(expected)[0]
+    g_leaves, e_leaves = simpmd.core.tree.flatten(got)[0], simpmd.core.tree.flatten(expected)[0]
     assert len(g_leaves) == len(e_leaves)
     for g, e in zip(g_leaves, e_leaves):
         g, e = np.asarray(g), np.asarray(e)
@@ -136,7 +136,7 @@ def test_the_trace_of_a_large_run_is_written_only_when_read():
 
 
 def test_collectives_record_the_phase():
-    from simpmd.trace import backward_pass
+    from simpmd.core.trace import backward_pass
     f = simpmd.pmap(lambda x: lax.psum(x, "i"), "i")
     f(np.arange(8.0))
     assert {e.phase for e in f.trace.events if e.kind == "collective"} == {"forward"}
@@ -216,7 +216,7 @@ def test_nested_pmaps_traced_once_agree_with_one_program_per_device(name):
         f = simpmd.pmap(NESTED[name], "i", eager=eager)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            out = simpmd.tree.flatten(f(NX))[0]
+            out = simpmd.core.tree.flatten(f(NX))[0]
         runs.append(([np.asarray(v) for v in out],
                      [[(s.device.id, s.index, s.replica_id) for s in v.addressable_shards] for v in out],
                      [str(w.message) for w in caught], _log(f.trace)))
@@ -274,7 +274,7 @@ def test_a_nested_pmap_prints_once_per_program(capsys):
 
 
 def test_trace_once_can_be_switched_off(monkeypatch):
-    from simpmd import batching
+    from simpmd.core import batching
     monkeypatch.setattr(batching, "TRACE_ONCE", False)
     calls = []
     simpmd.pmap(lambda x: calls.append(1) or x * 2, "i")(np.arange(8.0))

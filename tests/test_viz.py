@@ -576,7 +576,7 @@ def test_timeline_without_the_cost_model_says_so(monkeypatch):
 def test_backward_collectives_are_drawn_with_a_backward_title():
     import matplotlib
     matplotlib.use("Agg")
-    from simpmd import figures
+    from simpmd.course import figures
     trace = figures.grad_step_run()
     assert [(c[0].op, c[0].phase) for c in trace.calls()] == [
         ("all_gather", "forward"), ("psum_scatter", "backward"), ("pmean", "forward")]

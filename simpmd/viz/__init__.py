@@ -21,6 +21,9 @@ loads its module on first use, so ``import simpmd`` stays NumPy-only.
 from __future__ import annotations
 
 import importlib
+import sys
+
+from ..core import bridge
 
 _WHERE = {
     "draw_mesh": "mesh",
@@ -57,3 +60,6 @@ def __getattr__(name):
 
 def __dir__():
     return sorted(list(globals()) + __all__)
+
+
+bridge.views = sys.modules[__name__]      # trace.draw() and trace.draw_timeline() draw here

@@ -9,7 +9,7 @@ carry their numbers where the numbers fit. Between the columns, each group is a 
 members exchange data among themselves; how (ring, tree) is what ``viz.draw_algorithm`` shows.
 
 What to colour, and how to link the two sides, is one row per collective in
-:data:`DRAWING`, as the math is one row of ``simpmd.collectives.MATH``.
+:data:`DRAWING`, as the math is one row of ``simpmd.core.collectives.MATH``.
 """
 from __future__ import annotations
 

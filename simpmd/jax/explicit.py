@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import explicit
-from .mesh import P, PartitionSpec
+from .. import explicit
+from ..core.mesh import P, PartitionSpec
 
 
 def jax_has_explicit_axes() -> tuple:

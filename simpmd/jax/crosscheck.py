@@ -14,7 +14,7 @@ Three things need more than "run both":
   ``jax.vmap(..., axis_name=...)`` inside the outer ``jax.pmap`` (what JAX's pmap
   migration guide suggests), and, separately, the whole program becomes a
   ``jax.shard_map`` over a 2-D ``Mesh`` (which can also express collectives over both
-  axes at once). :func:`simpmd.handoff.pmap_inside_jax` does the translation.
+  axes at once). :func:`simpmd.jax.handoff.pmap_inside_jax` does the translation.
 * **Known JAX bugs.** JAX before 0.11 cannot compile negative ``split_axis``,
   ``concat_axis``, ``scatter_dimension`` and ``pswapaxes`` axes (jax 0.10 sometimes
   aborts the whole process), so on those releases crosscheck looks for them in simpmd's
@@ -42,14 +42,14 @@ from typing import Any
 
 import numpy as np
 
-from . import errors, tree
-from .array import Array
-from .devices import device_count
-from .jax_devices import JaxDevicesError, chosen_devices, use_jax_devices
+from ..core import errors, tree
+from ..core.array import Array
+from ..core.devices import device_count
+from .devices import JaxDevicesError, chosen_devices, use_jax_devices
 from .handoff import (Translation, find_shard_map, jax_version, shard_map_on_jax, translating,
                      _per_arg_axes, _static_split)
-from .pmap import Pmapped, pmap as simpmd_pmap
-from .shard_map import ShardMapped
+from ..core.pmap import Pmapped, pmap as simpmd_pmap
+from ..core.shard_map import ShardMapped
 
 # Collective parameters that jax < 0.11 cannot lower when negative (0.10 may abort the process).
 # simpmd's names (trace events) and JAX's primitive names (jaxprs) both appear here.
@@ -743,7 +743,7 @@ def _engine_mixing_hints(sim, jax_runs) -> list[str]:
     hints = []
     error = getattr(sim.error, "original", None) or sim.error
     text = f"{error} {error.__context__}" if error is not None else ""
-    if "simpmd.traced.Traced" in text or "__jax_array__" in text or "simpmd.numpy" in text:
+    if "simpmd.core.traced.Traced" in text or "__jax_array__" in text or "simpmd.numpy" in text:
         hints.append("simpmd refused because a jax.numpy (or jax) function was given a simpmd "
                      "device value: call array functions through simpmd.numpy "
                      "(import simpmd.numpy as snp; snp.exp(x)), which picks NumPy on simpmd "

@@ -21,7 +21,7 @@ import warnings
 import numpy as np
 
 from .devices import device_count, devices as platform_devices
-from . import errors, handoff, program, spmd, tree
+from . import bridge, errors, program, spmd, tree
 from .array import Array
 from .batching import Batch, Batched
 from .mesh import ShardingError
@@ -232,10 +232,10 @@ class Pmapped:
     # -- calling --------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
         parent = current_task()
-        if parent is None and handoff.holds_tracer((args, kwargs)):
+        if parent is None and bridge.inside_jax((args, kwargs)):
             # Inside a real JAX trace (jax.pmap of a nested simpmd program): today's JAX
             # spells the inner pmap jax.vmap with the same axis name.
-            return handoff.pmap_inside_jax(self, args, kwargs)
+            return bridge.jax.pmap_inside_jax(self, args, kwargs)
         once = type(parent) is Batch            # nested in a body traced once
         if parent is None:
             device_list = self._device_list()

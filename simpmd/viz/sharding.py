@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .mesh import Mesh, NamedSharding, PartitionSpec
+from ..core.mesh import Mesh, NamedSharding, PartitionSpec
 
 
 def sharding_blocks(shape_or_array, mesh: Mesh | None = None, spec: PartitionSpec | None = None):
@@ -94,7 +94,7 @@ def draw_sharding(shape_or_array, mesh=None, spec=None, *, ax=None, title=None):
     if ax is None:
         aspect = rows / cols if cols else 1
         _, ax = plt.subplots(figsize=(5, max(1.2, min(5, 5 * aspect))))
-    from .viz.canvas import OKABE_ITO, tint
+    from .canvas import OKABE_ITO, tint
     groups = sorted({tuple(sorted(v)) for v in cells.values()})
     for (r, c), ids in sorted(cells.items()):
         # Okabe-Ito hues, lightened so the labels stay readable (safe for colour-blind readers)

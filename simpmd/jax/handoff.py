@@ -24,16 +24,13 @@ from typing import Any
 
 import numpy as np
 
-from . import tree
-from .mesh import PartitionSpec
-from .runtime import current_task
+from ..core import bridge, tree
+from ..core.shard_map import shard_map
+from ..core.mesh import PartitionSpec
+from ..core.runtime import current_task
 
 
-def holds_tracer(value) -> bool:
-    """True if a leaf of ``value`` is a JAX tracer: the call is inside a JAX trace."""
-    jax = sys.modules.get("jax")
-    tracer = getattr(getattr(jax, "core", None), "Tracer", None)
-    return tracer is not None and any(isinstance(v, tracer) for v in tree.flatten(value)[0])
+holds_tracer = bridge.holds_jax_tracer       # True inside a JAX trace
 
 
 def collective(name, *args, **kwargs):
@@ -242,3 +239,9 @@ def _specs_for_jax(specs, JaxP):
     if isinstance(specs, dict):
         return {k: _specs_for_jax(v, JaxP) for k, v in specs.items()}
     return specs
+
+
+# The core calls this module through simpmd.core.bridge (it never imports it), and the JAX
+# translation of a shard_map is reachable from the function: simpmd.shard_map.on_jax(f).
+bridge.jax = sys.modules[__name__]
+shard_map.on_jax = shard_map_on_jax

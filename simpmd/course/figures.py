@@ -1,4 +1,4 @@
-"""``python -m simpmd.figures [--out figures]``: draw every figure the README and the course show.
+"""``python -m simpmd.course.figures [--out figures]``: draw every figure the README and the course show.
 
 Each figure comes from a real simpmd run (or a run of ``simpmd.algorithms``) on the
 default 8 simulated devices, so the pictures always match what the code does. Output is
@@ -177,7 +177,7 @@ def build(out="figures") -> list:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m simpmd.figures",
+    parser = argparse.ArgumentParser(prog="python -m simpmd.course.figures",
                                      description="Regenerate the figures of the README and the course.")
     parser.add_argument("--out", default="figures", help="folder to write into (default: figures)")
     args = parser.parse_args(argv)

@@ -27,7 +27,7 @@ import pkgutil
 import subprocess
 import sys
 
-from .errors import SimpmdError
+from ..core.errors import SimpmdError
 
 DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
 ACCELERATOR_PLATFORMS = {"tpu": "TPU", "gpu": "GPU", "cuda": "GPU", "rocm": "GPU"}

@@ -26,7 +26,7 @@ import warnings
 
 import numpy as np
 
-from . import errors, handoff, spmd, tree
+from . import bridge, errors, spmd, tree
 from .array import HostArray, Shard
 from .mesh import (Mesh, NamedSharding, PartitionSpec, ShardingError, block_counts,
                    block_slices, check_spec, replica_id, slices_text)
@@ -59,7 +59,7 @@ def shard_map(f=None, /, *, out_specs=_REQUIRED, in_specs=_REQUIRED, mesh=None,
 
 class MeshArray(HostArray):
     """A result of ``simpmd.shard_map``: a NumPy-like global array laid out by a
-    :class:`~simpmd.mesh.NamedSharding`, with ``.addressable_shards`` like a ``jax.Array``."""
+    :class:`~simpmd.core.mesh.NamedSharding`, with ``.addressable_shards`` like a ``jax.Array``."""
 
     def __init__(self, value: np.ndarray, sharding: NamedSharding):
         self._value = value
@@ -185,9 +185,9 @@ class ShardMapped:
         parent = current_task()
         if parent is not None:
             _refuse_nesting(parent)
-        if handoff.holds_tracer(args):
+        if bridge.inside_jax(args):
             # Inside a real JAX trace (jax.jit, a cross-check): this is jax.shard_map's job.
-            return handoff.shard_map_on_jax(self)(*args)
+            return bridge.jax.shard_map_on_jax(self)(*args)
         if kwargs:
             raise TypeError(
                 f"shard_map'd functions take positional arguments only (as in JAX), got "
@@ -416,8 +416,3 @@ def _block_detail(path, shape, spec, index, whole="from") -> str:
     return (f"{path}[{slices_text(index, shape)}], shape {block}, "
             f"{whole} {path} of shape {tuple(shape)}")
 
-
-# `simpmd.shard_map` is the function (the package attribute hides this module), so the
-# JAX translation is reachable from it too: simpmd.shard_map.on_jax(f) (and, for
-# `from simpmd.shard_map import on_jax`, from this module).
-on_jax = shard_map.on_jax = handoff.shard_map_on_jax

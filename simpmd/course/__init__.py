@@ -63,7 +63,7 @@ def start(device_count: int = 8):
     if os.environ.get("SIMPMD_STRICT_DEPRECATIONS"):
         warnings.filterwarnings("error", category=DeprecationWarning, module=r"jax(\..*)?$")
         warnings.filterwarnings("error", category=DeprecationWarning, message=r".*\bjax\b")
-    from . import use_jax_devices
+    from .. import use_jax_devices
     use_jax_devices(device_count)       # prints its choice; simpmd.crosscheck reuses it
 
 
@@ -84,7 +84,7 @@ def jax_outcome(call):
     """``(result, None)`` or ``(None, exception)`` of a call into JAX, keeping out of the
     notebook what some releases print as they raise (jax 0.12 prints the source line of a
     sharding error), so that a lesson's output reads the same on every release."""
-    from .jaxcheck import quiet_jax
+    from ..jax.crosscheck import quiet_jax
     try:
         with quiet_jax():
             return call(), None

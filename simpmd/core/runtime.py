@@ -33,10 +33,9 @@ from . import tree
 
 # Frames of these modules are the engine's own; the source of an event is the first
 # frame outside them (so the tour in simpmd/__main__.py still counts as user code).
-ENGINE_MODULES = {"simpmd.lax", "simpmd.runtime", "simpmd.pmap", "simpmd.traced", "simpmd.debug",
-                  "simpmd.collectives", "simpmd.tree", "simpmd.numpy", "simpmd.shard_map",
-                  "simpmd.batching", "simpmd.autodiff", "simpmd.spmd", "simpmd.handoff",
-                  "simpmd.program"}
+ENGINE_MODULES = {"simpmd.core." + m for m in (
+    "lax", "runtime", "pmap", "traced", "debug", "collectives", "tree", "numpy", "shard_map",
+    "batching", "autodiff", "spmd", "program")} | {"simpmd.jax.handoff"}
 _local = threading.local()            # .task: the program this thread is running
 _idle_workers: list = []              # parked worker threads, reused across runs
 _WORKER_STACK = 1 << 20               # 1 MiB is plenty for a device's Python frames
@@ -170,7 +169,7 @@ def user_stacklevel() -> int:
     """The ``stacklevel`` that makes a warning point at the user's code, not simpmd's."""
     frame, level = sys._getframe(1), 1
     while frame is not None and (frame.f_globals.get("__name__") in ENGINE_MODULES
-                                 or frame.f_globals.get("__name__") == "simpmd.jaxcheck"):
+                                 or frame.f_globals.get("__name__") == "simpmd.jax.crosscheck"):
         frame, level = frame.f_back, level + 1
     return level
 
@@ -525,7 +524,7 @@ def explain_failure(where, device, exc, note=""):
         if where not in str(exc):
             exc.args = (f"on {where}: {exc}",) + exc.args[1:]
         return exc
-    if any(k in str(exc) for k in ("__jax_array__", "simpmd.traced.Traced", "simpmd.batching.Batched")):
+    if any(k in str(exc) for k in ("__jax_array__", "simpmd.core.traced.Traced", "simpmd.core.batching.Batched")):
         err = errors.TracerArrayConversionError(
             f"on {where}: a jax.numpy function was given a simpmd device value "
             f"({exc}). Call array functions through simpmd.numpy "

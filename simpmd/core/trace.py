@@ -13,6 +13,8 @@ import html
 
 import numpy as np
 
+from . import bridge
+
 
 _PHASE = contextvars.ContextVar("simpmd_phase", default="forward")
 
@@ -311,15 +313,14 @@ class Trace:
 
     def draw(self, call=None, **kwargs):
         """Draw the run's collectives, before and after (``call=k``: only the k-th); needs matplotlib."""
-        from . import viz
+        views = bridge.drawings()
         if call is None:
-            return viz.draw_trace(self, **kwargs)
-        return viz.draw_collective(self, call, **kwargs)
+            return views.draw_trace(self, **kwargs)
+        return views.draw_collective(self, call, **kwargs)
 
     def draw_timeline(self, hardware="TPU v4", **kwargs):
         """The modelled per-device timeline of this run (see simpmd.viz.draw_timeline)."""
-        from . import viz
-        return viz.draw_timeline(self, hardware, **kwargs)
+        return bridge.drawings().draw_timeline(self, hardware, **kwargs)
 
     def __str__(self):
         return self._header() + "\n" + self.table()
