@@ -16,7 +16,7 @@ import simpmd
 import simpmd.numpy as snp
 from simpmd.core import collectives
 from simpmd import lax
-from simpmd.core.traced import Traced
+from simpmd.core.traced import DeviceValue
 
 try:
     from tests.jax_cases import CASES
@@ -155,11 +155,11 @@ def test_negative_axis_found_in_jaxpr_when_simpmd_stops_first():
     code = textwrap.dedent("""
         import numpy as np, simpmd
         from simpmd import lax
-        from simpmd.core.traced import Traced
+        from simpmd.core.traced import DeviceValue
         simpmd.use_jax_devices(8, verbose=False)
 
         def f(x):
-            if isinstance(x, Traced):
+            if isinstance(x, DeviceValue):
                 raise RuntimeError("simpmd stops before the collective")
             return lax.all_to_all(x, "i", -1, 0)
 
@@ -387,7 +387,7 @@ def test_numpy_function_on_a_tracer_both_refuse_and_simpmd_numpy_fixes_it():
 
 @pytest.mark.parametrize("which", ["exp", "where", "concatenate"])
 def test_jax_numpy_on_a_simpmd_value_simpmd_refuses_and_says_why(jax8, which):
-    """jnp.concatenate reaches Traced.__jax_array__ (simpmd's clear error); jnp.exp and
+    """jnp.concatenate reaches DeviceValue.__jax_array__ (simpmd's clear error); jnp.exp and
     jnp.where, wrapped in jax.jit, refuse in JAX's words first: the report explains both."""
     jnp = jax8.numpy
     body = {"exp": lambda x: jnp.exp(x), "where": lambda x: jnp.where(x > 0, x, 0.0),
@@ -435,7 +435,7 @@ def test_simpmd_numpy_outside_any_engine(jax8):
     assert snp.float32 is np.float32 and snp.newaxis is None
     assert snp.bfloat16 is jnp.bfloat16              # a type only JAX has
     assert snp.uses_jax({"a": [1, (np.ones(1), jnp.ones(1))]})
-    assert not snp.uses_jax([np.ones(1), Traced(np.ones(1))])
+    assert not snp.uses_jax([np.ones(1), DeviceValue(np.ones(1))])
 
 
 def test_simpmd_numpy_names_are_checked(jax8):
@@ -446,7 +446,7 @@ def test_simpmd_numpy_names_are_checked(jax8):
 
 
 def test_jax_numpy_on_a_simpmd_device_value_points_to_simpmd_numpy(jax8):
-    """jnp functions that convert their arguments reach Traced.__jax_array__, whose error
+    """jnp functions that convert their arguments reach DeviceValue.__jax_array__, whose error
     says what to do (jit-wrapped ones such as jnp.exp refuse in JAX's words first; the
     crosscheck report adds the advice then, see above)."""
     with pytest.raises(simpmd.TracerArrayConversionError, match="simpmd.numpy"):

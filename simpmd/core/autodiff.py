@@ -1,7 +1,7 @@
 """Reverse-mode differentiation of simulated programs: ``simpmd.grad`` and friends.
 
 Built as in JAX's Autodidax and in micrograd. ``grad(f)(w)`` wraps ``w`` in a
-:class:`Tracer`. Each operation on a tracer computes its primal value through the
+:class:`GradValue`. Each operation on a tracer computes its primal value through the
 public operations (operators, NumPy functions, ``simpmd.lax``) and remembers the
 rule that sends a cotangent back to its inputs. The backward pass walks the graph in
 reverse and applies those rules. There are two tables:
@@ -35,9 +35,9 @@ from . import errors, tree
 from . import numpy as snp           # NumPy on plain arrays and on simpmd's device values
 from .runtime import mapped_run
 from .trace import backward_pass
-from .traced import Traced
+from .traced import DeviceValue
 
-__all__ = ["grad", "value_and_grad", "Tracer", "NotDifferentiableError"]
+__all__ = ["grad", "value_and_grad", "GradValue", "NotDifferentiableError"]
 
 
 class NotDifferentiableError(errors.SimpmdError, NotImplementedError):
@@ -55,7 +55,7 @@ def _refuse(name, why=""):
 _levels = itertools.count(1)
 
 
-class Tracer(NDArrayOperatorsMixin):
+class GradValue(NDArrayOperatorsMixin):
     """A value being differentiated: its primal value and how to send a cotangent back.
 
     ``parents`` are the tracers it was computed from; ``vjp(ct)`` returns one cotangent
@@ -80,7 +80,7 @@ class Tracer(NDArrayOperatorsMixin):
         return self.shape[0]
 
     def __repr__(self):
-        return f"Tracer({self.primal!r}, op={self.op!r})"
+        return f"GradValue({self.primal!r}, op={self.op!r})"
 
     # -- computing: every route ends in ``_apply`` -------------------------------------
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
@@ -183,22 +183,22 @@ class Tracer(NDArrayOperatorsMixin):
         raise TypeError("unhashable type: a value being differentiated (as in JAX)")
 
 
-def _is_tracer(x) -> bool:
-    return type(x) is Tracer
+def _is_grad_value(x) -> bool:
+    return type(x) is GradValue
 
 
-def holds_tracer(leaves) -> bool:
+def holds_grad_value(leaves) -> bool:
     """True if any of ``leaves`` is a value being differentiated (the hook lax uses)."""
-    return any(type(v) is Tracer for v in leaves)
+    return any(type(v) is GradValue for v in leaves)
 
 
 def _primal(x):
-    return x.primal if type(x) is Tracer else x
+    return x.primal if type(x) is GradValue else x
 
 
 def _primals(x):
     """``x`` with every tracer replaced by its primal (inside lists, tuples and dicts too)."""
-    if type(x) is Tracer:
+    if type(x) is GradValue:
         return x.primal
     if isinstance(x, (list, tuple)) and not hasattr(type(x), "_fields"):
         return type(x)(_primals(v) for v in x)
@@ -224,15 +224,15 @@ def _vma(x):
     sharded inputs does. (Device values defer to a tracer, so one on the left of an
     operator, ``x2 @ w``, reaches the tracer whole, not as a bare NumPy array.)
     """
-    if type(x) is Tracer:
+    if type(x) is GradValue:
         return x.vma
     run = mapped_run()
-    if run is None or not run.check_vma or not isinstance(x, (Traced, np.ndarray)):
+    if run is None or not run.check_vma or not isinstance(x, (DeviceValue, np.ndarray)):
         return frozenset()
-    vma = run.input_vma(x.value if isinstance(x, Traced) else x)
+    vma = run.input_vma(x.value if isinstance(x, DeviceValue) else x)
     if vma is not None:
         return vma
-    return frozenset(name for name, _ in run.axes) if isinstance(x, Traced) else frozenset()
+    return frozenset(name for name, _ in run.axes) if isinstance(x, DeviceValue) else frozenset()
 
 
 def _apply(op, inputs, forward, vjp=None, out_vma=None):
@@ -242,7 +242,7 @@ def _apply(op, inputs, forward, vjp=None, out_vma=None):
     ``check_vma`` an input that varies over fewer axes than the result was implicitly
     made varying (``pvary``); its cotangent is summed over the missing axes (``psum``).
     """
-    levels = {x.level for x in inputs if type(x) is Tracer}
+    levels = {x.level for x in inputs if type(x) is GradValue}
     if len(levels) > 1:
         raise NotDifferentiableError(
             f"{op!r} mixes values from two different simpmd.grad calls: simpmd.grad does "
@@ -254,7 +254,7 @@ def _apply(op, inputs, forward, vjp=None, out_vma=None):
     if uses_vma:
         vma = out_vma if out_vma is not None else frozenset().union(*(_vma(x) for x in inputs))
     rule = vjp or VJP[op]
-    parents = tuple((k, x) for k, x in enumerate(inputs) if type(x) is Tracer)
+    parents = tuple((k, x) for k, x in enumerate(inputs) if type(x) is GradValue)
 
     def backward(ct):
         cts = rule(ct, out, *primals)
@@ -267,7 +267,7 @@ def _apply(op, inputs, forward, vjp=None, out_vma=None):
             result.append(c)
         return result
 
-    return Tracer(out, tuple(x for _, x in parents), backward, vma, levels.pop(), op)
+    return GradValue(out, tuple(x for _, x in parents), backward, vma, levels.pop(), op)
 
 
 # -- primitive rules -----------------------------------------------------------------------
@@ -373,7 +373,7 @@ def _reduce(op, x, axis, keepdims):
         chosen = p == out.reshape(kept)                    # ties share, as in JAX
         return (ct * chosen / chosen.sum(axis=axes, keepdims=True),)
 
-    if not isinstance(x, Tracer):
+    if not isinstance(x, GradValue):
         return forward(x)
     return _apply(op, (x,), forward, vjp)
 
@@ -463,7 +463,7 @@ def collective(op, leaves, treedef, axis_name, params, groups, run):
         size = len(groups[0])
     results = []
     for leaf, out in zip(leaves, outs):
-        if type(leaf) is not Tracer:
+        if type(leaf) is not GradValue:
             results.append(out)
             continue
         vma_in = leaf.vma | frozenset(axes) if uses_vma else frozenset()
@@ -479,13 +479,13 @@ def collective(op, leaves, treedef, axis_name, params, groups, run):
                 if missing:                  # the implicit pvary of an invariant input
                     c = TRANSPOSE["pvary"](c, missing, {}, None)
             return [c]
-        results.append(Tracer(out, (leaf,), backward, vma_out, leaf.level, op))
+        results.append(GradValue(out, (leaf,), backward, vma_out, leaf.level, op))
     return tree.unflatten(treedef, results)
 
 
 # -- the backward pass and the API ---------------------------------------------------------
 
-def _backward(out: Tracer, seed):
+def _backward(out: GradValue, seed):
     """Send ``seed`` back from ``out`` through the graph; return each node's cotangent."""
     order, seen = [], set()
     stack = [(out, False)]
@@ -536,21 +536,21 @@ def _value_and_grad_impl(fun, argnums, has_aux, args, kwargs):
         leaves, treedef = tree.flatten(args[a])
         tracers = []
         for leaf in leaves:
-            if type(leaf) is Tracer:
+            if type(leaf) is GradValue:
                 raise NotDifferentiableError(
                     "simpmd.grad was called on a value another simpmd.grad is already "
                     "differentiating: simpmd.grad does not nest. Use jax.grad for higher "
                     "derivatives.")
-            value = leaf if isinstance(leaf, Traced) else np.asarray(leaf)
+            value = leaf if isinstance(leaf, DeviceValue) else np.asarray(leaf)
             if not np.issubdtype(value.dtype, np.inexact):
                 raise TypeError(
                     f"grad requires real- or complex-valued inputs (input dtype that is a "
                     f"sub-dtype of np.inexact), but got {value.dtype.name} for argument "
                     f"{a}. If you want to use integer-valued inputs, convert them to float "
                     f"first (as JAX says).")
-            if not isinstance(value, Traced) and type(leaf) in (float, int):
+            if not isinstance(value, DeviceValue) and type(leaf) in (float, int):
                 value = value.astype(np.float32)              # JAX's default float
-            tracers.append(Tracer(value, vma=_vma(leaf), level=level))
+            tracers.append(GradValue(value, vma=_vma(leaf), level=level))
         wrapped.append((tracers, treedef))
         args[a] = tree.unflatten(treedef, tracers)
     result = fun(*args, **kwargs)
@@ -566,7 +566,7 @@ def _value_and_grad_impl(fun, argnums, has_aux, args, kwargs):
         raise TypeError(f"Gradient only defined for scalar-output functions. Output had "
                         f"shape: {_shape(value)}.")
     cts = {}
-    if type(out) is Tracer:
+    if type(out) is GradValue:
         cts = _backward(out, snp.ones_like(value))
     grads = []
     for tracers, treedef in wrapped:

@@ -2,9 +2,9 @@
 
 Outside eager mode, Python control flow on device values is refused (see ``traced.py``),
 so every device runs the same operations in the same order. simpmd therefore calls the
-mapped function once, on :class:`Batched` values: each holds every device's value in one
+mapped function once, on :class:`StackedValue` values: each holds every device's value in one
 NumPy array whose leading axis runs over the devices (row-major over the mesh). An
-operation on a Batched value acts on all devices at once, with a batching rule in the
+operation on a StackedValue value acts on all devices at once, with a batching rule in the
 manner of ``jax.vmap`` (shift the axis arguments by one, line up the ranks); where no
 rule exists it loops over the devices, so the answer is always right and only slower. A
 collective is one NumPy call over the whole stack (``collectives.STACKED``). The
@@ -26,7 +26,7 @@ import numpy as np
 
 from . import collectives, errors, program, runtime, tree
 from .trace import Event, current_phase
-from .traced import (Traced, _OPERATOR_UFUNCS, _jax_promotion, _no_new_float64, defers_to,
+from .traced import (DeviceValue, _OPERATOR_UFUNCS, _jax_promotion, _no_new_float64, defers_to,
                      reduction_dtype,
                      install_operators, numpy_function_refused)
 
@@ -37,11 +37,11 @@ TRACE_ONCE = True        # False: every call runs one program per device (runtim
 # -- the stacked value ---------------------------------------------------------------------
 
 
-class Batched(Traced):
+class StackedValue(DeviceValue):
     """Every device's value of one array in the body, stacked along a leading device axis.
 
     It shows the shape of one device's value (``x.shape``), computes like a NumPy array
-    and refuses what JAX refuses while tracing, exactly as :class:`Traced` does.
+    and refuses what JAX refuses while tracing, exactly as :class:`DeviceValue` does.
     """
 
     __slots__ = ("_stack",)
@@ -58,12 +58,12 @@ class Batched(Traced):
         inner pmap's result, read back in the outer body, has more rows, and is left alone.)"""
         stack = self._stack
         task = getattr(runtime._local, "task", None)
-        if type(task) is Batch and stack.shape[0] < task.n and task.outer is not None:
+        if type(task) is StackedRun and stack.shape[0] < task.n and task.outer is not None:
             return np.repeat(stack, task.n // stack.shape[0], axis=0)
         return stack
 
     def _with(self, stacked):
-        return Batched(stacked)
+        return StackedValue(stacked)
 
     shape = property(lambda self: self.value.shape[1:])
     ndim = property(lambda self: self.value.ndim - 1)
@@ -72,13 +72,13 @@ class Batched(Traced):
     T = property(lambda self: self.transpose())
 
     # Operators compute through the batching rules (apply_ufunc); a NumPy function called
-    # on a device value directly is refused, as on Traced (and as JAX refuses it on a
+    # on a device value directly is refused, as on DeviceValue (and as JAX refuses it on a
     # tracer): simpmd.numpy reaches apply_ufunc / apply_function instead.
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         if any(defers_to(x) for x in inputs):
-            return NotImplemented       # simpmd.grad's Tracer computes it on the whole value
+            return NotImplemented       # simpmd.grad's GradValue computes it on the whole value
         if (method == "__call__" and ufunc in _OPERATOR_UFUNCS and len(inputs) == 2
-                and not isinstance(inputs[0], Traced)):
+                and not isinstance(inputs[0], DeviceValue)):
             return apply_ufunc(ufunc, inputs, kwargs)     # ndarray + x: JAX allows it
         raise numpy_function_refused(f"np.{ufunc.__name__}", inputs)
 
@@ -134,7 +134,7 @@ def apply_ufunc(ufunc, inputs, kwargs, method="__call__"):
     if method != "__call__" or kwargs:
         return per_device(getattr(ufunc, method), inputs, kwargs)
     if _same_everywhere(inputs):      # e.g. a psum's result: compute it once, share it
-        out = apply_ufunc(ufunc, tuple(Batched(v.value[:1]) if type(v) is Batched else v
+        out = apply_ufunc(ufunc, tuple(StackedValue(v.value[:1]) if type(v) is StackedValue else v
                                        for v in inputs), {})
         return _broadcast(out, _n_of(inputs))
     if ufunc is np.matmul:
@@ -145,7 +145,7 @@ def apply_ufunc(ufunc, inputs, kwargs, method="__call__"):
     return _batched(_no_new_float64(ufunc(*values), values))
 
 
-install_operators(Batched, apply_ufunc)
+install_operators(StackedValue, apply_ufunc)
 
 
 def _describe_function(func, args, kwargs):
@@ -170,13 +170,13 @@ def apply_function(func, args, kwargs):
 def _same_everywhere(inputs) -> bool:
     """True when every stacked input holds one value for all devices (a stride-0 device
     axis: a broadcast argument, a psum's result), so the result is the same everywhere too."""
-    stacked = [v.value for v in inputs if type(v) is Batched]
+    stacked = [v.value for v in inputs if type(v) is StackedValue]
     return all(s.strides[0] == 0 and s.shape[0] > 1 for s in stacked)
 
 
 def _broadcast(out, n):
-    if type(out) is Batched:
-        return Batched(np.broadcast_to(out.value, (n,) + out.value.shape[1:]))
+    if type(out) is StackedValue:
+        return StackedValue(np.broadcast_to(out.value, (n,) + out.value.shape[1:]))
     if isinstance(out, tuple):
         return tuple(_broadcast(o, n) for o in out)
     return out
@@ -188,7 +188,7 @@ def _is_basic(i) -> bool:
 
 def _n_of(values) -> int:
     for v in values:
-        if type(v) is Batched:
+        if type(v) is StackedValue:
             return v.value.shape[0]
         if isinstance(v, (list, tuple)):
             n = _n_of(v)
@@ -202,13 +202,13 @@ def _n_of(values) -> int:
 
 
 def _lined_up(inputs):
-    """The NumPy values of ``inputs`` for an elementwise call: a Batched value of lower
+    """The NumPy values of ``inputs`` for an elementwise call: a StackedValue value of lower
     rank gets length-1 axes after its device axis, so NumPy broadcasts each device's
     value against the others as it would on that device alone."""
-    rank = max(np.ndim(v.value) - 1 if type(v) is Batched else np.ndim(_value(v)) for v in inputs)
+    rank = max(np.ndim(v.value) - 1 if type(v) is StackedValue else np.ndim(_value(v)) for v in inputs)
     out = []
     for v in inputs:
-        if type(v) is Batched:
+        if type(v) is StackedValue:
             s = v.value
             if s.ndim - 1 < rank:
                 s = s.reshape(s.shape[:1] + (1,) * (rank - s.ndim + 1) + s.shape[1:])
@@ -219,12 +219,12 @@ def _lined_up(inputs):
 
 
 def _value(v):
-    return v.value if isinstance(v, Traced) else v
+    return v.value if isinstance(v, DeviceValue) else v
 
 
 def _batched(x):
     if isinstance(x, np.ndarray):
-        return Batched(x)
+        return StackedValue(x)
     if isinstance(x, tuple):
         return tuple(_batched(i) for i in x)
     return x
@@ -232,9 +232,9 @@ def _batched(x):
 
 def at_device(x, i):
     """``x`` as device ``i`` sees it (recursing into lists, tuples and dicts)."""
-    if type(x) is Batched:
+    if type(x) is StackedValue:
         return x.value[i]
-    if type(x) is Traced:
+    if type(x) is DeviceValue:
         return x.value
     if isinstance(x, (list, tuple)):
         items = [at_device(v, i) for v in x]
@@ -248,7 +248,7 @@ def _stack(results):
     """The per-device ``results`` of one call as one value: arrays stacked, static facts
     (a shape, a dimension count) kept as they are."""
     first = results[0]
-    if isinstance(first, (np.ndarray, np.generic, Traced)):
+    if isinstance(first, (np.ndarray, np.generic, DeviceValue)):
         values = [np.asarray(_value(r)) for r in results]
         shapes = {v.shape for v in values}
         if len(shapes) > 1:
@@ -258,7 +258,7 @@ def _stack(results):
                 f"same shapes, so real JAX refuses this too (a boolean mask such as x[x > 0] "
                 f"raises NonConcreteBooleanIndexError). Keep the shape fixed, e.g. "
                 f"snp.where(x > 0, x, 0), or run with eager=True.")
-        return Batched(np.stack(values))
+        return StackedValue(np.stack(values))
     if isinstance(first, (list, tuple)):
         parts = [_stack([r[k] for r in results]) for k in range(len(first))]
         return type(first)(parts) if type(first) in (list, tuple) else type(first)(*parts)
@@ -298,7 +298,7 @@ def _reduction(name):
             stack_axis = tuple(range(1, v.ndim))
         else:
             stack_axis = _shift(axis, x.ndim)
-        return Batched(np.asarray(getattr(v, name)(axis=stack_axis, **kwargs)))
+        return StackedValue(np.asarray(getattr(v, name)(axis=stack_axis, **kwargs)))
     return rule
 
 
@@ -307,20 +307,20 @@ def _reshape(x, *shape, **kwargs):
         return per_device(lambda v: v.reshape(*shape, **kwargs), (x,), {})
     shape = shape[0] if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)) else shape
     shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
-    return Batched(x.value.reshape(x.value.shape[:1] + shape))
+    return StackedValue(x.value.reshape(x.value.shape[:1] + shape))
 
 
 def _transpose(x, *axes):
     axes = axes[0] if len(axes) == 1 and not isinstance(axes[0], (int, np.integer)) else axes
     if axes is None or axes == ():
         axes = tuple(reversed(range(x.ndim)))
-    return Batched(x.value.transpose((0,) + _shift(tuple(axes), x.ndim)))
+    return StackedValue(x.value.transpose((0,) + _shift(tuple(axes), x.ndim)))
 
 
 def _squeeze(x, axis=None):
     if axis is None:
-        return Batched(x.value.reshape(x.value.shape[:1] + tuple(s for s in x.shape if s != 1)))
-    return Batched(x.value.squeeze(_shift(axis, x.ndim)))
+        return StackedValue(x.value.reshape(x.value.shape[:1] + tuple(s for s in x.shape if s != 1)))
+    return StackedValue(x.value.squeeze(_shift(axis, x.ndim)))
 
 
 def _axes_param(x, axis):
@@ -372,7 +372,7 @@ def call_method(name, x, *args, **kwargs):
     if rule is not None:
         return rule(x, *args, **kwargs)
     if name in ("real", "imag"):
-        return Batched(getattr(x.value, name))
+        return StackedValue(getattr(x.value, name))
     return per_device(lambda v, *a, **k: getattr(v, name)(*a, **k), (x,) + args, kwargs)
 
 
@@ -385,10 +385,10 @@ def _describe_index(x, index):
 @program.operation(_describe_index, data_constants=False)
 def getitem(x, index):
     """``x[index]`` on every device (one NumPy indexing of the stack where it can be)."""
-    if not any(isinstance(i, Traced) for i in index):
+    if not any(isinstance(i, DeviceValue) for i in index):
         arrays = [k for k, i in enumerate(index) if not _is_basic(i)]
         if not arrays or arrays == list(range(arrays[0], arrays[-1] + 1)):
-            return Batched(x.value[(slice(None),) + index])
+            return StackedValue(x.value[(slice(None),) + index])
     return per_device(lambda v, *i: v[i], (x,) + index, {})
 
 
@@ -396,7 +396,7 @@ def getitem(x, index):
                                        {"new_dtype": np.dtype(k.get("dtype", a[0] if a else x.dtype))}))
 def as_device_value(x, *args, **kwargs):
     """``snp.asarray(x, dtype)`` of a stacked value: still a device value, converted."""
-    return Batched(np.asarray(x.value, *args, **kwargs))
+    return StackedValue(np.asarray(x.value, *args, **kwargs))
 
 
 METHOD_RULES = {name: _reduction(name) for name in (
@@ -404,13 +404,13 @@ METHOD_RULES = {name: _reduction(name) for name in (
     "cumsum", "cumprod")}
 METHOD_RULES.update(
     reshape=_reshape, transpose=_transpose, squeeze=_squeeze,
-    astype=lambda x, *a, **k: Batched(x.value.astype(*a, **k)),
-    copy=lambda x: Batched(x.value.copy()),
-    flatten=lambda x: Batched(x.value.reshape(x.value.shape[0], -1)),
-    ravel=lambda x: Batched(x.value.reshape(x.value.shape[0], -1)),
-    swapaxes=lambda x, a, b: Batched(x.value.swapaxes(_shift(a, x.ndim), _shift(b, x.ndim))),
+    astype=lambda x, *a, **k: StackedValue(x.value.astype(*a, **k)),
+    copy=lambda x: StackedValue(x.value.copy()),
+    flatten=lambda x: StackedValue(x.value.reshape(x.value.shape[0], -1)),
+    ravel=lambda x: StackedValue(x.value.reshape(x.value.shape[0], -1)),
+    swapaxes=lambda x, a, b: StackedValue(x.value.swapaxes(_shift(a, x.ndim), _shift(b, x.ndim))),
     clip=lambda x, *a, **k: apply_function(np.clip, (x,) + a, k),
-    round=lambda x, decimals=0: Batched(np.round(x.value, decimals)),
+    round=lambda x, decimals=0: StackedValue(np.round(x.value, decimals)),
     conj=lambda x: apply_ufunc(np.conjugate, (x,), {}),
 )
 
@@ -428,7 +428,7 @@ def _elementwise(func):
 
 def _method_of(name):
     def rule(a, *args, **kwargs):
-        if type(a) is not Batched:
+        if type(a) is not StackedValue:
             return NotImplemented
         return METHOD_RULES[name](a, *args, **kwargs)
     return rule
@@ -440,16 +440,16 @@ def _joined(func):
         if kwargs or axis is None or not isinstance(arrays, (list, tuple)):
             return NotImplemented
         n = _n_of(arrays)
-        parts = [a.value if type(a) is Batched else
+        parts = [a.value if type(a) is StackedValue else
                  np.broadcast_to(np.asarray(_value(a)), (n,) + np.shape(_value(a))) for a in arrays]
         ndim = parts[0].ndim - 1 + (func is np.stack)
-        return Batched(func(parts, axis=_shift(axis, ndim)))
+        return StackedValue(func(parts, axis=_shift(axis, ndim)))
     return rule
 
 
 def _matmul_dimensions(a, b):
     """dot_general's ((lhs contracting, rhs contracting), (lhs batch, rhs batch)) for a @ b."""
-    na, nb = np.ndim(a) if type(a) is not Batched else a.ndim, np.ndim(b) if type(b) is not Batched else b.ndim
+    na, nb = np.ndim(a) if type(a) is not StackedValue else a.ndim, np.ndim(b) if type(b) is not StackedValue else b.ndim
     if na == 1 or nb == 1:
         return (([na - 1], [0 if nb == 1 else nb - 2]), ([], []))
     batch = list(range(min(na, nb) - 2)) if na == nb else []
@@ -459,13 +459,13 @@ def _matmul_dimensions(a, b):
 def _matmul(a, b):
     """Matrix product per device; a 1-D operand keeps NumPy's vector meaning."""
     x, y = _value(a), _value(b)
-    a_vec = type(a) is Batched and a.ndim == 1
-    b_vec = type(b) is Batched and b.ndim == 1
+    a_vec = type(a) is StackedValue and a.ndim == 1
+    b_vec = type(b) is StackedValue and b.ndim == 1
     if a_vec:
         x = x[:, None, :]
     if b_vec:
         y = y[:, :, None]
-    if type(a) is Batched and type(b) is Batched and x.ndim != y.ndim:
+    if type(a) is StackedValue and type(b) is StackedValue and x.ndim != y.ndim:
         lo = min(x, y, key=np.ndim)
         pad = lo.reshape(lo.shape[:1] + (1,) * abs(x.ndim - y.ndim) + lo.shape[1:])
         x, y = (pad, y) if lo is x else (x, pad)
@@ -475,17 +475,17 @@ def _matmul(a, b):
         out = out[..., 0]
     if a_vec:
         out = out[..., 0] if b_vec else out[..., 0, :]
-    return Batched(_no_new_float64(out, values))
+    return StackedValue(_no_new_float64(out, values))
 
 
 def _broadcast_to(x, shape, **kwargs):
     """np.broadcast_to per device: line the ranks up after the device axis, then broadcast."""
-    if type(x) is not Batched or kwargs:
+    if type(x) is not StackedValue or kwargs:
         return NotImplemented
     shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
     v = x.value
     v = v.reshape(v.shape[:1] + (1,) * (len(shape) - x.ndim) + v.shape[1:])
-    return Batched(np.broadcast_to(v, v.shape[:1] + shape))
+    return StackedValue(np.broadcast_to(v, v.shape[:1] + shape))
 
 
 FUNCTION_RULES = {getattr(np, name): _method_of(name) for name in (
@@ -494,9 +494,9 @@ FUNCTION_RULES = {getattr(np, name): _method_of(name) for name in (
 def _like(func):
     """np.zeros_like(x) and friends: the same call on the stack keeps the device axis."""
     def rule(a, *args, **kwargs):
-        if type(a) is not Batched or kwargs.get("shape") is not None or len(args) > 2:
+        if type(a) is not StackedValue or kwargs.get("shape") is not None or len(args) > 2:
             return NotImplemented
-        return Batched(func(a.value, *args, **kwargs))
+        return StackedValue(func(a.value, *args, **kwargs))
     return rule
 
 
@@ -544,13 +544,13 @@ def _update(x, index, ufunc, v):
         out = np.array(x.value, copy=True)
         where = (slice(None),) + index
         region = out[where]
-        if type(v) is Batched:
+        if type(v) is StackedValue:
             pad = region.ndim - v.value.ndim
             v = v.value.reshape(v.value.shape[:1] + (1,) * pad + v.value.shape[1:])
         else:
             v = np.asarray(_value(v))
         out[where] = v if ufunc is None else ufunc(region, v)
-        return Batched(out)
+        return StackedValue(out)
 
     def one(value, v, *index):
         value = np.array(value, copy=True)
@@ -571,7 +571,7 @@ def switch(batch, index, branches, operands, what):
     While a branch runs, its collectives run only for the devices that take it."""
     source, code = runtime.caller_source()
     last = len(branches) - 1
-    if type(index) is Batched:
+    if type(index) is StackedValue:
         if index.shape != ():
             raise TypeError(
                 f"lax.{what}'s {'predicate' if what == 'cond' else 'index'} must be a scalar on "
@@ -597,8 +597,8 @@ def switch(batch, index, branches, operands, what):
                 f"{treedef}. Every branch must return the same pytree of arrays, with the same "
                 f"shapes and dtypes (JAX compiles both).")
         for a, b in zip(flat[0][0], leaves):
-            sa, sb = (np.shape(_value(a)) if type(a) is not Batched else a.shape,
-                      np.shape(_value(b)) if type(b) is not Batched else b.shape)
+            sa, sb = (np.shape(_value(a)) if type(a) is not StackedValue else a.shape,
+                      np.shape(_value(b)) if type(b) is not StackedValue else b.shape)
             if sa != sb:
                 raise errors.BranchError(
                     f"lax.{what}'s branches return arrays of different shapes, {sa} and {sb}. "
@@ -615,13 +615,13 @@ def _choose(mask, yes, no):
     """``yes`` on the devices where ``mask`` holds, ``no`` elsewhere."""
     if defers_to(yes) or defers_to(no):            # simpmd.grad's values: its own rule
         return np.where(mask, yes, no)
-    mask = mask if type(mask) is Batched else Batched(np.asarray(mask))
+    mask = mask if type(mask) is StackedValue else StackedValue(np.asarray(mask))
     return apply_function(np.where, (mask, yes, no), {})
 
 
 @program.operation(lambda mask, label: ("cond_branch", {"branch": label[1]}), data_constants=False)
 def _enter_branch(mask, label):
-    taking = np.asarray(mask.value if type(mask) is Batched else mask, dtype=bool).reshape(-1)
+    taking = np.asarray(mask.value if type(mask) is StackedValue else mask, dtype=bool).reshape(-1)
     runtime.current_task().branches.append((taking, label))
 
 
@@ -633,7 +633,7 @@ def _leave_branch():
 # -- the program that stands for every device ------------------------------------------------
 
 
-class Batch:
+class StackedRun:
     """One trace-once run over a grid of devices: what ``simpmd.lax`` calls into, and the
     run's log, kept as stacked records until it is read.
 
@@ -668,7 +668,7 @@ class Batch:
             self.step = self.calls = 0
             self.prints: list = []
 
-    def nest(self, inner_axes) -> "Batch":
+    def nest(self, inner_axes) -> "StackedRun":
         """The batch of a pmap called inside this body: this grid with ``inner_axes`` below."""
         size = math.prod(s for _, s in inner_axes)
         if self.inner and self.inner != size:
@@ -684,7 +684,7 @@ class Batch:
                 f"simpmd.set_device_count({self.n * size}) or map smaller sizes.")
         program.break_recording("the body calls a nested pmap")
         self.inner = size
-        self.inner_batch = Batch(self.all_devices, self.axes + tuple(inner_axes),
+        self.inner_batch = StackedRun(self.all_devices, self.axes + tuple(inner_axes),
                                  self.maps_a_mesh, self)
         return self.inner_batch
 
@@ -810,7 +810,7 @@ class Batch:
             check([s[0] for s in stacks], sets[0].shape[1], params, self.where(0), axis_names)
         outputs = [_run_stacked(op, s, sets, params, self.n) for s in stacks]
         source, code = runtime.caller_source()
-        results = [Batched(o) for o in outputs]
+        results = [StackedValue(o) for o in outputs]
         if program.recording() is not None:       # (a replayed call records nothing)
             program.record(*_describe_collective(op, axis_names, params, groups, size),
                            functools.partial(_replay_collective, op, axis_names, params, groups),
@@ -861,7 +861,7 @@ class Batch:
                 f"snp.where), or make the predicate the same on every device of the group.")
 
     def _stacked(self, v):
-        if type(v) is Batched:
+        if type(v) is StackedValue:
             return v.value
         if hasattr(v, "__jax_array__") or type(v).__module__.startswith("jax"):
             raise errors.jax_array_in_collective()
@@ -1051,7 +1051,7 @@ def _replay_print(fmt, source, code, args, kwargs):
 
 
 def replay_axis_index(axis_names):
-    return Batched(runtime.current_task().axis_index(axis_names))
+    return StackedValue(runtime.current_task().axis_index(axis_names))
 
 
 def _describe_collective(op, axes, params, groups, size):

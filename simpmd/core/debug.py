@@ -11,7 +11,7 @@ from __future__ import annotations
 import builtins
 import sys
 
-from .batching import Batch
+from .batching import StackedRun
 from .runtime import caller_source, current_task
 from .traced import unwrap
 
@@ -26,7 +26,7 @@ def print(fmt: str, *args, **kwargs) -> None:  # noqa: A001 (mirrors jax.debug.p
         builtins.print(fmt.format(*args, **kwargs))
         return None
     source, code = caller_source()
-    if type(task) is Batch:
+    if type(task) is StackedRun:
         task.print(fmt, args, kwargs, source, code)
         return None
     text = fmt.format(*unwrap(args), **unwrap(kwargs))

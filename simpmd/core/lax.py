@@ -1,7 +1,7 @@
 """``simpmd.lax``: the collectives, spelled exactly as in ``jax.lax``.
 
 Called in a body traced once (the default), each function combines every device's
-value in one NumPy call (``batching.Batch.collective``); called on one device of an
+value in one NumPy call (``batching.StackedRun.collective``); called on one device of an
 eager run, it joins a rendezvous of that simulation (``runtime.Simulation``).
 Called anywhere else (for instance inside a real ``jax.pmap`` trace) it hands over to
 ``jax.lax`` when JAX has been imported (``handoff.py``), so one function body runs on both
@@ -16,9 +16,9 @@ import numpy as np
 import functools
 
 from . import autodiff, batching, bridge, errors, program, tree
-from .batching import Batch, Batched
+from .batching import StackedRun, StackedValue
 from .runtime import current_task
-from .traced import Traced
+from .traced import DeviceValue
 
 __all__ = ["psum", "pmean", "pmax", "pmin", "all_gather", "psum_scatter", "ppermute",
            "pshuffle", "all_to_all", "pswapaxes", "axis_index", "axis_size", "cond", "switch"]
@@ -64,7 +64,7 @@ def _check_perm(perm, op):
                     f"perm lists pairs, e.g. perm=[(i, (i + 1) % n) for i in range(n)].")
         entries = [(pair, i) for pair in perm for i in pair]
     for pair, i in entries:
-        if isinstance(i, Traced) or hasattr(i, "__jax_array__"):
+        if isinstance(i, DeviceValue) or hasattr(i, "__jax_array__"):
             raise errors.CollectiveArgumentError(
                 f"{op}'s perm entry {pair!r} holds a device value (from lax.axis_index or "
                 f"another array), but perm is part of the program: the same Python ints on "
@@ -88,7 +88,7 @@ def _check_axis_name(axis_name, op):
 
 
 def _leaf_value(x):
-    if type(x) is Traced:
+    if type(x) is DeviceValue:
         return x.value
     if hasattr(x, "__jax_array__") or type(x).__module__.startswith("jax"):
         raise errors.jax_array_in_collective()
@@ -107,16 +107,16 @@ def _run(op, x, axis_name, params, groups=None, flat=None):
             f"does not implement that combination (it raises NotImplementedError). Pass "
             f"check_vma=False to shard_map, use pmap, or split the mesh axis into two "
             f"axes and reduce over one of them.")
-    if autodiff.holds_tracer(leaves):        # a value simpmd.grad is differentiating
+    if autodiff.holds_grad_value(leaves):        # a value simpmd.grad is differentiating
         return autodiff.collective(op, leaves, treedef, axis_name, params, groups,
                                    lambda primals: tree.flatten(_run(
                                        op, primals, axis_name, params, groups))[0])
-    if type(task) is Batch:
+    if type(task) is StackedRun:
         return tree.unflatten(treedef, task.collective(op, _axes(axis_name), leaves, params, groups))
     values = [_leaf_value(v) for v in leaves]
     outs = task.sim.collective(task, op, _axes(axis_name), values, params, groups)
     eager = task.sim.eager
-    return tree.unflatten(treedef, [Traced(o, eager) for o in outs])
+    return tree.unflatten(treedef, [DeviceValue(o, eager) for o in outs])
 
 
 def psum(x, axis_name, *, axis_index_groups=None):
@@ -213,15 +213,15 @@ def axis_index(axis_name):
     if task is None:
         return _outside("axis_index", axis_name)
     _check_axis_name(axis_name, "axis_index")
-    if type(task) is Batch:
+    if type(task) is StackedRun:
         axes = _axes(axis_name)
-        out = Batched(task.axis_index(axes))
+        out = StackedValue(task.axis_index(axes))
         if program.recording() is not None:
             program.record("axis_index", {"axis_name": axes if len(axes) > 1 else axes[0]},
                            functools.partial(batching.replay_axis_index, axes), (), out)
         return out
     index, _ = task.sim.axis_position(task, _axes(axis_name), "axis_index")
-    return Traced(np.asarray(index, dtype=np.int32), task.sim.eager)
+    return DeviceValue(np.asarray(index, dtype=np.int32), task.sim.eager)
 
 
 def axis_size(axis_name):
@@ -234,7 +234,7 @@ def axis_size(axis_name):
 
 
 def _size(task, axes, opname):
-    if type(task) is Batch:
+    if type(task) is StackedRun:
         return task.axis_size(axes, opname)
     return task.sim.axis_position(task, axes, opname)[1]
 
@@ -266,10 +266,10 @@ def switch(index, branches, *operands, _what="switch"):
             return jax.lax.cond(index, branches[1], branches[0], *operands)
         return jax.lax.switch(index, branches, *operands)
     task = current_task()
-    if type(task) is Batch:
+    if type(task) is StackedRun:
         return batching.switch(task, index, branches, operands, _what)
     # No simulation, or one program per device: the index is concrete, a Python choice.
-    value = index.value if isinstance(index, Traced) else index
+    value = index.value if isinstance(index, DeviceValue) else index
     k = int(np.clip(int(np.asarray(value)), 0, len(branches) - 1))
     return branches[k](*operands)
 

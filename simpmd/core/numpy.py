@@ -1,7 +1,7 @@
 """``simpmd.numpy``: array functions for bodies that run on both engines.
 
 One function body, written once, runs on simpmd's simulated devices (where each value is
-a NumPy-backed ``simpmd.core.traced.Traced``) and inside a real ``jax.pmap`` (where each value
+a NumPy-backed ``simpmd.core.traced.DeviceValue``) and inside a real ``jax.pmap`` (where each value
 is a JAX tracer). The rule for the device-local math:
 
 * **Operators and array methods work on both engines as they are**: ``x * 2``, ``x @ w``,
@@ -28,22 +28,22 @@ import numpy as _np
 
 from . import batching as _batching
 from . import traced as _traced
-from .traced import Traced as _Traced
+from .traced import DeviceValue as _Traced
 
 
-def _is_grad_tracer(x) -> bool:
+def _is_grad_value(x) -> bool:
     """A value simpmd.grad is differentiating: it wraps device values in turn, so device
     values defer to it (``traced.defers_to``), and its own rules compute through NumPy's
     protocols."""
     return _traced.defers_to(x)
 
 
-def _holds_grad_tracer(value) -> bool:
+def _holds_grad_value(value) -> bool:
     if isinstance(value, (list, tuple)):
-        return any(_holds_grad_tracer(v) for v in value)
+        return any(_holds_grad_value(v) for v in value)
     if isinstance(value, dict):
-        return any(_holds_grad_tracer(v) for v in value.values())
-    return _is_grad_tracer(value)
+        return any(_holds_grad_value(v) for v in value.values())
+    return _is_grad_value(value)
 
 _MISSING = object()
 # What simpmd.numpy forwards to for a few names, on simpmd's devices. np.asarray(x) asks
@@ -136,20 +136,20 @@ def _dispatching(namespace: tuple, name: str):
                 f"simpmd.numpy.{qualified} exists only in jax.numpy; NumPy has no "
                 f"{qualified}, so simpmd's devices cannot run it. Write the computation with "
                 f"functions that both NumPy and jax.numpy have.")
-        if name in _KEEPS_DEVICE_VALUES and not namespace and args and _is_grad_tracer(args[0]):
+        if name in _KEEPS_DEVICE_VALUES and not namespace and args and _is_grad_value(args[0]):
             return args[0] if len(args) == 1 and not kwargs else args[0].astype(
                 kwargs.get("dtype", args[1] if len(args) > 1 else args[0].dtype))
-        if name in _KEEPS_DEVICE_VALUES and not namespace and args and type(args[0]) is _batching.Batched:
+        if name in _KEEPS_DEVICE_VALUES and not namespace and args and type(args[0]) is _batching.StackedValue:
             return _batching.as_device_value(args[0], *args[1:2], **kwargs)
         if name in _KEEPS_DEVICE_VALUES and not namespace and args and isinstance(args[0], _Traced):
             x = args[0]
             return x._with(_np.asarray(x.value, *args[1:2], **kwargs))
-        if _holds_grad_tracer((args, kwargs)):
-            return fn(*args, **kwargs)      # the Tracer's own rule, over its device values
+        if _holds_grad_value((args, kwargs)):
+            return fn(*args, **kwargs)      # the GradValue's own rule, over its device values
         if _holds_device_values(args) or _holds_device_values(kwargs):
             # Called directly, NumPy would refuse a device value (as it refuses a tracer).
             # Values stacked by device (a body traced once) compute through batching rules.
-            stacked = _contains((args, kwargs), (_batching.Batched,))
+            stacked = _contains((args, kwargs), (_batching.StackedValue,))
             engine = _batching if stacked else _traced
             if isinstance(fn, _np.ufunc):
                 return engine.apply_ufunc(fn, args, kwargs)

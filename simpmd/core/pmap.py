@@ -23,12 +23,12 @@ import numpy as np
 from .devices import device_count, devices as platform_devices
 from . import bridge, errors, program, spmd, tree
 from .array import Array
-from .batching import Batch, Batched
+from .batching import StackedRun, StackedValue
 from .mesh import ShardingError
 from .runtime import current_task, user_stacklevel
 from .spmd import Piece, as_array, positional_names
 from .trace import Trace
-from .traced import Traced
+from .traced import DeviceValue
 
 
 def pmap(fun=None, axis_name=None, *, in_axes=0, out_axes=0, static_broadcasted_argnums=(),
@@ -157,7 +157,7 @@ class Pmapped:
                 continue
             conv = []
             for leaf, ax, path in zip(leaves, axes, paths):
-                value = leaf.value if type(leaf) is Traced else as_array(leaf)
+                value = leaf.value if type(leaf) is DeviceValue else as_array(leaf)
                 if ax is not None:
                     if not isinstance(ax, (int, np.integer)):
                         raise TypeError(f"in_axes entry for {path} is {ax!r}; use an int or None.")
@@ -236,7 +236,7 @@ class Pmapped:
             # Inside a real JAX trace (jax.pmap of a nested simpmd program): today's JAX
             # spells the inner pmap jax.vmap with the same axis name.
             return bridge.jax.pmap_inside_jax(self, args, kwargs)
-        once = type(parent) is Batch            # nested in a body traced once
+        once = type(parent) is StackedRun            # nested in a body traced once
         if parent is None:
             device_list = self._device_list()
         else:
@@ -250,7 +250,7 @@ class Pmapped:
             *seen, len(device_list) if device_list else 1 << 30)     # else the grid is checked
 
         def piece(leaf, v, ax, path):
-            whole = leaf.value if type(leaf) is Batched else np.broadcast_to(v, (outer,) + v.shape)
+            whole = leaf.value if type(leaf) is StackedValue else np.broadcast_to(v, (outer,) + v.shape)
             if ax is None:
                 stack = np.broadcast_to(whole[:, None], (outer, size) + v.shape)
                 detail = (lambda k, t=f"{path} whole (in_axes=None)": t)
@@ -296,7 +296,7 @@ class Pmapped:
                 "the mesh instead, e.g. make_mesh((2, 4), ('data', 'model')), and split "
                 "the arguments over it in in_specs; collectives can then name either axis "
                 "or both.")
-        if self.eager and type(parent) is Batch:
+        if self.eager and type(parent) is StackedRun:
             raise errors.MappedAxisError(
                 f"this pmap over {self.axis_name!r} has eager=True, but it is nested in a pmap "
                 f"whose body is traced once, so it cannot run one program per device. Give "
@@ -360,18 +360,18 @@ class Pmapped:
                 run.returned(s, lambda i, a=f"{label}[{':, ' * ax}": f"{a}{i % m}]")
             if not run.nested:
                 out.append(Array(s, run.devices, ax, _grid_layout(run, s, ax), self.axis_name))
-            elif type(run) is Batch:         # every outer device's value, stacked
-                out.append(Batched(per_outer[:, 0] if ax is None else
+            elif type(run) is StackedRun:         # every outer device's value, stacked
+                out.append(StackedValue(per_outer[:, 0] if ax is None else
                                    np.moveaxis(per_outer, 1, ax + 1)))
             else:                            # one outer program of a per-device run
-                out.append(Traced(first if ax is None else np.moveaxis(s, 0, ax), run.sim.eager))
+                out.append(DeviceValue(first if ax is None else np.moveaxis(s, 0, ax), run.sim.eager))
         return tree.unflatten(treedef, out)
 
 
 def _first_outer_device(value):
     """``value`` with each stacked leaf (every outer device's) cut to the first device's."""
     leaves, td = tree.flatten(value)
-    return tree.unflatten(td, [Traced(v.value[0]) if type(v) is Batched else v for v in leaves])
+    return tree.unflatten(td, [DeviceValue(v.value[0]) if type(v) is StackedValue else v for v in leaves])
 
 
 def _warn_not_replicated(differ, first):

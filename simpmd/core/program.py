@@ -328,7 +328,7 @@ def replay_source():
 
 
 def is_stacked(x) -> bool:
-    """True for a value stacked by device (``batching.Batched`` says so of itself)."""
+    """True for a value stacked by device (``batching.StackedValue`` says so of itself)."""
     return getattr(type(x), "stacked_by_device", False)
 
 

@@ -524,7 +524,7 @@ def explain_failure(where, device, exc, note=""):
         if where not in str(exc):
             exc.args = (f"on {where}: {exc}",) + exc.args[1:]
         return exc
-    if any(k in str(exc) for k in ("__jax_array__", "simpmd.core.traced.Traced", "simpmd.core.batching.Batched")):
+    if any(k in str(exc) for k in ("__jax_array__", "simpmd.core.traced.DeviceValue", "simpmd.core.batching.StackedValue")):
         err = errors.TracerArrayConversionError(
             f"on {where}: a jax.numpy function was given a simpmd device value "
             f"({exc}). Call array functions through simpmd.numpy "

@@ -28,10 +28,10 @@ import numpy as np
 
 from . import batching, errors, program, tree
 from .devices import SimDevice
-from .batching import Batch, Batched, run_once
+from .batching import StackedRun, StackedValue, run_once
 from .runtime import Simulation, current_task, flat_results, _refuse_non_arrays
 from .trace import Trace
-from .traced import Traced
+from .traced import DeviceValue
 
 _last_trace = None
 
@@ -82,12 +82,12 @@ def run(owner, fun, devices, axes, args, kwargs, assemble, *, eager=False, check
     (``program.py``), later ones run the program and none of the body's Python.
     """
     parent = current_task()
-    if type(parent) is Batch:
+    if type(parent) is StackedRun:
         # A pmap inside a body traced once: its grid nests below the outer one (a 2-D
         # mesh of outer x inner devices), and it is traced once too.
         return _run_once(owner, fun, parent.nest(axes), args, kwargs, assemble)
     if parent is None and not eager and batching.TRACE_ONCE:
-        batch = Batch(devices, axes, maps_a_mesh=maps_a_mesh)
+        batch = StackedRun(devices, axes, maps_a_mesh=maps_a_mesh)
         batch.check_vma = check_vma
         return _run_once(owner, fun, batch, args, kwargs, assemble, cache)
     return _run_per_device(owner, fun, devices, axes, args, kwargs, assemble, eager, check_vma,
@@ -103,7 +103,7 @@ def _run_once(owner, fun, batch, args, kwargs, assemble, cache=None):
         if x.varies is not None:
             batch.input_vma[id(x.stack)] = (x.stack, x.varies)
     batch.receive(pieces)
-    inputs = [Batched(x.stack) if type(x) is Piece else x for x in leaves]
+    inputs = [StackedValue(x.stack) if type(x) is Piece else x for x in leaves]
     args, kwargs = tree.unflatten(treedef, inputs)
     traced = None if cache is None else program.cached(*cache)
     if _capturing:                       # make_jaxpr of a mapped function: trace it anew
@@ -118,7 +118,7 @@ def _run_once(owner, fun, batch, args, kwargs, assemble, cache=None):
             result = run_once(batch, fun, args, kwargs)
         out, out_def = tree.flatten(result)
         _refuse_non_arrays([batching._Named(batch.where(0))], [(out, out_def)], out_def)
-        stacks = [v.value if type(v) is Batched else _everywhere(plain(v), batch.n) for v in out]
+        stacks = [v.value if type(v) is StackedValue else _everywhere(plain(v), batch.n) for v in out]
         outputs = assemble(stacks, out_def, batch)
     except Exception as exc:               # the trace so far goes with the error
         if getattr(exc, "trace", None) is None:
@@ -139,7 +139,7 @@ def trace(batch, fun, args, kwargs, inputs, treedef, cache=None, varies=None):
     too, for ``make_jaxpr`` of a mapped function, which reaches this through its front end."""
     rec = program.Recorder(track_vma=batch.check_vma)
     varies = varies or [None] * len(inputs)
-    invars = [rec.input(v, a) if type(v) is Batched else None for v, a in zip(inputs, varies)]
+    invars = [rec.input(v, a) if type(v) is StackedValue else None for v, a in zip(inputs, varies)]
     with program.recorder_active(rec):
         result = run_once(batch, fun, args, kwargs)
     traced = rec.finish(invars, treedef, result)
@@ -178,7 +178,7 @@ def make_jaxpr(fun, static_argnums=(), axis_env=None, return_shape=False):
             return (jaxpr, _shapes(out)) if return_shape else jaxpr
         axes = tuple((name, int(size)) for name, size in (axis_env or ()))
         n = math.prod(size for _, size in axes)
-        batch = Batch([SimDevice(i) for i in range(n)], axes)
+        batch = StackedRun([SimDevice(i) for i in range(n)], axes)
         dynamic = [i for i in range(len(args)) if i not in {a % max(len(args), 1) for a in static}]
         leaves, treedef = tree.flatten(([args[i] for i in dynamic], kwargs))
         inputs = []
@@ -188,7 +188,7 @@ def make_jaxpr(fun, static_argnums=(), axis_env=None, return_shape=False):
             else:           # as JAX sees it without x64: 64-bit numbers become 32-bit
                 a = plain(x)
                 a = a.astype(program.canonical_dtype(a.dtype), copy=False)
-                inputs.append(Batched(np.broadcast_to(a, (n,) + a.shape)))
+                inputs.append(StackedValue(np.broadcast_to(a, (n,) + a.shape)))
         dyn, kw = tree.unflatten(treedef, inputs)
 
         def body(*dyn, **kw):
@@ -220,7 +220,7 @@ def _run_per_device(owner, fun, devices, axes, args, kwargs, assemble, eager, ch
     n = math.prod(size for _, size in axes)
     per_device = []
     for k in range(n):
-        mine = [Traced(x.stack[k], sim.eager) if type(x) is Piece else x for x in leaves]
+        mine = [DeviceValue(x.stack[k], sim.eager) if type(x) is Piece else x for x in leaves]
         for x, v in zip(leaves, mine):
             if type(x) is Piece and x.varies is not None:     # for simpmd.grad
                 for array in (v.value, _memory_owner(x.stack)):
@@ -256,7 +256,7 @@ def _run_per_device(owner, fun, devices, axes, args, kwargs, assemble, eager, ch
 
 
 class _Programs:
-    """A per-device run as ``assemble`` sees it (``Batch`` answers the same questions)."""
+    """A per-device run as ``assemble`` sees it (``StackedRun`` answers the same questions)."""
 
     outer_n = 1                          # a nested call here is one outer program's
 
@@ -332,7 +332,7 @@ def positional_names(fun) -> list[str]:
 
 def plain(x):
     """The NumPy value of a result or argument leaf."""
-    if isinstance(x, Traced):
+    if isinstance(x, DeviceValue):
         return x.value
     return as_array(x)
 

@@ -4,8 +4,8 @@ Real JAX never runs the Python body of a ``pmap``-ed function on numbers: it tra
 once with abstract *tracers*, so anything that needs a concrete value (``if x > 0``,
 ``int(x)``, ``range(n)`` with ``n`` an array) fails with ``TracerBoolConversionError``
 and its relatives. simpmd runs the body on numbers: once for all devices, over values
-stacked by device (``batching.Batched``, a kind of :class:`Traced`), or, with
-``pmap(..., eager=True)``, once per device on a :class:`Traced` that holds one device's
+stacked by device (``batching.StackedValue``, a kind of :class:`DeviceValue`), or, with
+``pmap(..., eager=True)``, once per device on a :class:`DeviceValue` that holds one device's
 value. Either computes like a NumPy array and refuses what JAX refuses while tracing;
 ``eager=True`` lifts the refusals, for programs that real JAX cannot run.
 """
@@ -27,7 +27,7 @@ _BOOL_HINT = (
 
 def unwrap(x):
     """The NumPy value inside ``x`` (recursing into lists, tuples and dicts)."""
-    if type(x) is Traced:
+    if type(x) is DeviceValue:
         return x.value
     if isinstance(x, (list, tuple)):
         items = [unwrap(i) for i in x]
@@ -38,11 +38,11 @@ def unwrap(x):
 
 
 def wrap(x, eager: bool):
-    """Wrap NumPy results (arrays, scalars, tuples of them) back into :class:`Traced`."""
+    """Wrap NumPy results (arrays, scalars, tuples of them) back into :class:`DeviceValue`."""
     if isinstance(x, np.ndarray):
-        return Traced(x, eager)
+        return DeviceValue(x, eager)
     if isinstance(x, (np.generic, bool)):
-        return Traced(np.asarray(x), eager)
+        return DeviceValue(np.asarray(x), eager)
     if isinstance(x, tuple) and not hasattr(type(x), "_fields"):
         return tuple(wrap(i, eager) for i in x)
     if isinstance(x, list):
@@ -103,7 +103,7 @@ def reduction_dtype(name, dtype, kwargs):
 
 def _eager_of(args) -> bool:
     for a in args:
-        if type(a) is Traced:
+        if type(a) is DeviceValue:
             return a.eager
     return False
 
@@ -132,7 +132,7 @@ def apply_function(func, args, kwargs):
 
 def numpy_function_refused(name, args):
     """The error for a NumPy function applied to a device value, pointing to simpmd.numpy."""
-    first = next((a for a in _leaves(args) if isinstance(a, Traced)), None)
+    first = next((a for a in _leaves(args) if isinstance(a, DeviceValue)), None)
     what = f" of shape {first.shape} {first.dtype}" if first is not None else ""
     short = name.split(".", 1)[1]
     return errors.TracerArrayConversionError(
@@ -161,7 +161,7 @@ _OPERATOR_UFUNCS = frozenset({
     np.greater, np.greater_equal})
 
 
-class Traced(NDArrayOperatorsMixin):
+class DeviceValue(NDArrayOperatorsMixin):
     """A per-device array inside a mapped function: NumPy arithmetic, JAX's refusals."""
 
     __slots__ = ("value", "eager")
@@ -173,7 +173,7 @@ class Traced(NDArrayOperatorsMixin):
 
     def _with(self, value):
         """A device value of the same kind holding ``value``."""
-        return Traced(value, self.eager)
+        return DeviceValue(value, self.eager)
 
     # -- computing -------------------------------------------------------------------
     # Operators (``x + 1``, ``x > 0``, ``abs(x)``) compute directly (see _operator below).
@@ -184,7 +184,7 @@ class Traced(NDArrayOperatorsMixin):
         if any(defers_to(x) for x in inputs):
             return NotImplemented
         if self.eager or (method == "__call__" and ufunc in _OPERATOR_UFUNCS
-                          and len(inputs) == 2 and type(inputs[0]) is not Traced):
+                          and len(inputs) == 2 and type(inputs[0]) is not DeviceValue):
             # `ndarray + x` and `np.float32(2) * x` reach here from NumPy's operators; JAX
             # allows them (its arrays take precedence over NumPy's).
             return apply_ufunc(ufunc, inputs, kwargs, method)
@@ -219,7 +219,7 @@ class Traced(NDArrayOperatorsMixin):
     def __matmul__(self, other): return _fast(np.matmul, self, other, False)
     def __rmatmul__(self, other): return _fast(np.matmul, self, other, True)
     def __pow__(self, other): return _fast(np.power, self, other, False)
-    def __neg__(self): return Traced(-self.value, self.eager)
+    def __neg__(self): return DeviceValue(-self.value, self.eager)
 
     # In-place operators rebind the name to a new value, as they do for JAX arrays.
     def __iadd__(self, other): return self + other
@@ -253,7 +253,7 @@ class Traced(NDArrayOperatorsMixin):
     dtype = property(lambda self: self.value.dtype)
     ndim = property(lambda self: self.value.ndim)
     size = property(lambda self: self.value.size)
-    T = property(lambda self: Traced(self.value.T, self.eager))
+    T = property(lambda self: DeviceValue(self.value.T, self.eager))
 
     def __len__(self):
         if self.value.ndim == 0:
@@ -261,7 +261,7 @@ class Traced(NDArrayOperatorsMixin):
         return len(self.value)
 
     def __iter__(self):
-        return (Traced(v, self.eager) for v in np.asarray(self.value)[...]) \
+        return (DeviceValue(v, self.eager) for v in np.asarray(self.value)[...]) \
             if self.value.ndim else iter(())  # pragma: no branch
 
     def __getitem__(self, index):
@@ -334,8 +334,8 @@ class Traced(NDArrayOperatorsMixin):
 
     # -- showing ---------------------------------------------------------------------
     def __repr__(self):
-        body = np.array2string(self.value, separator=", ", prefix="Traced(")
-        return f"Traced({body}, dtype={self.dtype})"
+        body = np.array2string(self.value, separator=", ", prefix="DeviceValue(")
+        return f"DeviceValue({body}, dtype={self.dtype})"
 
     def __str__(self):
         return str(self.value)
@@ -348,15 +348,15 @@ _PLAIN = (int, float, bool, complex, np.ndarray, np.generic)
 
 
 def defers_to(other) -> bool:
-    """True for an operand that wraps device values in turn (simpmd.grad's Tracer, with a
+    """True for an operand that wraps device values in turn (simpmd.grad's GradValue, with a
     higher ``__array_priority__``): device values return NotImplemented to it, so that its
     own (reflected) operation runs and sees the device value whole."""
     priority = getattr(other, "__array_priority__", 0)   # a class (a dtype) has a descriptor
-    return isinstance(priority, (int, float)) and priority > Traced.__array_priority__
+    return isinstance(priority, (int, float)) and priority > DeviceValue.__array_priority__
 
 
 def _fast(ufunc, me, other, reflected):
-    o = other.value if type(other) is Traced else other
+    o = other.value if type(other) is DeviceValue else other
     if not isinstance(o, _PLAIN):
         if defers_to(o):
             return NotImplemented
@@ -371,7 +371,7 @@ def _fast(ufunc, me, other, reflected):
     if r.dtype == np.float64 and me.value.dtype.kind in "iub" and (
             type(o) is not np.ndarray or o.dtype.kind in "iub"):
         r = r.astype(np.float32)                   # int / int is float32 in JAX
-    return Traced(r, me.eager)
+    return DeviceValue(r, me.eager)
 
 
 BINARY_OPERATORS = [("add", np.add), ("sub", np.subtract), ("mul", np.multiply),
@@ -407,7 +407,7 @@ def install_operators(cls, apply, skip=()):
 
 
 # add, sub, mul, truediv, matmul, pow and neg have fast paths in the class itself.
-install_operators(Traced, apply_ufunc,
+install_operators(DeviceValue, apply_ufunc,
                   skip=("add", "sub", "mul", "truediv", "matmul", "pow", "neg"))
 
 
@@ -436,10 +436,10 @@ class _IndexUpdateRef:
             out[self.index] = v
         else:
             ufunc.at(out, self.index, v)
-        return Traced(out, self.x.eager)
+        return DeviceValue(out, self.x.eager)
 
     def get(self):
-        return Traced(self.x.value[self.index], self.x.eager)
+        return DeviceValue(self.x.value[self.index], self.x.eager)
 
     def set(self, v): return self._apply(None, v)
     def add(self, v): return self._apply(np.add, v)

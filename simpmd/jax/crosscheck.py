@@ -743,7 +743,7 @@ def _engine_mixing_hints(sim, jax_runs) -> list[str]:
     hints = []
     error = getattr(sim.error, "original", None) or sim.error
     text = f"{error} {error.__context__}" if error is not None else ""
-    if "simpmd.core.traced.Traced" in text or "__jax_array__" in text or "simpmd.numpy" in text:
+    if "simpmd.core.traced.DeviceValue" in text or "__jax_array__" in text or "simpmd.numpy" in text:
         hints.append("simpmd refused because a jax.numpy (or jax) function was given a simpmd "
                      "device value: call array functions through simpmd.numpy "
                      "(import simpmd.numpy as snp; snp.exp(x)), which picks NumPy on simpmd "
