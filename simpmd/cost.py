@@ -382,8 +382,9 @@ _NCCL_TESTS_212 = ("NVIDIA/nccl-tests issue 212 (https://github.com/NVIDIA/nccl-
 # Azure points from 1 MiB to 8 GiB (+-13%: the affine form cannot follow both the slow
 # middle, 8-32 MiB, and the 479 GB/s reached at 8 GiB). All-gather: busbw from issue 326;
 # its small-message latency was not published in the sources found, so it keeps the
-# formulas' (p-1) ring steps of the preset's 1 us. Reduce-scatter runs the same ring
-# backwards (issue 212's ~370 GB/s covers it too), so it takes the all-gather's fit.
+# formulas' (p-1) ring steps of the preset's 1 us. Reduce-scatter moves the all-gather's
+# bytes in reverse and has no measurement of its own (issue 212's ~370 GB/s busbw for
+# collectives other than the all-reduce covers it), so it takes the all-gather's fit.
 _H100_MEASURED = (
     ("all_reduce", MeasuredFit(42e-6, 425e9, fitted_to="Azure ND H100 v5, NVLS")),
     ("all_gather", MeasuredFit(0.0, 360e9, 1e-6, fitted_to="nccl-tests issue 326")),
