@@ -29,8 +29,15 @@ al., "How to Scale Your Model", 2025; docs/cost_vs_scaling_book.md checks its an
   otherwise (the parts then reach each axis at different times).
 * **Point-to-point.** A permute splits each send over one shortest route per axis it
   crosses, using that many ports (the book's Part 2, Worked Problem 5).
-* **Algorithm.** ``algorithm=None`` picks the fastest candidate, as NCCL does: a tree wins
-  for tiny messages, a ring for large ones.
+* **Algorithm.** ``algorithm="fastest"`` picks the fastest formula, as NCCL's tuner does: a
+  tree wins for tiny messages, a ring for large ones. ``algorithm=None`` (the default) does
+  the same, except where a preset carries a fit to published measurements.
+* **Measured, not only modelled.** The formulas know no protocol overheads, and real runs
+  are slower. The H100 preset therefore carries a :class:`MeasuredFit` per collective,
+  fitted to published nccl-tests results on one 8-GPU node (:data:`NCCL_TESTS_H100`): a
+  per-call latency plus the bus bytes over the bus bandwidth NCCL achieves. It is what
+  ``algorithm=None`` (and so ``estimate_trace``, the roofline and the timelines) uses on a
+  GPU switch of that hardware; ``algorithm="ring"`` or ``"tree"`` still give the formulas.
 
 Where simpmd departs from the book on purpose: it keeps the (N-1)/N factor the book drops
 wherever the schedule really saves it (one-way rings, lines, switches, odd rings, several
@@ -266,18 +273,21 @@ class FullyConnected:
     ``links`` per device into the switch, each ``link_bandwidth`` bytes/s per direction:
     a device can send ``links * link_bandwidth`` in total, to one peer or spread over many.
     A step costs latency plus transfer (``overlap = False``, NCCL's model; see :func:`step_time`).
+    ``measured`` maps a collective to a :class:`MeasuredFit` that ``algorithm=None`` uses
+    instead of the formulas (a preset's topology carries its fits; one you build has none).
     """
 
     kind = "switch"
     overlap = False
 
     def __init__(self, size: int, *, link_bandwidth: float, hop_latency: float,
-                 links: int = 1, name: str = ""):
+                 links: int = 1, name: str = "", measured=None):
         self.dims = (int(size),)
         self.link_bandwidth = float(link_bandwidth)
         self.hop_latency = float(hop_latency)
         self.links = int(links)
         self.name = name
+        self.measured = dict(measured or {})     # collective -> MeasuredFit (see Hardware)
 
     @property
     def size(self) -> int:
@@ -303,6 +313,85 @@ class FullyConnected:
                 f"{self.hop_latency * 1e6:g} us per hop)")
 
 
+# -- fits to published measurements ----------------------------------------------------
+
+@dataclass(frozen=True)
+class MeasuredFit:
+    """One collective on one GPU node as nccl-tests measures it, in the form nccl-tests'
+    doc/PERFORMANCE.md gives for its time ("roughly equal to overhead + size / bw"):
+
+        t = latency_s + (ring steps) x step_latency_s + S x factor / busbw
+
+    with S and factor nccl-tests' size and bus-bandwidth factor (:data:`NCCL_TESTS`), so
+    ``busbw`` is the bus bandwidth large messages approach and ``latency_s`` the time a
+    call costs whatever its size. ``step_latency_s`` charges each of the p-1 steps of a
+    ring instead, for a collective whose small-message latency was not measured.
+    """
+
+    latency_s: float
+    busbw: float
+    step_latency_s: float = 0.0
+    fitted_to: str = ""        # which measurements (a key of the preset's citations)
+
+    def steps(self, group_size: int) -> int:
+        return group_size - 1 if self.step_latency_s else 0
+
+    def __str__(self):
+        alpha = (f"{self.latency_s * 1e6:g} us per call" if not self.step_latency_s else
+                 f"{self.step_latency_s * 1e6:g} us per ring step")
+        return f"{alpha} + bus bytes / {self.busbw / 1e9:g} GB/s ({self.fitted_to})"
+
+
+# Published nccl-tests results on ONE node of 8 H100 SXM GPUs (NVLink 4 + NVSwitch), as
+# (S, busbw) pairs in nccl-tests' units: S in bytes (the buffer of an all-reduce, the
+# gathered output of an all-gather), busbw in bytes/s. The fits below are made from these;
+# tests/test_cost_measured.py holds the model to each point.
+NCCL_TESTS_H100 = {
+    # Azure/AI-benchmarking-guide, "Azure Results/ND_H100_v5_results.md" (Microsoft Azure,
+    # https://github.com/Azure/AI-benchmarking-guide), section "NCCL Bandwidth": one ND H100
+    # v5 VM (8 x H100 80GB HBM3), NCCL 2.18.5, CUDA 12.6; Benchmarks/NCCLBandwidth.py runs
+    # `NCCL_ALGO=NVLS ./build/all_reduce_perf -b 8 -e 8G -f 2 -g 8 -n 40` and reports the
+    # in-place busbw. Its size labels (1K, 65K, 132K, 1M, 33M, 1G, ...) are the powers of two
+    # that -b 8 -f 2 steps through; here from 1 KiB to 8 GiB.
+    "all_reduce": tuple(zip(
+        [2**k for k in range(10, 34)],
+        [x * 1e9 for x in (0.07, 0.14, 0.27, 0.53, 0.95, 1.71, 2.72, 5.40, 10.86, 21.35,
+                           43.70, 81.93, 128.73, 172.13, 234.45, 295.53, 361.78, 400.61,
+                           423.38, 438.46, 466.35, 472.36, 475.54, 478.87)])),
+    # NVIDIA/nccl-tests issue 326 (https://github.com/NVIDIA/nccl-tests/issues/326, 2025-06):
+    # `./build/all_gather_perf -b 128M -e 16384M -f 2 -g 8` on 8 H100s with NVLink, busbw
+    # "saturated at ~360 GB/s ... (16GB)"; S. Jeaugey (NCCL): "360 GB/s is exactly what we'd
+    # expect on H100". The per-size rows are in screenshots, not text: only this point is used.
+    "all_gather": ((16 * 2**30, 360e9),),
+}
+
+_AZURE_H100 = ("Azure/AI-benchmarking-guide, 'Azure Results/ND_H100_v5_results.md', section 'NCCL "
+               "Bandwidth' (https://github.com/Azure/AI-benchmarking-guide): all_reduce_perf "
+               "(NCCL_ALGO=NVLS, -g 8, in-place busbw) on one ND H100 v5 VM, 8 x H100 80GB HBM3, "
+               "NCCL 2.18.5, 1 KiB to 8 GiB; busbw 43.7 GB/s at 1 MiB, 466 at 1 GiB, 479 at 8 GiB")
+_NCCL_TESTS_326 = ("NVIDIA/nccl-tests issue 326 (https://github.com/NVIDIA/nccl-tests/issues/326): "
+                   "all_gather_perf -b 128M -e 16384M -g 8 on 8 H100s (NVLink) saturates at ~360 "
+                   "GB/s busbw; S. Jeaugey: '360 GB/s is exactly what we'd expect on H100'")
+_NCCL_TESTS_212 = ("NVIDIA/nccl-tests issue 212 (https://github.com/NVIDIA/nccl-tests/issues/212), "
+                   "S. Jeaugey: with ~20% protocol overhead NCCL gets ~370 GB/s of the 450 GB/s "
+                   "NVLink line rate as busbw for non-allreduce operations; the all-reduce runs "
+                   "in the switch (NVLink SHARP) and peaks near 480 GB/s busbw on 8 GPUs")
+
+# The fits (tests/test_cost_measured.py redoes the all-reduce fit from the published points):
+# all-reduce: alpha and busbw that minimise the largest |log(model / measured)| over the 14
+# Azure points from 1 MiB to 8 GiB (+-13%: the affine form cannot follow both the slow
+# middle, 8-32 MiB, and the 479 GB/s reached at 8 GiB). All-gather: busbw from issue 326;
+# its small-message latency was not published in the sources found, so it keeps the
+# formulas' (p-1) ring steps of the preset's 1 us. Reduce-scatter moves the all-gather's
+# bytes in reverse and has no measurement of its own (issue 212's ~370 GB/s busbw for
+# collectives other than the all-reduce covers it), so it takes the all-gather's fit.
+_H100_MEASURED = (
+    ("all_reduce", MeasuredFit(42e-6, 425e9, fitted_to="Azure ND H100 v5, NVLS")),
+    ("all_gather", MeasuredFit(0.0, 360e9, 1e-6, fitted_to="nccl-tests issue 326")),
+    ("reduce_scatter", MeasuredFit(0.0, 360e9, 1e-6, fitted_to="as all_gather, issue 212")),
+)
+
+
 # -- hardware presets -------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -326,6 +415,7 @@ class Hardware:
     pod_axis: int = 16             # 2-D TPUs: an axis this long has wraparound links
     aliases: tuple = ()            # other names learners use, e.g. the book's "TPU v4p"
     peak_fp32_flops: float | None = None   # FLOP/s, dense, exact float32 (see peak_flops)
+    measured: tuple = ()           # (collective, MeasuredFit) pairs: fits to published runs
 
     def peak_flops(self, dtype) -> float:
         """Peak FLOP/s for arithmetic in ``dtype``.
@@ -369,7 +459,7 @@ class Hardware:
                     f"pretend that one switch joins them all.")
             return FullyConnected(n, link_bandwidth=self.link_bandwidth,
                                   hop_latency=self.hop_latency, links=self.links_per_device,
-                                  name=self.name)
+                                  name=self.name, measured=dict(self.measured))
         if np.ndim(shape) == 0 and int(shape) not in SLICE_SHAPES[self.torus_rank]:
             return Torus((int(shape),), False, link_bandwidth=self.link_bandwidth,
                          hop_latency=self.hop_latency, name=self.name)
@@ -401,6 +491,8 @@ class Hardware:
                  f"  peak bf16        {self.peak_bf16_flops / 1e12:g} TFLOP/s"]
         if self.peak_fp32_flops:
             lines.append(f"  peak fp32        {self.peak_fp32_flops / 1e12:.3g} TFLOP/s")
+        for op, fit in self.measured:
+            lines.append(f"  measured {op:14s} {fit}")
         return "\n".join(lines + ["  sources:"] + [f"    - {c}" for c in self.citations])
 
 
@@ -493,7 +585,8 @@ HARDWARE = {
         citations=(_BOOK_GPU, "NVIDIA H100 datasheet (SXM): NVLink 900 GB/s (both directions "
                    "together), HBM3 3.35 TB/s, BF16 1,979 TFLOPS with sparsity (989 dense; simpmd keeps "
                    "the book table's 9.9e14), "
-                   "FP32 67 TFLOPS", _NCCL_LATENCY),
+                   "FP32 67 TFLOPS", _NCCL_LATENCY, _AZURE_H100, _NCCL_TESTS_326, _NCCL_TESTS_212),
+        measured=_H100_MEASURED,
         aliases=("NVIDIA H100", "H100 SXM", "H800")),
     "H200": Hardware(
         "H200", "NVLink 4.0 + NVSwitch", link_bandwidth=25e9, links_per_device=18,
@@ -542,7 +635,9 @@ class Estimate:
     (``latency_s = steps * hop latency``; ``bandwidth_s`` the transfers alone). With
     ``overlap`` (TPU ICI, the Scaling Book's rule) a hop lasts the larger of the two, so
     ``time_s`` is less than their sum; without it (a GPU switch) it is the sum.
-    ``algbw`` and ``busbw`` are nccl-tests' numbers.
+    ``algbw`` and ``busbw`` are nccl-tests' numbers. For ``algorithm == "nccl"`` (a
+    :class:`MeasuredFit`) the latency is the fit's, ``steps`` its ring steps (0 for a
+    per-call latency), and the bytes sent are nccl-tests' bus bytes, S x factor.
     """
 
     op: str
@@ -584,9 +679,12 @@ class Estimate:
                 f"{self.algorithm}{' on ' + where if where else ''}")
         if self.time_s == 0:
             return f"<Estimate {head}: no communication>"
-        parts = (f"{_seconds(self.latency_s)} latency ({self.steps} hops), "
+        hops = (f"{self.steps} hops" if self.algorithm != "nccl" else
+                f"{self.steps} ring steps as in the formulas" if self.steps else
+                "per call, fitted to measurements")
+        parts = (f"{_seconds(self.latency_s)} latency ({hops}), "
                  f"{_seconds(self.bandwidth_s)} transfer, the larger per hop" if self.overlap else
-                 f"{_seconds(self.latency_s)} latency ({self.steps} hops) + "
+                 f"{_seconds(self.latency_s)} latency ({hops}) + "
                  f"{_seconds(self.bandwidth_s)} bandwidth")
         return (f"<Estimate {head}: {_seconds(self.time_s)} = {parts}, {self.bound}-bound; "
                 f"sends {_bytes(self.bytes_sent_per_device)}/device; algbw "
@@ -896,23 +994,44 @@ COST_MODELS = {
 }
 
 
+def _measured_estimate(collective, nbytes, p, fit: MeasuredFit, hardware="", topology="",
+                       note="") -> Estimate:
+    """The estimate a :class:`MeasuredFit` gives: its latency plus nccl-tests' bus bytes
+    (S x factor, what busbw counts) over the fitted bus bandwidth."""
+    bus_bytes = nccl_size(collective, nbytes, p) * busbw_factor(collective, p)
+    steps = fit.steps(p)
+    latency = fit.latency_s + steps * fit.step_latency_s
+    transfer = bus_bytes / fit.busbw
+    return Estimate(collective, "nccl", int(nbytes), p, latency + transfer, latency, transfer,
+                    steps, bus_bytes, hardware, topology, note)
+
+
 def _estimate_on(collective, nbytes, axes, alpha, algorithm=None, perm=None,
-                 hardware="", topology="", note="", overlap=False) -> Estimate:
-    """The estimate for a group occupying ``axes``; the common core of the public entry points."""
+                 hardware="", topology="", note="", overlap=False, measured=None) -> Estimate:
+    """The estimate for a group occupying ``axes``; the common core of the public entry points.
+
+    ``measured`` (collective -> MeasuredFit, from the topology) answers ``algorithm=None``
+    and ``"nccl"`` for a group on a switch; ``"fastest"`` and the named formulas ignore it.
+    """
     p = math.prod(ax.size for ax in axes) if axes else 1
     if collective is None or p == 1:
         return Estimate(collective or "none", "none", int(nbytes), p, 0.0, 0.0, 0.0, 0, 0.0,
                         hardware, topology, note)
     models = COST_MODELS[collective]
+    fit = (measured or {}).get(collective) if all(ax.switch for ax in axes) else None
+    if fit is not None and algorithm in (None, "nccl"):
+        return _measured_estimate(collective, nbytes, p, fit, hardware, topology, note)
     if collective == "collective_permute" and perm is None:
         perm = [(i, (i + 1) % p) for i in range(p)]     # the usual ring shift
-    if algorithm is None:
+    if algorithm in (None, "fastest"):
         candidates = list(models)
     elif algorithm in models:
         candidates = [algorithm]
     else:
+        fitted = " or 'nccl' (the fit to measurements)" if fit is not None else ""
         raise ValueError(f"{collective} has no algorithm {algorithm!r} here; choose one of "
-                         f"{sorted(models)} or None for the fastest")
+                         f"{sorted(models)}{fitted}, 'fastest' for the fastest of those, or "
+                         f"None for the hardware's default")
     def timing(hops, transfer_s):
         return step_time(hops, transfer_s, alpha, overlap)
 
@@ -1055,7 +1174,10 @@ def estimate(op: str, nbytes: float | None = None, group_size: int | None = None
     ``mesh`` (a dict such as the book's ``{'X': 8, 'Y': 4}``, laid out as a slice of that
     shape, or a ``simpmd.Mesh``) and ``axis_name`` (one name or a tuple, e.g. ``("X",
     "Y")`` for a gather over both).
-    ``algorithm`` names one of ``COST_MODELS[collective]``, or None for the fastest.
+    ``algorithm`` names one of ``COST_MODELS[collective]``; ``"fastest"`` picks the fastest
+    of them; None (the default) does the same, except on a preset with a fit to published
+    measurements (the H100's all-reduce, all-gather and reduce-scatter, see
+    :class:`MeasuredFit`), where it gives the fit, as ``"nccl"`` does.
     ``perm`` (collective permute) lists (source, destination) group positions; default a
     shift by one. For example ``estimate("psum", 2**20, 8, hardware="H100")`` is a 1 MiB
     all-reduce inside one 8-GPU node, and ``estimate("all_gather", array_nbytes=2**23,
@@ -1085,7 +1207,8 @@ def estimate(op: str, nbytes: float | None = None, group_size: int | None = None
         where = _positions(group, topo, devices)
         perm = [(where[s], where[d]) for s, d in perm]
     e = _estimate_on(collective, nbytes, group, topo.hop_latency, algorithm, perm,
-                     _label(hw, topology, topo), _describe(topo), note, topo.overlap)
+                     _label(hw, topology, topo), _describe(topo), note, topo.overlap,
+                     getattr(topo, "measured", None))
     return e if collective else replace(e, op=op)
 
 
@@ -1283,7 +1406,7 @@ def estimate_trace(trace_or_events, hardware=None, topology=None) -> TraceEstima
                 where = _positions(axes, topo, devices)
                 perm = [(where[s], where[d]) for s, d in pairs]
         e = _estimate_on(collective, nbytes, axes, topo.hop_latency, None, perm, label,
-                         _describe(topo), note, topo.overlap)
+                         _describe(topo), note, topo.overlap, getattr(topo, "measured", None))
         result.collectives.append(CollectiveCost(
             step, (len(first.coords), first.call), first.op, tuple(first.axes),
             tuple(first.group), first.source, replace(e, op=collective or first.op),

@@ -22,8 +22,11 @@ BF16_BYTES = 2
 
 # The H100 preset (simpmd.cost.HARDWARE["H100"], cited there): one device sends at most
 # 18 NVLinks x 25 GB/s = 450 GB/s in one direction through the NVSwitches, and every
-# step costs a round 1 us of latency. Written out here so the checks do not depend on
-# the code they check; tests/test_exercises_lesson06.py keeps them equal to the preset.
+# step costs a round 1 us of latency. These are the constants of the formulas
+# (cost.estimate(..., algorithm="ring" or "tree")); the preset's default estimate follows
+# published measurements instead (cost.MeasuredFit), which the exercises do not use.
+# Written out here so the checks do not depend on the code they check;
+# tests/test_exercises_lesson06.py keeps them equal to the preset.
 H100_ALPHA_S = 1e-6
 H100_BANDWIDTH = 450e9          # bytes/s, one GPU, one direction
 H100_LINK = 25e9                # bytes/s, one NVLink, one direction
