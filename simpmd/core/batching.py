@@ -21,6 +21,7 @@ import builtins
 import contextlib
 import functools
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -651,7 +652,7 @@ class StackedRun:
         self.all_devices = list(devices)        # an inner pmap's grid may use more of them
         self.devices = self.all_devices[:self.n]
         self.grid = np.arange(self.n).reshape([s for _, s in self.axes])
-        self._coords = None
+        self._coords = {}
         self.maps_a_mesh = maps_a_mesh        # a shard_map's run (for error messages)
         # Inside lax.cond / lax.switch: (devices taking the branch, what to call it), innermost last
         self.branches: list = []
@@ -690,10 +691,6 @@ class StackedRun:
 
     # -- naming devices --------------------------------------------------------------------
     @property
-    def sim(self):
-        return self                       # what simpmd.lax asks a program for
-
-    @property
     def nested(self) -> bool:
         """True for an inner pmap's batch (its results go back into the outer body)."""
         return self.outer is not None
@@ -710,13 +707,12 @@ class StackedRun:
 
     def coords_of(self, k) -> tuple:
         """((axis name, index, size), ...) of device ``k``."""
-        if self._coords is None:
-            if k == 0:
-                return tuple((name, 0, size) for name, size in self.axes)
-            index = np.indices(self.grid.shape).reshape(len(self.axes), -1).T.tolist()
-            self._coords = [tuple((name, i, size) for (name, size), i in zip(self.axes, row))
-                            for row in index]
-        return self._coords[k]
+        found = self._coords.get(k)
+        if found is None:                 # row-major over the grid, made when first asked
+            index = np.unravel_index(k, self.grid.shape) if k else (0,) * len(self.axes)
+            found = self._coords[k] = tuple((name, int(i), size)
+                                            for (name, size), i in zip(self.axes, index))
+        return found
 
     def sub_devices(self, k) -> list:
         """The devices of program ``k``'s inner grid (none unless a pmap nests inside)."""
@@ -768,12 +764,24 @@ class StackedRun:
                     builtins.print(line)
                 log.prints = []
 
-    # -- what simpmd.lax asks --------------------------------------------------------------
+    # -- what simpmd.lax asks (runtime.Task answers the same questions per device) ---------
+    eager = False
+    stacked = True                        # one body over every device's value at once
+
     def axis_size(self, axis_names, opname):
         return runtime.axis_position(self.coords_of(0), axis_names, opname, self.where(0),
                                       self.maps_a_mesh)[1]
 
-    def axis_index(self, axis_names, opname="axis_index"):
+    def axis_index(self, axis_names):
+        """``lax.axis_index``: each device's position along ``axis_names``."""
+        out = StackedValue(self.positions(axis_names))
+        if program.recording() is not None:
+            program.record("axis_index", {"axis_name": axis_names if len(axis_names) > 1
+                                          else axis_names[0]},
+                           functools.partial(replay_axis_index, axis_names), (), out)
+        return out
+
+    def positions(self, axis_names, opname="axis_index"):
         """Each device's position along ``axis_names`` (row-major over the names)."""
         runtime.axis_position(self.coords_of(0), axis_names, opname, self.where(0),
                                       self.maps_a_mesh)
@@ -794,7 +802,7 @@ class StackedRun:
         members = self.grid.transpose(rest + [names.index(a) for a in axis_names]).reshape(-1, size)
         if groups is None:
             return [members], size
-        runtime._check_groups(groups, size, op, _Named(self.where(0)), axis_names)
+        runtime._check_groups(groups, size, op, self.where(0), axis_names)
         by_size: dict = {}
         for g in groups:
             by_size.setdefault(len(g), []).append(list(g))
@@ -868,6 +876,10 @@ class StackedRun:
         v = np.asarray(_value(v))
         return np.broadcast_to(v, (self.n,) + v.shape)
 
+    def switch(self, index, branches, operands, what):
+        """``lax.switch``/``lax.cond`` over every device at once (see :func:`switch`)."""
+        return switch(self, index, branches, operands, what)
+
     def print(self, fmt, args, kwargs, source, code):
         """``simpmd.debug.print``: one line per device, printed when the body returns."""
         if program.recording() is not None:
@@ -911,17 +923,21 @@ class StackedRun:
                 op, params, stacks, sets = record[3], record[6], record[7], record[9]
                 bytes_fn = collectives.WIRE_BYTES[op]
                 nbytes = [st[0].nbytes for st in stacks]
+                same = op in collectives.SAME_BYTES_FOR_EVERY_MEMBER
                 for members in sets:
                     g, p = members.shape
                     count += g * p
                     groups += g
-                    sent += g * sum(bytes_fn(b, p, pos, **params)[0]
-                                    for pos in range(p) for b in nbytes)
+                    if same:
+                        sent += g * p * sum(bytes_fn(b, p, 0, **params)[0] for b in nbytes)
+                    else:
+                        sent += g * sum(bytes_fn(b, p, pos, **params)[0]
+                                        for pos in range(p) for b in nbytes)
         programs = [f"device {d.id}" for d in sorted(self.devices, key=lambda d: d.id)]
         return {"events": count, "collective_groups": groups, "bytes_sent": sent,
                 "programs": programs}
 
-    def events(self, only=None, limit=None, collectives_only=False) -> list:
+    def events(self, only=None, limit=None) -> list:
         """The per-device log, written out from the stacked records (of every batch of
         the run, inner pmaps' included): every event, or those of device ``only``, or the
         first ``limit``."""
@@ -929,14 +945,14 @@ class StackedRun:
 
         def programs(batch):
             """(labels, device ids, devices spanned) of ``batch``'s programs."""
-            if batch not in names:
-                labels = [batch.label(k) for k in range(batch.n)]
+            if batch not in names:        # labels and spans: made for the programs read
+                labels = _PerProgram(batch.label)
                 if batch.inner:
-                    spans = [tuple(batch.leaf_ids(k)) for k in range(batch.n)]
+                    spans = _PerProgram(lambda k: tuple(batch.leaf_ids(k)))
                     names[batch] = (labels, [None] * batch.n, spans, labels)
                 else:
                     ids = [d.id for d in batch.devices]
-                    names[batch] = (labels, ids, [(i,) for i in ids], ids)
+                    names[batch] = (labels, ids, _PerProgram(lambda k: (ids[k],)), ids)
             return names[batch]
 
         class Enough(Exception):
@@ -957,34 +973,42 @@ class StackedRun:
                 if limit is not None and len(out) >= limit:
                     raise Enough
                 return e
-
-            def skip(k, count):
-                """Count ``count`` events of program ``k`` without writing them out."""
-                key = (id(batch), k)
-                seq[key] = seq.get(key, 0) + count
-            event.skip = skip
             return event
 
         try:
-            self._write(writer, programs, only, collectives_only)
+            self._write(writer, programs, only)
         except Enough:
             pass
         return out
 
-    def _write(self, writer, programs, only, collectives_only=False):
+    def collective_groups(self) -> list:
+        """Each collective instance (one group's rendezvous) as a sequence of its members'
+        events, in order. A member's event is written out only when it is read, so asking
+        for the groups of a 16384-device step costs one pass over the records."""
+        groups, counts = [], {}           # counts: events so far of each program of a run
+        for record in self.root.records:
+            batch, kind = record[0], record[1]
+            seen = counts.get(id(batch))
+            if seen is None:
+                seen = counts[id(batch)] = np.zeros(batch.n, dtype=np.int64)
+            if kind == "receive":
+                seen += len(record[3])
+            elif kind in ("return", "print"):
+                seen += 1
+            elif kind == "error":
+                seen[0] += 1
+            else:
+                step = record[2]
+                for members in record[9]:
+                    for row in members:
+                        groups.append(_GroupEvents(batch, record[1:], row, step, seen[row]))
+                        step += 1
+                    np.add.at(seen, members.ravel(), 1)
+        return sorted(groups, key=lambda g: g._step)
+
+    def _write(self, writer, programs, only):
         for record in self.root.records:
             batch, kind, step = record[0], record[1], record[2]
-            if collectives_only and kind != "collective":
-                event = writer(batch)         # their places in each program's log still count
-                if kind == "receive":
-                    for k in range(batch.n):
-                        event.skip(k, len(record[3]))
-                elif kind in ("return", "print"):
-                    for k in range(batch.n):
-                        event.skip(k, 1)
-                elif kind == "error":
-                    event.skip(0, 1)
-                continue
             event = writer(batch)
             ks = range(batch.n)
             if only is not None and kind in ("receive", "return", "print"):
@@ -1008,6 +1032,73 @@ class StackedRun:
             else:
                 labels, _, _, members = programs(batch)
                 _collective_events(record[1:], event, labels, members, only)
+
+
+class _PerProgram(dict):
+    """``f(k)`` for program ``k``, computed when first asked for."""
+
+    def __init__(self, f):
+        super().__init__()
+        self.f = f
+
+    def __missing__(self, k):
+        value = self[k] = self.f(k)
+        return value
+
+
+class _GroupEvents(Sequence):
+    """The events of one group of one stacked collective, written out when read."""
+
+    def __init__(self, batch, record, row, step, seqs):
+        self._batch, self._record, self._row = batch, record, row.tolist()
+        self._step, self._seqs, self._made = step, seqs, {}
+        self._group = self._programs = None      # the members' names, made on first read
+
+    def __len__(self):
+        return len(self._row)
+
+    def __getitem__(self, pos):
+        if isinstance(pos, slice):
+            return [self[i] for i in range(*pos.indices(len(self)))]
+        pos = range(len(self))[pos]
+        if pos not in self._made:
+            self._made[pos] = self._event(pos)
+        return self._made[pos]
+
+    def __repr__(self):
+        return repr(list(self))
+
+    def __eq__(self, other):
+        return list(self) == list(other)
+
+    def _event(self, pos):
+        batch, row = self._batch, self._row
+        (_, step, op, axes, logged, params, stacks, outputs, sets, call, source, code,
+         phase) = self._record
+        if self._group is None:
+            self._programs = tuple(batch.label(k) for k in row)
+            self._group = (self._programs if batch.inner
+                           else tuple(batch.devices[k].id for k in row))
+        if batch.inner:
+            ident, spans = None, tuple(batch.leaf_ids(row[pos]))
+        else:
+            ident = self._group[pos]
+            spans = (ident,)
+        p = len(row)
+        moved = [0, 0]
+        at = 0 if op in collectives.SAME_BYTES_FOR_EVERY_MEMBER else pos
+        for s in stacks:
+            sent, received = collectives.WIRE_BYTES[op](s[0].nbytes, p, at, **params)
+            moved[0] += sent
+            moved[1] += received
+        k = row[pos]
+        return Event(kind="collective", program=batch.label(k), coords=batch.coords_of(k),
+                     seq=int(self._seqs[pos]), step=self._step, device=ident, devices=spans,
+                     call=call, op=op, axes=axes, member=pos, params=logged,
+                     inputs=tuple(s[k, ...] for s in stacks),
+                     outputs=tuple(o[k, ...] for o in outputs), bytes_sent=moved[0],
+                     bytes_received=moved[1], source=source, code=code, group=self._group,
+                     group_programs=self._programs, phase=phase)
 
 
 def _collective_events(record, event, labels, members_of, only=None):
@@ -1051,7 +1142,7 @@ def _replay_print(fmt, source, code, args, kwargs):
 
 
 def replay_axis_index(axis_names):
-    return StackedValue(runtime.current_task().axis_index(axis_names))
+    return StackedValue(runtime.current_task().positions(axis_names))
 
 
 def _describe_collective(op, axes, params, groups, size):
@@ -1077,15 +1168,6 @@ def _describe_collective(op, axes, params, groups, size):
         return op, {"axis_name": axes, "perm": params["perm"]}
     return op, dict(params, axis_name=axes, axis_index_groups=groups)
 
-
-class _Named:
-    """Something with a ``where()``, for the runtime's shared argument checks."""
-
-    def __init__(self, text):
-        self.text = text
-
-    def where(self):
-        return self.text
 
 
 def _run_stacked(op, stack, sets, params, n):

@@ -11,9 +11,7 @@ from __future__ import annotations
 import builtins
 import sys
 
-from .batching import StackedRun
 from .runtime import caller_source, current_task
-from .traced import unwrap
 
 
 def print(fmt: str, *args, **kwargs) -> None:  # noqa: A001 (mirrors jax.debug.print)
@@ -26,10 +24,5 @@ def print(fmt: str, *args, **kwargs) -> None:  # noqa: A001 (mirrors jax.debug.p
         builtins.print(fmt.format(*args, **kwargs))
         return None
     source, code = caller_source()
-    if type(task) is StackedRun:
-        task.print(fmt, args, kwargs, source, code)
-        return None
-    text = fmt.format(*unwrap(args), **unwrap(kwargs))
-    builtins.print(f"[{task.where()}] {text}")
-    task.sim.log(task, "print", detail=text, source=source, code=code)
+    task.print(fmt, args, kwargs, source, code)      # a StackedRun or one device's Task
     return None

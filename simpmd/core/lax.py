@@ -13,12 +13,9 @@ import numbers
 
 import numpy as np
 
-import functools
-
-from . import autodiff, batching, bridge, errors, program, tree
-from .batching import StackedRun, StackedValue
+from . import autodiff, bridge, errors, tree
 from .runtime import current_task
-from .traced import DeviceValue
+from .traced import DeviceValue, choose_branch
 
 __all__ = ["psum", "pmean", "pmax", "pmin", "all_gather", "psum_scatter", "ppermute",
            "pshuffle", "all_to_all", "pswapaxes", "axis_index", "axis_size", "cond", "switch"]
@@ -84,15 +81,7 @@ def _check_axis_name(axis_name, op):
     if axis_name is None or (isinstance(axis_name, (tuple, list)) and None in axis_name):
         task = current_task()
         raise errors.UnboundAxisError(errors.unbound_axis_message(
-            op, None, task.where(), task.coords, task.sim.maps_a_mesh))
-
-
-def _leaf_value(x):
-    if type(x) is DeviceValue:
-        return x.value
-    if hasattr(x, "__jax_array__") or type(x).__module__.startswith("jax"):
-        raise errors.jax_array_in_collective()
-    return np.asarray(x)
+            op, None, task.where(), task.coords, task.maps_a_mesh))
 
 
 def _run(op, x, axis_name, params, groups=None, flat=None):
@@ -101,7 +90,7 @@ def _run(op, x, axis_name, params, groups=None, flat=None):
     _check_axis_name(axis_name, op)
     leaves, treedef = flat or tree.flatten(x)
     groups = None if groups is None else [list(g) for g in groups]
-    if groups is not None and task.sim.maps_a_mesh and task.sim.check_vma:
+    if groups is not None and task.maps_a_mesh and task.check_vma:
         raise errors.CollectiveArgumentError(
             f"lax.{op} got axis_index_groups inside shard_map with check_vma=True; real JAX "
             f"does not implement that combination (it raises NotImplementedError). Pass "
@@ -111,12 +100,8 @@ def _run(op, x, axis_name, params, groups=None, flat=None):
         return autodiff.collective(op, leaves, treedef, axis_name, params, groups,
                                    lambda primals: tree.flatten(_run(
                                        op, primals, axis_name, params, groups))[0])
-    if type(task) is StackedRun:
-        return tree.unflatten(treedef, task.collective(op, _axes(axis_name), leaves, params, groups))
-    values = [_leaf_value(v) for v in leaves]
-    outs = task.sim.collective(task, op, _axes(axis_name), values, params, groups)
-    eager = task.sim.eager
-    return tree.unflatten(treedef, [DeviceValue(o, eager) for o in outs])
+    # The program answers: a StackedRun for every device at once, a runtime.Task for one.
+    return tree.unflatten(treedef, task.collective(op, _axes(axis_name), leaves, params, groups))
 
 
 def psum(x, axis_name, *, axis_index_groups=None):
@@ -213,15 +198,7 @@ def axis_index(axis_name):
     if task is None:
         return _outside("axis_index", axis_name)
     _check_axis_name(axis_name, "axis_index")
-    if type(task) is StackedRun:
-        axes = _axes(axis_name)
-        out = StackedValue(task.axis_index(axes))
-        if program.recording() is not None:
-            program.record("axis_index", {"axis_name": axes if len(axes) > 1 else axes[0]},
-                           functools.partial(batching.replay_axis_index, axes), (), out)
-        return out
-    index, _ = task.sim.axis_position(task, _axes(axis_name), "axis_index")
-    return DeviceValue(np.asarray(index, dtype=np.int32), task.sim.eager)
+    return task.axis_index(_axes(axis_name))
 
 
 def axis_size(axis_name):
@@ -234,9 +211,7 @@ def axis_size(axis_name):
 
 
 def _size(task, axes, opname):
-    if type(task) is StackedRun:
-        return task.axis_size(axes, opname)
-    return task.sim.axis_position(task, axes, opname)[1]
+    return task.axis_size(axes, opname)
 
 
 # -- control flow on device values ----------------------------------------------------------
@@ -266,12 +241,9 @@ def switch(index, branches, *operands, _what="switch"):
             return jax.lax.cond(index, branches[1], branches[0], *operands)
         return jax.lax.switch(index, branches, *operands)
     task = current_task()
-    if type(task) is StackedRun:
-        return batching.switch(task, index, branches, operands, _what)
-    # No simulation, or one program per device: the index is concrete, a Python choice.
-    value = index.value if isinstance(index, DeviceValue) else index
-    k = int(np.clip(int(np.asarray(value)), 0, len(branches) - 1))
-    return branches[k](*operands)
+    if task is None:                              # no simulation: a concrete choice
+        return choose_branch(index, branches, operands)
+    return task.switch(index, branches, operands, _what)
 
 
 # -- the transposes, for simpmd.grad ---------------------------------------------------------

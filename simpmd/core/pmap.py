@@ -23,7 +23,7 @@ import numpy as np
 from .devices import device_count, devices as platform_devices
 from . import bridge, errors, program, spmd, tree
 from .array import Array
-from .batching import StackedRun, StackedValue
+from .batching import StackedValue
 from .mesh import ShardingError
 from .runtime import current_task, user_stacklevel
 from .spmd import Piece, as_array, positional_names
@@ -236,7 +236,7 @@ class Pmapped:
             # Inside a real JAX trace (jax.pmap of a nested simpmd program): today's JAX
             # spells the inner pmap jax.vmap with the same axis name.
             return bridge.jax.pmap_inside_jax(self, args, kwargs)
-        once = type(parent) is StackedRun            # nested in a body traced once
+        once = parent is not None and parent.stacked     # nested in a body traced once
         if parent is None:
             device_list = self._device_list()
         else:
@@ -288,7 +288,7 @@ class Pmapped:
 
     def _check_nesting(self, parent):
         """A pmap inside another's body maps a sub-grid; inside shard_map it cannot."""
-        if parent.sim.maps_a_mesh:
+        if parent.maps_a_mesh:
             raise ShardingError(
                 "a pmap was called inside a shard_map body. simpmd does not nest pmap "
                 "inside shard_map (and real JAX no longer nests maps over devices either): "
@@ -296,7 +296,7 @@ class Pmapped:
                 "the mesh instead, e.g. make_mesh((2, 4), ('data', 'model')), and split "
                 "the arguments over it in in_specs; collectives can then name either axis "
                 "or both.")
-        if self.eager and type(parent) is StackedRun:
+        if self.eager and parent.stacked:
             raise errors.MappedAxisError(
                 f"this pmap over {self.axis_name!r} has eager=True, but it is nested in a pmap "
                 f"whose body is traced once, so it cannot run one program per device. Give "
@@ -360,11 +360,11 @@ class Pmapped:
                 run.returned(s, lambda i, a=f"{label}[{':, ' * ax}": f"{a}{i % m}]")
             if not run.nested:
                 out.append(Array(s, run.devices, ax, _grid_layout(run, s, ax), self.axis_name))
-            elif type(run) is StackedRun:         # every outer device's value, stacked
+            elif run.stacked:                # every outer device's value, stacked
                 out.append(StackedValue(per_outer[:, 0] if ax is None else
                                    np.moveaxis(per_outer, 1, ax + 1)))
             else:                            # one outer program of a per-device run
-                out.append(DeviceValue(first if ax is None else np.moveaxis(s, 0, ax), run.sim.eager))
+                out.append(DeviceValue(first if ax is None else np.moveaxis(s, 0, ax), run.eager))
         return tree.unflatten(treedef, out)
 
 

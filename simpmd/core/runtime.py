@@ -17,6 +17,7 @@ The threads are kept in a pool between runs.
 """
 from __future__ import annotations
 
+import builtins
 from collections import deque
 import linecache
 import math
@@ -28,6 +29,7 @@ import numpy as np
 
 from . import collectives, errors, program
 from .program import replay_source
+from .traced import DeviceValue, choose_branch, unwrap
 from .trace import Event, Trace, current_phase
 from . import tree
 
@@ -75,7 +77,7 @@ def mapped_run():
     if task is None:
         return None
     return MappedRun(((name, size) for name, _, size in task.coords),
-                     task.sim.check_vma, task.sim.input_vma)
+                     task.check_vma, task.input_vma)
 
 
 class _Cancelled(BaseException):
@@ -137,6 +139,57 @@ class Task:
             return (f"the outer body at {coords} (devices "
                     f"{errors.id_ranges(leaf_device_ids(self))} at {inner})")
         return f"device {self.device.id} ({coords})"
+
+    # -- what simpmd.lax asks (a StackedRun answers the same questions for all devices) ---
+    stacked = False                       # one device's program, run on its own thread
+
+    @property
+    def eager(self) -> bool:
+        return self.sim.eager
+
+    @property
+    def maps_a_mesh(self) -> bool:
+        return self.sim.maps_a_mesh
+
+    @property
+    def check_vma(self) -> bool:
+        return self.sim.check_vma
+
+    @property
+    def input_vma(self) -> dict:
+        return self.sim.input_vma
+
+    def collective(self, op, axis_names, leaves, params, groups) -> list:
+        """Join the collective with this device's leaves; wait for the group; its results."""
+        values = [device_array(v) for v in leaves]
+        outs = self.sim.collective(self, op, axis_names, values, params, groups)
+        return [DeviceValue(o, self.sim.eager) for o in outs]
+
+    def axis_index(self, axis_names):
+        index, _ = self.sim.axis_position(self, axis_names, "axis_index")
+        return DeviceValue(np.asarray(index, dtype=np.int32), self.sim.eager)
+
+    def axis_size(self, axis_names, opname) -> int:
+        return self.sim.axis_position(self, axis_names, opname)[1]
+
+    def switch(self, index, branches, operands, what):
+        """``lax.switch`` on one device: its index is concrete, so Python chooses."""
+        return choose_branch(index, branches, operands)
+
+    def print(self, fmt, args, kwargs, source, code):
+        """``simpmd.debug.print`` on this device: printed and logged now."""
+        text = fmt.format(*unwrap(args), **unwrap(kwargs))
+        builtins.print(f"[{self.where()}] {text}")
+        self.sim.log(self, "print", detail=text, source=source, code=code)
+
+
+def device_array(x):
+    """The NumPy array of one device's collective operand (a JAX array is refused)."""
+    if type(x) is DeviceValue:
+        return x.value
+    if hasattr(x, "__jax_array__") or type(x).__module__.startswith("jax"):
+        raise errors.jax_array_in_collective()
+    return np.asarray(x)
 
 
 def leaf_device_ids(task) -> list:
@@ -384,7 +437,7 @@ class Simulation:
         index, size = self.axis_position(task, axis_names, op)
         group_id, member, p = None, index, size
         if groups is not None:
-            _check_groups(groups, size, op, task, axis_names)
+            _check_groups(groups, size, op, task.where(), axis_names)
             group_id, member = _find_group(groups, index)
             p = len(groups[group_id])
         check = collectives.PRECHECK.get(op)
@@ -551,37 +604,65 @@ def flat_results(tasks):
             raise errors.DivergenceError(
                 f"{t.where()} returned a result of structure {td}, but {tasks[0].where()} "
                 f"returned {treedef}; every device must return the same structure.")
-    _refuse_non_arrays(tasks, results, treedef)
+    _refuse_non_arrays([t.where() for t in tasks], results, treedef)
     return results, treedef
 
 
-def _refuse_non_arrays(tasks, results, treedef):
+class PerDeviceRun:
+    """The programs of one mapped call run one per device: what a front end's ``assemble``
+    asks of a run (``batching.StackedRun`` answers the same questions for stacked values)."""
+
+    outer_n = 1                          # a nested call here is one outer program's
+    stacked = False
+
+    def __init__(self, sim, tasks, nested):
+        self.sim, self.tasks, self.nested = sim, tasks, nested
+        self.n = len(tasks)
+        self.devices = [t.device for t in tasks]
+        self.eager = sim.eager
+
+    def sub_grids(self):
+        """Every program's inner devices (each once: several inner pmaps in one body run on
+        the same sub-grid), or None when no pmap nested inside."""
+        if not any(t.children for t in self.tasks):
+            return None
+        return [list(dict.fromkeys(c.device for c in t.children)) for t in self.tasks]
+
+    def where(self, k=0) -> str:
+        return self.tasks[k].where()
+
+    def returned(self, stack, detail):
+        for k, t in enumerate(self.tasks):
+            self.sim.log(t, "return", outputs=(stack[k],), detail=detail(k))
+
+
+def _refuse_non_arrays(places, results, treedef):
     """A result leaf must be an array or a number: JAX cannot return a string or an object."""
-    for t, (leaves, _) in zip(tasks, results):
+    for place, (leaves, _) in zip(places, results):
         for k, leaf in enumerate(leaves):
             if isinstance(leaf, (str, bytes)) or (
                     not isinstance(leaf, (np.ndarray, np.generic, int, float, complex))
                     and np.asarray(getattr(leaf, "value", leaf)).dtype.kind in "OUS"):
                 where = "" if treedef.kind == "leaf" else f" at position {k} of its results"
                 raise TypeError(
-                    f"{t.where()} returned {leaf!r} (a {type(leaf).__name__}){where}, which is "
+                    f"{place} returned {leaf!r} (a {type(leaf).__name__}){where}, which is "
                     f"not an array. A mapped function returns arrays (JAX: 'not a valid JAX "
                     f"type'). Return numbers or arrays; to show text from a device, use "
                     f"simpmd.debug.print inside the body, or compute the text on the host "
                     f"from the results.")
 
 
-def _check_groups(groups, size, op, task, axis_names):
+def _check_groups(groups, size, op, where, axis_names):
     flat = sorted(i for g in groups for i in g)
     if flat != list(range(size)):
         raise errors.CollectiveArgumentError(
-            f"{op} over {axis_names} on {task.where()}: axis_index_groups={groups} must use every index of axis "
+            f"{op} over {axis_names} on {where}: axis_index_groups={groups} must use every index of axis "
             f"{axis_names} (size {size}) exactly once; it covers {flat}. List each index "
             f"0..{size - 1} in exactly one group.")
     sizes = {len(g) for g in groups}
     if len(sizes) > 1 and op not in ("psum", "pmean", "pmax", "pmin"):
         raise errors.CollectiveArgumentError(
-            f"{op} over {axis_names} on {task.where()}: axis_index_groups={groups} has groups of sizes "
+            f"{op} over {axis_names} on {where}: axis_index_groups={groups} has groups of sizes "
             f"{sorted(len(g) for g in groups)}; {op} needs groups of equal size. Split the "
             f"axis into groups of one size.")
 

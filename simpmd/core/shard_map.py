@@ -232,7 +232,7 @@ class ShardMapped:
                 self._check_types(types[j], getattr(run, "why", {}), stack, spec, name,
                                   first.ndim, run, coords)
             elif not _replicated(stack, spec, mesh):
-                where = [_Named(run.where(k)) for k in range(run.n)]
+                where = [run.where(k) for k in range(run.n)]
                 self._check_replicated(where, list(stack), coords, spec, name, first.ndim)
             whole = _join_blocks(stack, spec, mesh)
             run.returned(stack, lambda k, name=name, shape=whole.shape, spec=spec: _block_detail(
@@ -248,7 +248,7 @@ class ShardMapped:
         if not missing:
             return
         if not _replicated(stack, spec, self.mesh):     # the values differ too: show them
-            where = [_Named(run.where(k)) for k in range(run.n)]
+            where = [run.where(k) for k in range(run.n)]
             self._check_replicated(where, list(stack), coords, spec, name, ndim)
         causes = []
         for axis in missing:
@@ -276,20 +276,20 @@ class ShardMapped:
             f"{axes} (lax.psum(..., {over}) or lax.pmean), or {_suggest(spec, missing, ndim)} "
             f"to keep each device's block, or pass check_vma=False to skip the check.")
 
-    def _check_replicated(self, tasks, values, coords, spec, name, ndim):
+    def _check_replicated(self, places, values, coords, spec, name, ndim):
         """Along every mesh axis ``spec`` leaves out, all devices must hold the same value."""
         mesh = self.mesh
         free = [n for n in mesh.axis_names if n not in spec.mesh_axes()]
         if not free:
             return
-        first_copy = {}                  # named-axes coordinates -> (task, value) of replica 0
-        for t, v, c in zip(tasks, values, coords):
+        first_copy = {}                  # named-axes coordinates -> (place, value) of replica 0
+        for t, v, c in zip(places, values, coords):
             key = tuple(c[n] for n in mesh.axis_names if n not in free)
             first_copy.setdefault(key, (t, v))
         differ = []
-        for t, v, c in zip(tasks, values, coords):
+        for t, v, c in zip(places, values, coords):
             t0, v0 = first_copy[tuple(c[n] for n in mesh.axis_names if n not in free)]
-            if t is not t0 and not np.array_equal(v, v0, equal_nan=v.dtype.kind in "fc"):
+            if t != t0 and not np.array_equal(v, v0, equal_nan=v.dtype.kind in "fc"):
                 differ.append((t, t0))
         if not differ:
             return
@@ -308,15 +308,15 @@ class ShardMapped:
         vary = " and ".join(repr(n) for n in varying)
         over = repr(varying[0]) if len(varying) == 1 else repr(tuple(varying))
         t, t0 = differ[0]
-        v, v0 = values[tasks.index(t)], values[tasks.index(t0)]
-        others = ", ".join(u.where() for u, _ in differ[1:5])
+        v, v0 = values[places.index(t)], values[places.index(t0)]
+        others = ", ".join(u for u, _ in differ[1:5])
         more = f" (and {len(differ) - 5} more)" if len(differ) > 5 else ""
         also = f" Also different: {others}{more}." if others else ""
         message = (
             f"out_specs {spec!r} for {name} leaves out mesh {word} {axes}, which declares "
             f"{name} replicated along {axes} (the same on every device along them), but it "
             f"is not replicated: it varies along {vary}: "
-            f"{t.where()} holds {summarize(v)} while {t0.where()} holds {summarize(v0)}."
+            f"{t} holds {summarize(v)} while {t0} holds {summarize(v0)}."
             f"{also} Either reduce it over {vary} first (lax.psum(..., {over}) or lax.pmean), "
             f"or {_suggest(spec, varying, ndim)} to concatenate the devices' blocks instead.")
         if self.check_vma:
@@ -346,15 +346,6 @@ def _suggest(spec, free, ndim) -> str:
     axes = " and ".join(repr(n) for n in free)
     return f"name {axes} in out_specs (e.g. {PartitionSpec(*entries)!r})"
 
-
-class _Named:
-    """Stands for a device in the shared checks, which only ask where it is."""
-
-    def __init__(self, text):
-        self.text = text
-
-    def where(self):
-        return self.text
 
 
 def _split_shape(shape, spec, mesh):

@@ -29,7 +29,8 @@ import numpy as np
 from . import batching, errors, program, tree
 from .devices import SimDevice
 from .batching import StackedRun, StackedValue, run_once
-from .runtime import Simulation, current_task, flat_results, _refuse_non_arrays
+from .runtime import (PerDeviceRun, Simulation, current_task, flat_results,
+                      _refuse_non_arrays)
 from .trace import Trace
 from .traced import DeviceValue
 
@@ -82,7 +83,7 @@ def run(owner, fun, devices, axes, args, kwargs, assemble, *, eager=False, check
     (``program.py``), later ones run the program and none of the body's Python.
     """
     parent = current_task()
-    if type(parent) is StackedRun:
+    if parent is not None and parent.stacked:
         # A pmap inside a body traced once: its grid nests below the outer one (a 2-D
         # mesh of outer x inner devices), and it is traced once too.
         return _run_once(owner, fun, parent.nest(axes), args, kwargs, assemble)
@@ -117,7 +118,7 @@ def _run_once(owner, fun, batch, args, kwargs, assemble, cache=None):
         else:
             result = run_once(batch, fun, args, kwargs)
         out, out_def = tree.flatten(result)
-        _refuse_non_arrays([batching._Named(batch.where(0))], [(out, out_def)], out_def)
+        _refuse_non_arrays([batch.where(0)], [(out, out_def)], out_def)
         stacks = [v.value if type(v) is StackedValue else _everywhere(plain(v), batch.n) for v in out]
         outputs = assemble(stacks, out_def, batch)
     except Exception as exc:               # the trace so far goes with the error
@@ -234,7 +235,7 @@ def _run_per_device(owner, fun, devices, axes, args, kwargs, assemble, eager, ch
     if parent is not None:
         sim.run_nested(parent, tasks)
         stacks, out_def = _stacked_results(tasks)
-        return assemble(stacks, out_def, _Programs(sim, tasks, nested=True))
+        return assemble(stacks, out_def, PerDeviceRun(sim, tasks, nested=True))
     try:
         sim.run(tasks)
     except errors.SimpmdError as exc:
@@ -243,7 +244,7 @@ def _run_per_device(owner, fun, devices, axes, args, kwargs, assemble, eager, ch
     error = None
     try:
         stacks, out_def = _stacked_results(tasks)
-        outputs = assemble(stacks, out_def, _Programs(sim, tasks, nested=False))
+        outputs = assemble(stacks, out_def, PerDeviceRun(sim, tasks, nested=False))
     except Exception as exc:             # raised below, with the run's trace attached
         error = exc
     sim.finalize()
@@ -253,31 +254,6 @@ def _run_per_device(owner, fun, devices, axes, args, kwargs, assemble, eager, ch
             error.trace = owner.trace
         raise error
     return outputs
-
-
-class _Programs:
-    """A per-device run as ``assemble`` sees it (``StackedRun`` answers the same questions)."""
-
-    outer_n = 1                          # a nested call here is one outer program's
-
-    def __init__(self, sim, tasks, nested):
-        self.sim, self.tasks, self.nested = sim, tasks, nested
-        self.n = len(tasks)
-        self.devices = [t.device for t in tasks]
-
-    def sub_grids(self):
-        """Every program's inner devices (each once: several inner pmaps in one body run on
-        the same sub-grid), or None when no pmap nested inside."""
-        if not any(t.children for t in self.tasks):
-            return None
-        return [list(dict.fromkeys(c.device for c in t.children)) for t in self.tasks]
-
-    def where(self, k=0) -> str:
-        return self.tasks[k].where()
-
-    def returned(self, stack, detail):
-        for k, t in enumerate(self.tasks):
-            self.sim.log(t, "return", outputs=(stack[k],), detail=detail(k))
 
 
 def _stacked_results(tasks):

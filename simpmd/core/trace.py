@@ -256,9 +256,10 @@ class Trace:
 
     def collectives(self) -> list[list[Event]]:
         """Each collective instance (one group's rendezvous) as its members' events."""
+        if self._columnar() is not None:    # each member's event written out when read
+            return self._log.collective_groups()
         by_step: dict = {}
-        columnar = self._columnar() is not None
-        for e in (self._log.events(collectives_only=True) if columnar else self.events):
+        for e in self.events:
             if e.kind == "collective":
                 by_step.setdefault(e.step, []).append(e)
         return [sorted(v, key=lambda e: e.member) for _, v in sorted(by_step.items())]

@@ -161,6 +161,13 @@ _OPERATOR_UFUNCS = frozenset({
     np.greater, np.greater_equal})
 
 
+def choose_branch(index, branches, operands):
+    """``lax.switch`` where the index is concrete (one device's value, or no simulation)."""
+    value = index.value if isinstance(index, DeviceValue) else index
+    k = int(np.clip(int(np.asarray(value)), 0, len(branches) - 1))
+    return branches[k](*operands)
+
+
 class DeviceValue(NDArrayOperatorsMixin):
     """A per-device array inside a mapped function: NumPy arithmetic, JAX's refusals."""
 
