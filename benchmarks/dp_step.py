@@ -14,8 +14,9 @@ Two measurements, each reported as a ratio against a baseline measured in the sa
    The first call traces the body into a program (as jax.pmap traces and compiles);
    the steady step is a cached call, which runs the program and none of the body's Python.
 2. Reading the log of one step, as a learner would (``len(trace.events)``,
-   ``trace.device(k)``, ``str(trace)``, ``trace.collectives()``), each on a fresh step,
-   as a ratio to the step itself (``--log-devices``, 16384 by default).
+   ``trace.device(k)``, ``str(trace)``, ``trace.collectives()``, and every member's event
+   of every collective), each on a fresh step, as a ratio to the step itself
+   (``--log-devices``, 16384 by default).
 3. One ``psum`` of 1 MiB per device over 64 devices, beside the bare NumPy reduction of
    the same stacked data (``x.sum(axis=0)``: the memory-bandwidth floor).
 
@@ -91,7 +92,8 @@ def log_reading(n, repeats=5):
     x = np.random.default_rng(0).standard_normal((n, VECTOR)).astype(np.float32)
     f(w, x)                                   # trace once
     views = {"trace.events": lambda t: len(t.events), "trace.device(k)": lambda t: t.device(n // 2),
-             "str(trace)": str, "trace.collectives()": lambda t: t.collectives()}
+             "str(trace)": str, "trace.collectives()": lambda t: t.collectives(),
+             "every collective event": lambda t: sum(1 for g in t.collectives() for _ in g)}
     best = {name: float("inf") for name in views}
     step_time = float("inf")
     for _ in range(repeats):

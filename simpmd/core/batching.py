@@ -709,9 +709,12 @@ class StackedRun:
         """((axis name, index, size), ...) of device ``k``."""
         found = self._coords.get(k)
         if found is None:                 # row-major over the grid, made when first asked
-            index = np.unravel_index(k, self.grid.shape) if k else (0,) * len(self.axes)
-            found = self._coords[k] = tuple((name, int(i), size)
-                                            for (name, size), i in zip(self.axes, index))
+            index, rest = [], k
+            for _, size in reversed(self.axes):
+                rest, i = divmod(rest, size)
+                index.append(i)
+            found = self._coords[k] = tuple((name, i, size) for (name, size), i
+                                            in zip(self.axes, reversed(index)))
         return found
 
     def sub_devices(self, k) -> list:
@@ -1052,7 +1055,7 @@ class _GroupEvents(Sequence):
     def __init__(self, batch, record, row, step, seqs):
         self._batch, self._record, self._row = batch, record, row.tolist()
         self._step, self._seqs, self._made = step, seqs, {}
-        self._group = self._programs = None      # the members' names, made on first read
+        self._common = None                 # what every member's event shares, made once
 
     def __len__(self):
         return len(self._row)
@@ -1060,10 +1063,17 @@ class _GroupEvents(Sequence):
     def __getitem__(self, pos):
         if isinstance(pos, slice):
             return [self[i] for i in range(*pos.indices(len(self)))]
-        pos = range(len(self))[pos]
-        if pos not in self._made:
-            self._made[pos] = self._event(pos)
-        return self._made[pos]
+        if pos < 0:
+            pos += len(self._row)
+        if not 0 <= pos < len(self._row):
+            raise IndexError(f"member {pos} of a group of {len(self._row)}")
+        found = self._made.get(pos)
+        if found is None:
+            found = self._made[pos] = self._event(pos)
+        return found
+
+    def __iter__(self):
+        return (self[pos] for pos in range(len(self._row)))
 
     def __repr__(self):
         return repr(list(self))
@@ -1071,34 +1081,40 @@ class _GroupEvents(Sequence):
     def __eq__(self, other):
         return list(self) == list(other)
 
-    def _event(self, pos):
+    def _shared(self):
         batch, row = self._batch, self._row
-        (_, step, op, axes, logged, params, stacks, outputs, sets, call, source, code,
+        (_, _, op, axes, logged, params, stacks, _, _, call, source, code,
          phase) = self._record
-        if self._group is None:
-            self._programs = tuple(batch.label(k) for k in row)
-            self._group = (self._programs if batch.inner
-                           else tuple(batch.devices[k].id for k in row))
+        programs = tuple(batch.label(k) for k in row)
+        group = programs if batch.inner else tuple(batch.devices[k].id for k in row)
+        p, sizes, wire = len(row), [s[0].nbytes for s in stacks], collectives.WIRE_BYTES[op]
+
+        @functools.lru_cache(maxsize=None)
+        def moved(at):
+            pairs = [wire(b, p, at, **params) for b in sizes]
+            return sum(x for x, _ in pairs), sum(y for _, y in pairs)
+        same = op in collectives.SAME_BYTES_FOR_EVERY_MEMBER
+        self._common = (dict(kind="collective", step=self._step, call=call, op=op, axes=axes,
+                             params=logged, source=source, code=code, group=group,
+                             group_programs=programs, phase=phase),
+                        (lambda pos: moved(0)) if same else moved)
+        return self._common
+
+    def _event(self, pos):
+        common, moved = self._common or self._shared()
+        batch, k = self._batch, self._row[pos]
+        stacks, outputs = self._record[6], self._record[7]
         if batch.inner:
-            ident, spans = None, tuple(batch.leaf_ids(row[pos]))
+            ident, spans = None, tuple(batch.leaf_ids(k))
         else:
-            ident = self._group[pos]
+            ident = common["group"][pos]
             spans = (ident,)
-        p = len(row)
-        moved = [0, 0]
-        at = 0 if op in collectives.SAME_BYTES_FOR_EVERY_MEMBER else pos
-        for s in stacks:
-            sent, received = collectives.WIRE_BYTES[op](s[0].nbytes, p, at, **params)
-            moved[0] += sent
-            moved[1] += received
-        k = row[pos]
-        return Event(kind="collective", program=batch.label(k), coords=batch.coords_of(k),
-                     seq=int(self._seqs[pos]), step=self._step, device=ident, devices=spans,
-                     call=call, op=op, axes=axes, member=pos, params=logged,
+        sent, received = moved(pos)
+        return Event(program=common["group_programs"][pos], coords=batch.coords_of(k),
+                     seq=int(self._seqs[pos]), device=ident, devices=spans, member=pos,
                      inputs=tuple(s[k, ...] for s in stacks),
-                     outputs=tuple(o[k, ...] for o in outputs), bytes_sent=moved[0],
-                     bytes_received=moved[1], source=source, code=code, group=self._group,
-                     group_programs=self._programs, phase=phase)
+                     outputs=tuple(o[k, ...] for o in outputs), bytes_sent=sent,
+                     bytes_received=received, **common)
 
 
 def _collective_events(record, event, labels, members_of, only=None):
