@@ -27,7 +27,7 @@ import numpy as np
 import simpmd
 import simpmd.numpy as snp
 from simpmd import P, lax
-from simpmd.core import runtime
+from simpmd.eager import scheduler
 
 _diagnosis = []                      # seconds spent in Simulation._diagnose, per call
 
@@ -42,7 +42,7 @@ def _timed_diagnose(original):
     return diagnose
 
 
-runtime.Simulation._diagnose = _timed_diagnose(runtime.Simulation._diagnose)
+scheduler.Simulation._diagnose = _timed_diagnose(scheduler.Simulation._diagnose)
 
 
 def timed(fn, repeats):

@@ -16,6 +16,7 @@ from .core.errors import (ConcretizationTypeError, DeadlockError, DeviceError, D
 from .core.pmap import pmap
 from .core.spmd import last_trace, make_jaxpr
 from .core.trace import Event, Trace
+from . import eager                                    # eager=True: one program per device
 
 __version__ = "0.1.0"
 
@@ -29,5 +30,5 @@ from . import course                                   # what the course noteboo
 from . import debug                                    # debug.print, like jax.debug.print
 from .jax.devices import JaxDevicesError, use_jax_devices
 from .jax.crosscheck import CrossCheckReport, crosscheck
-from .core.autodiff import grad, value_and_grad              # reverse mode, collectives included
+from .core.autodiff import grad, value_and_grad         # reverse mode, collectives included
 from . import viz                                      # pictures; matplotlib loads on first drawing

@@ -151,7 +151,7 @@ def test_mapped_run_tells_a_body_its_axes_check_vma_and_inputs_vma(eager):
     """What simpmd.grad asks the engine, on both engines: the axes in scope with their
     sizes, check_vma, and the mesh axes each body input varies over (None for a value
     computed in the body)."""
-    from simpmd.core.runtime import mapped_run
+    from simpmd.core.context import mapped_run
     seen = []
 
     def body(a, b):
@@ -173,7 +173,7 @@ def test_mapped_run_tells_a_body_its_axes_check_vma_and_inputs_vma(eager):
 
 
 def test_grad_inside_a_nested_pmap_sums_over_the_named_axes():
-    """A nested pmap runs per device (runtime.py): under pmap rules the gradient of a psum
+    """A nested pmap runs per device (simpmd/eager): under pmap rules the gradient of a psum
     over both axes of a 2x4 grid is 8 * 2v, over the inner axis alone 4 * 2v."""
     v = np.arange(16.0, dtype=np.float32).reshape(2, 4, 2)
     for axes, size in ((("i", "j"), 8), ("j", 4)):

@@ -217,7 +217,7 @@ def test_grad_matches_jax(jax8, case, mode):
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_eager_grad_matches_jax(jax8, case, mode):
-    """eager=True runs one program per device (runtime.py), not the stacked trace: the
+    """eager=True runs one program per device (simpmd/eager), not the stacked trace: the
     gradients must be JAX's all the same."""
     got = _leaves(run_simpmd(case, mode, eager=True))
     want = run_jax(jax8, case, mode)

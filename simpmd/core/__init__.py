@@ -13,7 +13,10 @@ Read it in the order the data flows through a call of ``simpmd.pmap(f)(x)``:
 6. ``trace.py``: the log of a run, columnar, written out per device only when read.
 
 Around it: ``errors.py``, ``tree.py`` (pytrees), ``devices.py`` and ``mesh.py`` (the
-simulated platform), ``array.py`` (what a mapped call returns), ``traced.py`` (the value
-one device holds in the per-device run) and ``runtime.py`` (the per-device run:
-one Python program per device, with rendezvous at each collective).
+simulated platform), ``array.py`` (what a mapped call returns), ``context.py`` (the
+program on this thread, the learner's source line, the checks both engines share),
+``traced.py`` (the value one device holds in an eager run) and ``bridge.py`` (where the
+eager scheduler, the JAX bridge and the drawings register themselves: the core imports
+none of them). The eager run itself, one program per device meeting at collectives, is
+``simpmd/eager/``.
 """

@@ -33,7 +33,7 @@ from numpy.lib.mixins import NDArrayOperatorsMixin
 
 from . import errors, tree
 from . import numpy as snp           # NumPy on plain arrays and on simpmd's device values
-from .runtime import mapped_run
+from .context import mapped_run
 from .trace import backward_pass
 from .traced import DeviceValue
 
@@ -219,7 +219,7 @@ def _vma(x):
     """The mesh axes ``x`` varies over, under ``check_vma``.
 
     A tracer knows its own. For a body input (or a view of one) the engine knows it
-    (``runtime.mapped_run().input_vma``). A Python or NumPy constant varies over none. Any
+    (``context.mapped_run().input_vma``). A Python or NumPy constant varies over none. Any
     other device value is taken to vary over every manual axis, as a value computed from
     sharded inputs does. (Device values defer to a tracer, so one on the left of an
     operator, ``x2 @ w``, reaches the tracer whole, not as a bare NumPy array.)

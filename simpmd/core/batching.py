@@ -10,10 +10,11 @@ rule exists it loops over the devices, so the answer is always right and only sl
 collective is one NumPy call over the whole stack (``collectives.STACKED``). The
 per-device log is written from the stacked values when someone reads it.
 
-A Python side effect in the body (a print, a counter) therefore happens once per call,
+A Python side effect in the body (a print, a counter) therefore happens when the body
+is traced, once per signature (later calls interpret the cached program, ``program.py``),
 as under ``jax.pmap``; ``simpmd.debug.print`` prints once per device, as
 ``jax.debug.print`` does. ``eager=True`` keeps running one program per device
-(``runtime.py``), for programs that depend on the device in Python.
+(``simpmd/eager/scheduler.py``), for programs that depend on the device in Python.
 """
 from __future__ import annotations
 
@@ -25,14 +26,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from . import collectives, errors, program, runtime, tree
+from . import collectives, context, errors, program, tree
 from .trace import Event, current_phase
 from .traced import (DeviceValue, _OPERATOR_UFUNCS, _jax_promotion, _no_new_float64, defers_to,
                      reduction_dtype,
                      install_operators, numpy_function_refused)
 
 
-TRACE_ONCE = True        # False: every call runs one program per device (runtime.py), as eager does
+TRACE_ONCE = True        # False: every call runs one program per device (simpmd.eager), as eager does
 
 
 # -- the stacked value ---------------------------------------------------------------------
@@ -58,7 +59,7 @@ class StackedValue(DeviceValue):
         every inner device below an outer one sees that outer device's row, as in JAX. (An
         inner pmap's result, read back in the outer body, has more rows, and is left alone.)"""
         stack = self._stack
-        task = getattr(runtime._local, "task", None)
+        task = getattr(context._local, "task", None)
         if type(task) is StackedRun and stack.shape[0] < task.n and task.outer is not None:
             return np.repeat(stack, task.n // stack.shape[0], axis=0)
         return stack
@@ -570,7 +571,7 @@ def switch(batch, index, branches, operands, what):
     """``lax.switch`` in a body traced once: every branch is traced (as JAX traces them),
     each device's own branch is the one it runs, and the results are chosen per device.
     While a branch runs, its collectives run only for the devices that take it."""
-    source, code = runtime.caller_source()
+    source, code = context.caller_source()
     last = len(branches) - 1
     if type(index) is StackedValue:
         if index.shape != ():
@@ -623,12 +624,12 @@ def _choose(mask, yes, no):
 @program.operation(lambda mask, label: ("cond_branch", {"branch": label[1]}), data_constants=False)
 def _enter_branch(mask, label):
     taking = np.asarray(mask.value if type(mask) is StackedValue else mask, dtype=bool).reshape(-1)
-    runtime.current_task().branches.append((taking, label))
+    context.current_task().branches.append((taking, label))
 
 
 @program.operation(lambda: ("cond_branch_end", {}))
 def _leave_branch():
-    runtime.current_task().branches.pop()
+    context.current_task().branches.pop()
 
 
 # -- the program that stands for every device ------------------------------------------------
@@ -728,13 +729,13 @@ class StackedRun:
     def label(self, k) -> str:
         """How the log names program ``k``: 'device 3', or 'i=1' for an outer body."""
         if self.inner:
-            return runtime.coords_text(self.coords_of(k))
+            return context.coords_text(self.coords_of(k))
         return f"device {self.devices[k].id}"
 
     def where(self, k=0) -> str:
         """How error messages name device ``k``: 'device 3 (i=3)'. The body runs once for
         every device, so an error raised while tracing is reported on the first one."""
-        coords = runtime.coords_text(self.coords_of(k))
+        coords = context.coords_text(self.coords_of(k))
         if self.inner:
             deepest = self
             while deepest.inner:
@@ -755,24 +756,24 @@ class StackedRun:
     @contextlib.contextmanager
     def running(self):
         """Make this the program ``simpmd.lax`` sees while the body runs."""
-        previous = runtime.current_task()
-        runtime._local.task = self
+        previous = context.current_task()
+        context._local.task = self
         log = self.root
         try:
             yield self
         finally:
-            runtime._local.task = previous
+            context._local.task = previous
             if log is self:          # an inner pmap's lines wait for the outer body's
                 for line in log.prints:
                     builtins.print(line)
                 log.prints = []
 
-    # -- what simpmd.lax asks (runtime.Task answers the same questions per device) ---------
+    # -- what simpmd.lax asks (eager's Task answers them per device) ---------
     eager = False
     stacked = True                        # one body over every device's value at once
 
     def axis_size(self, axis_names, opname):
-        return runtime.axis_position(self.coords_of(0), axis_names, opname, self.where(0),
+        return context.axis_position(self.coords_of(0), axis_names, opname, self.where(0),
                                       self.maps_a_mesh)[1]
 
     def axis_index(self, axis_names):
@@ -786,7 +787,7 @@ class StackedRun:
 
     def positions(self, axis_names, opname="axis_index"):
         """Each device's position along ``axis_names`` (row-major over the names)."""
-        runtime.axis_position(self.coords_of(0), axis_names, opname, self.where(0),
+        context.axis_position(self.coords_of(0), axis_names, opname, self.where(0),
                                       self.maps_a_mesh)
         names = [n for n, _ in self.axes]
         index = np.zeros(self.grid.shape, dtype=np.int32)
@@ -805,7 +806,7 @@ class StackedRun:
         members = self.grid.transpose(rest + [names.index(a) for a in axis_names]).reshape(-1, size)
         if groups is None:
             return [members], size
-        runtime._check_groups(groups, size, op, self.where(0), axis_names)
+        context.check_groups(groups, size, op, self.where(0), axis_names)
         by_size: dict = {}
         for g in groups:
             by_size.setdefault(len(g), []).append(list(g))
@@ -820,7 +821,7 @@ class StackedRun:
         if check is not None:          # on device 0's values: every device has their shapes
             check([s[0] for s in stacks], sets[0].shape[1], params, self.where(0), axis_names)
         outputs = [_run_stacked(op, s, sets, params, self.n) for s in stacks]
-        source, code = runtime.caller_source()
+        source, code = context.caller_source()
         results = [StackedValue(o) for o in outputs]
         if program.recording() is not None:       # (a replayed call records nothing)
             program.record(*_describe_collective(op, axis_names, params, groups, size),
@@ -859,7 +860,7 @@ class StackedRun:
         here = [self.devices[i].id for i in row if taking[i]]
         away = [i for i in ids if i not in here]
         axes = axis_names[0] if len(axis_names) == 1 else axis_names
-        where, line = runtime.caller_source()
+        where, line = context.caller_source()
         branch = {("cond", 1): "the true branch", ("cond", 0): "the false branch"}.get(
             (what, k), f"branch {k}")
         return (f"deadlock: lax.{what} at {source} ({code}) sends devices "
@@ -1150,15 +1151,15 @@ def _collective_events(record, event, labels, members_of, only=None):
 
 
 def _replay_collective(op, axis_names, params, groups, leaves):
-    return runtime.current_task().collective(op, axis_names, leaves, params, groups)
+    return context.current_task().collective(op, axis_names, leaves, params, groups)
 
 
 def _replay_print(fmt, source, code, args, kwargs):
-    runtime.current_task().print(fmt, args, kwargs, source, code)
+    context.current_task().print(fmt, args, kwargs, source, code)
 
 
 def replay_axis_index(axis_names):
-    return StackedValue(runtime.current_task().positions(axis_names))
+    return StackedValue(context.current_task().positions(axis_names))
 
 
 def _describe_collective(op, axes, params, groups, size):
@@ -1217,7 +1218,7 @@ def run_once(batch, fun, args, kwargs):
         if getattr(exc, "trace", None) is not None:
             raise                     # already explained, by a pmap nested in the body
         batch.error(f"{type(exc).__name__}: {exc}")
-        problem = runtime.explain_failure(batch.where(0), batch.devices[0].id, exc)
+        problem = context.explain_failure(batch.where(0), batch.devices[0].id, exc)
         from .trace import Trace
         problem.trace = Trace(batch.events)
         if problem is exc:

@@ -1,8 +1,10 @@
 """Where the core hands over to code outside it, registered from outside.
 
-The core imports nothing of simpmd outside ``simpmd/core``. Two packages that sit above it
-register themselves here when they are imported (``import simpmd`` imports both):
+The core imports nothing of simpmd outside ``simpmd/core``. Three packages that sit above
+it register themselves here when they are imported (``import simpmd`` imports them all):
 
+* ``eager``: :mod:`simpmd.eager.scheduler`, which runs one program per device
+  (``eager=True``, and the pmaps nested in such a body).
 * ``jax``: :mod:`simpmd.jax.handoff`. A collective, a pmap or a shard_map called on JAX
   tracers sits inside a real JAX trace, and runs as JAX's own.
 * ``views``: :mod:`simpmd.viz`, which draws a trace (``trace.draw()``).
@@ -13,6 +15,7 @@ import sys
 
 from . import tree
 
+eager = None
 jax = None
 views = None
 

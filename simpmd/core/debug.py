@@ -11,7 +11,7 @@ from __future__ import annotations
 import builtins
 import sys
 
-from .runtime import caller_source, current_task
+from .context import caller_source, current_task
 
 
 def print(fmt: str, *args, **kwargs) -> None:  # noqa: A001 (mirrors jax.debug.print)

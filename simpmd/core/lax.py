@@ -2,7 +2,7 @@
 
 Called in a body traced once (the default), each function combines every device's
 value in one NumPy call (``batching.StackedRun.collective``); called on one device of an
-eager run, it joins a rendezvous of that simulation (``runtime.Simulation``).
+eager run, it joins a rendezvous of that simulation (``simpmd.eager.scheduler``).
 Called anywhere else (for instance inside a real ``jax.pmap`` trace) it hands over to
 ``jax.lax`` when JAX has been imported (``handoff.py``), so one function body runs on both
 engines.
@@ -14,7 +14,7 @@ import numbers
 import numpy as np
 
 from . import autodiff, bridge, errors, tree
-from .runtime import current_task
+from .context import current_task
 from .traced import DeviceValue, choose_branch
 
 __all__ = ["psum", "pmean", "pmax", "pmin", "all_gather", "psum_scatter", "ppermute",
@@ -100,7 +100,7 @@ def _run(op, x, axis_name, params, groups=None, flat=None):
         return autodiff.collective(op, leaves, treedef, axis_name, params, groups,
                                    lambda primals: tree.flatten(_run(
                                        op, primals, axis_name, params, groups))[0])
-    # The program answers: a StackedRun for every device at once, a runtime.Task for one.
+    # The program answers: a StackedRun for every device at once, an eager Task for one.
     return tree.unflatten(treedef, task.collective(op, _axes(axis_name), leaves, params, groups))
 
 

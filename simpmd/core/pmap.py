@@ -25,7 +25,7 @@ from . import bridge, errors, program, spmd, tree
 from .array import Array
 from .batching import StackedValue
 from .mesh import ShardingError
-from .runtime import current_task, user_stacklevel
+from .context import current_task, user_stacklevel
 from .spmd import Piece, as_array, positional_names
 from .trace import Trace
 from .traced import DeviceValue

@@ -30,7 +30,7 @@ from . import bridge, errors, spmd, tree
 from .array import HostArray, Shard
 from .mesh import (Mesh, NamedSharding, PartitionSpec, ShardingError, block_counts,
                    block_slices, check_spec, replica_id, slices_text)
-from .runtime import current_task
+from .context import current_task
 from .spmd import Piece, as_array, positional_names
 from .trace import Trace, summarize
 

@@ -12,7 +12,7 @@ together; this module does the rest, the same way for both:
 2. the body runs one time over the stacks, as JAX traces it once (``batching.py``); a
    pmap nested inside it adds its axis below the outer ones, a grid of outer x inner
    devices, and is traced once too. With ``eager=True`` the body runs as one program per
-   device instead (``runtime.py``), and so do pmaps nested inside it;
+   device instead (``simpmd/eager``), and so do pmaps nested inside it;
 3. the results come back stacked the same way, one shape on every device, and the front
    end's ``assemble`` puts them together.
 
@@ -26,11 +26,10 @@ import math
 
 import numpy as np
 
-from . import batching, errors, program, tree
+from . import batching, bridge, program, tree
 from .devices import SimDevice
 from .batching import StackedRun, StackedValue, run_once
-from .runtime import (PerDeviceRun, Simulation, current_task, flat_results,
-                      _refuse_non_arrays)
+from .context import current_task, refuse_non_arrays
 from .trace import Trace
 from .traced import DeviceValue
 
@@ -91,8 +90,10 @@ def run(owner, fun, devices, axes, args, kwargs, assemble, *, eager=False, check
         batch = StackedRun(devices, axes, maps_a_mesh=maps_a_mesh)
         batch.check_vma = check_vma
         return _run_once(owner, fun, batch, args, kwargs, assemble, cache)
-    return _run_per_device(owner, fun, devices, axes, args, kwargs, assemble, eager, check_vma,
-                           maps_a_mesh, parent)
+    # One program per device (simpmd.eager registers it in bridge.py): eager=True, or a
+    # pmap nested in an eager body.
+    return bridge.eager.run_per_device(owner, fun, devices, axes, args, kwargs, assemble,
+                                       eager, check_vma, maps_a_mesh, parent)
 
 
 def _run_once(owner, fun, batch, args, kwargs, assemble, cache=None):
@@ -118,7 +119,7 @@ def _run_once(owner, fun, batch, args, kwargs, assemble, cache=None):
         else:
             result = run_once(batch, fun, args, kwargs)
         out, out_def = tree.flatten(result)
-        _refuse_non_arrays([batch.where(0)], [(out, out_def)], out_def)
+        refuse_non_arrays([batch.where(0)], [(out, out_def)], out_def)
         stacks = [v.value if type(v) is StackedValue else _everywhere(plain(v), batch.n) for v in out]
         outputs = assemble(stacks, out_def, batch)
     except Exception as exc:               # the trace so far goes with the error
@@ -208,86 +209,13 @@ def _shapes(out):
     return tree.unflatten(treedef, [(tuple(np.shape(plain(v))), plain(v).dtype) for v in leaves])
 
 
-def _run_per_device(owner, fun, devices, axes, args, kwargs, assemble, eager, check_vma,
-                    maps_a_mesh, parent):
-    """One program per device (runtime.py), nested under ``parent`` if there is one."""
-    if parent is None:
-        sim = Simulation(devices, eager=eager)
-        sim.maps_a_mesh, sim.check_vma = maps_a_mesh, check_vma
-    else:
-        sim = parent.sim
-    leaves, treedef = tree.flatten((args, kwargs))
-    pieces = [x for x in leaves if type(x) is Piece]
-    n = math.prod(size for _, size in axes)
-    per_device = []
-    for k in range(n):
-        mine = [DeviceValue(x.stack[k], sim.eager) if type(x) is Piece else x for x in leaves]
-        for x, v in zip(leaves, mine):
-            if type(x) is Piece and x.varies is not None:     # for simpmd.grad
-                for array in (v.value, _memory_owner(x.stack)):
-                    sim.input_vma[id(array)] = (array, x.varies)
-        per_device.append(tree.unflatten(treedef, mine))
-    tasks = sim.new_tasks(lambda a, kw: fun(*a, **kw), per_device, axes, parent)
-    for k, t in enumerate(tasks):
-        for x in pieces:
-            sim.log(t, "receive", inputs=(x.stack[k],), detail=x.detail(k))
-
-    if parent is not None:
-        sim.run_nested(parent, tasks)
-        stacks, out_def = _stacked_results(tasks)
-        return assemble(stacks, out_def, PerDeviceRun(sim, tasks, nested=True))
-    try:
-        sim.run(tasks)
-    except errors.SimpmdError as exc:
-        owner.trace = record_trace(exc.trace)
-        raise
-    error = None
-    try:
-        stacks, out_def = _stacked_results(tasks)
-        outputs = assemble(stacks, out_def, PerDeviceRun(sim, tasks, nested=False))
-    except Exception as exc:             # raised below, with the run's trace attached
-        error = exc
-    sim.finalize()
-    owner.trace = record_trace(Trace(sim.events, eager=sim.eager))
-    if error is not None:
-        if isinstance(error, errors.SimpmdError):
-            error.trace = owner.trace
-        raise error
-    return outputs
-
-
-def _stacked_results(tasks):
-    """Every device's results, stacked per leaf; a device whose shapes differ is named."""
-    results, treedef = flat_results(tasks)
-    stacks = []
-    for j in range(treedef.num_leaves):
-        values = [plain(r[0][j]) for r in results]
-        first = values[0]
-        for t, v in zip(tasks, values):
-            if v.shape != first.shape or v.dtype != first.dtype:
-                label = leaf_label(treedef, j)
-                raise errors.DivergenceError(
-                    f"result{label} has shape {first.shape} {first.dtype} on "
-                    f"{tasks[0].where()} but shape {v.shape} {v.dtype} on {t.where()}; every "
-                    f"device must return the same shapes and dtypes to be stacked (JAX "
-                    f"compiles one program for all of them). Pad or slice to a shape every "
-                    f"device shares, and mask the unused part.")
-        stacks.append(np.stack(values))
-    return stacks, treedef
-
-
 def _everywhere(value, n):
     """A result that is the same on every device (a constant), stacked ``n`` times (a view)."""
     return np.broadcast_to(value, (n,) + value.shape)
 
 
-def _memory_owner(array):
-    while isinstance(array.base, np.ndarray):
-        array = array.base
-    return array
-
-
 # -- shared by the front ends ----------------------------------------------------------------
+
 
 def leaf_label(treedef, k) -> str:
     """'[1]' or "['w']": how leaf ``k`` of a result tree is named in messages ('' for a leaf)."""

@@ -27,7 +27,7 @@ import numpy as np
 from ..core import bridge, tree
 from ..core.shard_map import shard_map
 from ..core.mesh import PartitionSpec
-from ..core.runtime import current_task
+from ..core.context import current_task
 
 
 holds_tracer = bridge.holds_jax_tracer       # True inside a JAX trace

@@ -19,65 +19,20 @@ from __future__ import annotations
 
 import builtins
 from collections import deque
-import linecache
 import math
-import os
-import sys
 import threading
 
 import numpy as np
 
-from . import collectives, errors, program
-from .program import replay_source
-from .traced import DeviceValue, choose_branch, unwrap
-from .trace import Event, Trace, current_phase
-from . import tree
+from ..core import collectives, errors, tree
+from ..core.spmd import Piece, leaf_label, plain, record_trace
+from ..core.context import (_local, axis_position, caller_source, check_groups, coords_text,
+                            explain_failure, refuse_non_arrays)
+from ..core.traced import DeviceValue, choose_branch, unwrap
+from ..core.trace import Event, Trace, current_phase
 
-# Frames of these modules are the engine's own; the source of an event is the first
-# frame outside them (so the tour in simpmd/__main__.py still counts as user code).
-ENGINE_MODULES = {"simpmd.core." + m for m in (
-    "lax", "runtime", "pmap", "traced", "debug", "collectives", "tree", "numpy", "shard_map",
-    "batching", "autodiff", "spmd", "program")} | {"simpmd.jax.handoff"}
-_local = threading.local()            # .task: the program this thread is running
 _idle_workers: list = []              # parked worker threads, reused across runs
 _WORKER_STACK = 1 << 20               # 1 MiB is plenty for a device's Python frames
-
-
-def current_task():
-    """The program running on this thread, or None outside a simulation."""
-    return getattr(_local, "task", None)
-
-
-class MappedRun:
-    """What a mapped body may learn about the run it is part of (``simpmd.grad`` asks).
-
-    ``axes``: ``((axis name, size), ...)`` of the mapped axes in scope. ``check_vma``:
-    a ``shard_map(check_vma=True)`` run, where every value knows the mesh axes it varies
-    over. ``input_vma(array)``: those axes for a body input (or a view of one), else None.
-    """
-
-    def __init__(self, axes, check_vma, inputs):
-        self.axes, self.check_vma, self._inputs = tuple(axes), check_vma, inputs
-
-    def axis_size(self, names) -> int:
-        return math.prod(size for name, size in self.axes if name in names)
-
-    def input_vma(self, array):
-        while isinstance(array, np.ndarray):
-            entry = self._inputs.get(id(array))
-            if entry is not None and entry[0] is array:
-                return entry[1]
-            array = array.base
-        return None
-
-
-def mapped_run():
-    """The :class:`MappedRun` of the body running on this thread, or None outside one."""
-    task = current_task()
-    if task is None:
-        return None
-    return MappedRun(((name, size) for name, _, size in task.coords),
-                     task.check_vma, task.input_vma)
 
 
 class _Cancelled(BaseException):
@@ -198,59 +153,6 @@ def leaf_device_ids(task) -> list:
         return [task.device.id]
     # several inner pmaps in one outer body run on the same sub-grid: name each device once
     return list(dict.fromkeys(i for child in task.children for i in leaf_device_ids(child)))
-
-
-def coords_text(coords) -> str:
-    """'data=1, model=0'; an unnamed axis (axis_name=None) shows as 'index 1'."""
-    return ", ".join(f"index {i}" if n is None else f"{n}={i}" for n, i, _ in coords)
-
-
-def axis_position(coords, axis_names, opname, where, maps_a_mesh=False):
-    """(index, size) of the device at ``coords`` along ``axis_names`` combined row-major."""
-    env = {n: (i, s) for n, i, s in coords}
-    index, size = 0, 1
-    for name in axis_names:
-        if name not in env or name is None:
-            raise errors.UnboundAxisError(errors.unbound_axis_message(
-                opname, name, where, coords, maps_a_mesh))
-        i, s = env[name]
-        index, size = index * s + i, size * s
-    return index, size
-
-
-def user_stacklevel() -> int:
-    """The ``stacklevel`` that makes a warning point at the user's code, not simpmd's."""
-    frame, level = sys._getframe(1), 1
-    while frame is not None and (frame.f_globals.get("__name__") in ENGINE_MODULES
-                                 or frame.f_globals.get("__name__") == "simpmd.jax.crosscheck"):
-        frame, level = frame.f_back, level + 1
-    return level
-
-
-def caller_source() -> tuple[str, str]:
-    """('file.py:12', 'the code on that line') for the user code that called into simpmd."""
-    replayed = replay_source()
-    if replayed is not None:         # a cached program: the line that was traced
-        return replayed
-    frame = sys._getframe(1)
-    while frame is not None and frame.f_globals.get("__name__") in ENGINE_MODULES:
-        frame = frame.f_back
-    if frame is None:
-        return "", ""
-    key = (frame.f_code, frame.f_lineno)
-    found = _sources.get(key)
-    if found is None:
-        filename, line = key[0].co_filename, key[1]
-        code = linecache.getline(filename, line).strip()
-        name = os.path.basename(filename)
-        if "ipykernel" in filename or filename.startswith("<ipython"):
-            name = "<cell>"          # notebook cells get temporary, machine-dependent names
-        found = _sources[key] = (f"{name}:{line}", code)
-    return found
-
-
-_sources: dict = {}                  # (code object, line) -> (source, code): SPMD repeats them
-program.where_called = caller_source
 
 
 class _Rendezvous:
@@ -437,7 +339,7 @@ class Simulation:
         index, size = self.axis_position(task, axis_names, op)
         group_id, member, p = None, index, size
         if groups is not None:
-            _check_groups(groups, size, op, task.where(), axis_names)
+            check_groups(groups, size, op, task.where(), axis_names)
             group_id, member = _find_group(groups, index)
             p = len(groups[group_id])
         check = collectives.PRECHECK.get(op)
@@ -571,26 +473,6 @@ def deadlock_message(rendezvous, tasks, max_groups: int = 8) -> str:
             "look for a collective inside Python control flow that differs between devices.")
 
 
-def explain_failure(where, device, exc, note=""):
-    """The error to raise when the mapped function raised ``exc`` on ``where``."""
-    if isinstance(exc, errors.SimpmdError):
-        if where not in str(exc):
-            exc.args = (f"on {where}: {exc}",) + exc.args[1:]
-        return exc
-    if any(k in str(exc) for k in ("__jax_array__", "simpmd.core.traced.DeviceValue", "simpmd.core.batching.StackedValue")):
-        err = errors.TracerArrayConversionError(
-            f"on {where}: a jax.numpy function was given a simpmd device value "
-            f"({exc}). Call array functions through simpmd.numpy "
-            f"(import simpmd.numpy as snp; snp.exp(x)): it works on both engines.")
-        err.__cause__ = exc
-        return err
-    err = errors.DeviceError(
-        f"the mapped function raised {type(exc).__name__} on {where}: {exc}.{note}",
-        device=device, original=exc)
-    err.__cause__ = exc
-    return err
-
-
 def flat_results(tasks):
     """Each task's result as (leaves, treedef), and the treedef they all share.
 
@@ -604,8 +486,84 @@ def flat_results(tasks):
             raise errors.DivergenceError(
                 f"{t.where()} returned a result of structure {td}, but {tasks[0].where()} "
                 f"returned {treedef}; every device must return the same structure.")
-    _refuse_non_arrays([t.where() for t in tasks], results, treedef)
+    refuse_non_arrays([t.where() for t in tasks], results, treedef)
     return results, treedef
+
+
+def _memory_owner(array):
+    """The array that owns ``array``'s memory (a device's piece is a view of its stack)."""
+    while isinstance(array.base, np.ndarray):
+        array = array.base
+    return array
+
+
+def run_per_device(owner, fun, devices, axes, args, kwargs, assemble, eager, check_vma,
+                   maps_a_mesh, parent):
+    """One program per device, nested under ``parent`` if there is one: the eager half of
+    ``simpmd.core.spmd.run``, which calls it through ``bridge.eager``."""
+    if parent is None:
+        sim = Simulation(devices, eager=eager)
+        sim.maps_a_mesh, sim.check_vma = maps_a_mesh, check_vma
+    else:
+        sim = parent.sim
+    leaves, treedef = tree.flatten((args, kwargs))
+    pieces = [x for x in leaves if type(x) is Piece]
+    n = math.prod(size for _, size in axes)
+    per_device = []
+    for k in range(n):
+        mine = [DeviceValue(x.stack[k], sim.eager) if type(x) is Piece else x for x in leaves]
+        for x, v in zip(leaves, mine):
+            if type(x) is Piece and x.varies is not None:     # for simpmd.grad
+                for array in (v.value, _memory_owner(x.stack)):
+                    sim.input_vma[id(array)] = (array, x.varies)
+        per_device.append(tree.unflatten(treedef, mine))
+    tasks = sim.new_tasks(lambda a, kw: fun(*a, **kw), per_device, axes, parent)
+    for k, t in enumerate(tasks):
+        for x in pieces:
+            sim.log(t, "receive", inputs=(x.stack[k],), detail=x.detail(k))
+
+    if parent is not None:
+        sim.run_nested(parent, tasks)
+        stacks, out_def = _stacked_results(tasks)
+        return assemble(stacks, out_def, PerDeviceRun(sim, tasks, nested=True))
+    try:
+        sim.run(tasks)
+    except errors.SimpmdError as exc:
+        owner.trace = record_trace(exc.trace)
+        raise
+    error = None
+    try:
+        stacks, out_def = _stacked_results(tasks)
+        outputs = assemble(stacks, out_def, PerDeviceRun(sim, tasks, nested=False))
+    except Exception as exc:             # raised below, with the run's trace attached
+        error = exc
+    sim.finalize()
+    owner.trace = record_trace(Trace(sim.events, eager=sim.eager))
+    if error is not None:
+        if isinstance(error, errors.SimpmdError):
+            error.trace = owner.trace
+        raise error
+    return outputs
+
+
+def _stacked_results(tasks):
+    """Every device's results, stacked per leaf; a device whose shapes differ is named."""
+    results, treedef = flat_results(tasks)
+    stacks = []
+    for j in range(treedef.num_leaves):
+        values = [plain(r[0][j]) for r in results]
+        first = values[0]
+        for t, v in zip(tasks, values):
+            if v.shape != first.shape or v.dtype != first.dtype:
+                label = leaf_label(treedef, j)
+                raise errors.DivergenceError(
+                    f"result{label} has shape {first.shape} {first.dtype} on "
+                    f"{tasks[0].where()} but shape {v.shape} {v.dtype} on {t.where()}; every "
+                    f"device must return the same shapes and dtypes to be stacked (JAX "
+                    f"compiles one program for all of them). Pad or slice to a shape every "
+                    f"device shares, and mask the unused part.")
+        stacks.append(np.stack(values))
+    return stacks, treedef
 
 
 class PerDeviceRun:
@@ -634,37 +592,6 @@ class PerDeviceRun:
     def returned(self, stack, detail):
         for k, t in enumerate(self.tasks):
             self.sim.log(t, "return", outputs=(stack[k],), detail=detail(k))
-
-
-def _refuse_non_arrays(places, results, treedef):
-    """A result leaf must be an array or a number: JAX cannot return a string or an object."""
-    for place, (leaves, _) in zip(places, results):
-        for k, leaf in enumerate(leaves):
-            if isinstance(leaf, (str, bytes)) or (
-                    not isinstance(leaf, (np.ndarray, np.generic, int, float, complex))
-                    and np.asarray(getattr(leaf, "value", leaf)).dtype.kind in "OUS"):
-                where = "" if treedef.kind == "leaf" else f" at position {k} of its results"
-                raise TypeError(
-                    f"{place} returned {leaf!r} (a {type(leaf).__name__}){where}, which is "
-                    f"not an array. A mapped function returns arrays (JAX: 'not a valid JAX "
-                    f"type'). Return numbers or arrays; to show text from a device, use "
-                    f"simpmd.debug.print inside the body, or compute the text on the host "
-                    f"from the results.")
-
-
-def _check_groups(groups, size, op, where, axis_names):
-    flat = sorted(i for g in groups for i in g)
-    if flat != list(range(size)):
-        raise errors.CollectiveArgumentError(
-            f"{op} over {axis_names} on {where}: axis_index_groups={groups} must use every index of axis "
-            f"{axis_names} (size {size}) exactly once; it covers {flat}. List each index "
-            f"0..{size - 1} in exactly one group.")
-    sizes = {len(g) for g in groups}
-    if len(sizes) > 1 and op not in ("psum", "pmean", "pmax", "pmin"):
-        raise errors.CollectiveArgumentError(
-            f"{op} over {axis_names} on {where}: axis_index_groups={groups} has groups of sizes "
-            f"{sorted(len(g) for g in groups)}; {op} needs groups of equal size. Split the "
-            f"axis into groups of one size.")
 
 
 def _find_group(groups, index):
