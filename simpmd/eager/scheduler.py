@@ -1,11 +1,12 @@
 """Eager runs: one program per simulated device, meeting at collectives.
 
-By default simpmd traces a body once over all devices (``batching.py``). With
+By default simpmd traces a body once over all devices (``simpmd/core/batching.py``). With
 ``eager=True`` the body may branch on its values in Python, as real JAX cannot, so each
 device must run its own copy: this module runs them (and the pmaps nested in such a body,
-whose inner maps it runs per outer program). Every simulated device runs the user's function on its own
-thread, but only one thread runs at a time: a device runs until it reaches a collective (or finishes), then hands
-the *baton* to the next device in the run queue. A collective is a *rendezvous*: the
+whose inner maps it runs per outer program). Every simulated device runs the user's
+function on its own thread, but only one thread runs at a time: a device runs until it
+reaches a collective (or finishes), then hands the *baton* to the next device in the run
+queue. A collective is a *rendezvous*: the
 last member of the group to arrive combines everyone's values in one NumPy call (see
 ``collectives.py``), hands each member its result and carries on; the others wake up in
 turn. Running one device at a time makes every run deterministic, and it makes the two
@@ -25,11 +26,11 @@ import threading
 import numpy as np
 
 from ..core import collectives, errors, tree
-from ..core.spmd import Piece, leaf_label, plain, record_trace
 from ..core.context import (_local, axis_position, caller_source, check_groups, coords_text,
                             explain_failure, refuse_non_arrays)
-from ..core.traced import DeviceValue, choose_branch, unwrap
+from ..core.spmd import Piece, leaf_label, plain, record_trace
 from ..core.trace import Event, Trace, current_phase
+from ..core.traced import DeviceValue, choose_branch, unwrap
 
 _idle_workers: list = []              # parked worker threads, reused across runs
 _WORKER_STACK = 1 << 20               # 1 MiB is plenty for a device's Python frames
