@@ -139,18 +139,43 @@ def test_a_gradient_in_the_body_is_part_of_the_program():
     np.testing.assert_allclose(got, np.broadcast_to(expected, (8, 4, 3)), rtol=1e-5, atol=1e-5)
 
 
-def test_a_nested_pmap_is_traced_on_every_call_and_stays_right():
+def test_a_nested_pmap_is_traced_once_and_replayed_with_the_outer_body():
+    """As JAX traces a pmap-of-vmap once: both bodies run on the first call only, and the
+    second call's values are the new ones (worked by hand: psum over 'j' of each row)."""
     calls = []
 
     def outer(x):
-        calls.append(1)
-        return simpmd.pmap(lambda v: lax.psum(v, "j"), "j")(x) + lax.axis_index("i")
+        calls.append("outer")
+        return simpmd.pmap(lambda v: (calls.append("inner"), lax.psum(v, "j"))[1], "j")(x) \
+            + lax.axis_index("i")
     f = simpmd.pmap(outer, "i")
     x = np.arange(8.0).reshape(2, 4)
     f(x)
     got = np.asarray(f(x * 10))
-    assert len(calls) == 2
+    assert calls == ["outer", "inner"]
     np.testing.assert_array_equal(got, np.array([[60.0] * 4, [221.0] * 4]))
+    assert "xla_pmap[axis_name=j" in str(f.trace.program)
+    got = np.asarray(f(np.ones((2, 3))))                 # a new shape traces both again
+    assert calls == ["outer", "inner"] * 2
+    np.testing.assert_array_equal(got, np.array([[3.0] * 3, [4.0] * 3]))
+
+
+def test_a_nested_body_that_closes_over_an_outer_value_is_traced_on_every_call():
+    """The inner body reads ``y`` of the outer body without being passed it: replaying the
+    traced call would reuse the first call's ``y``, so simpmd traces again instead."""
+    calls = []
+
+    def outer(x):
+        calls.append("outer")
+        y = x.sum()
+        return simpmd.pmap(lambda z: z + y, axis_name="j")(x)
+    f = simpmd.pmap(outer, axis_name="i")
+    x = np.arange(8.0).reshape(2, 4)
+    f(x)
+    got = np.asarray(f(x + 10))
+    assert calls == ["outer", "outer"]
+    expected = (x + 10) + (x + 10).sum(axis=1, keepdims=True)
+    np.testing.assert_array_equal(got, expected)
 
 
 def test_shard_map_outside_jit_traces_on_every_call_as_in_jax():

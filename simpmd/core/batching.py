@@ -684,7 +684,6 @@ class StackedRun:
                 f"nested pmap needs a grid of {shape} = {self.n * size} devices, but only "
                 f"{len(self.all_devices)} are available. Call "
                 f"simpmd.set_device_count({self.n * size}) or map smaller sizes.")
-        program.break_recording("the body calls a nested pmap")
         self.inner = size
         self.inner_batch = StackedRun(self.all_devices, self.axes + tuple(inner_axes),
                                  self.maps_a_mesh, self)

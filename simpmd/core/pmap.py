@@ -236,6 +236,11 @@ class Pmapped:
             # Inside a real JAX trace (jax.pmap of a nested simpmd program): today's JAX
             # spells the inner pmap jax.vmap with the same axis name.
             return bridge.jax.pmap_inside_jax(self, args, kwargs)
+        if parent is not None and parent.stacked:
+            return _nested_call(self, args, kwargs)
+        return self._call(parent, args, kwargs)
+
+    def _call(self, parent, args, kwargs):
         once = parent is not None and parent.stacked     # nested in a body traced once
         if parent is None:
             device_list = self._device_list()
@@ -273,18 +278,28 @@ class Pmapped:
                 full[i] = v
             return self.fun(*full, **kw)
         cache = None
-        if parent is None and not self.eager:
+        if (parent is None or once) and not self.eager:
             # JAX's signature: the function, the static arguments, the axes, and each
             # argument's shape and dtype (64-bit numbers count as the 32-bit ones JAX makes).
             leaves = tuple((tuple(np.shape(v)), program.canonical_dtype(v.dtype), ax)
                            for conv in arrays if conv is not None for v, ax in conv)
             key = ("pmap", self.axis_name, repr(self.in_axes), repr(self.out_axes),
-                   self.axis_size, size, tuple(d.id for d in device_list),
+                   self.axis_size, size, outer, tuple(d.id for d in device_list),
                    tuple((i, type(args[i]), args[i]) for i in sorted(static)),
                    tuple(str(d) for d in defs), str(kw_def), leaves)
             cache = (self.fun, key)
-        return spmd.run(self, body, device_list, ((self.axis_name, size),), tuple(mapped), kw,
-                        self._assemble, eager=self.eager, cache=cache)
+        out = spmd.run(self, body, device_list, ((self.axis_name, size),), tuple(mapped), kw,
+                       self._assemble, eager=self.eager, cache=cache)
+        if once:
+            inner = getattr(self.trace, "program", None)
+            if inner is None or inner.broken:
+                # The outer program replays this call, which would run the inner body as it
+                # was traced, closures included: a body that reads the outer body's values
+                # without passing them in is traced again on every call instead.
+                program.break_recording(
+                    "a nested pmap's body cannot be traced once: "
+                    + (inner.broken if inner is not None else "it was not traced"))
+        return out
 
     def _check_nesting(self, parent):
         """A pmap inside another's body maps a sub-grid; inside shard_map it cannot."""
@@ -366,6 +381,19 @@ class Pmapped:
             else:                            # one outer program of a per-device run
                 out.append(DeviceValue(first if ax is None else np.moveaxis(s, 0, ax), run.eager))
         return tree.unflatten(treedef, out)
+
+
+def _describe_nested(pmapped, args, kwargs):
+    return "xla_pmap", {"axis_name": pmapped.axis_name,
+                        "name": getattr(pmapped.fun, "__name__", "fun")}
+
+
+@program.operation(_describe_nested, data_constants=False)
+def _nested_call(pmapped, args, kwargs):
+    """A pmap called in a body traced once: one equation of the outer program (JAX prints
+    it as ``xla_pmap``), whose own body is traced once into a program of its own and
+    replayed with the outer one."""
+    return pmapped._call(current_task(), args, kwargs)
 
 
 def _first_outer_device(value):

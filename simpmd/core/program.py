@@ -17,9 +17,9 @@ time over the new stacked values, and runs none of the body's Python. Collective
 equations too, so the log of a cached call still shows each of them, and
 :func:`make_jaxpr` prints the program in JAX's notation.
 
-A body that cannot be replayed faithfully (it nests a pmap, or computes a stacked value
-outside the recorded operations) is marked so, with the reason, and is traced again on
-every call, as before: its results are always right.
+A body that cannot be replayed faithfully (a nested pmap's body reads an outer value it
+is not passed, or a stacked value is computed outside the recorded operations) is marked
+so, with the reason, and is traced again on every call: its results are always right.
 """
 from __future__ import annotations
 

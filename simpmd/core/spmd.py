@@ -85,7 +85,7 @@ def run(owner, fun, devices, axes, args, kwargs, assemble, *, eager=False, check
     if parent is not None and parent.stacked:
         # A pmap inside a body traced once: its grid nests below the outer one (a 2-D
         # mesh of outer x inner devices), and it is traced once too.
-        return _run_once(owner, fun, parent.nest(axes), args, kwargs, assemble)
+        return _run_once(owner, fun, parent.nest(axes), args, kwargs, assemble, cache)
     if parent is None and not eager and batching.TRACE_ONCE:
         batch = StackedRun(devices, axes, maps_a_mesh=maps_a_mesh)
         batch.check_vma = check_vma
