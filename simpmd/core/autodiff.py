@@ -835,6 +835,20 @@ TRANSPOSE_RULES = {
 }
 
 
+def _no_rule(eqn):
+    name = str(eqn.primitive)
+    if name in COLLECTIVE_PRIMITIVES:
+        return NotDifferentiableError(
+            f"Differentiation rule for {name!r} not implemented (as in JAX, which raises "
+            f"NotImplementedError for grad of lax.{name}){_line(eqn)}. To take a maximum "
+            f"that gradients flow through, all_gather the values and use .max() on them.")
+    return NotDifferentiableError(
+        f"simpmd.grad has no transpose rule for the primitive {name!r}{_line(eqn)}. Write "
+        f"the computation with operations it differentiates (arithmetic, @, sum, mean, max, "
+        f"reshape, indexing, exp, log, tanh, maximum, where, psum, pmean, all_gather, "
+        f"psum_scatter, ppermute, all_to_all), or take the gradient with jax.grad.")
+
+
 def _missing_axes(eqn, var, vma):
     """Under check_vma: the axes over which ``var`` was implicitly made varying (JAX's
     pvary) by ``eqn``, whose cotangent must therefore be summed over them."""
@@ -859,10 +873,7 @@ def transpose_program(rec, start, in_vars, out_var, seed):
             outs = [v for v in eqn.outvars if _is_float(v)]
             if outs:
                 if eqn.primitive not in TRANSPOSE_RULES:
-                    raise NotDifferentiableError(
-                        f"simpmd.grad has no transpose rule for the primitive "
-                        f"{str(eqn.primitive)!r}{_line(eqn)}. Write the computation with "
-                        f"operations it differentiates, or take the gradient with jax.grad.")
+                    raise _no_rule(eqn)
                 active.update(outs)
                 linear.append(eqn)
     cts = {}
