@@ -1,18 +1,28 @@
 """Reverse-mode differentiation of simulated programs: ``simpmd.grad`` and friends.
 
-Built as in JAX's Autodidax and in micrograd. ``grad(f)(w)`` wraps ``w`` in a
-:class:`GradValue`. Each operation on a tracer computes its primal value through the
-public operations (operators, NumPy functions, ``simpmd.lax``) and remembers the
-rule that sends a cotangent back to its inputs. The backward pass walks the graph in
-reverse and applies those rules. There are two tables:
+Built as in JAX's Autodidax. There are two ways in, one per engine:
 
-* ``VJP``: one rule per primitive (``multiply``, ``matmul``, ``sum``, ...), in NumPy.
-* ``TRANSPOSE``: one rule per collective, registered by ``simpmd.lax``. The backward pass
-  of a collective is another collective: ``all_gather`` becomes ``psum_scatter`` (FSDP's
-  reduce-scatter), ``ppermute`` sends back along the inverse permutation, ``psum``
-  becomes ``psum``.
-  These run on the devices like any collective, inside ``trace.backward_pass()``, so
-  each device's log marks them as backward.
+* **On a program** (a body on the stacked engine, the default). ``grad(f)(w)`` runs ``f``
+  on ``w`` while the body's :class:`program.Recorder` writes its operations down as
+  equations, then walks those equations in reverse and applies one rule per primitive,
+  ``TRANSPOSE_RULES[eqn.primitive]`` (``mul``, ``dot_general``, ``reduce_sum``, ``psum``,
+  ``all_gather``, ...), as Autodidax's ``backward_pass`` applies its ``transpose_rules``.
+  The rules compute with the public operations, so the backward equations join the same
+  program: a cached call replays them, and ``make_jaxpr`` of a grad prints them. A body
+  the engine runs without recording (``shard_map(check_vma=False)`` outside jit, an inner
+  pmap) gets a recorder of grad's own, used for the gradient and then dropped.
+* **On a tape** (the eager engine, which runs one program per device and records none,
+  and plain NumPy outside any mapped body). ``grad(f)(w)`` wraps ``w`` in a
+  :class:`GradValue`; each operation on it computes its primal value through the public
+  operations and remembers the rule that sends a cotangent back (``VJP``, keyed by
+  NumPy's names, and ``FUNCTION_VJP``), as micrograd does.
+
+Both share ``TRANSPOSE``: one rule per collective, registered by ``simpmd.lax``. The
+backward pass of a collective is another collective: ``all_gather`` becomes
+``psum_scatter`` (FSDP's reduce-scatter), ``ppermute`` sends back along the inverse
+permutation, ``psum`` becomes ``psum``. These run on the devices like any collective,
+inside ``trace.backward_pass()``, so each device's log marks them as backward (and a
+program's equations keep that mark, so a replayed call logs them as backward too).
 
 Like JAX, the rules depend on how the body was mapped. Under ``pmap`` (and
 ``shard_map(check_vma=False)``) the transpose of ``psum`` is ``psum``: on 8 devices
@@ -681,8 +691,11 @@ def _reshape(cts, call):
 
 def _transpose(cts, call):
     xv, x, args, _ = call.method()
-    if call.numpy_name() == "swapaxes":
-        return [(xv, snp.swapaxes(cts[0], *args))]
+    if call.numpy_name() == "swapaxes":             # its own inverse, as one transpose
+        a, b = (int(i) % len(_shape(x)) for i in args[:2])
+        perm = list(range(len(_shape(x))))
+        perm[a], perm[b] = b, a
+        return [(xv, cts[0].transpose(tuple(perm)))]
     perm = call.eqn.params["permutation"]
     return [(xv, cts[0].transpose(tuple(int(i) for i in np.argsort(perm))))]
 
@@ -703,12 +716,8 @@ def _copy(cts, call):
 
 def _broadcast_in_dim(cts, call):
     name = call.numpy_name()
-    if name in ("zeros_like", "ones_like", "empty_like"):
-        return []                                   # the values of x do not matter
-    if name == "full_like":
-        fill = call.recorded[1][1] if len(call.recorded[1]) > 1 else call.args[2].get("fill_value")
-        fill_value = call.args[1][1] if len(call.args[1]) > 1 else call.args[2].get("fill_value")
-        return [(fill, _unbroadcast(cts[0], _shape(fill_value)).sum())] if type(fill) is prog.Var else []
+    if name in ("zeros_like", "ones_like", "empty_like", "full_like"):
+        return []               # the values of x do not matter (the engine's fill is a constant)
     if name == "broadcast_to" and not call.args[2]:
         xv, x = call.recorded[1][0], call.args[1][0]
         return [(xv, _unbroadcast(cts[0], _shape(x)))]
@@ -747,7 +756,6 @@ def _clamp(cts, call):
     xv, x, args, kwargs = call.method()
     lo = args[0] if args else kwargs.get("a_min", kwargs.get("min"))
     hi = args[1] if len(args) > 1 else kwargs.get("a_max", kwargs.get("max"))
-    inside = snp.ones_like(x) if True else None
     ct = cts[0]
     keep = (x >= lo) if lo is not None else None
     if hi is not None:
