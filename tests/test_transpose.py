@@ -187,3 +187,20 @@ def test_grad_in_a_body_that_is_not_recorded_uses_its_own_program():
     np.testing.assert_allclose(np.asarray(f(v)), N * 2 * v)      # psum's transpose is psum
     assert [(c[0].op, c[0].phase) for c in f.trace.calls()] == [
         ("psum", "forward"), ("psum", "backward")]
+
+
+def test_the_same_value_passed_twice_gets_two_gradients():
+    """argnums=(0, 1) with w given twice: d/da sum(a * b * w) at a = b = w is (b*w, a*w)."""
+    w = np.arange(1.0, 2.0 * N + 1, dtype=np.float32).reshape(N, 2)
+    f = simpmd.pmap(lambda w: simpmd.grad(lambda a, b: (a * b * w).sum(), argnums=(0, 1))(w, w), "i")
+    ga, gb = f(w)
+    np.testing.assert_allclose(np.asarray(ga), w * w)
+    np.testing.assert_allclose(np.asarray(gb), w * w)
+
+
+def test_grad_inside_a_differentiated_function_is_refused():
+    v = np.ones((N, 3), np.float32)
+    f = simpmd.pmap(lambda v: simpmd.grad(
+        lambda x: simpmd.grad(lambda y: (y * y).sum())(x).sum())(v), "i")
+    with pytest.raises(NotDifferentiableError, match="does not nest"):
+        f(v)
