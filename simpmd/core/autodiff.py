@@ -1075,25 +1075,13 @@ def _value_and_grad_impl(fun, argnums, has_aux, args, kwargs):
                     "differentiating: simpmd.grad does not nest. Use jax.grad for higher "
                     "derivatives.")
             value = leaf if isinstance(leaf, DeviceValue) else np.asarray(leaf)
-            if not np.issubdtype(value.dtype, np.inexact):
-                raise TypeError(
-                    f"grad requires real- or complex-valued inputs (input dtype that is a "
-                    f"sub-dtype of np.inexact), but got {value.dtype.name} for argument "
-                    f"{a}. If you want to use integer-valued inputs, convert them to float "
-                    f"first (as JAX says).")
+            _check_input(value, a)
             if not isinstance(value, DeviceValue) and type(leaf) in (float, int):
                 value = value.astype(np.float32)              # JAX's default float
             tracers.append(GradValue(value, vma=_vma(leaf), level=level))
         wrapped.append((tracers, treedef))
         args[a] = tree.unflatten(treedef, tracers)
-    result = fun(*args, **kwargs)
-    if has_aux:
-        if not (isinstance(result, tuple) and len(result) == 2):
-            raise TypeError("has_aux=True needs the function to return a pair "
-                            f"(output, auxiliary data), got {type(result).__name__}.")
-        out, aux = result
-    else:
-        out, aux = result, None
+    out, aux = _split_aux(fun(*args, **kwargs), has_aux)
     value = _primal(out)
     if _shape(value) != ():
         raise TypeError(f"Gradient only defined for scalar-output functions. Output had "
