@@ -1,18 +1,28 @@
 """Reverse-mode differentiation of simulated programs: ``simpmd.grad`` and friends.
 
-Built as in JAX's Autodidax and in micrograd. ``grad(f)(w)`` wraps ``w`` in a
-:class:`GradValue`. Each operation on a tracer computes its primal value through the
-public operations (operators, NumPy functions, ``simpmd.lax``) and remembers the
-rule that sends a cotangent back to its inputs. The backward pass walks the graph in
-reverse and applies those rules. There are two tables:
+Built as in JAX's Autodidax. There are two ways in, one per engine:
 
-* ``VJP``: one rule per primitive (``multiply``, ``matmul``, ``sum``, ...), in NumPy.
-* ``TRANSPOSE``: one rule per collective, registered by ``simpmd.lax``. The backward pass
-  of a collective is another collective: ``all_gather`` becomes ``psum_scatter`` (FSDP's
-  reduce-scatter), ``ppermute`` sends back along the inverse permutation, ``psum``
-  becomes ``psum``.
-  These run on the devices like any collective, inside ``trace.backward_pass()``, so
-  each device's log marks them as backward.
+* **On a program** (a body on the stacked engine, the default). ``grad(f)(w)`` runs ``f``
+  on ``w`` while the body's :class:`program.Recorder` writes its operations down as
+  equations, then walks those equations in reverse and applies one rule per primitive,
+  ``TRANSPOSE_RULES[eqn.primitive]`` (``mul``, ``dot_general``, ``reduce_sum``, ``psum``,
+  ``all_gather``, ...), as Autodidax's ``backward_pass`` applies its ``transpose_rules``.
+  The rules compute with the public operations, so the backward equations join the same
+  program: a cached call replays them, and ``make_jaxpr`` of a grad prints them. A body
+  the engine runs without recording (``shard_map(check_vma=False)`` outside jit, an inner
+  pmap) gets a recorder of grad's own, used for the gradient and then dropped.
+* **On a tape** (the eager engine, which runs one program per device and records none,
+  and plain NumPy outside any mapped body). ``grad(f)(w)`` wraps ``w`` in a
+  :class:`GradValue`; each operation on it computes its primal value through the public
+  operations and remembers the rule that sends a cotangent back (``VJP``, keyed by
+  NumPy's names, and ``FUNCTION_VJP``), as micrograd does.
+
+Both share ``TRANSPOSE``: one rule per collective, registered by ``simpmd.lax``. The
+backward pass of a collective is another collective: ``all_gather`` becomes
+``psum_scatter`` (FSDP's reduce-scatter), ``ppermute`` sends back along the inverse
+permutation, ``psum`` becomes ``psum``. These run on the devices like any collective,
+inside ``trace.backward_pass()``, so each device's log marks them as backward (and a
+program's equations keep that mark, so a replayed call logs them as backward too).
 
 Like JAX, the rules depend on how the body was mapped. Under ``pmap`` (and
 ``shard_map(check_vma=False)``) the transpose of ``psum`` is ``psum``: on 8 devices
@@ -32,6 +42,7 @@ import numpy as np
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
 from . import errors, tree
+from . import program as prog
 from . import numpy as snp           # NumPy on plain arrays and on simpmd's device values
 from .context import mapped_run
 from .trace import backward_pass
@@ -483,6 +494,522 @@ def collective(op, leaves, treedef, axis_name, params, groups, run):
     return tree.unflatten(treedef, results)
 
 
+# -- the program path: transpose the forward equations, one rule per primitive ----------------
+# Inside a body that the stacked engine traces into a program (the default engine), grad
+# does not build a tape. It records the forward computation as equations of the body's
+# program, then walks those equations backwards and applies TRANSPOSE_RULES[primitive] to
+# each, as Autodidax's ``backward_pass`` applies its ``transpose_rules``. Each rule computes
+# with the public operations, so the backward equations are recorded into the same program
+# (a cached call replays them, and make_jaxpr prints them), and its collectives run inside
+# ``trace.backward_pass()``, so the log marks them backward.
+#
+# A rule is ``rule(cts, call) -> [(operand, cotangent), ...]``: ``cts`` holds one cotangent
+# per output of the equation (None where none reached it); ``call`` is the recorded call,
+# its arguments both as recorded (``call.recorded``, variables in place of stacked values)
+# and as computed on this first call (``call.args``), and its outputs (``call.outs``).
+# For a nonlinear primitive (mul, exp, ...) the rule is the transpose of its linearization
+# at the recorded values, which is what JAX's JVP-then-transpose gives.
+
+
+class _Call:
+    __slots__ = ("eqn", "recorded", "args", "kwargs", "outs", "active")
+
+    def __init__(self, eqn, values, active):
+        self.eqn, self.recorded, self.active = eqn, eqn.args, active
+        self.args, self.kwargs = prog._substitute((eqn.args, eqn.kwargs), values)
+        self.outs = [values[v] for v in eqn.outvars]
+
+    def needs(self, operand) -> bool:
+        """True if ``operand`` (as recorded) is a variable the differentiated inputs reach."""
+        return type(operand) is prog.Var and operand in self.active
+
+    @property
+    def primitive(self):
+        return str(self.eqn.primitive)
+
+    def made_by(self, name):
+        """True if the equation was recorded by batching's operation ``name``."""
+        return getattr(self.eqn.fn, "__name__", None) == name
+
+    def numpy_name(self):
+        """The NumPy function or method name behind an apply_function/call_method equation."""
+        if self.made_by("call_method"):
+            return self.args[0]
+        if self.made_by("apply_function"):
+            return getattr(self.args[0], "__name__", str(self.args[0]))
+        if self.made_by("apply_ufunc"):
+            return self.args[0].__name__
+        return self.eqn.fn.__name__
+
+    def method(self):
+        """(recorded x, x, args, kwargs) of ``x.name(*args, **kwargs)`` or ``np.name(x, ...)``."""
+        if self.made_by("call_method"):
+            return self.recorded[1], self.args[1], self.args[2:], self.kwargs
+        if self.made_by("apply_function"):
+            return self.recorded[1][0], self.args[1][0], self.args[1][1:], self.args[2]
+        if self.made_by("as_device_value"):
+            return self.recorded[0], self.args[0], self.args[1:], self.kwargs
+        raise _unsupported(self)
+
+
+def _unsupported(call, what=None):
+    return NotDifferentiableError(
+        f"simpmd.grad has no transpose rule for {call.primitive!r} made by "
+        f"{what or call.numpy_name()!r}{_line(call.eqn)}. Write the computation with "
+        f"operations it differentiates (arithmetic, @, sum, mean, max, reshape, indexing, "
+        f"exp, log, tanh, maximum, where, psum, pmean, all_gather, psum_scatter, ppermute, "
+        f"all_to_all), or take the gradient with jax.grad.")
+
+
+def _line(eqn):
+    return f" (at {eqn.source}: {eqn.code.strip()})" if eqn.source else ""
+
+
+def _ufunc(cts, call):
+    """An elementwise primitive made by a NumPy ufunc (and ``@``): one rule per operand, so
+    that only the cotangents of operands the inputs flow into are computed (as in JAX)."""
+    if not call.made_by("apply_ufunc") or call.args[2] or call.args[3:] not in ((), ("__call__",)):
+        raise _unsupported(call)
+    name = call.args[0].__name__
+    name = _UFUNC_ALIASES.get(name, name)
+    ct, out, operands = cts[0], call.outs[0], call.args[1]
+    if len(operands) == 2 and name in BINARY_PARTS:
+        pairs = []
+        for k, var in enumerate(call.recorded[1]):
+            if call.needs(var):
+                c = BINARY_PARTS[name](k, ct, out, *operands)
+                pairs.append((var, c if name == "matmul" else _unbroadcast(c, _shape(operands[k]))))
+        return pairs
+    vjp = VJP.get(name)
+    if vjp is None or len(operands) != 1:
+        raise _unsupported(call, f"numpy.{call.args[0].__name__}")
+    return list(zip(call.recorded[1], vjp(ct, out, *operands)))
+
+
+_UFUNC_ALIASES = {"true_divide": "divide", "fabs": "absolute", "fmax": "maximum",
+                  "fmin": "minimum", "float_power": "power"}
+VJP["reciprocal"] = lambda ct, out, a: (-ct * out * out,)
+
+
+def _swap_last(x):
+    """``x`` with its last two axes swapped (a matrix transposed), as one transpose."""
+    nd = len(_shape(x))
+    perm = tuple(range(nd - 2)) + (nd - 1, nd - 2)
+    return x.transpose(perm) if prog.is_stacked(x) else np.transpose(x, perm)
+
+
+def _matmul_part(k, ct, out, a, b):
+    """The cotangent of ``a`` (k = 0) or ``b`` (k = 1) of ``a @ b``."""
+    a_nd, b_nd = len(_shape(a)), len(_shape(b))
+    if a_nd == 1 and b_nd == 1:
+        return ct * b if k == 0 else ct * a
+    if a_nd == 1:
+        return b @ ct if k == 0 else _unbroadcast(a.reshape(-1, 1) * ct.reshape(1, -1), _shape(b))
+    if b_nd == 1:
+        return ct.reshape(-1, 1) * b.reshape(1, -1) if k == 0 else _swap_last(a) @ ct
+    if k == 0:
+        return _unbroadcast(ct @ _swap_last(b), _shape(a))
+    return _unbroadcast(_swap_last(a) @ ct, _shape(b))
+
+
+def _pow_part(k, ct, out, a, b):
+    if k == 0:
+        if isinstance(b, (int, float)) and b == 2:
+            return ct * (2 * a)                        # as JAX's integer_pow rule writes it
+        return ct * (b * a ** (b - 1))
+    return ct * out * snp.log(snp.where(a > 0, a, 1))
+
+
+def _choice_part(k, ct, out, a, b):
+    """maximum/minimum: the gradient goes to the chosen input; ties share it, as in JAX."""
+    return ct * (out == (a, b)[k]) * ((a != b) + 0.5 * (a == b))
+
+
+BINARY_PARTS = {             # (operand k, ct, out, a, b) -> the cotangent of operand k
+    "add": lambda k, ct, out, a, b: ct,
+    "subtract": lambda k, ct, out, a, b: ct if k == 0 else -ct,
+    "multiply": lambda k, ct, out, a, b: ct * b if k == 0 else ct * a,
+    "divide": lambda k, ct, out, a, b: ct / b if k == 0 else -ct * out / b,
+    "power": _pow_part,
+    "maximum": _choice_part,
+    "minimum": _choice_part,
+    "matmul": _matmul_part,
+}
+
+
+def _dot_general(cts, call):
+    if call.made_by("apply_ufunc"):
+        return _ufunc(cts, call)
+    if call.made_by("apply_function") and call.numpy_name() == "dot" and not call.args[2]:
+        a, b = call.args[1]
+        if len(_shape(a)) <= 2 and len(_shape(b)) <= 2:      # np.dot is a @ b there
+            return [(v, _matmul_part(k, cts[0], call.outs[0], a, b))
+                    for k, v in enumerate(call.recorded[1]) if call.needs(v)]
+    raise _unsupported(call)
+
+
+def _zero(cts, call):
+    """sign, floor, round, ...: a derivative that is zero wherever it exists (as in JAX)."""
+    return []
+
+
+def _kept_shape(x, axes):
+    return tuple(1 if d in axes else n for d, n in enumerate(_shape(x)))
+
+
+def _spread(ct, x, axes, keepdims):
+    """The cotangent of a reduction over ``axes`` of ``x``, spread back over ``x``'s shape."""
+    if not keepdims and ct.ndim and axes != tuple(range(len(axes))):
+        ct = ct.reshape(_kept_shape(x, axes))
+    return snp.broadcast_to(ct, _shape(x))
+
+
+def _reduction(kind):
+    def rule(cts, call):
+        xv, x, args, kwargs = call.method()
+        if args[1:] or set(kwargs) - {"axis", "keepdims"}:
+            raise _unsupported(call)
+        axes = call.eqn.params["axes"]
+        keepdims = kwargs.get("keepdims", False)
+        ct = cts[0]
+        if kind == "sum":
+            return [(xv, _spread(ct, x, axes, keepdims))]
+        if kind == "mean":
+            return [(xv, _spread(ct / call.eqn.params["_divisor"], x, axes, keepdims))]
+        out = call.outs[0]                                   # max, min: ties share, as in JAX
+        if not keepdims and axes:
+            out, ct = out.reshape(_kept_shape(x, axes)), ct.reshape(_kept_shape(x, axes))
+        chosen = x == out
+        return [(xv, ct * chosen / chosen.sum(axis=axes, keepdims=True))]
+    return rule
+
+
+def _reshape(cts, call):
+    xv, x, _, _ = call.method()
+    return [(xv, cts[0].reshape(_shape(x)))]
+
+
+def _transpose(cts, call):
+    xv, x, args, _ = call.method()
+    if call.numpy_name() == "swapaxes":             # its own inverse, as one transpose
+        a, b = (int(i) % len(_shape(x)) for i in args[:2])
+        perm = list(range(len(_shape(x))))
+        perm[a], perm[b] = b, a
+        return [(xv, cts[0].transpose(tuple(perm)))]
+    perm = call.eqn.params["permutation"]
+    return [(xv, cts[0].transpose(tuple(int(i) for i in np.argsort(perm))))]
+
+
+def _convert(cts, call):
+    xv, x, _, _ = call.method()
+    if not np.issubdtype(x.dtype, np.inexact):
+        return []
+    return [(xv, cts[0].astype(x.dtype) if cts[0].dtype != x.dtype else cts[0])]
+
+
+def _copy(cts, call):
+    if call.made_by("apply_ufunc"):
+        return _ufunc(cts, call)
+    xv, _, _, _ = call.method()
+    return [(xv, cts[0])]
+
+
+def _broadcast_in_dim(cts, call):
+    name = call.numpy_name()
+    if name in ("zeros_like", "ones_like", "empty_like", "full_like"):
+        return []               # the values of x do not matter (the engine's fill is a constant)
+    if name == "broadcast_to" and not call.args[2]:
+        xv, x = call.recorded[1][0], call.args[1][0]
+        return [(xv, _unbroadcast(cts[0], _shape(x)))]
+    if name == "expand_dims":
+        xv, x = call.recorded[1][0], call.args[1][0]
+        return [(xv, cts[0].reshape(_shape(x)))]
+    raise _unsupported(call)
+
+
+def _select_n(cts, call):
+    if call.numpy_name() != "where" or call.args[2] or len(call.args[1]) != 3:
+        raise _unsupported(call)
+    cond, x, y = call.args[1]
+    _, xv, yv = call.recorded[1]
+    ct = cts[0]
+    zero = ct * 0
+    return [(xv, _unbroadcast(snp.where(cond, ct, zero), _shape(x))),
+            (yv, _unbroadcast(snp.where(cond, zero, ct), _shape(y)))]
+
+
+def _concatenate(cts, call):
+    name = call.numpy_name()
+    if name not in ("concatenate", "stack") or set(call.args[2]) - {"axis"}:
+        raise _unsupported(call)
+    arrays = list(call.args[1][0])
+    recorded = list(call.recorded[1][0])
+    axis = call.args[1][1] if len(call.args[1]) > 1 else call.args[2].get("axis", 0)
+    ct = cts[0]
+    if name == "stack":
+        return [(v, snp.take(ct, i, axis=axis)) for i, v in enumerate(recorded)]
+    bounds = np.cumsum([_shape(a)[axis] for a in arrays])[:-1]
+    return list(zip(recorded, snp.split(ct, bounds, axis=axis)))
+
+
+def _clamp(cts, call):
+    xv, x, args, kwargs = call.method()
+    lo = args[0] if args else kwargs.get("a_min", kwargs.get("min"))
+    hi = args[1] if len(args) > 1 else kwargs.get("a_max", kwargs.get("max"))
+    ct = cts[0]
+    keep = (x >= lo) if lo is not None else None
+    if hi is not None:
+        keep = (x <= hi) if keep is None else keep * (x <= hi)
+    return [(xv, ct if keep is None else snp.where(keep, ct, ct * 0))]
+
+
+def _index(cts, call):
+    """slice and gather (``x[index]``): the cotangent is added back at ``index`` (JAX: pad
+    for a slice, scatter-add for a gather)."""
+    if not call.made_by("getitem"):
+        raise _unsupported(call)
+    x, index = call.args
+    zeros = snp.zeros_like(x)
+    return [(call.recorded[0], zeros.at[index].add(cts[0]))]
+
+
+def _scatter(cts, call):
+    """``x.at[index].set(v)`` / ``.add(v)``: x's cotangent (zero where set), v's gathered."""
+    if not call.made_by("_update") or call.args[2] not in (None, np.add):
+        raise _unsupported(call)
+    x, index, ufunc, v = call.args
+    ct = cts[0]
+    ct_x = ct if ufunc is np.add else ct.at[index].set(0)
+    pairs = [(call.recorded[0], ct_x)]
+    if type(call.recorded[3]) is prog.Var:
+        pairs.append((call.recorded[3], _unbroadcast(ct[index], _shape(v))))
+    return pairs
+
+
+def _collective(cts, call):
+    """A collective's transpose is a collective (``TRANSPOSE``, registered by simpmd.lax);
+    under ``shard_map(check_vma=True)`` psum and pmean only hand the cotangent back."""
+    op, axes, params, groups = call.eqn.fn.args
+    if op not in TRANSPOSE:
+        raise NotDifferentiableError(
+            f"Differentiation rule for {op!r} not implemented (as in JAX, which raises "
+            f"NotImplementedError for grad of lax.{op}){_line(call.eqn)}. To take a maximum "
+            f"that gradients flow through, all_gather the values and use .max() on them.")
+    run = mapped_run()
+    uses_vma = run is not None and run.check_vma
+    size = len(groups[0]) if groups is not None else (run.axis_size(axes) if run else 1)
+    pairs = []
+    for var, ct in zip(call.recorded[0], cts):
+        if ct is None:
+            continue
+        if uses_vma and op in _VMA_TRANSPOSES:
+            pairs.append((var, _VMA_TRANSPOSES[op](ct, axes, params, groups, size)))
+        else:
+            pairs.append((var, TRANSPOSE[op](ct, axes, params, groups)))
+    return pairs
+
+
+COLLECTIVE_PRIMITIVES = frozenset({"psum", "pmean", "pmax", "pmin", "all_gather",
+                                   "reduce_scatter", "ppermute", "pshuffle", "all_to_all",
+                                   "pswapaxes"})
+
+# One rule per primitive of the program (program.py's names, which are JAX's where JAX has
+# the primitive), as JAX's ad.primitive_transposes and Autodidax's transpose_rules.
+TRANSPOSE_RULES = {
+    **{name: _ufunc for name in ("add", "sub", "mul", "div", "neg", "pow", "max", "min",
+                                 "exp", "log", "log1p", "tanh", "sin", "cos", "sqrt",
+                                 "square", "abs")},
+    "dot_general": _dot_general,
+    "copy": _copy,
+    **{name: _zero for name in ("sign", "floor", "ceil", "round")},
+    "reduce_sum": _reduction("sum"),
+    "mean": _reduction("mean"),
+    "reduce_max": _reduction("max"),
+    "reduce_min": _reduction("min"),
+    "reshape": _reshape,
+    "squeeze": _reshape,
+    "transpose": _transpose,
+    "convert_element_type": _convert,
+    "broadcast_in_dim": _broadcast_in_dim,
+    "select_n": _select_n,
+    "concatenate": _concatenate,
+    "clamp": _clamp,
+    "slice": _index,
+    "gather": _index,
+    "scatter": _scatter,
+    "scatter_add": _scatter,
+    **{name: _collective for name in ("psum", "pmean", "all_gather", "reduce_scatter",
+                                      "ppermute", "pshuffle", "all_to_all", "pswapaxes")},
+}
+
+
+def _no_rule(eqn):
+    name = str(eqn.primitive)
+    if name in COLLECTIVE_PRIMITIVES:
+        return NotDifferentiableError(
+            f"Differentiation rule for {name!r} not implemented (as in JAX, which raises "
+            f"NotImplementedError for grad of lax.{name}){_line(eqn)}. To take a maximum "
+            f"that gradients flow through, all_gather the values and use .max() on them.")
+    return NotDifferentiableError(
+        f"simpmd.grad has no transpose rule for the primitive {name!r}{_line(eqn)}. Write "
+        f"the computation with operations it differentiates (arithmetic, @, sum, mean, max, "
+        f"reshape, indexing, exp, log, tanh, maximum, where, psum, pmean, all_gather, "
+        f"psum_scatter, ppermute, all_to_all), or take the gradient with jax.grad.")
+
+
+def _missing_axes(eqn, var, vma):
+    """Under check_vma: the axes over which ``var`` was implicitly made varying (JAX's
+    pvary) by ``eqn``, whose cotangent must therefore be summed over them."""
+    mine = vma.get(var, frozenset())
+    if eqn.primitive in COLLECTIVE_PRIMITIVES:
+        wanted = mine | frozenset(eqn.fn.args[1])         # the collective's axes
+    else:
+        wanted = frozenset().union(*(vma.get(v, frozenset()) for v in eqn.outvars))
+    return tuple(a for a in sorted(wanted, key=str) if a not in mine)
+
+
+def _is_float(var) -> bool:
+    return var.dtype.kind in "fc"
+
+
+def transpose_program(rec, start, in_vars, out_var, seed):
+    """Send ``seed`` back from ``out_var`` through the equations ``rec.eqns[start:]``;
+    returns each reached variable's cotangent (those of ``in_vars`` included)."""
+    active, linear = set(in_vars), []
+    for eqn in rec.eqns[start:]:                 # which equations the inputs flow through
+        if any(v in active for v in eqn.invars):
+            outs = [v for v in eqn.outvars if _is_float(v)]
+            if outs:
+                if eqn.primitive not in TRANSPOSE_RULES:
+                    raise _no_rule(eqn)
+                active.update(outs)
+                linear.append(eqn)
+    cts = {}
+    if out_var not in active:
+        return cts
+    cts[out_var] = seed
+    vma = rec.vma if rec.track_vma else None
+    with backward_pass():
+        for eqn in reversed(linear):
+            outs = [cts.pop(v, None) for v in eqn.outvars]
+            if all(c is None for c in outs):
+                continue
+            call = _Call(eqn, rec.values, active)
+            for var, c in TRANSPOSE_RULES[eqn.primitive](outs, call):
+                if c is None or type(var) is not prog.Var or var not in active:
+                    continue
+                if vma is not None:
+                    missing = _missing_axes(eqn, var, vma)
+                    if missing:
+                        c = TRANSPOSE["pvary"](c, missing, {}, None)
+                if tuple(_shape(c)) != var.shape:
+                    c = snp.broadcast_to(c, var.shape)
+                before = cts.get(var)
+                cts[var] = c if before is None else before + c
+    return cts
+
+
+_program_grads = []          # the program-path grads whose forward is running
+
+
+def _program_recorder(args, nums):
+    """The recorder to differentiate on, and whether grad made it itself; (None, False) if
+    grad must build its tape instead.
+
+    In a body being traced into a program, the body's recorder, if it knows every
+    differentiated leaf. In a body that the stacked engine runs without recording (a
+    ``shard_map(check_vma=False)`` body outside jit, an inner pmap), a recorder of grad's
+    own, whose program is dropped once the gradient is computed. Elsewhere (the eager
+    engine, plain NumPy, a differentiated value that is not stacked) there is no program.
+    """
+    leaves = [leaf for a in nums for leaf in tree.flatten(args[a])[0]]
+    if not leaves or not all(prog.is_stacked(leaf) for leaf in leaves):
+        return None, False
+    rec = prog.recording()
+    if rec is not None:
+        for leaf in leaves:
+            found = rec.vars.get(id(leaf))
+            if found is None or found[1] is not leaf:
+                return None, False
+        return rec, False
+    run = mapped_run()
+    if run is None or run.check_vma:     # check_vma bodies are always traced into a program
+        return None, False
+    rec = prog.Recorder(outside_constants=True)
+    for leaf in leaves:
+        if id(leaf) not in rec.vars:
+            rec.input(leaf)
+    return rec, True
+
+
+def _check_input(leaf, a):
+    if not np.issubdtype(leaf.dtype, np.inexact):
+        raise TypeError(
+            f"grad requires real- or complex-valued inputs (input dtype that is a "
+            f"sub-dtype of np.inexact), but got {leaf.dtype.name} for argument "
+            f"{a}. If you want to use integer-valued inputs, convert them to float "
+            f"first (as JAX says).")
+
+
+def _value_and_grad_program(rec, fun, many, nums, has_aux, args, kwargs):
+    """grad on the program: record the forward, then transpose its equations."""
+    if _program_grads:
+        raise NotDifferentiableError(
+            "simpmd.grad was called inside a function another simpmd.grad is "
+            "differentiating: simpmd.grad does not nest. Use jax.grad for higher "
+            "derivatives.")
+    start = len(rec.eqns)
+    args = list(args)
+    wrapped, names = [], {}
+    for a in nums:
+        leaves, treedef = tree.flatten(args[a])
+        stand_ins = []
+        for leaf in leaves:
+            _check_input(leaf, a)
+            alias = leaf._with(leaf._stack)          # a fresh variable for this argument
+            names[rec.alias(alias, leaf)] = rec.vars[id(leaf)][0]
+            stand_ins.append(alias)
+        wrapped.append((stand_ins, treedef))
+        args[a] = tree.unflatten(treedef, stand_ins)
+    _program_grads.append(rec)
+    try:
+        result = fun(*args, **kwargs)
+    finally:
+        _program_grads.pop()
+    out, aux = _split_aux(result, has_aux)
+    if _shape(out) != ():
+        raise TypeError(f"Gradient only defined for scalar-output functions. Output had "
+                        f"shape: {_shape(out)}.")
+    if rec.broken is not None or prog.recording() is not rec:
+        raise NotDifferentiableError(
+            f"simpmd.grad could not record the function it differentiates as a program "
+            f"({rec.broken or 'the recording stopped'}).")
+    cts = {}
+    found = rec.vars.get(id(out)) if prog.is_stacked(out) else None
+    if found is not None and found[1] is out:
+        in_vars = [rec.vars[id(s)][0] for stand_ins, _ in wrapped for s in stand_ins]
+        cts = transpose_program(rec, start, in_vars, found[0], snp.ones_like(out))
+    grads = []
+    for stand_ins, treedef in wrapped:
+        leaves = []
+        for s in stand_ins:
+            c = cts.get(rec.vars[id(s)][0])
+            c = snp.zeros_like(s) if c is None else c
+            leaves.append(c.astype(s.dtype) if c.dtype != s.dtype else c)
+        grads.append(tree.unflatten(treedef, leaves))
+    rec.rename(start, names)
+    return out, aux, (tuple(grads) if many else grads[0])
+
+
+def _split_aux(result, has_aux):
+    if has_aux:
+        if not (isinstance(result, tuple) and len(result) == 2):
+            raise TypeError("has_aux=True needs the function to return a pair "
+                            f"(output, auxiliary data), got {type(result).__name__}.")
+        return result
+    return result, None
+
+
 # -- the backward pass and the API ---------------------------------------------------------
 
 def _backward(out: GradValue, seed):
@@ -529,6 +1056,12 @@ def _check_argnums(argnums, nargs):
 
 def _value_and_grad_impl(fun, argnums, has_aux, args, kwargs):
     many, nums = _check_argnums(argnums, len(args))
+    rec, own = _program_recorder(args, nums)
+    if rec is not None and own:
+        with prog.recorder_active(rec):
+            return _value_and_grad_program(rec, fun, many, nums, has_aux, args, kwargs)
+    if rec is not None:
+        return _value_and_grad_program(rec, fun, many, nums, has_aux, args, kwargs)
     level = next(_levels)
     args = list(args)
     wrapped = []
@@ -542,25 +1075,13 @@ def _value_and_grad_impl(fun, argnums, has_aux, args, kwargs):
                     "differentiating: simpmd.grad does not nest. Use jax.grad for higher "
                     "derivatives.")
             value = leaf if isinstance(leaf, DeviceValue) else np.asarray(leaf)
-            if not np.issubdtype(value.dtype, np.inexact):
-                raise TypeError(
-                    f"grad requires real- or complex-valued inputs (input dtype that is a "
-                    f"sub-dtype of np.inexact), but got {value.dtype.name} for argument "
-                    f"{a}. If you want to use integer-valued inputs, convert them to float "
-                    f"first (as JAX says).")
+            _check_input(value, a)
             if not isinstance(value, DeviceValue) and type(leaf) in (float, int):
                 value = value.astype(np.float32)              # JAX's default float
             tracers.append(GradValue(value, vma=_vma(leaf), level=level))
         wrapped.append((tracers, treedef))
         args[a] = tree.unflatten(treedef, tracers)
-    result = fun(*args, **kwargs)
-    if has_aux:
-        if not (isinstance(result, tuple) and len(result) == 2):
-            raise TypeError("has_aux=True needs the function to return a pair "
-                            f"(output, auxiliary data), got {type(result).__name__}.")
-        out, aux = result
-    else:
-        out, aux = result, None
+    out, aux = _split_aux(fun(*args, **kwargs), has_aux)
     value = _primal(out)
     if _shape(value) != ():
         raise TypeError(f"Gradient only defined for scalar-output functions. Output had "

@@ -30,6 +30,7 @@ import weakref
 import numpy as np
 
 from . import errors, tree
+from .trace import backward_pass, current_phase
 
 
 # -- variables, equations, programs ------------------------------------------------------------
@@ -68,18 +69,19 @@ class Equation:
     its :class:`Var`; ``fn`` is the function that was called. ``invars``/``outvars`` list
     the variables in order, as a jaxpr's equations do. ``data_constants`` says whether the
     call's scalar constants are data (``x * 2``, printed as literals) or settings
-    (``x.reshape(3, 1)``, printed as parameters).
+    (``x.reshape(3, 1)``, printed as parameters). ``phase`` is ``"backward"`` for an
+    equation of a gradient's backward pass (a replay logs its collectives as backward).
     """
 
     __slots__ = ("primitive", "params", "fn", "args", "kwargs", "invars", "outvars",
-                 "data_constants", "source", "code")
+                 "data_constants", "source", "code", "phase")
 
     def __init__(self, primitive, params, fn, args, kwargs, invars, outvars, data_constants,
-                 source, code):
+                 source, code, phase="forward"):
         self.primitive, self.params, self.fn = Primitive(primitive), params, fn
         self.args, self.kwargs = args, kwargs
         self.invars, self.outvars, self.data_constants = invars, outvars, data_constants
-        self.source, self.code = source, code
+        self.source, self.code, self.phase = source, code, phase
 
     def __repr__(self):
         return f"<Equation {self.primitive} at {self.source}>"
@@ -115,7 +117,11 @@ class Program:
         for eqn in self.eqns:
             args, kwargs = _substitute((eqn.args, eqn.kwargs), env)
             with replaying(eqn):
-                out = eqn.fn(*args, **kwargs)
+                if eqn.phase == "backward":
+                    with backward_pass():
+                        out = eqn.fn(*args, **kwargs)
+                else:
+                    out = eqn.fn(*args, **kwargs)
             leaves = _stacked_leaves(out)
             for var, value in zip(eqn.outvars, leaves):
                 env[var] = value
@@ -137,8 +143,13 @@ class Program:
 class Recorder:
     """Writes down the operations on stacked values while a body runs for the first time."""
 
-    def __init__(self, track_vma=False):
+    def __init__(self, track_vma=False, outside_constants=False):
+        # outside_constants: a stacked value computed before recording began is a constant
+        # of the equations that use it (simpmd.grad's own recorder, in a body that is not
+        # being traced into a program), rather than a reason the program cannot be replayed.
+        self.outside_constants = outside_constants
         self.vars: dict = {}           # id(stacked value) -> (Var, value): values kept alive
+        self.values: dict = {}         # Var -> its value on this first call (for simpmd.grad)
         self.eqns: list = []
         self.busy = 0                  # > 0 while inside a recorded operation
         self.broken = None             # why the program cannot be replayed, if it cannot
@@ -159,7 +170,32 @@ class Recorder:
         stack = value.value
         var = Var(stack.shape[1:], stack.dtype)
         self.vars[id(value)] = (var, value)
+        self.values[var] = value
         return var
+
+    def alias(self, value, like):
+        """A stand-in for the stacked ``like`` (its variable's type): a new variable that
+        :meth:`rename` later folds back into ``like``'s. simpmd.grad differentiates with
+        respect to its argument, not to other uses of the same value in the body."""
+        var = self._new_var(value)
+        orig = self.vars[id(like)][0]
+        if self.track_vma:
+            self.vma[var] = self.vma.get(orig, frozenset())
+            for axis in self.vma[var]:
+                self.why[var, axis] = self.why.get((orig, axis))
+        return var
+
+    def rename(self, start, names):
+        """Replace variables by others (``names``: Var -> Var) in the equations from
+        ``start`` on, and in what later operations will look up."""
+        def swap(v):
+            return names.get(v, v)
+        for eqn in self.eqns[start:]:
+            eqn.invars = [swap(v) for v in eqn.invars]
+            eqn.args, eqn.kwargs = _map_leaves((eqn.args, eqn.kwargs), lambda v: type(v) is Var, swap)
+        for key, (var, value) in list(self.vars.items()):
+            if var in names:
+                self.vars[key] = (names[var], value)
 
     def break_(self, why):
         if self.broken is None:
@@ -171,7 +207,8 @@ class Recorder:
         def to_var(x):
             found = self.vars.get(id(x))
             if found is None or found[1] is not x:
-                self.break_("a stacked value was computed outside the recorded operations")
+                if not self.outside_constants:
+                    self.break_("a stacked value was computed outside the recorded operations")
                 return x
             invars.append(found[0])
             return found[0]
@@ -186,7 +223,7 @@ class Recorder:
         if self.track_vma:
             self._types(primitive, params, invars, outvars, source, code)
         self.eqns.append(Equation(primitive, params, fn, args, kwargs, invars, outvars,
-                                  data_constants, source, code))
+                                  data_constants, source, code, current_phase()))
 
     def _types(self, primitive, params, invars, outvars, source, code):
         """Each output's vma, by the primitive's rule (``VMA_RULES``), as JAX types it."""
@@ -224,7 +261,7 @@ class Recorder:
                 outs.append(v)
         program = Program(invars, in_tree, self.eqns, outs, out_tree)
         program.vma, program.why, program.broken = self.vma, self.why, self.broken
-        self.vars = {}                 # let go of the first call's values
+        self.vars, self.values = {}, {}    # let go of the first call's values
         return program
 
 
