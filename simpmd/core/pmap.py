@@ -240,7 +240,7 @@ class Pmapped:
             return _nested_call(self, args, kwargs)
         return self._call(parent, args, kwargs)
 
-    def _call(self, parent, args, kwargs):
+    def _call(self, parent, args, kwargs, closed=()):
         once = parent is not None and parent.stacked     # nested in a body traced once
         if parent is None:
             device_list = self._device_list()
@@ -289,13 +289,13 @@ class Pmapped:
                    tuple(str(d) for d in defs), str(kw_def), leaves)
             cache = (self.fun, key)
         out = spmd.run(self, body, device_list, ((self.axis_name, size),), tuple(mapped), kw,
-                       self._assemble, eager=self.eager, cache=cache)
+                       self._assemble, eager=self.eager, cache=cache, closed=closed)
         if once:
             inner = getattr(self.trace, "program", None)
             if inner is None or inner.broken:
-                # The outer program replays this call, which would run the inner body as it
-                # was traced, closures included: a body that reads the outer body's values
-                # without passing them in is traced again on every call instead.
+                # The outer program replays this call: an inner body that could not be
+                # traced into a program (the reason is on it) makes the outer body one that
+                # is traced again on every call too.
                 program.break_recording(
                     "a nested pmap's body cannot be traced once: "
                     + (inner.broken if inner is not None else "it was not traced"))
@@ -383,17 +383,35 @@ class Pmapped:
         return tree.unflatten(treedef, out)
 
 
-def _describe_nested(pmapped, args, kwargs):
-    return "xla_pmap", {"axis_name": pmapped.axis_name,
-                        "name": getattr(pmapped.fun, "__name__", "fun")}
+def _describe_nested(pmapped, inner):
+    params = {"axis_name": pmapped.axis_name, "name": getattr(pmapped.fun, "__name__", "fun")}
+    if inner is not None:
+        params.update(axis_size=inner.axis_env[-1][1], call_jaxpr=inner)
+    return "xla_pmap", params
 
 
-@program.operation(_describe_nested, data_constants=False)
-def _nested_call(pmapped, args, kwargs):
-    """A pmap called in a body traced once: one equation of the outer program (JAX prints
-    it as ``xla_pmap``), whose own body is traced once into a program of its own and
-    replayed with the outer one."""
-    return pmapped._call(current_task(), args, kwargs)
+def _nested_call(pmapped, args, kwargs, closed=()):
+    """A pmap called in a body traced once: one equation of the outer program (``xla_pmap``,
+    jax 0.7's name for a pmap in a jaxpr), whose own body is traced once into a program of its own and
+    replayed with the outer one. The outer body's values that the inner body reads without
+    being passed them (``closed``) become inputs of the equation and of the inner
+    program, so a replay gives the inner program this call's values, not the first's."""
+    rec = program.recording()
+    if rec is None:                         # replaying, or not recording at all
+        return pmapped._call(current_task(), args, kwargs, closed)
+    rec.busy += 1
+    try:
+        out = pmapped._call(current_task(), args, kwargs, closed)
+    finally:
+        rec.busy -= 1
+    inner = getattr(pmapped.trace, "program", None)
+    lifted = list(getattr(inner, "closed_values", ()) or ())
+    if inner is not None:
+        inner.closed_values = None          # the first call's values: no longer needed
+    primitive, params = _describe_nested(pmapped, inner)
+    rec.record(primitive, params, _nested_call, (pmapped, args, kwargs, lifted), {}, out,
+               data_constants=False)
+    return out
 
 
 def _first_outer_device(value):

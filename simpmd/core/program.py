@@ -17,9 +17,10 @@ time over the new stacked values, and runs none of the body's Python. Collective
 equations too, so the log of a cached call still shows each of them, and
 :func:`make_jaxpr` prints the program in JAX's notation.
 
-A body that cannot be replayed faithfully (a nested pmap's body reads an outer value it
-is not passed, or a stacked value is computed outside the recorded operations) is marked
-so, with the reason, and is traced again on every call: its results are always right.
+A body that cannot be replayed faithfully (a stacked value is computed outside the
+recorded operations) is marked so, with the reason, and is traced again on every call:
+its results are always right. A nested pmap's body that reads the outer body's values is
+not such a body: those values are lifted into inputs of its program (``constvars``).
 """
 from __future__ import annotations
 
@@ -93,6 +94,9 @@ class Program:
     def __init__(self, invars, in_tree, eqns, outs, out_tree):
         self.invars, self.in_tree = invars, in_tree
         self.eqns, self.outs, self.out_tree = eqns, outs, out_tree
+        # A nested pmap's body: the outer body's values it reads without being passed them,
+        # lifted into inputs of their own (closure conversion), given to run() as ``closed``.
+        self.constvars: list = []
         self.broken = None           # why it must be traced again on every call, if it must
         self.axis_env = ()           # the mapped axes it was traced over: ((name, size), ...)
         self.vma, self.why = {}, {}  # shard_map(check_vma=True): each value's type, and why
@@ -107,10 +111,11 @@ class Program:
     in_avals = property(lambda self: [v for v in self.invars if v is not None])
     out_avals = property(lambda self: self.outvars)
 
-    def run(self, inputs):
+    def run(self, inputs, closed=()):
         """Interpret the program over ``inputs`` (the body's argument leaves, stacked values
-        where the body got stacked values); returns the body's result tree."""
-        env = {}
+        where the body got stacked values) and ``closed`` (the values of its constvars);
+        returns the body's result tree."""
+        env = dict(zip(self.constvars, closed))
         for var, x in zip(self.invars, inputs):
             if var is not None:
                 env[var] = x
@@ -148,6 +153,9 @@ class Recorder:
         # of the equations that use it (simpmd.grad's own recorder, in a body that is not
         # being traced into a program), rather than a reason the program cannot be replayed.
         self.outside_constants = outside_constants
+        # lifts: a nested pmap's body, whose reads of the outer body's stacked values become
+        # inputs of its own (``lifted``: (Var, value) in order) instead of breaking it.
+        self.lifts, self.lifted = False, []
         self.vars: dict = {}           # id(stacked value) -> (Var, value): values kept alive
         self.values: dict = {}         # Var -> its value on this first call (for simpmd.grad)
         self.eqns: list = []
@@ -206,6 +214,10 @@ class Recorder:
 
         def to_var(x):
             found = self.vars.get(id(x))
+            if (found is None or found[1] is not x) and self.lifts and _known_outside(x, self):
+                var = self._new_var(x)
+                self.lifted.append((var, x))
+                found = (var, x)
             if found is None or found[1] is not x:
                 if not self.outside_constants:
                     self.break_("a stacked value was computed outside the recorded operations")
@@ -260,6 +272,8 @@ class Recorder:
             else:
                 outs.append(v)
         program = Program(invars, in_tree, self.eqns, outs, out_tree)
+        program.constvars = [var for var, _ in self.lifted]
+        program.closed_values = [value for _, value in self.lifted]    # the first call's
         program.vma, program.why, program.broken = self.vma, self.why, self.broken
         self.vars, self.values = {}, {}    # let go of the first call's values
         return program
@@ -289,6 +303,17 @@ class recorder_active:
 
     def __exit__(self, *exc):
         _recorders.pop()
+
+
+def _known_outside(value, rec):
+    """True if a recorder below ``rec`` (an enclosing body's) has ``value`` as a variable."""
+    for other in _recorders:
+        if other is rec:
+            break
+        found = other.vars.get(id(value))
+        if found is not None and found[1] is value:
+            return True
+    return False
 
 
 def break_recording(why):
@@ -539,6 +564,8 @@ def _param_text(value) -> str:
         return value.name
     if isinstance(value, str):
         return value
+    if isinstance(value, Program):      # a nested program (call_jaxpr), indented under its line
+        return pretty(value).replace("\n", "\n        ")
     return repr(value)
 
 
@@ -584,8 +611,9 @@ def pretty(program, width=80) -> str:
                 + [f"    ] {ins}".rstrip()])
 
     invars = [v for v in program.invars if v is not None]
+    consts = " ".join(typed(v) for v in getattr(program, "constvars", ()))
     header = " ".join(typed(v) for v in invars)
-    lines = [f"{{ lambda ; {header}. let"]
+    lines = [f"{{ lambda {consts}; {header}. let"]
     for eqn in program.eqns:
         like = (eqn.invars[0].dtype if eqn.invars else
                 eqn.outvars[0].dtype if eqn.outvars else None)

@@ -63,7 +63,7 @@ class Piece:
 
 
 def run(owner, fun, devices, axes, args, kwargs, assemble, *, eager=False, check_vma=False,
-        maps_a_mesh=False, cache=None):
+        maps_a_mesh=False, cache=None, closed=()):
     """Run ``fun(*args, **kwargs)`` over the grid ``axes`` (``((name, size), ...)``) of
     ``devices``, and return ``assemble(stacks, treedef, run)``.
 
@@ -85,7 +85,7 @@ def run(owner, fun, devices, axes, args, kwargs, assemble, *, eager=False, check
     if parent is not None and parent.stacked:
         # A pmap inside a body traced once: its grid nests below the outer one (a 2-D
         # mesh of outer x inner devices), and it is traced once too.
-        return _run_once(owner, fun, parent.nest(axes), args, kwargs, assemble, cache)
+        return _run_once(owner, fun, parent.nest(axes), args, kwargs, assemble, cache, closed)
     if parent is None and not eager and batching.TRACE_ONCE:
         batch = StackedRun(devices, axes, maps_a_mesh=maps_a_mesh)
         batch.check_vma = check_vma
@@ -96,7 +96,7 @@ def run(owner, fun, devices, axes, args, kwargs, assemble, *, eager=False, check
                                        eager, check_vma, maps_a_mesh, parent)
 
 
-def _run_once(owner, fun, batch, args, kwargs, assemble, cache=None):
+def _run_once(owner, fun, batch, args, kwargs, assemble, cache=None, closed=()):
     """The body, one time, over every device's piece stacked (see batching.py), or its
     cached program (see program.py)."""
     leaves, treedef = tree.flatten((args, kwargs))
@@ -110,9 +110,11 @@ def _run_once(owner, fun, batch, args, kwargs, assemble, cache=None):
     traced = None if cache is None else program.cached(*cache)
     if _capturing:                       # make_jaxpr of a mapped function: trace it anew
         cache, traced = None, None
+    if isinstance(traced, program.Program) and len(traced.constvars) != len(closed):
+        traced = None                    # traced in another body, reading its values
     try:
         if isinstance(traced, program.Program):
-            result = run_once(batch, traced.run, (inputs,), {})
+            result = run_once(batch, traced.run, (inputs, closed), {})
         elif (cache is not None and traced is None) or _capturing or batch.check_vma:
             varies = [x.varies if type(x) is Piece else None for x in leaves]
             result, traced = trace(batch, fun, args, kwargs, inputs, treedef, cache, varies)
@@ -140,6 +142,7 @@ def trace(batch, fun, args, kwargs, inputs, treedef, cache=None, varies=None):
     Returns the body's result and the program; ``program.last_traced`` keeps the program
     too, for ``make_jaxpr`` of a mapped function, which reaches this through its front end."""
     rec = program.Recorder(track_vma=batch.check_vma)
+    rec.lifts = batch.outer is not None    # a nested pmap's body: lift the outer values it reads
     varies = varies or [None] * len(inputs)
     invars = [rec.input(v, a) if type(v) is StackedValue else None for v, a in zip(inputs, varies)]
     with program.recorder_active(rec):
