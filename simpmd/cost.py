@@ -320,26 +320,20 @@ class MeasuredFit:
     """One collective on one GPU node as nccl-tests measures it, in the form nccl-tests'
     doc/PERFORMANCE.md gives for its time ("roughly equal to overhead + size / bw"):
 
-        t = latency_s + (ring steps) x step_latency_s + S x factor / busbw
+        t = latency_s + S x factor / busbw
 
     with S and factor nccl-tests' size and bus-bandwidth factor (:data:`NCCL_TESTS`), so
     ``busbw`` is the bus bandwidth large messages approach and ``latency_s`` the time a
-    call costs whatever its size. ``step_latency_s`` charges each of the p-1 steps of a
-    ring instead, for a collective whose small-message latency was not measured.
+    call costs whatever its size.
     """
 
     latency_s: float
     busbw: float
-    step_latency_s: float = 0.0
     fitted_to: str = ""        # which measurements (a key of the preset's citations)
 
-    def steps(self, group_size: int) -> int:
-        return group_size - 1 if self.step_latency_s else 0
-
     def __str__(self):
-        alpha = (f"{self.latency_s * 1e6:g} us per call" if not self.step_latency_s else
-                 f"{self.step_latency_s * 1e6:g} us per ring step")
-        return f"{alpha} + bus bytes / {self.busbw / 1e9:g} GB/s ({self.fitted_to})"
+        return (f"{self.latency_s * 1e6:g} us per call + bus bytes / {self.busbw / 1e9:g} GB/s "
+                f"({self.fitted_to})")
 
 
 # Published nccl-tests results on ONE node of 8 H100 SXM GPUs (NVLink 4 + NVSwitch), as
@@ -660,8 +654,8 @@ class Estimate:
     ``overlap`` (TPU ICI, the Scaling Book's rule) a hop lasts the larger of the two, so
     ``time_s`` is less than their sum; without it (a GPU switch) it is the sum.
     ``algbw`` and ``busbw`` are nccl-tests' numbers. For ``algorithm == "nccl"`` (a
-    :class:`MeasuredFit`) the latency is the fit's, ``steps`` its ring steps (0 for a
-    per-call latency), and the bytes sent are nccl-tests' bus bytes, S x factor.
+    :class:`MeasuredFit`) the latency is the fit's, one per call (``steps`` is 0), and the
+    bytes sent are nccl-tests' bus bytes, S x factor.
     """
 
     op: str
@@ -704,7 +698,6 @@ class Estimate:
         if self.time_s == 0:
             return f"<Estimate {head}: no communication>"
         hops = (f"{self.steps} hops" if self.algorithm != "nccl" else
-                f"{self.steps} ring steps as in the formulas" if self.steps else
                 "per call, fitted to measurements")
         parts = (f"{_seconds(self.latency_s)} latency ({hops}), "
                  f"{_seconds(self.bandwidth_s)} transfer, the larger per hop" if self.overlap else
@@ -1023,11 +1016,9 @@ def _measured_estimate(collective, nbytes, p, fit: MeasuredFit, hardware="", top
     """The estimate a :class:`MeasuredFit` gives: its latency plus nccl-tests' bus bytes
     (S x factor, what busbw counts) over the fitted bus bandwidth."""
     bus_bytes = nccl_size(collective, nbytes, p) * busbw_factor(collective, p)
-    steps = fit.steps(p)
-    latency = fit.latency_s + steps * fit.step_latency_s
     transfer = bus_bytes / fit.busbw
-    return Estimate(collective, "nccl", int(nbytes), p, latency + transfer, latency, transfer,
-                    steps, bus_bytes, hardware, topology, note)
+    return Estimate(collective, "nccl", int(nbytes), p, fit.latency_s + transfer, fit.latency_s,
+                    transfer, 0, bus_bytes, hardware, topology, note)
 
 
 def _estimate_on(collective, nbytes, axes, alpha, algorithm=None, perm=None,

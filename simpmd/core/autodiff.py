@@ -55,12 +55,29 @@ class NotDifferentiableError(errors.SimpmdError, NotImplementedError):
     """An operation on a value being differentiated has no derivative rule here."""
 
 
+_INSTEAD = ("Write the computation with operations it differentiates (arithmetic, @, sum, "
+            "mean, max, reshape, indexing, exp, log, tanh, maximum, where, psum, pmean, "
+            "all_gather, psum_scatter, ppermute, all_to_all), or take the gradient with jax.grad.")
+
+
 def _refuse(name, why=""):
     raise NotDifferentiableError(
-        f"simpmd.grad has no derivative rule for {name!r}{': ' + why if why else ''}. "
-        f"Write the computation with operations it differentiates (arithmetic, @, sum, mean, "
-        f"max, reshape, indexing, exp, log, tanh, maximum, where, psum, pmean, all_gather, "
-        f"psum_scatter, ppermute, all_to_all), or take the gradient with jax.grad.")
+        f"simpmd.grad has no derivative rule for {name!r}{': ' + why if why else ''}. {_INSTEAD}")
+
+
+def _no_collective_rule(op, where=""):
+    """pmax, pmin: JAX has no derivative for them either, and says so in these words."""
+    return NotDifferentiableError(
+        f"Differentiation rule for {op!r} not implemented (as in JAX, which raises "
+        f"NotImplementedError for grad of lax.{op}){where}. To take a maximum that gradients "
+        f"flow through, all_gather the values and use .max() on them.")
+
+
+def _group_size(run, axes, groups) -> int:
+    """How many devices one group of a collective over ``axes`` holds."""
+    if groups is not None:
+        return len(groups[0])
+    return run.axis_size(axes) if run else 1
 
 
 _levels = itertools.count(1)
@@ -461,17 +478,12 @@ def collective(op, leaves, treedef, axis_name, params, groups, run):
     """A collective on values being differentiated: forward with ``run``, then remember
     its transpose. ``run(primal_leaves)`` performs the forward collective (lax's own path)."""
     if op not in TRANSPOSE:
-        raise NotDifferentiableError(
-            f"Differentiation rule for {op!r} not implemented (as in JAX, which raises "
-            f"NotImplementedError for grad of lax.{op}). To take a maximum that gradients "
-            f"flow through, all_gather the values and use .max() on them.")
+        raise _no_collective_rule(op)
     axes = tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
     outs = run([_primal(v) for v in leaves])
     run = mapped_run()
     uses_vma = run is not None and run.check_vma
-    size = run.axis_size(axes) if run else 1
-    if groups is not None:
-        size = len(groups[0])
+    size = _group_size(run, axes, groups)
     results = []
     for leaf, out in zip(leaves, outs):
         if type(leaf) is not GradValue:
@@ -555,10 +567,7 @@ class _Call:
 def _unsupported(call, what=None):
     return NotDifferentiableError(
         f"simpmd.grad has no transpose rule for {call.primitive!r} made by "
-        f"{what or call.numpy_name()!r}{_line(call.eqn)}. Write the computation with "
-        f"operations it differentiates (arithmetic, @, sum, mean, max, reshape, indexing, "
-        f"exp, log, tanh, maximum, where, psum, pmean, all_gather, psum_scatter, ppermute, "
-        f"all_to_all), or take the gradient with jax.grad.")
+        f"{what or call.numpy_name()!r}{_line(call.eqn)}. {_INSTEAD}")
 
 
 def _line(eqn):
@@ -791,13 +800,10 @@ def _collective(cts, call):
     under ``shard_map(check_vma=True)`` psum and pmean only hand the cotangent back."""
     op, axes, params, groups = call.eqn.fn.args
     if op not in TRANSPOSE:
-        raise NotDifferentiableError(
-            f"Differentiation rule for {op!r} not implemented (as in JAX, which raises "
-            f"NotImplementedError for grad of lax.{op}){_line(call.eqn)}. To take a maximum "
-            f"that gradients flow through, all_gather the values and use .max() on them.")
+        raise _no_collective_rule(op, _line(call.eqn))
     run = mapped_run()
     uses_vma = run is not None and run.check_vma
-    size = len(groups[0]) if groups is not None else (run.axis_size(axes) if run else 1)
+    size = _group_size(run, axes, groups)
     pairs = []
     for var, ct in zip(call.recorded[0], cts):
         if ct is None:
@@ -846,15 +852,9 @@ TRANSPOSE_RULES = {
 def _no_rule(eqn):
     name = str(eqn.primitive)
     if name in COLLECTIVE_PRIMITIVES:
-        return NotDifferentiableError(
-            f"Differentiation rule for {name!r} not implemented (as in JAX, which raises "
-            f"NotImplementedError for grad of lax.{name}){_line(eqn)}. To take a maximum "
-            f"that gradients flow through, all_gather the values and use .max() on them.")
+        return _no_collective_rule(name, _line(eqn))
     return NotDifferentiableError(
-        f"simpmd.grad has no transpose rule for the primitive {name!r}{_line(eqn)}. Write "
-        f"the computation with operations it differentiates (arithmetic, @, sum, mean, max, "
-        f"reshape, indexing, exp, log, tanh, maximum, where, psum, pmean, all_gather, "
-        f"psum_scatter, ppermute, all_to_all), or take the gradient with jax.grad.")
+        f"simpmd.grad has no transpose rule for the primitive {name!r}{_line(eqn)}. {_INSTEAD}")
 
 
 def _missing_axes(eqn, var, vma):

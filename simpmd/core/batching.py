@@ -924,18 +924,14 @@ class StackedRun:
                 count += 1
             else:
                 op, params, stacks, sets = record[3], record[6], record[7], record[9]
-                bytes_fn = collectives.WIRE_BYTES[op]
-                nbytes = [st[0].nbytes for st in stacks]
                 same = op in collectives.SAME_BYTES_FOR_EVERY_MEMBER
                 for members in sets:
                     g, p = members.shape
                     count += g * p
                     groups += g
-                    if same:
-                        sent += g * p * sum(bytes_fn(b, p, 0, **params)[0] for b in nbytes)
-                    else:
-                        sent += g * sum(bytes_fn(b, p, pos, **params)[0]
-                                        for pos in range(p) for b in nbytes)
+                    moved = _bytes_moved(op, params, stacks, p)
+                    sent += g * (p * moved(0)[0] if same else
+                                 sum(moved(pos)[0] for pos in range(p)))
         programs = [f"device {d.id}" for d in sorted(self.devices, key=lambda d: d.id)]
         return {"events": count, "collective_groups": groups, "bytes_sent": sent,
                 "programs": programs}
@@ -1087,17 +1083,10 @@ class _GroupEvents(Sequence):
          phase) = self._record
         programs = tuple(batch.label(k) for k in row)
         group = programs if batch.inner else tuple(batch.devices[k].id for k in row)
-        p, sizes, wire = len(row), [s[0].nbytes for s in stacks], collectives.WIRE_BYTES[op]
-
-        @functools.lru_cache(maxsize=None)
-        def moved(at):
-            pairs = [wire(b, p, at, **params) for b in sizes]
-            return sum(x for x, _ in pairs), sum(y for _, y in pairs)
-        same = op in collectives.SAME_BYTES_FOR_EVERY_MEMBER
         self._common = (dict(kind="collective", step=self._step, call=call, op=op, axes=axes,
                              params=logged, source=source, code=code, group=group,
                              group_programs=programs, phase=phase),
-                        (lambda pos: moved(0)) if same else moved)
+                        _bytes_moved(op, params, stacks, len(row)))
         return self._common
 
     def _event(self, pos):
@@ -1117,21 +1106,28 @@ class _GroupEvents(Sequence):
                      bytes_received=received, **common)
 
 
+def _bytes_moved(op, params, stacks, p):
+    """``pos -> (bytes sent, bytes received)`` of the member at ``pos`` of a group of ``p``
+    in one stacked collective (all its leaves together), each position computed once; a
+    collective whose members all move the same bytes computes them once for all."""
+    wire, sizes = collectives.WIRE_BYTES[op], [s[0].nbytes for s in stacks]
+
+    @functools.lru_cache(maxsize=None)
+    def moved(pos):
+        pairs = [wire(b, p, pos, **params) for b in sizes]
+        return sum(x for x, _ in pairs), sum(y for _, y in pairs)
+    if op in collectives.SAME_BYTES_FOR_EVERY_MEMBER:
+        return lambda pos: moved(0)
+    return moved
+
+
 def _collective_events(record, event, labels, members_of, only=None):
     """One event per member of every group of one stacked collective (of device ``only``'s
     group alone, if given)."""
     (_, step, op, axes, logged, params, stacks, outputs, sets, call, source, code,
      phase) = record
-    bytes_fn = collectives.WIRE_BYTES[op]
-    nbytes = [s[0].nbytes for s in stacks]
     for members in sets:
-        p = members.shape[1]
-
-        @functools.lru_cache(maxsize=None)
-        def moved(pos):
-            if op in collectives.SAME_BYTES_FOR_EVERY_MEMBER:
-                pos = 0
-            return tuple(map(sum, zip(*(bytes_fn(b, p, pos, **params) for b in nbytes)))) or (0, 0)
+        moved = _bytes_moved(op, params, stacks, members.shape[1])
         for row in members.tolist():
             group = tuple(members_of[k] for k in row)
             if only is not None and only not in group:
