@@ -6,29 +6,31 @@
     f(np.arange(8.0)); print(f.trace)
 """
 from . import lax
-from .core.array import Array, Shard
-from .core.devices import (SimDevice, Platform, device_count, devices, local_device_count,
-                           local_devices, platform, set_device_count)
+from .core.dtypes import config
 from .core.errors import (ConcretizationTypeError, DeadlockError, DeviceError, DivergenceError,
                           MappedAxisError, SimpmdError, TracerArrayConversionError,
                           TracerBoolConversionError, TracerIntegerConversionError,
                           UnboundAxisError, CollectiveArgumentError)
-from .core.pmap import pmap
-from .core.spmd import last_trace, make_jaxpr
-from .core.trace import Event, Trace
+from .core.log import Event, Trace
+from .core.autodiff import grad, value_and_grad         # reverse mode, collectives included
+from .platform.array import Array, Shard
+from .platform.devices import (SimDevice, Platform, device_count, devices, local_device_count,
+                               local_devices, platform, set_device_count)
+from .platform.mesh import (AxisType, Mesh, NamedSharding, P, PartitionSpec, ShardingError,
+                            make_mesh)
+from .api.pmap import pmap
+from .api.shard_map import shard_map
+from .api.spmd import last_trace
+from .api.jaxpr import make_jaxpr
 from . import eager                                    # eager=True: one program per device
+from . import viz                                      # pictures; matplotlib loads on first drawing
+from .viz import text as _text                         # a trace as text (print(trace))
 
 __version__ = "0.1.0"
 
-# -- features built on the engine (each line added by the feature's own change) ----------
-from .core.mesh import (AxisType, Mesh, NamedSharding, P, PartitionSpec, ShardingError,
-                        make_mesh)
 from .explicit import ShardedArray, ShardingTypeError, device_put, jit, reshard, set_mesh, typeof
-from .core.shard_map import shard_map
 from . import numpy                                    # functions for bodies that run on both engines
 from . import course                                   # what the course notebooks share
 from . import debug                                    # debug.print, like jax.debug.print
 from .jax.devices import JaxDevicesError, use_jax_devices
 from .jax.crosscheck import CrossCheckReport, crosscheck
-from .core.autodiff import grad, value_and_grad         # reverse mode, collectives included
-from . import viz                                      # pictures; matplotlib loads on first drawing

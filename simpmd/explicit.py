@@ -47,11 +47,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .core import numpy as _core_numpy
-from .core.collectives import WIRE_BYTES
+from . import numpy as _core_numpy
+from .core.collectives import COLLECTIVES as _ROWS
 from .core.errors import SimpmdError
-from .core.mesh import AxisType, Mesh, NamedSharding, PartitionSpec, axis_types_of
-from .core.trace import Event, Trace
+from .core.log import Event, Trace
+from .platform.mesh import AxisType, Mesh, NamedSharding, PartitionSpec, axis_types_of
+
+WIRE_BYTES = {op: row.wire_bytes for op, row in _ROWS.items()}   # until jit joins the program
 
 P = PartitionSpec
 

@@ -1,13 +1,13 @@
 """Where the core hands over to code outside it, registered from outside.
 
-The core imports nothing of simpmd outside ``simpmd/core``. Three packages that sit above
-it register themselves here when they are imported (``import simpmd`` imports them all):
+The core imports nothing of simpmd outside ``simpmd/core``. The packages above it register
+themselves here when they are imported (``import simpmd`` imports them all):
 
-* ``eager``: :mod:`simpmd.eager.scheduler`, which runs one program per device
-  (``eager=True``, and the pmaps nested in such a body).
-* ``jax``: :mod:`simpmd.jax.handoff`. A collective, a pmap or a shard_map called on JAX
-  tracers sits inside a real JAX trace, and runs as JAX's own.
-* ``views``: :mod:`simpmd.viz`, which draws a trace (``trace.draw()``).
+* ``eager``: :mod:`simpmd.eager`, which runs one program per device (``eager=True``).
+* ``jax``: :mod:`simpmd.jax.handoff`. An operation on JAX tracers sits inside a real JAX
+  trace, and runs as JAX's own.
+* ``views``: :mod:`simpmd.viz`, which draws a trace; ``texts``: :mod:`simpmd.viz.text`,
+  which writes it out as a table.
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from . import tree
 eager = None
 jax = None
 views = None
+texts = None
 
 
 def holds_jax_tracer(value) -> bool:
@@ -37,3 +38,10 @@ def drawings():
     if views is None:
         raise RuntimeError("drawing needs simpmd.viz: `import simpmd` (or simpmd.viz) first.")
     return views
+
+
+def text():
+    """The module that writes a trace out as text (simpmd.viz.text)."""
+    if texts is None:
+        raise RuntimeError("a trace's text needs simpmd.viz.text: `import simpmd` first.")
+    return texts

@@ -1,151 +1,45 @@
-"""The math of every collective, as pure functions over a group's values.
+"""The collectives, one row each: the math over a group, its checks, its type, its
+derivative, and the bytes each member moves.
 
-Each function takes ``values``, the list of one array per member of the group in group
-order (member ``i`` is the device with index ``i`` along the named axis, or within its
-``axis_index_groups`` group), and returns the list of what each member ends up holding.
-Nothing here knows about threads, devices or logs, so each collective can be read and
-tested on its own.
+The math is pure: ``math(groups, **params)`` takes every group's values stacked as
+``(number of groups, group size, ...)`` (member ``i`` is the device with index ``i`` along
+the named axes, or within its ``axis_index_groups`` group) and returns what each member
+ends up holding, so each collective can be read and tested on its own. Which devices form
+the groups, the log and the deadlock check are the run's (``run.py``).
 
-The tables, keyed by collective name, hold one concern each:
-
-* ``MATH[op](values, **params)``: what every member ends up holding;
-* ``STACKED[op](groups, **params)``: the same, for many groups stacked in one array;
-* ``WIRE_BYTES[op](nbytes, p, member, **params)``: the bytes one member sends and
-  receives with the bandwidth-optimal algorithm (ring-based, as NCCL and TPU ICI use),
-  for an input of ``nbytes`` per member in a group of ``p``.
+``wire_bytes(nbytes, p, member, **params)`` is what one member sends and receives with the
+bandwidth-optimal algorithm (ring-based, as NCCL and TPU ICI use) for ``nbytes`` per member
+in a group of ``p``. The derivative of a collective is a collective (``vjp``): ``psum``'s is
+``psum`` (or, under ``shard_map(check_vma=True)``, no communication at all), ``all_gather``'s
+is ``psum_scatter``, ``ppermute``'s the inverse permutation.
 """
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
-
-# -- reductions: everyone ends with the same combination of everyone's value ------------
-
-def _reduce(ufunc, values):
-    out = np.array(values[0], copy=True)
-    for v in values[1:]:
-        ufunc(out, v, out=out)          # one pass, no stacked copy of the whole group
-    return out
+from . import errors
+from .core import Aval, Primitive, bind, context
 
 
-def psum(values):
-    """Every member gets the elementwise sum of all members' values.
+class Settings:
+    """Rules that changed between JAX releases, taken from the running JAX by the JAX
+    bridge (``simpmd.jax``) when it is imported; without it, the newest JAX's rules.
 
-    Booleans are counted: JAX sums them as int32, so ``psum(x > 0)`` is how many devices
-    hold a positive value (checked on jax 0.10.2). pmax and pmin keep booleans (any, all).
+    ``partial``: the reductions that accept a value varying over only some of their axes
+    under ``shard_map(check_vma=True)``, making it vary over all of them first (``pvary``):
+    jax 0.7.2 accepts psum, psum_scatter, pmax and pmin; 0.10.2 pmax and pmin; 0.12 none.
     """
-    dtype = np.result_type(*values)
-    if dtype == np.bool_:
-        dtype = np.dtype(np.int32)
-    if len(values) == 1:
-        return [np.asarray(values[0], dtype=dtype)]
-    total = _reduce(np.add, [np.asarray(v, dtype=dtype) for v in values])
-    return [total] * len(values)
+    partial: frozenset = frozenset()
 
 
-def pmean(values):
-    """Every member gets the elementwise mean. Integers average to floats, as in JAX."""
-    total = psum(values)[0]
-    mean = total / len(values)
-    if total.dtype.kind in "iub":
-        mean = mean.astype(np.float32)    # JAX's default float, not NumPy's float64
-    return [mean] * len(values)
+settings = Settings()
 
 
-def pmax(values):
-    """Every member gets the elementwise maximum."""
-    return [_reduce(np.maximum, values)] * len(values)
+# -- the math, over many groups at once --------------------------------------------------------
 
 
-def pmin(values):
-    """Every member gets the elementwise minimum."""
-    return [_reduce(np.minimum, values)] * len(values)
-
-
-# -- gathering and scattering ---------------------------------------------------------
-
-def all_gather(values, axis=0, tiled=False):
-    """Every member gets all values, stacked along a new ``axis`` (or joined if ``tiled``)."""
-    joined = np.concatenate(values, axis=axis) if tiled else np.stack(values, axis=axis)
-    return [joined] * len(values)
-
-
-def psum_scatter(values, scatter_dimension=0, tiled=False):
-    """Sum, then member ``i`` keeps block ``i`` of ``scatter_dimension`` (a reduce-scatter).
-
-    Not tiled, the dimension's size equals the group size and is removed; tiled, it is
-    split into equal blocks that are kept.
-    """
-    total = psum(values)[0]
-    p = len(values)
-    blocks = np.split(total, p, axis=scatter_dimension)
-    if not tiled:
-        blocks = [np.squeeze(b, axis=scatter_dimension) for b in blocks]
-    return blocks
-
-
-def all_to_all(values, split_axis, concat_axis, tiled=False):
-    """Member ``j`` sends block ``i`` of its ``split_axis`` to member ``i``.
-
-    Each member joins what it receives, in sender order, along ``concat_axis``. Not
-    tiled, ``split_axis`` has the group's size and its blocks are single slices: the
-    slice is dropped from the block and the received blocks are stacked as a new axis
-    at ``concat_axis``. Tiled, blocks keep their axis and are concatenated.
-    """
-    p = len(values)
-    if tiled:
-        blocks = [np.split(v, p, axis=split_axis) for v in values]
-        return [np.concatenate([blocks[j][i] for j in range(p)], axis=concat_axis)
-                for i in range(p)]
-    return [np.stack([np.take(values[j], i, axis=split_axis) for j in range(p)], axis=concat_axis)
-            for i in range(p)]
-
-
-def pswapaxes(values, axis):
-    """Swap the mapped axis with the local ``axis``: all_to_all with split = concat = axis."""
-    return all_to_all(values, axis, axis, tiled=False)
-
-
-# -- point to point -------------------------------------------------------------------
-
-def ppermute(values, perm):
-    """Send ``values[src]`` to ``dst`` for each pair; a member nobody sends to gets zeros."""
-    out = [np.zeros_like(v) for v in values]
-    for src, dst in perm:
-        out[dst] = values[src]
-    return out
-
-
-def pshuffle(values, perm):
-    """Member ``i`` gets ``values[perm[i]]``: ppermute with pairs ``(perm[i], i)``."""
-    return [values[src] for src in perm]
-
-
-MATH = {
-    "psum": psum,
-    "pmean": pmean,
-    "pmax": pmax,
-    "pmin": pmin,
-    "all_gather": all_gather,
-    "psum_scatter": psum_scatter,
-    "all_to_all": all_to_all,
-    "pswapaxes": pswapaxes,
-    "ppermute": ppermute,
-    "pshuffle": pshuffle,
-}
-
-
-# -- the same math over many groups at once ---------------------------------------------
-# ``STACKED[op](groups, **params)``: ``groups`` holds every group's values, shape
-# (number of groups, group size, ...); the result is what each member ends up holding,
-# of shape (number of groups, group size, ...) or broadcastable to it. A trace-once run
-# (``batching.py``) calls these once per collective, through ``MATH[op].stacked``; an op
-# without one falls back to ``MATH`` group by group.
-
-def _stacked_psum(groups):
-    dtype = np.dtype(np.int32) if groups.dtype == np.bool_ else groups.dtype   # counted, as psum
+def _psum(groups):
+    dtype = np.dtype(np.int32) if groups.dtype == np.bool_ else groups.dtype  # JAX counts booleans
     if groups.shape[1] == 1:
         return groups.astype(dtype, copy=False)
     if groups.shape[0] == 1:                 # one group: the plain 2-D reduction, fastest
@@ -153,34 +47,45 @@ def _stacked_psum(groups):
     return groups.sum(axis=1, keepdims=True, dtype=dtype)
 
 
-def _stacked_pmean(groups):
-    total = _stacked_psum(groups)
+def _pmean(groups):
+    total = _psum(groups)
     mean = total / groups.shape[1]
-    return mean.astype(np.float32) if total.dtype.kind in "iub" else mean
+    return mean.astype(np.float32) if total.dtype.kind in "iub" else mean.astype(total.dtype)
 
 
-def _stacked_all_gather(groups, axis=0, tiled=False):
-    p, ndim = groups.shape[1], groups.ndim - 2
-    if tiled:
-        axis = axis % ndim
-        moved = np.moveaxis(groups, 1, axis + 1)                 # (G, ..., p, n_axis, ...)
-        shape = moved.shape[:axis + 1] + (p * groups.shape[axis + 2],) + moved.shape[axis + 3:]
-        joined = moved.reshape(shape)
-    else:
-        joined = np.moveaxis(groups, 1, axis % (ndim + 1) + 1)
-    return joined[:, None]
+def _all_gather(groups, all_gather_dimension=0, tiled=False, **params):
+    axis = all_gather_dimension
+    moved = np.moveaxis(groups, 1, axis + 1)                  # (G, ..., p, n_axis, ...)
+    if tiled:                                                 # join p and n_axis
+        moved = moved.reshape(moved.shape[:axis + 1] + (-1,) + moved.shape[axis + 3:])
+    return moved[:, None]
 
 
-def _stacked_psum_scatter(groups, scatter_dimension=0, tiled=False):
+def _reduce_scatter(groups, scatter_dimension=0, tiled=False, **params):
     p = groups.shape[1]
-    total = groups.sum(axis=1, dtype=groups.dtype)             # (G, ...); booleans refused
-    d = scatter_dimension % (total.ndim - 1) + 1
+    total = groups.sum(axis=1, dtype=groups.dtype)             # (G, ...)
+    d = scatter_dimension + 1
     shape = total.shape[:d] + (p, total.shape[d] // p) + total.shape[d + 1:]
     blocks = np.moveaxis(total.reshape(shape), d, 1)           # (G, p, ..., block, ...)
     return blocks if tiled else np.squeeze(blocks, axis=d + 1)
 
 
-def _stacked_ppermute(groups, perm):
+def _all_to_all(groups, split_axis, concat_axis, tiled=False, **params):
+    p = groups.shape[1]
+    s, c = split_axis + 2, concat_axis + 2                     # axes of (G, p, ...)
+    if not tiled:                             # the split axis has size p: one slice each
+        moved = np.moveaxis(groups, s, 2)                      # (G, sender, receiver, ...)
+        swapped = np.swapaxes(moved, 1, 2)                     # (G, receiver, sender, ...)
+        return np.moveaxis(swapped, 2, c)
+    shape = groups.shape[:s] + (p, groups.shape[s] // p) + groups.shape[s + 1:]
+    blocks = np.moveaxis(groups.reshape(shape), s, 2)          # (G, sender, receiver, ...)
+    swapped = np.swapaxes(blocks, 1, 2)                        # (G, receiver, sender, ...)
+    joined = np.moveaxis(swapped, 2, c)                        # sender just before concat
+    shape = joined.shape[:c] + (p * joined.shape[c + 1],) + joined.shape[c + 2:]
+    return joined.reshape(shape)
+
+
+def _ppermute(groups, perm, **params):
     out = np.zeros_like(groups)
     if perm:
         sources, destinations = zip(*perm)
@@ -188,186 +93,293 @@ def _stacked_ppermute(groups, perm):
     return out
 
 
-STACKED = {
-    "psum": _stacked_psum,
-    "pmean": _stacked_pmean,
-    "pmax": lambda groups: groups.max(axis=1, keepdims=True),
-    "pmin": lambda groups: groups.min(axis=1, keepdims=True),
-    "all_gather": _stacked_all_gather,
-    "psum_scatter": _stacked_psum_scatter,
-    "ppermute": _stacked_ppermute,
-    "pshuffle": lambda groups, perm: groups[:, list(perm)],
-}
-for _op, _stacked in STACKED.items():      # MATH stays the definition: a function replaced
-    MATH[_op].stacked = _stacked           # there (a test's monkeypatch) loses its fast form
+# -- bytes on the wire, per member ---------------------------------------------------------------
 
-
-# -- bytes on the wire, per member, with the bandwidth-optimal algorithm ---------------
 
 def _all_reduce_bytes(nbytes, p, member, **params):
-    # Ring all-reduce = reduce-scatter + all-gather, each moving (p-1)/p of the data.
-    b = 2 * (p - 1) * nbytes // p
+    b = 2 * (p - 1) * nbytes // p          # ring all-reduce = reduce-scatter + all-gather
     return b, b
 
 
 def _all_gather_bytes(nbytes, p, member, **params):
-    # Every member's shard must reach the p-1 others; a ring forwards one shard a step.
-    b = (p - 1) * nbytes
+    b = (p - 1) * nbytes                   # every member's shard reaches the p-1 others
     return b, b
 
 
-def _reduce_scatter_bytes(nbytes, p, member, **params):
-    b = (p - 1) * nbytes // p
-    return b, b
-
-
-def _all_to_all_bytes(nbytes, p, member, **params):
-    # Each member keeps 1/p of its data and sends the rest, one block to each peer.
-    b = (p - 1) * nbytes // p
+def _scatter_bytes(nbytes, p, member, **params):
+    b = (p - 1) * nbytes // p              # each keeps 1/p and sends the rest, a block a peer
     return b, b
 
 
 def _permute_bytes(nbytes, p, member, perm=(), **params):
-    senders, receivers = _movers(tuple(map(tuple, perm)))
-    return (nbytes if member in senders else 0), (nbytes if member in receivers else 0)
+    sends = any(s == member and d != s for s, d in perm)
+    receives = any(d == member and d != s for s, d in perm)
+    return (nbytes if sends else 0), (nbytes if receives else 0)
 
 
-@functools.lru_cache(maxsize=64)
-def _movers(perm):
-    """The members that send and that receive something other than their own value."""
-    return ({s for s, d in perm if s != d}, {d for s, d in perm if s != d})
+# -- checks on arrival, so a mistake is reported where it was made -------------------------------
 
 
-def _pshuffle_bytes(nbytes, p, member, perm=(), **params):
-    return _permute_bytes(nbytes, p, member, perm=[(s, d) for d, s in enumerate(perm)])
+def _fail(op, message):
+    run = context.run
+    where = run.where(0) if run is not None else "the host"
+    raise errors.CollectiveArgumentError(f"{op} on {where}: {message}")
 
 
-def _no_bytes(nbytes, p, member, **params):
-    return 0, 0
-
-
-# Collectives whose every member sends and receives the same bytes (the log computes them once).
-SAME_BYTES_FOR_EVERY_MEMBER = {"psum", "pmean", "pmax", "pmin", "all_gather", "psum_scatter",
-                               "all_to_all", "pswapaxes"}
-
-WIRE_BYTES = {
-    "psum": _all_reduce_bytes,
-    "pmean": _all_reduce_bytes,
-    "pmax": _all_reduce_bytes,
-    "pmin": _all_reduce_bytes,
-    "all_gather": _all_gather_bytes,
-    "psum_scatter": _reduce_scatter_bytes,
-    "all_to_all": _all_to_all_bytes,
-    "pswapaxes": _all_to_all_bytes,
-    "ppermute": _permute_bytes,
-    "pshuffle": _pshuffle_bytes,
-    "axis_index": _no_bytes,
-    "axis_size": _no_bytes,
-}
-
-
-# -- checks made on arrival, so a mistake is reported on the device that made it ---------
-
-def _fail(op, where, axes, message):
-    from .errors import CollectiveArgumentError
-    raise CollectiveArgumentError(f"{op} over {axes} on {where}: {message}")
-
-
-def _axis_in(axis, ndim, op, where, axes, what):
+def _axis_in(op, axis, ndim, what):
     if not -ndim <= axis < ndim:
-        _fail(op, where, axes, f"{what}={axis} is out of range for a value with {ndim} "
-              f"dimension(s); use an axis in {-ndim}..{ndim - 1}.")
+        _fail(op, f"{what}={axis} is out of range for a value with {ndim} dimension(s); use "
+                  f"an axis in {-ndim}..{ndim - 1}.")
     return axis % ndim
 
 
-def _check_split(op, leaves, p, dim, tiled, where, axes, what):
-    for leaf in leaves:
-        shape = np.shape(leaf)
-        d = _axis_in(dim, len(shape), op, where, axes, what)
-        n = shape[d]
-        if not tiled and n != p:
-            _fail(op, where, axes, f"value of shape {shape} has size {n} along {what}={dim}, "
-                  f"but without tiled=True that size must equal the group size {p}. Reshape "
-                  f"so that dimension has size {p}, or pass tiled=True to split it into {p} "
-                  f"equal blocks.")
-        if tiled and n % p:
-            _fail(op, where, axes, f"value of shape {shape} has size {n} along {what}={dim}, "
-                  f"which does not split into {p} equal blocks (one per group member). Pad "
-                  f"or reshape it to a multiple of {p}.")
+def _check_split(op, shape, p, dim, tiled, what):
+    d = _axis_in(op, dim, len(shape), what)
+    n = shape[d]
+    if not tiled and n != p:
+        _fail(op, f"value of shape {shape} has size {n} along {what}={dim}, but without "
+                  f"tiled=True that size must equal the group size {p}. Reshape so that "
+                  f"dimension has size {p}, or pass tiled=True to split it into {p} equal blocks.")
+    if tiled and n % p:
+        _fail(op, f"value of shape {shape} has size {n} along {what}={dim}, which does not "
+                  f"split into {p} equal blocks (one per group member). Pad or reshape it to "
+                  f"a multiple of {p}.")
+    return d
 
 
-def _check_all_gather(leaves, p, params, where, axes):
-    for leaf in leaves:
-        ndim = np.ndim(leaf)
-        if params.get("tiled"):
-            if ndim == 0:
-                _fail("all_gather", where, axes, "tiled=True joins values along an existing "
-                      "axis, but the value is a scalar; use tiled=False to stack scalars.")
-            _axis_in(params.get("axis", 0), ndim, "all_gather", where, axes, "axis")
-        else:
-            axis = params.get("axis", 0)
-            if not -(ndim + 1) <= axis <= ndim:
-                _fail("all_gather", where, axes, f"axis={axis} is out of range: the value has "
-                      f"shape {np.shape(leaf)} (rank {ndim}), and all_gather stacks the "
-                      f"devices' values along a new axis, so the result has rank {ndim + 1} "
-                      f"and axis must be in {-(ndim + 1)}..{ndim}. (With tiled=True it joins "
-                      f"along an existing axis instead, in {-ndim}..{ndim - 1}.)")
-
-
-def _check_psum_scatter(leaves, p, params, where, axes):
-    if any(np.asarray(leaf).dtype == np.bool_ for leaf in leaves):
-        _fail("psum_scatter", where, axes, "the value is boolean, and real JAX refuses to "
-              "reduce-scatter booleans ('add does not accept dtype bool'). Convert first: "
-              "x.astype(snp.int32) to count, as psum does for booleans.")
-    _check_split("psum_scatter", leaves, p, params.get("scatter_dimension", 0),
-                 params.get("tiled", False), where, axes, "scatter_dimension")
-
-
-def _check_all_to_all(leaves, p, params, where, axes):
-    tiled = params.get("tiled", False)
-    _check_split("all_to_all", leaves, p, params["split_axis"], tiled, where, axes, "split_axis")
-    for leaf in leaves:
-        ndim = np.ndim(leaf)
-        _axis_in(params["concat_axis"], ndim, "all_to_all", where, axes, "concat_axis")
-
-
-def _check_pswapaxes(leaves, p, params, where, axes):
-    _check_split("pswapaxes", leaves, p, params["axis"], False, where, axes, "axis")
-
-
-def _check_ppermute(leaves, p, params, where, axes):
-    perm = params["perm"]
+def check_perm(perm, p, op="ppermute"):
+    """The pairs of a ppermute: (source, destination) indices on the axis, each at most once."""
     for pair in perm:
-        if len(pair) != 2:
-            _fail("ppermute", where, axes, f"perm entry {pair!r} is not a (source, destination) pair.")
         for i in pair:
             if not 0 <= i < p:
                 wrap = (f" Real JAX accepts a negative index silently and counts it from the "
-                        f"end ({i} means {i % p}); simpmd refuses it so that an off-by-one "
-                        f"is not hidden. Write the index you mean, e.g. (j + 1) % {p}."
+                        f"end ({i} means {i % p}); simpmd refuses it so that an off-by-one is "
+                        f"not hidden. Write the index you mean, e.g. (j + 1) % {p}."
                         if -p <= i < 0 else "")
-                _fail("ppermute", where, axes, f"perm entry {tuple(pair)} names index {i}, "
-                      f"outside the axis (size {p}): indices run 0..{p - 1}.{wrap}")
+                _fail(op, f"perm entry {tuple(pair)} names index {i}, outside the axis (size "
+                          f"{p}): indices run 0..{p - 1}.{wrap}")
     for pos, what in ((0, "source"), (1, "destination")):
         seen = [pair[pos] for pair in perm]
         dup = sorted({i for i in seen if seen.count(i) > 1})
         if dup:
-            _fail("ppermute", where, axes, f"perm={list(map(tuple, perm))} repeats {what} {dup}; "
-                  f"each device may send once and receive once. Split it into several ppermutes.")
+            _fail(op, f"perm={list(map(tuple, perm))} repeats {what} {dup}; each device may "
+                      f"send once and receive once. Split it into several ppermutes.")
 
 
-def _check_pshuffle(leaves, p, params, where, axes):
-    perm = list(params["perm"])
-    if sorted(perm) != list(range(p)):
-        _fail("pshuffle", where, axes, f"perm={perm} must be a permutation of 0..{p - 1} "
-              f"(member i receives from perm[i]); use ppermute for partial exchanges.")
+# -- the rows ----------------------------------------------------------------------------------
 
 
-PRECHECK = {
-    "all_gather": _check_all_gather,
-    "psum_scatter": _check_psum_scatter,
-    "all_to_all": _check_all_to_all,
-    "pswapaxes": _check_pswapaxes,
-    "ppermute": _check_ppermute,
-    "pshuffle": _check_pshuffle,
-}
+def group_size(axes, groups=None) -> int:
+    """How many devices one group of a collective over ``axes`` holds."""
+    if groups is not None:
+        return len(groups[0])
+    return context.run.axis_size(axes, "collective")
+
+
+def _axes(params):
+    axes = params.get("axes", params.get("axis_name"))
+    return tuple(axes) if isinstance(axes, (tuple, list)) else (axes,)
+
+
+def _vma_reducing(name, x, axes):
+    """A reduction's input must vary over all of its axes or none (JAX's rule); the axes
+    it varies over are gone from its result."""
+    inside, outside = set(axes) & x.vma, set(axes) - x.vma
+    if inside and outside and name not in settings.partial:
+        raise errors.VmaError(
+            f"{name} over {axes} of a value that varies over {sorted(inside)} but not over "
+            f"{sorted(outside)}: under shard_map(check_vma=True) JAX's {name} needs the "
+            f"value to vary over all of the axes it reduces or over none of them (JAX: "
+            f"'can only accept axis_name which corresponds to one of varying ... or "
+            f"invarying state of the input'). Reduce over {tuple(sorted(inside))} only, or "
+            f"make the value vary over every axis first (lax.pcast(x, "
+            f"{tuple(sorted(outside))}, to='varying') on JAX).")
+
+
+def _typed(x, vma=None, **changes):
+    run = context.run
+    vma = x.vma if vma is None else vma
+    return x.update(vma=vma if run is not None and run.check_vma else frozenset(), **changes)
+
+
+def _reduce_abstract(name):
+    def abstract(*xs, axes, axis_index_groups=None, _size=None):
+        out = []
+        for x in xs:
+            if context.run is not None and context.run.check_vma:
+                _vma_reducing(name, x, axes)
+            dtype = np.dtype(np.int32) if name in ("psum", "pmean") and x.dtype == np.bool_ else x.dtype
+            if name == "pmean" and dtype.kind in "iub":
+                dtype = np.dtype(np.float32)
+            out.append(_typed(x, x.vma - set(axes), dtype=dtype, weak_type=False))
+        return out
+    return abstract
+
+
+def _pvary_ct(ct, axes):
+    """Under check_vma: the cotangent of an invariant result handed back as varying."""
+    missing = tuple(a for a in axes if a not in ct.aval.vma)
+    return bind(pvary, ct, axes=missing) if missing else ct
+
+
+def _psum_vjp(cts, ins, outs, wants, axes, axis_index_groups=None, _size=None):
+    if context.run is not None and context.run.check_vma:     # the sum's pieces: no communication
+        return [_pvary_ct(ct, axes) if w and ct is not None else None for ct, w in zip(cts, wants)]
+    live = [ct for ct, w in zip(cts, wants) if w and ct is not None]
+    summed = iter(bind(psum, *live, axes=axes, axis_index_groups=axis_index_groups) if live else [])
+    return [next(summed) if w and ct is not None else None for ct, w in zip(cts, wants)]
+
+
+def _pmean_vjp(cts, ins, outs, wants, axes, axis_index_groups=None, _size=None):
+    if context.run is not None and context.run.check_vma:
+        n = float(_size)
+        return [bind(_div, _pvary_ct(ct, axes), n) if w and ct is not None else None
+                for ct, w in zip(cts, wants)]
+    live = [ct for ct, w in zip(cts, wants) if w and ct is not None]
+    means = iter(bind(pmean, *live, axes=axes, axis_index_groups=axis_index_groups, _size=_size)
+                 if live else [])
+    return [next(means) if w and ct is not None else None for ct, w in zip(cts, wants)]
+
+
+def _collective(name, op, math, abstract, wire, vjp=None, lax_params=None, variadic=False,
+                **columns):
+    return Primitive(name, None, abstract, vjp=vjp, collective=True, op=op, math=math,
+                     wire_bytes=wire, multiple_results=variadic,
+                     lax_params=lax_params or (lambda params: {}), **columns)
+
+
+psum = _collective("psum", "psum", _psum, _reduce_abstract("psum"), _all_reduce_bytes,
+                   _psum_vjp, variadic=True)
+def _pmean_printed(eqn, name, typed, ins):
+    """JAX has no pmean primitive: it sums (psum), then divides by the group's size."""
+    from .core import Var
+    sums = [Var(v.aval) for v in eqn.outvars]
+    params = {k: v for k, v in eqn.params.items() if not k.startswith("_")}
+    lines = [("psum", params, ins, " ".join(typed(v) for v in sums))]
+    for total, out in zip(sums, eqn.outvars):
+        divisor = f"{float(eqn.params['_size'])!r}:{out.aval.str_short().split('[')[0]}[]"
+        lines.append(("div", {}, f"{name(total)} {divisor}", typed(out)))
+    return lines
+
+
+pmean = _collective("pmean", "pmean", _pmean, _reduce_abstract("pmean"), _all_reduce_bytes,
+                    _pmean_vjp, variadic=True, printed=_pmean_printed)
+pmax = _collective("pmax", "pmax", lambda g: g.max(axis=1, keepdims=True),
+                   _reduce_abstract("pmax"), _all_reduce_bytes, variadic=True)
+pmin = _collective("pmin", "pmin", lambda g: g.min(axis=1, keepdims=True),
+                   _reduce_abstract("pmin"), _all_reduce_bytes, variadic=True)
+
+
+def _gather_abstract(x, *, all_gather_dimension, axis_name, axis_index_groups=None,
+                     axis_size, tiled):
+    shape = list(x.shape)
+    if tiled:
+        if not shape:
+            _fail("all_gather", "tiled=True joins values along an existing axis, but the value "
+                                "is a scalar; use tiled=False to stack scalars.")
+        shape[all_gather_dimension] *= axis_size
+    else:
+        shape.insert(all_gather_dimension, axis_size)
+    return _typed(x, x.vma | set(axis_name), shape=shape)
+
+
+all_gather = _collective(
+    "all_gather", "all_gather", _all_gather, _gather_abstract, _all_gather_bytes,
+    lambda ct, ins, outs, wants, **p: [bind(
+        reduce_scatter, ct, scatter_dimension=p["all_gather_dimension"],
+        axis_name=p["axis_name"], axis_index_groups=p["axis_index_groups"],
+        axis_size=p["axis_size"], tiled=p["tiled"])] if wants[0] else [None],
+    lambda p: {"axis": p["all_gather_dimension"], "tiled": p["tiled"]})
+
+
+def _scatter_abstract(x, *, scatter_dimension, axis_name, axis_index_groups=None, axis_size,
+                      tiled):
+    if x.dtype == np.bool_:
+        _fail("psum_scatter", "the value is boolean, and real JAX refuses to reduce-scatter "
+                              "booleans ('add does not accept dtype bool'). Convert first: "
+                              "x.astype(snp.int32) to count, as psum does for booleans.")
+    if context.run is not None and context.run.check_vma:
+        _vma_reducing("psum_scatter", x, tuple(axis_name))
+    d = _check_split("psum_scatter", x.shape, axis_size, scatter_dimension, tiled,
+                     "scatter_dimension")
+    shape = list(x.shape)
+    if tiled:
+        shape[d] //= axis_size
+    else:
+        del shape[d]
+    return _typed(x, x.vma | set(axis_name), shape=shape)
+
+
+reduce_scatter = _collective(
+    "reduce_scatter", "psum_scatter", _reduce_scatter, _scatter_abstract, _scatter_bytes,
+    lambda ct, ins, outs, wants, **p: [bind(
+        all_gather, ct, all_gather_dimension=p["scatter_dimension"], axis_name=p["axis_name"],
+        axis_index_groups=p["axis_index_groups"], axis_size=p["axis_size"],
+        tiled=p["tiled"])] if wants[0] else [None],
+    lambda p: {"scatter_dimension": p["scatter_dimension"], "tiled": p["tiled"]})
+
+
+def _a2a_abstract(x, *, split_axis, concat_axis, axis_name, axis_index_groups=None, tiled):
+    p = group_size(_axes({"axis_name": axis_name}), axis_index_groups)
+    s = _check_split("all_to_all", x.shape, p, split_axis, tiled, "split_axis")
+    c = _axis_in("all_to_all", concat_axis, x.ndim, "concat_axis")
+    shape = list(x.shape)
+    if tiled:
+        shape[s] //= p
+        shape[c] *= p
+    return _typed(x, x.vma | set(_axes({"axis_name": axis_name})), shape=shape)
+
+
+all_to_all = _collective(
+    "all_to_all", "all_to_all", _all_to_all, _a2a_abstract, _scatter_bytes,
+    lambda ct, ins, outs, wants, **p: [bind(
+        all_to_all, ct, split_axis=p["concat_axis"], concat_axis=p["split_axis"],
+        axis_name=p["axis_name"], axis_index_groups=p["axis_index_groups"],
+        tiled=p["tiled"])] if wants[0] else [None],
+    lambda p: {"split_axis": p["split_axis"], "concat_axis": p["concat_axis"],
+               "tiled": p["tiled"]})
+
+
+def _ppermute_abstract(*xs, axis_name, perm):
+    check_perm(perm, group_size(tuple(axis_name)))
+    return [_typed(x, x.vma | set(axis_name)) for x in xs]
+
+
+def _ppermute_vjp(cts, ins, outs, wants, axis_name, perm):
+    live = [ct for ct, w in zip(cts, wants) if w and ct is not None]
+    back = iter(bind(ppermute, *live, axis_name=axis_name,
+                     perm=tuple((d, s) for s, d in perm)) if live else [])
+    return [next(back) if w and ct is not None else None for ct, w in zip(cts, wants)]
+
+
+ppermute = _collective("ppermute", "ppermute", _ppermute, _ppermute_abstract, _permute_bytes,
+                       _ppermute_vjp, lambda p: {"perm": p["perm"]}, variadic=True,
+                       same_bytes=False)
+
+
+def _pvary_abstract(x, *, axes, axis_index_groups=None):
+    return _typed(x, x.vma | set(axes))
+
+
+pvary = Primitive(          # no data moves: the value's type now says it varies over axes
+    "pvary", lambda x, axes, axis_index_groups=None: x, _pvary_abstract,
+    vjp=lambda ct, ins, outs, wants, axes, axis_index_groups=None: [
+        bind(psum, ct, axes=axes, axis_index_groups=None)] if wants[0] else [None],
+    cost=lambda ins, outs, **p: (0, 0), show=lambda p: {"axes": p["axes"]})
+
+
+def _index_abstract(*, axis_name):
+    axes = axis_name if isinstance(axis_name, tuple) else (axis_name,)
+    context.run.axis_size(axes, "axis_index")          # an unknown axis is refused here
+    return _typed(Aval((), np.int32), frozenset(axes))
+
+
+axis_index = Primitive("axis_index", None, _index_abstract, cost=lambda ins, outs, **p: (0, 0),
+                       collective=True, op="axis_index", math=None,
+                       wire_bytes=lambda nbytes, p, member, **params: (0, 0),
+                       lax_params=lambda p: {})
+
+from .primitives import div as _div  # noqa: E402  (pmean's derivative divides)
+
+COLLECTIVES = {row.op: row for row in (psum, pmean, pmax, pmin, all_gather, reduce_scatter,
+                                       all_to_all, ppermute)}

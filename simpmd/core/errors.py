@@ -119,3 +119,12 @@ def jax_array_in_collective() -> "TracerArrayConversionError":
     return TracerArrayConversionError(
         "a JAX array reached a simpmd collective inside a simulated device. Inside a "
         "function that runs on both engines, use simpmd.numpy instead of jax.numpy.")
+
+
+class VmaError(SimpmdError, ValueError):
+    """Under shard_map(check_vma=True), a collective's axes are partly varying and partly
+    invariant for its input (JAX refuses it); raised while tracing."""
+
+
+class UnexpectedTracerError(SimpmdError, TypeError):
+    """A value of a traced body was used after its trace ended (JAX's UnexpectedTracerError)."""

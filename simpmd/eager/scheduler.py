@@ -25,12 +25,12 @@ import threading
 
 import numpy as np
 
-from ..core import collectives, errors, tree
-from ..core.context import (_local, axis_position, caller_source, check_groups, coords_text,
-                            explain_failure, refuse_non_arrays)
-from ..core.spmd import Piece, leaf_label, plain, record_trace
-from ..core.trace import Event, Trace, current_phase
-from ..core.traced import DeviceValue, choose_branch, unwrap
+from ..core import dtypes, errors, tree
+from ..core.core import Aval, aval_of, caller_source, context
+from ..core.log import Event, Trace
+from ..core.run import Run, check_groups, coords_text
+from ..core.values import StackedValue
+from ..api.spmd import Piece, explain_failure, leaf_label, record_trace, refuse_non_arrays
 
 _idle_workers: list = []              # parked worker threads, reused across runs
 _WORKER_STACK = 1 << 20               # 1 MiB is plenty for a device's Python frames
@@ -62,12 +62,15 @@ class _Worker:
             self.task.sim._execute(self.task)
 
 
-class Task:
-    """One program: the user's function running on one device (or one outer nested body)."""
+class Task(Run):
+    """One program: the user's function running on one device (or one outer nested body).
 
-    __slots__ = ("sim", "fun", "args", "coords", "parent", "children", "pending_children",
-                 "state", "result", "error", "worker", "log", "calls", "inbox", "waiting",
-                 "cancelled", "device", "devices", "label", "flat_index")
+    It is the run ``bind`` asks on its thread: a run of one device, whose collectives wait
+    for the rest of their group (a rendezvous) instead of computing all groups at once.
+    """
+
+    eager = True
+    n, abstract, inner, outer = 1, False, None, None
 
     def __init__(self, sim, fun, args, coords, parent=None):
         self.sim, self.fun, self.args, self.coords, self.parent = sim, fun, args, coords, parent
@@ -75,15 +78,25 @@ class Task:
         self.pending_children = 0
         self.state = "new"
         self.result = self.error = self.worker = self.inbox = self.waiting = None
-        self.log: list = []
-        self.calls = 0
+        self.calls = self.calls_logged = 0
         self.cancelled = False
         self.device = None
         self.devices: tuple = ()
-        self.label = ""
+        self.label_text = ""
         self.flat_index = 0
+        self.axes = tuple((name, size) for name, _, size in coords)
+        self.branches = []
+        self.log = _DeviceLog(self)
+        self.eager = sim.eager
 
-    def where(self) -> str:
+    check_vma = property(lambda self: self.sim.check_vma)
+    maps_a_mesh = property(lambda self: self.sim.maps_a_mesh)
+    all_devices = property(lambda self: self.sim.device_list)
+
+    def coords_of(self, k=0):
+        return self.coords
+
+    def where(self, k=0) -> str:
         """'device 3 (data=1, model=1)': how error messages name this program."""
         coords = coords_text(self.coords)
         if self.children:
@@ -96,56 +109,47 @@ class Task:
                     f"{errors.id_ranges(leaf_device_ids(self))} at {inner})")
         return f"device {self.device.id} ({coords})"
 
-    # -- what simpmd.lax asks (a StackedRun answers the same questions for all devices) ---
-    stacked = False                       # one device's program, run on its own thread
+    def label(self, k=0):
+        return self.label_text
 
-    @property
-    def eager(self) -> bool:
-        return self.sim.eager
+    def position(self, axis_names, op):
+        """(index, size) of this device along ``axis_names`` combined row-major."""
+        env = {n: (i, s) for n, i, s in self.coords}
+        index, size = 0, 1
+        for name in axis_names:
+            if name not in env or name is None:
+                raise errors.UnboundAxisError(errors.unbound_axis_message(
+                    op, name, self.where(), self.coords, self.maps_a_mesh))
+            i, s = env[name]
+            index, size = index * s + i, size * s
+        return index, size
 
-    @property
-    def maps_a_mesh(self) -> bool:
-        return self.sim.maps_a_mesh
+    def axis_size(self, axis_names, op="axis_size") -> int:
+        return self.position(axis_names, op)[1]
 
-    @property
-    def check_vma(self) -> bool:
-        return self.sim.check_vma
-
-    @property
-    def input_vma(self) -> dict:
-        return self.sim.input_vma
-
-    def collective(self, op, axis_names, leaves, params, groups) -> list:
-        """Join the collective with this device's leaves; wait for the group; its results."""
-        values = [device_array(v) for v in leaves]
-        outs = self.sim.collective(self, op, axis_names, values, params, groups)
-        return [DeviceValue(o, self.sim.eager) for o in outs]
-
-    def axis_index(self, axis_names):
-        index, _ = self.sim.axis_position(self, axis_names, "axis_index")
-        return DeviceValue(np.asarray(index, dtype=np.int32), self.sim.eager)
-
-    def axis_size(self, axis_names, opname) -> int:
-        return self.sim.axis_position(self, axis_names, opname)[1]
-
-    def switch(self, index, branches, operands, what):
-        """``lax.switch`` on one device: its index is concrete, so Python chooses."""
-        return choose_branch(index, branches, operands)
-
-    def print(self, fmt, args, kwargs, source, code):
-        """``simpmd.debug.print`` on this device: printed and logged now."""
-        text = fmt.format(*unwrap(args), **unwrap(kwargs))
-        builtins.print(f"[{self.where()}] {text}")
-        self.sim.log(self, "print", detail=text, source=source, code=code)
+    def collective(self, prim, stacks, params, avals, out_avals):
+        """Join the collective with this device's operands; wait for the group."""
+        axes = tuple(params.get("axes") or _names(params.get("axis_name")))
+        if prim.name == "axis_index":
+            return [np.asarray([self.position(axes, "axis_index")[0]], dtype=np.int32)]
+        values = [s[0] for s in stacks]
+        outs = self.sim.collective(self, prim, axes, values, params)
+        return [np.asarray(o)[None] for o in outs]
 
 
-def device_array(x):
-    """The NumPy array of one device's collective operand (a JAX array is refused)."""
-    if type(x) is DeviceValue:
-        return x.value
-    if hasattr(x, "__jax_array__") or type(x).__module__.startswith("jax"):
-        raise errors.jax_array_in_collective()
-    return np.asarray(x)
+class _DeviceLog:
+    """Where debug.print's line of one device goes: printed now, and logged."""
+
+    def __init__(self, task):
+        self.task = task
+
+    def print(self, run, texts, source):
+        builtins.print(f"[{self.task.where()}] {texts[0]}")
+        self.task.sim.log(self.task, "print", detail=texts[0], source=source[0], code=source[1])
+
+
+def _names(axis_name):
+    return tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
 
 
 def leaf_device_ids(task) -> list:
@@ -159,11 +163,11 @@ def leaf_device_ids(task) -> list:
 class _Rendezvous:
     """The members of one group that have arrived at one collective, waiting for the rest."""
 
-    __slots__ = ("key", "op", "axes", "params", "size", "signature", "arrived", "group_label",
-                 "phase")
+    __slots__ = ("key", "prim", "op", "axes", "params", "size", "signature", "arrived",
+                 "group_label", "phase")
 
-    def __init__(self, key, op, axes, params, size, signature, group_label):
-        self.key, self.op, self.axes, self.params = key, op, axes, params
+    def __init__(self, key, prim, axes, params, size, signature, group_label):
+        self.key, self.prim, self.op, self.axes, self.params = key, prim, prim.op, axes, params
         self.size, self.signature, self.group_label = size, signature, group_label
         self.arrived: dict = {}          # member index -> (task, leaves, source, code)
         self.phase = "forward"           # or 'backward' (simpmd.grad's transposed collectives)
@@ -186,8 +190,7 @@ class Simulation:
         self.step = 0
         self.failure = None               # the first (task, exception)
         self.tasks: list = []
-        # shard_map(check_vma=True) sets these: id(body input) -> (input, mesh axes it varies over)
-        self.check_vma, self.input_vma = False, {}
+        self.check_vma = False
 
     # -- creating programs --------------------------------------------------------------
     def new_tasks(self, fun, per_device_args, axes, parent=None):
@@ -225,10 +228,10 @@ class Simulation:
         return made
 
     def log(self, task, kind, **fields):
-        event = Event(kind=kind, program="", coords=task.coords, seq=len(task.log),
+        event = Event(kind=kind, program="", coords=task.coords, seq=task.calls_logged,
                       step=self.step, **fields)
         event._task = task
-        task.log.append(event)
+        task.calls_logged += 1
         self.events.append(event)
         return event
 
@@ -288,7 +291,7 @@ class Simulation:
 
     def _execute(self, task):
         """Body of a worker's turn: run the program, record how it ended, pass the baton."""
-        _local.task = task
+        context.run = task
         try:
             task.result = task.fun(*task.args)
             task.state = "done"
@@ -301,7 +304,7 @@ class Simulation:
                 self.failure = (task, exc)
             self.log(task, "error", detail=f"{type(exc).__name__}: {exc}")
         finally:
-            _local.task = None
+            context.run = None
         parent = task.parent
         if parent is not None and task.state != "cancelled":
             parent.pending_children -= 1
@@ -331,32 +334,27 @@ class Simulation:
         self.main_lock.acquire()
 
     # -- collectives ----------------------------------------------------------------------
-    def axis_position(self, task, axis_names, opname):
-        """(index, size) of ``task`` along ``axis_names`` combined row-major."""
-        return axis_position(task.coords, axis_names, opname, task.where(), self.maps_a_mesh)
-
-    def collective(self, task, op, axis_names, leaves, params, groups):
-        """Join collective ``op`` over ``axis_names``; return this member's output leaves."""
-        index, size = self.axis_position(task, axis_names, op)
+    def collective(self, task, prim, axis_names, leaves, params):
+        """Join collective ``prim`` over ``axis_names``; return this member's output leaves."""
+        op, groups = prim.op, params.get("axis_index_groups")
+        index, size = task.position(axis_names, op)
         group_id, member, p = None, index, size
         if groups is not None:
             check_groups(groups, size, op, task.where(), axis_names)
             group_id, member = _find_group(groups, index)
             p = len(groups[group_id])
-        check = collectives.PRECHECK.get(op)
-        if check is not None:
-            check(leaves, p, params, task.where(), axis_names)
         rest = tuple((n, i) for n, i, _ in task.coords if n not in axis_names)
         scope = tuple(n for n, _, _ in task.coords)
         key = (scope, axis_names, rest, None if groups is None else tuple(groups[group_id]))
-        signature = (op, _freeze(params), tuple((np.shape(v), np.asarray(v).dtype.str) for v in leaves))
+        signature = (op, _freeze(prim.lax_params(params)),
+                     tuple((np.shape(v), np.asarray(v).dtype.str) for v in leaves))
         source, code = caller_source()
         task.calls += 1
         rv = self.pending.get(key)
         if rv is None:
             label = tuple(tuple(g) for g in groups) if groups is not None else None
-            rv = self.pending[key] = _Rendezvous(key, op, axis_names, params, p, signature, label)
-            rv.phase = current_phase()       # read on the calling device's thread
+            rv = self.pending[key] = _Rendezvous(key, prim, axis_names, params, p, signature, label)
+            rv.phase = context.phase         # read on the calling device's thread
         elif rv.signature != signature:
             first_task, _, first_source, _ = next(iter(rv.arrived.values()))
             raise errors.DivergenceError(
@@ -375,22 +373,26 @@ class Simulation:
 
     def _complete(self, rv, me):
         members = [rv.arrived[m] for m in range(rv.size)]
-        n_leaves = len(members[0][1])
-        math_fn = collectives.MATH[rv.op]
-        per_leaf = [math_fn([m[1][k] for m in members], **rv.params) for k in range(n_leaves)]
-        bytes_fn = collectives.WIRE_BYTES[rv.op]
+        prim = rv.prim
+        math_params = {k: v for k, v in rv.params.items() if not k.startswith("_")
+                       and k not in ("axes", "axis_name", "axis_index_groups", "axis_size")}
+        per_leaf = []
+        for k in range(len(members[0][1])):
+            groups = np.stack([np.asarray(m[1][k]) for m in members])[None]
+            out = prim.math(groups, **math_params)
+            per_leaf.append(np.broadcast_to(out, groups.shape[:2] + out.shape[2:])[0])
         group_tasks = tuple(m[0] for m in members)
-        params = dict(rv.params)
+        params = prim.lax_params(rv.params)
         if rv.group_label is not None:
             params["axis_index_groups"] = rv.group_label
         self.step += 1
         for pos, (task, leaves, source, code) in enumerate(members):
-            outs = tuple(per_leaf[k][pos] for k in range(n_leaves))
+            outs = tuple(per_leaf[k][pos] for k in range(len(per_leaf)))
             sent = received = 0
             for leaf in leaves:
-                s, r = bytes_fn(np.asarray(leaf).nbytes, rv.size, pos, **rv.params)
+                s, r = prim.wire_bytes(np.asarray(leaf).nbytes, rv.size, pos, **rv.params)
                 sent, received = sent + s, received + r
-            event = self.log(task, "collective", call=task.calls, op=rv.op, axes=rv.axes,
+            event = self.log(task, "collective", call=task.calls, op=prim.op, axes=rv.axes,
                              member=pos, params=params, inputs=tuple(leaves),
                              outputs=outs, bytes_sent=sent, bytes_received=received,
                              source=source, code=code, phase=rv.phase)
@@ -399,7 +401,7 @@ class Simulation:
                 task.inbox = outs
                 self._wake(task)
         mine = group_tasks.index(me)
-        return tuple(per_leaf[k][mine] for k in range(n_leaves))
+        return tuple(per_leaf[k][mine] for k in range(len(per_leaf)))
 
     # -- after the run ---------------------------------------------------------------------
     def finalize(self):
@@ -410,20 +412,20 @@ class Simulation:
                 t.device = None
         ids = {}
         for t in self.tasks:
-            t.label = coords_text(t.coords) if t.children else f"device {t.device.id}"
+            t.label_text = coords_text(t.coords) if t.children else f"device {t.device.id}"
             ids[t] = tuple(d.id for d in t.devices)
         named: dict = {}                        # one group tuple shared by its members
         for e in self.events:
             t = e.__dict__.pop("_task")
-            e.program = t.label
+            e.program = t.label_text
             e.device = None if t.children else t.device.id
             e.devices = ids[t]
             group = e.__dict__.pop("_group", None)
             if group is not None:
                 if id(group) not in named:
                     named[id(group)] = (
-                        tuple(g.device.id if not g.children else g.label for g in group),
-                        tuple(g.label for g in group))
+                        tuple(g.device.id if not g.children else g.label_text for g in group),
+                        tuple(g.label_text for g in group))
                 e.group, e.group_programs = named[id(group)]
 
     def _diagnose(self, stuck):
@@ -487,21 +489,15 @@ def flat_results(tasks):
             raise errors.DivergenceError(
                 f"{t.where()} returned a result of structure {td}, but {tasks[0].where()} "
                 f"returned {treedef}; every device must return the same structure.")
-    refuse_non_arrays([t.where() for t in tasks], results, treedef)
+    for t, (leaves, td) in zip(tasks, results):
+        refuse_non_arrays(t.where(), leaves, td)
     return results, treedef
-
-
-def _memory_owner(array):
-    """The array that owns ``array``'s memory (a device's piece is a view of its stack)."""
-    while isinstance(array.base, np.ndarray):
-        array = array.base
-    return array
 
 
 def run_per_device(owner, fun, devices, axes, args, kwargs, assemble, eager, check_vma,
                    maps_a_mesh, parent):
     """One program per device, nested under ``parent`` if there is one: the eager half of
-    ``simpmd.core.spmd.run``, which calls it through ``bridge.eager``."""
+    ``simpmd.api.spmd.run``, which calls it through ``bridge.eager``."""
     if parent is None:
         sim = Simulation(devices, eager=eager)
         sim.maps_a_mesh, sim.check_vma = maps_a_mesh, check_vma
@@ -512,11 +508,7 @@ def run_per_device(owner, fun, devices, axes, args, kwargs, assemble, eager, che
     n = math.prod(size for _, size in axes)
     per_device = []
     for k in range(n):
-        mine = [DeviceValue(x.stack[k], sim.eager) if type(x) is Piece else x for x in leaves]
-        for x, v in zip(leaves, mine):
-            if type(x) is Piece and x.varies is not None:     # for simpmd.grad
-                for array in (v.value, _memory_owner(x.stack)):
-                    sim.input_vma[id(array)] = (array, x.varies)
+        mine = [_device_value(x, k, check_vma) if type(x) is Piece else x for x in leaves]
         per_device.append(tree.unflatten(treedef, mine))
     tasks = sim.new_tasks(lambda a, kw: fun(*a, **kw), per_device, axes, parent)
     for k, t in enumerate(tasks):
@@ -552,7 +544,7 @@ def _stacked_results(tasks):
     results, treedef = flat_results(tasks)
     stacks = []
     for j in range(treedef.num_leaves):
-        values = [plain(r[0][j]) for r in results]
+        values = [_plain(r[0][j]) for r in results]
         first = values[0]
         for t, v in zip(tasks, values):
             if v.shape != first.shape or v.dtype != first.dtype:
@@ -593,6 +585,21 @@ class PerDeviceRun:
     def returned(self, stack, detail):
         for k, t in enumerate(self.tasks):
             self.sim.log(t, "return", outputs=(stack[k],), detail=detail(k))
+
+
+def _device_value(piece, k, check_vma):
+    """Device ``k``'s value of a mapped argument: one row, typed as the traced body's are."""
+    row = piece.stack[k]
+    dtype = dtypes.canonical(row.dtype)
+    return StackedValue(Aval(row.shape, dtype, vma=(piece.varies or ()) if check_vma else ()),
+                        np.asarray(row, dtype=dtype)[None])
+
+
+def _plain(x):
+    """The NumPy value of one device's result leaf."""
+    if isinstance(x, StackedValue):
+        return x.stack[0]
+    return np.asarray(x, dtype=aval_of(x).dtype)
 
 
 def _find_group(groups, index):

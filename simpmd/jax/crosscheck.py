@@ -43,13 +43,13 @@ from typing import Any
 import numpy as np
 
 from ..core import errors, tree
-from ..core.array import Array
-from ..core.devices import device_count
+from ..platform.array import Array
+from ..platform.devices import device_count
 from .devices import JaxDevicesError, chosen_devices, use_jax_devices
 from .handoff import (Translation, find_shard_map, jax_version, shard_map_on_jax, translating,
                      _per_arg_axes, _static_split)
-from ..core.pmap import Pmapped, pmap as simpmd_pmap
-from ..core.shard_map import ShardMapped
+from ..api.pmap import Pmapped, pmap as simpmd_pmap
+from ..api.shard_map import ShardMapped
 
 # Collective parameters that jax < 0.11 cannot lower when negative (0.10 may abort the process).
 # simpmd's names (trace events) and JAX's primitive names (jaxprs) both appear here.
@@ -743,7 +743,7 @@ def _engine_mixing_hints(sim, jax_runs) -> list[str]:
     hints = []
     error = getattr(sim.error, "original", None) or sim.error
     text = f"{error} {error.__context__}" if error is not None else ""
-    if "simpmd.core.traced.DeviceValue" in text or "__jax_array__" in text or "simpmd.numpy" in text:
+    if "StackedValue" in text or "__jax_array__" in text or "simpmd.numpy" in text:
         hints.append("simpmd refused because a jax.numpy (or jax) function was given a simpmd "
                      "device value: call array functions through simpmd.numpy "
                      "(import simpmd.numpy as snp; snp.exp(x)), which picks NumPy on simpmd "

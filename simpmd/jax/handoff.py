@@ -25,12 +25,18 @@ from typing import Any
 import numpy as np
 
 from ..core import bridge, tree
-from ..core.shard_map import shard_map
-from ..core.mesh import PartitionSpec
-from ..core.context import current_task
+from ..core.core import context
+from ..api.shard_map import shard_map
+from ..platform.mesh import PartitionSpec
 
 
 holds_tracer = bridge.holds_jax_tracer       # True inside a JAX trace
+
+
+def uses_jax(value) -> bool:
+    """True if ``value`` holds a JAX array or tracer (inside lists, tuples and dicts too)."""
+    from ..numpy import uses_jax as _uses
+    return _uses(value)
 
 
 def collective(name, *args, **kwargs):
@@ -99,7 +105,7 @@ def pmap_inside_jax(pmapped, args, kwargs):
     translation the named axis is a mesh axis instead, and each device keeps its own
     slice of it. Anything else (plain NumPy arguments) returns NotImplemented: simulate.
     """
-    if current_task() is not None:
+    if context.run is not None:
         return NotImplemented
     jax = sys.modules.get("jax")
     if jax is None or not holds_tracer((args, kwargs)):

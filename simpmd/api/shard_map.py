@@ -26,13 +26,15 @@ import warnings
 
 import numpy as np
 
-from . import bridge, errors, spmd, tree
-from .array import HostArray, Shard
-from .mesh import (Mesh, NamedSharding, PartitionSpec, ShardingError, block_counts,
-                   block_slices, check_spec, replica_id, slices_text)
-from .context import current_task
+from ..core import bridge, errors, tree
+from ..core.core import Var, context
+from ..core.run import Run
+from ..platform.array import HostArray, Shard
+from ..platform.mesh import (Mesh, NamedSharding, PartitionSpec, ShardingError, block_counts,
+                             block_slices, check_spec, replica_id, slices_text)
+from . import spmd
 from .spmd import Piece, as_array, positional_names
-from .trace import Trace, summarize
+from ..viz.text import summarize
 
 _REQUIRED = object()
 
@@ -126,7 +128,7 @@ class ShardMapped:
         self.fun, self.mesh = fun, mesh
         self.in_specs, self.out_specs = in_specs, out_specs
         self.check_vma, self.eager = check_vma, eager
-        self.trace: Trace | None = None
+        self.trace = None
         self._param_names = positional_names(fun)
 
     def __repr__(self):
@@ -182,7 +184,7 @@ class ShardMapped:
 
     # -- calling ---------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
-        parent = current_task()
+        parent = context.run
         if parent is not None:
             _refuse_nesting(parent)
         if bridge.inside_jax(args):
@@ -193,6 +195,13 @@ class ShardMapped:
                 f"shard_map'd functions take positional arguments only (as in JAX), got "
                 f"keyword(s) {', '.join(kwargs)}. Pass them by position, with one in_specs "
                 f"entry each.")
+        devices, axes, inputs, assemble = self._prepare(args)
+        return spmd.run(self, self.fun, devices, axes, inputs, {}, assemble, eager=self.eager,
+                        check_vma=self.check_vma, maps_a_mesh=True)
+
+    def _prepare(self, args):
+        """The devices, the mesh's axes, every argument leaf's blocks, and how the results
+        go back together."""
         leaves, treedef = self._split(args)
         mesh = self.mesh
         coords = [mesh.coords_of(k) for k in range(mesh.size)]
@@ -204,13 +213,21 @@ class ShardMapped:
             return Piece(_stack_blocks(value, spec, mesh), detail, _spec_axes(spec))
         inputs = [value if spec is None else piece(path, value, spec)
                   for path, value, spec in leaves]
-        return spmd.run(self, self.fun, list(mesh.devices.flat), tuple(mesh.shape.items()),
-                        tree.unflatten(treedef, inputs), {},
-                        lambda stacks, out_def, run: self._assemble(stacks, out_def, run, coords),
-                        eager=self.eager, check_vma=self.check_vma, maps_a_mesh=True)
+
+        def assemble(stacks, out_def, run, program=None):
+            return self._assemble(stacks, out_def, run, coords, program)
+        return (list(mesh.devices.flat), tuple(mesh.shape.items()),
+                tree.unflatten(treedef, inputs), assemble)
+
+    def traced(self, *args):
+        """The body's program for these arguments, traced now (as JAX traces a shard_map
+        outside jit on every call): what ``make_jaxpr`` of a shard_mapped function prints."""
+        devices, axes, inputs, _ = self._prepare(args)
+        grid = Run(devices, axes, check_vma=self.check_vma, maps_a_mesh=True)
+        return spmd.program_for(self.fun, grid, inputs, {}).program
 
     # -- putting the blocks together -------------------------------------------------------
-    def _assemble(self, stacks, treedef, run, coords):
+    def _assemble(self, stacks, treedef, run, coords, program=None):
         """The result blocks, stacked in device order, as MeshArrays laid out by out_specs."""
         mesh = self.mesh
         out_specs = self.out_specs
@@ -227,10 +244,8 @@ class ShardMapped:
             name, first = f"out{spmd.leaf_label(treedef, j)}", stack[0]
             check_spec(spec, mesh, f"out_specs for {name} (a result of shape {first.shape})",
                        first.ndim)
-            types = getattr(run, "out_types", None) if self.check_vma else None
-            if types is not None:           # check_vma: JAX decides from the value's type
-                self._check_types(types[j], getattr(run, "why", {}), stack, spec, name,
-                                  first.ndim, run, coords)
+            if self.check_vma and program is not None:   # JAX decides from the value's type
+                self._check_types(program, j, stack, spec, name, first.ndim, run, coords)
             elif not _replicated(stack, spec, mesh):
                 where = [run.where(k) for k in range(run.n)]
                 self._check_replicated(where, list(stack), coords, spec, name, first.ndim)
@@ -240,11 +255,11 @@ class ShardMapped:
             out_leaves.append(MeshArray(whole, NamedSharding(mesh, spec)))
         return tree.unflatten(treedef, out_leaves)
 
-    def _check_types(self, typed, why, stack, spec, name, ndim, run, coords):
+    def _check_types(self, program, j, stack, spec, name, ndim, run, coords):
         """Under check_vma, an out_spec may leave out a mesh axis only if the result's type
         says it does not vary over it, whatever its values are (as JAX checks)."""
-        vma, var = typed
-        missing = sorted(vma - set(spec.mesh_axes()))
+        var = program.outvars[j]
+        missing = sorted(var.aval.vma - set(spec.mesh_axes()))
         if not missing:
             return
         if not _replicated(stack, spec, self.mesh):     # the values differ too: show them
@@ -252,7 +267,7 @@ class ShardMapped:
             self._check_replicated(where, list(stack), coords, spec, name, ndim)
         causes = []
         for axis in missing:
-            made = why.get((var, axis))
+            made = _why(program, var, axis)
             if made is None:
                 causes.append(f"over {axis!r} because an input split over {axis!r} by in_specs "
                               f"flows into it")
@@ -325,6 +340,21 @@ class ShardMapped:
                 "check_vma=False turns the check off.)")
         warnings.warn(message + " With check_vma=False simpmd returns the first device's "
                       "copy, as JAX does (JAX does not check).", stacklevel=4)
+
+
+def _why(program, var, axis):
+    """(primitive, source, code) of the equation that made ``var`` vary over ``axis``, or
+    None when a body input split over ``axis`` flows into it."""
+    made = {v: e for e in program.eqns for v in e.outvars}
+    while isinstance(var, Var) and var in made:
+        eqn = made[var]
+        varying = [v for v in eqn.invars if isinstance(v, Var) and axis in v.aval.vma]
+        if not varying:
+            return eqn.primitive.name, eqn.source[0], eqn.source[1]
+        # follow a real input before one that a pvary only retyped
+        varying.sort(key=lambda v: v in made and made[v].primitive.name == "pvary")
+        var = varying[0]
+    return None
 
 
 def _suggest(spec, free, ndim) -> str:

@@ -20,15 +20,15 @@ import warnings
 
 import numpy as np
 
-from .devices import device_count, devices as platform_devices
-from . import bridge, errors, program, spmd, tree
-from .array import Array
-from .batching import StackedValue
-from .mesh import ShardingError
-from .context import current_task, user_stacklevel
+from ..core import bridge, control, dtypes, errors, tree
+from ..core.core import Aval, aval_of, context, user_stacklevel
+from ..core.run import Run
+from ..core.values import StackedValue
+from ..platform.array import Array
+from ..platform.devices import device_count, devices as platform_devices
+from ..platform.mesh import ShardingError
+from . import spmd
 from .spmd import Piece, as_array, positional_names
-from .trace import Trace
-from .traced import DeviceValue
 
 
 def pmap(fun=None, axis_name=None, *, in_axes=0, out_axes=0, static_broadcasted_argnums=(),
@@ -66,7 +66,15 @@ def _check_static_argnums(nums, fun):
 
 
 def _check_in_axes(in_axes):
-    """JAX reads in_axes as a pytree prefix of the argument tuple: a list does not match it."""
+    """JAX reads in_axes as a pytree prefix of the argument tuple: a list or a dict does not
+    match it."""
+    if isinstance(in_axes, dict):
+        raise ValueError(
+            f"in_axes={in_axes!r} is a dict, but JAX matches in_axes to the tuple of "
+            f"arguments as a pytree prefix, and a dict is not a prefix of a tuple, so real "
+            f"JAX refuses it ('pytree structure error'). To give the axes of one dict "
+            f"argument, put the dict in a tuple with one entry per argument: "
+            f"in_axes=({in_axes!r},).")
     if isinstance(in_axes, list):
         raise ValueError(
             f"in_axes={in_axes!r} is a list, but the arguments arrive as a tuple, and JAX "
@@ -100,7 +108,7 @@ class Pmapped:
         self.in_axes, self.out_axes = in_axes, out_axes
         self.static_argnums = _argnums(static_argnums)
         self.devices, self.axis_size, self.eager = devices, axis_size, eager
-        self.trace: Trace | None = None
+        self.trace = None
         self._param_names = positional_names(fun)
 
     def __repr__(self):
@@ -157,7 +165,7 @@ class Pmapped:
                 continue
             conv = []
             for leaf, ax, path in zip(leaves, axes, paths):
-                value = leaf.value if type(leaf) is DeviceValue else as_array(leaf)
+                value = leaf.aval if isinstance(leaf, StackedValue) else as_array(leaf)
                 if ax is not None:
                     if not isinstance(ax, (int, np.integer)):
                         raise TypeError(f"in_axes entry for {path} is {ax!r}; use an int or None.")
@@ -231,75 +239,108 @@ class Pmapped:
 
     # -- calling --------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
-        parent = current_task()
-        if parent is None and bridge.inside_jax((args, kwargs)):
+        run = context.run
+        if run is None and bridge.inside_jax((args, kwargs)):
             # Inside a real JAX trace (jax.pmap of a nested simpmd program): today's JAX
             # spells the inner pmap jax.vmap with the same axis name.
             return bridge.jax.pmap_inside_jax(self, args, kwargs)
-        if parent is not None and parent.stacked:
-            return _nested_call(self, args, kwargs)
-        return self._call(parent, args, kwargs)
+        if run is not None:
+            self._check_nesting(run)
+            if not run.eager:
+                return self._nested(args, kwargs)
+        return self._call(args, kwargs)
 
-    def _call(self, parent, args, kwargs, closed=()):
-        once = parent is not None and parent.stacked     # nested in a body traced once
-        if parent is None:
-            device_list = self._device_list()
+    def _signature(self, args, kwargs, devices):
+        """JAX's cache key: the function's settings, the static arguments' values, the
+        arguments' structure and each leaf's shape and dtype (64-bit as the 32-bit JAX
+        makes of it), looked up before anything is checked."""
+        n = len(args)
+        static = tuple(sorted({a % n for a in self.static_argnums})) if n else ()
+        leaves, treedef = tree.flatten(tuple(a for i, a in enumerate(args) if i not in static))
+        kw_leaves, kw_def = tree.flatten(kwargs)
+        try:
+            shapes = tuple((np.shape(x), dtypes.of_python(x)) for x in leaves + kw_leaves)
+            statics = tuple((i, type(args[i]), args[i]) for i in static)
+            hash(statics)
+        except Exception:
+            return None
+        return ("pmap", self.axis_name, repr(self.in_axes), repr(self.out_axes), self.axis_size,
+                tuple(d.id for d in devices), statics, treedef, kw_def, shapes)
+
+    def _prepare(self, args, kwargs):
+        """What a call needs before it runs: the devices, the signature's key, every mapped
+        leaf's pieces, the body with the static arguments in place, the mapped size."""
+        devices = self._device_list()
+        key = None if self.eager else self._signature(args, kwargs, devices)
+        found = spmd.cached(self.fun, key) if key is not None else None
+        if found is not None and hasattr(found, "axes"):
+            axes, size, static, paths = found.axes, found.size, found.static, found.paths
         else:
-            self._check_nesting(parent)
-            device_list = [] if once else parent.sim.device_list
-        # Nested in a body traced once, each argument leaf holds every outer device's value
-        # stacked: the call is checked on the first outer device's, and all are split.
-        outer = parent.n if once else 1
-        seen = (_first_outer_device(args), _first_outer_device(kwargs)) if once else (args, kwargs)
-        static, defs, kw_def, arrays, paths, size = self._split(
-            *seen, len(device_list) if device_list else 1 << 30)     # else the grid is checked
-
-        def piece(leaf, v, ax, path):
-            whole = leaf.value if type(leaf) is StackedValue else np.broadcast_to(v, (outer,) + v.shape)
-            if ax is None:
-                stack = np.broadcast_to(whole[:, None], (outer, size) + v.shape)
-                detail = (lambda k, t=f"{path} whole (in_axes=None)": t)
-            else:
-                stack = np.moveaxis(whole, ax + 1, 1)
-                head, tail = f"{path}[{':, ' * ax}", received_from(path, v, ax)
-                detail = (lambda k: f"{head}{k % size}{tail}")
-            return Piece(stack.reshape((outer * size,) + stack.shape[2:]), detail)
-
-        def pieces(value, conv, td, leaf_paths):
-            return tree.unflatten(td, [piece(leaf, v, ax, path) for leaf, (v, ax), path
-                                       in zip(tree.flatten(value)[0], conv, leaf_paths)])
+            static, defs, kw_def, arrays, paths, size = self._split(args, kwargs, len(devices))
+            axes = [ax for conv in arrays if conv is not None for _, ax in conv]
+            paths = [p for group in paths if group is not None for p in group]
         dynamic = [i for i in range(len(args)) if i not in static]
-        mapped = [pieces(args[i], arrays[i], defs[i], paths[i]) for i in dynamic]
-        kw = pieces(kwargs, arrays[-1], kw_def, paths[-1])
+        leaves, treedef = tree.flatten(([args[i] for i in dynamic], kwargs))
+        pieces = [_piece(leaf, ax, size, path) for leaf, ax, path in zip(leaves, axes, paths)]
+        dyn_args, kw = tree.unflatten(treedef, pieces)
 
         def body(*dyn, **kw):
             full = list(args)                  # static arguments reach the body as they are
             for i, v in zip(dynamic, dyn):
                 full[i] = v
             return self.fun(*full, **kw)
-        cache = None
-        if (parent is None or once) and not self.eager:
-            # JAX's signature: the function, the static arguments, the axes, and each
-            # argument's shape and dtype (64-bit numbers count as the 32-bit ones JAX makes).
-            leaves = tuple((tuple(np.shape(v)), program.canonical_dtype(v.dtype), ax)
-                           for conv in arrays if conv is not None for v, ax in conv)
-            key = ("pmap", self.axis_name, repr(self.in_axes), repr(self.out_axes),
-                   self.axis_size, size, outer, tuple(d.id for d in device_list),
-                   tuple((i, type(args[i]), args[i]) for i in sorted(static)),
-                   tuple(str(d) for d in defs), str(kw_def), leaves)
-            cache = (self.fun, key)
-        out = spmd.run(self, body, device_list, ((self.axis_name, size),), tuple(mapped), kw,
-                       self._assemble, eager=self.eager, cache=cache, closed=closed)
-        if once:
-            inner = getattr(self.trace, "program", None)
-            if inner is None or inner.broken:
-                # The outer program replays this call: an inner body that could not be
-                # traced into a program (the reason is on it) makes the outer body one that
-                # is traced again on every call too.
-                program.break_recording(
-                    "a nested pmap's body cannot be traced once: "
-                    + (inner.broken if inner is not None else "it was not traced"))
+        cache = (self.fun, key) if key is not None else None
+        remember = (axes, size, static, paths) if found is None else None
+        return devices, cache, body, tuple(dyn_args), kw, size, remember
+
+    def _call(self, args, kwargs):
+        devices, cache, body, dyn_args, kw, size, remember = self._prepare(args, kwargs)
+        out = spmd.run(self, body, devices, ((self.axis_name, size),), dyn_args, kw,
+                       self._assemble, eager=self.eager, cache=cache)
+        self._remember(cache, remember)
         return out
+
+    def _remember(self, cache, remember):
+        traced = spmd.cached(*cache) if cache is not None and remember else None
+        if traced is not None:                   # what the signature decided, kept with it
+            traced.axes, traced.size, traced.static, traced.paths = remember
+
+    def traced(self, *args, **kwargs):
+        """The body's program for these arguments (cached, or traced now), without running
+        it: what ``make_jaxpr`` of a pmapped function prints."""
+        devices, cache, body, dyn_args, kw, size, remember = self._prepare(args, kwargs)
+        grid = Run(devices, ((self.axis_name, size),))
+        traced = spmd.program_for(body, grid, dyn_args, kw, cache)
+        self._remember(cache, remember)
+        return traced.program
+
+    def _nested(self, args, kwargs):
+        """A pmap called in a body being traced: one ``xla_pmap`` equation of the outer
+        program, whose own body is traced once into a program of its own (the outer
+        body's values it reads become inputs of both: closure conversion)."""
+        static, defs, kw_def, arrays, paths, size = self._split(args, kwargs, 1 << 30)
+        dynamic = [i for i in range(len(args)) if i not in static]
+        leaves, treedef = tree.flatten(([args[i] for i in dynamic], kwargs))
+        axes = [ax for conv in arrays if conv is not None for _, ax in conv]
+        out_def = []
+
+        def body(*xs):
+            dyn, kw = tree.unflatten(treedef, xs)
+            full = list(args)
+            for i, v in zip(dynamic, dyn):
+                full[i] = v
+            out, td = tree.flatten(self.fun(*full, **kw))
+            out_def.append(td)
+            return out
+
+        def out_axes(program):
+            shapes = tree.unflatten(out_def[0], [a.shape for a in program.out_avals])
+            wanted = tree.broadcast_prefix(self.out_axes, shapes, what="out_axes")
+            return [None if ax is None else ax % (len(a.shape) + 1)
+                    for ax, a in zip(wanted, program.out_avals)]
+        outs = control.nested_pmap(body, leaves, axes, out_axes, self.axis_name, size,
+                                   getattr(self.fun, "__name__", "fun"))
+        return tree.unflatten(out_def[0], outs)
 
     def _check_nesting(self, parent):
         """A pmap inside another's body maps a sub-grid; inside shard_map it cannot."""
@@ -311,7 +352,7 @@ class Pmapped:
                 "the mesh instead, e.g. make_mesh((2, 4), ('data', 'model')), and split "
                 "the arguments over it in in_specs; collectives can then name either axis "
                 "or both.")
-        if self.eager and parent.stacked:
+        if self.eager and not parent.eager:
             raise errors.MappedAxisError(
                 f"this pmap over {self.axis_name!r} has eager=True, but it is nested in a pmap "
                 f"whose body is traced once, so it cannot run one program per device. Give "
@@ -342,25 +383,19 @@ class Pmapped:
         return device_list
 
     # -- stacking -------------------------------------------------------------------------
-    def _assemble(self, stacks, treedef, run):
+    def _assemble(self, stacks, treedef, run, types=None):
         """Each result leaf stacked along ``out_axes`` (one copy for ``None``), as an Array
-        that knows its shards; inside an outer pmap, as each outer device's value.
-
-        A nested pmap traced once runs the inner grids of all outer devices together:
-        ``run.outer_n`` of them, of ``m`` devices each, one after the other."""
-        g = run.outer_n
-        m = run.n // g
+        that knows its shards; inside an eager outer pmap, as each outer device's value."""
         out_axes = tree.broadcast_prefix(self.out_axes, tree.unflatten(treedef, [s[0] for s in stacks]),
                                          what="out_axes")
         out = []
         for k, (s, ax) in enumerate(zip(stacks, out_axes)):
             first, label = s[0], f"out{spmd.leaf_label(treedef, k)}"
-            per_outer = s.reshape((g, m) + s.shape[1:])
             if ax is None:
-                same = (per_outer == per_outer[:, :1]).reshape(g, m, -1).all(axis=2)
-                for o in np.nonzero(~same.all(axis=1))[0]:        # per outer program
-                    _warn_not_replicated([run.where(o * m + j) for j in np.nonzero(~same[o])[0]],
-                                         run.where(o * m))
+                same = (s == s[:1]).reshape(s.shape[0], -1).all(axis=1) if s.size else \
+                    np.ones(s.shape[0], bool)
+                if not same.all():
+                    _warn_not_replicated([run.where(j) for j in np.nonzero(~same)[0]], run.where(0))
                 run.returned(s, lambda i, t=label + " whole (out_axes=None)": t)
             else:
                 if not -(first.ndim + 1) <= ax <= first.ndim:
@@ -372,52 +407,23 @@ class Pmapped:
                         f"use an axis in {-(n + 1)}..{n} (0 stacks along the first axis), or "
                         f"None to return one copy of a result that is the same on every device.")
                 ax = ax % (first.ndim + 1)
-                run.returned(s, lambda i, a=f"{label}[{':, ' * ax}": f"{a}{i % m}]")
-            if not run.nested:
+                run.returned(s, lambda i, a=f"{label}[{':, ' * ax}": f"{a}{i}]")
+            if run.nested:                   # one outer device of an eager run
+                value = first if ax is None else np.moveaxis(s, 0, ax)
+                out.append(StackedValue(Aval(value.shape, value.dtype), value[None]))
+            else:
                 out.append(Array(s, run.devices, ax, _grid_layout(run, s, ax), self.axis_name))
-            elif run.stacked:                # every outer device's value, stacked
-                out.append(StackedValue(per_outer[:, 0] if ax is None else
-                                   np.moveaxis(per_outer, 1, ax + 1)))
-            else:                            # one outer program of a per-device run
-                out.append(DeviceValue(first if ax is None else np.moveaxis(s, 0, ax), run.eager))
         return tree.unflatten(treedef, out)
 
 
-def _describe_nested(pmapped, inner):
-    params = {"axis_name": pmapped.axis_name, "name": getattr(pmapped.fun, "__name__", "fun")}
-    if inner is not None:
-        params.update(axis_size=inner.axis_env[-1][1], call_jaxpr=inner)
-    return "xla_pmap", params
-
-
-def _nested_call(pmapped, args, kwargs, closed=()):
-    """A pmap called in a body traced once: one equation of the outer program (``xla_pmap``,
-    jax 0.7's name for a pmap in a jaxpr), whose own body is traced once into a program of its own and
-    replayed with the outer one. The outer body's values that the inner body reads without
-    being passed them (``closed``) become inputs of the equation and of the inner
-    program, so a replay gives the inner program this call's values, not the first's."""
-    rec = program.recording()
-    if rec is None:                         # replaying, or not recording at all
-        return pmapped._call(current_task(), args, kwargs, closed)
-    rec.busy += 1
-    try:
-        out = pmapped._call(current_task(), args, kwargs, closed)
-    finally:
-        rec.busy -= 1
-    inner = getattr(pmapped.trace, "program", None)
-    lifted = list(getattr(inner, "closed_values", ()) or ())
-    if inner is not None:
-        inner.closed_values = None          # the first call's values: no longer needed
-    primitive, params = _describe_nested(pmapped, inner)
-    rec.record(primitive, params, _nested_call, (pmapped, args, kwargs, lifted), {}, out,
-               data_constants=False)
-    return out
-
-
-def _first_outer_device(value):
-    """``value`` with each stacked leaf (every outer device's) cut to the first device's."""
-    leaves, td = tree.flatten(value)
-    return tree.unflatten(td, [DeviceValue(v.value[0]) if type(v) is StackedValue else v for v in leaves])
+def _piece(leaf, ax, size, path):
+    """Every device's piece of one argument leaf, stacked, and its row of the log."""
+    value = as_array(leaf)
+    if ax is None:
+        return Piece(np.broadcast_to(value, (size,) + value.shape),
+                     lambda i, t=f"{path} whole (in_axes=None)": t)
+    head, tail = f"{path}[{':, ' * ax}", received_from(path, value, ax)
+    return Piece(np.moveaxis(value, ax, 0), lambda i: f"{head}{i}{tail}")
 
 
 def _warn_not_replicated(differ, first):

@@ -18,7 +18,7 @@ import math
 import numpy as np
 
 from .devices import SimDevice, devices as platform_devices
-from .errors import MappedAxisError, SimpmdError
+from ..core.errors import MappedAxisError, SimpmdError
 
 
 class ShardingError(SimpmdError, ValueError):

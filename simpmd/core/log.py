@@ -1,0 +1,414 @@
+"""The log of a run: what each device received, which collectives it joined, what it returned.
+
+The log is *columnar*: one record per event of the whole run (every device's values of a
+collective stay stacked in one record), and one device's rows are written out only when
+someone reads them, so a 16384-device step logs as fast as it computes. :class:`Trace`
+is the learner's view of it: ``trace.events``, ``trace.device(3)``, ``trace.collectives()``,
+and the text, HTML and drawings, which ``simpmd.viz`` makes from these records.
+"""
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import bridge
+
+
+@dataclass
+class Event:
+    """One line of one program's log.
+
+    ``kind`` is ``'receive'`` (a block of an argument arrived), ``'collective'`` (the
+    program took part in a collective), ``'return'`` (a leaf of the result left),
+    ``'print'`` or ``'error'``. A *program* is what runs on one simulated device; in a
+    nested pmap the outer body is also a program, spanning the devices of its inner pmap.
+    """
+
+    kind: str
+    program: str                       # 'device 3', or 'data=1' for an outer nested body
+    coords: tuple                      # ((axis name, index, size), ...) outer to inner
+    seq: int = 0                       # position in this program's log
+    step: int = 0                      # global order; a collective's members share it
+    call: int = 0                      # k-th collective call of the run (SPMD: same k = same call)
+    device: int | None = None          # simulated device id (None for an outer nested body)
+    devices: tuple = ()                # all devices this program spans
+    op: str | None = None              # 'psum', 'all_gather', ... for collectives
+    axes: tuple = ()                   # axis names the collective runs over
+    group: tuple = ()                  # device ids (or program labels) of the group, in order
+    group_programs: tuple = ()         # program labels of the group, in order
+    member: int = 0                    # this program's position in ``group``
+    params: dict = field(default_factory=dict)   # lax's keywords: axis, tiled, perm, ...
+    inputs: tuple = ()                 # leaves before (NumPy arrays)
+    outputs: tuple = ()                # leaves after
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    source: str = ""                   # 'file.py:12'
+    code: str = ""                     # text of that source line
+    detail: str = ""                   # e.g. "x[3], shape (2,), from x of shape (8, 2)"
+    phase: str = "forward"             # 'backward' for a collective of a gradient's backward pass
+
+    shapes_in = property(lambda self: tuple(np.shape(v) for v in self.inputs))
+    shapes_out = property(lambda self: tuple(np.shape(v) for v in self.outputs))
+    dtypes = property(lambda self: tuple(np.asarray(v).dtype for v in (self.inputs or self.outputs)))
+    nbytes_in = property(lambda self: int(sum(np.asarray(v).nbytes for v in self.inputs)))
+    nbytes_out = property(lambda self: int(sum(np.asarray(v).nbytes for v in self.outputs)))
+
+
+class _Record:
+    """One event of the whole run: ``kind``, the run it happened in, its global step, and
+    what it needs (``fields``): every device's values stacked."""
+
+    __slots__ = ("kind", "run", "step", "fields")
+
+    def __init__(self, kind, run, step, **fields):
+        self.kind, self.run, self.step, self.fields = kind, run, step, fields
+
+
+class Log:
+    """The records of one run (a nested pmap's inner runs write into the same one)."""
+
+    def __init__(self):
+        self.records: list = []
+        self.step = self.calls = 0
+        self.prints: list = []       # debug.print lines, printed when the run returns
+
+    def receive(self, run, pieces):
+        """What each device received: ``pieces`` with ``stack`` and ``detail(k)``."""
+        self.records.append(_Record("receive", run, self.step, pieces=pieces))
+
+    def returned(self, run, stack, detail):
+        self.records.append(_Record("return", run, self.step, stack=stack, detail=detail))
+
+    def print(self, run, texts, source):
+        self.prints += [f"[{run.where(k)}] {t}" for k, t in enumerate(texts)]
+        self.records.append(_Record("print", run, self.step, texts=texts, source=source))
+
+    def error(self, run, text):
+        self.records.append(_Record("error", run, self.step, text=text))
+
+    def collective(self, run, prim, axes, params, avals, out_avals, stacks, outputs, sets,
+                   source, phase):
+        self.calls += 1
+        logged = prim.lax_params(params)
+        if params.get("axis_index_groups") is not None:
+            logged["axis_index_groups"] = tuple(tuple(g) for g in params["axis_index_groups"])
+        self.records.append(_Record(
+            "collective", run, self.step + 1, prim=prim, op=prim.op, axes=axes, params=logged,
+            raw=params, avals=avals, stacks=stacks, outputs=outputs, sets=sets,
+            call=self.calls, source=source, phase=phase))
+        self.step += sum(m.shape[0] for m in sets)
+
+    # -- reading it ------------------------------------------------------------------------
+    def summary(self, devices):
+        """What a trace's header and table need, without writing out every device's
+        events: None when a nested pmap makes it complicated."""
+        count = groups = sent = 0
+        for r in self.records:
+            if r.run.inner is not None or r.run.outer is not None:
+                return None
+            if r.kind == "receive":
+                count += r.run.n * len(r.fields["pieces"])
+            elif r.kind in ("return", "print"):
+                count += r.run.n
+            elif r.kind == "error":
+                count += 1
+            else:
+                for members in r.fields["sets"]:
+                    g, p = members.shape
+                    count, groups = count + g * p, groups + g
+                    moved = _bytes_moved(r.fields, p)
+                    same = getattr(r.fields["prim"], "same_bytes", True)
+                    sent += g * (p * moved(0)[0] if same else sum(moved(pos)[0] for pos in range(p)))
+        return {"events": count, "collective_groups": groups, "bytes_sent": sent,
+                "programs": [f"device {d.id}" for d in sorted(devices, key=lambda d: d.id)]}
+
+    def events(self, only=None, limit=None) -> list:
+        """Every device's events, written out from the records: all of them, those of
+        device ``only``, or the first ``limit``."""
+        out, seq = [], {}
+
+        class Enough(Exception):
+            pass
+
+        def event(run, k, kind, step, **fields):
+            ids = _ids(run)
+            if only is not None and ids[k] != only:
+                return
+            key = (id(run), k)
+            e = Event(kind=kind, program=run.label(k), coords=run.coords_of(k),
+                      seq=seq.get(key, 0), step=step, device=ids[k], devices=_spans(run, k),
+                      **fields)
+            seq[key] = e.seq + 1
+            out.append(e)
+            if limit is not None and len(out) >= limit:
+                raise Enough
+        try:
+            for r in self.records:
+                self._write(r, event, only)
+        except Enough:
+            pass
+        return out
+
+    def _write(self, r, event, only):
+        run, f = r.run, r.fields
+        ks = range(run.n) if only is None or r.kind == "collective" else \
+            [k for k, i in enumerate(_ids(run)) if i == only]
+        if r.kind == "receive":
+            for k in ks:
+                for piece in f["pieces"]:
+                    event(run, k, "receive", r.step, inputs=(piece.stack[k, ...],),
+                          detail=piece.detail(k))
+        elif r.kind == "return":
+            for k in ks:
+                event(run, k, "return", r.step, outputs=(f["stack"][k, ...],),
+                      detail=f["detail"](k))
+        elif r.kind == "print":
+            for k in ks:
+                event(run, k, "print", r.step, detail=f["texts"][k], source=f["source"][0],
+                      code=f["source"][1])
+        elif r.kind == "error":
+            event(run, 0, "error", r.step, detail=f["text"])
+        else:
+            step = r.step
+            for members in f["sets"]:
+                moved = _bytes_moved(f, members.shape[1])
+                for row in members.tolist():
+                    group = tuple(_ids(run)[k] if run.inner is None else run.label(k) for k in row)
+                    if only is None or only in group:
+                        for pos, k in enumerate(row):
+                            event(run, k, "collective", step, **_member_fields(
+                                r, row, pos, k, group, moved))
+                    step += 1
+
+    def collective_groups(self) -> list:
+        """Each collective instance (one group's rendezvous) as a sequence of its members'
+        events, made only when read: one pass over the records at any device count."""
+        groups, counts = [], {}            # counts: events so far of each program of a run
+        for r in self.records:
+            seen = counts.get(id(r.run))
+            if seen is None:
+                seen = counts[id(r.run)] = np.zeros(r.run.n, dtype=np.int64)
+            if r.kind == "receive":
+                seen += len(r.fields["pieces"])
+            elif r.kind in ("return", "print"):
+                seen += 1
+            elif r.kind == "error":
+                seen[0] += 1
+            else:
+                step = r.step
+                for members in r.fields["sets"]:
+                    for row in members:
+                        groups.append(_GroupEvents(r, row, step, seen[row]))
+                        step += 1
+                    np.add.at(seen, members.ravel(), 1)
+        return sorted(groups, key=lambda g: g.step)
+
+
+def _ids(run):
+    """Device ids of the run's programs (None for outer bodies of a nested pmap)."""
+    if run.inner is not None:
+        return [None] * run.n
+    return [d.id for d in run.devices]
+
+
+def _spans(run, k):
+    return tuple(run.leaf_ids(k))
+
+
+def _member_fields(r, row, pos, k, group, moved):
+    f = r.fields
+    sent, received = moved(pos)
+    values = (lambda stacks: tuple(s[k, ...] for s in stacks)) if f["stacks"] is not None else \
+        (lambda stacks: ())
+    return dict(call=f["call"], op=f["op"], axes=f["axes"], member=pos, params=f["params"],
+                inputs=values(f["stacks"]), outputs=values(f["outputs"] or ()),
+                bytes_sent=sent, bytes_received=received, source=f["source"][0],
+                code=f["source"][1], group=group,
+                group_programs=tuple(r.run.label(j) for j in row), phase=f["phase"])
+
+
+def _bytes_moved(fields, p):
+    """``pos -> (bytes sent, bytes received)`` of the member at ``pos`` of a group of
+    ``p`` (all the collective's operands together), each position computed once."""
+    wire, sizes, params = fields["prim"].wire_bytes, [a.nbytes for a in fields["avals"]], fields["raw"]
+
+    @functools.lru_cache(maxsize=None)
+    def moved(pos):
+        pairs = [wire(b, p, pos, **params) for b in sizes]
+        return sum(x for x, _ in pairs), sum(y for _, y in pairs)
+    if getattr(fields["prim"], "same_bytes", True):      # every member moves the same
+        return lambda pos: moved(0)
+    return moved
+
+
+class _GroupEvents(Sequence):
+    """The events of one group of one collective, written out when read."""
+
+    def __init__(self, record, row, step, seqs):
+        self.record, self.row, self.step, self.seqs = record, row.tolist(), step, seqs
+        self._made: dict = {}
+
+    def __len__(self):
+        return len(self.row)
+
+    def __getitem__(self, pos):
+        if isinstance(pos, slice):
+            return [self[i] for i in range(*pos.indices(len(self)))]
+        pos = pos + len(self.row) if pos < 0 else pos
+        if not 0 <= pos < len(self.row):
+            raise IndexError(f"member {pos} of a group of {len(self.row)}")
+        if pos not in self._made:
+            r, k = self.record, self.row[pos]
+            run = r.run
+            group = tuple(_ids(run)[j] if run.inner is None else run.label(j) for j in self.row)
+            self._made[pos] = Event(
+                kind="collective", program=run.label(k), coords=run.coords_of(k),
+                seq=int(self.seqs[pos]), step=self.step, device=_ids(run)[k],
+                devices=_spans(run, k), **_member_fields(r, self.row, pos, k, group,
+                                                         _bytes_moved(r.fields, len(self.row))))
+        return self._made[pos]
+
+    def __iter__(self):
+        return (self[pos] for pos in range(len(self.row)))
+
+    def __repr__(self):
+        return repr(list(self))
+
+    def __eq__(self, other):
+        return list(self) == list(other)
+
+
+class _EventList(Sequence):
+    """``trace.events`` of a columnar log: its length is known at once, and the events are
+    written out the first time one is read."""
+
+    def __init__(self, trace, n):
+        self._trace, self._n = trace, n
+
+    def __len__(self):
+        return self._n
+
+    def __getitem__(self, index):
+        return self._trace._written_out()[index]
+
+    def __iter__(self):
+        return iter(self._trace._written_out())
+
+    def __eq__(self, other):
+        return list(self) == list(other)
+
+    def __repr__(self):
+        return repr(self._trace._written_out())
+
+
+class Trace:
+    """The log of one run: ``print(trace)`` shows the merged log, ``trace.device(3)`` one
+    device's, ``trace.events`` the records, ``trace.collectives()`` each collective's group;
+    in Jupyter it shows as an HTML table, and ``trace.draw()`` draws the collectives."""
+
+    def __init__(self, events=(), eager=False, max_rows=64, log=None, devices=()):
+        self._events = None if log is not None else list(events)
+        self._log, self._devices = log, list(devices)
+        self.eager, self.max_rows = eager, max_rows
+        self._summary = None
+        self.program = None          # the traced program the run interpreted, if any
+
+    def _columnar(self):
+        if self._log is None or self._events is not None:
+            return None
+        if self._summary is None:
+            self._summary = self._log.summary(self._devices) or False
+        return self._summary or None
+
+    def _written_out(self) -> list:
+        if self._events is None:
+            self._events = self._log.events()
+        return self._events
+
+    @property
+    def events(self):
+        summary = self._columnar()
+        return _EventList(self, summary["events"]) if summary else self._written_out()
+
+    @events.setter
+    def events(self, events):
+        self._events = list(events)
+
+    @property
+    def programs(self) -> list:
+        summary = self._columnar()
+        if summary:
+            return list(summary["programs"])
+        seen: dict = {}
+        for e in self.events:
+            seen.setdefault(e.program, e.device if e.device is not None else -1)
+        return sorted(seen, key=lambda p: (seen[p] == -1, seen[p], p))
+
+    def for_program(self, program: str) -> list:
+        return [e for e in self.events if e.program == program]
+
+    def device(self, device_id: int) -> "Trace":
+        """The log of one simulated device, as a Trace of its own."""
+        if self._columnar():
+            return Trace(self._log.events(only=device_id), self.eager, self.max_rows)
+        return Trace([e for e in self.events if e.device == device_id], self.eager, self.max_rows)
+
+    def collectives(self) -> list:
+        """Each collective instance (one group's rendezvous) as its members' events."""
+        if self._log is not None:
+            return self._log.collective_groups()
+        by_step: dict = {}
+        for e in self.events:
+            if e.kind == "collective":
+                by_step.setdefault(e.step, []).append(e)
+        return [sorted(v, key=lambda e: e.member) for _, v in sorted(by_step.items())]
+
+    def calls(self) -> list:
+        """Each collective call of the program (all its groups together), in order."""
+        by_call: dict = {}
+        for e in self.events:
+            if e.kind == "collective":
+                by_call.setdefault((len(e.coords), e.call), []).append(e)
+        return [v for _, v in sorted(by_call.items(), key=lambda kv: min(e.step for e in kv[1]))]
+
+    def head(self, limit):
+        """The first ``limit`` events (the columnar log writes out only those)."""
+        if self._columnar():
+            return self._log.events(limit=limit)
+        return list(self.events)[:limit]
+
+    def __len__(self):
+        summary = self._columnar()
+        return summary["events"] if summary else len(self.events)
+
+    def __iter__(self):
+        return iter(self.events)
+
+    # -- views: simpmd.viz makes them ---------------------------------------------------------
+    def table(self, program=None) -> str:
+        return bridge.text().table(self, program)
+
+    def per_device(self) -> str:
+        return "\n\n".join(f"== {p} ==\n{self.table(p)}" for p in self.programs)
+
+    def draw(self, call=None, **kwargs):
+        """Draw the run's collectives, before and after (``call=k``: only the k-th)."""
+        views = bridge.drawings()
+        return views.draw_trace(self, **kwargs) if call is None else \
+            views.draw_collective(self, call, **kwargs)
+
+    def draw_timeline(self, hardware="TPU v4", **kwargs):
+        """The modelled per-device timeline of this run (see simpmd.viz.draw_timeline)."""
+        return bridge.drawings().draw_timeline(self, hardware, **kwargs)
+
+    def __str__(self):
+        return bridge.text().text(self)
+
+    def _repr_html_(self):
+        return bridge.text().html_table(self)
+
+    def __repr__(self):
+        return f"<Trace of {len(self)} events over {len(self.programs)} program(s)>"

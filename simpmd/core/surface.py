@@ -1,0 +1,609 @@
+"""The NumPy spelling of an operation, turned into primitives before anything is computed.
+
+This is what ``jax.numpy`` is to ``jax.lax``: ``x * 2`` promotes the dtypes by JAX's rules,
+lines the ranks up with ``broadcast_in_dim`` and binds ``mul``; ``x.mean(0)`` binds
+``reduce_sum`` then ``div``; ``x[0]`` binds ``slice`` then ``squeeze``; ``x @ w`` binds
+``dot_general``. A mapped value's operators and methods (``values.py``) and
+``simpmd.numpy``'s functions come here, so the program a body traces to reads as JAX's
+does. A NumPy function with no such spelling runs on each device as it is (``numpy_call``).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from . import dtypes
+from . import primitives as P
+from .core import Aval, aval_of, bind
+
+
+def is_value(x) -> bool:
+    """A mapped value (every device's, or its type alone), rather than a constant."""
+    return isinstance(getattr(x, "aval", None), Aval)
+
+
+def _typed(x):
+    a = aval_of(x)
+    return a.dtype, a.weak_type
+
+
+def convert(x, dtype, weak=False):
+    """``x`` as ``dtype``: an equation for a mapped value, NumPy for a constant."""
+    dtype = dtypes.canonical(dtype)
+    if is_value(x):
+        if x.aval.dtype == dtype and x.aval.weak_type == weak:
+            return x
+        return bind(P.convert_element_type, x, new_dtype=dtype, weak_type=weak)
+    if dtypes.is_weak_scalar(x) and weak:
+        return x
+    return np.asarray(x, dtype=dtype)
+
+
+def promoted(*xs, to_float=False):
+    """The operands converted to their common dtype (JAX's lattice), ranks lined up."""
+    dtype, weak = dtypes.promote(*[_typed(x) for x in xs])
+    if to_float and dtype.kind in "biu":
+        dtype, weak = dtypes.default("f"), weak
+    xs = [convert(x, dtype, weak and dtypes.is_weak_scalar(x)) if _typed(x) != (dtype, weak) or
+          not is_value(x) else x for x in xs]
+    rank = max(np.ndim(x) if not is_value(x) else x.aval.ndim for x in xs)
+    return [_to_rank(x, rank) for x in xs]
+
+
+def _to_rank(x, rank):
+    """Rank promotion, as jnp does it: leading length-1 axes (a scalar stays a scalar)."""
+    ndim = x.aval.ndim if is_value(x) else np.ndim(x)
+    if ndim == rank or ndim == 0:
+        return x
+    if not is_value(x):
+        return np.reshape(x, (1,) * (rank - ndim) + np.shape(x))
+    shape = (1,) * (rank - ndim) + x.aval.shape
+    return bind(P.broadcast_in_dim, x, shape=shape,
+                broadcast_dimensions=tuple(range(rank - ndim, rank)), sharding=None)
+
+
+def binary(prim, to_float=False):
+    def op(a, b):
+        return bind(prim, *promoted(a, b, to_float=to_float))
+    op.__name__ = prim.name
+    return op
+
+
+def unary(prim, to_float=False):
+    def op(x):
+        if to_float and aval_of(x).dtype.kind in "biu":
+            x = convert(x, dtypes.default("f"))
+        return bind(prim, x)
+    op.__name__ = prim.name
+    return op
+
+
+add, subtract, multiply = binary(P.add), binary(P.sub), binary(P.mul)
+true_divide = binary(P.div, to_float=True)
+power_float = binary(P.pow_)
+maximum, minimum, arctan2 = binary(P.max_), binary(P.min_), binary(P.atan2, to_float=True)
+equal, not_equal, less = binary(P.eq), binary(P.ne), binary(P.lt)
+less_equal, greater, greater_equal = binary(P.le), binary(P.gt), binary(P.ge)
+bitwise_and, bitwise_or, bitwise_xor = binary(P.and_), binary(P.or_), binary(P.xor)
+left_shift, right_shift = binary(P.shift_left), binary(P.shift_right_arithmetic)
+negative, absolute, sign = unary(P.neg), unary(P.abs_), unary(P.sign)
+floor, ceil, invert, square = unary(P.floor), unary(P.ceil), unary(P.not_), unary(P.square)
+real, imag, conjugate, isfinite = unary(P.real), unary(P.imag), unary(P.conj), unary(P.is_finite)
+FLOAT_UNARY = {"exp": P.exp, "exp2": P.exp2, "log": P.log, "log1p": P.log1p, "expm1": P.expm1,
+               "tanh": P.tanh, "sin": P.sin, "cos": P.cos, "tan": P.tan, "arcsin": P.asin,
+               "arccos": P.acos, "arctan": P.atan, "sinh": P.sinh, "cosh": P.cosh,
+               "arcsinh": P.asinh, "arccosh": P.acosh, "arctanh": P.atanh, "sqrt": P.sqrt,
+               "cbrt": P.cbrt}
+globals().update({name: unary(prim, to_float=True) for name, prim in FLOAT_UNARY.items()})
+
+
+def floor_divide(a, b):
+    a, b = promoted(a, b)
+    if aval_of(a).dtype.kind in "fc":
+        return bind(P.floor, bind(P.div, a, b))
+    q = bind(P.div, a, b)                          # rounds towards zero; floor it
+    fix = bind(P.and_, bind(P.ne, bind(P.rem, a, b), 0),
+               bind(P.ne, bind(P.lt, a, 0), bind(P.lt, b, 0)))
+    return bind(P.select_n, fix, q, bind(P.sub, q, 1))
+
+
+def remainder(a, b):
+    a, b = promoted(a, b)
+    r = bind(P.rem, a, b)                          # the sign of the dividend; give it b's
+    fix = bind(P.and_, bind(P.ne, r, 0), bind(P.ne, bind(P.lt, r, 0), bind(P.lt, b, 0)))
+    return bind(P.select_n, fix, r, bind(P.add, r, b))
+
+
+def power(a, b):
+    if type(b) is int and aval_of(a).dtype.kind in "fc" or (
+            type(b) is int and b >= 0):
+        return bind(P.integer_pow, a, y=b)
+    return power_float(a, b)
+
+
+def logical_not(x):
+    return bind(P.not_, convert(x, np.bool_))
+
+
+def round_(x, decimals=0):
+    if decimals:
+        factor = 10.0 ** decimals
+        return true_divide(bind(P.round_, multiply(x, factor), rounding_method=1), factor)
+    return bind(P.round_, x, rounding_method=1)
+
+
+def clip(x, a_min=None, a_max=None, **kwargs):
+    a_min, a_max = kwargs.get("min", a_min), kwargs.get("max", a_max)
+    if a_min is not None:
+        x = maximum(a_min, x)
+    if a_max is not None:
+        x = minimum(a_max, x)
+    return x
+
+
+def where(condition, x=None, y=None):
+    if x is None or y is None:
+        raise TypeError("where(condition) alone gives data-dependent shapes, which a traced "
+                        "body cannot have (JAX refuses it too); pass where(condition, x, y).")
+    x, y = promoted(x, y)
+    rank = max(np.ndim(condition) if not is_value(condition) else condition.aval.ndim,
+               aval_of(x).ndim, aval_of(y).ndim)
+    condition = _to_rank(convert(condition, np.bool_), rank)
+    shape = np.broadcast_shapes(*(aval_of(v).shape for v in (condition, x, y)))
+    condition, x, y = (broadcast_to(v, shape) for v in (condition, x, y))
+    return bind(P.select_n, condition, y, x)
+
+
+# -- shapes ------------------------------------------------------------------------------------
+
+
+def _axis(axis, ndim):
+    if not -max(ndim, 1) <= axis < max(ndim, 1):
+        raise np.exceptions.AxisError(axis, ndim)
+    return axis % max(ndim, 1)
+
+
+def _axes(axis, ndim):
+    if axis is None:
+        return tuple(range(ndim))
+    axes = axis if isinstance(axis, (tuple, list)) else (axis,)
+    return tuple(sorted(_axis(int(a), ndim) for a in axes))
+
+
+def reshape(x, *shape, order="C"):
+    if order != "C":
+        raise NotImplementedError("reshape with order other than 'C'")
+    shape = shape[0] if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)) else shape
+    shape = [int(s) for s in ((shape,) if isinstance(shape, (int, np.integer)) else shape)]
+    size = x.aval.size
+    if shape.count(-1) == 1:
+        known = math.prod(s for s in shape if s != -1)
+        shape[shape.index(-1)] = size // known if known and size % known == 0 else -1
+    if -1 in shape or math.prod(shape) != size:
+        raise TypeError(f"cannot reshape a value of shape {x.aval.shape} ({size} elements) "
+                        f"into shape {tuple(shape)}.")
+    if tuple(shape) == x.aval.shape:
+        return x
+    return bind(P.reshape, x, new_sizes=tuple(shape), dimensions=None, sharding=None)
+
+
+def transpose(x, *axes):
+    axes = axes[0] if len(axes) == 1 and not isinstance(axes[0], (int, np.integer)) else axes
+    ndim = x.aval.ndim
+    perm = tuple(reversed(range(ndim))) if axes in (None, ()) else tuple(_axis(a, ndim) for a in axes)
+    if perm == tuple(range(ndim)):
+        return x
+    return bind(P.transpose, x, permutation=perm)
+
+
+def swapaxes(x, a, b):
+    perm = list(range(x.aval.ndim))
+    a, b = _axis(a, len(perm)), _axis(b, len(perm))
+    perm[a], perm[b] = perm[b], perm[a]
+    return transpose(x, perm)
+
+
+def moveaxis(x, source, destination):
+    perm = [d for d in range(x.aval.ndim) if d != _axis(source, x.aval.ndim)]
+    perm.insert(_axis(destination, x.aval.ndim), _axis(source, x.aval.ndim))
+    return transpose(x, perm)
+
+
+def squeeze(x, axis=None):
+    shape = x.aval.shape
+    dims = tuple(d for d, s in enumerate(shape) if s == 1) if axis is None else _axes(axis, len(shape))
+    return bind(P.squeeze, x, dimensions=dims) if dims else x
+
+
+def expand_dims(x, axis):
+    ndim = aval_of(x).ndim + (len(axis) if isinstance(axis, (tuple, list)) else 1)
+    new = _axes(axis, ndim)
+    shape, it = [], iter(aval_of(x).shape)
+    for d in range(ndim):
+        shape.append(1 if d in new else next(it))
+    kept = tuple(d for d in range(ndim) if d not in new)
+    return bind(P.broadcast_in_dim, x, shape=tuple(shape), broadcast_dimensions=kept,
+                sharding=None)
+
+
+def ravel(x):
+    return reshape(x, -1)
+
+
+def broadcast_to(x, shape):
+    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+    if not is_value(x):
+        return np.broadcast_to(x, shape) if np.shape(x) != shape else x
+    if x.aval.shape == shape:
+        return x
+    ndim = x.aval.ndim
+    return bind(P.broadcast_in_dim, x, shape=shape,
+                broadcast_dimensions=tuple(range(len(shape) - ndim, len(shape))), sharding=None)
+
+
+def astype(x, dtype, copy=False):
+    return convert(x, dtype)
+
+
+def concatenate(arrays, axis=0, dtype=None):
+    arrays = list(arrays)
+    ndim = aval_of(arrays[0]).ndim
+    if axis is None:
+        arrays, axis = [ravel(a) if is_value(a) else np.ravel(a) for a in arrays], 0
+    arrays = promoted(*arrays)
+    if dtype is not None:
+        arrays = [convert(a, dtype) for a in arrays]
+    return bind(P.concatenate, *arrays, dimension=_axis(axis, max(ndim, 1)))
+
+
+def stack(arrays, axis=0):
+    arrays = list(arrays)
+    ndim = aval_of(arrays[0]).ndim + 1
+    return concatenate([expand_dims(a, _axis(axis, ndim)) if is_value(a) else
+                        np.expand_dims(a, _axis(axis, ndim)) for a in arrays], axis=axis)
+
+
+def flip(x, axis=None):
+    return bind(P.rev, x, dimensions=_axes(axis, x.aval.ndim))
+
+
+def full_like(x, fill_value, dtype=None, shape=None):
+    aval = aval_of(x)
+    dtype = dtypes.canonical(dtype or aval.dtype)
+    value = convert(fill_value, dtype)
+    return bind(P.broadcast_in_dim, value, shape=aval.shape if shape is None else tuple(shape),
+                broadcast_dimensions=(), sharding=None)
+
+
+def zeros_like(x, dtype=None, shape=None):
+    return full_like(x, 0, dtype, shape)
+
+
+def ones_like(x, dtype=None, shape=None):
+    return full_like(x, 1, dtype, shape)
+
+
+# -- reductions -----------------------------------------------------------------------------
+
+
+def _reducer(prim, accumulate=False):
+    def reduce(x, axis=None, dtype=None, out=None, keepdims=False, **kwargs):
+        if out is not None:
+            raise TypeError("out= writes into an array in place; JAX arrays are immutable. "
+                            "Use the returned value instead.")
+        axes = _axes(axis, x.aval.ndim)
+        if accumulate and (dtype is not None or x.aval.dtype.kind in "biu"):
+            target = dtype or (np.int32 if x.aval.dtype.kind in "bi" else np.uint32)
+            x = convert(x, target)
+        out = bind(prim, x, axes=axes, out_sharding=None) if axes else x
+        return _keep(out, x.aval.shape, axes) if keepdims else out
+    return reduce
+
+
+def _keep(out, shape, axes):
+    return reshape(out, tuple(1 if d in axes else s for d, s in enumerate(shape)))
+
+
+sum_ = _reducer(P.reduce_sum, accumulate=True)
+prod = _reducer(P.reduce_prod, accumulate=True)
+max_ = _reducer(P.reduce_max)
+min_ = _reducer(P.reduce_min)
+
+
+def all_(x, axis=None, keepdims=False):
+    return _reducer(P.reduce_and)(convert(x, np.bool_), axis, keepdims=keepdims)
+
+
+def any_(x, axis=None, keepdims=False):
+    return _reducer(P.reduce_or)(convert(x, np.bool_), axis, keepdims=keepdims)
+
+
+def mean(x, axis=None, dtype=None, keepdims=False):
+    axes = _axes(axis, x.aval.ndim)
+    if x.aval.dtype.kind in "biu" or dtype is not None:
+        x = convert(x, dtype or dtypes.default("f"))
+    count = math.prod(x.aval.shape[a] for a in axes)
+    return true_divide(sum_(x, axes, keepdims=keepdims), float(count))
+
+
+def var(x, axis=None, dtype=None, ddof=0, keepdims=False):
+    centred = subtract(x, mean(x, axis, dtype, keepdims=True))
+    axes = _axes(axis, x.aval.ndim)
+    count = math.prod(x.aval.shape[a] for a in axes) - ddof
+    return true_divide(sum_(square(centred), axes, keepdims=keepdims), float(count))
+
+
+def std(x, axis=None, dtype=None, ddof=0, keepdims=False):
+    return sqrt(var(x, axis, dtype, ddof, keepdims))  # noqa: F821 (made above)
+
+
+def _arg(prim):
+    def arg(x, axis=None, keepdims=False):
+        if axis is None:
+            x, axis = ravel(x), 0
+        axis = _axis(axis, x.aval.ndim)
+        out = bind(prim, x, axes=(axis,), index_dtype=np.dtype(np.int32))
+        return _keep(out, x.aval.shape, (axis,)) if keepdims else out
+    return arg
+
+
+argmax, argmin = _arg(P.argmax), _arg(P.argmin)
+
+
+def _cumulative(prim):
+    def cumulative(x, axis=None, dtype=None):
+        if axis is None:
+            x, axis = ravel(x), 0
+        if dtype is not None or x.aval.dtype.kind == "b":
+            x = convert(x, dtype or np.int32)
+        return bind(prim, x, axis=_axis(axis, x.aval.ndim), reverse=False)
+    return cumulative
+
+
+cumsum, cumprod = _cumulative(P.cumsum), _cumulative(P.cumprod)
+
+
+def sort(x, axis=-1):
+    return bind(P.sort, x, dimension=_axis(axis, x.aval.ndim), is_stable=True, num_keys=1)[0]
+
+
+def argsort(x, axis=-1):
+    axis = _axis(axis, x.aval.ndim)
+    index = bind(P.iota, dtype=np.dtype(np.int32), shape=x.aval.shape, dimension=axis,
+                 sharding=None)
+    return bind(P.sort, x, index, dimension=axis, is_stable=True, num_keys=1)[1]
+
+
+# -- products ---------------------------------------------------------------------------------
+
+
+def matmul(a, b):
+    a, b = promoted(a, b)[0], promoted(a, b)[1]
+    na, nb = aval_of(a).ndim, aval_of(b).ndim
+    if na == 0 or nb == 0:
+        raise ValueError("matmul: a scalar operand is not allowed (use *)")
+    if na == 1 or nb == 1:
+        dims = (([na - 1], [0 if nb == 1 else nb - 2]), ([], []))
+        return bind(P.dot_general, a, b, dimension_numbers=dims,
+                    preferred_element_type=aval_of(a).dtype)
+    if na != nb:                   # line the batch dimensions up
+        rank = max(na, nb)
+        a, b = _to_rank(a, rank), _to_rank(b, rank)
+        na = nb = rank
+    shape_a, shape_b = aval_of(a).shape, aval_of(b).shape
+    batch = np.broadcast_shapes(shape_a[:-2], shape_b[:-2])
+    a, b = broadcast_to(a, batch + shape_a[-2:]), broadcast_to(b, batch + shape_b[-2:])
+    nbatch = list(range(na - 2))
+    return bind(P.dot_general, a, b, dimension_numbers=(([na - 1], [nb - 2]), (nbatch, nbatch)),
+                preferred_element_type=aval_of(a).dtype)
+
+
+def dot(a, b):
+    if aval_of(a).ndim == 0 or aval_of(b).ndim == 0:
+        return multiply(a, b)
+    if aval_of(b).ndim <= 2:
+        return matmul(a, b)
+    return tensordot(a, b, ([aval_of(a).ndim - 1], [aval_of(b).ndim - 2]))
+
+
+def tensordot(a, b, axes=2):
+    a, b = promoted(a, b)
+    na, nb = aval_of(a).ndim, aval_of(b).ndim
+    if isinstance(axes, int):
+        axes = (list(range(na - axes, na)), list(range(axes)))
+    la, lb = ([axes[0]] if isinstance(axes[0], int) else list(axes[0]),
+              [axes[1]] if isinstance(axes[1], int) else list(axes[1]))
+    return bind(P.dot_general, a, b, dimension_numbers=(([_axis(x, na) for x in la],
+                                                        [_axis(x, nb) for x in lb]), ([], [])),
+                preferred_element_type=aval_of(a).dtype)
+
+
+def outer(a, b):
+    return multiply(expand_dims(ravel(a) if is_value(a) else np.ravel(a), 1),
+                    ravel(b) if is_value(b) else np.ravel(b))
+
+
+def einsum(subscripts, *operands, **kwargs):
+    """Two operands as one dot_general (and transposes), as jnp.einsum does."""
+    if len(operands) != 2 or "->" not in subscripts or "." in subscripts or kwargs:
+        return numpy_function(np.einsum, (subscripts,) + operands, kwargs)
+    ins, out = subscripts.replace(" ", "").split("->")
+    sa, sb = ins.split(",")
+    a, b = promoted(*operands)
+    for letters, x in ((sa, a), (sb, b)):
+        if len(set(letters)) != len(letters) or len(letters) != aval_of(x).ndim:
+            return numpy_function(np.einsum, (subscripts,) + operands, {})
+    batch = [c for c in sa if c in sb and c in out]
+    contract = [c for c in sa if c in sb and c not in out]
+    a = sum_(a, tuple(i for i, c in enumerate(sa) if c not in sb and c not in out)) \
+        if any(c not in sb and c not in out for c in sa) else a
+    sa = "".join(c for c in sa if c in sb or c in out)
+    b = sum_(b, tuple(i for i, c in enumerate(sb) if c not in sa and c not in out)) \
+        if any(c not in sa and c not in out for c in sb) else b
+    sb = "".join(c for c in sb if c in sa or c in out)
+    dims = (([sa.index(c) for c in contract], [sb.index(c) for c in contract]),
+            ([sa.index(c) for c in batch], [sb.index(c) for c in batch]))
+    y = bind(P.dot_general, a, b, dimension_numbers=dims, preferred_element_type=aval_of(a).dtype)
+    got = batch + [c for c in sa if c not in sb] + [c for c in sb if c not in sa]
+    return transpose(y, [got.index(c) for c in out])
+
+
+# -- indexing -------------------------------------------------------------------------------
+
+
+def _basic(i):
+    return i is None or i is Ellipsis or isinstance(i, (slice, int, np.integer)) and not isinstance(i, bool)
+
+
+def getitem(x, index):
+    """``x[index]``: slices, reversals and squeezes for basic indexing (as jnp does), one
+    gather for indexing with arrays."""
+    index = index if isinstance(index, tuple) else (index,)
+    if not all(_basic(i) for i in index):
+        return _gather(x, index)
+    index = _expand_ellipsis(index, x.aval.ndim)
+    starts, limits, strides, flips, squeezed, new_axes = [], [], [], [], [], []
+    d = out_d = 0
+    for i in index:
+        if i is None:
+            new_axes.append(out_d)
+            out_d += 1
+            continue
+        n = x.aval.shape[d]
+        if isinstance(i, slice):
+            picked = range(*i.indices(n))
+            step = picked.step
+            if step < 0:                   # a reversed slice: slice the other way, then rev
+                flips.append(d)
+                picked = picked[::-1]
+            start = picked.start if picked else 0
+            starts.append(start)
+            limits.append(picked[-1] + 1 if picked else 0)
+            strides.append(abs(step))
+            out_d += 1
+        else:
+            if not -n <= i < n:
+                raise IndexError(f"index {i} is out of bounds for axis {d} with size {n}")
+            i = int(i) % n
+            starts.append(i)
+            limits.append(i + 1)
+            strides.append(1)
+            squeezed.append(d)
+        d += 1
+    for rest in range(d, x.aval.ndim):
+        starts.append(0)
+        limits.append(x.aval.shape[rest])
+        strides.append(1)
+    if starts != [0] * len(starts) or limits != list(x.aval.shape) or any(s != 1 for s in strides):
+        x = bind(P.slice_, x, start_indices=tuple(starts), limit_indices=tuple(limits),
+                 strides=None if all(s == 1 for s in strides) else tuple(strides))
+    if flips:
+        x = bind(P.rev, x, dimensions=tuple(flips))
+    if squeezed:
+        x = bind(P.squeeze, x, dimensions=tuple(squeezed))
+    for axis in new_axes:
+        x = expand_dims(x, axis)
+    return x
+
+
+def _expand_ellipsis(index, ndim):
+    used = sum(1 for i in index if i is not None and i is not Ellipsis)
+    if Ellipsis in index:
+        k = index.index(Ellipsis)
+        return index[:k] + (slice(None),) * (ndim - used) + index[k + 1:]
+    return index
+
+
+def _indexer(x, index):
+    """The index with each array replaced by its position among the operands."""
+    arrays, entries = [], []
+    for i in index:
+        if _basic(i):
+            entries.append(i)
+            continue
+        if not is_value(i):
+            i = np.asarray(i)
+            if i.dtype == np.bool_:
+                raise TypeError(
+                    "indexing with a boolean mask gives a shape that depends on the values "
+                    "(real JAX raises NonConcreteBooleanIndexError); use snp.where(mask, x, 0) "
+                    "to keep the shape, or run with eager=True.")
+            i = i.astype(np.int32) if i.dtype.kind in "iu" else i
+        elif i.aval.dtype == np.bool_:
+            raise TypeError(
+                "indexing with a boolean mask gives a shape that depends on the values, which "
+                "real JAX refuses while tracing (NonConcreteBooleanIndexError). Keep the "
+                "shape fixed, e.g. snp.where(mask, x, 0), or run with eager=True.")
+        entries.append(("array", len(arrays)))
+        arrays.append(i)
+    return tuple(entries), arrays
+
+
+def _gather(x, index):
+    indexer, arrays = _indexer(x, index)
+    return bind(P.gather, x, *arrays, indexer=indexer)
+
+
+def update(x, index, v, how):
+    """``x.at[index].set(v)`` (``how`` None), ``.add``, ``.multiply``, ``.min``, ``.max``."""
+    index = index if isinstance(index, tuple) else (index,)
+    indexer, arrays = _indexer(x, index)
+    prim = {None: P.scatter, "add": P.scatter_add, "multiply": P.scatter_mul,
+            "min": P.scatter_min, "max": P.scatter_max}[how]
+    v = convert(v, x.aval.dtype)
+    return bind(prim, x, v, *arrays, indexer=indexer)
+
+
+def take(x, indices, axis=None):
+    if axis is None:
+        return getitem(ravel(x), (indices,))
+    axis = _axis(axis, x.aval.ndim)
+    return getitem(x, (slice(None),) * axis + (indices,))
+
+
+def numpy_function(fn, args, kwargs):
+    """A NumPy function without a JAX spelling here: run on each device as it is."""
+    values = [a for a in args if is_value(a)]
+    static = [a for a in args if not is_value(a)]
+    positions = [k for k, a in enumerate(args) if is_value(a)]
+
+    def call(*vs, **kw):
+        full = list(args)
+        for k, v in zip(positions, vs):
+            full[k] = v
+        return fn(*full, **kw)
+    if not values:
+        return fn(*args, **kwargs)
+    del static
+    return bind(P.numpy_call, *values, fn=call, kwargs=tuple(sorted(kwargs.items())),
+                name=getattr(fn, "__name__", "function"))
+
+
+# What a mapped value's methods and ``simpmd.numpy``'s functions call, by NumPy's names.
+FUNCTIONS = {
+    "add": add, "subtract": subtract, "multiply": multiply, "divide": true_divide,
+    "true_divide": true_divide, "floor_divide": floor_divide, "remainder": remainder,
+    "mod": remainder, "power": power, "maximum": maximum, "minimum": minimum,
+    "arctan2": arctan2, "equal": equal, "not_equal": not_equal, "less": less,
+    "less_equal": less_equal, "greater": greater, "greater_equal": greater_equal,
+    "logical_and": lambda a, b: bitwise_and(convert(a, np.bool_), convert(b, np.bool_)),
+    "logical_or": lambda a, b: bitwise_or(convert(a, np.bool_), convert(b, np.bool_)),
+    "logical_xor": lambda a, b: bitwise_xor(convert(a, np.bool_), convert(b, np.bool_)),
+    "logical_not": logical_not, "bitwise_and": bitwise_and, "bitwise_or": bitwise_or,
+    "bitwise_xor": bitwise_xor, "left_shift": left_shift, "right_shift": right_shift,
+    "negative": negative, "positive": lambda x: x, "absolute": absolute, "abs": absolute,
+    "fabs": absolute, "sign": sign, "floor": floor, "ceil": ceil, "invert": invert,
+    "square": square, "real": real, "imag": imag, "conjugate": conjugate, "conj": conjugate,
+    "isfinite": isfinite, "round": round_, "around": round_, "rint": round_,
+    "clip": clip, "where": where, "reshape": reshape, "transpose": transpose,
+    "swapaxes": swapaxes, "moveaxis": moveaxis, "squeeze": squeeze, "expand_dims": expand_dims,
+    "ravel": ravel, "broadcast_to": broadcast_to, "concatenate": concatenate, "stack": stack,
+    "flip": flip, "full_like": full_like, "zeros_like": zeros_like, "ones_like": ones_like,
+    "sum": sum_, "prod": prod, "max": max_, "amax": max_, "min": min_, "amin": min_,
+    "all": all_, "any": any_, "mean": mean, "var": var, "std": std, "argmax": argmax,
+    "argmin": argmin, "cumsum": cumsum, "cumprod": cumprod, "sort": sort, "argsort": argsort,
+    "matmul": matmul, "dot": dot, "tensordot": tensordot, "outer": outer, "einsum": einsum,
+    "take": take, "astype": astype,
+    **{name: globals()[name] for name in FLOAT_UNARY},
+}

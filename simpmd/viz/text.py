@@ -1,0 +1,143 @@
+"""A trace as text: the merged table ``print(trace)`` shows, one program's table, and the
+HTML table Jupyter shows. Read from the trace's records; nothing here computes."""
+from __future__ import annotations
+
+import html
+import sys
+
+import numpy as np
+
+from ..core import bridge
+
+
+def summarize(value, limit: int = 6) -> str:
+    """A short, deterministic description of an array for a log line."""
+    if not hasattr(value, "__array__") and hasattr(value, "shape"):      # types only
+        return f"{np.dtype(value.dtype)}{list(value.shape)}"
+    a = np.asarray(value)
+    if a.size == 0:
+        return f"{a.dtype}{list(a.shape)} (empty)"
+    if a.size <= limit:
+        flat = np.array2string(a.ravel(), separator=" ", precision=4, suppress_small=True,
+                               max_line_width=200)
+        return flat if a.ndim <= 1 else f"{flat} as {list(a.shape)}"
+    if np.issubdtype(a.dtype, np.number):
+        return (f"{a.dtype}{list(a.shape)} min {_num(a.min())} max {_num(a.max())} "
+                f"mean {_num(a.mean())}")
+    return f"{a.dtype}{list(a.shape)}"
+
+
+def _num(x) -> str:
+    return np.format_float_positional(float(x), precision=4, trim="-")
+
+
+def _leaves_summary(values) -> str:
+    return "; ".join(summarize(v) for v in values)
+
+
+def nbytes_text(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def _params_text(e) -> str:
+    keep = {k: v for k, v in e.params.items() if v is not False and v is not None}
+    return ", ".join(f"{k}={v}" for k, v in keep.items())
+
+
+def _row(e) -> dict:
+    """The columns a log line shows, as text."""
+    if e.kind == "receive":
+        what, moved = "receive " + e.detail, summarize(e.inputs[0])
+        group = sent = recv = ""
+    elif e.kind == "return":
+        what, moved = "return " + e.detail, summarize(e.outputs[0])
+        group = sent = recv = ""
+    elif e.kind in ("error", "print"):
+        what, moved, group, sent, recv = e.kind, e.detail, "", "", ""
+    else:
+        axes = e.axes[0] if len(e.axes) == 1 else e.axes
+        params = _params_text(e)
+        what = f"{e.op}({axes!r}{', ' + params if params else ''})"
+        if e.phase == "backward":
+            what = "backward " + what
+        moved = f"{_leaves_summary(e.inputs)} -> {_leaves_summary(e.outputs)}"
+        group = _group_text(e.group)
+        sent, recv = nbytes_text(e.bytes_sent), nbytes_text(e.bytes_received)
+    return {"step": str(e.step), "program": e.program, "what": what, "group": group,
+            "values": moved, "sent": sent, "recv": recv, "source": e.source}
+
+
+def _group_text(group) -> str:
+    ids = list(group)
+    if len(ids) > 2 and all(isinstance(i, int) for i in ids) and ids == list(range(ids[0], ids[-1] + 1)):
+        return f"{ids[0]}-{ids[-1]}"
+    if len(ids) > 8:
+        return ",".join(map(str, ids[:6])) + f",... ({len(ids)})"
+    return ",".join(map(str, ids))
+
+
+COLUMNS = ("step", "program", "what", "group", "values", "sent", "recv", "source")
+
+
+def _table(rows, columns=COLUMNS, max_width: int = 60) -> str:
+    def clip(s):
+        return s if len(s) <= max_width else s[:max_width - 3] + "..."
+    cells = [[clip(r[c]) for c in columns] for r in rows]
+    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip()]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in cells]
+    return "\n".join(lines)
+
+
+def header(trace) -> str:
+    summary = trace._columnar()
+    if summary:
+        ncoll, sent = summary["collective_groups"], summary["bytes_sent"]
+    else:
+        ncoll = len(trace.collectives())
+        sent = sum(e.bytes_sent for e in trace.events)
+    head = (f"Trace: {len(trace.programs)} program(s), {ncoll} collective group(s), "
+            f"{nbytes_text(sent)} sent in all")
+    if trace.eager:
+        head += ("\nEAGER RUN: Python control flow on values was allowed; real JAX cannot "
+                 "run this program.")
+    return head
+
+
+def table(trace, program=None) -> str:
+    """Text table of one program's log (``program='device 3'``) or of all, merged."""
+    if program is None:
+        events, total = trace.head(trace.max_rows), len(trace)
+    else:
+        events = trace.for_program(program)
+        total = len(events)
+    rows = [_row(e) for e in events[:trace.max_rows]]
+    cut = ""
+    if total > trace.max_rows:
+        cut = (f"\n... {total - trace.max_rows} more event(s); see trace.events or "
+               f"trace.device(i)")
+    columns = COLUMNS if program is None else COLUMNS[:1] + COLUMNS[2:]
+    return _table(rows, columns) + cut
+
+
+def text(trace) -> str:
+    return header(trace) + "\n" + table(trace)
+
+
+def html_table(trace) -> str:
+    rows = [_row(e) for e in trace.head(trace.max_rows)]
+    head = "".join(f"<th>{c}</th>" for c in COLUMNS)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(r[c])}</td>" for c in COLUMNS) + "</tr>"
+                   for r in rows)
+    more = len(trace) - len(rows)
+    note = f"<p>... {more} more event(s)</p>" if more > 0 else ""
+    return (f"<div><pre>{html.escape(header(trace))}</pre>"
+            f"<table style='font-family:monospace;font-size:90%'><thead><tr>{head}</tr></thead>"
+            f"<tbody>{body}</tbody></table>{note}</div>")
+
+
+bridge.texts = sys.modules[__name__]
