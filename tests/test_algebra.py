@@ -1,14 +1,26 @@
 """The algebra of the collectives, as properties over random shapes, axes, device counts
 and group layouts (hypothesis). Everything runs through simpmd.pmap / simpmd.lax; every
 expected value is a NumPy closed form over the stacked inputs, never simpmd itself.
+
+The data is float64 and the run has x64 enabled (simpmd.config, as jax.config's
+jax_enable_x64), so the closed forms can be held to 1e-12: these tests are about the
+collectives' math, not about JAX's 32-bit default (tests/test_dtypes.py).
 """
 from contextlib import contextmanager
 
 import numpy as np
+import pytest
 from hypothesis import given, settings, strategies as st
 
 import simpmd
 from simpmd import lax
+
+
+@pytest.fixture(autouse=True)
+def _x64():
+    simpmd.config.update("jax_enable_x64", True)
+    yield
+    simpmd.config.update("jax_enable_x64", False)
 
 SETTINGS = settings(max_examples=25, deadline=None, database=None)
 DEFAULT_COUNT = 8

@@ -122,5 +122,9 @@ def test_outside_a_mapped_function_cond_is_a_python_choice():
 
 def test_make_jaxpr_shows_both_branches():
     program = simpmd.make_jaxpr(varying, axis_env=[("i", 8)])(np.float32(1))
-    names = [e.primitive for e in program.eqns]
-    assert names.count("cond_branch") == 2 and "neg" in names and "mul" in names
+    names = [e.primitive.name for e in program.eqns]
+    assert names.count("cond") == 1           # one equation, each branch a program of its own
+    branches = program.eqns[names.index("cond")].params["branches"]
+    inside = [[e.primitive.name for e in b.eqns] for b in branches]
+    assert len(branches) == 2 and any("neg" in b for b in inside) and any("mul" in b for b in inside)
+    assert "cond[" in str(program) and "branches=(" in str(program)

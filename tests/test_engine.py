@@ -72,8 +72,10 @@ def test_readme_example_and_its_trace():
     # device 3 sent its 2*3 = 6 and got 56 back
     e3 = next(e for e in coll if e.device == 3)
     assert float(e3.inputs[0]) == 6.0 and float(e3.outputs[0]) == 56.0
-    # ring all-reduce of one float64 over 8 devices: 2 * 7/8 * 8 bytes = 14 bytes each way
-    assert (e3.bytes_sent, e3.bytes_received) == (14, 14)
+    # float64 in, float32 computed (JAX's default, x64 off); a ring all-reduce of one
+    # float32 over 8 devices: 2 * 7/8 * 4 bytes = 7 bytes each way
+    assert e3.inputs[0].dtype == np.float32
+    assert (e3.bytes_sent, e3.bytes_received) == (7, 7)
     assert e3.source.startswith("test_engine.py:") and "lax.psum" in e3.code
     text = str(f.trace)
     assert "psum('devices')" in text and "device 7" in text
@@ -302,7 +304,7 @@ def test_same_collective_with_different_shapes_diverges():
     def body(x):
         y = x[:1] if lax.axis_index("i") == 1 else x
         return lax.psum(y, "i")
-    with pytest.raises(simpmd.DivergenceError, match=r"float64\[2\].*float64\[1\]"):
+    with pytest.raises(simpmd.DivergenceError, match=r"float32\[2\].*float32\[1\]"):
         run_with_deadline(lambda: simpmd.pmap(body, "i", eager=True)(np.ones((4, 2))))
 
 

@@ -16,7 +16,7 @@ import simpmd
 import simpmd.numpy as snp
 from simpmd.core import collectives
 from simpmd import lax
-from simpmd.core.traced import DeviceValue
+from simpmd.core.values import StackedValue as DeviceValue
 
 try:
     from tests.jax_cases import CASES
@@ -155,7 +155,7 @@ def test_negative_axis_found_in_jaxpr_when_simpmd_stops_first():
     code = textwrap.dedent("""
         import numpy as np, simpmd
         from simpmd import lax
-        from simpmd.core.traced import DeviceValue
+        from simpmd.core.values import StackedValue as DeviceValue
         simpmd.use_jax_devices(8, verbose=False)
 
         def f(x):

@@ -73,7 +73,9 @@ def test_traced_once_agrees_with_one_program_per_device(name):
 
 
 def test_shapes_that_depend_on_values_are_refused_with_advice():
-    with pytest.raises(simpmd.SimpmdError, match="same shape"):
+    """Refused while tracing, as JAX refuses it (NonConcreteBooleanIndexError), with the
+    fixed-shape spelling to use instead."""
+    with pytest.raises(simpmd.SimpmdError, match=r"boolean mask.*NonConcreteBooleanIndexError.*snp.where"):
         simpmd.pmap(lambda x: x[x > 0], "i")(X)
 
 
@@ -128,7 +130,7 @@ def test_the_trace_of_a_large_run_is_written_only_when_read():
     try:
         f = simpmd.pmap(lambda x: lax.pmean(x, "i"), "i")
         f(np.arange(1024.0 * 4).reshape(1024, 4))
-        assert callable(f.trace._events)             # nothing written yet
+        assert f.trace._events is None               # nothing written yet
         events = f.trace.events
         assert len(events) == 3 * 1024 and events[-1].outputs[0][0] == pytest.approx(2046.0)
     finally:
@@ -136,7 +138,7 @@ def test_the_trace_of_a_large_run_is_written_only_when_read():
 
 
 def test_collectives_record_the_phase():
-    from simpmd.core.trace import backward_pass
+    from simpmd.core.core import backward_pass
     f = simpmd.pmap(lambda x: lax.psum(x, "i"), "i")
     f(np.arange(8.0))
     assert {e.phase for e in f.trace.events if e.kind == "collective"} == {"forward"}
@@ -271,13 +273,3 @@ def test_a_nested_pmap_prints_once_per_program(capsys):
     np.testing.assert_allclose(np.asarray(out), [[6.0] * 4, [22.0] * 4])
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 and lines[0].endswith("outer 6.0") and lines[1].endswith("outer 22.0")
-
-
-def test_trace_once_can_be_switched_off(monkeypatch):
-    from simpmd.core import batching
-    monkeypatch.setattr(batching, "TRACE_ONCE", False)
-    calls = []
-    simpmd.pmap(lambda x: calls.append(1) or x * 2, "i")(np.arange(8.0))
-    assert len(calls) == 8
-    with pytest.raises(simpmd.TracerBoolConversionError):    # still JAX's refusals
-        simpmd.pmap(lambda x: x if x > 0 else -x, "i")(np.arange(8.0))

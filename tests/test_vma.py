@@ -159,8 +159,8 @@ def test_each_rule_gives_the_type_jax_gives(jax8, name):
     program = simpmd.make_jaxpr(simpmd.shard_map(
         make(lax), mesh=simpmd.make_mesh((2, 4), ("a", "b")), in_specs=spec(P, s_in),
         out_specs=P(("a", "b"))))(x)
-    got = [program.vma.get(v, frozenset()) if type(v) is simpmd.core.program.Var else frozenset()
-           for v in program.outs]
+    got = [v.aval.vma if isinstance(v, simpmd.core.core.Var) else frozenset()
+           for v in program.outvars]
     assert got == want
 
 

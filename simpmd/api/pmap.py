@@ -333,13 +333,18 @@ class Pmapped:
             out_def.append(td)
             return out
 
+        paths = [p for group in paths if group is not None for p in group]
+        log = _NestedLog(paths, axes, [getattr(x, "shape", np.shape(x)) for x in leaves], size)
+
         def out_axes(program):
-            shapes = tree.unflatten(out_def[0], [a.shape for a in program.out_avals])
-            wanted = tree.broadcast_prefix(self.out_axes, shapes, what="out_axes")
-            return [None if ax is None else ax % (len(a.shape) + 1)
-                    for ax, a in zip(wanted, program.out_avals)]
+            placed = tree.unflatten(out_def[0], [object() for _ in program.out_avals])
+            wanted = tree.broadcast_prefix(self.out_axes, placed, what="out_axes")
+            log.out_axes = [None if ax is None else ax % (len(a.shape) + 1)
+                            for ax, a in zip(wanted, program.out_avals)]
+            return log.out_axes
         outs = control.nested_pmap(body, leaves, axes, out_axes, self.axis_name, size,
-                                   getattr(self.fun, "__name__", "fun"))
+                                   getattr(self.fun, "__name__", "fun"), log)
+        log.outputs(out_def[0])
         return tree.unflatten(out_def[0], outs)
 
     def _check_nesting(self, parent):
@@ -383,7 +388,7 @@ class Pmapped:
         return device_list
 
     # -- stacking -------------------------------------------------------------------------
-    def _assemble(self, stacks, treedef, run, types=None):
+    def _assemble(self, stacks, treedef, run, program=None):
         """Each result leaf stacked along ``out_axes`` (one copy for ``None``), as an Array
         that knows its shards; inside an eager outer pmap, as each outer device's value."""
         out_axes = tree.broadcast_prefix(self.out_axes, tree.unflatten(treedef, [s[0] for s in stacks]),
@@ -414,6 +419,48 @@ class Pmapped:
             else:
                 out.append(Array(s, run.devices, ax, _grid_layout(run, s, ax), self.axis_name))
         return tree.unflatten(treedef, out)
+
+
+class _NestedLog:
+    """What the devices of a nested pmap's grid received and returned, for the log: the
+    same rows as a top-level pmap's, each inner device numbered within its outer program."""
+
+    def __init__(self, paths, axes, shapes, size):
+        self.paths, self.axes, self.shapes, self.size = paths, axes, shapes, size
+        self.labels, self.out_axes = [], []
+
+    def outputs(self, out_def):
+        self.labels = [f"out{spmd.leaf_label(out_def, k)}" for k in range(out_def.num_leaves)]
+
+    def receive(self, inner, stacks):
+        m, pieces = self.size, []
+        for stack, ax, path, shape in zip(stacks, self.axes, self.paths, self.shapes):
+            if ax is None:
+                pieces.append(Piece(stack, lambda k, t=f"{path} whole (in_axes=None)": t))
+            else:
+                head, tail = f"{path}[{':, ' * ax}", received_from(path, _Shape(shape), ax)
+                pieces.append(Piece(stack, lambda k, h=head, t=tail: f"{h}{k % m}{t}"))
+        inner.log.receive(inner, pieces)
+
+    def returned(self, inner, stacks, n_outer):
+        m = self.size
+        for stack, label, ax in zip(stacks, self.labels, self.out_axes):
+            if ax is None:
+                per_outer = stack.reshape((n_outer, m, -1))
+                same = (per_outer == per_outer[:, :1]).all(axis=2)
+                for o in np.nonzero(~same.all(axis=1))[0]:
+                    _warn_not_replicated([inner.where(o * m + j) for j in np.nonzero(~same[o])[0]],
+                                         inner.where(o * m))
+                inner.returned(stack, lambda k, t=label + " whole (out_axes=None)": t)
+            else:
+                inner.returned(stack, lambda k, a=f"{label}[{':, ' * ax}": f"{a}{k % m}]")
+
+
+class _Shape:
+    """Just a shape, for the words of a log row."""
+
+    def __init__(self, shape):
+        self.shape, self.ndim = tuple(shape), len(shape)
 
 
 def _piece(leaf, ax, size, path):

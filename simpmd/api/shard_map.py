@@ -349,12 +349,18 @@ def _why(program, var, axis):
     while isinstance(var, Var) and var in made:
         eqn = made[var]
         varying = [v for v in eqn.invars if isinstance(v, Var) and axis in v.aval.vma]
-        if not varying:
+        spreads = eqn.primitive.collective and axis in _axes_of(eqn.params)
+        if not varying or spreads:      # a gather, a permute, axis_index: varying by type
             return eqn.primitive.name, eqn.source[0], eqn.source[1]
         # follow a real input before one that a pvary only retyped
         varying.sort(key=lambda v: v in made and made[v].primitive.name == "pvary")
         var = varying[0]
     return None
+
+
+def _axes_of(params):
+    axes = params.get("axes", params.get("axis_name"))
+    return tuple(axes) if isinstance(axes, (tuple, list)) else (axes,)
 
 
 def _suggest(spec, free, ndim) -> str:

@@ -134,7 +134,7 @@ def run(owner, fun, devices, axes, args, kwargs, assemble, *, eager=False, check
                                       exc) from (None if isinstance(exc, errors.SimpmdError) else exc)
         stacks = [grid.stack_of(o, o.aval if isinstance(o, StackedValue) else Aval(
             np.shape(o), dtypes.of_python(o))) for o in outs]
-        outputs = assemble(stacks, traced.out_tree, grid, program.out_avals)
+        outputs = assemble(stacks, traced.out_tree, grid, program)
     except Exception as exc:               # the trace so far goes with the error
         if getattr(exc, "trace", None) is None:
             grid.log.error(grid, f"{type(exc).__name__}: {exc}")
@@ -213,7 +213,7 @@ def refuse_non_arrays(place, leaves, treedef):
                 not isinstance(leaf, (np.ndarray, np.generic, int, float, complex, StackedValue))
                 and np.asarray(leaf).dtype.kind in "OUS"):
             at = "" if treedef.kind == "leaf" else f" at position {k} of its results"
-            raise TypeError(
+            raise errors.ResultTypeError(
                 f"{place} returned {leaf!r} (a {type(leaf).__name__}){at}, which is not an "
                 f"array. A mapped function returns arrays (JAX: 'not a valid JAX type'). "
                 f"Return numbers or arrays; to show text from a device, use "

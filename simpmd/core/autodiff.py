@@ -155,6 +155,9 @@ def _value_and_grad(fun, argnums, has_aux, args, kwargs):
         return [out] + aux_leaves
 
     run = context.run or core.plain
+    if not run.abstract:             # concrete inputs: every device's value, as the run holds it
+        leaves = [x if isinstance(x, StackedValue) else
+                  StackedValue(aval_of(x), run.stack_of(x, aval_of(x))) for x in leaves]
     _Differentiating.depth += 1
     try:
         program, consts = trace(flat_fun, [aval_of(x) for x in leaves], run.tracing())

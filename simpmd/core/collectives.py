@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import errors
-from .core import Aval, Primitive, bind, context
+from .core import Aval, Primitive, aval_of, bind, context
 
 
 class Settings:
@@ -120,34 +120,34 @@ def _permute_bytes(nbytes, p, member, perm=(), **params):
 # -- checks on arrival, so a mistake is reported where it was made -------------------------------
 
 
-def _fail(op, message):
+def _fail(op, axes, message):
     run = context.run
     where = run.where(0) if run is not None else "the host"
-    raise errors.CollectiveArgumentError(f"{op} on {where}: {message}")
+    raise errors.CollectiveArgumentError(f"{op} over {tuple(axes)} on {where}: {message}")
 
 
-def _axis_in(op, axis, ndim, what):
+def _axis_in(op, axes, axis, ndim, what):
     if not -ndim <= axis < ndim:
-        _fail(op, f"{what}={axis} is out of range for a value with {ndim} dimension(s); use "
+        _fail(op, axes, f"{what}={axis} is out of range for a value with {ndim} dimension(s); use "
                   f"an axis in {-ndim}..{ndim - 1}.")
     return axis % ndim
 
 
-def _check_split(op, shape, p, dim, tiled, what):
-    d = _axis_in(op, dim, len(shape), what)
+def _check_split(op, axes, shape, p, dim, tiled, what):
+    d = _axis_in(op, axes, dim, len(shape), what)
     n = shape[d]
     if not tiled and n != p:
-        _fail(op, f"value of shape {shape} has size {n} along {what}={dim}, but without "
+        _fail(op, axes, f"value of shape {shape} has size {n} along {what}={dim}, but without "
                   f"tiled=True that size must equal the group size {p}. Reshape so that "
                   f"dimension has size {p}, or pass tiled=True to split it into {p} equal blocks.")
     if tiled and n % p:
-        _fail(op, f"value of shape {shape} has size {n} along {what}={dim}, which does not "
+        _fail(op, axes, f"value of shape {shape} has size {n} along {what}={dim}, which does not "
                   f"split into {p} equal blocks (one per group member). Pad or reshape it to "
                   f"a multiple of {p}.")
     return d
 
 
-def check_perm(perm, p, op="ppermute"):
+def check_perm(perm, p, axes, op="ppermute"):
     """The pairs of a ppermute: (source, destination) indices on the axis, each at most once."""
     for pair in perm:
         for i in pair:
@@ -156,13 +156,13 @@ def check_perm(perm, p, op="ppermute"):
                         f"end ({i} means {i % p}); simpmd refuses it so that an off-by-one is "
                         f"not hidden. Write the index you mean, e.g. (j + 1) % {p}."
                         if -p <= i < 0 else "")
-                _fail(op, f"perm entry {tuple(pair)} names index {i}, outside the axis (size "
+                _fail(op, axes, f"perm entry {tuple(pair)} names index {i}, outside the axis (size "
                           f"{p}): indices run 0..{p - 1}.{wrap}")
     for pos, what in ((0, "source"), (1, "destination")):
         seen = [pair[pos] for pair in perm]
         dup = sorted({i for i in seen if seen.count(i) > 1})
         if dup:
-            _fail(op, f"perm={list(map(tuple, perm))} repeats {what} {dup}; each device may "
+            _fail(op, axes, f"perm={list(map(tuple, perm))} repeats {what} {dup}; each device may "
                       f"send once and receive once. Split it into several ppermutes.")
 
 
@@ -218,12 +218,12 @@ def _reduce_abstract(name):
 
 def _pvary_ct(ct, axes):
     """Under check_vma: the cotangent of an invariant result handed back as varying."""
-    missing = tuple(a for a in axes if a not in ct.aval.vma)
+    missing = tuple(a for a in axes if a not in aval_of(ct).vma)
     return bind(pvary, ct, axes=missing) if missing else ct
 
 
 def _psum_vjp(cts, ins, outs, wants, axes, axis_index_groups=None, _size=None):
-    if context.run is not None and context.run.check_vma:     # the sum's pieces: no communication
+    if aval_of(ins[0]).vma:         # typed by vma: the sum's pieces, no communication
         return [_pvary_ct(ct, axes) if w and ct is not None else None for ct, w in zip(cts, wants)]
     live = [ct for ct, w in zip(cts, wants) if w and ct is not None]
     summed = iter(bind(psum, *live, axes=axes, axis_index_groups=axis_index_groups) if live else [])
@@ -231,7 +231,7 @@ def _psum_vjp(cts, ins, outs, wants, axes, axis_index_groups=None, _size=None):
 
 
 def _pmean_vjp(cts, ins, outs, wants, axes, axis_index_groups=None, _size=None):
-    if context.run is not None and context.run.check_vma:
+    if aval_of(ins[0]).vma:
         n = float(_size)
         return [bind(_div, _pvary_ct(ct, axes), n) if w and ct is not None else None
                 for ct, w in zip(cts, wants)]
@@ -241,27 +241,42 @@ def _pmean_vjp(cts, ins, outs, wants, axes, axis_index_groups=None, _size=None):
     return [next(means) if w and ct is not None else None for ct, w in zip(cts, wants)]
 
 
+def _no_flops(ins, outs, **params):
+    """A collective computes nothing worth counting: its cost is the wire's (cost.py)."""
+    return 0, sum(a.nbytes for a in (*ins, *outs))
+
+
 def _collective(name, op, math, abstract, wire, vjp=None, lax_params=None, variadic=False,
                 **columns):
     return Primitive(name, None, abstract, vjp=vjp, collective=True, op=op, math=math,
-                     wire_bytes=wire, multiple_results=variadic,
+                     wire_bytes=wire, multiple_results=variadic, cost=_no_flops,
                      lax_params=lax_params or (lambda params: {}), **columns)
 
 
-psum = _collective("psum", "psum", _psum, _reduce_abstract("psum"), _all_reduce_bytes,
-                   _psum_vjp, variadic=True)
+def _psum_name(eqn):
+    """JAX names the psum of a vma-typed value (shard_map with check_vma) psum_invariant."""
+    return "psum_invariant" if any(getattr(v.aval, "vma", ()) for v in eqn.invars) else "psum"
+
+
+def _psum_printed(eqn, name, typed, ins):
+    params = {k: v for k, v in eqn.params.items() if not k.startswith("_")}
+    return [(_psum_name(eqn), params, ins, " ".join(typed(v) for v in eqn.outvars))]
+
+
 def _pmean_printed(eqn, name, typed, ins):
     """JAX has no pmean primitive: it sums (psum), then divides by the group's size."""
     from .core import Var
     sums = [Var(v.aval) for v in eqn.outvars]
     params = {k: v for k, v in eqn.params.items() if not k.startswith("_")}
-    lines = [("psum", params, ins, " ".join(typed(v) for v in sums))]
+    lines = [(_psum_name(eqn), params, ins, " ".join(typed(v) for v in sums))]
     for total, out in zip(sums, eqn.outvars):
-        divisor = f"{float(eqn.params['_size'])!r}:{out.aval.str_short().split('[')[0]}[]"
+        divisor = f"{out.aval.dtype.type(eqn.params['_size'])}:{out.aval.str_short().split('[')[0]}[]"
         lines.append(("div", {}, f"{name(total)} {divisor}", typed(out)))
     return lines
 
 
+psum = _collective("psum", "psum", _psum, _reduce_abstract("psum"), _all_reduce_bytes,
+                   _psum_vjp, variadic=True, printed=_psum_printed)
 pmean = _collective("pmean", "pmean", _pmean, _reduce_abstract("pmean"), _all_reduce_bytes,
                     _pmean_vjp, variadic=True, printed=_pmean_printed)
 pmax = _collective("pmax", "pmax", lambda g: g.max(axis=1, keepdims=True),
@@ -275,7 +290,7 @@ def _gather_abstract(x, *, all_gather_dimension, axis_name, axis_index_groups=No
     shape = list(x.shape)
     if tiled:
         if not shape:
-            _fail("all_gather", "tiled=True joins values along an existing axis, but the value "
+            _fail("all_gather", axis_name, "tiled=True joins values along an existing axis, but the value "
                                 "is a scalar; use tiled=False to stack scalars.")
         shape[all_gather_dimension] *= axis_size
     else:
@@ -295,12 +310,12 @@ all_gather = _collective(
 def _scatter_abstract(x, *, scatter_dimension, axis_name, axis_index_groups=None, axis_size,
                       tiled):
     if x.dtype == np.bool_:
-        _fail("psum_scatter", "the value is boolean, and real JAX refuses to reduce-scatter "
+        _fail("psum_scatter", axis_name, "the value is boolean, and real JAX refuses to reduce-scatter "
                               "booleans ('add does not accept dtype bool'). Convert first: "
                               "x.astype(snp.int32) to count, as psum does for booleans.")
     if context.run is not None and context.run.check_vma:
         _vma_reducing("psum_scatter", x, tuple(axis_name))
-    d = _check_split("psum_scatter", x.shape, axis_size, scatter_dimension, tiled,
+    d = _check_split("psum_scatter", axis_name, x.shape, axis_size, scatter_dimension, tiled,
                      "scatter_dimension")
     shape = list(x.shape)
     if tiled:
@@ -320,13 +335,17 @@ reduce_scatter = _collective(
 
 
 def _a2a_abstract(x, *, split_axis, concat_axis, axis_name, axis_index_groups=None, tiled):
-    p = group_size(_axes({"axis_name": axis_name}), axis_index_groups)
-    s = _check_split("all_to_all", x.shape, p, split_axis, tiled, "split_axis")
-    c = _axis_in("all_to_all", concat_axis, x.ndim, "concat_axis")
+    axes = _axes({"axis_name": axis_name})
+    p = group_size(axes, axis_index_groups)
+    s = _check_split("all_to_all", axes, x.shape, p, split_axis, tiled, "split_axis")
+    c = _axis_in("all_to_all", axes, concat_axis, x.ndim, "concat_axis")
     shape = list(x.shape)
     if tiled:
         shape[s] //= p
         shape[c] *= p
+    else:                      # the split axis (one slice per member) moves to concat_axis
+        del shape[s]
+        shape.insert(c, p)
     return _typed(x, x.vma | set(_axes({"axis_name": axis_name})), shape=shape)
 
 
@@ -341,7 +360,7 @@ all_to_all = _collective(
 
 
 def _ppermute_abstract(*xs, axis_name, perm):
-    check_perm(perm, group_size(tuple(axis_name)))
+    check_perm(perm, group_size(tuple(axis_name)), tuple(axis_name))
     return [_typed(x, x.vma | set(axis_name)) for x in xs]
 
 
@@ -364,7 +383,7 @@ def _pvary_abstract(x, *, axes, axis_index_groups=None):
 pvary = Primitive(          # no data moves: the value's type now says it varies over axes
     "pvary", lambda x, axes, axis_index_groups=None: x, _pvary_abstract,
     vjp=lambda ct, ins, outs, wants, axes, axis_index_groups=None: [
-        bind(psum, ct, axes=axes, axis_index_groups=None)] if wants[0] else [None],
+        bind(psum, ct, axes=axes, axis_index_groups=None)[0]] if wants[0] else [None],
     cost=lambda ins, outs, **p: (0, 0), show=lambda p: {"axes": p["axes"]})
 
 
@@ -381,5 +400,6 @@ axis_index = Primitive("axis_index", None, _index_abstract, cost=lambda ins, out
 
 from .primitives import div as _div  # noqa: E402  (pmean's derivative divides)
 
+REDUCTIONS = {"psum", "pmean", "pmax", "pmin", "reduce_scatter"}
 COLLECTIVES = {row.op: row for row in (psum, pmean, pmax, pmin, all_gather, reduce_scatter,
                                        all_to_all, ppermute)}

@@ -170,7 +170,7 @@ def _map_avals(avals, in_axes):
             for a, ax in zip(avals, in_axes)]
 
 
-def nested_pmap(body_flat, args, in_axes, out_axes, axis_name, size, name):
+def nested_pmap(body_flat, args, in_axes, out_axes, axis_name, size, name, log=None):
     """A pmap called in a body being traced: its body traced once on the grid of outer x
     inner devices, one ``xla_pmap`` equation of the outer program. ``out_axes`` may be a
     function of the traced program (the results' structure is known only then)."""
@@ -179,11 +179,12 @@ def nested_pmap(body_flat, args, in_axes, out_axes, axis_name, size, name):
     program, lifted = trace(body_flat, _map_avals([aval_of(x) for x in args], in_axes), inner)
     out_axes = out_axes(program) if callable(out_axes) else out_axes
     return bind(xla_pmap, *lifted, *args, call_jaxpr=program, axis_name=axis_name,
-                         axis_size=size, in_axes=tuple(in_axes), out_axes=tuple(out_axes),
-                         n_consts=len(lifted), name=name)
+                axis_size=size, in_axes=tuple(in_axes), out_axes=tuple(out_axes),
+                n_consts=len(lifted), name=name, _log=log)
 
 
-def _pmap_abstract(*ops, call_jaxpr, axis_name, axis_size, in_axes, out_axes, n_consts, name):
+def _pmap_abstract(*ops, call_jaxpr, axis_name, axis_size, in_axes, out_axes, n_consts, name,
+                   _log=None):
     out = []
     for a, ax in zip(call_jaxpr.out_avals, out_axes):
         shape = a.shape if ax is None else a.shape[:ax] + (axis_size,) + a.shape[ax:]
@@ -191,7 +192,10 @@ def _pmap_abstract(*ops, call_jaxpr, axis_name, axis_size, in_axes, out_axes, n_
     return out
 
 
-def _pmap_stacked(*ops, call_jaxpr, axis_name, axis_size, in_axes, out_axes, n_consts, name):
+def _pmap_stacked(*ops, call_jaxpr, axis_name, axis_size, in_axes, out_axes, n_consts, name,
+                  _log=None):
+    """The inner program over the grid of outer x inner devices; ``_log`` (the front end's)
+    writes what each inner device received and returned into the run's log."""
     run = context.run
     inner = run.nest(((axis_name, axis_size),), abstract=False)
     size, n = axis_size, run.n
@@ -205,12 +209,16 @@ def _pmap_stacked(*ops, call_jaxpr, axis_name, axis_size, in_axes, out_axes, n_c
     consts, args = ops[:n_consts], ops[n_consts:]
     pieces = [spread(c, None) for c in consts] + [spread(x, ax) for x, ax in zip(args, in_axes)]
     avals = call_jaxpr.in_avals
+    if _log is not None:
+        _log.receive(inner, pieces[n_consts:])
     with running(inner):
-        outs = eval_program(call_jaxpr, _values(pieces[:n_consts], avals[:n_consts]),
-                            _values(pieces[n_consts:], avals[n_consts:]))
+        outs = eval_program(call_jaxpr, _values(pieces[:n_consts], [v.aval for v in call_jaxpr.constvars]),
+                            _values(pieces[n_consts:], avals))
+    stacks = [inner.stack_of(o, aval_of(o)) for o in outs]
+    if _log is not None:
+        _log.returned(inner, stacks, n)
     result = []
-    for o, ax in zip(outs, out_axes):
-        stack = inner.stack_of(o, aval_of(o))
+    for stack, ax in zip(stacks, out_axes):
         per_outer = stack.reshape((n, size) + stack.shape[1:])
         result.append(per_outer[:, 0] if ax is None else np.moveaxis(per_outer, 1, ax + 1))
     return result
@@ -220,6 +228,7 @@ xla_pmap = Primitive("xla_pmap", _pmap_stacked, _pmap_abstract, multiple_results
                      needs_run=True, cost=lambda ins, outs, **p: (0, 0),
                      show=lambda p: {k: p[k] for k in ("axis_name", "axis_size", "call_jaxpr",
                                                        "name")})
+"""(A pmap nested in a body is not differentiated here: take the gradient inside it.)"""
 
 
 # -- debug.print --------------------------------------------------------------------------------

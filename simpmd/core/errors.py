@@ -126,5 +126,9 @@ class VmaError(SimpmdError, ValueError):
     invariant for its input (JAX refuses it); raised while tracing."""
 
 
+class ResultTypeError(SimpmdError, TypeError):
+    """A mapped function returned something that is not an array (a string, an object)."""
+
+
 class UnexpectedTracerError(SimpmdError, TypeError):
     """A value of a traced body was used after its trace ended (JAX's UnexpectedTracerError)."""

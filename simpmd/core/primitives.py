@@ -15,7 +15,7 @@ import math
 import numpy as np
 
 from . import dtypes
-from .core import Aval, Primitive, bind
+from .core import Aval, Primitive, aval_of, bind
 
 
 def _shift(axes):
@@ -81,9 +81,9 @@ def _elementwise_cost(ins, outs, **params):
 
 def _unbroadcast(ct, aval):
     """Sum a cotangent down to an operand's shape: the transpose of broadcasting."""
-    if ct is None or ct.aval.shape == aval.shape:
+    if ct is None or aval_of(ct).shape == aval.shape:
         return ct
-    shape = ct.aval.shape
+    shape = aval_of(ct).shape
     if not aval.shape:
         return bind(reduce_sum, ct, axes=tuple(range(len(shape))))
     summed = tuple(d for d, (a, b) in enumerate(zip(aval.shape, shape)) if a == 1 and b != 1)
@@ -99,9 +99,7 @@ def _ew_vjp(*partials):
     return vjp
 
 
-def _aval(x):
-    from .core import aval_of
-    return aval_of(x)
+_aval = aval_of
 
 
 def elementwise(name, fn, *partials, compare=False, result=None, **params):
@@ -265,7 +263,7 @@ def _select_stacked(pred, *cases):
 
 def _select_vjp(ct, ins, outs, wants):
     pred, cases = ins[0], ins[1:]
-    zeros = bind(broadcast_in_dim, 0.0, shape=ct.aval.shape, broadcast_dimensions=(),
+    zeros = bind(broadcast_in_dim, 0.0, shape=aval_of(ct).shape, broadcast_dimensions=(),
                  sharding=None) if len(cases) > 1 else None
     zeros = bind(convert_element_type, zeros, new_dtype=ct.dtype, weak_type=False) if zeros is not None else None
     out = [None]
@@ -329,15 +327,15 @@ def _chooser_vjp(ct, ins, outs, wants, axes, out_sharding=None):
     x = ins[0]
     if not wants[0]:
         return [None]
-    hits = bind(convert_element_type, bind(eq, x, _restore(outs[0], x.aval, axes)),
+    hits = bind(convert_element_type, bind(eq, x, _restore(outs[0], aval_of(x), axes)),
                 new_dtype=ct.dtype, weak_type=False)
     counts = bind(reduce_sum, hits, axes=axes)
-    return [_mul(hits, _restore(_div(ct, counts), x.aval, axes))]
+    return [_mul(hits, _restore(_div(ct, counts), aval_of(x), axes))]
 
 
 def _prod_vjp(ct, ins, outs, wants, axes, out_sharding=None):
     x = ins[0]
-    return [_mul(_restore(_mul(ct, outs[0]), x.aval, axes), bind(div, 1.0, x)) if wants[0] else None]
+    return [_mul(_restore(_mul(ct, outs[0]), aval_of(x), axes), bind(div, 1.0, x)) if wants[0] else None]
 
 
 def _reduce_cost(ins, outs, **params):
@@ -488,8 +486,8 @@ def _concat_vjp(ct, ins, outs, wants, dimension):
     for x, w in zip(ins, wants):
         size = _aval(x).shape[dimension]
         if w:
-            lo = [0] * ct.aval.ndim
-            hi = list(ct.aval.shape)
+            lo = [0] * aval_of(ct).ndim
+            hi = list(aval_of(ct).shape)
             lo[dimension], hi[dimension] = start, start + size
             out.append(bind(slice_, ct, start_indices=tuple(lo), limit_indices=tuple(hi),
                             strides=None))
@@ -570,7 +568,7 @@ def _slice_vjp(ct, ins, outs, wants, start_indices, limit_indices, strides=None)
     x = _aval(ins[0])
     strides = strides or (1,) * x.ndim
     config = []
-    for n, a, b, s, m in zip(x.shape, start_indices, limit_indices, strides, ct.aval.shape):
+    for n, a, b, s, m in zip(x.shape, start_indices, limit_indices, strides, aval_of(ct).shape):
         last = a + (m - 1) * s if m else a - 1
         config.append((a, n - last - 1, s - 1))
     return [bind(pad, ct, bind(convert_element_type, 0.0, new_dtype=ct.dtype, weak_type=False),

@@ -115,7 +115,7 @@ def eval_program(program, consts, args, env=None):
     outer, phase = context.eqn, context.phase
     try:
         for eqn in program.eqns:
-            context.eqn, context.phase = eqn, eqn.phase
+            context.eqn, context.phase = eqn, "backward" if eqn.phase == "backward" else phase
             ins = [env[v] if type(v) is Var else v.value for v in eqn.invars]
             outs = bind(eqn.primitive, *ins, **eqn.params)
             if not eqn.primitive.multiple_results:
@@ -203,8 +203,7 @@ def pretty(program, width=80) -> str:
         value = np.asarray(v.value)
         if value.ndim == 0:
             dtype = like if v.aval.weak_type and like is not None and like.kind != "b" else v.aval.dtype
-            item = value.astype(dtype).item() if dtype.kind in "fc" else value.item()
-            return f"{item!r}:{dtypes.short_name(dtype)}[]"
+            return f"{value.astype(dtype)[()]}:{dtypes.short_name(dtype)}[]"
         return f"<{v.aval.str_short()} constant>"
 
     def line(outs, prim_name, params, ins, indent=4):
@@ -223,12 +222,12 @@ def pretty(program, width=80) -> str:
         like = next((v.aval.dtype for v in eqn.invars if type(v) is Var), None)
         like = like if like is not None else (eqn.outvars[0].aval.dtype if eqn.outvars else None)
         ins = " ".join(operand(v, like) for v in eqn.invars)
-        outs = " ".join(typed(v) for v in eqn.outvars) or "_"
         printed = getattr(eqn.primitive, "printed", None)
         if printed is not None:       # a row that JAX spells as several equations (pmean)
             for prim_name, params, text_ins, out_vars in printed(eqn, name, typed, ins):
                 lines += line(out_vars, prim_name, params, text_ins)
             continue
+        outs = " ".join(typed(v) for v in eqn.outvars) or "_"
         lines += line(outs, eqn.primitive.name, eqn.primitive.show(eqn.params), ins)
     outs = ", ".join(name(v) if type(v) is Var else operand(v, None) for v in program.outvars)
     lines.append(f"  in ({outs}{',' if len(program.outvars) == 1 else ''}) }}")

@@ -133,8 +133,13 @@ class Run:
     # -- computing ----------------------------------------------------------------------------
     def prepare(self, prim, args, params):
         """Under ``check_vma``, an operand that varies over fewer mesh axes than another
-        is first made to vary over them (``pvary``), as JAX inserts it."""
-        if not self.check_vma or prim.collective or len(args) < 2:
+        is first made to vary over them (``pvary``), as JAX inserts it; so is the operand of
+        a reduction over axes it does not vary over (``psum`` of a replicated value)."""
+        if not self.check_vma:
+            return args
+        if prim.collective:
+            return self._vary_for(prim, args, params)
+        if len(args) < 2:
             return args
         vmas = [x.aval.vma for x in args if isinstance(x, StackedValue)]
         union = frozenset().union(*vmas)
@@ -143,6 +148,19 @@ class Run:
         from .collectives import pvary
         return [core.bind(pvary, x, axes=tuple(a for a in self._order(union) if a not in x.aval.vma))
                 if isinstance(x, StackedValue) and x.aval.vma != union else x for x in args]
+
+    def _vary_for(self, prim, args, params):
+        from .collectives import REDUCTIONS, pvary, settings
+        if prim.name not in REDUCTIONS:
+            return args
+        axes = tuple(params.get("axes") or _names(params.get("axis_name")))
+        out = []
+        for x in args:
+            missing = tuple(a for a in axes if a not in aval_of(x).vma)
+            if missing and (len(missing) == len(axes) or prim.op in settings.partial):
+                x = core.bind(pvary, x, axes=missing)
+            out.append(x)
+        return out
 
     def _order(self, axes):
         return [n for n, _ in self.axes if n in axes]
@@ -156,11 +174,12 @@ class Run:
             if prim.collective:
                 self.collective(prim, None, params, avals, out_avals)
             return [StackedValue(a) for a in out_avals]
+        if getattr(prim, "needs_run", False):     # it runs programs: it gets the values
+            results = prim.stacked(*args, **params)
+            return [StackedValue(a, r) for a, r in zip(out_avals, results)]
         stacks = [self.stack_of(x, a) for x, a in zip(args, avals)]
         if prim.collective:
             results = self.collective(prim, stacks, params, avals, out_avals)
-        elif getattr(prim, "needs_run", False):
-            results = prim.stacked(*stacks, **params)
         elif not stacks or (self.n > 1 and all(s.strides[0] == 0 for s in stacks)):
             # the same value on every device: compute it once, share it (a stride-0 view)
             one = prim.stacked(*(s[:1] for s in stacks), **params) if stacks else \
@@ -245,10 +264,8 @@ class Run:
     # -- related runs -------------------------------------------------------------------------
     def tracing(self) -> "Run":
         """A run over the same grid that computes types only (to trace a body on it)."""
-        twin = Run(self.all_devices, self.axes, abstract=True, check_vma=self.check_vma,
+        return Run(self.all_devices, self.axes, abstract=True, check_vma=self.check_vma,
                    maps_a_mesh=self.maps_a_mesh)
-        twin.where, twin.label = self.where, self.label
-        return twin
 
     def nest(self, inner_axes, abstract=None) -> "Run":
         """The run of a pmap called inside this body: this grid with ``inner_axes`` below."""

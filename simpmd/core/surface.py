@@ -40,13 +40,16 @@ def convert(x, dtype, weak=False):
     return np.asarray(x, dtype=dtype)
 
 
-def promoted(*xs, to_float=False):
-    """The operands converted to their common dtype (JAX's lattice), ranks lined up."""
+def promoted(*xs, to_float=False, ranks=True):
+    """The operands converted to their common dtype (JAX's lattice), ranks lined up
+    (unless ``ranks`` is False: a matrix product has its own rules for them)."""
     dtype, weak = dtypes.promote(*[_typed(x) for x in xs])
     if to_float and dtype.kind in "biu":
         dtype, weak = dtypes.default("f"), weak
     xs = [convert(x, dtype, weak and dtypes.is_weak_scalar(x)) if _typed(x) != (dtype, weak) or
           not is_value(x) else x for x in xs]
+    if not ranks:
+        return xs
     rank = max(np.ndim(x) if not is_value(x) else x.aval.ndim for x in xs)
     return [_to_rank(x, rank) for x in xs]
 
@@ -379,7 +382,7 @@ def argsort(x, axis=-1):
 
 
 def matmul(a, b):
-    a, b = promoted(a, b)[0], promoted(a, b)[1]
+    a, b = promoted(a, b, ranks=False)
     na, nb = aval_of(a).ndim, aval_of(b).ndim
     if na == 0 or nb == 0:
         raise ValueError("matmul: a scalar operand is not allowed (use *)")
@@ -408,7 +411,7 @@ def dot(a, b):
 
 
 def tensordot(a, b, axes=2):
-    a, b = promoted(a, b)
+    a, b = promoted(a, b, ranks=False)
     na, nb = aval_of(a).ndim, aval_of(b).ndim
     if isinstance(axes, int):
         axes = (list(range(na - axes, na)), list(range(axes)))
@@ -430,7 +433,7 @@ def einsum(subscripts, *operands, **kwargs):
         return numpy_function(np.einsum, (subscripts,) + operands, kwargs)
     ins, out = subscripts.replace(" ", "").split("->")
     sa, sb = ins.split(",")
-    a, b = promoted(*operands)
+    a, b = promoted(*operands, ranks=False)
     for letters, x in ((sa, a), (sb, b)):
         if len(set(letters)) != len(letters) or len(letters) != aval_of(x).ndim:
             return numpy_function(np.einsum, (subscripts,) + operands, {})

@@ -38,7 +38,7 @@ OPERATOR_UFUNCS = {np.add: S.add, np.subtract: S.subtract, np.multiply: S.multip
 
 def refused_numpy(name, args):
     """The error for a NumPy function applied to a traced value, pointing to simpmd.numpy."""
-    first = next((a for a in args if isinstance(a, StackedValue)), None)
+    first = next((a for a in _leaves(args) if isinstance(a, StackedValue)), None)
     what = f" of shape {first.shape} {first.dtype}" if first is not None else ""
     return errors.TracerArrayConversionError(
         f"{name}() was applied to a mapped value{what}. Real JAX refuses this "
@@ -46,6 +46,14 @@ def refused_numpy(name, args):
         f"value has none. Use simpmd.numpy, which runs NumPy on simpmd's devices and jax.numpy "
         f"inside real JAX: `import simpmd.numpy as snp` then `snp.{name.split('.', 1)[1]}(...)`. "
         f"Operators and methods (x * 2, x.sum()) work on both engines as they are.")
+
+
+def _leaves(x):
+    if isinstance(x, (list, tuple)):
+        for item in x:
+            yield from _leaves(item)
+    else:
+        yield x
 
 
 class StackedValue:

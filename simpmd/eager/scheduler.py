@@ -71,6 +71,7 @@ class Task(Run):
 
     eager = True
     n, abstract, inner, outer = 1, False, None, None
+    coords = ()                     # set per task: ((axis name, index, size), ...)
 
     def __init__(self, sim, fun, args, coords, parent=None):
         self.sim, self.fun, self.args, self.coords, self.parent = sim, fun, args, coords, parent
@@ -111,6 +112,14 @@ class Task(Run):
 
     def label(self, k=0):
         return self.label_text
+
+    def tracing(self):
+        """A run of types only with this device's axes, named as this device (a grad's
+        function is traced on it)."""
+        twin = Run(self.all_devices, self.axes, abstract=True, check_vma=self.check_vma,
+                   maps_a_mesh=self.maps_a_mesh)
+        twin.where = self.where
+        return twin
 
     def position(self, axis_names, op):
         """(index, size) of this device along ``axis_names`` combined row-major."""

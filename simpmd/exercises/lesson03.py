@@ -12,7 +12,7 @@ import numpy as np
 
 import simpmd
 from simpmd.course import check, error_summary, is_placeholder as _placeholder, say as _say
-from simpmd.core.pmap import Pmapped
+from simpmd.api.pmap import Pmapped
 
 N_DEVICES = 8
 

@@ -176,7 +176,7 @@ def check_centering(centered) -> bool:
     """``centered(x)`` on x of shape (8, 3) must return x minus its column means, (8, 3),
     as ``pmap(lambda r: r - lax.pmean(r, 'i'), 'i')`` does."""
     import simpmd
-    from simpmd.core.pmap import Pmapped
+    from simpmd.api.pmap import Pmapped
     if centered is None or centered is Ellipsis:
         return _say(False, "centered is still a placeholder; build it with simpmd.shard_map.")
     if isinstance(centered, Pmapped):
