@@ -1,151 +1,94 @@
 """The checks of lesson 12's exercises: right answers pass, typical wrong ones get the hint
-that names what is off. Expectations are worked out here by hand or with plain NumPy."""
-import numpy as np
+that names what is off."""
 import pytest
 
+import simpmd
+import simpmd.numpy as snp
+from simpmd import P
 from simpmd.exercises import lesson12 as ex
-from verdicts import verdict
 
 
-# -- exercise 1: merge two partial softmaxes ---------------------------------------------------
-
-def merge_right(a, b):
-    (m1, l1, o1), (m2, l2, o2) = a, b
-    m = np.maximum(m1, m2)
-    c1, c2 = np.exp(m1 - m), np.exp(m2 - m)
-    return m, c1 * l1 + c2 * l2, c1[:, None] * o1 + c2[:, None] * o2
+def said(capsys):
+    return capsys.readouterr().out
 
 
-def test_partial_softmax_is_a_softmax_in_pieces():
-    s = np.array([[0.0, np.log(3.0)]])           # softmax = (1/4, 3/4)
-    v = np.array([[4.0], [8.0]])
-    m, l, o = ex.partial_softmax(s, v)
-    assert m.tolist() == pytest.approx([np.log(3.0)])
-    assert float(o[0, 0] / l[0]) == pytest.approx(1 + 6.0)     # 4/4 + 8*3/4
-
-
-def test_merge_right_passes(capsys):
-    assert ex.check_merge(merge_right)
-    verdict(capsys, True, "full softmax")
-
-
-def test_merge_right_by_hand_on_one_query(capsys):
-    """Scores [0 | 1] and values [1 | 3]: softmax weights 1/(1+e), e/(1+e)."""
-    a = ex.partial_softmax(np.array([[0.0]]), np.array([[1.0]]))
-    b = ex.partial_softmax(np.array([[1.0]]), np.array([[3.0]]))
-    m, l, o = merge_right(a, b)
-    e = np.e
-    assert float(m[0]) == 1.0 and float(l[0]) == pytest.approx(1 / e + 1)
-    assert float(o[0, 0] / l[0]) == pytest.approx((1 + 3 * e) / (1 + e))
-
-
-@pytest.mark.parametrize("wrong, hint", [
-    (lambda a, b: (np.minimum(a[0], b[0]),) + merge_right(a, b)[1:], "smaller of the two maxima"),
-    (lambda a, b: (np.maximum(a[0], b[0]), a[1] + b[1], merge_right(a, b)[2]), "added as they are"),
-    (lambda a, b: (np.maximum(a[0], b[0]),
-                   a[1] * np.exp(np.maximum(a[0], b[0]) - a[0]) + b[1] * np.exp(b[0] - np.maximum(a[0], b[0])),
-                   merge_right(a, b)[2]), "wrong way round"),
-    (lambda a, b: merge_right(a, b)[:2] + (merge_right(a, b)[2] / merge_right(a, b)[1][:, None],),
-     "already divided by l"),
-    (lambda a, b: merge_right(a, b)[:2] + (a[2] + b[2],), "o is o1 + o2"),
-    (lambda a, b: merge_right(a, b)[:2] + (merge_right(a, b)[2][:, :1],), "shapes"),
-    (lambda a, b: 1 / 0, "ZeroDivisionError"),
-    (lambda a, b: None, "returned None"),
-    (None, "placeholder"),
-])
-def test_merge_wrong(wrong, hint, capsys):
-    assert not ex.check_merge(wrong)
-    verdict(capsys, False, hint)
-
-
-# -- exercises 2 and 3: bytes per device -------------------------------------------------------
-
-S, H, D, PDEV, BF16 = 32768, 32, 128, 8, 2
-BLOCK = S // PDEV * H * D * BF16             # one device's K (or V, or Q) in bytes: 32 MiB
-
-
-def test_ring_bytes(capsys):
-    assert BLOCK == 32 * 2**20
-    assert ex.check_ring_bytes(2 * 7 * BLOCK)                  # K and V, 7 shifts: 448 MiB
-    verdict(capsys, True)
+def test_result_type(capsys):
+    assert ex.check_result_type("float32[32@model]")
+    assert ex.check_result_type(" float32[32 @model] ")
+    out = said(capsys)
+    assert out.startswith("Correct: ") and "Correct: Correct" not in out
 
 
 @pytest.mark.parametrize("answer, hint", [
-    (7 * BLOCK, "not only K"),
-    (2 * 8 * BLOCK, "7 shifts"),
-    (2 * 7 * BLOCK * 2, "2 bytes per value"),
-    (2 * 7 * BLOCK * PDEV, "not the whole sequence"),
-    (2 * 7 * BLOCK // H, "multiply by heads"),
-    (..., "placeholder"),
-])
-def test_ring_bytes_wrong(answer, hint, capsys):
-    assert not ex.check_ring_bytes(answer)
-    verdict(capsys, False, hint)
+    (..., "placeholder"), ("float32[32@data]", "transpose moves"), ("float32[16@data]", "16 rows"),
+    ("float32[32]", "keeps its axis"), ("float64[3]", "not the type"), (3, "string")])
+def test_result_type_wrong(capsys, answer, hint):
+    assert not ex.check_result_type(answer)
+    assert hint in said(capsys)
 
 
-def test_ulysses_bytes(capsys):
-    assert ex.check_ulysses_bytes(4 * BLOCK * 7 / 8)          # 112 MiB
-    verdict(capsys, True)
+def test_megatron_right(capsys):
+    def layer(x, w1, w2):
+        return snp.matmul(snp.tanh(x @ w1), w2, out_sharding=P("data", None))
+    assert ex.check_megatron(layer)
+    out = said(capsys)
+    assert out.startswith("Correct: ") and "Correct: Correct" not in out
 
 
-@pytest.mark.parametrize("answer, hint", [
-    (3 * BLOCK * 7 / 8, "fourth all_to_all"),
-    (4 * BLOCK, "sends (8 - 1)/8"),
-    (4 * BLOCK * 7 / 8 * 2, "2 bytes per value"),
-])
-def test_ulysses_bytes_wrong(answer, hint, capsys):
-    assert not ex.check_ulysses_bytes(answer)
-    verdict(capsys, False, hint)
+def test_megatron_without_out_sharding(capsys):
+    assert not ex.check_megatron(lambda x, w1, w2: snp.tanh(x @ w1) @ w2)
+    assert "out_sharding=P('data', None)" in said(capsys)
 
 
-# -- exercises 4 and 5: capacity and dropped tokens ------------------------------------------
-
-def test_capacity(capsys):
-    assert ex.check_capacity(80)             # 1.25 x 4096 / 64 = 80 exactly
-    verdict(capsys, True)
-    assert ex.check_capacity(3, tokens=8, experts=4, capacity_factor=1.25)    # 2.5 -> 3
-    verdict(capsys, True)
+def test_megatron_without_tanh(capsys):
+    assert not ex.check_megatron(lambda x, w1, w2: snp.matmul(x @ w1, w2, out_sharding=P("data", None)))
+    assert "tanh" in said(capsys)
 
 
-@pytest.mark.parametrize("answer, kwargs, hint", [
-    (64, {}, "the capacity factor multiplies it"),
-    (5120, {}, "ivide by the number of experts"),
-    (2.5, dict(tokens=8, experts=4, capacity_factor=1.25), "ound up"),
-    (None, {}, "placeholder"),
-])
-def test_capacity_wrong(answer, kwargs, hint, capsys):
-    assert not ex.check_capacity(answer, **kwargs)
-    verdict(capsys, False, hint)
+def test_megatron_split_result(capsys):
+    assert not ex.check_megatron(
+        lambda x, w1, w2: snp.matmul(snp.tanh(x @ w1), w2, out_sharding=P("data", "model")))
+    assert "float32[16@data,8@model]" in said(capsys)
 
 
-def keep_right(expert_of_token, num_experts, capacity):
-    onehot = np.eye(num_experts, dtype=int)[expert_of_token]
-    position = (np.cumsum(onehot, axis=0) - 1)[np.arange(len(expert_of_token)), expert_of_token]
-    return position < capacity
+def test_megatron_gathering_the_weights(capsys):
+    def layer(x, w1, w2):
+        return snp.tanh(x @ simpmd.reshard(w1, P())) @ simpmd.reshard(w2, P())
+    assert not ex.check_megatron(layer)
+    assert "one all-reduce" in said(capsys)
 
 
-def test_keep_mask_by_hand():
-    # experts 0 1 0 0 2 0 1, 2 slots each: the third and fourth token of expert 0 drop
-    assert keep_right(np.array([0, 1, 0, 0, 2, 0, 1]), 3, 2).tolist() == \
-        [True, True, True, False, True, False, True]
+def test_megatron_placeholder(capsys):
+    assert not ex.check_megatron(...)
+    assert "placeholder" in said(capsys)
 
 
-def test_keep_mask_right(capsys):
-    assert ex.check_keep_mask(keep_right)
-    verdict(capsys, True)
+def test_reshard_collectives(capsys):
+    assert ex.check_reshard_collectives({"a": "all-gather", "b": "all_to_all", "c": None})
+    assert ex.check_reshard_collectives({"a": "allgather", "b": "all-to-all", "c": "none"})
+    out = said(capsys)
+    assert out.startswith("Correct: ") and "Correct: Correct" not in out
 
 
-@pytest.mark.parametrize("wrong, hint", [
-    (lambda c, n, cap: keep_right(c, n, cap + 1), "one too many"),
-    (lambda c, n, cap: np.arange(len(c)) < cap, "counts all tokens together"),
-    (lambda c, n, cap: keep_right(c[::-1], n, cap)[::-1], "LAST tokens"),
-    (lambda c, n, cap: keep_right(c, n, cap)[:-1], "one entry per token"),
-    (lambda c, n, cap: np.ones(len(c), bool), "expected"),
-    (lambda c, n, cap: np.where(keep_right(c, n, cap), 2, 0), "True/False"),
-    (lambda c, n, cap: c[len(c)], "IndexError"),
-    (lambda c, n, cap: None, "returned None"),
-    ("keep", "placeholder"),
-])
-def test_keep_mask_wrong(wrong, hint, capsys):
-    assert not ex.check_keep_mask(wrong)
-    verdict(capsys, False, hint)
+def test_reshard_collectives_wrong(capsys):
+    assert not ex.check_reshard_collectives({"a": "all-reduce", "b": "all-gather", "c": "none"})
+    out = said(capsys)
+    assert "(a)" in out and "(b)" in out and "(c)" not in out
+    assert not ex.check_reshard_collectives({"a": "all-gather", "b": "all-to-all", "c": "all-gather"})
+    assert "sends nothing" in said(capsys)
+    assert not ex.check_reshard_collectives(...)
+
+
+def test_fsdp_bytes(capsys):
+    assert ex.check_fsdp_gather_bytes(4096 * 4096 * 2 * 7 // 8)
+    assert not ex.check_fsdp_gather_bytes(4096 * 4096 * 2)
+    assert "7/8" in said(capsys)
+    assert not ex.check_fsdp_gather_bytes(4096 * 4096 * 4 * 7 // 8)
+    assert "2 bytes" in said(capsys)
+    assert not ex.check_fsdp_gather_bytes(4096 * 4096 * 2 // 8)
+    assert "receives the 7 blocks" in said(capsys)
+
+
+def test_reshard_collectives_placeholders(capsys):
+    assert not ex.check_reshard_collectives({"a": ..., "b": ..., "c": ...})
+    assert "placeholders" in said(capsys)

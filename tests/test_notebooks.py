@@ -99,11 +99,11 @@ def test_setup_cell_says_in_one_sentence_what_to_do_when_the_install_fails():
 SOLUTIONS_AT_THE_END = ["02_pmap_basics.ipynb", "03_in_axes_out_axes.ipynb",
                         "04_named_axes_collectives.ipynb", "05_data_parallel_training.ipynb",
                         "06_collective_algorithms_and_cost.ipynb",
-                        "07_nested_pmap_2d_meshes.ipynb", "08_model_parallelism.ipynb",
-                        "09_debugging_spmd.ipynb", "10_shard_map_and_jit.ipynb",
-                        "11_pipeline_parallelism.ipynb",
-                        "12_sequence_and_expert_parallelism.ipynb",
-                        "13_explicit_sharding_and_jit.ipynb"]
+                        "08_nested_pmap_2d_meshes.ipynb", "09_model_parallelism.ipynb",
+                        "10_debugging_spmd.ipynb", "11_shard_map_and_jit.ipynb",
+                        "12_explicit_sharding_and_jit.ipynb",
+                        "13_pipeline_parallelism.ipynb",
+                        "14_sequence_and_expert_parallelism.ipynb"]
 
 
 def _top_level_names(source):
