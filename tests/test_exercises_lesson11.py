@@ -141,7 +141,7 @@ def test_sharded_bytes_right(capsys):
     (RIGHT // 4, ["do not divide by 8"]),
     (RIGHT * 2, ["one of these", "4 is float32", "each holds half"]),
     (RIGHT // 2, ["not 'model' (4)"]),
-    (RIGHT * 8, ["count bytes, not bits"]),
+    (RIGHT * 8, ["counts bits"]),
     (RIGHT / 2**20, ["not MiB"]),
 ])
 def test_sharded_bytes_wrong(answer, hints, capsys):

@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
-from simpmd.course import (Verdict, check, is_placeholder as _placeholder, number_or_complaint,
-                           say as _say)
+from simpmd.course import check_against_mistakes, is_placeholder as _placeholder, say as _say
 
 # The gradient of the exercises: N parameters in bf16 (2 bytes per value), all-reduced
 # over P devices with a ring.
@@ -35,24 +32,6 @@ KIB, GIB = 2 ** 10, 2 ** 30
 
 
 
-def _number(answer, what, unit):
-    """Like simpmd.course.number_or_complaint, but a string or an array is refused too."""
-    if not _placeholder(answer) and (isinstance(answer, (str, bytes)) or np.ndim(answer) != 0):
-        _say(False, f"{what} should be one number of {unit}, got {answer!r}.")
-        return None
-    return number_or_complaint(answer, what, unit)
-
-
-def _explain(a, expected, mistakes, what, unit, rtol):
-    """The hints of every listed mistake ``a`` matches, or the generic check."""
-    if not math.isclose(a, expected, rel_tol=rtol):
-        hints = [hint for wrong, hint in mistakes if math.isclose(a, wrong, rel_tol=rtol)]
-        if hints:
-            text = " Or ".join(h + "." for h in hints)
-            return _say(False, f"{what} = {a:g} {unit} is off. {text[0].upper()}{text[1:]}")
-    return check(a, expected, what=what, unit=unit, rtol=rtol)
-
-
 # Exercise 1 -------------------------------------------------------------------------------
 
 def ring_bytes_expected() -> float:
@@ -62,9 +41,6 @@ def ring_bytes_expected() -> float:
 
 def check_ring_bytes(answer) -> bool:
     """Exercise 1: bytes ONE device sends in a ring all-reduce of the bf16 gradient."""
-    a = _number(answer, "bytes sent by one device", "bytes")
-    if a is None:
-        return Verdict(False)        # the complaint is printed already
     n, p, expected = N_PARAMS, P, ring_bytes_expected()
     mistakes = [
         (expected * 2, "you counted 4 bytes per value (float32); the gradient is bf16, "
@@ -84,7 +60,8 @@ def check_ring_bytes(answer) -> bool:
         (expected / 2 ** 20, "that is MiB (2**20 bytes); give the answer in bytes"),
         (expected / 1e6, "that is MB (10**6 bytes); give the answer in bytes"),
     ]
-    return _explain(a, expected, mistakes, "bytes sent by one device", "bytes", 1e-6)
+    return check_against_mistakes(answer, expected, mistakes, what="bytes sent by one device",
+                                  unit="bytes", rtol=1e-6)
 
 
 # Exercise 2 -------------------------------------------------------------------------------
@@ -96,9 +73,6 @@ def ring_time_expected(nbytes: float = N_PARAMS * BF16_BYTES, p: int = P) -> flo
 
 def check_ring_time(answer) -> bool:
     """Exercise 2: estimated time in SECONDS of that ring all-reduce on 8 H100s."""
-    a = _number(answer, "the estimated time", "s")
-    if a is None:
-        return Verdict(False)        # the complaint is printed already
     n, p = N_PARAMS * BF16_BYTES, P
     expected = ring_time_expected()
     latency = 2 * (p - 1) * H100_ALPHA_S
@@ -121,7 +95,8 @@ def check_ring_time(answer) -> bool:
         (latency + n / H100_BANDWIDTH, "that sends the whole buffer once; a ring sends "
                                        "2 (p-1)/p of it"),
     ]
-    return _explain(a, expected, mistakes, "the estimated time", "s", 1e-3)
+    return check_against_mistakes(answer, expected, mistakes, what="the estimated time",
+                                  unit="s", rtol=1e-3)
 
 
 # Exercise 3 -------------------------------------------------------------------------------
@@ -194,9 +169,6 @@ def crossover_expected(p: int = P) -> float:
 
 def check_crossover(answer) -> bool:
     """Exercise 4: the message size in BYTES (per device) where ring and tree tie."""
-    a = _number(answer, "the crossover size", "bytes")
-    if a is None:
-        return Verdict(False)        # the complaint is printed already
     expected = crossover_expected()
     p = P
     mistakes = [
@@ -213,7 +185,8 @@ def check_crossover(answer) -> bool:
         (expected * H100_LINK / H100_BANDWIDTH,
          "25 GB/s is ONE NVLink; an H100 sends over 18 of them at once, 450 GB/s"),
     ]
-    return _explain(a, expected, mistakes, "the crossover size", "bytes", 1e-3)
+    return check_against_mistakes(answer, expected, mistakes, what="the crossover size",
+                                  unit="bytes", rtol=1e-3)
 
 
 # Exercise 5 -------------------------------------------------------------------------------
@@ -238,9 +211,6 @@ def book_gather_expected() -> float:
 
 def check_book_gather(answer) -> bool:
     """Exercise 5: seconds for AllGather_Y([E_Y, F]) -> [E, F] on a v5e 8x16."""
-    a = _number(answer, "the time of the gather", "s")
-    if a is None:
-        return Verdict(False)        # the complaint is printed already
     v = E * F * BF16_BYTES
     expected = book_gather_expected()
     mistakes = [
@@ -259,7 +229,8 @@ def check_book_gather(answer) -> bool:
     ]
     # 7%: the book's V / W_bidi, or the same with 8 us of latency added, or with the
     # (N-1)/N = 15/16 factor that a balanced ring saves, all pass.
-    return _explain(a, expected, mistakes, "the time of the gather", "s", 0.07)
+    return check_against_mistakes(answer, expected, mistakes, what="the time of the gather",
+                                  unit="s", rtol=0.07)
 
 
 # Exercise 6 -------------------------------------------------------------------------------
@@ -281,9 +252,6 @@ def compute_bound_batch_expected(d: int = MM_D, f: int = MM_F) -> float:
 
 def check_compute_bound_batch(answer) -> bool:
     """Exercise 6: the smallest batch B at which the bf16 matmul is compute-bound on an H100."""
-    a = _number(answer, "the batch size", "rows")
-    if a is None:
-        return Verdict(False)        # the complaint is printed already
     expected = compute_bound_batch_expected()
     i = H100_PEAK_BF16 / H100_HBM
     d, f = MM_D, MM_F
@@ -299,4 +267,5 @@ def check_compute_bound_batch(answer) -> bool:
                                       "X and W and writes Z"),
     ]
     # within one row of the exact solution: 345 and 346 both pass
-    return _explain(a, expected, mistakes, "the batch size", "rows", 1.0 / expected)
+    return check_against_mistakes(answer, expected, mistakes, what="the batch size",
+                                  unit="rows", rtol=1.0 / expected)

@@ -7,71 +7,16 @@ the mesh's row-major layout, never from the lesson's reference solutions.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-import itertools
-import math
-
 import numpy as np
 
-from simpmd.course import Verdict, check, error_summary, is_placeholder as _placeholder, say as _say
+from simpmd.course import (Factor, Verdict, check_quantity, error_summary,
+                           is_placeholder as _placeholder, say as _say)
 
-__all__ = ["Factor", "check_quantity", "check_columns", "row_parallel_data",
+__all__ = ["check_columns", "row_parallel_data",
            "check_row_parallel", "check_weight_bytes", "check_psum_bytes",
            "fsdp_gradients", "check_fsdp_backward"]
 
 
-
-
-def _fmt(value: float) -> str:
-    """67,108,864 for whole numbers, 3.5e-05 otherwise."""
-    return f"{int(value):,}" if float(value).is_integer() and abs(value) < 1e18 else f"{value:g}"
-
-
-# -- quantities made of factors ------------------------------------------------------------
-
-@dataclass
-class Factor:
-    """One factor of a quantity: its right value, and wrong values a learner may use,
-    each with the hint that explains it."""
-
-    name: str
-    right: float
-    wrong: dict = field(default_factory=dict)     # wrong value -> hint
-
-
-def check_quantity(answer, factors, *, what: str, unit: str) -> Verdict:
-    """Check a number that is a product of ``factors`` and name every factor that is off.
-
-    The expected value is the product of the right values. If ``answer`` equals the
-    product with some factors replaced by their listed wrong values, the hints of exactly
-    those factors are printed (the explanation with the fewest wrong factors; all of them
-    when several fit equally well); otherwise :func:`simpmd.course.check` compares the numbers and looks for a factor of
-    2, 4, 8, 1000 ... on its own.
-    """
-    expected = math.prod(f.right for f in factors)
-    if _placeholder(answer):
-        return _say(False, f"{what} is still a placeholder; replace it with a number of {unit}.")
-    try:
-        a = float(answer)
-    except (TypeError, ValueError):
-        return _say(False, f"{what} should be a number of {unit}, got {answer!r}.")
-    if math.isclose(a, expected, rel_tol=1e-6):
-        return _say(True, f"{what} = {_fmt(a)} {unit}.")
-    explanations = []                      # the hints of each combination that gives `a`
-    choices = [[(f.right, None)] + list(f.wrong.items()) for f in factors]
-    for combo in itertools.product(*choices):
-        hints = [h for _, h in combo if h]
-        if hints and math.isclose(math.prod(v for v, _ in combo), a, rel_tol=1e-6):
-            explanations.append(hints)
-    if explanations:
-        fewest = min(len(h) for h in explanations)
-        simplest = [" Also: ".join(h) for h in explanations if len(h) == fewest]
-        head = f"{what} = {_fmt(a)} {unit}, but the answer is {_fmt(expected)} {unit}: "
-        if len(simplest) == 1:
-            return _say(False, head + simplest[0])
-        return _say(False, head + "one of these explains the difference: "
-                    + " ".join(f"({i}) {h}" for i, h in enumerate(simplest, 1)))
-    return check(a, expected, what=what, unit=unit)
 
 
 # -- exercise 1: which block of W1 a device holds ------------------------------------------
@@ -215,8 +160,7 @@ def check_weight_bytes(answer, *, d_model: int = 4096, hidden: int = 16384,
                               "values each."}),
         Factor("bytes per value", 2, {
             4: "bf16 takes 2 bytes per value (4 is float32).",
-            1: "bf16 takes 2 bytes per value (16 bits).",
-            16: "bf16 is 16 bits, which is 2 bytes: count bytes, not bits."}),
+            1: "bf16 takes 2 bytes per value (16 bits)."}),
         Factor("share", 1 / n_model, {
             1: f"each device holds only its block: the weights are split {n_model} ways "
                f"along 'model'.",
@@ -225,11 +169,6 @@ def check_weight_bytes(answer, *, d_model: int = 4096, hidden: int = 16384,
                f"{n_data * n_model}.",
             1 / n_data: f"the weights are split over 'model' ({n_model} devices), not over "
                f"'data' ({n_data})."}),
-        Factor("unit", 1, {
-            1 / 2**20: "the question asks for bytes, not MiB (2**20 bytes).",
-            1 / 10**6: "the question asks for bytes, not MB (10**6 bytes).",
-            1 / 2**30: "the question asks for bytes, not GiB (2**30 bytes).",
-            1 / 10**9: "the question asks for bytes, not GB (10**9 bytes)."}),
     ]
     return check_quantity(answer, factors, what="weight bytes per device", unit="bytes")
 
@@ -251,8 +190,7 @@ def check_psum_bytes(answer, *, tokens: int = 8192, d_model: int = 4096,
                     "'model' as well."}),
         Factor("d_model", d_model),
         Factor("bytes per value", 2, {
-            4: "bf16 takes 2 bytes per value (4 is float32).",
-            16: "bf16 is 16 bits, which is 2 bytes: count bytes, not bits."}),
+            4: "bf16 takes 2 bytes per value (4 is float32)."}),
         Factor("ring factor", 2 * (p - 1) / p, {
             (p - 1) / p: "a ring all-reduce is a reduce-scatter AND an all-gather: each "
                          f"phase sends (p-1)/p of the buffer, 2(p-1)/p = {2 * (p - 1) / p:g} "
@@ -265,9 +203,6 @@ def check_psum_bytes(answer, *, tokens: int = 8192, d_model: int = 4096,
                f"the psum runs over 'model' only: p = {p}, not {n_data * n_model}.",
             p - 1: f"in a ring each device sends 2(p-1) chunks of 1/p of the buffer, "
                    f"2(p-1)/p = {2 * (p - 1) / p:g} buffers, not p-1 whole buffers."}),
-        Factor("unit", 1, {
-            1 / 2**20: "the question asks for bytes, not MiB (2**20 bytes).",
-            1 / 10**6: "the question asks for bytes, not MB (10**6 bytes)."}),
     ]
     return check_quantity(answer, factors, what="bytes sent per device", unit="bytes")
 

@@ -10,9 +10,8 @@ import warnings
 
 import numpy as np
 
-from simpmd.course import Verdict, error_summary, say as _say
+from simpmd.course import Factor, Verdict, check_quantity, error_summary, say as _say
 
-from .lesson09 import Factor, check_quantity
 
 __all__ = ["check_specs", "check_block_shapes", "centering_data", "check_centering",
            "check_sharded_bytes"]
@@ -237,15 +236,11 @@ def check_sharded_bytes(answer) -> bool:
     factors = [
         Factor("values", 4096 * 8192),
         Factor("bytes per value", 2, {
-            4: "bf16 takes 2 bytes per value (4 is float32).",
-            16: "bf16 is 16 bits, which is 2 bytes: count bytes, not bits."}),
+            4: "bf16 takes 2 bytes per value (4 is float32)."}),
         Factor("share", 1 / 2, {
             1 / 8: "P('data', None) names only 'data': rows are split over its 2 devices, "
                    "and along 'model' the array is replicated, so do not divide by 8.",
             1: "P('data', None) splits the rows over 'data' (2 devices): each holds half.",
             1 / 4: "the rows are split over 'data' (2 devices), not 'model' (4)."}),
-        Factor("unit", 1, {
-            1 / 2**20: "the question asks for bytes, not MiB (2**20 bytes).",
-            1 / 10**6: "the question asks for bytes, not MB (10**6 bytes)."}),
     ]
     return check_quantity(answer, factors, what="bytes per device", unit="bytes")

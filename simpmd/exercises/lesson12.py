@@ -10,9 +10,9 @@ import re
 
 import numpy as np
 
-from simpmd.course import Verdict, error_summary, is_placeholder as _placeholder, say as _say
+from simpmd.course import (Factor, Verdict, check_quantity, error_summary,
+                           is_placeholder as _placeholder, say as _say)
 
-from .lesson09 import Factor, check_quantity
 
 __all__ = ["check_result_type", "megatron_data", "check_megatron", "check_reshard_collectives",
            "check_fsdp_gather_bytes"]
@@ -162,8 +162,7 @@ def check_fsdp_gather_bytes(answer) -> Verdict:
     devices (P(('data', 'model'), None)), is resharded to P() (a ring all-gather)."""
     factors = [
         Factor("values", 4096 * 4096),
-        Factor("bytes per value", 2, {4: "bf16 takes 2 bytes per value (4 is float32).",
-                                      16: "bf16 is 16 bits, which is 2 bytes."}),
+        Factor("bytes per value", 2, {4: "bf16 takes 2 bytes per value (4 is float32)."}),
         Factor("share received", 7 / 8, {
             1: "each device already holds its own eighth; it receives the other 7/8.",
             1 / 8: "1/8 is the block a device holds; it receives the 7 blocks it lacks.",

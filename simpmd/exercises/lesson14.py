@@ -11,9 +11,9 @@ import math
 
 import numpy as np
 
-from simpmd.course import Verdict, check_against_mistakes, error_summary, is_placeholder, say as _say
+from simpmd.course import (Factor, Verdict, check_against_mistakes, check_quantity, error_summary,
+                           is_placeholder, say as _say)
 
-from .lesson09 import Factor, check_quantity
 
 __all__ = ["partial_softmax", "check_merge", "check_ring_bytes", "check_ulysses_bytes",
            "check_capacity", "check_keep_mask", "RING_SIZES"]
