@@ -99,6 +99,7 @@ def test_setup_cell_says_in_one_sentence_what_to_do_when_the_install_fails():
 SOLUTIONS_AT_THE_END = ["02_pmap_basics.ipynb", "03_in_axes_out_axes.ipynb",
                         "04_named_axes_collectives.ipynb", "05_data_parallel_training.ipynb",
                         "06_collective_algorithms_and_cost.ipynb",
+                        "07_roofline_and_measured_collectives.ipynb",
                         "08_nested_pmap_2d_meshes.ipynb", "09_model_parallelism.ipynb",
                         "10_debugging_spmd.ipynb", "11_shard_map_and_jit.ipynb",
                         "12_explicit_sharding_and_jit.ipynb",

@@ -1,0 +1,128 @@
+"""The checks of lesson 7's exercises: right answers pass, typical wrong ones get the right hint."""
+import math
+
+import numpy as np
+import pytest
+
+from simpmd import cost
+from simpmd.exercises import lesson07 as L
+from verdicts import verdict
+
+
+# -- exercise 1: busbw from the H100 preset's fit ---------------------------------------------
+
+def test_busbw_constants_match_the_h100_fit():
+    fit = dict(cost.HARDWARE["H100"].measured)["all_reduce"]
+    assert (L.H100_AR_LATENCY_S, L.H100_AR_BUSBW) == (fit.latency_s, fit.busbw)
+
+
+def test_busbw_worked_by_hand_and_by_the_cost_model():
+    bus_bytes = 2 * 7 / 8 * 2**26                        # 117,440,512 bytes
+    t = 42e-6 + bus_bytes / 425e9                        # 318.33 us
+    assert math.isclose(L.busbw_expected(), 2**26 / t * 1.75)
+    assert 3.689e11 < L.busbw_expected() < 3.690e11
+    assert math.isclose(cost.estimate("psum", 2**26, 8, hardware="H100").busbw, L.busbw_expected())
+
+
+def test_busbw_accepts(capsys):
+    assert L.check_busbw(3.689e11)
+    assert L.check_busbw(2 * 7 / 8 * 2**26 / (42e-6 + 2 * 7 / 8 * 2**26 / 425e9))
+    verdict(capsys, True, "bytes/s")
+
+
+ALGBW = 2**26 / (42e-6 + 1.75 * 2**26 / 425e9)
+
+
+@pytest.mark.parametrize("answer, hint", [
+    (..., "placeholder"),
+    ("368.9e9", "one number"),
+    (ALGBW, "algbw = S / t"),
+    (2 * ALGBW, "not 2"),
+    (425e9, "leaves out the 42 us"),
+    (1.75 * 2**26 / (42e-6 + 2**26 / 425e9), "bus bytes"),
+    (1.75 * 64e6 / (42e-6 + 1.75 * 64e6 / 425e9), "not 64e6"),
+    (368.926, "in GB"),                                  # GB/s for bytes/s
+    (368.926e9 * 8, "bits"),
+    (3e11, "expected 3.68926e+11 bytes/s"),
+])
+def test_busbw_rejects_with_hint(capsys, answer, hint):
+    assert not L.check_busbw(answer)
+    verdict(capsys, False, hint)
+
+
+# -- exercise 2: the Scaling Book's gather ----------------------------------------------------
+
+def test_book_gather_constants_and_value():
+    hw = cost.HARDWARE["TPU v5e"]
+    assert (L.V5E_LINK, L.V5E_ALPHA_S) == (hw.link_bandwidth, hw.hop_latency)
+    # V = 2048 * 8192 * 2 = 33,554,432 bytes over W_bidi = 9e10 bytes/s
+    assert math.isclose(L.book_gather_expected(), 33_554_432 / 9e10)
+    e = cost.estimate("all_gather", array_nbytes=2 * 2048 * 8192, hardware="v5e",
+                      mesh={"X": 8, "Y": 16}, axis_name="Y")
+    assert math.isclose(e.time_s, L.book_gather_expected())
+
+
+def test_book_gather_accepts(capsys):
+    assert L.check_book_gather(33_554_432 / 9e10)
+    assert L.check_book_gather(33_554_432 / 9e10 + 8e-6)           # latency added
+    assert L.check_book_gather(15 / 16 * 33_554_432 / 9e10)        # the (N-1)/N factor
+    verdict(capsys, True)
+
+
+@pytest.mark.parametrize("answer, hint", [
+    (..., "placeholder"),
+    (0.3728, "milliseconds"),
+    (372.8, "microseconds"),
+    (15 * 2_097_152 / 4.5e10, "one way round only"),
+    (33_554_432 / 4.5e10, "whole array through one link direction"),
+    (33_554_432 / 1.8e11, "already both directions"),
+    (2 * 33_554_432 / 9e10, "float32"),
+    (2_097_152 / 4.5e10, "one hop"),
+])
+def test_book_gather_rejects_with_hint(capsys, answer, hint):
+    assert not L.check_book_gather(answer)
+    verdict(capsys, False, hint)
+
+
+# -- exercise 3: the roofline's compute-bound batch ----------------------------------------
+
+def test_compute_bound_batch_constants_and_value():
+    hw = cost.HARDWARE["H100"]
+    assert (L.H100_PEAK_BF16, L.H100_HBM) == (hw.peak_bf16_flops, hw.hbm_bandwidth)
+    assert math.isclose(L.V5E_CRITICAL, cost.HARDWARE["TPU v5e"].critical_intensity)
+    i = 9.9e14 / 3.35e12                                  # by hand: 295.52
+    assert math.isclose(L.compute_bound_batch_expected(), i * 4096 ** 2 / (4096 ** 2 - 2 * 4096 * i))
+    assert 345 < L.compute_bound_batch_expected() < 346
+
+
+def test_compute_bound_batch_agrees_with_the_roofline():
+    """The roofline of the matmul flips from memory- to compute-bound between 345 and 346."""
+    from types import SimpleNamespace as NS
+    ml_dtypes = pytest.importorskip("ml_dtypes", reason="bfloat16 comes with JAX's ml_dtypes")
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+
+    def matmul(B):
+        var = lambda *shape: NS(aval=NS(shape=shape, dtype=bf16))
+        return [NS(primitive="dot_general", params={"dimension_numbers": (((1,), (0,)), ((), ()))},
+                   invars=[var(B, 4096), var(4096, 4096)], outvars=[var(B, 4096)])]
+    assert cost.roofline_of(matmul(345), hardware="H100").bound == "memory"
+    assert cost.roofline_of(matmul(346), hardware="H100").bound == "compute"
+
+
+def test_compute_bound_batch_accepts(capsys):
+    assert L.check_compute_bound_batch(346)
+    assert L.check_compute_bound_batch(345.4)
+    verdict(capsys, True, "rows")
+
+
+@pytest.mark.parametrize("answer, hint", [
+    (..., "placeholder"),
+    (296, "critical intensity itself"),
+    (243, "TPU v5e"),
+    (831, "multiply-add is 2 FLOPs"),
+    ("346", "one number"),
+    (1000, "expected"),
+])
+def test_compute_bound_batch_rejects_with_hint(capsys, answer, hint):
+    assert not L.check_compute_bound_batch(answer)
+    verdict(capsys, False, hint)
