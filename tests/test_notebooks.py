@@ -49,6 +49,19 @@ def test_readme_opens_every_lesson_in_colab_from_the_repository_constant():
         "https://colab.research.google.com/github/you/fork/blob/main/notebooks/x.ipynb"
 
 
+def test_readme_lists_every_lesson_in_order_with_its_api_and_a_route_through_todays_jax():
+    readme = (ROOT / "README.md").read_text()
+    rows = re.findall(r"^\| (\d\d) [^|]+\|[^|]+\| ([^|]+) \| \[open\]\(([^)]+)\) \|$", readme, flags=re.M)
+    assert [n for n, _, _ in rows] == [p.name[:2] for p in NOTEBOOKS]
+    assert [url for _, _, url in rows] == [simpmd.course.colab_url(p.name) for p in NOTEBOOKS]
+    marked = {n for n, api, _ in rows if api.startswith("**pmap**")}
+    assert {"02", "03"} <= marked and not marked & {"11", "12", "13", "14"}
+    route = re.search(r"\*\*Today's JAX first: ([\d →]+)\.\*\*", readme).group(1)
+    lessons = [int(n) for n in route.split(" → ")]
+    assert lessons == sorted(lessons) and {1, 11, 12} <= set(lessons)
+    assert all(f"{n:02d}" in [r[0] for r in rows] for n in lessons)
+
+
 def test_set_repository_points_every_copy_at_a_fork(tmp_path):
     """scripts/set_repository.py, run on a copy of the repository, changes the constant,
     every notebook's set-up cell and the README's links, and nothing else."""
@@ -72,6 +85,8 @@ def test_set_repository_points_every_copy_at_a_fork(tmp_path):
     readme = (copy / "README.md").read_text()
     assert "github/someone/simpmd-fork/blob/main/notebooks/01_" in readme
     assert "github/simpmd/simpmd/blob" not in readme
+    assert f"git clone {fork}\n  cd simpmd-fork\n  bash course.sh --open" in readme
+    assert "github.com/simpmd/simpmd" not in readme
 
 
 def test_setup_cell_says_in_one_sentence_what_to_do_when_the_install_fails():
