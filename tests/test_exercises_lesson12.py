@@ -1,5 +1,6 @@
 """The checks of lesson 12's exercises: right answers pass, typical wrong ones get the hint
 that names what is off."""
+import numpy as np
 import pytest
 
 import simpmd
@@ -12,15 +13,30 @@ def said(capsys):
     return capsys.readouterr().out
 
 
-def test_result_type(capsys):
-    assert ex.check_result_type("float32[32@model]")
-    assert ex.check_result_type(" float32[32 @model] ")
+@pytest.mark.parametrize("answer", ["float32[32@model]", " float32[32 @model] ",
+                                    "f32[32@model]",            # a jaxpr's spelling (lesson 2)
+                                    "float32[32@'model']"])
+def test_result_type(capsys, answer):
+    assert ex.check_result_type(answer)
     out = said(capsys)
     assert out.startswith("Correct: ") and "Correct: Correct" not in out
 
 
+def test_result_type_accepts_what_jax_typeof_returns(capsys):
+    jax = pytest.importorskip("jax")
+    if len(jax.devices()) < 8 or not hasattr(jax, "set_mesh"):
+        pytest.skip("needs 8 JAX devices and jax.set_mesh")
+    from jax.sharding import AxisType
+    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+    with jax.set_mesh(mesh):
+        x = jax.device_put(np.zeros((16, 32), np.float32), jax.P("data", "model"))
+        assert ex.check_result_type(jax.typeof(jax.jit(lambda a: a.T.sum(1))(x)))
+    assert said(capsys).startswith("Correct: ")
+
+
 @pytest.mark.parametrize("answer, hint", [
     (..., "placeholder"), ("float32[32@data]", "transpose moves"), ("float32[16@data]", "16 rows"),
+    ("f32[32@data]", "transpose moves"), ("f32[16@data]", "16 rows"),
     ("float32[32]", "keeps its axis"), ("float64[3]", "not the type"), (3, "string")])
 def test_result_type_wrong(capsys, answer, hint):
     assert not ex.check_result_type(answer)
@@ -55,7 +71,39 @@ def test_megatron_gathering_the_weights(capsys):
     def layer(x, w1, w2):
         return snp.tanh(x @ simpmd.reshard(w1, P())) @ simpmd.reshard(w2, P())
     assert not ex.check_megatron(layer)
-    assert "one all-reduce" in said(capsys)
+    out = said(capsys)
+    assert "one all-reduce" in out and "moved an input" in out
+
+
+def test_megatron_in_jax_numpy_is_told_to_use_simpmd_numpy(capsys):
+    jnp = pytest.importorskip("jax.numpy")
+    assert not ex.check_megatron(lambda x, w1, w2: jnp.tanh(x @ w1) @ w2)
+    out = said(capsys)
+    assert "jax.numpy (jnp)" in out and "snp.matmul(h, w2, out_sharding=P('data', None))" in out
+    assert "ShardedArray" not in out                      # no array repr as the hint
+
+    def layer(x, w1, w2):                                 # the names imported one by one
+        from jax.numpy import matmul, tanh
+        return matmul(tanh(x @ w1), w2)
+    assert not ex.check_megatron(layer)
+    assert "jax.numpy (jnp)" in said(capsys)
+
+
+def test_megatron_in_plain_numpy_is_not_told_to_pass_out_sharding_to_numpy(capsys):
+    assert not ex.check_megatron(lambda x, w1, w2: np.tanh(x @ w1) @ w2)
+    out = said(capsys)
+    assert "NumPy has no out_sharding" in out and "simpmd.numpy" in out
+    assert not ex.check_megatron(lambda x, w1, w2: np.matmul(snp.tanh(x @ w1), w2))
+    assert "NumPy has no out_sharding" in said(capsys)
+
+
+def test_megatron_resharding_the_output_is_named_as_such(capsys):
+    def layer(x, w1, w2):
+        y = snp.matmul(snp.tanh(x @ w1), w2, out_sharding=P("data", "model"))
+        return simpmd.reshard(y, P("data", None))
+    assert not ex.check_megatron(layer)
+    out = said(capsys)
+    assert "reshard of the output" in out and "W1 or W2" not in out
 
 
 def test_megatron_placeholder(capsys):
@@ -63,11 +111,36 @@ def test_megatron_placeholder(capsys):
     assert "placeholder" in said(capsys)
 
 
-def test_reshard_collectives(capsys):
-    assert ex.check_reshard_collectives({"a": "all-gather", "b": "all_to_all", "c": None})
-    assert ex.check_reshard_collectives({"a": "allgather", "b": "all-to-all", "c": "none"})
+@pytest.mark.parametrize("a, b, c", [
+    ("all-gather", "all-to-all", "none"),
+    ("all_gather", "all_to_all", "nothing"),              # JAX's names
+    ("allgather", "alltoall", "no communication"),
+    ("AllGather", "AllToAll", "local slice"),             # the lesson's rules table
+    ("all gather", "all to all", "dynamic-slice"),        # what XLA writes for (c)
+    ("lax.all_gather", "jax.lax.all_to_all", "slice"),
+    ("all-gather", "all-to-all", "dynamic slice"),
+])
+def test_reshard_collectives(capsys, a, b, c):
+    assert ex.check_reshard_collectives({"a": a, "b": b, "c": c})
     out = said(capsys)
     assert out.startswith("Correct: ") and "Correct: Correct" not in out
+
+
+@pytest.mark.parametrize("answers", [
+    {"a": "all-gather", "b": "all-to-all"},               # (c) left out
+    {"a": "all-gather", "b": "all-to-all", "c": None},
+    {"a": "all-gather", "b": "all-to-all", "c": ""},
+    {"a": "all-gather", "b": "all-to-all", "c": "  "},
+])
+def test_reshard_collectives_unanswered(capsys, answers):
+    assert not ex.check_reshard_collectives(answers)
+    out = said(capsys)
+    assert out.startswith("Not yet: ") and "(c) has no answer" in out and "'none'" in out
+
+
+def test_reshard_collectives_unknown_word(capsys):
+    assert not ex.check_reshard_collectives({"a": "gather", "b": "all-to-all", "c": "none"})
+    assert "'gather' is not a collective this checker knows" in said(capsys)
 
 
 def test_reshard_collectives_wrong(capsys):
@@ -77,6 +150,20 @@ def test_reshard_collectives_wrong(capsys):
     assert not ex.check_reshard_collectives({"a": "all-gather", "b": "all-to-all", "c": "all-gather"})
     assert "sends nothing" in said(capsys)
     assert not ex.check_reshard_collectives(...)
+
+
+@pytest.mark.parametrize("answer, hints", [
+    (4096 * 4096 * 2 * 7 / 8 / 2**20, ["not MiB"]),          # 28: the answer in MiB
+    (4096 * 4096 * 2 * 7 / 8 / 1e6, ["not MB"]),
+    (4096 * 4096 * 2 * 7 / 8 * 8, ["counts bits"]),
+    (4096 * 4096 * 4 * 7 / 8 / 2**20, ["4 is float32", "not MiB"]),
+])
+def test_fsdp_bytes_unit_slips(capsys, answer, hints):
+    assert not ex.check_fsdp_gather_bytes(answer)
+    out = said(capsys)
+    assert out.startswith("Not yet: ") and "9.54e-07" not in out
+    for hint in hints:
+        assert hint in out
 
 
 def test_fsdp_bytes(capsys):

@@ -83,6 +83,21 @@ def test_ring_bytes_wrong(answer, hint, capsys):
     verdict(capsys, False, hint)
 
 
+@pytest.mark.parametrize("answer, hints", [
+    (448, ["not MiB (1,048,576 bytes)"]),                    # the lesson's own "448 MiB"
+    (2 * 7 * BLOCK / 1e6, ["not MB"]),
+    (2 * 7 * BLOCK / 2**30, ["not GiB"]),
+    # bits: 8 times the bytes, which is also what forgetting to divide by 8 devices gives;
+    # the check names both
+    (2 * 7 * BLOCK * 8, ["one of these", "counts bits", "seq / devices"]),
+    (2 * 7 * BLOCK * 2 / 2**20, ["2 bytes per value", "not MiB"]),
+])
+def test_ring_bytes_unit_slips(answer, hints, capsys):
+    assert not ex.check_ring_bytes(answer)
+    out = verdict(capsys, False, *hints)
+    assert "9.54e-07" not in out
+
+
 def test_ulysses_bytes(capsys):
     assert ex.check_ulysses_bytes(4 * BLOCK * 7 / 8)          # 112 MiB
     verdict(capsys, True)
@@ -108,6 +123,8 @@ def test_capacity(capsys):
 
 
 @pytest.mark.parametrize("answer, kwargs, hint", [
+    (160, {}, "top-1"),                                  # k x cf x T/E with k = 2
+    (160, {}, "has no k"),
     (64, {}, "the capacity factor multiplies it"),
     (5120, {}, "ivide by the number of experts"),
     (2.5, dict(tokens=8, experts=4, capacity_factor=1.25), "ound up"),
@@ -115,7 +132,57 @@ def test_capacity(capsys):
 ])
 def test_capacity_wrong(answer, kwargs, hint, capsys):
     assert not ex.check_capacity(answer, **kwargs)
-    verdict(capsys, False, hint)
+    out = verdict(capsys, False, hint)
+    assert "bytes" not in out                            # slots are not bytes
+
+
+def keep_by_sorting(expert_of_token, num_experts, capacity, kind=None):
+    """A learner's way: sort the tokens by expert, rank each within its expert."""
+    order = np.argsort(expert_of_token, **({"kind": kind} if kind else {}))
+    grouped = expert_of_token[order]
+    first = np.searchsorted(grouped, np.arange(num_experts))
+    rank = np.empty(len(order), int)
+    rank[order] = np.arange(len(order)) - first[grouped]
+    return rank < capacity
+
+
+def keep_shuffled_ties(expert_of_token, num_experts, capacity):
+    """keep_by_sorting with an unstable sort made deterministic: ties in the order of
+    (3 t + 1) mod T, neither first-come nor last-come."""
+    e = np.asarray(expert_of_token)
+    order = np.lexsort(((3 * np.arange(len(e)) + 1) % len(e), e))
+    grouped = e[order]
+    first = np.searchsorted(grouped, np.arange(num_experts))
+    rank = np.empty(len(order), int)
+    rank[order] = np.arange(len(order)) - first[grouped]
+    return rank < capacity
+
+
+def drop_overfull_experts(expert_of_token, num_experts, capacity):
+    return np.bincount(expert_of_token, minlength=num_experts)[expert_of_token] <= capacity
+
+
+def test_keep_mask_by_sorting_stably_is_right(capsys):
+    assert ex.check_keep_mask(lambda c, n, cap: keep_by_sorting(c, n, cap, kind="stable"))
+    verdict(capsys, True)
+
+
+@pytest.mark.parametrize("wrong, hints", [
+    (drop_overfull_experts, ["drops every token of an expert that got more than"]),
+    (keep_shuffled_ties, ["right number of tokens per expert, but not the first ones", "kind='stable'"]),
+])
+def test_keep_mask_names_the_slip(wrong, hints, capsys):
+    assert not ex.check_keep_mask(wrong)
+    out = verdict(capsys, False, *hints)
+    assert "(1 = kept)" not in out                       # not the generic hint
+
+
+def test_keep_mask_catches_numpys_default_unstable_argsort(capsys):
+    case = np.array([(7 * t + t // 5) % 4 for t in range(64)])
+    if np.array_equal(np.argsort(case), np.argsort(case, kind="stable")):
+        pytest.skip("this NumPy's default argsort happens to keep ties in order here")
+    assert not ex.check_keep_mask(keep_by_sorting)
+    verdict(capsys, False, "kind='stable'")
 
 
 def keep_right(expert_of_token, num_experts, capacity):

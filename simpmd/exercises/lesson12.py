@@ -21,11 +21,19 @@ __all__ = ["check_result_type", "megatron_data", "check_megatron", "check_reshar
 # -- exercise 1: the type of a result ---------------------------------------------------------
 
 def _type_text(answer) -> str | None:
+    """The type as text without spaces or quotes, in the long dtype names that
+    ``typeof`` prints: ``f32[32@model]`` (a jaxpr's spelling) reads as float32[32@model]."""
     if hasattr(answer, "str_short") or type(answer).__name__ == "ShapedArray":
         answer = str(answer)
     if not isinstance(answer, str):
         return None
-    return re.sub(r"\s+", "", answer)
+    text = re.sub(r"[\s'\"]+", "", answer)
+    short = {"f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64",
+             "i32": "int32", "i64": "int64"}
+    m = re.match(r"([a-z]+\d+)\[", text)
+    if m and m.group(1) in short:
+        text = short[m.group(1)] + text[len(m.group(1)):]
+    return text
 
 
 def check_result_type(answer) -> Verdict:
@@ -72,6 +80,41 @@ def megatron_data(seed: int = 0):
     return x, w1, w2
 
 
+def _modules_used(fn) -> set:
+    """The array modules ``fn`` reads by name ('numpy', 'jax.numpy'), from its code and
+    the code of functions defined in it: ``np.tanh`` names np and ``tanh`` imported from
+    jax.numpy names tanh, each looked up in fn's globals and closure; an import inside fn
+    names the module itself."""
+    import types
+    scope = dict(getattr(fn, "__globals__", {}))
+    for name, cell in zip(getattr(getattr(fn, "__code__", None), "co_freevars", ()),
+                          getattr(fn, "__closure__", None) or ()):
+        try:
+            scope[name] = cell.cell_contents
+        except ValueError:
+            pass
+    names, codes = set(), [getattr(fn, "__code__", None)]
+    while codes:
+        code = codes.pop()
+        if code is None:
+            continue
+        names |= set(code.co_names) | set(code.co_freevars)
+        codes += [c for c in code.co_consts if isinstance(c, types.CodeType)]
+    used = {name for name in names if name in ("numpy", "jax.numpy")}     # imported in fn
+    for name in names:
+        value = scope.get(name)
+        module = value.__name__ if isinstance(value, types.ModuleType) else getattr(value, "__module__", "") or ""
+        if module == "numpy" or module.startswith("numpy."):
+            used.add("numpy")
+        elif module == "jax.numpy" or module.startswith(("jax.numpy.", "jax._src.numpy")):
+            used.add("jax.numpy")
+    return used
+
+
+_SNP = ("under simpmd.jit write the layer with simpmd.numpy, whose functions keep the "
+        "shardings: snp.tanh(x @ w1), then snp.matmul(h, w2, out_sharding=P('data', None))")
+
+
 def check_megatron(layer) -> Verdict:
     """``layer(x, w1, w2)`` under ``simpmd.jit``, with x split P('data', None), W1 split
     P(None, 'model') and W2 split P('model', None) on the 2x4 mesh: it must compute
@@ -80,6 +123,7 @@ def check_megatron(layer) -> Verdict:
     from simpmd import P
     if _placeholder(layer) or not callable(layer):
         return _say(False, "layer is still a placeholder; write def layer(x, w1, w2): ...")
+    used = _modules_used(layer)
     x, w1, w2 = megatron_data()
     expected = np.tanh(x @ w1) @ w2
     mesh = simpmd.make_mesh((2, 4), ("data", "model"))
@@ -90,11 +134,14 @@ def check_megatron(layer) -> Verdict:
         try:
             y = jitted(*args)
         except Exception as e:                  # noqa: BLE001 - the hint names it
+            if "jax.numpy" in used or "valid JAX type" in str(e):
+                return _say(False, "the layer calls jax.numpy (jnp), whose functions take JAX "
+                            f"arrays, not simpmd's sharded ones; {_SNP}.")
             if "out_sharding" in str(e):
                 return _say(False, "the second product sums over the dim split on "
                             "'model' on both sides, so JAX asks where the sum goes. Pass "
                             "out_sharding=P('data', None) to snp.matmul.")
-            return _say(False, f"the layer raised {error_summary(e)}")
+            return _say(False, f"the layer raised {error_summary(e, first_sentence=True)}")
     if y is None or not hasattr(y, "shape"):
         return _say(False, "layer returns nothing; return the layer's output.")
     if tuple(y.shape) != (16, 8):
@@ -104,26 +151,54 @@ def check_megatron(layer) -> Verdict:
             return _say(False, "the values miss the tanh between the two products.")
         return _say(False, "the values differ from tanh(x @ W1) @ W2.")
     kind = str(simpmd.typeof(y))
-    calls = [c[0].op for c in jitted.trace.calls()]
+    calls = [(c[0].op, str(c[0].params.get("inserted", ""))) for c in jitted.trace.calls()]
+    if "numpy" in used and kind != "float32[16@data,8]":
+        return _say(False, f"the result is {kind}: a NumPy function (np.tanh, np.matmul) turns "
+                    f"a sharded array into a plain, whole NumPy array, and NumPy has no "
+                    f"out_sharding; {_SNP}.")
     if kind != "float32[16@data,8]":
         return _say(False, f"the result is {kind}: ask for rows split over 'data', whole "
                     f"columns (out_sharding=P('data', None)), as the Megatron layer returns.")
-    if calls != ["psum"]:
-        return _say(False, f"the right values, but jit inserted {calls}: the layer needs one "
-                    f"all-reduce (psum) over 'model' and nothing else; did a reshard move W1 or W2?")
+    if [op for op, _ in calls] != ["psum"]:
+        ops = [op for op, _ in calls]
+        by = [why.removeprefix("jit: ") for _, why in calls]
+        if "reshard" in by and "reshard" not in by[:1] and by[0] == "matmul":
+            return _say(False, f"the right values, but jit inserted {ops}: the product left "
+                        f"each device a slice of the sum ({ops[0]}), and the reshard of the "
+                        f"output gathered it again ({ops[by.index('reshard')]}). Ask for the "
+                        f"layout in the product itself, out_sharding=P('data', None): one "
+                        f"all-reduce (psum) over 'model'.")
+        if by[:1] == ["reshard"]:
+            return _say(False, f"the right values, but jit inserted {ops}: a reshard moved an "
+                        f"input (x, W1 or W2) before the products. The given splits need no "
+                        f"reshard: only the second product's partial sums meet, in one "
+                        f"all-reduce (psum) over 'model'.")
+        return _say(False, f"the right values, but jit inserted {ops}: the layer needs one "
+                    f"all-reduce (psum) over 'model' and nothing else.")
     return _say(True, "x @ W1 is float32[16@data,32@model] with no traffic, tanh is "
                 "local, and the second product's partial sums meet in one all-reduce over 'model'.")
 
 
 # -- exercise 3: which collective a reshard is ---------------------------------------------------
 
-_KINDS = {"allgather": "all-gather", "all-gather": "all-gather", "all_gather": "all-gather",
-          "alltoall": "all-to-all", "all-to-all": "all-to-all", "all_to_all": "all-to-all",
-          "allreduce": "all-reduce", "all-reduce": "all-reduce", "psum": "all-reduce",
-          "reducescatter": "reduce-scatter", "reduce-scatter": "reduce-scatter",
-          "none": "none", "nothing": "none", "slice": "none", "": "none",
+# Each answer is read without case, spaces, '-' or '_', and without a leading "lax." or
+# "jax.lax.": JAX's names (all_gather, psum_scatter), XLA's (all-gather, dynamic-slice) and
+# the lesson's words (a local slice) all count.
+_KINDS = {"allgather": "all-gather", "alltoall": "all-to-all",
+          "allreduce": "all-reduce", "psum": "all-reduce",
+          "reducescatter": "reduce-scatter", "psumscatter": "reduce-scatter",
           "ppermute": "collective-permute", "permute": "collective-permute",
-          "collective-permute": "collective-permute"}
+          "collectivepermute": "collective-permute",
+          "none": "none", "nothing": "none", "nocollective": "none", "nocommunication": "none",
+          "notraffic": "none", "slice": "none", "localslice": "none", "local": "none",
+          "dynamicslice": "none", "noop": "none"}
+
+
+def _kind(answer) -> str | None:
+    """The collective an answer names, or None when it names none of them."""
+    text = re.sub(r"[\s_\-]+", "", str(answer)).lower()
+    text = re.sub(r"^(jax\.)?lax\.", "", text)
+    return _KINDS.get(text)
 
 RESHARDS = {"a": ("P('data', 'model')", "P('data', None)", "all-gather"),
             "b": ("P('data', None)", "P(None, 'data')", "all-to-all"),
@@ -138,10 +213,21 @@ def check_reshard_collectives(answers) -> Verdict:
                     "each of (a), (b) and (c), or 'none'.")
     if _placeholder(answers) or not isinstance(answers, dict):
         return _say(False, "answer_3 should be a dict such as {'a': 'all-gather', 'b': ..., 'c': ...}.")
+    unanswered = [key for key in RESHARDS if answers.get(key) is None
+                  or (isinstance(answers.get(key), str) and not answers[key].strip())]
+    if unanswered:
+        return _say(False, f"{', '.join(f'({k})' for k in unanswered)} has no answer "
+                    f"({', '.join(repr(answers.get(k)) for k in unanswered)}); name a "
+                    f"collective for each, or write 'none' where no device needs to send.")
     wrong = []
     for key, (src, dst, right) in RESHARDS.items():
-        given = answers.get(key)
-        kind = _KINDS.get(re.sub(r"\s+", "", str(given if given is not None else "none")).lower())
+        given = answers[key]
+        kind = _kind(given)
+        if kind is None:
+            wrong.append(f"({key}) {given!r} is not a collective this checker knows: write "
+                         f"'all-gather', 'all-to-all', 'all-reduce', 'reduce-scatter' or "
+                         f"'none' (JAX's names such as 'all_gather' count too).")
+            continue
         if kind != right:
             why = {"a": "'model' leaves the columns and goes nowhere: every device gathers the "
                         "other column blocks of its row band.",
@@ -152,7 +238,9 @@ def check_reshard_collectives(answers) -> Verdict:
             wrong.append(f"({key}) {src} -> {dst}: {why}")
     if wrong:
         return _say(False, "\n  " + "\n  ".join(wrong))
-    return _say(True, "(a) all-gather, (b) all-to-all, (c) no communication at all.")
+    return _say(True, "(a) all-gather, (b) all-to-all, (c) no communication at all: each "
+                "device slices its own block out of the copy it holds (XLA writes a "
+                "dynamic-slice).")
 
 
 # -- exercise 4: FSDP's all-gather, in bytes ------------------------------------------------------

@@ -148,6 +148,12 @@ def check_capacity(answer, *, tokens=4096, experts=64, capacity_factor=1.25) -> 
                  "its share of the tokens"),
                 (capacity_factor * experts / tokens, "the ratio is upside down: tokens / "
                  "experts, times the capacity factor")]
+    for k in (2, 4):
+        mistakes.append((math.ceil(k * exact), f"that is {k} x the answer: capacity = k x "
+                         f"capacity factor x tokens / experts counts a slot for each of the k "
+                         f"experts a token goes to (top-{k} routing); this router is top-1, "
+                         f"and the lesson's formula, capacity factor x tokens / experts, has "
+                         f"no k"))
     if exact != expected:
         mistakes.append((exact, "round up to a whole number of slots"))
     return check_against_mistakes(answer, expected, mistakes, what="capacity", unit="slots")
@@ -163,7 +169,10 @@ def _reference_keep(expert_of_token, num_experts, capacity):
 
 
 KEEP_CASES = [([0, 1, 0, 0, 2, 0, 1], 3, 2), ([3, 3, 3, 3], 4, 1), ([1, 0, 1, 2, 1, 1, 0, 2], 3, 3),
-              ([0, 1, 2], 3, 1)]
+              ([0, 1, 2], 3, 1),
+              # 64 tokens over 4 experts: long enough that an unstable sort (np.argsort's
+              # default) reorders the tokens of one expert, which short cases may not show
+              ([(7 * t + t // 5) % 4 for t in range(64)], 4, 12)]
 
 
 def check_keep_mask(keep_mask) -> Verdict:
@@ -202,6 +211,18 @@ def check_keep_mask(keep_mask) -> Verdict:
         if np.array_equal(got, late):
             return _say(False, f"{case}, keep_mask keeps the LAST tokens of each expert; slots "
                         f"go to the first tokens, in order.")
+        counts = np.bincount(choice, minlength=n)
+        if np.array_equal(got, counts[choice] <= cap):
+            return _say(False, f"{case}, keep_mask drops every token of an expert that got more "
+                        f"than {cap}; such an expert still fills its {cap} slot(s) with its "
+                        f"first tokens, and only the later ones are dropped.")
+        kept_per_expert = np.bincount(np.asarray(choice)[got], minlength=n)
+        if np.array_equal(kept_per_expert, np.minimum(counts, cap)):
+            return _say(False, f"{case}, keep_mask keeps the right number of tokens per expert, "
+                        f"but not the first ones: {got.astype(int).tolist()} instead of "
+                        f"{want.astype(int).tolist()}. If you rank the tokens by sorting, sort "
+                        f"stably (np.argsort(..., kind='stable')), so that the tokens of one "
+                        f"expert keep their order.")
         return _say(False, f"{case}, keep_mask gives {got.astype(int).tolist()}, expected "
                     f"{want.astype(int).tolist()} (1 = kept).")
     return _say(True, "each expert keeps its first `capacity` tokens and drops the rest.")
