@@ -176,3 +176,88 @@ def test_activations_held_right(capsys):
 def test_activations_held_wrong(gpipe, one_f_one_b, hint, capsys):
     assert not ex.check_activations_held(gpipe, one_f_one_b)
     assert hint in said(capsys)
+
+
+
+# -- the lesson's claims about its training programs, counted here rather than in the lesson --
+
+def _lesson_training(mesh_shape, names, x_spec):
+    """The lesson's GPipe training program (weights and biases, the loss psum'd over 'stage',
+    and over 'data' a pmean when there is such an axis), as a simpmd.shard_map."""
+    p, m, width, rows = 4, 4, 8, 4
+    mesh = simpmd.make_mesh(mesh_shape, names)
+
+    def gpipe(w, b, x):
+        w, b = w[0], b[0]
+        stage = lax.axis_index("stage")
+        arrived, outs = snp.zeros_like(x[0]), []
+        for t in range(m + p - 1):
+            y = snp.tanh(snp.where(stage == 0, x[min(t, m - 1)], arrived) @ w + b)
+            if t >= p - 1:
+                outs.append(y)
+            if t < m + p - 2:
+                arrived = lax.ppermute(y, "stage", [(j, j + 1) for j in range(p - 1)])
+        return snp.stack(outs)
+
+    def loss(w, b, x, y):
+        stage = lax.axis_index("stage")
+        mine = lax.psum(snp.where(stage == p - 1, ((gpipe(w, b, x) - y) ** 2).mean(), 0.0), "stage")
+        return lax.pmean(mine, "data") if "data" in names else mine
+
+    def gradients(w, b, x, y):
+        return simpmd.grad(loss, argnums=(0, 1))(w, b, x, y)
+
+    rng = np.random.default_rng(0)
+    args = ((rng.standard_normal((p, width, width)) / np.sqrt(width)).astype(np.float32),
+            (0.1 * rng.standard_normal((p, width))).astype(np.float32),
+            rng.standard_normal((m, rows, width)).astype(np.float32),
+            rng.standard_normal((m, rows, width)).astype(np.float32))
+    train = simpmd.shard_map(gradients, mesh=mesh, in_specs=(P("stage"), P("stage"), x_spec, x_spec),
+                             out_specs=(P("stage"), P("stage")))
+    train(*args)
+    return train, args
+
+
+def _tally(trace, device):
+    from collections import Counter
+    return Counter((e.phase, e.op, tuple(e.axes)) for e in trace.device(device).events
+                   if e.kind == "collective")
+
+
+def test_the_loss_psum_on_4_stages_sends_6_bytes():
+    train, _ = _lesson_training((4,), ("stage",), P())
+    psums = [e for e in train.trace.device(1).events if e.kind == "collective" and e.op == "psum"]
+    assert [e.bytes_sent for e in psums] == [2 * 3 / 4 * 4]          # ring: 2(p-1)/p x 4 bytes
+    assert _tally(train.trace, 1) == {("forward", "ppermute", ("stage",)): 6,
+                                      ("forward", "psum", ("stage",)): 1,
+                                      ("backward", "ppermute", ("stage",)): 6}
+
+
+def test_the_2x4_training_step_sums_each_use_of_the_weights_over_data_14_times():
+    train, args = _lesson_training((2, 4), ("data", "stage"), P(None, "data"))
+    assert _tally(train.trace, 5) == {("forward", "ppermute", ("stage",)): 6,
+                                      ("forward", "psum", ("stage",)): 1,
+                                      ("forward", "pmean", ("data",)): 1,
+                                      ("backward", "psum", ("data",)): 14,    # 2 uses x 7 steps
+                                      ("backward", "ppermute", ("stage",)): 6}
+    x5 = [e for e in train.trace.device(5).events if e.kind == "receive"][2]
+    assert x5.inputs[0].shape == (4, 2, 8)
+
+
+def test_jax_writes_the_same_14_psums_over_data_plus_the_pmean():
+    import re
+    jax = pytest.importorskip("jax")
+    if len(jax.devices()) < 8:
+        pytest.skip("needs 8 JAX devices")
+    from simpmd.jax import on_jax
+    train, args = _lesson_training((2, 4), ("data", "stage"), P(None, "data"))
+    jaxpr = str(jax.make_jaxpr(on_jax(train))(*args))
+    assert len(re.findall(r"psum\w*\[\s*axes=\('data',\)", jaxpr)) == 15
+
+
+def test_a_ring_of_sends_moves_a_third_more_bytes_than_the_chain():
+    w, b, x = ex.pipeline_data()
+    chain, ring = ex._gpipe_with([(0, 1), (1, 2), (2, 3)]), ex._gpipe_with([(j, (j + 1) % 4) for j in range(4)])
+    chain(w, b, x), ring(w, b, x)
+    sent = [sum(e.bytes_sent for e in f.trace.events if e.kind == "collective") for f in (chain, ring)]
+    assert sent[1] * 3 == sent[0] * 4
