@@ -209,3 +209,21 @@ def test_lines_about_the_running_jax_release_are_left_out_of_the_comparison(stor
         return text
     assert sanitized(stored) == sanitized(fresh)
     assert "agree" not in stored or "agree" in sanitized(stored)    # the verdict stays compared
+
+
+def test_lesson_12s_programs_agree_with_jax_as_its_text_says():
+    """Lesson 12 section 7 runs twelve programs on both engines and says, in words, that
+    where both run the types and values agree on each and the collective counts on seven;
+    this holds the words to the stored reports (nbval holds the reports to a fresh run)."""
+    cells = json.loads((ROOT / "notebooks" / "12_explicit_sharding_and_jit.ipynb").read_text())["cells"]
+    cell = next(c for c in cells if c["cell_type"] == "code" and "reports = [run_both(" in "".join(c["source"]))
+    out = "".join("".join(o.get("text", "")) for o in cell["outputs"])
+    reports = re.split(r"\n(?=\S)", out.strip())
+    assert len(reports) == 12
+    ran = [r for r in reports if "both raise" not in r]
+    assert len(reports) - len(ran) == 2 and all("(agree)" in r for r in reports if r not in ran)
+    assert all("sharding: same on JAX" in r and "values, block by block: equal" in r for r in ran)
+    counts = [re.search(r"collectives: simpmd (.*) \| XLA on CPU (.*)", r).groups() for r in ran]
+    assert sum(a == b for a, b in counts) == 7
+    assert "the collective counts agree on seven" in "".join(
+        "".join(c["source"]) for c in cells if c["cell_type"] == "markdown").replace("\n", " ")
