@@ -163,6 +163,13 @@ def say(ok: bool, message: str) -> Verdict:
     return Verdict(ok)
 
 
+def is_pmapped(answer) -> bool:
+    """Whether ``answer`` is what ``simpmd.pmap(f, ...)`` returns, asked of the public
+    function rather than of the engine's module layout."""
+    import simpmd
+    return isinstance(answer, type(simpmd.pmap(lambda x: x)))
+
+
 def is_placeholder(answer) -> bool:
     """True for the ``None`` / ``...`` an exercise cell starts with."""
     return answer is None or answer is Ellipsis

@@ -10,7 +10,7 @@ import warnings
 
 import numpy as np
 
-from simpmd.course import Factor, Verdict, check_quantity, error_summary, say as _say
+from simpmd.course import Factor, Verdict, check_quantity, error_summary, is_pmapped, say as _say
 
 
 __all__ = ["check_specs", "check_block_shapes", "centering_data", "check_centering",
@@ -175,10 +175,9 @@ def check_centering(centered) -> bool:
     """``centered(x)`` on x of shape (8, 3) must return x minus its column means, (8, 3),
     as ``pmap(lambda r: r - lax.pmean(r, 'i'), 'i')`` does."""
     import simpmd
-    from simpmd.core.pmap import Pmapped
     if centered is None or centered is Ellipsis:
         return _say(False, "centered is still a placeholder; build it with simpmd.shard_map.")
-    if isinstance(centered, Pmapped):
+    if is_pmapped(centered):
         return _say(False, "centered is a simpmd.pmap; the exercise is to write it with "
                     "simpmd.shard_map(..., mesh=mesh_i, in_specs=..., out_specs=...).")
     x = centering_data()

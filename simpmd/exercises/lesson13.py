@@ -273,8 +273,8 @@ def check_activations_held(gpipe, one_f_one_b, p: int = HELD_STAGES,
                 hint = ("only stage 0 holds p; a later stage s waits fewer steps for its first "
                         "gradient, p-s")
             elif got == want_g:
-                hint = (f"that is GPipe; 1F1B starts each backward as soon as its gradient "
-                        f"arrives, so stage s never holds more than p-s, however large m is")
+                hint = ("that is GPipe; 1F1B starts each backward as soon as its gradient "
+                        "arrives, so stage s never holds more than p-s, however large m is")
             else:
                 hint = "count, for stage s, the forwards it runs before its first backward"
         _say(False, f"{name}: {got}, expected {want}: {hint}.")
