@@ -87,7 +87,6 @@ def test_check_names_the_factor_that_fits_the_unit(capsys, answer, expected, uni
 @pytest.mark.parametrize("answer, expected, unit", [
     (160, 80, "slots"),       # twice the slots is not "bf16 takes 2 bytes"
     (8, 1, "rows"),           # not bits
-    (2.5, 2.5e-3, "bytes"),   # not milliseconds
     (2, 1, "s"),              # not bytes per value
 ])
 def test_check_keeps_hints_to_the_units_they_fit(capsys, answer, expected, unit):
@@ -95,6 +94,12 @@ def test_check_keeps_hints_to_the_units_they_fit(capsys, answer, expected, unit)
     out = verdict(capsys, False, "off by a factor of")
     for wrong in ("bytes per value", "bits", "milliseconds", "MiB"):
         assert wrong not in out
+
+
+def test_a_factor_of_1000_in_bytes_is_a_prefix_not_milliseconds(capsys):
+    assert not course.check(2500, 2.5, what="q", unit="bytes")
+    out = verdict(capsys, False, "1 kB is 1,000 bytes")
+    assert "milliseconds" not in out
 
 
 # -- check_against_mistakes ------------------------------------------------------------------

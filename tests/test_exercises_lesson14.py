@@ -136,26 +136,28 @@ def test_capacity_wrong(answer, kwargs, hint, capsys):
     assert "bytes" not in out                            # slots are not bytes
 
 
-def keep_by_sorting(expert_of_token, num_experts, capacity, kind=None):
-    """A learner's way: sort the tokens by expert, rank each within its expert."""
-    order = np.argsort(expert_of_token, **({"kind": kind} if kind else {}))
-    grouped = expert_of_token[order]
+def keep_by_order(expert_of_token, num_experts, capacity, order):
+    """A learner's way: with the tokens in ``order`` (sorted by expert), rank each within
+    its expert and keep the first ``capacity``."""
+    grouped = np.asarray(expert_of_token)[order]
     first = np.searchsorted(grouped, np.arange(num_experts))
     rank = np.empty(len(order), int)
     rank[order] = np.arange(len(order)) - first[grouped]
     return rank < capacity
+
+
+def keep_by_sorting(expert_of_token, num_experts, capacity, kind=None):
+    """Sorted with np.argsort, its default kind (unstable) unless ``kind`` says."""
+    order = np.argsort(expert_of_token, **({"kind": kind} if kind else {}))
+    return keep_by_order(expert_of_token, num_experts, capacity, order)
 
 
 def keep_shuffled_ties(expert_of_token, num_experts, capacity):
-    """keep_by_sorting with an unstable sort made deterministic: ties in the order of
-    (3 t + 1) mod T, neither first-come nor last-come."""
-    e = np.asarray(expert_of_token)
-    order = np.lexsort(((3 * np.arange(len(e)) + 1) % len(e), e))
-    grouped = e[order]
-    first = np.searchsorted(grouped, np.arange(num_experts))
-    rank = np.empty(len(order), int)
-    rank[order] = np.arange(len(order)) - first[grouped]
-    return rank < capacity
+    """An unstable sort made deterministic: ties in the order of (3 t + 1) mod T, neither
+    first-come nor last-come."""
+    t = np.arange(len(expert_of_token))
+    order = np.lexsort(((3 * t + 1) % len(t), expert_of_token))
+    return keep_by_order(expert_of_token, num_experts, capacity, order)
 
 
 def drop_overfull_experts(expert_of_token, num_experts, capacity):

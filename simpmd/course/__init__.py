@@ -266,31 +266,28 @@ def unit_kind(unit: str | None) -> str | None:
     return None
 
 
+# The prefixes an answer in bytes may be given in by mistake.
+_PREFIXES = [("KiB", 2**10, "1024"), ("MiB", 2**20, "2**20"), ("GiB", 2**30, "2**30"),
+             ("kB", 10**3, "1000"), ("MB", 10**6, "a million"), ("GB", 10**9, "a billion")]
+_NEAR_PREFIXES = [("KiB", "kB", 2**10 / 10**3), ("MiB", "MB", 2**20 / 10**6),
+                  ("GiB", "GB", 2**30 / 10**9)]          # a binary prefix read as decimal
+_BYTES_PER_VALUE = "bf16 and float16 take 2 bytes per value, float32 4, float64 8"
+
 # (answer / expected, the factor's name, the quantity it fits, what it means). A ratio
-# below 1 reads "too small": for bytes that is an answer given in a larger unit.
+# below 1 reads "too small": for bytes, often an answer given in a larger unit.
 _FACTOR_HINTS = [
-    (2, "2", "bytes", "bf16 and float16 take 2 bytes per value, float32 4, float64 8"),
-    (1 / 2, "2", "bytes", "bf16 and float16 take 2 bytes per value, float32 4, float64 8"),
+    (2, "2", "bytes", _BYTES_PER_VALUE),
+    (1 / 2, "2", "bytes", _BYTES_PER_VALUE),
     (4, "4", "bytes", "float32 takes 4 bytes per value; check the bytes per value you used"),
     (1 / 4, "4", "bytes", "float32 takes 4 bytes per value; check the bytes per value you used"),
-    (8, "8", "bytes", "that counts bits, not bytes (1 byte = 8 bits, so bf16's 16 bits are 2 bytes)"),
+    (8, "8", "bytes", "that counts bits, not bytes (1 byte = 8 bits: bf16's 16 bits are 2 bytes)"),
     (1 / 8, "8", "bytes", "1 byte is 8 bits; check whether you divided by 8 once too often"),
-    (1 / 2**10, "2**10", "bytes", "that is the number in KiB; give it in {unit} (1 KiB = 2**10 bytes)"),
-    (1 / 2**20, "2**20", "bytes", "that is the number in MiB; give it in {unit} (1 MiB = 2**20 bytes)"),
-    (1 / 2**30, "2**30", "bytes", "that is the number in GiB; give it in {unit} (1 GiB = 2**30 bytes)"),
-    (1 / 10**3, "1000", "bytes", "that is the number in kB; give it in {unit} (1 kB = 10**3 bytes)"),
-    (1 / 10**6, "a million", "bytes", "that is the number in MB; give it in {unit} (1 MB = 10**6 bytes)"),
-    (1 / 10**9, "a billion", "bytes", "that is the number in GB; give it in {unit} (1 GB = 10**9 bytes)"),
-    (2**20, "2**20", "bytes", "check the unit: 1 MiB is 2**20 bytes"),
-    (2**30, "2**30", "bytes", "check the unit: 1 GiB is 2**30 bytes"),
-    (10**6, "a million", "bytes", "check the unit: 1 MB is 10**6 bytes"),
-    (10**9, "a billion", "bytes", "check the unit: 1 GB is 10**9 bytes"),
-    (1024 / 1000, "about 1.024", "bytes", "1 KiB is 1024 bytes but 1 kB is 1000; use the question's prefix"),
-    (1000 / 1024, "about 1.024", "bytes", "1 KiB is 1024 bytes but 1 kB is 1000; use the question's prefix"),
-    ((1024 / 1000) ** 2, "about 1.049", "bytes", "MiB (2**20) vs MB (10**6); use the question's prefix"),
-    ((1000 / 1024) ** 2, "about 1.049", "bytes", "MiB (2**20) vs MB (10**6); use the question's prefix"),
-    ((1024 / 1000) ** 3, "about 1.074", "bytes", "GiB (2**30) vs GB (10**9); use the question's prefix"),
-    ((1000 / 1024) ** 3, "about 1.074", "bytes", "GiB (2**30) vs GB (10**9); use the question's prefix"),
+    *[(1 / size, factor, "bytes", f"that is the number in {name}; give it in {{unit}} "
+       f"(1 {name} = {size:,} bytes)") for name, size, factor in _PREFIXES],
+    *[(size, factor, "bytes", f"check the unit: 1 {name} is {size:,} bytes")
+      for name, size, factor in _PREFIXES],
+    *[(r, f"about {ratio:.3f}", "bytes", f"{binary} vs {decimal}; use the question's prefix")
+      for binary, decimal, ratio in _NEAR_PREFIXES for r in (ratio, 1 / ratio)],
     (10**3, "1000", "seconds", "that is milliseconds; the question asks for seconds"),
     (10**6, "a million", "seconds", "that is microseconds; the question asks for seconds"),
     (10**9, "a billion", "seconds", "that is nanoseconds; the question asks for seconds"),
@@ -348,10 +345,8 @@ class Factor:
 def _unit_factor(unit: str) -> Factor:
     """The slips of scale an answer in bytes can make, as one more factor of the quantity
     (so that a unit slip combines with another slip): a larger unit, or bits."""
-    prefixes = [("KiB", 2**10), ("kB", 10**3), ("MiB", 2**20), ("MB", 10**6), ("GiB", 2**30),
-                ("GB", 10**9)]
     wrong = {1 / size: f"the question asks for {unit}, not {name} ({size:,} bytes)."
-             for name, size in prefixes}
+             for name, size, _ in _PREFIXES}
     wrong[8] = ("that counts bits; the question asks for bytes (1 byte = 8 bits, so bf16's "
                 "16 bits are 2 bytes).")
     return Factor("unit", 1, wrong)

@@ -111,8 +111,9 @@ def _modules_used(fn) -> set:
     return used
 
 
-_SNP = ("under simpmd.jit write the layer with simpmd.numpy, whose functions keep the "
-        "shardings: snp.tanh(x @ w1), then snp.matmul(h, w2, out_sharding=P('data', None))")
+_USE_SIMPMD_NUMPY = ("under simpmd.jit write the layer with simpmd.numpy, whose functions "
+                     "keep the shardings: snp.tanh(x @ w1), then snp.matmul(h, w2, "
+                     "out_sharding=P('data', None))")
 
 
 def check_megatron(layer) -> Verdict:
@@ -136,7 +137,7 @@ def check_megatron(layer) -> Verdict:
         except Exception as e:                  # noqa: BLE001 - the hint names it
             if "jax.numpy" in used or "valid JAX type" in str(e):
                 return _say(False, "the layer calls jax.numpy (jnp), whose functions take JAX "
-                            f"arrays, not simpmd's sharded ones; {_SNP}.")
+                            f"arrays, not simpmd's sharded ones; {_USE_SIMPMD_NUMPY}.")
             if "out_sharding" in str(e):
                 return _say(False, "the second product sums over the dim split on "
                             "'model' on both sides, so JAX asks where the sum goes. Pass "
@@ -155,14 +156,14 @@ def check_megatron(layer) -> Verdict:
     if "numpy" in used and kind != "float32[16@data,8]":
         return _say(False, f"the result is {kind}: a NumPy function (np.tanh, np.matmul) turns "
                     f"a sharded array into a plain, whole NumPy array, and NumPy has no "
-                    f"out_sharding; {_SNP}.")
+                    f"out_sharding; {_USE_SIMPMD_NUMPY}.")
     if kind != "float32[16@data,8]":
         return _say(False, f"the result is {kind}: ask for rows split over 'data', whole "
                     f"columns (out_sharding=P('data', None)), as the Megatron layer returns.")
     if [op for op, _ in calls] != ["psum"]:
         ops = [op for op, _ in calls]
         by = [why.removeprefix("jit: ") for _, why in calls]
-        if "reshard" in by and "reshard" not in by[:1] and by[0] == "matmul":
+        if by[0] == "matmul" and "reshard" in by:
             return _say(False, f"the right values, but jit inserted {ops}: the product left "
                         f"each device a slice of the sum ({ops[0]}), and the reshard of the "
                         f"output gathered it again ({ops[by.index('reshard')]}). Ask for the "
