@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Run simpmd's tests:  bash test.sh [pytest arguments...]
 #
-# Needs only Python 3.10 or newer. On first use it creates .venv in this folder and
-# installs simpmd with its test and course extras (pytest, hypothesis, nbval, JAX,
-# matplotlib, JupyterLab); later runs reinstall only when pyproject.toml or the package
-# layout has changed. JAX is given 8 fake CPU devices (on a machine with one GPU or TPU
+# Needs Python 3.10 or newer. The lessons and every comparison with JAX need 3.11+ (the
+# README's "Before you start" says why): on 3.10 those tests are skipped and the notebooks
+# cannot run (scripts/test_matrix.sh leaves them out there). On first use it creates .venv
+# in this folder and installs simpmd with its test and course extras (pytest, hypothesis,
+# nbval, JAX, matplotlib, JupyterLab); later runs reinstall only when pyproject.toml or
+# the package layout has changed. JAX is given 8 fake CPU devices (on a machine with one GPU or TPU
 # core, the CPU becomes JAX's default backend, see tests/conftest.py), so the cross-checks
 # against jax.pmap run on any machine. The exit code is pytest's: 0 when every test
 # passed, non-zero otherwise (5 when no test was collected). PYTHON chooses the interpreter

@@ -2,9 +2,9 @@
 
     python scripts/set_repository.py https://github.com/you/simpmd
 
-Replaces the address in the three places that hold it: simpmd.course.REPOSITORY, the
-set-up cell at the top of every notebook (which installs simpmd from there on Colab), and
-the README's "Open in Colab" links. Run it from anywhere; commit what it changed.
+Replaces the address in the places that hold it: simpmd.course.REPOSITORY, the set-up
+cell at the top of every notebook (which installs simpmd from there on Colab), and the
+README's "Open in Colab" links and clone command. Run it from anywhere; commit what it changed.
 """
 import json
 import pathlib
@@ -31,8 +31,10 @@ def main(new: str) -> None:
         first["source"] = [line.replace(old, new) for line in first["source"]]
         notebook.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
     readme = ROOT / "README.md"
-    readme.write_text(readme.read_text().replace(f"/github/{github_path(old)}/",
-                                                 f"/github/{github_path(new)}/"))
+    text = readme.read_text().replace(f"/github/{github_path(old)}/", f"/github/{github_path(new)}/")
+    old_folder, new_folder = github_path(old).split("/")[-1], github_path(new).split("/")[-1]
+    text = text.replace(f"git clone {old}\n  cd {old_folder}\n", f"git clone {new}\n  cd {new_folder}\n")
+    readme.write_text(text)
     print(f"The course now installs from {new} (was {old}).")
 
 

@@ -1,158 +1,128 @@
-"""Lesson 7's answer checks accept the right answers and say what is off in wrong ones."""
-import functools
+"""The checks of lesson 7's exercises: right answers pass, typical wrong ones get the right hint."""
+import math
 
 import numpy as np
 import pytest
 
-from simpmd.exercises import lesson07 as ex
+from simpmd import cost
+from simpmd.exercises import lesson07 as L
 from verdicts import verdict
 
 
-# -- exercise 1 ----------------------------------------------------------------------------
+# -- exercise 1: busbw from the H100 preset's fit ---------------------------------------------
 
-def test_groups_right_answer_in_any_order(capsys):
-    assert ex.check_data_groups([(1, 7, 5, 3), [6, 4, 2, 0]])
-    verdict(capsys, True, "(0, 2, 4, 6)", "(1, 3, 5, 7)")
+def test_busbw_constants_match_the_h100_fit():
+    fit = dict(cost.HARDWARE["H100"].measured)["all_reduce"]
+    assert (L.H100_AR_LATENCY_S, L.H100_AR_BUSBW) == (fit.latency_s, fit.busbw)
 
 
-@pytest.mark.parametrize("answer, fragments", [
-    (..., ["placeholder"]),
-    ([(0, 1), (2, 3), (4, 5), (6, 7)], ["groups of a collective over 'model'"]),
-    ([tuple(range(8))], ["('data', 'model') together"]),
-    ([(0, 4), (1, 5), (2, 6), (3, 7)], ["2x4 mesh", "4x2"]),
-    ([(0, 2, 4), (1, 3, 5, 7)], ["[6] are in no group"]),
-    ([(0, 2, 4, 6), (1, 3, 5, 6)], ["[6] appear in more than one group"]),
-    ([(0, 2, 4, 9), (1, 3, 5, 7)], ["devices 0-7", "9"]),
-    ([(0, 2, 4, 7), (1, 3, 5, 6)], ["device 7 (data=3, model=1) is in the group of device 0",
-                                     "(0, 2, 4, 6)"]),
-    (5, ["list of groups"]),
+def test_busbw_worked_by_hand_and_by_the_cost_model():
+    bus_bytes = 2 * 7 / 8 * 2**26                        # 117,440,512 bytes
+    t = 42e-6 + bus_bytes / 425e9                        # 318.33 us
+    assert math.isclose(L.busbw_expected(), 2**26 / t * 1.75)
+    assert 3.689e11 < L.busbw_expected() < 3.690e11
+    assert math.isclose(cost.estimate("psum", 2**26, 8, hardware="H100").busbw, L.busbw_expected())
+
+
+def test_busbw_accepts(capsys):
+    assert L.check_busbw(3.689e11)
+    assert L.check_busbw(2 * 7 / 8 * 2**26 / (42e-6 + 2 * 7 / 8 * 2**26 / 425e9))
+    verdict(capsys, True, "bytes/s")
+
+
+ALGBW = 2**26 / (42e-6 + 1.75 * 2**26 / 425e9)
+
+
+@pytest.mark.parametrize("answer, hint", [
+    (..., "placeholder"),
+    ("368.9e9", "one number"),
+    (ALGBW, "algbw = S / t"),
+    (2 * ALGBW, "not 2"),
+    (425e9, "leaves out the 42 us"),
+    (1.75 * 2**26 / (42e-6 + 2**26 / 425e9), "bus bytes"),
+    (1.75 * 64e6 / (42e-6 + 1.75 * 64e6 / 425e9), "not 64e6"),
+    (368.926, "in GB"),                                  # GB/s for bytes/s
+    (368.926e9 * 8, "bits"),
+    (3e11, "expected 3.68926e+11 bytes/s"),
 ])
-def test_groups_wrong_answers_get_the_right_hint(capsys, answer, fragments):
-    assert not ex.check_data_groups(answer)
-    verdict(capsys, False, *fragments)
+def test_busbw_rejects_with_hint(capsys, answer, hint):
+    assert not L.check_busbw(answer)
+    verdict(capsys, False, hint)
 
 
-def test_expected_groups_come_from_the_layout_not_a_solution():
-    assert ex.groups_along(np.arange(8).reshape(4, 2), 0) == {
-        frozenset({0, 2, 4, 6}), frozenset({1, 3, 5, 7})}
-    assert ex.groups_along(np.arange(8).reshape(4, 2), 1) == {
-        frozenset({0, 1}), frozenset({2, 3}), frozenset({4, 5}), frozenset({6, 7})}
+# -- exercise 2: the Scaling Book's gather ----------------------------------------------------
+
+def test_book_gather_constants_and_value():
+    hw = cost.HARDWARE["TPU v5e"]
+    assert (L.V5E_LINK, L.V5E_ALPHA_S) == (hw.link_bandwidth, hw.hop_latency)
+    # V = 2048 * 8192 * 2 = 33,554,432 bytes over W_bidi = 9e10 bytes/s
+    assert math.isclose(L.book_gather_expected(), 33_554_432 / 9e10)
+    e = cost.estimate("all_gather", array_nbytes=2 * 2048 * 8192, hardware="v5e",
+                      mesh={"X": 8, "Y": 16}, axis_name="Y")
+    assert math.isclose(e.time_s, L.book_gather_expected())
 
 
-# -- exercise 2 ----------------------------------------------------------------------------
+def test_book_gather_accepts(capsys):
+    assert L.check_book_gather(33_554_432 / 9e10)
+    assert L.check_book_gather(33_554_432 / 9e10 + 8e-6)           # latency added
+    assert L.check_book_gather(15 / 16 * 33_554_432 / 9e10)        # the (N-1)/N factor
+    verdict(capsys, True)
 
-def test_worked_example_2x4_is_14_everywhere(capsys):
-    np.testing.assert_array_equal(ex.expected_2x4(), np.full((2, 4), 14.0))   # by hand
-    assert ex.check_worked_example_2x4(np.full((2, 4), 14.0))
-    verdict(capsys, True, "14 on every device")
 
-
-@pytest.mark.parametrize("answer, fragments", [
-    (None, ["placeholder"]),
-    (14.0, ["right value", "per device"]),
-    (np.full((4, 2), 14.0), ["shape (4, 2)", "(2, 4)"]),
-    (np.full((2, 4), 56.0), ["4 times too large", "12.0"]),
-    (np.full((2, 4), 7.0), ["half", "multiplies by 2"]),
-    (np.array([[3.0] * 4, [11.0] * 4]), ["after the psum over 'model'", "outer"]),
-    (np.array([[14.0] * 4, [14.0, 14.0, 13.0, 14.0]]), ["device 6 (data=1, model=2)", "13"]),
-    ("fourteen", ["array of numbers"]),
+@pytest.mark.parametrize("answer, hint", [
+    (..., "placeholder"),
+    (0.3728, "milliseconds"),
+    (372.8, "microseconds"),
+    (15 * 2_097_152 / 4.5e10, "one way round only"),
+    (33_554_432 / 4.5e10, "whole array through one link direction"),
+    (33_554_432 / 1.8e11, "already both directions"),
+    (2 * 33_554_432 / 9e10, "float32"),
+    (2_097_152 / 4.5e10, "one hop"),
 ])
-def test_worked_example_wrong_answers_get_the_right_hint(capsys, answer, fragments):
-    assert not ex.check_worked_example_2x4(answer)
-    verdict(capsys, False, *fragments)
+def test_book_gather_rejects_with_hint(capsys, answer, hint):
+    assert not L.check_book_gather(answer)
+    verdict(capsys, False, hint)
 
 
-# -- exercise 3: pmap over 'model' (axis 1 of x), vmap over 'data' ---------------------------
+# -- exercise 3: the roofline's compute-bound batch ----------------------------------------
 
-def _program(jax, psum_axes=("data",)):
-    def body(x, p):                 # one grid position; both names are bound here
-        return jax.lax.psum(jax.lax.psum(x * p, "model") * 2, psum_axes)
-    return body
-
-
-def _pmap_model_of_vmap_data(jax, psum_axes=("data",), out_axes=1):
-    body = jax.vmap(_program(jax, psum_axes), axis_name="data")
-    return lambda x, p: jax.pmap(body, axis_name="model", in_axes=1, out_axes=out_axes,
-                                 devices=jax.devices()[:4])(x, p)
+def test_compute_bound_batch_constants_and_value():
+    hw = cost.HARDWARE["H100"]
+    assert (L.H100_PEAK_BF16, L.H100_HBM) == (hw.peak_bf16_flops, hw.hbm_bandwidth)
+    assert math.isclose(L.V5E_CRITICAL, cost.HARDWARE["TPU v5e"].critical_intensity)
+    i = 9.9e14 / 3.35e12                                  # by hand: 295.52
+    assert math.isclose(L.compute_bound_batch_expected(), i * 4096 ** 2 / (4096 ** 2 - 2 * 4096 * i))
+    assert 345 < L.compute_bound_batch_expected() < 346
 
 
-def _pmap_data_of_vmap_model(jax):  # section 5a's port: 'data' on devices
-    def inner_body(x, p):
-        return jax.lax.psum(x * p, "model") * 2
+def test_compute_bound_batch_agrees_with_the_roofline():
+    """The roofline of the matmul flips from memory- to compute-bound between 345 and 346."""
+    from types import SimpleNamespace as NS
+    ml_dtypes = pytest.importorskip("ml_dtypes", reason="bfloat16 comes with JAX's ml_dtypes")
+    bf16 = np.dtype(ml_dtypes.bfloat16)
 
-    def outer_body(x, p):
-        return jax.lax.psum(jax.vmap(inner_body, axis_name="model")(x, p), "data")
-
-    return lambda x, p: jax.pmap(outer_body, axis_name="data", devices=jax.devices()[:2])(x, p)
-
-
-def test_modern_accepts_pmap_over_model_of_vmap_over_data(jax8, capsys):
-    assert ex.check_modern(_pmap_model_of_vmap_data(jax8))
-    verdict(capsys, True, "14 on every device")
-
-
-def test_modern_refuses_section_5a_copied(jax8, capsys):
-    """Right values (14 everywhere, by hand in exercise 2), but 'data' on the devices."""
-    assert np.allclose(np.asarray(_pmap_data_of_vmap_model(jax8)(ex.X_2x4, ex.P_2x4)), 14.0)
-    assert not ex.check_modern(_pmap_data_of_vmap_model(jax8))
-    verdict(capsys, False, "section 5a", "put 'model' on the 4 devices")
+    def matmul(B):
+        var = lambda *shape: NS(aval=NS(shape=shape, dtype=bf16))
+        return [NS(primitive="dot_general", params={"dimension_numbers": (((1,), (0,)), ((), ()))},
+                   invars=[var(B, 4096), var(4096, 4096)], outvars=[var(B, 4096)])]
+    assert cost.roofline_of(matmul(345), hardware="H100").bound == "memory"
+    assert cost.roofline_of(matmul(346), hardware="H100").bound == "compute"
 
 
-def test_modern_refuses_a_shard_map(jax8, capsys):
-    from jax.sharding import Mesh, PartitionSpec as P
-    mesh = Mesh(np.array(jax8.devices()[:8]).reshape(2, 4), ("data", "model"))
-    spec = P("data", "model")
-    sm = jax8.shard_map(_program(jax8), mesh=mesh, in_specs=(spec, spec), out_specs=spec)
-    assert np.allclose(np.asarray(sm(ex.X_2x4, ex.P_2x4)), 14.0)
-    assert not ex.check_modern(sm)
-    verdict(capsys, False, "both axes run on devices", "jax.vmap over 'data'")
+def test_compute_bound_batch_accepts(capsys):
+    assert L.check_compute_bound_batch(346)
+    assert L.check_compute_bound_batch(345.4)
+    verdict(capsys, True, "rows")
 
 
-def test_modern_refuses_simpmds_own_result(capsys):
-    import simpmd
-    from simpmd import lax
-    body = lambda x, p: lax.psum(lax.psum(x * p, "model") * 2, "data")
-    via_simpmd = lambda x, p: simpmd.pmap(simpmd.pmap(body, axis_name="model"),
-                                          axis_name="data")(x, p)
-    assert not ex.check_modern(via_simpmd)
-    out = verdict(capsys, False, "simpmd's result", "real JAX")
-    assert "worked out by hand" not in out
-
-
-def test_modern_names_the_transposed_result(jax8, capsys):
-    assert not ex.check_modern(_pmap_model_of_vmap_data(jax8, out_axes=0))
-    verdict(capsys, False, "(4, 2)", "out_axes=1")
-
-
-def test_modern_refuses_nested_pmap_with_the_vmap_hint(jax8, capsys):
-    inner = jax8.pmap(lambda x, p: jax8.lax.psum(x * p, "model") * 2, axis_name="model",
-                      devices=jax8.devices()[:4])
-    nested = jax8.pmap(lambda x, p: jax8.lax.psum(inner(x, p), "data"), axis_name="data",
-                       devices=jax8.devices()[:2])
-    assert not ex.check_modern(nested)
-    verdict(capsys, False, "jax.pmap inside a jax.pmap", "jax.vmap")
-
-
-def test_modern_names_a_sum_over_both_axes(jax8, capsys):
-    assert not ex.check_modern(_pmap_model_of_vmap_data(jax8, ("data", "model")))
-    verdict(capsys, False, "4 times too large")
-
-
-@pytest.mark.parametrize("fn, fragments", [
-    (None, ["placeholder"]),
-    (lambda x, p: None, ["returned None"]),
-    (lambda x, p: np.full((2, 4), 14.0), ["made outside JAX"]),
-    (lambda x, p: 1 / 0, ["ZeroDivisionError"]),
-    (42, ["function of (x, p)"]),
+@pytest.mark.parametrize("answer, hint", [
+    (..., "placeholder"),
+    (296, "critical intensity itself"),
+    (243, "TPU v5e"),
+    (831, "multiply-add is 2 FLOPs"),
+    ("346", "one number"),
+    (1000, "expected"),
 ])
-def test_modern_other_mistakes(capsys, fn, fragments):
-    assert not ex.check_modern(fn)
-    verdict(capsys, False, *fragments)
-
-
-def test_modern_unbound_axis_hint(jax8, capsys):
-    fn = functools.partial(
-        lambda jax, x, p: jax.pmap(lambda a, b: jax.lax.psum(a * b, "data"), axis_name="model",
-                                   in_axes=1, out_axes=1, devices=jax.devices()[:4])(x, p), jax8)
-    assert not ex.check_modern(fn)
-    verdict(capsys, False, "Name the jax.pmap's axis 'model'")
+def test_compute_bound_batch_rejects_with_hint(capsys, answer, hint):
+    assert not L.check_compute_bound_batch(answer)
+    verdict(capsys, False, hint)

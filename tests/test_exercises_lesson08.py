@@ -1,229 +1,158 @@
-"""The checks of lesson 8's exercises: right answers pass, typical wrong ones get the hint
-that names what is off."""
+"""Lesson 8's answer checks accept the right answers and say what is off in wrong ones."""
+import functools
+
 import numpy as np
 import pytest
 
-import simpmd
-from simpmd import lax
 from simpmd.exercises import lesson08 as ex
+from verdicts import verdict
 
 
-def said(capsys):
-    return capsys.readouterr().out
+# -- exercise 1 ----------------------------------------------------------------------------
+
+def test_groups_right_answer_in_any_order(capsys):
+    assert ex.check_data_groups([(1, 7, 5, 3), [6, 4, 2, 0]])
+    verdict(capsys, True, "(0, 2, 4, 6)", "(1, 3, 5, 7)")
 
 
-# -- check_quantity: the factor search -------------------------------------------------------
-
-def test_check_quantity_names_each_wrong_factor(capsys):
-    factors = [ex.Factor("a", 3, {5: "hint A"}), ex.Factor("b", 7, {11: "hint B"})]
-    assert ex.check_quantity(21, factors, what="q", unit="bytes")
-    assert "Correct" in said(capsys)
-    assert not ex.check_quantity(35, factors, what="q", unit="bytes")
-    out = said(capsys)
-    assert "hint A" in out and "hint B" not in out
-    assert not ex.check_quantity(55, factors, what="q", unit="bytes")
-    out = said(capsys)
-    assert "hint A" in out and "hint B" in out
-
-
-def test_check_quantity_lists_equally_simple_explanations(capsys):
-    factors = [ex.Factor("a", 2, {4: "hint A"}), ex.Factor("b", 4, {8: "hint B"})]
-    assert not ex.check_quantity(16, factors, what="q", unit="bytes")
-    out = said(capsys)
-    assert "one of these" in out and "hint A" in out and "hint B" in out
-
-
-def test_check_quantity_placeholder_and_unknown_factor(capsys):
-    factors = [ex.Factor("a", 10)]
-    assert not ex.check_quantity(..., factors, what="q", unit="bytes")
-    assert "placeholder" in said(capsys)
-    assert not ex.check_quantity("ten", factors, what="q", unit="bytes")
-    assert "number of bytes" in said(capsys)
-    assert not ex.check_quantity(20, factors, what="q", unit="bytes")   # simpmd.course.check
-    assert "factor of 2" in said(capsys)
-
-
-# -- exercise 1 -----------------------------------------------------------------------------
-
-@pytest.mark.parametrize("answer, hint", [
-    ((16, 23), "excludes stop"),
-    ((24, 28), "over all 8 devices"),
-    ((8, 16), "'data' coordinate"),
-    ((16, 20), "8 columns wide"),
-    ((0, 8), "another device's block"),
-    ("16:24", "two integers"),
-    (None, "placeholder"),
+@pytest.mark.parametrize("answer, fragments", [
+    (..., ["placeholder"]),
+    ([(0, 1), (2, 3), (4, 5), (6, 7)], ["groups of a collective over 'model'"]),
+    ([tuple(range(8))], ["('data', 'model') together"]),
+    ([(0, 4), (1, 5), (2, 6), (3, 7)], ["2x4 mesh", "4x2"]),
+    ([(0, 2, 4), (1, 3, 5, 7)], ["[6] are in no group"]),
+    ([(0, 2, 4, 6), (1, 3, 5, 6)], ["[6] appear in more than one group"]),
+    ([(0, 2, 4, 9), (1, 3, 5, 7)], ["devices 0-7", "9"]),
+    ([(0, 2, 4, 7), (1, 3, 5, 6)], ["device 7 (data=3, model=1) is in the group of device 0",
+                                     "(0, 2, 4, 6)"]),
+    (5, ["list of groups"]),
 ])
-def test_columns_wrong(answer, hint, capsys):          # on the 2x4 mesh the lesson draws
-    assert not ex.check_columns(answer, mesh_shape=(2, 4))
-    assert hint in said(capsys)
+def test_groups_wrong_answers_get_the_right_hint(capsys, answer, fragments):
+    assert not ex.check_data_groups(answer)
+    verdict(capsys, False, *fragments)
 
 
-def test_columns_right(capsys):
-    assert ex.check_columns((16, 24), mesh_shape=(2, 4))
-    assert ex.check_columns(slice(16, 24), mesh_shape=(2, 4))
-    assert "data=1, model=2" in said(capsys)
+def test_expected_groups_come_from_the_layout_not_a_solution():
+    assert ex.groups_along(np.arange(8).reshape(4, 2), 0) == {
+        frozenset({0, 2, 4, 6}), frozenset({1, 3, 5, 7})}
+    assert ex.groups_along(np.arange(8).reshape(4, 2), 1) == {
+        frozenset({0, 1}), frozenset({2, 3}), frozenset({4, 5}), frozenset({6, 7})}
 
 
-def test_the_exercise_asks_about_the_4x2_mesh_the_lesson_does_not_draw(capsys):
-    # device 6 of a row-major 4x2 mesh: data = 6 // 2 = 3, model = 6 % 2 = 0; 32 columns
-    # over 2 'model' blocks of 16: columns 0:16
-    assert ex.check_columns((0, 16))
-    assert "data=3, model=0" in said(capsys)
-    assert not ex.check_columns((16, 24))              # read off the 2x4 figure
-    assert "2x4 mesh" in said(capsys)
-    assert not ex.check_columns((16, 32))
-    assert "another device's block" in said(capsys)
+# -- exercise 2 ----------------------------------------------------------------------------
+
+def test_worked_example_2x4_is_14_everywhere(capsys):
+    np.testing.assert_array_equal(ex.expected_2x4(), np.full((2, 4), 14.0))   # by hand
+    assert ex.check_worked_example_2x4(np.full((2, 4), 14.0))
+    verdict(capsys, True, "14 on every device")
 
 
-@pytest.mark.parametrize("shape", [(2, 4), (4, 2)])
-def test_columns_agrees_with_the_sharding_itself(shape):
-    mesh = simpmd.make_mesh(shape, ("data", "model"))
-    index = simpmd.NamedSharding(mesh, simpmd.P(None, "model")).devices_indices_map((8, 32))
-    for dev, (_, cols) in index.items():
-        assert ex.check_columns((cols.start, cols.stop), device=dev.id, mesh_shape=shape)
-
-
-# -- exercise 2 -----------------------------------------------------------------------------
-
-def test_row_parallel_right(capsys):
-    assert ex.check_row_parallel(lambda h, w: lax.psum(h @ w, "model"))
-    assert "Correct" in said(capsys)
-
-
-@pytest.mark.parametrize("fn, hint", [
-    (None, "placeholder"),
-    (lambda h, w: None, "returned None"),
-    (lambda h, w: h @ w, "partial product"),
-    (lambda h, w: lax.pmean(h @ w, "model"), "pmean"),
-    (lambda h, w: lax.all_gather(h @ w, "model"), "all_gather"),
-    (lambda h, w: lax.psum_scatter(h @ w, "model", tiled=True), "psum_scatter"),
-    (lambda h, w: lax.psum(h @ w, "data"), "raised"),
-    (lambda h, w: lax.psum(h @ w, "model") + 1.0, "differs"),
-    (lambda h, w: lax.psum(h @ w, "model").T, "shape"),
+@pytest.mark.parametrize("answer, fragments", [
+    (None, ["placeholder"]),
+    (14.0, ["right value", "per device"]),
+    (np.full((4, 2), 14.0), ["shape (4, 2)", "(2, 4)"]),
+    (np.full((2, 4), 56.0), ["4 times too large", "12.0"]),
+    (np.full((2, 4), 7.0), ["half", "multiplies by 2"]),
+    (np.array([[3.0] * 4, [11.0] * 4]), ["after the psum over 'model'", "outer"]),
+    (np.array([[14.0] * 4, [14.0, 14.0, 13.0, 14.0]]), ["device 6 (data=1, model=2)", "13"]),
+    ("fourteen", ["array of numbers"]),
 ])
-def test_row_parallel_wrong(fn, hint, capsys):
-    assert not ex.check_row_parallel(fn)
-    assert hint in said(capsys)
+def test_worked_example_wrong_answers_get_the_right_hint(capsys, answer, fragments):
+    assert not ex.check_worked_example_2x4(answer)
+    verdict(capsys, False, *fragments)
 
 
-# -- exercise 3 -----------------------------------------------------------------------------
+# -- exercise 3: pmap over 'model' (axis 1 of x), vmap over 'data' ---------------------------
 
-RIGHT_WEIGHTS = 2 * 4096 * 16384 * 2 // 4
-
-
-def test_weight_bytes_right(capsys):
-    assert ex.check_weight_bytes(RIGHT_WEIGHTS)
-    assert "67,108,864" in said(capsys)
+def _program(jax, psum_axes=("data",)):
+    def body(x, p):                 # one grid position; both names are bound here
+        return jax.lax.psum(jax.lax.psum(x * p, "model") * 2, psum_axes)
+    return body
 
 
-@pytest.mark.parametrize("answer, hints", [
-    (RIGHT_WEIGHTS * 4, ["split 4 ways"]),
-    (RIGHT_WEIGHTS // 2, ["two weight matrices", "do not divide by 8"]),
-    (RIGHT_WEIGHTS * 2, ["4 is float32", "not over 'data'"]),
-    (RIGHT_WEIGHTS * 8, ["count bytes, not bits"]),
-    (RIGHT_WEIGHTS / 2**20, ["not MiB"]),
-    (RIGHT_WEIGHTS * 4 / 2**20, ["split 4 ways", "not MiB"]),
+def _pmap_model_of_vmap_data(jax, psum_axes=("data",), out_axes=1):
+    body = jax.vmap(_program(jax, psum_axes), axis_name="data")
+    return lambda x, p: jax.pmap(body, axis_name="model", in_axes=1, out_axes=out_axes,
+                                 devices=jax.devices()[:4])(x, p)
+
+
+def _pmap_data_of_vmap_model(jax):  # section 5a's port: 'data' on devices
+    def inner_body(x, p):
+        return jax.lax.psum(x * p, "model") * 2
+
+    def outer_body(x, p):
+        return jax.lax.psum(jax.vmap(inner_body, axis_name="model")(x, p), "data")
+
+    return lambda x, p: jax.pmap(outer_body, axis_name="data", devices=jax.devices()[:2])(x, p)
+
+
+def test_modern_accepts_pmap_over_model_of_vmap_over_data(jax8, capsys):
+    assert ex.check_modern(_pmap_model_of_vmap_data(jax8))
+    verdict(capsys, True, "14 on every device")
+
+
+def test_modern_refuses_section_5a_copied(jax8, capsys):
+    """Right values (14 everywhere, by hand in exercise 2), but 'data' on the devices."""
+    assert np.allclose(np.asarray(_pmap_data_of_vmap_model(jax8)(ex.X_2x4, ex.P_2x4)), 14.0)
+    assert not ex.check_modern(_pmap_data_of_vmap_model(jax8))
+    verdict(capsys, False, "section 5a", "put 'model' on the 4 devices")
+
+
+def test_modern_refuses_a_shard_map(jax8, capsys):
+    from jax.sharding import Mesh, PartitionSpec as P
+    mesh = Mesh(np.array(jax8.devices()[:8]).reshape(2, 4), ("data", "model"))
+    spec = P("data", "model")
+    sm = jax8.shard_map(_program(jax8), mesh=mesh, in_specs=(spec, spec), out_specs=spec)
+    assert np.allclose(np.asarray(sm(ex.X_2x4, ex.P_2x4)), 14.0)
+    assert not ex.check_modern(sm)
+    verdict(capsys, False, "both axes run on devices", "jax.vmap over 'data'")
+
+
+def test_modern_refuses_simpmds_own_result(capsys):
+    import simpmd
+    from simpmd import lax
+    body = lambda x, p: lax.psum(lax.psum(x * p, "model") * 2, "data")
+    via_simpmd = lambda x, p: simpmd.pmap(simpmd.pmap(body, axis_name="model"),
+                                          axis_name="data")(x, p)
+    assert not ex.check_modern(via_simpmd)
+    out = verdict(capsys, False, "simpmd's result", "real JAX")
+    assert "worked out by hand" not in out
+
+
+def test_modern_names_the_transposed_result(jax8, capsys):
+    assert not ex.check_modern(_pmap_model_of_vmap_data(jax8, out_axes=0))
+    verdict(capsys, False, "(4, 2)", "out_axes=1")
+
+
+def test_modern_refuses_nested_pmap_with_the_vmap_hint(jax8, capsys):
+    inner = jax8.pmap(lambda x, p: jax8.lax.psum(x * p, "model") * 2, axis_name="model",
+                      devices=jax8.devices()[:4])
+    nested = jax8.pmap(lambda x, p: jax8.lax.psum(inner(x, p), "data"), axis_name="data",
+                       devices=jax8.devices()[:2])
+    assert not ex.check_modern(nested)
+    verdict(capsys, False, "jax.pmap inside a jax.pmap", "jax.vmap")
+
+
+def test_modern_names_a_sum_over_both_axes(jax8, capsys):
+    assert not ex.check_modern(_pmap_model_of_vmap_data(jax8, ("data", "model")))
+    verdict(capsys, False, "4 times too large")
+
+
+@pytest.mark.parametrize("fn, fragments", [
+    (None, ["placeholder"]),
+    (lambda x, p: None, ["returned None"]),
+    (lambda x, p: np.full((2, 4), 14.0), ["made outside JAX"]),
+    (lambda x, p: 1 / 0, ["ZeroDivisionError"]),
+    (42, ["function of (x, p)"]),
 ])
-def test_weight_bytes_wrong(answer, hints, capsys):
-    assert not ex.check_weight_bytes(answer)
-    out = said(capsys)
-    for h in hints:
-        assert h in out
+def test_modern_other_mistakes(capsys, fn, fragments):
+    assert not ex.check_modern(fn)
+    verdict(capsys, False, *fragments)
 
 
-# -- exercise 4 -----------------------------------------------------------------------------
-
-RIGHT_PSUM = 4096 * 4096 * 2 * 1.5
-
-
-def test_psum_bytes_right(capsys):
-    assert ex.check_psum_bytes(RIGHT_PSUM)
-    assert "50,331,648" in said(capsys)
-
-
-@pytest.mark.parametrize("answer, hints", [
-    (RIGHT_PSUM / 1.5, ["not the buffer once"]),
-    (RIGHT_PSUM / 1.5 * 0.75 * 2 / 2, ["reduce-scatter AND an all-gather"]),
-    (RIGHT_PSUM / 1.5 * 1.75, ["p = 4, not 8"]),
-    (RIGHT_PSUM / 1.5 * 3, ["not p-1 whole buffers"]),
-    (RIGHT_PSUM / 4, ["do not split them over 'model'"]),
-    (RIGHT_PSUM * 8, ["count bytes, not bits"]),
-    (RIGHT_PSUM / 2**20, ["not MiB"]),
-])
-def test_psum_bytes_wrong(answer, hints, capsys):
-    assert not ex.check_psum_bytes(answer)
-    out = said(capsys)
-    for h in hints:
-        assert h in out
-
-
-def test_psum_ring_factor_is_what_simpmd_logs():
-    """The checker's 2(p-1)/p is the engine's accounting for a psum over 4 devices."""
-    f = simpmd.pmap(lambda v: lax.psum(v, "model"), axis_name="model")
-    f(np.ones((4, 256), dtype=np.float32))
-    sent = [e.bytes_sent for e in f.trace.events if e.kind == "collective"]
-    assert sent == [256 * 4 * 2 * 3 // 4] * 4
-
-
-# -- exercise 5: FSDP's backward reduce-scatter ------------------------------------------------
-
-def test_fsdp_backward_right_and_typical_mistakes(capsys):
-    from verdicts import verdict
-    g = ex.fsdp_gradients()
-    want = g.sum(0).reshape(4, 2, 3)                     # summed by hand, blocks of 2 rows
-    assert ex.check_fsdp_backward(lambda x: lax.psum_scatter(x, "data", tiled=True))
-    verdict(capsys, True, "reduce-scatter")
-    assert np.allclose(np.asarray(simpmd.pmap(lambda x: lax.psum_scatter(
-        x, "data", tiled=True), "data")(g)), want)
-    assert not ex.check_fsdp_backward(lambda x: lax.psum(x, "data"))
-    verdict(capsys, False, "psum, an all-reduce")
-    assert not ex.check_fsdp_backward(lambda x: x.reshape(4, 2, 3)[lax.axis_index("data")])
-    verdict(capsys, False, "OWN gradient")
-    assert not ex.check_fsdp_backward(
-        lambda x: lax.psum_scatter(x, "data", tiled=True) / 4)
-    verdict(capsys, False, "4 times too small")
-    assert not ex.check_fsdp_backward(lambda x: lax.psum_scatter(x, "data"))
-    verdict(capsys, False, "raised")
-    assert not ex.check_fsdp_backward(
-        lambda x: lax.psum_scatter(x, "data", tiled=True)[::-1])
-    verdict(capsys, False, "device 0")
-    assert not ex.check_fsdp_backward(None)
-    verdict(capsys, False, "placeholder")
-
-
-def test_fsdp_backward_is_what_grad_makes_of_all_gather():
-    """The checker's right answer is the transpose simpmd.grad runs for a tiled all_gather."""
-    g = ex.fsdp_gradients()
-
-    def body(w_shard, g_full):
-        return simpmd.grad(lambda s: (lax.all_gather(s, "data", tiled=True) * g_full).sum())(w_shard)
-    got = np.asarray(simpmd.pmap(body, "data")(np.zeros((4, 2, 3), np.float32), g))
-    assert np.allclose(got, g.sum(0).reshape(4, 2, 3))
-
-
-def test_fsdp_backward_refuses_an_all_reduce_then_a_slice(capsys):
-    """psum, then each device slicing its own rows, gives the right numbers through the
-    all-reduce the lesson warns against: the trace shows the psum, and the check refuses it."""
-    from verdicts import verdict
-    g = ex.fsdp_gradients()
-    sliced = lambda x: lax.psum(x, "data").reshape(4, 2, 3)[lax.axis_index("data")]
-    # the values alone would pass: device d's rows 2d, 2d+1 of the sum, worked with NumPy
-    out = np.asarray(simpmd.pmap(sliced, "data")(g))
-    assert np.allclose(out, g.sum(0).reshape(4, 2, 3))
-    assert not ex.check_fsdp_backward(sliced)
-    verdict(capsys, False, "the trace shows psum", "psum_scatter")
-
-
-def test_row_parallel_all_gather_first_gets_a_hint_not_numpys_error(capsys):
-    """Gathering h before the product: W2's block has 4 rows, the gathered h 16 columns."""
-    from verdicts import verdict
-    gather_first = lambda h, w: lax.all_gather(h, "model", axis=1, tiled=True) @ w
-    assert not ex.check_row_parallel(gather_first)
-    out = verdict(capsys, False, "all_gather", "h_k @ W2_k")
-    assert "gufunc" not in out
-    # untiled: (4, 8, 4) @ (4, 4) runs, giving h_j @ W2_k, which are not the partial products
-    assert not ex.check_row_parallel(lambda h, w: lax.all_gather(h, "model") @ w)
-    verdict(capsys, False, "not the partial products")
-    assert not ex.check_row_parallel(lambda h, w: lax.all_gather(h @ w, "model"))
-    verdict(capsys, False, "does not add them")
+def test_modern_unbound_axis_hint(jax8, capsys):
+    fn = functools.partial(
+        lambda jax, x, p: jax.pmap(lambda a, b: jax.lax.psum(a * b, "data"), axis_name="model",
+                                   in_axes=1, out_axes=1, devices=jax.devices()[:4])(x, p), jax8)
+    assert not ex.check_modern(fn)
+    verdict(capsys, False, "Name the jax.pmap's axis 'model'")

@@ -1,171 +1,230 @@
-"""The checks of lesson 10's exercises: right answers pass, typical wrong ones get the hint
-that names what is off."""
+"""Lesson 10's answer checks accept the right answers and say what is off in wrong ones."""
 import numpy as np
 import pytest
 
 import simpmd
-from simpmd import P, lax
+import simpmd.numpy as snp
+from simpmd import lax
 from simpmd.exercises import lesson10 as ex
 
 
-def said(capsys):
-    return capsys.readouterr().out
+def verdict(capsys, ok, *fragments):
+    """The checker returned ``ok`` and its printed text contains every fragment."""
+    out = capsys.readouterr().out
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("Correct: " if ok else "Not yet: "), out
+    for fragment in fragments:
+        assert fragment in out, (fragment, out)
+    return out
 
 
-# -- exercise 1: specs ---------------------------------------------------------------------
+# -- exercise 1 ----------------------------------------------------------------------------
 
-def test_specs_right(capsys):
-    assert ex.check_specs((P("i"), P()), P())
-    assert ex.check_specs([P("i", None), P(None)], P())        # trailing Nones are the same spec
-    assert "Correct" in said(capsys)
-
-
-def test_specs_accept_jax_partition_specs():
-    pytest.importorskip("jax")
-    from jax.sharding import PartitionSpec
-    assert ex.check_specs((PartitionSpec("i"), PartitionSpec()), PartitionSpec())
+def test_expected_mixed_by_hand():
+    # XS sums to 7 and its largest value is 9.
+    np.testing.assert_array_equal(ex.expected_mixed(), [7, 7, 7, 9, 7, 7, 7, 7])
 
 
-@pytest.mark.parametrize("in_specs, out_specs, hint", [
-    (..., ..., "placeholders"),
-    (P("i"), P(), "one spec per argument"),
-    ((P(), P()), P(), "its axis 0 is split"),
-    ((P(None, "i"), P()), P(), "FIRST axis"),
-    ((P("i"), P("i")), P(), "in_axes=None gives every device the whole"),
-    ((P("i"), P()), P("i"), "out_axes=None returns ONE copy"),
-    (("i", P()), P(), "P('i')"),
-    ((P("i"), None), P(), "static argument"),
-    ((P("j"), P()), P(), "only axis is 'i'"),
-    ((P("i"), P()), P(None, "i"), "along axis 1, like out_axes=1"),
-    ((P("i"), P()), P("j"), "names no axis of this mesh"),
-    ((P("i"), P()), None, "returned once, is P()"),
+def fixed(x):
+    total = lax.psum(x, "i")
+    top = lax.pmax(x, "i")
+    return snp.where(lax.axis_index("i") == 3, top, total)
+
+
+def test_fixed_mixed_accepted_on_both_engines(jax8, capsys):
+    assert ex.check_fixed_mixed(fixed)
+    verdict(capsys, True, "maximum (9)", "sum (7)", "real JAX agrees")
+
+
+def still_branching(x):
+    if lax.axis_index("i") == 3:
+        return lax.pmax(x, "i")
+    return lax.psum(x, "i")
+
+
+def python_index(x):
+    weights = [1.0] * 8
+    return lax.psum(x, "i") * weights[lax.axis_index("i")]
+
+
+@pytest.mark.parametrize("fn, fragments", [
+    (None, ["placeholder"]),
+    (lambda x: None, ["returned None"]),
+    (still_branching, ["branches in Python", "snp.where"]),
+    (python_index, ["Python number", "snp.where"]),
+    (lambda x: lax.psum(x, "j"), ["'j'", "named 'i'"]),
+    (lambda x: lax.psum(x, "i"), ["every device holds the sum (7)", "maximum (9)"]),
+    (lambda x: lax.pmax(x, "i"), ["every device holds the maximum (9)", "only device 3"]),
+    (lambda x: snp.where(lax.axis_index("i") == 3, lax.psum(x, "i"), lax.pmax(x, "i")),
+     ["swapped"]),
+    (lambda x: snp.where(lax.axis_index("i") == 2, lax.pmax(x, "i"), lax.psum(x, "i")),
+     ["device 2 holds 9, expected 7"]),
+    (lambda x: lax.psum(x, "i")[None], ["shape (8, 1)"]),
+    (lambda x: 1 / 0, ["ZeroDivisionError"]),
+    ("fixed_mixed", ["function of x"]),
 ])
-def test_specs_wrong(in_specs, out_specs, hint, capsys):
-    assert not ex.check_specs(in_specs, out_specs)
-    assert hint in said(capsys)
+def test_fixed_mixed_mistakes_get_the_right_hint(capsys, fn, fragments):
+    assert not ex.check_fixed_mixed(fn)
+    verdict(capsys, False, *fragments)
 
 
-# -- exercise 2: block shapes ----------------------------------------------------------------
-
-def test_block_shapes_right(capsys):
-    assert ex.check_block_shapes((8, 6), (16, 3), [4, 24])
-    assert said(capsys).count("Correct") == 3
-
-
-def test_block_shapes_match_the_engine_and_the_spec_rules():
-    mesh = simpmd.make_mesh((2, 4), ("data", "model"))
-    answers = {"a": (8, 6), "b": (16, 3), "c": (4, 24)}
-    for label, (shape, entries) in ex.BLOCK_QUESTIONS.items():
-        spec = P(*entries)
-        assert simpmd.NamedSharding(mesh, spec).shard_shape(shape) == answers[label]
+def test_fixed_mixed_with_a_numpy_function_is_refused_on_both_engines(capsys):
+    def numpy_on_jax(x):              # np.exp on a JAX tracer fails; simpmd refuses it too
+        return fixed(x) + np.exp(x) * 0
+    with pytest.raises(simpmd.TracerArrayConversionError, match="simpmd.numpy"):
+        simpmd.pmap(numpy_on_jax, "i")(ex.XS)
+    assert not ex.check_fixed_mixed(numpy_on_jax)
+    verdict(capsys, False, "NumPy function", "real JAX refuses", "simpmd.numpy")
 
 
-@pytest.mark.parametrize("answers, hints", [
-    (((4, 12), (16, 3), (4, 24)), ["'data' has 2, 'model' 4", "24 / 4 = 6"]),
-    (((8, 6), (16, 6), (4, 24)), ["2 x 4 = 8 blocks"]),
-    (((8, 6), (16, 3), (8, 24)), ["'model', which has 4 devices"]),
-    (((8, 6), (2, 3), (4, 24)), ["not split by", "keeps its size 16"]),
-    (((8, 6), (16, 3), (24,)), ["pmap removes the mapped axis"]),
-    (((8, 6, 1), (16, 3), (4, 24)), ["x has 2 dimensions"]),
-    (((8, 6), "16x3", (4, 24)), ["shape tuple"]),
-    (((8, 6), (16, 3), ...), ["placeholder"]),
+# -- exercise 2 ----------------------------------------------------------------------------
+
+def test_failed_run_expected_answer_matches_the_program_in_the_lesson():
+    shard_sizes = [32, 32, 0, 32, 32, 32, 32, 32]
+
+    def normalised(loss_sum):
+        total = lax.psum(loss_sum, "i")
+        weight = 1.0 / shard_sizes[lax.axis_index("i")]
+        return lax.pmax(total * weight, "i", axis_index_groups=[[0, 1, 2, 3], [4, 5, 6, 7]])
+
+    with pytest.raises(simpmd.DeviceError) as info:
+        simpmd.pmap(normalised, axis_name="i", eager=True)(np.arange(8, dtype=np.float32))
+    waiting = [e for e in info.value.trace.events
+               if e.kind == "error" and e.detail.startswith("still waiting in pmax")]
+    assert info.value.device == ex.FAILED_DEVICE
+    assert tuple(sorted(e.device for e in waiting)) == ex.WAITING
+
+
+def test_failed_run_right_answer(capsys):
+    assert ex.check_failed_run({"failed_device": 2, "waiting": [3, 1, 0], "collective": "pmax"})
+    verdict(capsys, True, "device 2 raised")
+
+
+@pytest.mark.parametrize("answer, fragments", [
+    (None, ["placeholder"]),
+    ({"failed_device": ..., "waiting": ..., "collective": ...}, ["placeholders"]),
+    ([2, [0, 1, 3], "pmax"], ["should be a dict"]),
+    ({"failed_device": 2, "waiting": [0, 1, 3]}, ["missing", "collective"]),
+    ({"failed_device": 5, "waiting": [0, 1, 3], "collective": "pmax"}, [".device"]),
+    ({"failed_device": 2, "waiting": [0, 1, 2, 3], "collective": "pmax"},
+     ["does not wait"]),
+    ({"failed_device": 2, "waiting": [0, 1, 3, 4, 5, 6, 7], "collective": "pmax"},
+     ["[4, 5, 6, 7] did not wait", "axis_index_groups"]),
+    ({"failed_device": 2, "waiting": [0, 1], "collective": "pmax"}, ["you listed [0, 1]"]),
+    ({"failed_device": 2, "waiting": [0, 1, 3], "collective": "psum"}, ["psum completed"]),
+    ({"failed_device": 2, "waiting": [0, 1, 3], "collective": "ppermute"}, ["'ppermute'"]),
+    ({"failed_device": "two", "waiting": [0, 1, 3], "collective": "pmax"}, ["device id"]),
 ])
-def test_block_shapes_wrong(answers, hints, capsys):
-    assert not ex.check_block_shapes(*answers)
-    out = said(capsys)
-    for h in hints:
-        assert h in out
+def test_failed_run_mistakes_get_the_right_hint(capsys, answer, fragments):
+    assert not ex.check_failed_run(answer)
+    verdict(capsys, False, *fragments)
 
 
-# -- exercise 3: porting a pmap program ------------------------------------------------------
+# -- exercise 3: the ppermute found wrong in the trace ------------------------------------------
 
-MESH1 = simpmd.make_mesh((8,), ("i",))
-
-
-def sm(body, out_specs=P("i"), **kw):
-    return simpmd.shard_map(body, mesh=MESH1, in_specs=P("i"), out_specs=out_specs, **kw)
-
-
-def test_centering_right(capsys):
-    assert ex.check_centering(sm(lambda r: r - lax.pmean(r, "i")))
-    assert "Correct" in said(capsys)
+def test_expected_smooth_by_hand():
+    # squares 0, 1, 4, ..., 49; device 0's neighbours are devices 7 (49) and 1 (1)
+    e = ex.expected_smooth()
+    assert np.isclose(e[0], (49 + 0 + 1) / 3) and np.isclose(e[3], (4 + 9 + 16) / 3)
+    assert np.isclose(e[7], (36 + 49 + 0) / 3)
 
 
-@pytest.mark.parametrize("centered, hint", [
-    (..., "placeholder"),
-    (simpmd.pmap(lambda r: r - lax.pmean(r, "i"), axis_name="i"), "is a simpmd.pmap"),
-    (sm(lambda r: r - lax.pmean(r, "i"), out_specs=P()), "simpmd refused"),
-    (sm(lambda r: r - lax.pmean(r, "i"), out_specs=P(), check_vma=False), "shape (1, 3)"),
-    (sm(lambda r: (r - lax.pmean(r, "i"))[0], out_specs=P(), check_vma=False), "shape (3,)"),
-    (sm(lambda r: r - lax.psum(r, "i")), "column SUMS"),
-    (sm(lambda r: r), "unchanged"),
-    (sm(lambda r: r - r.mean(axis=1, keepdims=True)), "each row's own mean"),
-    (sm(lambda r: r - lax.pmean(r, "i") + lax.axis_index("i") * 0.0 + (lax.axis_index("i") == 3)),
-     "rows [3] differ"),
-    (sm(lambda r: r - lax.pmean(r, "j")), "raised"),
-    (sm(lambda r: None), "returned None"),
+def ring(x, to_right, to_left):
+    from_left = lax.ppermute(x, "i", perm=to_right)
+    from_right = lax.ppermute(x, "i", perm=to_left)
+    return (x + from_left + from_right) / 3
+
+
+RIGHT = [(j, (j + 1) % 8) for j in range(8)]            # device j's value goes to j + 1
+LEFT = [((j + 1) % 8, j) for j in range(8)]             # device j + 1's value goes to j
+BUGGY = [((j - 1) % 8, j) for j in range(8)]            # the lesson's slip: the same as RIGHT
+
+
+def test_smooth_right_answer_on_both_engines(jax8, capsys):
+    assert ex.check_smooth(lambda x: ring(x, RIGHT, LEFT))
+    verdict(capsys, True, "(49 + 0 + 1) / 3", "real JAX agrees")
+
+
+@pytest.mark.parametrize("fn, fragments", [
+    (None, ["placeholder"]),
+    (3, ["function of x"]),
+    (lambda x: None, ["returned None"]),
+    (lambda x: ring(x, RIGHT, BUGGY), ["device 7's value twice", "trace"]),
+    (lambda x: ring(x, LEFT, LEFT), ["right neighbour's value"]),
+    (lambda x: ring(x, RIGHT, LEFT) * 3, ["divide by 3"]),
+    (lambda x: (lax.ppermute(x, "i", RIGHT) + lax.ppermute(x, "i", LEFT)) / 3, ["own value"]),
+    (lambda x: (lax.ppermute(x, "i", RIGHT) + lax.ppermute(x, "i", LEFT)) / 2, ["two neighbours"]),
+    (lambda x: ring(x, RIGHT, [(1, 0), (2, 0)]), ["raised"]),
+    (lambda x: ring(x, RIGHT, LEFT) + (lax.axis_index("i") == 5), ["device 5 holds"]),
 ])
-def test_centering_wrong(centered, hint, capsys):
-    assert not ex.check_centering(centered)
-    assert hint in said(capsys)
+def test_smooth_mistakes_get_the_right_hint(capsys, fn, fragments):
+    assert not ex.check_smooth(fn)
+    verdict(capsys, False, *fragments)
 
 
-def test_centering_names_mesh_i_the_exercises_mesh(capsys):
-    assert not ex.check_centering(simpmd.pmap(lambda r: r - lax.pmean(r, "i"), axis_name="i"))
-    out = said(capsys)
-    assert "mesh=mesh_i" in out and "mesh1" not in out
+# -- exercise 4: a psum every device reaches ------------------------------------------------------
+
+def test_expected_top_half_total_by_hand():
+    # HALF_X = 2, -1, 4, 3, 5, -2, 6, 1 sums to 18; devices 0-3 alone to 8
+    np.testing.assert_array_equal(ex.expected_top_half_total(), [18, 18, 18, 18, 5, -2, 6, 1])
 
 
-def test_centering_with_in_specs_p_explains_what_p_does(capsys):
-    # in_specs=P(): every device gets the whole (8, 3) x; the pmean of 8 equal copies is x
-    # itself, so each block is zeros, and out_specs=P('i') joins 8 blocks of (8, 3): (64, 3).
-    whole = simpmd.shard_map(lambda r: r - lax.pmean(r, "i"), mesh=MESH1, in_specs=P(),
-                             out_specs=P("i"))
-    assert np.asarray(whole(ex.centering_data())).shape == (64, 3)
-    assert not ex.check_centering(whole)
-    out = said(capsys)
-    assert "(64, 3)" in out and "P() names no mesh axis" in out and "P('i')" in out
+def test_top_half_total_right_answer_on_both_engines(jax8, capsys):
+    fn = lambda x: snp.where(lax.axis_index("i") < 4, lax.psum(x, "i"), x)
+    assert ex.check_top_half_total(fn)
+    verdict(capsys, True, "sum (18)", "real JAX agrees")
 
 
-# -- exercise 4: bytes of a sharded array ---------------------------------------------------
-
-RIGHT = 4096 // 2 * 8192 * 2
-
-
-def test_sharded_bytes_right(capsys):
-    assert ex.check_sharded_bytes(RIGHT)
-    assert "33,554,432" in said(capsys)
+def python_if_sum(x):
+    if lax.axis_index("i") < 4:
+        return lax.psum(x, "i")
+    return x
 
 
-@pytest.mark.parametrize("answer, hints", [
-    (RIGHT // 4, ["do not divide by 8"]),
-    (RIGHT * 2, ["one of these", "4 is float32", "each holds half"]),
-    (RIGHT // 2, ["not 'model' (4)"]),
-    (RIGHT * 8, ["count bytes, not bits"]),
-    (RIGHT / 2**20, ["not MiB"]),
+def jax_cond_sum(x):
+    import jax
+    return jax.lax.cond(lax.axis_index("i") < 4, lambda v: lax.psum(v, "i"), lambda v: v, x)
+
+
+@pytest.mark.parametrize("fn, fragments", [
+    (None, ["placeholder"]),
+    (lambda x: None, ["returned None"]),
+    (python_if_sum, ["branches in Python"]),
+    (jax_cond_sum, ["runs on JAX only"]),
+    (lambda x: lax.psum(x, "i"), ["every device holds the sum (18)"]),
+    (lambda x: snp.where(lax.axis_index("i") < 4,
+                         lax.psum(snp.where(lax.axis_index("i") < 4, x, 0.0), "i"), x),
+     ["hold 8, the sum of devices 0-3 only", "Mask the result"]),
+    (lambda x: snp.where(lax.axis_index("i") < 4, x, lax.psum(x, "i")), ["swapped"]),
+    (lambda x: x * 1.0, ["nothing was summed"]),
+    (lambda x: snp.where(lax.axis_index("i") < 3, lax.psum(x, "i"), x), ["device 3 holds 3, expected 18"]),
 ])
-def test_sharded_bytes_wrong(answer, hints, capsys):
-    assert not ex.check_sharded_bytes(answer)
-    out = said(capsys)
-    for h in hints:
-        assert h in out
+def test_top_half_total_mistakes_get_the_right_hint(capsys, fn, fragments):
+    if fn is jax_cond_sum:
+        pytest.importorskip("jax", reason="the answer calls jax.lax.cond")
+    assert not ex.check_top_half_total(fn)
+    verdict(capsys, False, *fragments)
 
 
-@pytest.mark.parametrize("out_specs", [P("i"), P(None, "i"), P("j"), None])
-def test_specs_each_wrong_out_spec_gets_its_own_hint(out_specs, capsys):
-    # Each wrong out_specs is told what IT does, written as the learner wrote it.
-    assert not ex.check_specs((P("i"), P()), out_specs)
-    text = said(capsys)
-    assert "P('i',)" not in text
-    if out_specs is None:
-        assert "in_specs" not in text
-    else:
-        assert f"out_specs is P({', '.join(repr(e) for e in out_specs)})" in text
+def test_top_half_total_names_simpmd_lax_cond_with_a_psum_inside_as_the_hazard(capsys):
+    """The hazard written with simpmd.lax.cond: simpmd stops it with a DeadlockError (no
+    eager run needed), and the check says so."""
+    def cond_sum(x):
+        return lax.cond(lax.axis_index("i") < 4, lambda v: lax.psum(v, "i"), lambda v: v, x)
+    assert not ex.check_top_half_total(cond_sum)
+    out = capsys.readouterr().out
+    assert "Not yet" in out and "deadlock" in out.lower(), out
 
 
-def test_check_cells_show_no_bare_bool():
-    # A checker's verdict is truthy/falsy for assert, but Jupyter shows nothing for it.
-    verdict = ex.check_specs(..., ...)
-    assert not verdict and verdict == False  # noqa: E712
-    assert hasattr(verdict, "_ipython_display_") and verdict._ipython_display_() is None
-    assert ex.check_specs((P("i"), P()), P()) and ex.check_block_shapes(..., ..., ...) == False  # noqa: E712
+def test_top_half_total_names_a_deadlock_as_the_hazard(capsys):
+    """A collective reached by only some devices: simpmd's eager run stops with a
+    DeadlockError, which the check names as the lesson's hazard."""
+    eager_half = simpmd.pmap(python_if_sum, axis_name="i", eager=True)
+    with pytest.raises(simpmd.DeadlockError):
+        eager_half(ex.HALF_X)
+
+    class Raising:                      # stands for a body whose run deadlocks on simpmd
+        def __call__(self, x):
+            raise simpmd.DeadlockError("devices 0-3 wait in psum over 'i'")
+    assert not ex.check_top_half_total(Raising())
+    verdict(capsys, False, "DeadlockError", "section 3b", "snp.where")

@@ -1,12 +1,9 @@
 """The checks of lesson 11's exercises: right answers pass, typical wrong ones get the hint
-that names what is off. Expectations are worked out here: the bubble by counting steps, the
-idle segments of a training step from a real simpmd run's timeline, the pipeline's output
-from a NumPy loop, and the activations held from hand-worked schedules."""
+that names what is off."""
 import numpy as np
 import pytest
 
 import simpmd
-import simpmd.numpy as snp
 from simpmd import P, lax
 from simpmd.exercises import lesson11 as ex
 
@@ -15,164 +12,160 @@ def said(capsys):
     return capsys.readouterr().out
 
 
-# -- exercise 1: the bubble ----------------------------------------------------------------
+# -- exercise 1: specs ---------------------------------------------------------------------
 
-def test_bubble_right(capsys):
-    # 8 stages, 24 microbatches: 31 steps, of which each stage idles 7
-    steps = 24 + 8 - 1
-    assert ex.check_bubble(7 / steps)
-    assert ex.check_bubble(0.2258)                 # rounded to 4 places
-    assert ex.check_bubble(1 / 5, p=4, m=12)       # 3 of 15
-    assert "7/31" in said(capsys)
-
-
-@pytest.mark.parametrize("answer, hint", [
-    (..., "placeholder"),
-    ("a lot", "number between 0 and 1"),
-    (7 / 24, "divides by all m+p-1 = 31"),
-    (24 / 31, "BUSY"),
-    (8 / 31, "not p"),
-    (8 / 32, "p-1 = 7 of m+p-1 = 31"),
-    (7 / 32, "the step lasts m+p-1 = 31"),
-    (14 / 31, "the fraction stays the same"),
-    (100 * 7 / 31, "percentage"),
-    (0.5, "count the steps"),
-])
-def test_bubble_wrong(answer, hint, capsys):
-    assert not ex.check_bubble(answer)
-    assert hint in said(capsys)
-
-
-# -- exercise 2: idle segments of the training step -----------------------------------------
-
-def forward_steps(d, m, p):
-    """The forward steps in which stage d has a microbatch, by walking microbatches down."""
-    return {j + d for j in range(m)}
-
-
-def right_idle(d, k, m, p=4):
-    steps = m + p - 1
-    order = list(range(steps)) + list(reversed(range(steps)))    # forward, then backward
-    return order[k] not in forward_steps(d, m, p)
-
-
-def test_training_idle_right(capsys):
-    assert ex.check_training_idle(right_idle)
+def test_specs_right(capsys):
+    assert ex.check_specs((P("i"), P()), P())
+    assert ex.check_specs([P("i", None), P(None)], P())        # trailing Nones are the same spec
     assert "Correct" in said(capsys)
 
 
-def _training_trace(m, p=4, width=3):
-    """The lesson's training program (GPipe forward, psum'd loss, simpmd.grad) run once."""
-    mesh = simpmd.make_mesh((p,), ("stage",))
-
-    def body(w, x, y):
-        w = w[0]
-        stage = lax.axis_index("stage")
-        arrived, outs = snp.zeros_like(x[0]), []
-        for t in range(m + p - 1):
-            h = snp.tanh(snp.where(stage == 0, x[min(t, m - 1)], arrived) @ w)
-            if t >= p - 1:
-                outs.append(h)
-            if t < m + p - 2:
-                arrived = lax.ppermute(h, "stage", [(j, j + 1) for j in range(p - 1)])
-        mine = ((snp.stack(outs) - y) ** 2).mean()
-        return lax.psum(snp.where(stage == p - 1, mine, 0.0), "stage")
-
-    grad = simpmd.shard_map(lambda w, x, y: simpmd.grad(body)(w, x, y), mesh=mesh,
-                            in_specs=(P("stage"), P(), P()), out_specs=P("stage"))
-    rng = np.random.default_rng(0)
-    grad(rng.standard_normal((p, width, width)), rng.standard_normal((m, 2, width)),
-         rng.standard_normal((m, 2, width)))
-    return grad.trace
+def test_specs_accept_jax_partition_specs():
+    pytest.importorskip("jax")
+    from jax.sharding import PartitionSpec
+    assert ex.check_specs((PartitionSpec("i"), PartitionSpec()), PartitionSpec())
 
 
-@pytest.mark.parametrize("m", [2, 5])
-def test_the_numbering_matches_a_real_training_run(m):
-    """The segments the checker numbers are those simpmd's timeline makes of the training
-    program: 2(m+p-1) per device; with them, the idle share is (p-1)/(m+p-1) when every
-    segment costs the same and the communication is nearly free."""
-    viz = pytest.importorskip("simpmd.viz")
-    p = 4
-    trace = _training_trace(m, p)
-    tl = viz.model_timeline(trace, "TPU v5e", compute=1.0, idle=lambda d, k: right_idle(d, k, m))
-    for d in range(p):
-        work = [s for s in tl.of(d) if s.kind in ("compute", "idle")]
-        assert len(work) == 2 * (m + p - 1)
-        assert sum(s.kind == "idle" for s in work) == 2 * (p - 1)
-    assert tl.fraction("idle") == pytest.approx((p - 1) / (m + p - 1), rel=1e-4)
+@pytest.mark.parametrize("in_specs, out_specs, hint", [
+    (..., ..., "placeholders"),
+    (P("i"), P(), "one spec per argument"),
+    ((P(), P()), P(), "its axis 0 is split"),
+    ((P(None, "i"), P()), P(), "FIRST axis"),
+    ((P("i"), P("i")), P(), "in_axes=None gives every device the whole"),
+    ((P("i"), P()), P("i"), "out_axes=None returns ONE copy"),
+    (("i", P()), P(), "P('i')"),
+    ((P("i"), None), P(), "static argument"),
+    ((P("j"), P()), P(), "only axis is 'i'"),
+    ((P("i"), P()), P(None, "i"), "along axis 1, like out_axes=1"),
+    ((P("i"), P()), P("j"), "names no axis of this mesh"),
+    ((P("i"), P()), None, "returned once, is P()"),
+])
+def test_specs_wrong(in_specs, out_specs, hint, capsys):
+    assert not ex.check_specs(in_specs, out_specs)
+    assert hint in said(capsys)
 
 
-@pytest.mark.parametrize("fn, hint", [
+# -- exercise 2: block shapes ----------------------------------------------------------------
+
+def test_block_shapes_right(capsys):
+    assert ex.check_block_shapes((8, 6), (16, 3), [4, 24])
+    assert said(capsys).count("Correct") == 3
+
+
+def test_block_shapes_match_the_engine_and_the_spec_rules():
+    mesh = simpmd.make_mesh((2, 4), ("data", "model"))
+    answers = {"a": (8, 6), "b": (16, 3), "c": (4, 24)}
+    for label, (shape, entries) in ex.BLOCK_QUESTIONS.items():
+        spec = P(*entries)
+        assert simpmd.NamedSharding(mesh, spec).shard_shape(shape) == answers[label]
+
+
+@pytest.mark.parametrize("answers, hints", [
+    (((4, 12), (16, 3), (4, 24)), ["'data' has 2, 'model' 4", "24 / 4 = 6"]),
+    (((8, 6), (16, 6), (4, 24)), ["2 x 4 = 8 blocks"]),
+    (((8, 6), (16, 3), (8, 24)), ["'model', which has 4 devices"]),
+    (((8, 6), (2, 3), (4, 24)), ["not split by", "keeps its size 16"]),
+    (((8, 6), (16, 3), (24,)), ["pmap removes the mapped axis"]),
+    (((8, 6, 1), (16, 3), (4, 24)), ["x has 2 dimensions"]),
+    (((8, 6), "16x3", (4, 24)), ["shape tuple"]),
+    (((8, 6), (16, 3), ...), ["placeholder"]),
+])
+def test_block_shapes_wrong(answers, hints, capsys):
+    assert not ex.check_block_shapes(*answers)
+    out = said(capsys)
+    for h in hints:
+        assert h in out
+
+
+# -- exercise 3: porting a pmap program ------------------------------------------------------
+
+MESH1 = simpmd.make_mesh((8,), ("i",))
+
+
+def sm(body, out_specs=P("i"), **kw):
+    return simpmd.shard_map(body, mesh=MESH1, in_specs=P("i"), out_specs=out_specs, **kw)
+
+
+def test_centering_right(capsys):
+    assert ex.check_centering(sm(lambda r: r - lax.pmean(r, "i")))
+    assert "Correct" in said(capsys)
+
+
+@pytest.mark.parametrize("centered, hint", [
     (..., "placeholder"),
-    (lambda d, k, m: None, "returns None"),
-    (lambda d, k, m: not 0 <= k - d < m, "every backward segment is idle"),
-    (lambda d, k, m: not 0 <= (k if k < m + 3 else k - m - 3) - d < m, "forward's order"),
-    (lambda d, k, m: not 0 <= (k if k < m + 3 else 2 * (m + 3) - k) - d < m, "one step off"),
-    (lambda d, k, m: k < m + 3 and not 0 <= k - d < m, "has its bubble too"),
-    (lambda d, k, m: right_idle(d, k, m) if k >= m + 3 else not 0 <= k - d <= m,
-     "the forward segments are off"),
-    (lambda d, k, m: k % 2 == 0, "Number the segments"),
-    (lambda d, k, m: 1 / 0, "raised ZeroDivisionError"),
+    (simpmd.pmap(lambda r: r - lax.pmean(r, "i"), axis_name="i"), "is a simpmd.pmap"),
+    (sm(lambda r: r - lax.pmean(r, "i"), out_specs=P()), "simpmd refused"),
+    (sm(lambda r: r - lax.pmean(r, "i"), out_specs=P(), check_vma=False), "shape (1, 3)"),
+    (sm(lambda r: (r - lax.pmean(r, "i"))[0], out_specs=P(), check_vma=False), "shape (3,)"),
+    (sm(lambda r: r - lax.psum(r, "i")), "column SUMS"),
+    (sm(lambda r: r), "unchanged"),
+    (sm(lambda r: r - r.mean(axis=1, keepdims=True)), "each row's own mean"),
+    (sm(lambda r: r - lax.pmean(r, "i") + lax.axis_index("i") * 0.0 + (lax.axis_index("i") == 3)),
+     "rows [3] differ"),
+    (sm(lambda r: r - lax.pmean(r, "j")), "raised"),
+    (sm(lambda r: None), "returned None"),
 ])
-def test_training_idle_wrong(fn, hint, capsys):
-    assert not ex.check_training_idle(fn)
+def test_centering_wrong(centered, hint, capsys):
+    assert not ex.check_centering(centered)
     assert hint in said(capsys)
 
 
-# -- exercise 3: the send pairs ---------------------------------------------------------------
-
-def test_the_checkers_pipeline_is_the_model():
-    w, b, x = ex.pipeline_data()
-    h = x.astype(np.float64)
-    for k in range(4):
-        h = np.tanh(h @ w[k] + b[k])
-    out = np.asarray(ex._gpipe_with([(0, 1), (1, 2), (2, 3)])(w, b, x))
-    assert out.shape == (4, 4, 2, 8)
-    np.testing.assert_allclose(out[-1], h, rtol=1e-5, atol=1e-6)
+def test_centering_names_mesh_i_the_exercises_mesh(capsys):
+    assert not ex.check_centering(simpmd.pmap(lambda r: r - lax.pmean(r, "i"), axis_name="i"))
+    out = said(capsys)
+    assert "mesh=mesh_i" in out and "mesh1" not in out
 
 
-def test_send_perm_right(capsys):
-    assert ex.check_send_perm([(0, 1), (1, 2), (2, 3)])
-    assert ex.check_send_perm(((2, 3), (0, 1), (1, 2)))      # any order, tuples
-    assert said(capsys).count("Correct") == 2
+def test_centering_with_in_specs_p_explains_what_p_does(capsys):
+    # in_specs=P(): every device gets the whole (8, 3) x; the pmean of 8 equal copies is x
+    # itself, so each block is zeros, and out_specs=P('i') joins 8 blocks of (8, 3): (64, 3).
+    whole = simpmd.shard_map(lambda r: r - lax.pmean(r, "i"), mesh=MESH1, in_specs=P(),
+                             out_specs=P("i"))
+    assert np.asarray(whole(ex.centering_data())).shape == (64, 3)
+    assert not ex.check_centering(whole)
+    out = said(capsys)
+    assert "(64, 3)" in out and "P() names no mesh axis" in out and "P('i')" in out
 
 
-@pytest.mark.parametrize("perm, hint", [
-    (..., "placeholder"),
-    ("0->1", "pairs"),
-    ([(1, 0), (2, 1), (3, 2)], "backwards"),
-    ([(0, 1), (1, 2), (2, 3), (3, 0)], "closes a ring"),
-    ([(0, 1), (2, 3)], "pairs [(1, 2)] are missing"),
-    ([(0, 2), (1, 3)], "do not go from a stage to the next"),
-    ([(0, 1), (0, 2), (2, 3)], "raised"),             # two sends from one device: refused
+# -- exercise 4: bytes of a sharded array ---------------------------------------------------
+
+RIGHT = 4096 // 2 * 8192 * 2
+
+
+def test_sharded_bytes_right(capsys):
+    assert ex.check_sharded_bytes(RIGHT)
+    assert "33,554,432" in said(capsys)
+
+
+@pytest.mark.parametrize("answer, hints", [
+    (RIGHT // 4, ["do not divide by 8"]),
+    (RIGHT * 2, ["one of these", "4 is float32", "each holds half"]),
+    (RIGHT // 2, ["not 'model' (4)"]),
+    (RIGHT * 8, ["counts bits"]),
+    (RIGHT / 2**20, ["not MiB"]),
 ])
-def test_send_perm_wrong(perm, hint, capsys):
-    assert not ex.check_send_perm(perm)
-    assert hint in said(capsys)
+def test_sharded_bytes_wrong(answer, hints, capsys):
+    assert not ex.check_sharded_bytes(answer)
+    out = said(capsys)
+    for h in hints:
+        assert h in out
 
 
-# -- exercise 4: activations held --------------------------------------------------------------
+@pytest.mark.parametrize("out_specs", [P("i"), P(None, "i"), P("j"), None])
+def test_specs_each_wrong_out_spec_gets_its_own_hint(out_specs, capsys):
+    # Each wrong out_specs is told what IT does, written as the learner wrote it.
+    assert not ex.check_specs((P("i"), P()), out_specs)
+    text = said(capsys)
+    assert "P('i',)" not in text
+    if out_specs is None:
+        assert "in_specs" not in text
+    else:
+        assert f"out_specs is P({', '.join(repr(e) for e in out_specs)})" in text
 
-def test_activations_held_right(capsys):
-    assert ex.check_activations_held([32] * 8, [8, 7, 6, 5, 4, 3, 2, 1])
-    # p = 4 as in Narayanan et al. 2021, figure 4 (top): the first stage holds 4
-    assert ex.check_activations_held([8] * 4, [4, 3, 2, 1], p=4, m=8)
-    # fewer microbatches than stages: the fill stops at m
-    assert ex.check_activations_held([2] * 4, [2, 2, 2, 1], p=4, m=2)
-    assert said(capsys).count("Correct") == 6
 
-
-@pytest.mark.parametrize("gpipe, one_f_one_b, hint", [
-    (..., ..., "placeholder"),
-    ([32] * 8, [7, 6, 5, 4, 3, 2, 1, 0], "one short on every stage"),
-    ([32] * 8, [1, 2, 3, 4, 5, 6, 7, 8], "reversed"),
-    ([32] * 8, [8] * 8, "only stage 0 holds p"),
-    ([32] * 8, [32] * 8, "that is GPipe"),
-    ([8, 7, 6, 5, 4, 3, 2, 1], [8, 7, 6, 5, 4, 3, 2, 1], "that is 1F1B's profile"),
-    ([32 - s for s in range(8)], [8, 7, 6, 5, 4, 3, 2, 1], "not only the first"),
-    ([32] * 7, [8, 7, 6, 5, 4, 3, 2, 1], "give one per stage, 8"),
-    ([32] * 8, "8..1", "list of 8 numbers"),
-])
-def test_activations_held_wrong(gpipe, one_f_one_b, hint, capsys):
-    assert not ex.check_activations_held(gpipe, one_f_one_b)
-    assert hint in said(capsys)
+def test_check_cells_show_no_bare_bool():
+    # A checker's verdict is truthy/falsy for assert, but Jupyter shows nothing for it.
+    verdict = ex.check_specs(..., ...)
+    assert not verdict and verdict == False  # noqa: E712
+    assert hasattr(verdict, "_ipython_display_") and verdict._ipython_display_() is None
+    assert ex.check_specs((P("i"), P()), P()) and ex.check_block_shapes(..., ..., ...) == False  # noqa: E712

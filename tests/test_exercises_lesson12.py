@@ -1,151 +1,181 @@
 """The checks of lesson 12's exercises: right answers pass, typical wrong ones get the hint
-that names what is off. Expectations are worked out here by hand or with plain NumPy."""
+that names what is off."""
 import numpy as np
 import pytest
 
+import simpmd
+import simpmd.numpy as snp
+from simpmd import P
 from simpmd.exercises import lesson12 as ex
-from verdicts import verdict
 
 
-# -- exercise 1: merge two partial softmaxes ---------------------------------------------------
-
-def merge_right(a, b):
-    (m1, l1, o1), (m2, l2, o2) = a, b
-    m = np.maximum(m1, m2)
-    c1, c2 = np.exp(m1 - m), np.exp(m2 - m)
-    return m, c1 * l1 + c2 * l2, c1[:, None] * o1 + c2[:, None] * o2
+def said(capsys):
+    return capsys.readouterr().out
 
 
-def test_partial_softmax_is_a_softmax_in_pieces():
-    s = np.array([[0.0, np.log(3.0)]])           # softmax = (1/4, 3/4)
-    v = np.array([[4.0], [8.0]])
-    m, l, o = ex.partial_softmax(s, v)
-    assert m.tolist() == pytest.approx([np.log(3.0)])
-    assert float(o[0, 0] / l[0]) == pytest.approx(1 + 6.0)     # 4/4 + 8*3/4
+@pytest.mark.parametrize("answer", ["float32[32@model]", " float32[32 @model] ",
+                                    "f32[32@model]",            # a jaxpr's spelling (lesson 2)
+                                    "float32[32@'model']"])
+def test_result_type(capsys, answer):
+    assert ex.check_result_type(answer)
+    out = said(capsys)
+    assert out.startswith("Correct: ") and "Correct: Correct" not in out
 
 
-def test_merge_right_passes(capsys):
-    assert ex.check_merge(merge_right)
-    verdict(capsys, True, "full softmax")
-
-
-def test_merge_right_by_hand_on_one_query(capsys):
-    """Scores [0 | 1] and values [1 | 3]: softmax weights 1/(1+e), e/(1+e)."""
-    a = ex.partial_softmax(np.array([[0.0]]), np.array([[1.0]]))
-    b = ex.partial_softmax(np.array([[1.0]]), np.array([[3.0]]))
-    m, l, o = merge_right(a, b)
-    e = np.e
-    assert float(m[0]) == 1.0 and float(l[0]) == pytest.approx(1 / e + 1)
-    assert float(o[0, 0] / l[0]) == pytest.approx((1 + 3 * e) / (1 + e))
-
-
-@pytest.mark.parametrize("wrong, hint", [
-    (lambda a, b: (np.minimum(a[0], b[0]),) + merge_right(a, b)[1:], "smaller of the two maxima"),
-    (lambda a, b: (np.maximum(a[0], b[0]), a[1] + b[1], merge_right(a, b)[2]), "added as they are"),
-    (lambda a, b: (np.maximum(a[0], b[0]),
-                   a[1] * np.exp(np.maximum(a[0], b[0]) - a[0]) + b[1] * np.exp(b[0] - np.maximum(a[0], b[0])),
-                   merge_right(a, b)[2]), "wrong way round"),
-    (lambda a, b: merge_right(a, b)[:2] + (merge_right(a, b)[2] / merge_right(a, b)[1][:, None],),
-     "already divided by l"),
-    (lambda a, b: merge_right(a, b)[:2] + (a[2] + b[2],), "o is o1 + o2"),
-    (lambda a, b: merge_right(a, b)[:2] + (merge_right(a, b)[2][:, :1],), "shapes"),
-    (lambda a, b: 1 / 0, "ZeroDivisionError"),
-    (lambda a, b: None, "returned None"),
-    (None, "placeholder"),
-])
-def test_merge_wrong(wrong, hint, capsys):
-    assert not ex.check_merge(wrong)
-    verdict(capsys, False, hint)
-
-
-# -- exercises 2 and 3: bytes per device -------------------------------------------------------
-
-S, H, D, PDEV, BF16 = 32768, 32, 128, 8, 2
-BLOCK = S // PDEV * H * D * BF16             # one device's K (or V, or Q) in bytes: 32 MiB
-
-
-def test_ring_bytes(capsys):
-    assert BLOCK == 32 * 2**20
-    assert ex.check_ring_bytes(2 * 7 * BLOCK)                  # K and V, 7 shifts: 448 MiB
-    verdict(capsys, True)
+def test_result_type_accepts_what_jax_typeof_returns(capsys):
+    jax = pytest.importorskip("jax")
+    if len(jax.devices()) < 8 or not hasattr(jax, "set_mesh"):
+        pytest.skip("needs 8 JAX devices and jax.set_mesh")
+    from jax.sharding import AxisType
+    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Explicit,) * 2)
+    with jax.set_mesh(mesh):
+        x = jax.device_put(np.zeros((16, 32), np.float32), jax.P("data", "model"))
+        assert ex.check_result_type(jax.typeof(jax.jit(lambda a: a.T.sum(1))(x)))
+    assert said(capsys).startswith("Correct: ")
 
 
 @pytest.mark.parametrize("answer, hint", [
-    (7 * BLOCK, "not only K"),
-    (2 * 8 * BLOCK, "7 shifts"),
-    (2 * 7 * BLOCK * 2, "2 bytes per value"),
-    (2 * 7 * BLOCK * PDEV, "not the whole sequence"),
-    (2 * 7 * BLOCK // H, "multiply by heads"),
-    (..., "placeholder"),
+    (..., "placeholder"), ("float32[32@data]", "transpose moves"), ("float32[16@data]", "16 rows"),
+    ("f32[32@data]", "transpose moves"), ("f32[16@data]", "16 rows"),
+    ("float32[32]", "keeps its axis"), ("float64[3]", "not the type"), (3, "string")])
+def test_result_type_wrong(capsys, answer, hint):
+    assert not ex.check_result_type(answer)
+    assert hint in said(capsys)
+
+
+def test_megatron_right(capsys):
+    def layer(x, w1, w2):
+        return snp.matmul(snp.tanh(x @ w1), w2, out_sharding=P("data", None))
+    assert ex.check_megatron(layer)
+    out = said(capsys)
+    assert out.startswith("Correct: ") and "Correct: Correct" not in out
+
+
+def test_megatron_without_out_sharding(capsys):
+    assert not ex.check_megatron(lambda x, w1, w2: snp.tanh(x @ w1) @ w2)
+    assert "out_sharding=P('data', None)" in said(capsys)
+
+
+def test_megatron_without_tanh(capsys):
+    assert not ex.check_megatron(lambda x, w1, w2: snp.matmul(x @ w1, w2, out_sharding=P("data", None)))
+    assert "tanh" in said(capsys)
+
+
+def test_megatron_split_result(capsys):
+    assert not ex.check_megatron(
+        lambda x, w1, w2: snp.matmul(snp.tanh(x @ w1), w2, out_sharding=P("data", "model")))
+    assert "float32[16@data,8@model]" in said(capsys)
+
+
+def test_megatron_gathering_the_weights(capsys):
+    def layer(x, w1, w2):
+        return snp.tanh(x @ simpmd.reshard(w1, P())) @ simpmd.reshard(w2, P())
+    assert not ex.check_megatron(layer)
+    out = said(capsys)
+    assert "one all-reduce" in out and "moved an input" in out
+
+
+def test_megatron_in_jax_numpy_is_told_to_use_simpmd_numpy(capsys):
+    jnp = pytest.importorskip("jax.numpy")
+    assert not ex.check_megatron(lambda x, w1, w2: jnp.tanh(x @ w1) @ w2)
+    out = said(capsys)
+    assert "jax.numpy (jnp)" in out and "snp.matmul(h, w2, out_sharding=P('data', None))" in out
+    assert "ShardedArray" not in out                      # no array repr as the hint
+
+    def layer(x, w1, w2):                                 # the names imported one by one
+        from jax.numpy import matmul, tanh
+        return matmul(tanh(x @ w1), w2)
+    assert not ex.check_megatron(layer)
+    assert "jax.numpy (jnp)" in said(capsys)
+
+
+def test_megatron_in_plain_numpy_is_not_told_to_pass_out_sharding_to_numpy(capsys):
+    assert not ex.check_megatron(lambda x, w1, w2: np.tanh(x @ w1) @ w2)
+    out = said(capsys)
+    assert "NumPy has no out_sharding" in out and "simpmd.numpy" in out
+    assert not ex.check_megatron(lambda x, w1, w2: np.matmul(snp.tanh(x @ w1), w2))
+    assert "NumPy has no out_sharding" in said(capsys)
+
+
+def test_megatron_resharding_the_output_is_named_as_such(capsys):
+    def layer(x, w1, w2):
+        y = snp.matmul(snp.tanh(x @ w1), w2, out_sharding=P("data", "model"))
+        return simpmd.reshard(y, P("data", None))
+    assert not ex.check_megatron(layer)
+    out = said(capsys)
+    assert "reshard of the output" in out and "W1 or W2" not in out
+
+
+def test_megatron_placeholder(capsys):
+    assert not ex.check_megatron(...)
+    assert "placeholder" in said(capsys)
+
+
+@pytest.mark.parametrize("a, b, c", [
+    ("all-gather", "all-to-all", "none"),
+    ("all_gather", "all_to_all", "nothing"),              # JAX's names
+    ("allgather", "alltoall", "no communication"),
+    ("AllGather", "AllToAll", "local slice"),             # the lesson's rules table
+    ("all gather", "all to all", "dynamic-slice"),        # what XLA writes for (c)
+    ("lax.all_gather", "jax.lax.all_to_all", "slice"),
+    ("all-gather", "all-to-all", "dynamic slice"),
 ])
-def test_ring_bytes_wrong(answer, hint, capsys):
-    assert not ex.check_ring_bytes(answer)
-    verdict(capsys, False, hint)
+def test_reshard_collectives(capsys, a, b, c):
+    assert ex.check_reshard_collectives({"a": a, "b": b, "c": c})
+    out = said(capsys)
+    assert out.startswith("Correct: ") and "Correct: Correct" not in out
 
 
-def test_ulysses_bytes(capsys):
-    assert ex.check_ulysses_bytes(4 * BLOCK * 7 / 8)          # 112 MiB
-    verdict(capsys, True)
-
-
-@pytest.mark.parametrize("answer, hint", [
-    (3 * BLOCK * 7 / 8, "fourth all_to_all"),
-    (4 * BLOCK, "sends (8 - 1)/8"),
-    (4 * BLOCK * 7 / 8 * 2, "2 bytes per value"),
+@pytest.mark.parametrize("answers", [
+    {"a": "all-gather", "b": "all-to-all"},               # (c) left out
+    {"a": "all-gather", "b": "all-to-all", "c": None},
+    {"a": "all-gather", "b": "all-to-all", "c": ""},
+    {"a": "all-gather", "b": "all-to-all", "c": "  "},
 ])
-def test_ulysses_bytes_wrong(answer, hint, capsys):
-    assert not ex.check_ulysses_bytes(answer)
-    verdict(capsys, False, hint)
+def test_reshard_collectives_unanswered(capsys, answers):
+    assert not ex.check_reshard_collectives(answers)
+    out = said(capsys)
+    assert out.startswith("Not yet: ") and "(c) has no answer" in out and "'none'" in out
 
 
-# -- exercises 4 and 5: capacity and dropped tokens ------------------------------------------
-
-def test_capacity(capsys):
-    assert ex.check_capacity(80)             # 1.25 x 4096 / 64 = 80 exactly
-    verdict(capsys, True)
-    assert ex.check_capacity(3, tokens=8, experts=4, capacity_factor=1.25)    # 2.5 -> 3
-    verdict(capsys, True)
+def test_reshard_collectives_unknown_word(capsys):
+    assert not ex.check_reshard_collectives({"a": "gather", "b": "all-to-all", "c": "none"})
+    assert "'gather' is not a collective this checker knows" in said(capsys)
 
 
-@pytest.mark.parametrize("answer, kwargs, hint", [
-    (64, {}, "the capacity factor multiplies it"),
-    (5120, {}, "ivide by the number of experts"),
-    (2.5, dict(tokens=8, experts=4, capacity_factor=1.25), "ound up"),
-    (None, {}, "placeholder"),
+def test_reshard_collectives_wrong(capsys):
+    assert not ex.check_reshard_collectives({"a": "all-reduce", "b": "all-gather", "c": "none"})
+    out = said(capsys)
+    assert "(a)" in out and "(b)" in out and "(c)" not in out
+    assert not ex.check_reshard_collectives({"a": "all-gather", "b": "all-to-all", "c": "all-gather"})
+    assert "sends nothing" in said(capsys)
+    assert not ex.check_reshard_collectives(...)
+
+
+@pytest.mark.parametrize("answer, hints", [
+    (4096 * 4096 * 2 * 7 / 8 / 2**20, ["not MiB"]),          # 28: the answer in MiB
+    (4096 * 4096 * 2 * 7 / 8 / 1e6, ["not MB"]),
+    (4096 * 4096 * 2 * 7 / 8 * 8, ["counts bits"]),
+    (4096 * 4096 * 4 * 7 / 8 / 2**20, ["4 is float32", "not MiB"]),
 ])
-def test_capacity_wrong(answer, kwargs, hint, capsys):
-    assert not ex.check_capacity(answer, **kwargs)
-    verdict(capsys, False, hint)
+def test_fsdp_bytes_unit_slips(capsys, answer, hints):
+    assert not ex.check_fsdp_gather_bytes(answer)
+    out = said(capsys)
+    assert out.startswith("Not yet: ") and "9.54e-07" not in out
+    for hint in hints:
+        assert hint in out
 
 
-def keep_right(expert_of_token, num_experts, capacity):
-    onehot = np.eye(num_experts, dtype=int)[expert_of_token]
-    position = (np.cumsum(onehot, axis=0) - 1)[np.arange(len(expert_of_token)), expert_of_token]
-    return position < capacity
+def test_fsdp_bytes(capsys):
+    assert ex.check_fsdp_gather_bytes(4096 * 4096 * 2 * 7 // 8)
+    assert not ex.check_fsdp_gather_bytes(4096 * 4096 * 2)
+    assert "7/8" in said(capsys)
+    assert not ex.check_fsdp_gather_bytes(4096 * 4096 * 4 * 7 // 8)
+    assert "2 bytes" in said(capsys)
+    assert not ex.check_fsdp_gather_bytes(4096 * 4096 * 2 // 8)
+    assert "receives the 7 blocks" in said(capsys)
 
 
-def test_keep_mask_by_hand():
-    # experts 0 1 0 0 2 0 1, 2 slots each: the third and fourth token of expert 0 drop
-    assert keep_right(np.array([0, 1, 0, 0, 2, 0, 1]), 3, 2).tolist() == \
-        [True, True, True, False, True, False, True]
-
-
-def test_keep_mask_right(capsys):
-    assert ex.check_keep_mask(keep_right)
-    verdict(capsys, True)
-
-
-@pytest.mark.parametrize("wrong, hint", [
-    (lambda c, n, cap: keep_right(c, n, cap + 1), "one too many"),
-    (lambda c, n, cap: np.arange(len(c)) < cap, "counts all tokens together"),
-    (lambda c, n, cap: keep_right(c[::-1], n, cap)[::-1], "LAST tokens"),
-    (lambda c, n, cap: keep_right(c, n, cap)[:-1], "one entry per token"),
-    (lambda c, n, cap: np.ones(len(c), bool), "expected"),
-    (lambda c, n, cap: np.where(keep_right(c, n, cap), 2, 0), "True/False"),
-    (lambda c, n, cap: c[len(c)], "IndexError"),
-    (lambda c, n, cap: None, "returned None"),
-    ("keep", "placeholder"),
-])
-def test_keep_mask_wrong(wrong, hint, capsys):
-    assert not ex.check_keep_mask(wrong)
-    verdict(capsys, False, hint)
+def test_reshard_collectives_placeholders(capsys):
+    assert not ex.check_reshard_collectives({"a": ..., "b": ..., "c": ...})
+    assert "placeholders" in said(capsys)

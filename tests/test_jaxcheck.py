@@ -239,7 +239,7 @@ def test_nested_worked_example_is_six_on_both_translations():
 
 
 def test_nested_translation_notes_are_said_once_per_session():
-    """Lesson 7 cross-checks a dozen nested programs: the two notes on how a nested pmap
+    """Lesson 8 cross-checks a dozen nested programs: the two notes on how a nested pmap
     was translated for JAX come under the first report only."""
     def inner(x, p):
         return lax.psum(x * p, "model") * 2

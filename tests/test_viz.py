@@ -252,6 +252,19 @@ def test_nested_outer_programs_are_drawn_with_the_devices_they_span():
     assert "data=1 [4-7]" in texts(fig)
 
 
+def test_two_rows_draw_the_first_and_the_last_device_of_a_group():
+    """max_rows=2 (or up to 5): the first row, the note, the last row; below 2 it refuses."""
+    f = simpmd.pmap(lambda x: lax.psum(x, "i"), axis_name="i")
+    f(np.arange(8 * 4.0).reshape(8, 4))
+    for most in (2, 5):
+        fig = viz.draw_collective(f.trace, 0, max_rows=most)
+        assert gids(fig, "before") == gids(fig, "after") == ["device 0", "device 7"]
+        assert gids(fig, "elided") == ["6"]
+    assert gids(viz.draw_trace(f.trace, max_rows=2), "before") == ["device 0", "device 7"]
+    with pytest.raises(ValueError, match="at least 2 rows"):
+        viz.draw_collective(f.trace, 0, max_rows=1)
+
+
 def test_64_devices_every_view():
     simpmd.set_device_count(64)
     ring = [(i, (i + 1) % 64) for i in range(64)]

@@ -57,6 +57,12 @@ def test_draw_dispatch_cells_held_back_column_and_empty_cells():
     assert "to expert 2" in texts and "not sent" in texts
 
 
+def test_draw_dispatch_held_back_takes_labels():
+    """A dropped token can say which expert it wanted: labels are drawn as they are."""
+    fig = viz.draw_dispatch(routed_ids(), empty=-1, held_back=[[], ["5→1"], [], ["12→0", "13→0"]])
+    assert cells(fig, "held_back") == {"0": "", "1": "5→1", "2": "", "3": "12→0 13→0"}
+
+
 def test_draw_dispatch_refuses_what_is_not_an_all_to_all_and_wrong_held_back():
     f = simpmd.pmap(lambda x: lax.psum(x, "i"), axis_name="i")
     f(np.arange(4.0))

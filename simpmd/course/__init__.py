@@ -20,6 +20,8 @@ overwrites the learner's answer and never shows the answer early:
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+import itertools
 import math
 import sys
 
@@ -161,6 +163,13 @@ def say(ok: bool, message: str) -> Verdict:
     return Verdict(ok)
 
 
+def is_pmapped(answer) -> bool:
+    """Whether ``answer`` is what ``simpmd.pmap(f, ...)`` returns, asked of the public
+    function rather than of the engine's module layout."""
+    import simpmd
+    return isinstance(answer, type(simpmd.pmap(lambda x: x)))
+
+
 def is_placeholder(answer) -> bool:
     """True for the ``None`` / ``...`` an exercise cell starts with."""
     return answer is None or answer is Ellipsis
@@ -180,32 +189,39 @@ def error_summary(exc, *, first_sentence: bool = False) -> str:
 
 
 def number_or_complaint(answer, what: str, unit: str):
-    """``float(answer)``, or None after saying what is wrong with it."""
+    """``float(answer)``, or None after saying what is wrong with it (a placeholder, a
+    string, an array, anything that is not one number)."""
     if is_placeholder(answer):
         say(False, f"{what} is still a placeholder; give a number of {unit}.")
+        return None
+    if isinstance(answer, (str, bytes)) or np.ndim(answer) != 0:
+        say(False, f"{what} should be one number of {unit}, got {answer!r}.")
         return None
     try:
         return float(answer)
     except (TypeError, ValueError):
-        say(False, f"{what} should be a number of {unit}, got {answer!r}.")
+        say(False, f"{what} should be one number of {unit}, got {answer!r}.")
         return None
 
 
-def check_against_mistakes(answer, expected, mistakes, *, what: str, unit: str) -> Verdict:
+def check_against_mistakes(answer, expected, mistakes, *, what: str, unit: str,
+                           rtol: float = 1e-6) -> Verdict:
     """Check a number, first naming the known mistake(s) whose value it equals.
 
     ``mistakes`` lists ``(wrong value, hint)`` pairs, each worked out from the same
     closed form with one thing done wrong (bf16 counted as 4 bytes, one ring phase
     instead of two, ...). Otherwise :func:`check` compares, with its unit hints.
+    ``rtol`` is how close counts as equal, for the answer and for each mistake.
     """
     a = number_or_complaint(answer, what, unit)
     if a is None:
         return Verdict(False)
-    hints = [hint for wrong, hint in mistakes if np.isclose(a, wrong)]
-    if hints and not np.isclose(a, expected):
-        text = " Or ".join(h + "." for h in hints)
-        return say(False, f"{a:g} {unit} is off. {text[0].upper()}{text[1:]}")
-    return check(a, expected, what=what, unit=unit)
+    if not math.isclose(a, expected, rel_tol=rtol):
+        hints = [hint for wrong, hint in mistakes if math.isclose(a, wrong, rel_tol=rtol)]
+        if hints:
+            text = " Or ".join(h + "." for h in hints)
+            return say(False, f"{what} = {a:g} {unit} is off. {text[0].upper()}{text[1:]}")
+    return check(a, expected, what=what, unit=unit, rtol=rtol)
 
 
 def check(answer, expected, *, what: str = "your answer", unit: str | None = None,
@@ -214,9 +230,10 @@ def check(answer, expected, *, what: str = "your answer", unit: str | None = Non
 
     Returns a true :class:`Verdict` when they agree, so a reference solution can
     ``assert check(...)``.
-    ``unit`` (e.g. ``"bytes"``, ``"s"``) turns on hints for numbers off by a telling
-    factor: 2 or 4 (bytes per value), 8 (bits vs bytes), 1000 vs 1024, powers of 1000
-    (seconds vs milliseconds).
+    ``unit`` (e.g. ``"bytes"``, ``"s"``, ``"slots"``) turns on hints for numbers off by a
+    factor that fits that unit: for bytes 2 or 4 (bytes per value), 8 (bits), KiB, MiB and
+    GiB, kB, MB and GB; for seconds milliseconds, microseconds and nanoseconds; for other
+    counts none, only the factor.
     """
     if answer is None or answer is Ellipsis:
         return say(False, f"{what} is still a placeholder; replace it with your answer.")
@@ -238,17 +255,59 @@ def check(answer, expected, *, what: str = "your answer", unit: str | None = Non
     return say(ok, f"{what} matches." if ok else f"{what} is {answer!r}, expected {expected!r}.")
 
 
-_FACTORS = [
-    (2, "a factor of 2: bf16 and float16 take 2 bytes per value, float32 4, float64 8"),
-    (4, "a factor of 4: float32 takes 4 bytes per value; check the bytes per value you used"),
-    (8, "a factor of 8: 1 byte is 8 bits; check whether you counted bits or bytes"),
-    (1000, "a factor of 1000: check the unit (seconds vs milliseconds, GB vs MB)"),
-    (1e6, "a factor of a million: check the unit (seconds vs microseconds, bytes vs MB)"),
-    (1e9, "a factor of a billion: check the unit (seconds vs nanoseconds, bytes vs GB)"),
-    (1024 / 1000, "about 2.4%: 1 KiB is 1024 bytes but 1 KB is 1000; use the same prefix as the question"),
-    ((1024 / 1000) ** 2, "about 4.9%: MiB (2**20) vs MB (10**6)"),
-    ((1024 / 1000) ** 3, "about 7.4%: GiB (2**30) vs GB (10**9)"),
+def unit_kind(unit: str | None) -> str | None:
+    """'bytes' (also bytes/s), 'seconds', or None for a unit whose slips are not about scale
+    (slots, rows, values): which factor hints can explain an answer in that unit."""
+    u = (unit or "").strip().lower()
+    if u in ("b", "byte", "bytes", "b/s", "byte/s", "bytes/s"):
+        return "bytes"
+    if u in ("s", "sec", "second", "seconds"):
+        return "seconds"
+    return None
+
+
+# The prefixes an answer in bytes may be given in by mistake.
+_PREFIXES = [("KiB", 2**10, "1024"), ("MiB", 2**20, "2**20"), ("GiB", 2**30, "2**30"),
+             ("kB", 10**3, "1000"), ("MB", 10**6, "a million"), ("GB", 10**9, "a billion")]
+_NEAR_PREFIXES = [("KiB", "kB", 2**10 / 10**3), ("MiB", "MB", 2**20 / 10**6),
+                  ("GiB", "GB", 2**30 / 10**9)]          # a binary prefix read as decimal
+_BYTES_PER_VALUE = "bf16 and float16 take 2 bytes per value, float32 4, float64 8"
+
+# (answer / expected, the factor's name, the quantity it fits, what it means). A ratio
+# below 1 reads "too small": for bytes, often an answer given in a larger unit.
+_FACTOR_HINTS = [
+    (2, "2", "bytes", _BYTES_PER_VALUE),
+    (1 / 2, "2", "bytes", _BYTES_PER_VALUE),
+    (4, "4", "bytes", "float32 takes 4 bytes per value; check the bytes per value you used"),
+    (1 / 4, "4", "bytes", "float32 takes 4 bytes per value; check the bytes per value you used"),
+    (8, "8", "bytes", "that counts bits, not bytes (1 byte = 8 bits: bf16's 16 bits are 2 bytes)"),
+    (1 / 8, "8", "bytes", "1 byte is 8 bits; check whether you divided by 8 once too often"),
+    *[(1 / size, factor, "bytes", f"that is the number in {name}; give it in {{unit}} "
+       f"(1 {name} = {size:,} bytes)") for name, size, factor in _PREFIXES],
+    *[(size, factor, "bytes", f"check the unit: 1 {name} is {size:,} bytes")
+      for name, size, factor in _PREFIXES],
+    *[(r, f"about {ratio:.3f}", "bytes", f"{binary} vs {decimal}; use the question's prefix")
+      for binary, decimal, ratio in _NEAR_PREFIXES for r in (ratio, 1 / ratio)],
+    (10**3, "1000", "seconds", "that is milliseconds; the question asks for seconds"),
+    (10**6, "a million", "seconds", "that is microseconds; the question asks for seconds"),
+    (10**9, "a billion", "seconds", "that is nanoseconds; the question asks for seconds"),
+    (1 / 10**3, "1000", "seconds", "check the unit (seconds vs milliseconds)"),
+    (1 / 10**6, "a million", "seconds", "check the unit (seconds vs microseconds)"),
 ]
+
+
+def factor_hint(answer: float, expected: float, unit: str | None, rtol: float = 1e-3) -> str | None:
+    """'too small by a factor of 2**20: ...' when ``answer / expected`` is a factor that fits
+    ``unit`` (see :func:`unit_kind`), else None."""
+    kind = unit_kind(unit)
+    if kind is None or answer == 0 or expected == 0 or (answer > 0) != (expected > 0):
+        return None
+    ratio = answer / expected
+    for factor, name, fits, why in _FACTOR_HINTS:
+        if fits == kind and math.isclose(ratio, factor, rel_tol=rtol):
+            side = "too large" if ratio > 1 else "too small"
+            return f"{side} by a factor of {name}: {why.format(unit=unit)}"
+    return None
 
 
 def _check_quantity(answer, expected, what, unit, rtol, atol):
@@ -259,11 +318,73 @@ def _check_quantity(answer, expected, what, unit, rtol, atol):
     e = float(expected)
     if math.isclose(a, e, rel_tol=rtol, abs_tol=atol):
         return say(True, f"{what} = {a:g} {unit}.")
-    if a != 0 and e != 0 and (a > 0) == (e > 0):
-        ratio = a / e
-        for factor, hint in _FACTORS:
-            for r, side in ((factor, "too large"), (1 / factor, "too small")):
-                if math.isclose(ratio, r, rel_tol=max(rtol, 1e-3)):
-                    return say(False, f"{what} = {a:g} {unit} is {side} by {hint}.")
+    hint = factor_hint(a, e, unit, rtol=max(rtol, 1e-3))
+    if hint:
+        return say(False, f"{what} = {a:g} {unit} is {hint}.")
     return say(False, f"{what} = {a:g} {unit}, expected {e:g} {unit} "
                 f"(off by a factor of {a / e:.3g})." if e else f"{what} = {a:g}, expected 0.")
+
+
+# -- quantities made of factors ------------------------------------------------------------
+
+def _fmt(value: float) -> str:
+    """67,108,864 for whole numbers, 3.5e-05 otherwise."""
+    return f"{int(value):,}" if float(value).is_integer() and abs(value) < 1e18 else f"{value:g}"
+
+
+@dataclass
+class Factor:
+    """One factor of a quantity: its right value, and wrong values a learner may use,
+    each with the hint that explains it."""
+
+    name: str
+    right: float
+    wrong: dict = field(default_factory=dict)     # wrong value -> hint
+
+
+def _unit_factor(unit: str) -> Factor:
+    """The slips of scale an answer in bytes can make, as one more factor of the quantity
+    (so that a unit slip combines with another slip): a larger unit, or bits."""
+    wrong = {1 / size: f"the question asks for {unit}, not {name} ({size:,} bytes)."
+             for name, size, _ in _PREFIXES}
+    wrong[8] = ("that counts bits; the question asks for bytes (1 byte = 8 bits, so bf16's "
+                "16 bits are 2 bytes).")
+    return Factor("unit", 1, wrong)
+
+
+def check_quantity(answer, factors, *, what: str, unit: str) -> Verdict:
+    """Check a number that is a product of ``factors`` and name every factor that is off.
+
+    The expected value is the product of the right values. If ``answer`` equals the
+    product with some factors replaced by their listed wrong values, the hints of exactly
+    those factors are printed (the explanation with the fewest wrong factors; all of them
+    when several fit equally well, as bits and a device count of 8 do). A quantity in
+    bytes also gets a factor for its unit (an answer in MiB, GB, ... or in bits), unless
+    ``factors`` has one named "unit". Otherwise :func:`check` compares the numbers and
+    looks for a factor that fits the unit on its own.
+    """
+    expected = math.prod(f.right for f in factors)
+    if is_placeholder(answer):
+        return say(False, f"{what} is still a placeholder; replace it with a number of {unit}.")
+    a = number_or_complaint(answer, what, unit)
+    if a is None:
+        return Verdict(False)
+    if math.isclose(a, expected, rel_tol=1e-6):
+        return say(True, f"{what} = {_fmt(a)} {unit}.")
+    if unit_kind(unit) == "bytes" and not any(f.name == "unit" for f in factors):
+        factors = list(factors) + [_unit_factor(unit)]
+    explanations = []                      # the hints of each combination that gives `a`
+    choices = [[(f.right, None)] + list(f.wrong.items()) for f in factors]
+    for combo in itertools.product(*choices):
+        hints = [h for _, h in combo if h]
+        if hints and math.isclose(math.prod(v for v, _ in combo), a, rel_tol=1e-6):
+            explanations.append(hints)
+    if explanations:
+        fewest = min(len(h) for h in explanations)
+        simplest = list(dict.fromkeys(" Also: ".join(h) for h in explanations if len(h) == fewest))
+        head = f"{what} = {_fmt(a)} {unit}, but the answer is {_fmt(expected)} {unit}: "
+        if len(simplest) == 1:
+            return say(False, head + simplest[0])
+        return say(False, head + "one of these explains the difference: "
+                   + " ".join(f"({i}) {h}" for i, h in enumerate(simplest, 1)))
+    return check(a, expected, what=what, unit=unit)

@@ -11,8 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 import simpmd
-from simpmd.course import check, error_summary, is_placeholder as _placeholder, say as _say
-from simpmd.api.pmap import Pmapped
+from simpmd.course import check, error_summary, is_placeholder as _placeholder, is_pmapped, say as _say
 
 N_DEVICES = 8
 
@@ -159,7 +158,7 @@ def check_static(answer) -> bool:
     """Exercise 3: ``answer`` is a simpmd.pmap of halve(x, times) that runs for any int times."""
     if _placeholder(answer):
         return _say(False, "your answer is still a placeholder; write the simpmd.pmap(...) call.")
-    if not isinstance(answer, Pmapped):
+    if not is_pmapped(answer):
         if callable(answer):
             return _say(False, "your answer is a plain function; wrap it: simpmd.pmap(halve, ...). "
                         "(The check runs it on simpmd.)")

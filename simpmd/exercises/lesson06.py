@@ -1,18 +1,14 @@
 """Checks for the exercises of lesson 6 (how collectives run and what they cost).
 
 Every expected value is worked out here by hand from the alpha-beta formulas and the
-H100 preset's two constants, or for exercise 5 the TPU v5e's (never with simpmd.cost or
-the lesson's reference solution); a check names the unit or factor that is off. Every
+H100 preset's two constants (never with simpmd.cost or the lesson's reference solution); a check names the unit or factor that is off. Every
 check returns True or False, so a reference solution can ``assert`` it.
 """
 from __future__ import annotations
 
 import math
 
-import numpy as np
-
-from simpmd.course import (Verdict, check, is_placeholder as _placeholder, number_or_complaint,
-                           say as _say)
+from simpmd.course import check_against_mistakes, is_placeholder as _placeholder, say as _say
 
 # The gradient of the exercises: N parameters in bf16 (2 bytes per value), all-reduced
 # over P devices with a ring.
@@ -35,24 +31,6 @@ KIB, GIB = 2 ** 10, 2 ** 30
 
 
 
-def _number(answer, what, unit):
-    """Like simpmd.course.number_or_complaint, but a string or an array is refused too."""
-    if not _placeholder(answer) and (isinstance(answer, (str, bytes)) or np.ndim(answer) != 0):
-        _say(False, f"{what} should be one number of {unit}, got {answer!r}.")
-        return None
-    return number_or_complaint(answer, what, unit)
-
-
-def _explain(a, expected, mistakes, what, unit, rtol):
-    """The hints of every listed mistake ``a`` matches, or the generic check."""
-    if not math.isclose(a, expected, rel_tol=rtol):
-        hints = [hint for wrong, hint in mistakes if math.isclose(a, wrong, rel_tol=rtol)]
-        if hints:
-            text = " Or ".join(h + "." for h in hints)
-            return _say(False, f"{what} = {a:g} {unit} is off. {text[0].upper()}{text[1:]}")
-    return check(a, expected, what=what, unit=unit, rtol=rtol)
-
-
 # Exercise 1 -------------------------------------------------------------------------------
 
 def ring_bytes_expected() -> float:
@@ -62,9 +40,6 @@ def ring_bytes_expected() -> float:
 
 def check_ring_bytes(answer) -> bool:
     """Exercise 1: bytes ONE device sends in a ring all-reduce of the bf16 gradient."""
-    a = _number(answer, "bytes sent by one device", "bytes")
-    if a is None:
-        return Verdict(False)        # the complaint is printed already
     n, p, expected = N_PARAMS, P, ring_bytes_expected()
     mistakes = [
         (expected * 2, "you counted 4 bytes per value (float32); the gradient is bf16, "
@@ -84,7 +59,8 @@ def check_ring_bytes(answer) -> bool:
         (expected / 2 ** 20, "that is MiB (2**20 bytes); give the answer in bytes"),
         (expected / 1e6, "that is MB (10**6 bytes); give the answer in bytes"),
     ]
-    return _explain(a, expected, mistakes, "bytes sent by one device", "bytes", 1e-6)
+    return check_against_mistakes(answer, expected, mistakes, what="bytes sent by one device",
+                                  unit="bytes", rtol=1e-6)
 
 
 # Exercise 2 -------------------------------------------------------------------------------
@@ -96,9 +72,6 @@ def ring_time_expected(nbytes: float = N_PARAMS * BF16_BYTES, p: int = P) -> flo
 
 def check_ring_time(answer) -> bool:
     """Exercise 2: estimated time in SECONDS of that ring all-reduce on 8 H100s."""
-    a = _number(answer, "the estimated time", "s")
-    if a is None:
-        return Verdict(False)        # the complaint is printed already
     n, p = N_PARAMS * BF16_BYTES, P
     expected = ring_time_expected()
     latency = 2 * (p - 1) * H100_ALPHA_S
@@ -121,7 +94,8 @@ def check_ring_time(answer) -> bool:
         (latency + n / H100_BANDWIDTH, "that sends the whole buffer once; a ring sends "
                                        "2 (p-1)/p of it"),
     ]
-    return _explain(a, expected, mistakes, "the estimated time", "s", 1e-3)
+    return check_against_mistakes(answer, expected, mistakes, what="the estimated time",
+                                  unit="s", rtol=1e-3)
 
 
 # Exercise 3 -------------------------------------------------------------------------------
@@ -194,9 +168,6 @@ def crossover_expected(p: int = P) -> float:
 
 def check_crossover(answer) -> bool:
     """Exercise 4: the message size in BYTES (per device) where ring and tree tie."""
-    a = _number(answer, "the crossover size", "bytes")
-    if a is None:
-        return Verdict(False)        # the complaint is printed already
     expected = crossover_expected()
     p = P
     mistakes = [
@@ -213,90 +184,5 @@ def check_crossover(answer) -> bool:
         (expected * H100_LINK / H100_BANDWIDTH,
          "25 GB/s is ONE NVLink; an H100 sends over 18 of them at once, 450 GB/s"),
     ]
-    return _explain(a, expected, mistakes, "the crossover size", "bytes", 1e-3)
-
-
-# Exercise 5 -------------------------------------------------------------------------------
-# The Scaling Book's own terms: a TPU v5e 8x16 slice, mesh {'X': 8, 'Y': 16}, AllGather_Y
-# of bf16[E_Y, F] with E = 2048, F = 8192. The numbers, written out here (simpmd.cost's
-# TPU v5e preset holds the same, with its source): ICI 4.5e10 bytes/s one way per link
-# ("How to Scale Your Model", Part 2, table of ICI bandwidths), 1 us per hop (Part 3, "A
-# note on ICI latency"); the 16-long axis of a v5e has its wraparound link (Part 2).
-E, F = 2048, 8192
-V5E_LINK = 4.5e10               # bytes/s, one ICI link, one direction
-V5E_ALPHA_S = 1e-6
-Y_SIZE = 16
-
-
-def book_gather_expected() -> float:
-    """Both ways round: 16/2 = 8 hops, each carrying one shard (V/16) per link direction,
-    each far above 1 us, so T = 8 x V/16 / 4.5e10 = V / 9e10 = 372.8 us."""
-    v = E * F * BF16_BYTES
-    hops = Y_SIZE // 2
-    return hops * max(V5E_ALPHA_S, v / Y_SIZE / V5E_LINK)
-
-
-def check_book_gather(answer) -> bool:
-    """Exercise 5: seconds for AllGather_Y([E_Y, F]) -> [E, F] on a v5e 8x16."""
-    a = _number(answer, "the time of the gather", "s")
-    if a is None:
-        return Verdict(False)        # the complaint is printed already
-    v = E * F * BF16_BYTES
-    expected = book_gather_expected()
-    mistakes = [
-        (expected * 1e3, "that is milliseconds: the question asks for seconds"),
-        (expected * 1e6, "that is microseconds: the question asks for seconds"),
-        ((Y_SIZE - 1) * v / Y_SIZE / V5E_LINK,
-         "that sends one way round only (15 hops); the 16-long axis of a v5e wraps, so each "
-         "shard goes both ways at once and arrives in 8 hops"),
-        (v / V5E_LINK, "that puts the whole array through one link direction; both ways "
-                       "round, each direction carries half of it"),
-        (v / (2 * 2 * V5E_LINK), "9e10 bytes/s is already both directions of a link "
-                                 "together; do not double it again"),
-        (2 * expected, "that counts 4 bytes per value (float32); the array is bf16, 2 bytes"),
-        (expected * 8, "that is bits: 1 byte is 8 bits"),
-        (v / Y_SIZE / V5E_LINK, "that is one hop; the shards need 8 hops to reach everyone"),
-    ]
-    # 7%: the book's V / W_bidi, or the same with 8 us of latency added, or with the
-    # (N-1)/N = 15/16 factor that a balanced ring saves, all pass.
-    return _explain(a, expected, mistakes, "the time of the gather", "s", 0.07)
-
-
-# Exercise 6 -------------------------------------------------------------------------------
-# The roofline of one bf16 matmul [B, D] x [D, F] on an H100 (the preset's numbers, cited
-# in simpmd.cost.HARDWARE["H100"]; tests keep them equal to the preset).
-
-H100_PEAK_BF16 = 9.9e14         # FLOP/s, dense
-H100_HBM = 3.35e12              # bytes/s
-MM_D = MM_F = 4096
-V5E_CRITICAL = 1.97e14 / 8.1e11
-
-
-def compute_bound_batch_expected(d: int = MM_D, f: int = MM_F) -> float:
-    """The B where 2BDF / peak = 2(BD + DF + BF) / HBM bandwidth, solved by hand:
-    B = I D F / (D F - I (D + F)) with I = peak / bandwidth (about 345.4 here)."""
-    i = H100_PEAK_BF16 / H100_HBM
-    return i * d * f / (d * f - i * (d + f))
-
-
-def check_compute_bound_batch(answer) -> bool:
-    """Exercise 6: the smallest batch B at which the bf16 matmul is compute-bound on an H100."""
-    a = _number(answer, "the batch size", "rows")
-    if a is None:
-        return Verdict(False)        # the complaint is printed already
-    expected = compute_bound_batch_expected()
-    i = H100_PEAK_BF16 / H100_HBM
-    d, f = MM_D, MM_F
-    mistakes = [
-        (i, "that is the critical intensity itself, the rule of thumb for B much smaller than "
-            "D and F; here D = F = 4096 is only 14 times larger, so the bytes of X[B, D] and "
-            "Z[B, F] count too: solve 2BDF / peak = 2(BD + DF + BF) / bandwidth for B"),
-        (V5E_CRITICAL, "that is the TPU v5e's critical intensity; this exercise is on the H100"),
-        (2 * i * d * f / (d * f - 2 * i * (d + f)),
-         "that counts BDF FLOPs or 4 bytes per value: a multiply-add is 2 FLOPs, and bf16 "
-         "has 2 bytes per value"),
-        (i * d * f / (d * f - i * d), "that leaves out the bytes of one operand; a matmul reads "
-                                      "X and W and writes Z"),
-    ]
-    # within one row of the exact solution: 345 and 346 both pass
-    return _explain(a, expected, mistakes, "the batch size", "rows", 1.0 / expected)
+    return check_against_mistakes(answer, expected, mistakes, what="the crossover size",
+                                  unit="bytes", rtol=1e-3)

@@ -1,347 +1,210 @@
-"""Checks for lesson 8, model parallelism on the mesh.
+"""Answer checks for lesson 8: nested pmap and 2-D meshes.
 
-Each check prints what is right or what is off (a block of columns, a device whose value
-is wrong, a factor such as bf16's 2 bytes per value) and returns a Verdict (true or false), so
-that a reference solution can ``assert`` it. Expected values come from NumPy closed forms and
-the mesh's row-major layout, never from the lesson's reference solutions.
+Each checker prints what is right or what is off (which group, which device, which
+factor) and returns True or False, so a reference solution can ``assert`` it. Expected
+values are worked out here from the mesh layout and NumPy closed forms, never by running
+a solution.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-import itertools
-import math
-
 import numpy as np
-
-from simpmd.course import Verdict, check, error_summary, is_placeholder as _placeholder, say as _say
-
-__all__ = ["Factor", "check_quantity", "check_columns", "row_parallel_data",
-           "check_row_parallel", "check_weight_bytes", "check_psum_bytes",
-           "fsdp_gradients", "check_fsdp_backward"]
+from simpmd.course import is_placeholder as _placeholder, say as _say
 
 
+# -- exercise 1: the groups of a collective over 'data' on a 4x2 mesh ----------------------
+
+MESH_4x2 = np.arange(8).reshape(4, 2)          # device id = 2 * data + model (row-major)
 
 
-def _fmt(value: float) -> str:
-    """67,108,864 for whole numbers, 3.5e-05 otherwise."""
-    return f"{int(value):,}" if float(value).is_integer() and abs(value) < 1e18 else f"{value:g}"
+def groups_along(ids: np.ndarray, axis: int) -> set:
+    """The groups (frozensets of device ids) of a collective over mesh axis ``axis``:
+    the devices that agree on every other coordinate."""
+    moved = np.moveaxis(ids, axis, -1).reshape(-1, ids.shape[axis])
+    return {frozenset(int(i) for i in row) for row in moved}
 
 
-# -- quantities made of factors ------------------------------------------------------------
+def _as_groups(answer):
+    """``answer`` as a list of frozensets of ints, or a message saying why it is not one."""
+    try:
+        groups = [list(g) for g in answer]
+    except TypeError:
+        return None, ("give a list of groups, each a tuple of device ids, e.g. "
+                      "[(0, 1), (2, 3)].")
+    flat = []
+    for g in groups:
+        for i in g:
+            if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
+                return None, f"the groups should hold device ids (ints), found {i!r}."
+            flat.append(int(i))
+    missing = sorted(set(range(8)) - set(flat))
+    repeated = sorted({i for i in flat if flat.count(i) > 1})
+    outside = sorted(i for i in set(flat) if not 0 <= i < 8)
+    if outside:
+        return None, f"the mesh has devices 0-7; {outside} is not one of them."
+    if repeated:
+        return None, (f"device(s) {repeated} appear in more than one group; a collective puts "
+                      f"every device in exactly one group.")
+    if missing:
+        return None, (f"device(s) {missing} are in no group; every device of the mesh takes "
+                      f"part, each in exactly one group.")
+    return [frozenset(int(i) for i in g) for g in groups], None
 
-@dataclass
-class Factor:
-    """One factor of a quantity: its right value, and wrong values a learner may use,
-    each with the hint that explains it."""
 
-    name: str
-    right: float
-    wrong: dict = field(default_factory=dict)     # wrong value -> hint
+def check_data_groups(answer) -> bool:
+    """Exercise 1: the device groups of ``psum(..., 'data')`` on the 4x2 mesh
+    (``data`` = 4 rows, ``model`` = 2 columns, devices numbered row-major)."""
+    if _placeholder(answer):
+        return _say(False, "your answer is still a placeholder; replace it with a list of groups.")
+    groups, problem = _as_groups(answer)
+    if problem:
+        return _say(False, problem)
+    got = set(groups)
+    expected = groups_along(MESH_4x2, 0)
+    if got == expected:
+        return _say(True, "a collective over 'data' runs in 2 groups of 4: "
+                    + ", ".join(str(tuple(sorted(g))) for g in sorted(expected, key=min))
+                    + " (each group shares one 'model' index).")
+    if got == groups_along(MESH_4x2, 1):
+        return _say(False, "those are the groups of a collective over 'model' (the rows: devices "
+                    "that share a 'data' index). A collective over 'data' groups the devices "
+                    "that share a 'model' index: one group per column.")
+    if got == {frozenset(range(8))}:
+        return _say(False, "one group of all 8 devices is what a collective over ('data', "
+                    "'model') together forms. Over 'data' alone, only devices with the same "
+                    "'model' index meet.")
+    if got == groups_along(np.arange(8).reshape(2, 4), 0):
+        return _say(False, "those are the 'data' groups of a 2x4 mesh. This mesh is 4x2: 4 rows "
+                    "('data') of 2 devices ('model'), device id = 2 * data + model.")
+    for k in range(8):
+        mine = next(h for h in got if k in h)
+        right = next(g for g in expected if k in g)
+        stranger = sorted(mine - right)
+        if stranger:
+            j = stranger[0]
+            return _say(False, f"device {j} (data={j // 2}, model={j % 2}) is in the group of "
+                        f"device {k} (data={k // 2}, model={k % 2}), but a collective over "
+                        f"'data' only joins devices with the same 'model' index: device {k}'s "
+                        f"group is {tuple(sorted(right))}.")
+    return _say(False, "these are not the 'data' groups.")       # unreachable in practice
 
 
-def check_quantity(answer, factors, *, what: str, unit: str) -> Verdict:
-    """Check a number that is a product of ``factors`` and name every factor that is off.
+# -- exercise 2: the worked example's program on a 2x4 mesh --------------------------------
 
-    The expected value is the product of the right values. If ``answer`` equals the
-    product with some factors replaced by their listed wrong values, the hints of exactly
-    those factors are printed (the explanation with the fewest wrong factors; all of them
-    when several fit equally well); otherwise :func:`simpmd.course.check` compares the numbers and looks for a factor of
-    2, 4, 8, 1000 ... on its own.
+X_2x4 = np.arange(8, dtype=np.float32).reshape(2, 4)
+P_2x4 = np.full((2, 4), 0.25, dtype=np.float32)
+
+
+def expected_2x4() -> np.ndarray:
+    """psum(x * p, 'model') * 2, then psum over 'data', per device, by NumPy closed form."""
+    after_model = 2 * np.repeat((X_2x4 * P_2x4).sum(axis=1, keepdims=True), 4, axis=1)
+    return np.repeat(after_model.sum(axis=0, keepdims=True), 2, axis=0)
+
+
+def _explain_2x4(a: np.ndarray, what: str, quiet: bool = False) -> bool:
+    """Compare a (2, 4) array of per-device values with the expected one, with hints
+    (``quiet``: only say whether it matches)."""
+    e = expected_2x4()
+    if quiet:
+        return a.shape == e.shape and bool(np.allclose(a, e))
+    after_model = 2 * np.repeat((X_2x4 * P_2x4).sum(axis=1, keepdims=True), 4, axis=1)
+    if a.shape == () and np.isclose(a, e[0, 0]):
+        return _say(False, f"{float(a):g} is the right value, but give it per device: an array "
+                    f"of shape (2, 4), rows 'data', columns 'model' (e.g. np.full((2, 4), ...)).")
+    if a.shape != e.shape:
+        return _say(False, f"{what} has shape {a.shape}; give one value per device: shape (2, 4) "
+                    f"(rows: 'data' index, columns: 'model' index).")
+    if np.allclose(a, e):
+        return _say(True, f"{what} matches: {e[0, 0]:g} on every device.")
+    if np.allclose(a, e * 4):
+        return _say(False, f"{what} is 4 times too large: you added the values of all 8 devices "
+                    f"(the 12.0 mistake of section 3). The psum over 'data' adds only the 2 devices "
+                    f"that share a 'model' index; after the psum over 'model' the 4 devices of a "
+                    f"row hold the same number, so adding all 8 counts each row 4 times.")
+    if np.allclose(a, e / 2):
+        return _say(False, f"{what} is half the expected value: the inner body multiplies by 2 "
+                    f"after its psum over 'model'.")
+    if np.allclose(a, after_model):
+        return _say(False, f"{what} is the value after the psum over 'model' and the * 2 "
+                    f"({after_model[0, 0]:g} on row 0, {after_model[1, 0]:g} on row 1); the outer "
+                    f"psum over 'data' still adds the two rows, column by column.")
+    bad = np.argwhere(~np.isclose(a, e))
+    d, m = (int(i) for i in bad[0])
+    return _say(False, f"{what} on device {4 * d + m} (data={d}, model={m}) is {a[d, m]:g}, "
+                f"expected {e[d, m]:g} ({len(bad)} of 8 devices differ).")
+
+
+def check_worked_example_2x4(answer) -> bool:
+    """Exercise 2: the value every device returns, as a (2, 4) array."""
+    if _placeholder(answer):
+        return _say(False, "your answer is still a placeholder; replace it with a (2, 4) array.")
+    try:
+        a = np.asarray(answer, dtype=np.float64)
+    except (TypeError, ValueError):
+        return _say(False, f"your answer should be an array of numbers, got {answer!r}.")
+    return _explain_2x4(a, "the value on each device")
+
+
+# -- exercise 3: the same program in today's JAX, with 'model' on the devices ----------------
+
+def _mapped_names(fn) -> set | None:
+    """The axis names of the 2x4 program that reach JAX's traced program (a jaxpr).
+
+    A jax.vmap axis is batched away while tracing (its psum becomes a sum over an array
+    axis), so only axes mapped over devices (jax.pmap, jax.shard_map) keep their names.
+    None if the program cannot be traced (the value check has already run it).
     """
-    expected = math.prod(f.right for f in factors)
-    if _placeholder(answer):
-        return _say(False, f"{what} is still a placeholder; replace it with a number of {unit}.")
+    import jax
     try:
-        a = float(answer)
-    except (TypeError, ValueError):
-        return _say(False, f"{what} should be a number of {unit}, got {answer!r}.")
-    if math.isclose(a, expected, rel_tol=1e-6):
-        return _say(True, f"{what} = {_fmt(a)} {unit}.")
-    explanations = []                      # the hints of each combination that gives `a`
-    choices = [[(f.right, None)] + list(f.wrong.items()) for f in factors]
-    for combo in itertools.product(*choices):
-        hints = [h for _, h in combo if h]
-        if hints and math.isclose(math.prod(v for v, _ in combo), a, rel_tol=1e-6):
-            explanations.append(hints)
-    if explanations:
-        fewest = min(len(h) for h in explanations)
-        simplest = [" Also: ".join(h) for h in explanations if len(h) == fewest]
-        head = f"{what} = {_fmt(a)} {unit}, but the answer is {_fmt(expected)} {unit}: "
-        if len(simplest) == 1:
-            return _say(False, head + simplest[0])
-        return _say(False, head + "one of these explains the difference: "
-                    + " ".join(f"({i}) {h}" for i, h in enumerate(simplest, 1)))
-    return check(a, expected, what=what, unit=unit)
+        text = str(jax.make_jaxpr(fn)(X_2x4, P_2x4))
+    except Exception:                              # noqa: BLE001 - only a finer hint is lost
+        return None
+    return {name for name in ("data", "model") if name in text}
 
 
-# -- exercise 1: which block of W1 a device holds ------------------------------------------
-
-def check_columns(answer, *, device: int = 6, mesh_shape=(4, 2), hidden: int = 32) -> Verdict:
-    """``answer`` = (start, stop) of the columns of W1 (shape (D, hidden), spec
-    P(None, 'model')) that ``device`` holds on a row-major ('data', 'model') mesh (the
-    exercise's 4x2 mesh by default: the lesson draws the 2x4 one)."""
-    what = f"the columns of W1 on device {device}"
-    if _placeholder(answer):
-        return _say(False, f"{what} are still a placeholder; give (start, stop).")
-    if isinstance(answer, slice):
-        answer = (answer.start, answer.stop)
+def check_modern(fn) -> bool:
+    """Exercise 3: ``fn(x, p)`` runs the 2x4 program with today's JAX: ``jax.pmap`` over
+    'model' (axis 1 of x, 4 devices) and ``jax.vmap`` over 'data' inside it."""
+    if _placeholder(fn):
+        return _say(False, "modern is still a placeholder; define it as a function of (x, p).")
+    if not callable(fn):
+        return _say(False, f"modern should be a function of (x, p), got {type(fn).__name__}.")
     try:
-        start, stop = (int(v) for v in answer)
-    except (TypeError, ValueError):
-        return _say(False, f"give {what} as two integers (start, stop), e.g. (0, 8); got "
-                    f"{answer!r}.")
-    n_data, n_model = mesh_shape
-    data, model = divmod(device, n_model)              # row-major: device = data * n_model + model
-    width = hidden // n_model
-    expected = (model * width, (model + 1) * width)
-    if (start, stop) == expected:
-        return _say(True, f"device {device} sits at data={data}, model={model}, so it holds "
-                    f"columns {expected[0]}:{expected[1]} of W1 (as do all devices with "
-                    f"model={model}).")
-    if stop - start == width - 1 and start == expected[0]:
-        return _say(False, f"({start}, {stop}) stops one column early: a Python slice "
-                    f"start:stop excludes stop, so a block of {width} columns is "
-                    f"{start}:{start + width}.")
-    per_device = hidden // (n_data * n_model)
-    if (start, stop) == (device * per_device, (device + 1) * per_device):
-        return _say(False, f"you split W1 over all {n_data * n_model} devices. P(None, "
-                    f"'model') splits the columns over the 'model' axis only ({n_model} blocks "
-                    f"of {width}); devices that differ only in 'data' hold the same block.")
-    t_data, t_model = divmod(device, n_data)          # the same device on the mesh turned round
-    t_width = hidden // n_data
-    if n_data != n_model and (start, stop) == (t_model * t_width, (t_model + 1) * t_width):
-        return _say(False, f"({start}, {stop}) is device {device}'s block on a {n_model}x{n_data} "
-                    f"mesh. This mesh is {n_data}x{n_model}: {n_data} devices along 'data' and "
-                    f"{n_model} along 'model', so device {device} sits at data={data}, "
-                    f"model={model}, and 'model' cuts the {hidden} columns into {n_model} "
-                    f"blocks of {width}.")
-    if (start, stop) == (data * width, (data + 1) * width):
-        return _say(False, f"you used the device's 'data' coordinate ({data}); the columns "
-                    f"are split over 'model', and device {device} has model={model}.")
-    if stop - start != width:
-        return _say(False, f"a block of W1 is {width} columns wide ({hidden} columns over "
-                    f"{n_model} devices along 'model'), not {stop - start}.")
-    return _say(False, f"({start}, {stop}) is another device's block. Device {device} sits at "
-                f"data={data}, model={model} (device ids run row-major over the mesh).")
-
-
-# -- exercise 2: the row-parallel half of the layer -----------------------------------------
-
-def row_parallel_data():
-    """The checker's test data: h (8, 16), W2 (16, 4), and their blocks for 4 devices."""
-    rng = np.random.default_rng(8)
-    tokens, hidden, d_model, m = 8, 16, 4, 4
-    h = rng.standard_normal((tokens, hidden)).astype(np.float32)
-    w2 = rng.standard_normal((hidden, d_model)).astype(np.float32)
-    h_blocks = np.stack(np.split(h, m, axis=1))          # device k: columns of h
-    w2_blocks = np.stack(np.split(w2, m, axis=0))        # device k: the matching rows of W2
-    return h, w2, h_blocks, w2_blocks
-
-
-def check_row_parallel(fn) -> Verdict:
-    """Run ``fn(h_block, w2_block)`` on 4 simulated devices along 'model' and compare
-    with the full product h @ W2 on every device."""
-    import simpmd
-    if fn is None or fn is Ellipsis:
-        return _say(False, "row_parallel is still a placeholder; define the function.")
-    h, w2, h_blocks, w2_blocks = row_parallel_data()
-    m = len(h_blocks)
-    want = h @ w2
-    try:
-        out = simpmd.pmap(fn, axis_name="model")(h_blocks, w2_blocks)
-    except Exception as exc:                  # the learner's error is the message
-        if "all_gather" in _collectives_of(getattr(exc, "trace", None)):
-            return _say(False, f"the body gathered h with all_gather, and the product that "
-                        f"followed failed: the gathered h has all {w2.shape[0]} hidden "
-                        f"columns, but a device holds only the {w2_blocks.shape[1]} rows of W2 "
-                        f"that match its own columns of h. Multiply the blocks "
-                        f"the device has (h_k @ W2_k), then add the {m} partial products "
-                        f"with one collective.")
-        return _say(False, f"running it on {m} simulated devices raised {error_summary(exc)}")
+        out = fn(X_2x4, P_2x4)
+    except Exception as exc:                       # the learner's program: say what it said
+        first = (str(exc).strip().splitlines() or [""])[0]
+        # jax >= 0.8 names the context mesh; jax 0.7 refuses a nested pmap given devices=.
+        if "context mesh" in first or "Nested pmap" in first:
+            return _say(False, "that is still a jax.pmap inside a jax.pmap, which today's JAX "
+                        "refuses. Map the inner 'data' axis with jax.vmap(..., "
+                        "axis_name='data') inside the jax.pmap over 'model'.")
+        if "unbound axis" in first.lower():
+            return _say(False, f"an axis name is not bound where a collective uses it ({first}). "
+                        f"Name the jax.pmap's axis 'model' and the jax.vmap's 'data'.")
+        return _say(False, f"modern(x, p) raised {type(exc).__name__}: {first}")
     if out is None:
-        return _say(False, "row_parallel returned None; return the layer output.")
-    got = np.asarray(out)
-    partial = np.einsum("kth,khd->ktd", h_blocks, w2_blocks)
-    if got.shape == (m, *want.shape):
-        if np.allclose(got, want, rtol=1e-5, atol=1e-5):
-            return _say(True, f"every device along 'model' holds the full output h @ W2 "
-                        f"(shape {want.shape}).")
-        if np.allclose(got, partial, rtol=1e-5, atol=1e-5):
-            return _say(False, "each device returned only its partial product h_k @ W2_k. "
-                        "The output is the SUM of the partial products over 'model': combine "
-                        "them with a collective.")
-        if np.allclose(got * m, want, rtol=1e-5, atol=1e-5):
-            return _say(False, f"the output is {m} times too small: pmean divides the sum by "
-                        f"the {m} devices. The partial products add up to the output: psum.")
-        bad = [k for k in range(m) if not np.allclose(got[k], want, rtol=1e-5, atol=1e-5)]
-        return _say(False, f"the output differs from h @ W2 on device(s) {bad}; e.g. device "
-                    f"{bad[0]} holds {np.round(got[bad[0]].ravel()[:3], 4)} ... where "
-                    f"{np.round(want.ravel()[:3], 4)} ... is expected.")
-    if got.shape == (m, m, *want.shape) and not np.allclose(got, partial[None], rtol=1e-5,
-                                                            atol=1e-5):
-        return _say(False, f"each device gathered the {m} blocks of h with all_gather (shape "
-                    f"{got.shape[1:]}) and multiplied each by its own block of W2: those are not "
-                    f"the partial products. Multiply the blocks the device has (h_k @ W2_k) "
-                    f"first, then add the partial products over 'model' with one collective.")
-    if got.shape == (m, m, *want.shape):
-        return _say(False, f"each device holds all {m} partial products stacked (shape "
-                    f"{got.shape[1:]}): all_gather collects them but does not add them. "
-                    f"Use psum, which adds them in one collective.")
-    if got.shape == (m, want.shape[0] // m, want.shape[1]):
-        return _say(False, f"each device holds {want.shape[0] // m} of the {want.shape[0]} "
-                    f"tokens: that is psum_scatter, the sequence-sharded variant. Here the "
-                    f"layer's output must be whole on every device: psum.")
-    return _say(False, f"the result has shape {got.shape[1:]} on each device; expected "
-                f"{want.shape} (tokens x d_model).")
-
-
-def _collectives_of(trace) -> set:
-    """The names of the collectives a simpmd trace (or None) records."""
-    if trace is None:
-        return set()
-    return {e.op for e in trace.events if e.kind == "collective"}
-
-
-# -- exercise 3: weight bytes per device ----------------------------------------------------
-
-def check_weight_bytes(answer, *, d_model: int = 4096, hidden: int = 16384,
-                       mesh_shape=(2, 4)) -> Verdict:
-    """Bytes of W1 (d_model x hidden) and W2 (hidden x d_model), bf16, that ONE device
-    holds when both are split over 'model' and replicated over 'data'."""
-    n_data, n_model = mesh_shape
-    factors = [
-        Factor("values", 2 * d_model * hidden, {
-            d_model * hidden: "there are two weight matrices, W1 and W2, of d_model x hidden "
-                              "values each."}),
-        Factor("bytes per value", 2, {
-            4: "bf16 takes 2 bytes per value (4 is float32).",
-            1: "bf16 takes 2 bytes per value (16 bits).",
-            16: "bf16 is 16 bits, which is 2 bytes: count bytes, not bits."}),
-        Factor("share", 1 / n_model, {
-            1: f"each device holds only its block: the weights are split {n_model} ways "
-               f"along 'model'.",
-            1 / (n_data * n_model): f"the weights are split over 'model' only ({n_model} "
-               f"blocks); along 'data' they are replicated, so do not divide by "
-               f"{n_data * n_model}.",
-            1 / n_data: f"the weights are split over 'model' ({n_model} devices), not over "
-               f"'data' ({n_data})."}),
-        Factor("unit", 1, {
-            1 / 2**20: "the question asks for bytes, not MiB (2**20 bytes).",
-            1 / 10**6: "the question asks for bytes, not MB (10**6 bytes).",
-            1 / 2**30: "the question asks for bytes, not GiB (2**30 bytes).",
-            1 / 10**9: "the question asks for bytes, not GB (10**9 bytes)."}),
-    ]
-    return check_quantity(answer, factors, what="weight bytes per device", unit="bytes")
-
-
-# -- exercise 4: bytes one device sends in the forward psum ---------------------------------
-
-def check_psum_bytes(answer, *, tokens: int = 8192, d_model: int = 4096,
-                     mesh_shape=(2, 4)) -> Verdict:
-    """Bytes ONE device sends in the forward psum over 'model' of the 2-D layer (bf16
-    activations of shape (tokens / n_data, d_model)), with a ring all-reduce."""
-    n_data, n_model = mesh_shape
-    p = n_model
-    factors = [
-        Factor("tokens", tokens / n_data, {
-            tokens: f"the 'model' group of a device works on its 'data' block only: "
-                    f"{tokens} / {n_data} = {tokens // n_data} tokens.",
-            tokens / (n_data * n_model): "the activations being summed are whole along "
-                    "tokens on every device of the 'model' group: do not split them over "
-                    "'model' as well."}),
-        Factor("d_model", d_model),
-        Factor("bytes per value", 2, {
-            4: "bf16 takes 2 bytes per value (4 is float32).",
-            16: "bf16 is 16 bits, which is 2 bytes: count bytes, not bits."}),
-        Factor("ring factor", 2 * (p - 1) / p, {
-            (p - 1) / p: "a ring all-reduce is a reduce-scatter AND an all-gather: each "
-                         f"phase sends (p-1)/p of the buffer, 2(p-1)/p = {2 * (p - 1) / p:g} "
-                         "in all.",
-            1: f"a ring all-reduce sends 2(p-1)/p = {2 * (p - 1) / p:g} times the buffer, "
-               "not the buffer once.",
-            2: f"the ring factor is 2(p-1)/p = {2 * (p - 1) / p:g} for p = {p}, slightly "
-               "less than 2.",
-            2 * (n_data * n_model - 1) / (n_data * n_model):
-               f"the psum runs over 'model' only: p = {p}, not {n_data * n_model}.",
-            p - 1: f"in a ring each device sends 2(p-1) chunks of 1/p of the buffer, "
-                   f"2(p-1)/p = {2 * (p - 1) / p:g} buffers, not p-1 whole buffers."}),
-        Factor("unit", 1, {
-            1 / 2**20: "the question asks for bytes, not MiB (2**20 bytes).",
-            1 / 10**6: "the question asks for bytes, not MB (10**6 bytes)."}),
-    ]
-    return check_quantity(answer, factors, what="bytes sent per device", unit="bytes")
-
-
-# -- exercise 5: FSDP's backward collective, by hand ------------------------------------------
-
-def fsdp_gradients(devices: int = 4, rows: int = 8, cols: int = 3):
-    """The checker's data: each device's gradient of the WHOLE weight matrix, stacked
-    (devices, rows, cols), with small integers so that sums can be read by eye."""
-    rng = np.random.default_rng(11)
-    return rng.integers(-4, 5, size=(devices, rows, cols)).astype(np.float32)
-
-
-def check_fsdp_backward(fn) -> Verdict:
-    """Run ``fn(g_full)`` on 4 simulated devices along 'data': every device passes its
-    gradient of the whole weight matrix and must keep the sum over the devices of its own
-    rows (device d: rows 2d, 2d+1 of 8), as the reduce-scatter of FSDP's backward pass."""
-    import simpmd
-    if fn is None or fn is Ellipsis:
-        return _say(False, "fsdp_backward is still a placeholder; define the function.")
-    g = fsdp_gradients()
-    n, rows, cols = g.shape
-    k = rows // n
-    total = g.sum(axis=0)                                          # the summed gradient
-    want = total.reshape(n, k, cols)                               # device d keeps block d
-    run = simpmd.pmap(fn, axis_name="data")
-    try:
-        out = run(g)
-    except Exception as exc:                  # the learner's error is the message
-        return _say(False, f"running it on {n} simulated devices raised {error_summary(exc)}")
-    if out is None:
-        return _say(False, "fsdp_backward returned None; return this device's gradient shard.")
-    got = np.asarray(out)
-    if got.shape == (n, rows, cols):
-        if all(np.allclose(got[d], total) for d in range(n)):
-            return _say(False, f"every device holds the whole summed gradient ({rows} rows): "
-                        f"that is psum, an all-reduce. In FSDP each device keeps only the "
-                        f"gradient of its own shard, {k} rows: psum_scatter(..., tiled=True) "
-                        f"sums and splits in one collective, and sends half the bytes.")
-        return _say(False, f"each device returned {rows} rows; it should keep only its own "
-                    f"{k} rows of the summed gradient (shape ({k}, {cols})).")
-    if got.shape != (n, k, cols):
-        hint = ""
-        if got.shape == (n, cols) or got.shape == (n, 1, cols):
-            hint = (" A psum_scatter without tiled=True wants the scattered axis to have "
-                    f"exactly {n} entries and drops it; use tiled=True to keep blocks of rows.")
-        return _say(False, f"the result has shape {got.shape[1:]} on each device; expected "
-                    f"({k}, {cols}): device d's {k} rows of the summed gradient.{hint}")
-    ops = _collectives_of(run.trace)
-    if np.allclose(got, want) and "psum_scatter" not in ops:
-        used = ", ".join(sorted(ops)) or "no collective"
-        return _say(False, f"the shards are right, but the trace shows {used}, not a "
-                    f"reduce-scatter: every device received the whole summed gradient "
-                    f"({rows} rows) and then kept {k}. That is the all-reduce the lesson warns "
-                    f"against, twice the bytes on the wire; psum_scatter(..., tiled=True) sums "
-                    f"and splits in one collective.")
-    if np.allclose(got, want):
-        return _say(True, f"each of the {n} devices keeps rows of the gradient summed over "
-                    f"all devices, {k} of {rows}: the reduce-scatter that grad makes of "
-                    f"FSDP's forward all_gather.")
-    own = g.reshape(n, n, k, cols)[np.arange(n), np.arange(n)]     # device d's own block d
-    if np.allclose(got, own):
-        return _say(False, "each device kept the right rows of its OWN gradient, without "
-                    "the other devices' contributions. The weights were shared by every "
-                    "device's batch, so their gradient is the sum over the devices.")
-    if np.allclose(got * n, want):
-        return _say(False, f"the shards are {n} times too small: that is a mean. The loss "
-                    f"of the whole batch is the sum of the devices' losses, so its gradient "
-                    f"is the sum (psum_scatter, not a division by {n}).")
-    for d in range(n):
-        if not np.allclose(got[d], want[d]):
-            match = [b for b in range(n) if np.allclose(got[d], want[b])]
-            where = f" (rows of device {match[0]}'s block)" if match else ""
-            return _say(False, f"device {d} holds {got[d].ravel()[:3]} ...{where}; expected "
-                        f"rows {d * k}-{d * k + k - 1} of the summed gradient, "
-                        f"{want[d].ravel()[:3]} ....")
-    return _say(False, "the shards differ from the summed gradient's rows.")
+        return _say(False, "modern(x, p) returned None; return the result of the JAX program.")
+    module = type(out).__module__
+    if module.startswith("simpmd"):
+        return _say(False, "modern(x, p) returned simpmd's result; the exercise asks for the "
+                    "program run by real JAX: jax.pmap over 'model' with jax.vmap over 'data'.")
+    if not module.startswith("jax"):
+        return _say(False, f"modern(x, p) returned a {type(out).__name__} made outside JAX; "
+                    f"return what the JAX program computed (a jax.Array).")
+    a = np.asarray(out, dtype=np.float64)
+    if a.shape == (4, 2) and np.allclose(a.T, expected_2x4()):
+        return _say(False, "the values are right but the result is (4, 2), 'model' first: "
+                    "give jax.pmap out_axes=1 so that 'model' is axis 1 again, as in x.")
+    if not _explain_2x4(a, "modern(x, p)", quiet=True):
+        return _explain_2x4(a, "modern(x, p)")
+    names = _mapped_names(fn)
+    if names == {"data"}:
+        return _say(False, "the values are right, but 'data' is the axis on the devices and "
+                    "'model' the vmapped one: that is section 5a's port. Here put 'model' on "
+                    "the 4 devices: jax.pmap over axis 1 of x (in_axes=1, out_axes=1), with "
+                    "jax.vmap(..., axis_name='data') inside.")
+    if names == {"data", "model"}:
+        return _say(False, "the values are right, but both axes run on devices (a shard_map "
+                    "over a 2-D mesh, as in section 5b). The exercise asks for jax.pmap over "
+                    "'model' with jax.vmap over 'data' inside, so that each device holds one "
+                    "column of the grid.")
+    return _explain_2x4(a, "modern(x, p)")

@@ -1,276 +1,282 @@
-"""Answer checks for lesson 9: debugging SPMD programs.
+"""Checks for lesson 9, model parallelism on the mesh.
 
-Each checker prints what is right or what is off (which device, which collective, which
-pair of a permutation) and returns True or False, so a reference solution can ``assert``
-it. Expected values are NumPy closed forms or worked out by hand from the programs in the
-lesson, never computed by running a solution.
+Each check prints what is right or what is off (a block of columns, a device whose value
+is wrong, a factor such as bf16's 2 bytes per value) and returns a Verdict (true or false), so
+that a reference solution can ``assert`` it. Expected values come from NumPy closed forms and
+the mesh's row-major layout, never from the lesson's reference solutions.
 """
 from __future__ import annotations
 
 import numpy as np
-from simpmd.course import is_placeholder as _placeholder, say as _say
+
+from simpmd.course import (Factor, Verdict, check_quantity, error_summary,
+                           is_placeholder as _placeholder, say as _say)
+
+__all__ = ["check_columns", "row_parallel_data",
+           "check_row_parallel", "check_weight_bytes", "check_psum_bytes",
+           "fsdp_gradients", "check_fsdp_backward"]
 
 
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else ""
 
 
-def _run(fn, x, name, divergence_hint=None):
-    """Run ``fn`` with simpmd.pmap over axis 'i': (result, None), or (None, what went wrong
-    in a sentence that says how to write it instead). ``divergence_hint(exc)`` words a
-    DeadlockError or DivergenceError for the exercise at hand."""
-    import simpmd
-    try:
-        return simpmd.pmap(fn, axis_name="i")(x), None
-    except simpmd.TracerBoolConversionError:
-        return None, ("the function still branches in Python (if/else) on a device value, "
-                      "which JAX refuses. Let every device call the same collectives and pick "
-                      "one result with snp.where(lax.axis_index('i') == 3, ..., ...).")
-    except (simpmd.TracerIntegerConversionError, simpmd.ConcretizationTypeError):
-        return None, ("the function turns a device value into a Python number (int(), an "
-                      "index into a list), which JAX refuses. Choose between values with "
-                      "snp.where instead.")
-    except simpmd.UnboundAxisError as exc:
-        return None, f"{_first_line(exc)} (the mapped axis is named 'i')."
-    except simpmd.TracerArrayConversionError as exc:
-        if "jax.numpy function" in str(exc):
-            return None, ("the function hands a simpmd device value to JAX (jax.lax.cond or "
-                          "jax.numpy), which runs on JAX only. Use snp.where and simpmd.lax, "
-                          "which run on both engines.")
-        return None, ("the function applies a NumPy function (np.exp, np.where, ...) to a "
-                      "device value, which real JAX refuses. Call it through simpmd.numpy "
-                      "(snp.where, snp.exp), which works on both engines.")
-    except (simpmd.DivergenceError, simpmd.DeadlockError) as exc:
-        if divergence_hint:
-            return None, divergence_hint(exc)
-        return None, (f"the devices still reach different collectives: "
-                      f"{type(exc).__name__}: {_first_line(exc)}")
-    except simpmd.SimpmdError as exc:
-        return None, f"simpmd raised {type(exc).__name__}: {_first_line(exc)}"
-    except Exception as exc:                     # the learner's own code failed
-        return None, f"{name} raised {type(exc).__name__}: {_first_line(exc)}"
+# -- exercise 1: which block of W1 a device holds ------------------------------------------
 
-
-def _eight_values(fn, name, x, what, divergence_hint=None):
-    """Run the learner's ``fn`` over 'i' on simpmd: (one float per device, None), or
-    (None, the verdict that says what stopped it)."""
-    if _placeholder(fn):
-        return None, _say(False, f"{name} is still a placeholder; define it as a function of x.")
-    if not callable(fn):
-        return None, _say(False, f"{name} should be a function of x, got {type(fn).__name__}.")
-    out, problem = _run(fn, x, name, divergence_hint)
-    if problem:
-        return None, _say(False, problem)
-    if out is None:
-        return None, _say(False, f"{name} returned None; return {what}.")
-    a = np.asarray(out, dtype=np.float64)
-    if a.shape != (len(x),):
-        return None, _say(False, f"the result has shape {a.shape}; each of the {len(x)} devices "
-                          f"should return one number (the mapped result has shape ({len(x)},)).")
-    return a, None
-
-
-def _confirmed_on_jax(fn, x, correct: str):
-    """Right on simpmd: cross-check on real JAX, then say ``correct`` or what disagrees."""
-    if not _agrees_with_jax(fn, x):
-        return _say(False, "simpmd gives the right values but real JAX does not agree (see the "
-                    "report above): use simpmd.lax and simpmd.numpy in the body.")
-    return _say(True, correct)
-
-def _named_slip(a, slips):
-    """The hint of the first (value, hint) in ``slips`` that ``a`` equals, or None."""
-    return next((hint for value, hint in slips if np.allclose(a, value)), None)
-
-
-def _agrees_with_jax(fn, *args) -> bool:
-    """Cross-check ``fn`` on real JAX; print the report when the engines disagree."""
-    import simpmd
-    report = simpmd.crosscheck(fn, *args, axis_name="i")
-    if not report.ok:
-        print(report)
-    return report.ok
-
-
-# -- exercise 1: the divergent program, fixed ---------------------------------------------
-
-XS = np.array([3.0, -1.0, 4.0, 1.0, -5.0, 9.0, 2.0, -6.0], dtype=np.float32)
-
-
-def expected_mixed() -> np.ndarray:
-    """Device 3 gets the maximum over the axis, every other device the sum."""
-    return np.where(np.arange(8) == 3, XS.max(), XS.sum()).astype(np.float32)
-
-
-def check_fixed_mixed(fn) -> bool:
-    """Exercise 1: ``fn`` (mapped over axis 'i' on 8 devices) gives device 3 the pmax and
-    every other device the psum, on simpmd and on real JAX."""
-    a, verdict = _eight_values(fn, "fixed_mixed", XS, "the value each device should hold")
-    if verdict is not None:
-        return verdict
-    e = expected_mixed().astype(np.float64)
-    total, top = float(XS.sum()), float(XS.max())
-    if not np.allclose(a, e):
-        if np.allclose(a, total):
-            return _say(False, f"every device holds the sum ({total:g}); device 3 should hold "
-                        f"the maximum ({top:g}).")
-        if np.allclose(a, top):
-            return _say(False, f"every device holds the maximum ({top:g}); only device 3 should, "
-                        f"the others hold the sum ({total:g}).")
-        if np.isclose(a[3], total) and np.allclose(np.delete(a, 3), top):
-            return _say(False, "sum and maximum are swapped: device 3 should hold the maximum "
-                        "and the others the sum.")
-        k = int(np.argwhere(~np.isclose(a, e))[0][0])
-        return _say(False, f"device {k} holds {a[k]:g}, expected {e[k]:g} "
-                    f"({'the maximum' if k == 3 else 'the sum'} over the 8 devices).")
-    if not _agrees_with_jax(fn, XS):
-        return _say(False, "simpmd gives the right values but real JAX does not agree (see the "
-                    "report above): use simpmd.lax and simpmd.numpy (snp) in the body, which "
-                    "work on both engines.")
-    return _say(True, f"device 3 holds the maximum ({top:g}), the others the sum ({total:g}), "
-                "and real JAX agrees.")
-
-
-# -- exercise 2: reading a failed run -----------------------------------------------------
-
-# Worked out by hand from the program in the lesson: every device joins the psum over all
-# 8 devices; then device 2 divides by its empty shard's size and raises; the pmax runs in
-# groups [0, 1, 2, 3] and [4, 5, 6, 7], so devices 4-7 complete theirs and finish, while
-# 0, 1 and 3 wait in theirs for device 2, which never comes.
-FAILED_DEVICE = 2
-WAITING = (0, 1, 3)
-WAITING_IN = "pmax"
-
-
-def check_failed_run(answer) -> bool:
-    """Exercise 2: ``{'failed_device': int, 'waiting': [ids], 'collective': name}``."""
+def check_columns(answer, *, device: int = 6, mesh_shape=(4, 2), hidden: int = 32) -> Verdict:
+    """``answer`` = (start, stop) of the columns of W1 (shape (D, hidden), spec
+    P(None, 'model')) that ``device`` holds on a row-major ('data', 'model') mesh (the
+    exercise's 4x2 mesh by default: the lesson draws the 2x4 one)."""
+    what = f"the columns of W1 on device {device}"
     if _placeholder(answer):
-        return _say(False, "answer is still a placeholder; replace it with the dictionary.")
-    if not isinstance(answer, dict):
-        return _say(False, "answer should be a dict with keys 'failed_device', 'waiting' and "
-                    "'collective'.")
-    missing = [k for k in ("failed_device", "waiting", "collective") if k not in answer]
-    if missing:
-        return _say(False, f"answer is missing the key(s) {missing}.")
-    failed, waiting, op = answer["failed_device"], answer["waiting"], answer["collective"]
-    if _placeholder(failed) or _placeholder(waiting) or _placeholder(op):
-        return _say(False, "some entries are still placeholders (...).")
+        return _say(False, f"{what} are still a placeholder; give (start, stop).")
+    if isinstance(answer, slice):
+        answer = (answer.start, answer.stop)
     try:
-        failed = int(failed)
-        waiting_set = {int(i) for i in waiting}
+        start, stop = (int(v) for v in answer)
     except (TypeError, ValueError):
-        return _say(False, "'failed_device' should be a device id and 'waiting' a list of ids.")
-    if failed != FAILED_DEVICE:
-        return _say(False, f"device {failed} is not the one that raised: the error's .device "
-                    f"attribute (and the 'error' event with the exception) names it.")
-    if FAILED_DEVICE in waiting_set:
-        return _say(False, f"device {FAILED_DEVICE} raised an exception: it does not wait for "
-                    f"anything. List only the devices left waiting at a collective.")
-    others = waiting_set - set(WAITING)
-    if others & {4, 5, 6, 7}:
-        return _say(False, f"devices {sorted(others & {4, 5, 6, 7})} did not wait: the pmax uses "
-                    f"axis_index_groups, and devices 4-7 form their own group, which completed "
-                    f"(look for their pmax events in trace.collectives()).")
-    if waiting_set != set(WAITING):
-        return _say(False, f"the devices left waiting are the ones with a 'still waiting in ...' "
-                    f"event in the error's trace; you listed {sorted(waiting_set)}.")
-    if str(op).strip().lower() != WAITING_IN:
-        if str(op).strip().lower() == "psum":
-            return _say(False, "the psum completed: all 8 devices joined it before device 2 "
-                        "failed. Which collective do the 'still waiting in ...' events name?")
-        return _say(False, f"{op!r} is not the collective they wait in; read the 'still waiting "
-                    f"in ...' events of the trace.")
-    return _say(True, f"device {FAILED_DEVICE} raised; devices {list(WAITING)} wait in "
-                f"{WAITING_IN} for it, while its other group (4-7) completed.")
+        return _say(False, f"give {what} as two integers (start, stop), e.g. (0, 8); got "
+                    f"{answer!r}.")
+    n_data, n_model = mesh_shape
+    data, model = divmod(device, n_model)              # row-major: device = data * n_model + model
+    width = hidden // n_model
+    expected = (model * width, (model + 1) * width)
+    if (start, stop) == expected:
+        return _say(True, f"device {device} sits at data={data}, model={model}, so it holds "
+                    f"columns {expected[0]}:{expected[1]} of W1 (as do all devices with "
+                    f"model={model}).")
+    if stop - start == width - 1 and start == expected[0]:
+        return _say(False, f"({start}, {stop}) stops one column early: a Python slice "
+                    f"start:stop excludes stop, so a block of {width} columns is "
+                    f"{start}:{start + width}.")
+    per_device = hidden // (n_data * n_model)
+    if (start, stop) == (device * per_device, (device + 1) * per_device):
+        return _say(False, f"you split W1 over all {n_data * n_model} devices. P(None, "
+                    f"'model') splits the columns over the 'model' axis only ({n_model} blocks "
+                    f"of {width}); devices that differ only in 'data' hold the same block.")
+    t_data, t_model = divmod(device, n_data)          # the same device on the mesh turned round
+    t_width = hidden // n_data
+    if n_data != n_model and (start, stop) == (t_model * t_width, (t_model + 1) * t_width):
+        return _say(False, f"({start}, {stop}) is device {device}'s block on a {n_model}x{n_data} "
+                    f"mesh. This mesh is {n_data}x{n_model}: {n_data} devices along 'data' and "
+                    f"{n_model} along 'model', so device {device} sits at data={data}, "
+                    f"model={model}, and 'model' cuts the {hidden} columns into {n_model} "
+                    f"blocks of {width}.")
+    if (start, stop) == (data * width, (data + 1) * width):
+        return _say(False, f"you used the device's 'data' coordinate ({data}); the columns "
+                    f"are split over 'model', and device {device} has model={model}.")
+    if stop - start != width:
+        return _say(False, f"a block of W1 is {width} columns wide ({hidden} columns over "
+                    f"{n_model} devices along 'model'), not {stop - start}.")
+    return _say(False, f"({start}, {stop}) is another device's block. Device {device} sits at "
+                f"data={data}, model={model} (device ids run row-major over the mesh).")
 
 
-# -- exercise 3: find the wrong ppermute with the trace, and fix it ------------------------
+# -- exercise 2: the row-parallel half of the layer -----------------------------------------
 
-# Each device holds one number; the answer is the mean of a device's number and those of its
-# two neighbours on the ring. Squares, so that every neighbour's value is told apart.
-SMOOTH_X = (np.arange(8) ** 2).astype(np.float32)       # 0, 1, 4, ..., 49
-
-
-def expected_smooth() -> np.ndarray:
-    """(x[d-1] + x[d] + x[d+1]) / 3 on a ring of 8, by NumPy's roll."""
-    x = SMOOTH_X.astype(np.float64)
-    return (np.roll(x, 1) + x + np.roll(x, -1)) / 3
-
-
-def check_smooth(fn) -> bool:
-    """Exercise 3: ``fn`` gives every device the mean of its value and its two ring
-    neighbours' (8 devices, axis 'i'), on simpmd and on real JAX."""
-    a, verdict = _eight_values(fn, "smooth_fixed", SMOOTH_X, "the smoothed value")
-    if verdict is not None:
-        return verdict
-    e = expected_smooth()
-    x = SMOOTH_X.astype(np.float64)
-    left, right = np.roll(x, 1), np.roll(x, -1)            # device d's neighbours d-1 and d+1
-    if not np.allclose(a, e):
-        hints = [
-            ((x + 2 * left) / 3, "device 0 still gets device 7's value twice: both ppermutes "
-             "send every device's value to its right. In the trace (run.trace.collectives()), "
-             "compare what device 0 received in each. The second should bring the right "
-             "neighbour's value: device j + 1 sends to device j."),
-            ((x + 2 * right) / 3, "both ppermutes now bring the right neighbour's value (device "
-             "0 gets device 1's twice); one of them should bring the left neighbour's."),
-            (x + left + right, "that is the sum of the three values; divide by 3 for the mean."),
-            ((left + right) / 3, "the device's own value is missing from the mean."),
-            ((left + right) / 2, "that is the mean of the two neighbours; the device's own value "
-             "belongs in the mean too."),
-        ]
-        hint = _named_slip(a, hints)
-        if hint:
-            return _say(False, hint)
-        k = int(np.argwhere(~np.isclose(a, e))[0][0])
-        return _say(False, f"device {k} holds {a[k]:g}, expected {e[k]:g} = ({left[k]:g} + "
-                    f"{x[k]:g} + {right[k]:g}) / 3; read what it received in the trace.")
-    return _confirmed_on_jax(fn, SMOOTH_X, f"every device holds the mean of itself and its two "
-                             f"neighbours (device 0: ({left[0]:g} + {x[0]:g} + {right[0]:g}) / 3 "
-                             f"= {e[0]:g}), and real JAX agrees.")
+def row_parallel_data():
+    """The checker's test data: h (8, 16), W2 (16, 4), and their blocks for 4 devices."""
+    rng = np.random.default_rng(8)
+    tokens, hidden, d_model, m = 8, 16, 4, 4
+    h = rng.standard_normal((tokens, hidden)).astype(np.float32)
+    w2 = rng.standard_normal((hidden, d_model)).astype(np.float32)
+    h_blocks = np.stack(np.split(h, m, axis=1))          # device k: columns of h
+    w2_blocks = np.stack(np.split(w2, m, axis=0))        # device k: the matching rows of W2
+    return h, w2, h_blocks, w2_blocks
 
 
-# -- exercise 4: a collective that every device reaches ------------------------------------
+def check_row_parallel(fn) -> Verdict:
+    """Run ``fn(h_block, w2_block)`` on 4 simulated devices along 'model' and compare
+    with the full product h @ W2 on every device."""
+    import simpmd
+    if fn is None or fn is Ellipsis:
+        return _say(False, "row_parallel is still a placeholder; define the function.")
+    h, w2, h_blocks, w2_blocks = row_parallel_data()
+    m = len(h_blocks)
+    want = h @ w2
+    try:
+        out = simpmd.pmap(fn, axis_name="model")(h_blocks, w2_blocks)
+    except Exception as exc:                  # the learner's error is the message
+        if "all_gather" in _collectives_of(getattr(exc, "trace", None)):
+            return _say(False, f"the body gathered h with all_gather, and the product that "
+                        f"followed failed: the gathered h has all {w2.shape[0]} hidden "
+                        f"columns, but a device holds only the {w2_blocks.shape[1]} rows of W2 "
+                        f"that match its own columns of h. Multiply the blocks "
+                        f"the device has (h_k @ W2_k), then add the {m} partial products "
+                        f"with one collective.")
+        return _say(False, f"running it on {m} simulated devices raised {error_summary(exc)}")
+    if out is None:
+        return _say(False, "row_parallel returned None; return the layer output.")
+    got = np.asarray(out)
+    partial = np.einsum("kth,khd->ktd", h_blocks, w2_blocks)
+    if got.shape == (m, *want.shape):
+        if np.allclose(got, want, rtol=1e-5, atol=1e-5):
+            return _say(True, f"every device along 'model' holds the full output h @ W2 "
+                        f"(shape {want.shape}).")
+        if np.allclose(got, partial, rtol=1e-5, atol=1e-5):
+            return _say(False, "each device returned only its partial product h_k @ W2_k. "
+                        "The output is the SUM of the partial products over 'model': combine "
+                        "them with a collective.")
+        if np.allclose(got * m, want, rtol=1e-5, atol=1e-5):
+            return _say(False, f"the output is {m} times too small: pmean divides the sum by "
+                        f"the {m} devices. The partial products add up to the output: psum.")
+        bad = [k for k in range(m) if not np.allclose(got[k], want, rtol=1e-5, atol=1e-5)]
+        return _say(False, f"the output differs from h @ W2 on device(s) {bad}; e.g. device "
+                    f"{bad[0]} holds {np.round(got[bad[0]].ravel()[:3], 4)} ... where "
+                    f"{np.round(want.ravel()[:3], 4)} ... is expected.")
+    if got.shape == (m, m, *want.shape) and not np.allclose(got, partial[None], rtol=1e-5,
+                                                            atol=1e-5):
+        return _say(False, f"each device gathered the {m} blocks of h with all_gather (shape "
+                    f"{got.shape[1:]}) and multiplied each by its own block of W2: those are not "
+                    f"the partial products. Multiply the blocks the device has (h_k @ W2_k) "
+                    f"first, then add the partial products over 'model' with one collective.")
+    if got.shape == (m, m, *want.shape):
+        return _say(False, f"each device holds all {m} partial products stacked (shape "
+                    f"{got.shape[1:]}): all_gather collects them but does not add them. "
+                    f"Use psum, which adds them in one collective.")
+    if got.shape == (m, want.shape[0] // m, want.shape[1]):
+        return _say(False, f"each device holds {want.shape[0] // m} of the {want.shape[0]} "
+                    f"tokens: that is psum_scatter, the sequence-sharded variant. Here the "
+                    f"layer's output must be whole on every device: psum.")
+    return _say(False, f"the result has shape {got.shape[1:]} on each device; expected "
+                f"{want.shape} (tokens x d_model).")
 
-HALF_X = np.array([2.0, -1.0, 4.0, 3.0, 5.0, -2.0, 6.0, 1.0], dtype=np.float32)
+
+def _collectives_of(trace) -> set:
+    """The names of the collectives a simpmd trace (or None) records."""
+    if trace is None:
+        return set()
+    return {e.op for e in trace.events if e.kind == "collective"}
 
 
-def expected_top_half_total() -> np.ndarray:
-    """Devices 0-3: the sum over all 8 devices; devices 4-7: their own value."""
-    return np.where(np.arange(8) < 4, HALF_X.sum(), HALF_X).astype(np.float64)
+# -- exercise 3: weight bytes per device ----------------------------------------------------
+
+def check_weight_bytes(answer, *, d_model: int = 4096, hidden: int = 16384,
+                       mesh_shape=(2, 4)) -> Verdict:
+    """Bytes of W1 (d_model x hidden) and W2 (hidden x d_model), bf16, that ONE device
+    holds when both are split over 'model' and replicated over 'data'."""
+    n_data, n_model = mesh_shape
+    factors = [
+        Factor("values", 2 * d_model * hidden, {
+            d_model * hidden: "there are two weight matrices, W1 and W2, of d_model x hidden "
+                              "values each."}),
+        Factor("bytes per value", 2, {
+            4: "bf16 takes 2 bytes per value (4 is float32).",
+            1: "bf16 takes 2 bytes per value (16 bits)."}),
+        Factor("share", 1 / n_model, {
+            1: f"each device holds only its block: the weights are split {n_model} ways "
+               f"along 'model'.",
+            1 / (n_data * n_model): f"the weights are split over 'model' only ({n_model} "
+               f"blocks); along 'data' they are replicated, so do not divide by "
+               f"{n_data * n_model}.",
+            1 / n_data: f"the weights are split over 'model' ({n_model} devices), not over "
+               f"'data' ({n_data})."}),
+    ]
+    return check_quantity(answer, factors, what="weight bytes per device", unit="bytes")
 
 
-def check_top_half_total(fn) -> bool:
-    """Exercise 4: devices 0-3 get the psum over all 8 devices, devices 4-7 keep their own
-    value, and every device reaches the psum (no collective inside a branch)."""
-    def hazard(exc):
-        return (f"simpmd stopped with {type(exc).__name__}: only some devices reach the "
-                f"collective. That is the hazard of section 3b, and on real JAX it hangs. "
-                f"Call the psum on every device, outside any branch, and choose each "
-                f"device's result afterwards with snp.where.")
-    a, verdict = _eight_values(fn, "top_half_total", HALF_X, "each device's value", hazard)
-    if verdict is not None:
-        return verdict
-    e = expected_top_half_total()
-    x = HALF_X.astype(np.float64)
-    total, top4 = float(x.sum()), float(x[:4].sum())
-    low = np.arange(8) < 4
-    if not np.allclose(a, e):
-        hints = [
-            (np.full(8, total), f"every device holds the sum ({total:g}); devices 4-7 should "
-             f"keep their own value."),
-            (np.where(low, top4, x), f"devices 0-3 hold {top4:g}, the sum of devices 0-3 only: "
-             f"the psum should add all 8 values ({total:g}). Mask the result, not the input."),
-            (np.where(low, x, total), "the two cases are swapped: devices 0-3 should get the "
-             "sum, devices 4-7 their own value."),
-            (x, "every device kept its own value: nothing was summed."),
-        ]
-        hint = _named_slip(a, hints)
-        if hint:
-            return _say(False, hint)
-        k = int(np.argwhere(~np.isclose(a, e))[0][0])
-        return _say(False, f"device {k} holds {a[k]:g}, expected {e[k]:g} "
-                    f"({'the sum over all 8 devices' if k < 4 else 'its own value'}).")
-    return _confirmed_on_jax(fn, HALF_X, f"devices 0-3 hold the sum ({total:g}), devices 4-7 "
-                             f"their own values, every device reached the psum, and real JAX "
-                             f"agrees.")
+# -- exercise 4: bytes one device sends in the forward psum ---------------------------------
+
+def check_psum_bytes(answer, *, tokens: int = 8192, d_model: int = 4096,
+                     mesh_shape=(2, 4)) -> Verdict:
+    """Bytes ONE device sends in the forward psum over 'model' of the 2-D layer (bf16
+    activations of shape (tokens / n_data, d_model)), with a ring all-reduce."""
+    n_data, n_model = mesh_shape
+    p = n_model
+    factors = [
+        Factor("tokens", tokens / n_data, {
+            tokens: f"the 'model' group of a device works on its 'data' block only: "
+                    f"{tokens} / {n_data} = {tokens // n_data} tokens.",
+            tokens / (n_data * n_model): "the activations being summed are whole along "
+                    "tokens on every device of the 'model' group: do not split them over "
+                    "'model' as well."}),
+        Factor("d_model", d_model),
+        Factor("bytes per value", 2, {
+            4: "bf16 takes 2 bytes per value (4 is float32)."}),
+        Factor("ring factor", 2 * (p - 1) / p, {
+            (p - 1) / p: "a ring all-reduce is a reduce-scatter AND an all-gather: each "
+                         f"phase sends (p-1)/p of the buffer, 2(p-1)/p = {2 * (p - 1) / p:g} "
+                         "in all.",
+            1: f"a ring all-reduce sends 2(p-1)/p = {2 * (p - 1) / p:g} times the buffer, "
+               "not the buffer once.",
+            2: f"the ring factor is 2(p-1)/p = {2 * (p - 1) / p:g} for p = {p}, slightly "
+               "less than 2.",
+            2 * (n_data * n_model - 1) / (n_data * n_model):
+               f"the psum runs over 'model' only: p = {p}, not {n_data * n_model}.",
+            p - 1: f"in a ring each device sends 2(p-1) chunks of 1/p of the buffer, "
+                   f"2(p-1)/p = {2 * (p - 1) / p:g} buffers, not p-1 whole buffers."}),
+    ]
+    return check_quantity(answer, factors, what="bytes sent per device", unit="bytes")
+
+
+# -- exercise 5: FSDP's backward collective, by hand ------------------------------------------
+
+def fsdp_gradients(devices: int = 4, rows: int = 8, cols: int = 3):
+    """The checker's data: each device's gradient of the WHOLE weight matrix, stacked
+    (devices, rows, cols), with small integers so that sums can be read by eye."""
+    rng = np.random.default_rng(11)
+    return rng.integers(-4, 5, size=(devices, rows, cols)).astype(np.float32)
+
+
+def check_fsdp_backward(fn) -> Verdict:
+    """Run ``fn(g_full)`` on 4 simulated devices along 'data': every device passes its
+    gradient of the whole weight matrix and must keep the sum over the devices of its own
+    rows (device d: rows 2d, 2d+1 of 8), as the reduce-scatter of FSDP's backward pass."""
+    import simpmd
+    if fn is None or fn is Ellipsis:
+        return _say(False, "fsdp_backward is still a placeholder; define the function.")
+    g = fsdp_gradients()
+    n, rows, cols = g.shape
+    k = rows // n
+    total = g.sum(axis=0)                                          # the summed gradient
+    want = total.reshape(n, k, cols)                               # device d keeps block d
+    run = simpmd.pmap(fn, axis_name="data")
+    try:
+        out = run(g)
+    except Exception as exc:                  # the learner's error is the message
+        return _say(False, f"running it on {n} simulated devices raised {error_summary(exc)}")
+    if out is None:
+        return _say(False, "fsdp_backward returned None; return this device's gradient shard.")
+    got = np.asarray(out)
+    if got.shape == (n, rows, cols):
+        if all(np.allclose(got[d], total) for d in range(n)):
+            return _say(False, f"every device holds the whole summed gradient ({rows} rows): "
+                        f"that is psum, an all-reduce. In FSDP each device keeps only the "
+                        f"gradient of its own shard, {k} rows: psum_scatter(..., tiled=True) "
+                        f"sums and splits in one collective, and sends half the bytes.")
+        return _say(False, f"each device returned {rows} rows; it should keep only its own "
+                    f"{k} rows of the summed gradient (shape ({k}, {cols})).")
+    if got.shape != (n, k, cols):
+        hint = ""
+        if got.shape == (n, cols) or got.shape == (n, 1, cols):
+            hint = (" A psum_scatter without tiled=True wants the scattered axis to have "
+                    f"exactly {n} entries and drops it; use tiled=True to keep blocks of rows.")
+        return _say(False, f"the result has shape {got.shape[1:]} on each device; expected "
+                    f"({k}, {cols}): device d's {k} rows of the summed gradient.{hint}")
+    ops = _collectives_of(run.trace)
+    if np.allclose(got, want) and "psum_scatter" not in ops:
+        used = ", ".join(sorted(ops)) or "no collective"
+        return _say(False, f"the shards are right, but the trace shows {used}, not a "
+                    f"reduce-scatter: every device received the whole summed gradient "
+                    f"({rows} rows) and then kept {k}. That is the all-reduce the lesson warns "
+                    f"against, twice the bytes on the wire; psum_scatter(..., tiled=True) sums "
+                    f"and splits in one collective.")
+    if np.allclose(got, want):
+        return _say(True, f"each of the {n} devices keeps rows of the gradient summed over "
+                    f"all devices, {k} of {rows}: the reduce-scatter that grad makes of "
+                    f"FSDP's forward all_gather.")
+    own = g.reshape(n, n, k, cols)[np.arange(n), np.arange(n)]     # device d's own block d
+    if np.allclose(got, own):
+        return _say(False, "each device kept the right rows of its OWN gradient, without "
+                    "the other devices' contributions. The weights were shared by every "
+                    "device's batch, so their gradient is the sum over the devices.")
+    if np.allclose(got * n, want):
+        return _say(False, f"the shards are {n} times too small: that is a mean. The loss "
+                    f"of the whole batch is the sum of the devices' losses, so its gradient "
+                    f"is the sum (psum_scatter, not a division by {n}).")
+    for d in range(n):
+        if not np.allclose(got[d], want[d]):
+            match = [b for b in range(n) if np.allclose(got[d], want[b])]
+            where = f" (rows of device {match[0]}'s block)" if match else ""
+            return _say(False, f"device {d} holds {got[d].ravel()[:3]} ...{where}; expected "
+                        f"rows {d * k}-{d * k + k - 1} of the summed gradient, "
+                        f"{want[d].ravel()[:3]} ....")
+    return _say(False, "the shards differ from the summed gradient's rows.")

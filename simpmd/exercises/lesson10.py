@@ -1,251 +1,276 @@
-"""Checks for lesson 10, from pmap to shard_map and jit with shardings.
+"""Answer checks for lesson 10: debugging SPMD programs.
 
-Each check prints what is right or what is off and returns True or False, so that a
-reference solution can ``assert`` it. Expected values come from NumPy closed forms and
-the rules of partition specs written out here, never from the lesson's solutions.
+Each checker prints what is right or what is off (which device, which collective, which
+pair of a permutation) and returns True or False, so a reference solution can ``assert``
+it. Expected values are NumPy closed forms or worked out by hand from the programs in the
+lesson, never computed by running a solution.
 """
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
-
-from simpmd.course import Verdict, error_summary, say as _say
-
-from .lesson08 import Factor, check_quantity
-
-__all__ = ["check_specs", "check_block_shapes", "centering_data", "check_centering",
-           "check_sharded_bytes"]
+from simpmd.course import is_placeholder as _placeholder, say as _say
 
 
-def _entries(spec):
-    """A partition spec (simpmd's or JAX's) as a tuple of entries without trailing Nones,
-    or None if ``spec`` is not a partition spec."""
-    if type(spec).__name__ not in ("PartitionSpec", "P"):
-        return None
-    parts = [tuple(p) if isinstance(p, list) else p for p in spec]
-    parts = [p[0] if isinstance(p, tuple) and len(p) == 1 else p for p in parts]
-    while parts and parts[-1] is None:
-        parts.pop()
-    return tuple(parts)
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else ""
 
 
-def _spec_text(entries) -> str:
-    """``P('i')``, ``P(None, 'i')``, ``P()``: a spec's entries as the learner wrote them."""
-    return "P(" + ", ".join(repr(e) for e in entries) + ")"
-
-
-def _not_a_spec(name, value) -> str:
-    if isinstance(value, str):
-        return f"{name} is the bare string {value!r}; a spec is P({value!r}) (from simpmd import P)."
-    if value is None and name == "out_specs":
-        return ("out_specs is None; a result that is the same on every device, returned once, "
-                "is P().")
-    if value is None:
-        return (f"{name} is None. In in_specs None means 'pass through untouched' (a static "
-                f"argument); a whole, replicated argument is P().")
-    return f"{name} should be a partition spec such as P('i') or P(), got {value!r}."
-
-
-# -- exercise 1: pmap's axes as specs ------------------------------------------------------
-
-def check_specs(in_specs, out_specs) -> bool:
-    """Specs for ``pmap(f, axis_name='i', in_axes=(0, None), out_axes=None)`` with
-    ``x`` of shape (8, 3) and ``w`` of shape (3,), on a 1-D mesh with axis 'i'."""
-    if in_specs is Ellipsis or out_specs is Ellipsis or in_specs is None:
-        return _say(False, "in_specs and out_specs are still placeholders.")
-    if not isinstance(in_specs, (tuple, list)) or len(in_specs) != 2:
-        return _say(False, "in_specs needs one spec per argument: a tuple of two, for x and w "
-                    f"(got {in_specs!r}).")
-    problems = []
-    x_spec, w_spec = in_specs
-    want = {"in_specs[0] (x)": (x_spec, ("i",)), "in_specs[1] (w)": (w_spec, ()),
-            "out_specs": (out_specs, ())}
-    for name, (spec, expected) in want.items():
-        got = _entries(spec)
-        if got is None:
-            problems.append(_not_a_spec(name, spec))
-        elif got == expected:
-            continue
-        elif name.startswith("in_specs[0]"):
-            if got == ():
-                problems.append("in_specs[0]: x is mapped (in_axes=0), so its axis 0 is split "
-                                "over 'i': P('i'). P() would give every device all of x.")
-            elif "i" in got:
-                problems.append(f"in_specs[0] is {_spec_text(got)}: in_axes=0 splits the FIRST "
-                                "axis of x, so 'i' goes in the first entry: P('i').")
-            else:
-                problems.append(f"in_specs[0] is {_spec_text(got)}; the mesh's only axis is 'i'.")
-        elif name.startswith("in_specs[1]"):
-            problems.append(f"in_specs[1] is {_spec_text(got)}: in_axes=None gives every device "
-                            "the whole w, which is a spec naming no mesh axis: P().")
-        elif "i" in got:
-            k = got.index("i")
-            problems.append(f"out_specs is {_spec_text(got)}, which concatenates the 8 devices' "
-                            f"blocks along axis {k}, like out_axes={k}. out_axes=None returns ONE "
-                            "copy of a result that is the same on every device: P().")
-        else:
-            problems.append(f"out_specs is {_spec_text(got)}, which names no axis of this mesh "
-                            "(its only axis is 'i'). out_axes=None returns ONE copy of a result "
-                            "that is the same on every device: P().")
-    if problems:
-        return _say(False, " ".join(problems))
-    return _say(True, "in_specs=(P('i'), P()), out_specs=P(): x split over 'i', w and the "
-                "result whole on every device.")
-
-
-# -- exercise 2: the block a body sees --------------------------------------------------------
-
-MESH = {"data": 2, "model": 4}
-BLOCK_QUESTIONS = {
-    "a": ((16, 24), ("data", "model")),
-    "b": ((16, 24), (None, ("data", "model"))),
-    "c": ((16, 24), ("model",)),
-}
-
-
-def _expected_block(shape, entries):
-    out = []
-    for k, size in enumerate(shape):
-        entry = entries[k] if k < len(entries) else None
-        names = () if entry is None else (entry if isinstance(entry, tuple) else (entry,))
-        n = int(np.prod([MESH[a] for a in names])) if names else 1
-        out.append((size // n, names, n))
-    return out
-
-
-def check_block_shapes(a, b, c) -> bool:
-    """The block shapes a shard_map body sees for x of shape (16, 24) on the 2x4
-    ('data', 'model') mesh, for in_specs (a) P('data', 'model'), (b) P(None, ('data',
-    'model')), (c) P('model')."""
-    ok = True
-    for label, answer in zip("abc", (a, b, c)):
-        shape, entries = BLOCK_QUESTIONS[label]
-        spec_text = "P(" + ", ".join(repr(e) for e in entries) + ")"
-        rows = _expected_block(shape, entries)
-        want = tuple(r[0] for r in rows)
-        if answer is None or answer is Ellipsis:
-            ok = _say(False, f"({label}) is still a placeholder.") and ok
-            continue
-        try:
-            got = tuple(int(v) for v in answer)
-        except (TypeError, ValueError):
-            ok = _say(False, f"({label}) should be a shape tuple such as (8, 6), got "
-                      f"{answer!r}.") and ok
-            continue
-        if got == want:
-            _say(True, f"({label}) {spec_text}: the body sees {want}.")
-            continue
-        ok = False
-        if len(got) < len(want):
-            _say(False, f"({label}) {got} has fewer dimensions than x: pmap removes the mapped "
-                 f"axis, shard_map does not. Every dimension stays; a split one gets shorter "
-                 f"(expected {want}).")
-            continue
-        if len(got) != len(want):
-            _say(False, f"({label}) x has {len(want)} dimensions, so its block does too; "
-                 f"got {got}.")
-            continue
-        notes = []
-        for k, (g, (e, names, n)) in enumerate(zip(got, rows)):
-            if g == e:
-                continue
-            if not names:
-                notes.append(f"dimension {k} is not split by {spec_text} (no mesh axis in that "
-                             f"entry), so it keeps its size {shape[k]}, not {g}")
-            elif len(names) > 1:
-                notes.append(f"dimension {k} is split over {names} together: "
-                             f"{' x '.join(str(MESH[x]) for x in names)} = {n} blocks, so "
-                             f"{shape[k]} / {n} = {e}, not {g}")
-            else:
-                notes.append(f"dimension {k} is split over {names[0]!r}, which has {n} devices "
-                             f"('data' has 2, 'model' 4): {shape[k]} / {n} = {e}, not {g}")
-        _say(False, f"({label}) {spec_text}: " + "; ".join(notes) + ".")
-    return Verdict(ok)
-
-
-# -- exercise 3: porting a pmap program -------------------------------------------------------
-
-def centering_data():
-    """The checker's test data: x of shape (8, 3), one row per device."""
-    rng = np.random.default_rng(10)
-    return rng.standard_normal((8, 3)).astype(np.float32)
-
-
-def check_centering(centered) -> bool:
-    """``centered(x)`` on x of shape (8, 3) must return x minus its column means, (8, 3),
-    as ``pmap(lambda r: r - lax.pmean(r, 'i'), 'i')`` does."""
+def _run(fn, x, name, divergence_hint=None):
+    """Run ``fn`` with simpmd.pmap over axis 'i': (result, None), or (None, what went wrong
+    in a sentence that says how to write it instead). ``divergence_hint(exc)`` words a
+    DeadlockError or DivergenceError for the exercise at hand."""
     import simpmd
-    from simpmd.api.pmap import Pmapped
-    if centered is None or centered is Ellipsis:
-        return _say(False, "centered is still a placeholder; build it with simpmd.shard_map.")
-    if isinstance(centered, Pmapped):
-        return _say(False, "centered is a simpmd.pmap; the exercise is to write it with "
-                    "simpmd.shard_map(..., mesh=mesh_i, in_specs=..., out_specs=...).")
-    x = centering_data()
-    want = x - x.mean(axis=0)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            out = centered(x)
-    except simpmd.ShardingError as exc:
-        return _say(False, f"simpmd refused the program: {exc}")
-    except Exception as exc:
-        return _say(False, f"calling centered(x) raised {error_summary(exc)}")
+        return simpmd.pmap(fn, axis_name="i")(x), None
+    except simpmd.TracerBoolConversionError:
+        return None, ("the function still branches in Python (if/else) on a device value, "
+                      "which JAX refuses. Let every device call the same collectives and pick "
+                      "one result with snp.where(lax.axis_index('i') == 3, ..., ...).")
+    except (simpmd.TracerIntegerConversionError, simpmd.ConcretizationTypeError):
+        return None, ("the function turns a device value into a Python number (int(), an "
+                      "index into a list), which JAX refuses. Choose between values with "
+                      "snp.where instead.")
+    except simpmd.UnboundAxisError as exc:
+        return None, f"{_first_line(exc)} (the mapped axis is named 'i')."
+    except simpmd.TracerArrayConversionError as exc:
+        if "jax.numpy function" in str(exc):
+            return None, ("the function hands a simpmd device value to JAX (jax.lax.cond or "
+                          "jax.numpy), which runs on JAX only. Use snp.where and simpmd.lax, "
+                          "which run on both engines.")
+        return None, ("the function applies a NumPy function (np.exp, np.where, ...) to a "
+                      "device value, which real JAX refuses. Call it through simpmd.numpy "
+                      "(snp.where, snp.exp), which works on both engines.")
+    except (simpmd.DivergenceError, simpmd.DeadlockError) as exc:
+        if divergence_hint:
+            return None, divergence_hint(exc)
+        return None, (f"the devices still reach different collectives: "
+                      f"{type(exc).__name__}: {_first_line(exc)}")
+    except simpmd.SimpmdError as exc:
+        return None, f"simpmd raised {type(exc).__name__}: {_first_line(exc)}"
+    except Exception as exc:                     # the learner's own code failed
+        return None, f"{name} raised {type(exc).__name__}: {_first_line(exc)}"
+
+
+def _eight_values(fn, name, x, what, divergence_hint=None):
+    """Run the learner's ``fn`` over 'i' on simpmd: (one float per device, None), or
+    (None, the verdict that says what stopped it)."""
+    if _placeholder(fn):
+        return None, _say(False, f"{name} is still a placeholder; define it as a function of x.")
+    if not callable(fn):
+        return None, _say(False, f"{name} should be a function of x, got {type(fn).__name__}.")
+    out, problem = _run(fn, x, name, divergence_hint)
+    if problem:
+        return None, _say(False, problem)
     if out is None:
-        return _say(False, "the body returned None; return the centered block.")
-    got = np.asarray(out)
-    if got.shape != want.shape:
-        if got.shape == (1, 3):
-            return _say(False, "the result has shape (1, 3), one device's block: out_specs "
-                        "P('i') concatenates the 8 blocks back into (8, 3).")
-        if got.shape == (3,):
-            return _say(False, "the result has shape (3,): inside shard_map each device's "
-                        "block is x[k:k+1], shape (1, 3); keep that axis, and concatenate "
-                        "with out_specs P('i').")
-        if got.shape == (8 * 8, 3):
-            return _say(False, "the result has shape (64, 3), 8 blocks of (8, 3): every device "
-                        "received the whole x. in_specs=P() names no mesh axis, so nothing is "
-                        "split and each device gets a full copy; out_specs=P('i') then joins "
-                        "8 whole copies. Split the rows over the devices: in_specs=P('i').")
-        return _say(False, f"the result has shape {got.shape}, expected {want.shape}.")
-    if np.allclose(got, 0.0, atol=1e-6) and not np.allclose(want, 0.0, atol=1e-6):
-        return _say(False, "every value is 0: each device subtracted the mean of copies that "
-                    "were all the same. With in_specs=P() every device receives the whole x "
-                    "(P() names no mesh axis, so nothing is split); give each device its own "
-                    "row with in_specs=P('i').")
-    if np.allclose(got, want, rtol=1e-5, atol=1e-5):
-        return _say(True, "every row is x minus the column means, as in the pmap version.")
-    if np.allclose(got, x - 8 * x.mean(axis=0), rtol=1e-5, atol=1e-5):
-        return _say(False, "you subtracted the column SUMS: psum adds over the 8 devices; "
-                    "pmean averages.")
-    if np.allclose(got, x, rtol=1e-5, atol=1e-5):
-        return _say(False, "the result is x unchanged: subtract the mean over 'i'.")
-    if np.allclose(got, x - x.mean(axis=1, keepdims=True), rtol=1e-5, atol=1e-5):
-        return _say(False, "you subtracted each row's own mean (over its 3 values); the mean "
-                    "is over the devices, axis 'i': lax.pmean(block, 'i').")
-    bad = sorted({int(i) for i in np.argwhere(~np.isclose(got, want, rtol=1e-5, atol=1e-5))[:, 0]})
-    return _say(False, f"rows {bad} differ from x minus its column means (row k is device "
-                f"k's block).")
+        return None, _say(False, f"{name} returned None; return {what}.")
+    a = np.asarray(out, dtype=np.float64)
+    if a.shape != (len(x),):
+        return None, _say(False, f"the result has shape {a.shape}; each of the {len(x)} devices "
+                          f"should return one number (the mapped result has shape ({len(x)},)).")
+    return a, None
 
 
-# -- exercise 4: bytes of a sharded array -------------------------------------------------------
+def _confirmed_on_jax(fn, x, correct: str):
+    """Right on simpmd: cross-check on real JAX, then say ``correct`` or what disagrees."""
+    if not _agrees_with_jax(fn, x):
+        return _say(False, "simpmd gives the right values but real JAX does not agree (see the "
+                    "report above): use simpmd.lax and simpmd.numpy in the body.")
+    return _say(True, correct)
 
-def check_sharded_bytes(answer) -> bool:
-    """Bytes ONE device holds of a bf16 array of shape (4096, 8192) laid out as
-    NamedSharding(mesh, P('data', None)) on the 2x4 ('data', 'model') mesh."""
-    factors = [
-        Factor("values", 4096 * 8192),
-        Factor("bytes per value", 2, {
-            4: "bf16 takes 2 bytes per value (4 is float32).",
-            16: "bf16 is 16 bits, which is 2 bytes: count bytes, not bits."}),
-        Factor("share", 1 / 2, {
-            1 / 8: "P('data', None) names only 'data': rows are split over its 2 devices, "
-                   "and along 'model' the array is replicated, so do not divide by 8.",
-            1: "P('data', None) splits the rows over 'data' (2 devices): each holds half.",
-            1 / 4: "the rows are split over 'data' (2 devices), not 'model' (4)."}),
-        Factor("unit", 1, {
-            1 / 2**20: "the question asks for bytes, not MiB (2**20 bytes).",
-            1 / 10**6: "the question asks for bytes, not MB (10**6 bytes)."}),
-    ]
-    return check_quantity(answer, factors, what="bytes per device", unit="bytes")
+def _named_slip(a, slips):
+    """The hint of the first (value, hint) in ``slips`` that ``a`` equals, or None."""
+    return next((hint for value, hint in slips if np.allclose(a, value)), None)
+
+
+def _agrees_with_jax(fn, *args) -> bool:
+    """Cross-check ``fn`` on real JAX; print the report when the engines disagree."""
+    import simpmd
+    report = simpmd.crosscheck(fn, *args, axis_name="i")
+    if not report.ok:
+        print(report)
+    return report.ok
+
+
+# -- exercise 1: the divergent program, fixed ---------------------------------------------
+
+XS = np.array([3.0, -1.0, 4.0, 1.0, -5.0, 9.0, 2.0, -6.0], dtype=np.float32)
+
+
+def expected_mixed() -> np.ndarray:
+    """Device 3 gets the maximum over the axis, every other device the sum."""
+    return np.where(np.arange(8) == 3, XS.max(), XS.sum()).astype(np.float32)
+
+
+def check_fixed_mixed(fn) -> bool:
+    """Exercise 1: ``fn`` (mapped over axis 'i' on 8 devices) gives device 3 the pmax and
+    every other device the psum, on simpmd and on real JAX."""
+    a, verdict = _eight_values(fn, "fixed_mixed", XS, "the value each device should hold")
+    if verdict is not None:
+        return verdict
+    e = expected_mixed().astype(np.float64)
+    total, top = float(XS.sum()), float(XS.max())
+    if not np.allclose(a, e):
+        if np.allclose(a, total):
+            return _say(False, f"every device holds the sum ({total:g}); device 3 should hold "
+                        f"the maximum ({top:g}).")
+        if np.allclose(a, top):
+            return _say(False, f"every device holds the maximum ({top:g}); only device 3 should, "
+                        f"the others hold the sum ({total:g}).")
+        if np.isclose(a[3], total) and np.allclose(np.delete(a, 3), top):
+            return _say(False, "sum and maximum are swapped: device 3 should hold the maximum "
+                        "and the others the sum.")
+        k = int(np.argwhere(~np.isclose(a, e))[0][0])
+        return _say(False, f"device {k} holds {a[k]:g}, expected {e[k]:g} "
+                    f"({'the maximum' if k == 3 else 'the sum'} over the 8 devices).")
+    if not _agrees_with_jax(fn, XS):
+        return _say(False, "simpmd gives the right values but real JAX does not agree (see the "
+                    "report above): use simpmd.lax and simpmd.numpy (snp) in the body, which "
+                    "work on both engines.")
+    return _say(True, f"device 3 holds the maximum ({top:g}), the others the sum ({total:g}), "
+                "and real JAX agrees.")
+
+
+# -- exercise 2: reading a failed run -----------------------------------------------------
+
+# Worked out by hand from the program in the lesson: every device joins the psum over all
+# 8 devices; then device 2 divides by its empty shard's size and raises; the pmax runs in
+# groups [0, 1, 2, 3] and [4, 5, 6, 7], so devices 4-7 complete theirs and finish, while
+# 0, 1 and 3 wait in theirs for device 2, which never comes.
+FAILED_DEVICE = 2
+WAITING = (0, 1, 3)
+WAITING_IN = "pmax"
+
+
+def check_failed_run(answer) -> bool:
+    """Exercise 2: ``{'failed_device': int, 'waiting': [ids], 'collective': name}``."""
+    if _placeholder(answer):
+        return _say(False, "answer is still a placeholder; replace it with the dictionary.")
+    if not isinstance(answer, dict):
+        return _say(False, "answer should be a dict with keys 'failed_device', 'waiting' and "
+                    "'collective'.")
+    missing = [k for k in ("failed_device", "waiting", "collective") if k not in answer]
+    if missing:
+        return _say(False, f"answer is missing the key(s) {missing}.")
+    failed, waiting, op = answer["failed_device"], answer["waiting"], answer["collective"]
+    if _placeholder(failed) or _placeholder(waiting) or _placeholder(op):
+        return _say(False, "some entries are still placeholders (...).")
+    try:
+        failed = int(failed)
+        waiting_set = {int(i) for i in waiting}
+    except (TypeError, ValueError):
+        return _say(False, "'failed_device' should be a device id and 'waiting' a list of ids.")
+    if failed != FAILED_DEVICE:
+        return _say(False, f"device {failed} is not the one that raised: the error's .device "
+                    f"attribute (and the 'error' event with the exception) names it.")
+    if FAILED_DEVICE in waiting_set:
+        return _say(False, f"device {FAILED_DEVICE} raised an exception: it does not wait for "
+                    f"anything. List only the devices left waiting at a collective.")
+    others = waiting_set - set(WAITING)
+    if others & {4, 5, 6, 7}:
+        return _say(False, f"devices {sorted(others & {4, 5, 6, 7})} did not wait: the pmax uses "
+                    f"axis_index_groups, and devices 4-7 form their own group, which completed "
+                    f"(look for their pmax events in trace.collectives()).")
+    if waiting_set != set(WAITING):
+        return _say(False, f"the devices left waiting are the ones with a 'still waiting in ...' "
+                    f"event in the error's trace; you listed {sorted(waiting_set)}.")
+    if str(op).strip().lower() != WAITING_IN:
+        if str(op).strip().lower() == "psum":
+            return _say(False, "the psum completed: all 8 devices joined it before device 2 "
+                        "failed. Which collective do the 'still waiting in ...' events name?")
+        return _say(False, f"{op!r} is not the collective they wait in; read the 'still waiting "
+                    f"in ...' events of the trace.")
+    return _say(True, f"device {FAILED_DEVICE} raised; devices {list(WAITING)} wait in "
+                f"{WAITING_IN} for it, while its other group (4-7) completed.")
+
+
+# -- exercise 3: find the wrong ppermute with the trace, and fix it ------------------------
+
+# Each device holds one number; the answer is the mean of a device's number and those of its
+# two neighbours on the ring. Squares, so that every neighbour's value is told apart.
+SMOOTH_X = (np.arange(8) ** 2).astype(np.float32)       # 0, 1, 4, ..., 49
+
+
+def expected_smooth() -> np.ndarray:
+    """(x[d-1] + x[d] + x[d+1]) / 3 on a ring of 8, by NumPy's roll."""
+    x = SMOOTH_X.astype(np.float64)
+    return (np.roll(x, 1) + x + np.roll(x, -1)) / 3
+
+
+def check_smooth(fn) -> bool:
+    """Exercise 3: ``fn`` gives every device the mean of its value and its two ring
+    neighbours' (8 devices, axis 'i'), on simpmd and on real JAX."""
+    a, verdict = _eight_values(fn, "smooth_fixed", SMOOTH_X, "the smoothed value")
+    if verdict is not None:
+        return verdict
+    e = expected_smooth()
+    x = SMOOTH_X.astype(np.float64)
+    left, right = np.roll(x, 1), np.roll(x, -1)            # device d's neighbours d-1 and d+1
+    if not np.allclose(a, e):
+        hints = [
+            ((x + 2 * left) / 3, "device 0 still gets device 7's value twice: both ppermutes "
+             "send every device's value to its right. In the trace (run.trace.collectives()), "
+             "compare what device 0 received in each. The second should bring the right "
+             "neighbour's value: device j + 1 sends to device j."),
+            ((x + 2 * right) / 3, "both ppermutes now bring the right neighbour's value (device "
+             "0 gets device 1's twice); one of them should bring the left neighbour's."),
+            (x + left + right, "that is the sum of the three values; divide by 3 for the mean."),
+            ((left + right) / 3, "the device's own value is missing from the mean."),
+            ((left + right) / 2, "that is the mean of the two neighbours; the device's own value "
+             "belongs in the mean too."),
+        ]
+        hint = _named_slip(a, hints)
+        if hint:
+            return _say(False, hint)
+        k = int(np.argwhere(~np.isclose(a, e))[0][0])
+        return _say(False, f"device {k} holds {a[k]:g}, expected {e[k]:g} = ({left[k]:g} + "
+                    f"{x[k]:g} + {right[k]:g}) / 3; read what it received in the trace.")
+    return _confirmed_on_jax(fn, SMOOTH_X, f"every device holds the mean of itself and its two "
+                             f"neighbours (device 0: ({left[0]:g} + {x[0]:g} + {right[0]:g}) / 3 "
+                             f"= {e[0]:g}), and real JAX agrees.")
+
+
+# -- exercise 4: a collective that every device reaches ------------------------------------
+
+HALF_X = np.array([2.0, -1.0, 4.0, 3.0, 5.0, -2.0, 6.0, 1.0], dtype=np.float32)
+
+
+def expected_top_half_total() -> np.ndarray:
+    """Devices 0-3: the sum over all 8 devices; devices 4-7: their own value."""
+    return np.where(np.arange(8) < 4, HALF_X.sum(), HALF_X).astype(np.float64)
+
+
+def check_top_half_total(fn) -> bool:
+    """Exercise 4: devices 0-3 get the psum over all 8 devices, devices 4-7 keep their own
+    value, and every device reaches the psum (no collective inside a branch)."""
+    def hazard(exc):
+        return (f"simpmd stopped with {type(exc).__name__}: only some devices reach the "
+                f"collective. That is the hazard of section 3b, and on real JAX it hangs. "
+                f"Call the psum on every device, outside any branch, and choose each "
+                f"device's result afterwards with snp.where.")
+    a, verdict = _eight_values(fn, "top_half_total", HALF_X, "each device's value", hazard)
+    if verdict is not None:
+        return verdict
+    e = expected_top_half_total()
+    x = HALF_X.astype(np.float64)
+    total, top4 = float(x.sum()), float(x[:4].sum())
+    low = np.arange(8) < 4
+    if not np.allclose(a, e):
+        hints = [
+            (np.full(8, total), f"every device holds the sum ({total:g}); devices 4-7 should "
+             f"keep their own value."),
+            (np.where(low, top4, x), f"devices 0-3 hold {top4:g}, the sum of devices 0-3 only: "
+             f"the psum should add all 8 values ({total:g}). Mask the result, not the input."),
+            (np.where(low, x, total), "the two cases are swapped: devices 0-3 should get the "
+             "sum, devices 4-7 their own value."),
+            (x, "every device kept its own value: nothing was summed."),
+        ]
+        hint = _named_slip(a, hints)
+        if hint:
+            return _say(False, hint)
+        k = int(np.argwhere(~np.isclose(a, e))[0][0])
+        return _say(False, f"device {k} holds {a[k]:g}, expected {e[k]:g} "
+                    f"({'the sum over all 8 devices' if k < 4 else 'its own value'}).")
+    return _confirmed_on_jax(fn, HALF_X, f"devices 0-3 hold the sum ({total:g}), devices 4-7 "
+                             f"their own values, every device reached the psum, and real JAX "
+                             f"agrees.")

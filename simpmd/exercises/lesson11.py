@@ -1,10 +1,8 @@
-"""Checks for lesson 11, pipeline parallelism.
+"""Checks for lesson 11, from pmap to shard_map and jit with shardings.
 
-Each check prints what is right or what is off and returns a Verdict, so that a reference
-solution can ``assert`` it. Expected values come from closed forms written out here (the
-bubble (p-1)/(m+p-1), microbatch t-d at step t on stage d, the activations a stage holds),
-and the pipeline runs that the checks make are compared with a NumPy model run layer after
-layer, never with the lesson's solutions.
+Each check prints what is right or what is off and returns True or False, so that a
+reference solution can ``assert`` it. Expected values come from NumPy closed forms and
+the rules of partition specs written out here, never from the lesson's solutions.
 """
 from __future__ import annotations
 
@@ -12,270 +10,236 @@ import warnings
 
 import numpy as np
 
-from simpmd.course import Verdict, error_summary, is_placeholder, say as _say
-
-__all__ = ["check_bubble", "check_training_idle", "check_send_perm", "pipeline_data",
-           "check_activations_held"]
+from simpmd.course import Factor, Verdict, check_quantity, error_summary, is_pmapped, say as _say
 
 
-# -- exercise 1: the bubble ------------------------------------------------------------------
-
-BUBBLE_STAGES, BUBBLE_MICROBATCHES = 8, 24
-
-
-def check_bubble(answer, p: int = BUBBLE_STAGES, m: int = BUBBLE_MICROBATCHES) -> Verdict:
-    """The fraction of a GPipe step that a stage spends idle, for ``p`` stages and ``m``
-    microbatches of equal cost (communication left out)."""
-    if is_placeholder(answer):
-        return _say(False, "bubble is still a placeholder; give a fraction between 0 and 1.")
-    try:
-        a = float(answer)
-    except (TypeError, ValueError):
-        return _say(False, f"bubble should be a number between 0 and 1, got {answer!r}.")
-    want = (p - 1) / (m + p - 1)
-    if np.isclose(a, want, rtol=1e-3):
-        return _say(True, f"{p - 1} of the {m + p - 1} steps are idle on every stage: "
-                    f"{p - 1}/{m + p - 1} = {want:.3f} of the step.")
-    mistakes = [
-        (100 * want, f"{a:g} looks like a percentage; give the fraction, {want:.3f} is "
-                     f"{100 * want:.1f}%"),
-        (1 - want, "that is the share of the step a stage is BUSY (m of m+p-1 steps); the "
-                   "bubble is the rest"),
-        ((p - 1) / m, f"(p-1)/m = {p - 1}/{m} divides the idle steps by the busy ones (the form "
-                      f"Narayanan et al. 2021 quote); the question asks for the share of the "
-                      f"whole step, which divides by all m+p-1 = {m + p - 1} steps"),
-        (p / (m + p - 1), f"a stage idles p-1 = {p - 1} steps, not p: the first stage starts at "
-                          f"step 0, the last at step p-1"),
-        (p / (m + p), f"a stage idles p-1 = {p - 1} of m+p-1 = {m + p - 1} steps"),
-        ((p - 1) / (m + p), f"the step lasts m+p-1 = {m + p - 1} steps (the last microbatch "
-                            f"enters stage 0 at step m-1 and leaves stage p-1 at step m+p-2)"),
-        (2 * (p - 1) / (m + p - 1), "forward and backward each have a bubble of p-1 steps, but "
-                                    "the step is twice as long too: the fraction stays the same"),
-    ]
-    for wrong, hint in mistakes:
-        if np.isclose(a, wrong, rtol=1e-3):
-            return _say(False, f"{a:g}: {hint}.")
-    return _say(False, f"{a:g} is not the bubble fraction: count the steps of the schedule "
-                f"(m+p-1) and those in which one stage has no microbatch.")
+__all__ = ["check_specs", "check_block_shapes", "centering_data", "check_centering",
+           "check_sharded_bytes"]
 
 
-# -- exercise 2: the bubble of a training step ------------------------------------------------
-
-TRAINING_STAGES = 4
-
-
-def _training_idle(d, k, m, p=TRAINING_STAGES, backward="reversed"):
-    """Whether stage d idles in compute segment k of the training step: forward steps
-    0..m+p-2, then their backwards, last forward step first (``backward`` names the
-    variants the checker recognises as mistakes)."""
-    steps = m + p - 1
-    if k < steps:
-        t = k
-    elif backward == "reversed":
-        t = 2 * steps - 1 - k
-    elif backward == "in order":
-        t = k - steps
-    elif backward == "one off":
-        t = 2 * steps - k
-    elif backward == "all idle":
-        return True
-    else:                                     # "all busy"
-        return False
-    return not 0 <= t - d < m
+def _entries(spec):
+    """A partition spec (simpmd's or JAX's) as a tuple of entries without trailing Nones,
+    or None if ``spec`` is not a partition spec."""
+    if type(spec).__name__ not in ("PartitionSpec", "P"):
+        return None
+    parts = [tuple(p) if isinstance(p, list) else p for p in spec]
+    parts = [p[0] if isinstance(p, tuple) and len(p) == 1 else p for p in parts]
+    while parts and parts[-1] is None:
+        parts.pop()
+    return tuple(parts)
 
 
-def check_training_idle(fn, p: int = TRAINING_STAGES, ms=(2, 4, 6)) -> Verdict:
-    """``fn(d, k, m)``: whether stage ``d`` of the 4-stage GPipe training step (forward,
-    loss, backward) idles in its ``k``-th compute segment, with ``m`` microbatches."""
-    if is_placeholder(fn):
-        return _say(False, "training_idle is still a placeholder; define it with def.")
-    got, answers = {}, set()
-    for m in ms:
-        for d in range(p):
-            for k in range(2 * (m + p - 1)):
-                try:
-                    answer = fn(d, k, m)
-                    answers.add(answer is None)
-                    got[d, k, m] = bool(answer)
-                except Exception as exc:
-                    return _say(False, f"training_idle({d}, {k}, {m}) raised {error_summary(exc)}")
-    if answers == {True}:
-        return _say(False, "training_idle returns None (the placeholder's body is still ...); "
-                    "return True or False.")
-    want = {key: _training_idle(*key) for key in got}
-    wrong = [key for key in got if got[key] != want[key]]
-    if not wrong:
-        return _say(True, "segment k < m+p-1 is forward step k; the backward then runs the "
-                    "steps in reverse, so segment k is the backward of step 2(m+p-1)-1-k; "
-                    "stage d works in step t when 0 <= t-d < m.")
-    d, k, m = wrong[0]
-    first = (f"training_idle({d}, {k}, {m}) is {got[d, k, m]}, expected {want[d, k, m]} "
-             f"({len(wrong)} of {len(got)} answers differ)")
-    if all(k < m + p - 1 for d, k, m in wrong):
-        return _say(False, f"{first}: the forward segments are off. In forward step t, "
-                    f"stage d works on microbatch t-d when that is a microbatch (0..m-1).")
-    for variant, hint in (
-            ("in order", "the backward segments are taken in the forward's order. The backward "
-                         "starts from the loss, at the last stage, so its first segment is the "
-                         "backward of the LAST forward step"),
-            ("one off", "the backward segments are one step off: segment m+p-1 is the "
-                        "backward of forward step m+p-2, so step = 2(m+p-1)-1-k"),
-            ("all idle", "every backward segment is idle in your answer, but each stage "
-                         "computes the backward of each of its m microbatches"),
-            ("all busy", "every backward segment is busy in your answer, but the backward has "
-                         "its bubble too: p-1 idle segments per stage")):
-        if all(got[key] == _training_idle(*key, backward=variant) for key in got):
-            return _say(False, f"{first}: {hint}.")
-    return _say(False, f"{first}. Number the segments: forward steps 0..m+p-2, then the "
-                "backward of those steps, last one first.")
+def _spec_text(entries) -> str:
+    """``P('i')``, ``P(None, 'i')``, ``P()``: a spec's entries as the learner wrote them."""
+    return "P(" + ", ".join(repr(e) for e in entries) + ")"
 
 
-# -- exercise 3: where the activations go -------------------------------------------------------
-
-def pipeline_data(p: int = 4, m: int = 4, width: int = 8, rows: int = 2, seed: int = 11):
-    """The checker's model and inputs: weights (p, width, width), biases (p, width) and
-    microbatches (m, rows, width), float32."""
-    rng = np.random.default_rng(seed)
-    w = (rng.standard_normal((p, width, width)) / np.sqrt(width)).astype(np.float32)
-    b = (0.1 * rng.standard_normal((p, width))).astype(np.float32)
-    x = rng.standard_normal((m, rows, width)).astype(np.float32)
-    return w, b, x
-
-
-def _unsplit(w, b, x):
-    h = x.astype(np.float64)
-    for k in range(w.shape[0]):
-        h = np.tanh(h @ w[k] + b[k])
-    return h
+def _not_a_spec(name, value) -> str:
+    if isinstance(value, str):
+        return f"{name} is the bare string {value!r}; a spec is P({value!r}) (from simpmd import P)."
+    if value is None and name == "out_specs":
+        return ("out_specs is None; a result that is the same on every device, returned once, "
+                "is P().")
+    if value is None:
+        return (f"{name} is None. In in_specs None means 'pass through untouched' (a static "
+                f"argument); a whole, replicated argument is P().")
+    return f"{name} should be a partition spec such as P('i') or P(), got {value!r}."
 
 
-def _gpipe_with(perm):
-    """The lesson's GPipe forward pass, as a simpmd.shard_map over 'stage', sending with
-    ``perm``."""
+# -- exercise 1: pmap's axes as specs ------------------------------------------------------
+
+def check_specs(in_specs, out_specs) -> bool:
+    """Specs for ``pmap(f, axis_name='i', in_axes=(0, None), out_axes=None)`` with
+    ``x`` of shape (8, 3) and ``w`` of shape (3,), on a 1-D mesh with axis 'i'."""
+    if in_specs is Ellipsis or out_specs is Ellipsis or in_specs is None:
+        return _say(False, "in_specs and out_specs are still placeholders.")
+    if not isinstance(in_specs, (tuple, list)) or len(in_specs) != 2:
+        return _say(False, "in_specs needs one spec per argument: a tuple of two, for x and w "
+                    f"(got {in_specs!r}).")
+    problems = []
+    x_spec, w_spec = in_specs
+    want = {"in_specs[0] (x)": (x_spec, ("i",)), "in_specs[1] (w)": (w_spec, ()),
+            "out_specs": (out_specs, ())}
+    for name, (spec, expected) in want.items():
+        got = _entries(spec)
+        if got is None:
+            problems.append(_not_a_spec(name, spec))
+        elif got == expected:
+            continue
+        elif name.startswith("in_specs[0]"):
+            if got == ():
+                problems.append("in_specs[0]: x is mapped (in_axes=0), so its axis 0 is split "
+                                "over 'i': P('i'). P() would give every device all of x.")
+            elif "i" in got:
+                problems.append(f"in_specs[0] is {_spec_text(got)}: in_axes=0 splits the FIRST "
+                                "axis of x, so 'i' goes in the first entry: P('i').")
+            else:
+                problems.append(f"in_specs[0] is {_spec_text(got)}; the mesh's only axis is 'i'.")
+        elif name.startswith("in_specs[1]"):
+            problems.append(f"in_specs[1] is {_spec_text(got)}: in_axes=None gives every device "
+                            "the whole w, which is a spec naming no mesh axis: P().")
+        elif "i" in got:
+            k = got.index("i")
+            problems.append(f"out_specs is {_spec_text(got)}, which concatenates the 8 devices' "
+                            f"blocks along axis {k}, like out_axes={k}. out_axes=None returns ONE "
+                            "copy of a result that is the same on every device: P().")
+        else:
+            problems.append(f"out_specs is {_spec_text(got)}, which names no axis of this mesh "
+                            "(its only axis is 'i'). out_axes=None returns ONE copy of a result "
+                            "that is the same on every device: P().")
+    if problems:
+        return _say(False, " ".join(problems))
+    return _say(True, "in_specs=(P('i'), P()), out_specs=P(): x split over 'i', w and the "
+                "result whole on every device.")
+
+
+# -- exercise 2: the block a body sees --------------------------------------------------------
+
+MESH = {"data": 2, "model": 4}
+BLOCK_QUESTIONS = {
+    "a": ((16, 24), ("data", "model")),
+    "b": ((16, 24), (None, ("data", "model"))),
+    "c": ((16, 24), ("model",)),
+}
+
+
+def _expected_block(shape, entries):
+    out = []
+    for k, size in enumerate(shape):
+        entry = entries[k] if k < len(entries) else None
+        names = () if entry is None else (entry if isinstance(entry, tuple) else (entry,))
+        n = int(np.prod([MESH[a] for a in names])) if names else 1
+        out.append((size // n, names, n))
+    return out
+
+
+def check_block_shapes(a, b, c) -> bool:
+    """The block shapes a shard_map body sees for x of shape (16, 24) on the 2x4
+    ('data', 'model') mesh, for in_specs (a) P('data', 'model'), (b) P(None, ('data',
+    'model')), (c) P('model')."""
+    ok = True
+    for label, answer in zip("abc", (a, b, c)):
+        shape, entries = BLOCK_QUESTIONS[label]
+        spec_text = "P(" + ", ".join(repr(e) for e in entries) + ")"
+        rows = _expected_block(shape, entries)
+        want = tuple(r[0] for r in rows)
+        if answer is None or answer is Ellipsis:
+            ok = _say(False, f"({label}) is still a placeholder.") and ok
+            continue
+        try:
+            got = tuple(int(v) for v in answer)
+        except (TypeError, ValueError):
+            ok = _say(False, f"({label}) should be a shape tuple such as (8, 6), got "
+                      f"{answer!r}.") and ok
+            continue
+        if got == want:
+            _say(True, f"({label}) {spec_text}: the body sees {want}.")
+            continue
+        ok = False
+        if len(got) < len(want):
+            _say(False, f"({label}) {got} has fewer dimensions than x: pmap removes the mapped "
+                 f"axis, shard_map does not. Every dimension stays; a split one gets shorter "
+                 f"(expected {want}).")
+            continue
+        if len(got) != len(want):
+            _say(False, f"({label}) x has {len(want)} dimensions, so its block does too; "
+                 f"got {got}.")
+            continue
+        notes = []
+        for k, (g, (e, names, n)) in enumerate(zip(got, rows)):
+            if g == e:
+                continue
+            if not names:
+                notes.append(f"dimension {k} is not split by {spec_text} (no mesh axis in that "
+                             f"entry), so it keeps its size {shape[k]}, not {g}")
+            elif len(names) > 1:
+                notes.append(f"dimension {k} is split over {names} together: "
+                             f"{' x '.join(str(MESH[x]) for x in names)} = {n} blocks, so "
+                             f"{shape[k]} / {n} = {e}, not {g}")
+            else:
+                notes.append(f"dimension {k} is split over {names[0]!r}, which has {n} devices "
+                             f"('data' has 2, 'model' 4): {shape[k]} / {n} = {e}, not {g}")
+        _say(False, f"({label}) {spec_text}: " + "; ".join(notes) + ".")
+    return Verdict(ok)
+
+
+# -- exercise 3: porting a pmap program -------------------------------------------------------
+
+def centering_data():
+    """The checker's test data: x of shape (8, 3), one row per device."""
+    rng = np.random.default_rng(10)
+    return rng.standard_normal((8, 3)).astype(np.float32)
+
+
+def check_centering(centered) -> bool:
+    """``centered(x)`` on x of shape (8, 3) must return x minus its column means, (8, 3),
+    as ``pmap(lambda r: r - lax.pmean(r, 'i'), 'i')`` does."""
     import simpmd
-    import simpmd.numpy as snp
-    from simpmd import P, lax
-
-    def body(w, b, x):
-        w, b = w[0], b[0]
-        stage = lax.axis_index("stage")
-        n, m = lax.axis_size("stage"), x.shape[0]
-        arrived = snp.zeros_like(x[0])
-        outputs = []
-        for t in range(m + n - 1):
-            inp = snp.where(stage == 0, x[min(t, m - 1)], arrived)
-            y = snp.tanh(inp @ w + b)
-            if t >= n - 1:
-                outputs.append(y)
-            if t < m + n - 2:
-                arrived = lax.ppermute(y, "stage", perm)
-        return snp.stack(outputs)[None]
-    p = 4
-    mesh = simpmd.make_mesh((p,), ("stage",))
-    return simpmd.shard_map(body, mesh=mesh, in_specs=(P("stage"), P("stage"), P()),
-                            out_specs=P("stage"))
-
-
-def check_send_perm(perm, p: int = 4) -> Verdict:
-    """``perm``: the ``ppermute`` pairs that pass each stage's output on to the next stage
-    of a 4-stage pipeline (the lesson's GPipe program is run with it and compared with the
-    unsplit model)."""
-    if is_placeholder(perm):
-        return _say(False, "send_perm is still a placeholder; give a list of (source, "
-                    "destination) pairs.")
-    try:
-        pairs = [(int(s), int(d)) for s, d in perm]
-    except (TypeError, ValueError):
-        return _say(False, f"send_perm should be a list of (source, destination) pairs, got "
-                    f"{perm!r}.")
-    right = {(j, j + 1) for j in range(p - 1)}
-    if set(pairs) == {(j + 1, j) for j in range(p - 1)}:
-        return _say(False, "these pairs send from stage j+1 to stage j: backwards. In the "
-                    "forward pass activations flow from stage j to j+1, (j, j+1); the "
-                    "backward pass (its transpose) sends the gradients the other way.")
-    w, b, x = pipeline_data(p)
-    want = _unsplit(w, b, x)
+    if centered is None or centered is Ellipsis:
+        return _say(False, "centered is still a placeholder; build it with simpmd.shard_map.")
+    if is_pmapped(centered):
+        return _say(False, "centered is a simpmd.pmap; the exercise is to write it with "
+                    "simpmd.shard_map(..., mesh=mesh_i, in_specs=..., out_specs=...).")
+    x = centering_data()
+    want = x - x.mean(axis=0)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            out = np.asarray(_gpipe_with(list(perm))(w, b, x))[-1]
+            out = centered(x)
+    except simpmd.ShardingError as exc:
+        return _say(False, f"simpmd refused the program: {exc}")
     except Exception as exc:
-        return _say(False, f"the pipeline with these pairs raised {error_summary(exc, first_sentence=True)}")
-    correct = np.allclose(out, want, rtol=1e-4, atol=1e-5)
-    extra = sorted(set(pairs) - right)
-    missing = sorted(right - set(pairs))
-    if correct and not extra:
-        return _say(True, f"{pairs}: each stage sends to the next, and the last stage's "
-                    f"outputs match the unsplit model.")
-    if correct and extra == [(p - 1, 0)]:
-        return _say(False, f"the result is right, but ({p - 1}, 0) closes a ring: the last "
-                    f"stage sends its output to stage 0, which never reads it (stage 0 takes "
-                    f"the next microbatch). It is {len(pairs)} sends per step where {p - 1} "
-                    f"do; leave it out.")
-    bad = [j for j in range(x.shape[0]) if not np.allclose(out[j], want[j], rtol=1e-4, atol=1e-5)]
-    stray = [pair for pair in extra if pair != (p - 1, 0)]
-    if stray:
-        return _say(False, f"pairs {stray} do not go from a stage to the next one; microbatches "
-                    f"{bad} come out different from the unsplit model. Stage j+1 must receive "
-                    f"from stage j: (j, j+1) for j = 0..{p - 2}.")
-    return _say(False, f"pairs {missing} are missing, so the stages they should feed compute on "
-                f"zeros and microbatches {bad} come out wrong.")
+        return _say(False, f"calling centered(x) raised {error_summary(exc)}")
+    if out is None:
+        return _say(False, "the body returned None; return the centered block.")
+    got = np.asarray(out)
+    if got.shape != want.shape:
+        if got.shape == (1, 3):
+            return _say(False, "the result has shape (1, 3), one device's block: out_specs "
+                        "P('i') concatenates the 8 blocks back into (8, 3).")
+        if got.shape == (3,):
+            return _say(False, "the result has shape (3,): inside shard_map each device's "
+                        "block is x[k:k+1], shape (1, 3); keep that axis, and concatenate "
+                        "with out_specs P('i').")
+        if got.shape == (8 * 8, 3):
+            return _say(False, "the result has shape (64, 3), 8 blocks of (8, 3): every device "
+                        "received the whole x. in_specs=P() names no mesh axis, so nothing is "
+                        "split and each device gets a full copy; out_specs=P('i') then joins "
+                        "8 whole copies. Split the rows over the devices: in_specs=P('i').")
+        return _say(False, f"the result has shape {got.shape}, expected {want.shape}.")
+    if np.allclose(got, 0.0, atol=1e-6) and not np.allclose(want, 0.0, atol=1e-6):
+        return _say(False, "every value is 0: each device subtracted the mean of copies that "
+                    "were all the same. With in_specs=P() every device receives the whole x "
+                    "(P() names no mesh axis, so nothing is split); give each device its own "
+                    "row with in_specs=P('i').")
+    if np.allclose(got, want, rtol=1e-5, atol=1e-5):
+        return _say(True, "every row is x minus the column means, as in the pmap version.")
+    if np.allclose(got, x - 8 * x.mean(axis=0), rtol=1e-5, atol=1e-5):
+        return _say(False, "you subtracted the column SUMS: psum adds over the 8 devices; "
+                    "pmean averages.")
+    if np.allclose(got, x, rtol=1e-5, atol=1e-5):
+        return _say(False, "the result is x unchanged: subtract the mean over 'i'.")
+    if np.allclose(got, x - x.mean(axis=1, keepdims=True), rtol=1e-5, atol=1e-5):
+        return _say(False, "you subtracted each row's own mean (over its 3 values); the mean "
+                    "is over the devices, axis 'i': lax.pmean(block, 'i').")
+    bad = sorted({int(i) for i in np.argwhere(~np.isclose(got, want, rtol=1e-5, atol=1e-5))[:, 0]})
+    return _say(False, f"rows {bad} differ from x minus its column means (row k is device "
+                f"k's block).")
 
 
-# -- exercise 4: activations held, GPipe against 1F1B -----------------------------------------
+# -- exercise 4: bytes of a sharded array -------------------------------------------------------
 
-HELD_STAGES, HELD_MICROBATCHES = 8, 32
-
-
-def check_activations_held(gpipe, one_f_one_b, p: int = HELD_STAGES,
-                           m: int = HELD_MICROBATCHES) -> Verdict:
-    """The most microbatches whose activations each stage holds at once (forward done,
-    backward not yet), one number per stage, for GPipe and for 1F1B with ``p`` stages and
-    ``m`` microbatches."""
-    ok = True
-    want_g = [m] * p
-    want_1 = [min(p - s, m) for s in range(p)]
-    for name, answer, want in (("GPipe", gpipe, want_g), ("1F1B", one_f_one_b, want_1)):
-        if is_placeholder(answer):
-            ok = _say(False, f"{name}'s list is still a placeholder; give {p} numbers, one "
-                      f"per stage.") and ok
-            continue
-        try:
-            got = [int(v) for v in answer]
-        except (TypeError, ValueError):
-            ok = _say(False, f"{name} should be a list of {p} numbers, got {answer!r}.") and ok
-            continue
-        if len(got) != p:
-            ok = _say(False, f"{name} has {len(got)} numbers; give one per stage, {p}.") and ok
-            continue
-        if got == want:
-            _say(True, f"{name}: {got}.")
-            continue
-        ok = False
-        if name == "GPipe":
-            if got == want_1:
-                hint = ("that is 1F1B's profile. GPipe runs all m forwards before any backward, "
-                        f"so every stage holds all m = {m} microbatches at the turn")
-            elif got == [m - s for s in range(p)] or got == [m + s for s in range(p)]:
-                hint = (f"every stage, not only the first, runs all {m} forwards before its "
-                        f"first backward, so each peaks at {m}")
-            else:
-                hint = f"GPipe finishes all {m} forwards before the first backward"
-        else:
-            if got == [p - s - 1 for s in range(p)]:
-                hint = ("one short on every stage: after its p-s-1 warm-up forwards, stage s "
-                        "runs one more forward before its first backward, so it holds p-s "
-                        "(the last stage holds 1, not 0)")
-            elif got == list(reversed(want_1)):
-                hint = ("reversed: the FIRST stage holds most, since its warm-up lasts until "
-                        "its first microbatch has gone through all the later stages and back")
-            elif got == [p] * p:
-                hint = ("only stage 0 holds p; a later stage s waits fewer steps for its first "
-                        "gradient, p-s")
-            elif got == want_g:
-                hint = (f"that is GPipe; 1F1B starts each backward as soon as its gradient "
-                        f"arrives, so stage s never holds more than p-s, however large m is")
-            else:
-                hint = "count, for stage s, the forwards it runs before its first backward"
-        _say(False, f"{name}: {got}, expected {want}: {hint}.")
-    return Verdict(ok)
+def check_sharded_bytes(answer) -> bool:
+    """Bytes ONE device holds of a bf16 array of shape (4096, 8192) laid out as
+    NamedSharding(mesh, P('data', None)) on the 2x4 ('data', 'model') mesh."""
+    factors = [
+        Factor("values", 4096 * 8192),
+        Factor("bytes per value", 2, {
+            4: "bf16 takes 2 bytes per value (4 is float32)."}),
+        Factor("share", 1 / 2, {
+            1 / 8: "P('data', None) names only 'data': rows are split over its 2 devices, "
+                   "and along 'model' the array is replicated, so do not divide by 8.",
+            1: "P('data', None) splits the rows over 'data' (2 devices): each holds half.",
+            1 / 4: "the rows are split over 'data' (2 devices), not 'model' (4)."}),
+    ]
+    return check_quantity(answer, factors, what="bytes per device", unit="bytes")

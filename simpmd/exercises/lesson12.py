@@ -1,207 +1,260 @@
-"""Checks for lesson 12, sequence and expert parallelism.
+"""Checks for lesson 12, jit with Explicit shardings.
 
-Each check prints what is right or what is off and returns a Verdict, so that a reference
-solution can ``assert`` it. Expected values come from NumPy computed here (a full softmax,
-a loop over tokens) and closed forms written out factor by factor, never from the lesson's
-solutions.
+Each check prints what is right or what is off and returns a Verdict (true or false), so
+that a reference solution can ``assert`` it. Expected values are worked out here by hand
+from JAX's sharding rules and NumPy closed forms, never from the lesson's solutions.
 """
 from __future__ import annotations
 
-import math
+import re
 
 import numpy as np
 
-from simpmd.course import Verdict, check_against_mistakes, error_summary, is_placeholder, say as _say
-
-from .lesson08 import Factor, check_quantity
-
-__all__ = ["partial_softmax", "check_merge", "check_ring_bytes", "check_ulysses_bytes",
-           "check_capacity", "check_keep_mask", "RING_SIZES"]
+from simpmd.course import (Factor, Verdict, check_quantity, error_summary,
+                           is_placeholder as _placeholder, say as _say)
 
 
-# -- exercise 1: merging two partial softmaxes ------------------------------------------------
-
-def partial_softmax(scores, values):
-    """``(m, l, o)`` of one block of keys: the row maxima of ``scores`` (queries x keys),
-    the sums of exp(scores - m), and the UNnormalised output sum exp(scores - m) @ values."""
-    s = np.asarray(scores, dtype=np.float64)
-    m = s.max(axis=-1)
-    p = np.exp(s - m[:, None])
-    return m, p.sum(axis=-1), p @ np.asarray(values, dtype=np.float64)
+__all__ = ["check_result_type", "megatron_data", "check_megatron", "check_reshard_collectives",
+           "check_fsdp_gather_bytes"]
 
 
-def _merge_cases():
-    """(scores, values) pairs split into two key blocks; the second case puts the larger
-    scores in the second block, the third in the first, so that a merge that rescales only
-    one side is caught either way."""
-    rng = np.random.default_rng(12)
-    cases = []
-    for shift in (0.0, 4.0, -4.0):
-        s = rng.normal(size=(3, 10))
-        s[:, 5:] += shift
-        cases.append((s, rng.normal(size=(10, 2))))
-    return cases
+# -- exercise 1: the type of a result ---------------------------------------------------------
+
+def _type_text(answer) -> str | None:
+    """The type as text without spaces or quotes, in the long dtype names that
+    ``typeof`` prints: ``f32[32@model]`` (a jaxpr's spelling) reads as float32[32@model]."""
+    if hasattr(answer, "str_short") or type(answer).__name__ == "ShapedArray":
+        answer = str(answer)
+    if not isinstance(answer, str):
+        return None
+    text = re.sub(r"[\s'\"]+", "", answer)
+    short = {"f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64",
+             "i32": "int32", "i64": "int64"}
+    m = re.match(r"([a-z]+\d+)\[", text)
+    if m and m.group(1) in short:
+        text = short[m.group(1)] + text[len(m.group(1)):]
+    return text
 
 
-def check_merge(merge) -> Verdict:
-    """``merge((m1, l1, o1), (m2, l2, o2))`` must return the ``(m, l, o)`` of both key blocks
-    together, so that ``o / l[:, None]`` is softmax(scores) @ values."""
-    if is_placeholder(merge) or not callable(merge):
-        return _say(False, "merge is still a placeholder; define merge(a, b) returning (m, l, o).")
-    for k, (s, v) in enumerate(_merge_cases()):
-        a, b = partial_softmax(s[:, :5], v[:5]), partial_softmax(s[:, 5:], v[5:])
-        m, l, o = partial_softmax(s, v)
+def check_result_type(answer) -> Verdict:
+    """``x`` is ``float32[16@data,32@model]``; the type of ``x.T.sum(1)``.
+
+    By hand: the transpose permutes the spec with the dims, giving
+    ``float32[32@model,16@data]``; the sum over dim 1 removes that dim (and its axis) and
+    keeps the other's, giving ``float32[32@model]``.
+    """
+    if _placeholder(answer):
+        return _say(False, "answer_1 is still a placeholder; write the type as a string, e.g. "
+                    "'float32[8@data]'.")
+    text = _type_text(answer)
+    if text is None:
+        return _say(False, f"write the type as a string such as 'float32[8@data]', got {answer!r}.")
+    hints = {
+        "float32[32@model]": None,
+        "float32[32@data]": "the transpose moves the spec with the dims: x.T is "
+                            "float32[32@model,16@data], so dim 0 of the result keeps 'model'.",
+        "float32[16@data]": "x.T has the 32 columns first; .sum(1) sums over the 16 rows of x.",
+        "float32[32]": "a reduction removes only the summed dim's split; the kept dim keeps its axis.",
+        "float32[32@model,1]": "sum without keepdims removes the summed dim.",
+        "float32[32@(model,data)]": "the axis of the summed dim does not move to another dim: the "
+                                    "partial sums are all-reduced over 'data', and the result "
+                                    "is replicated along it.",
+    }
+    if text in hints and hints[text] is None:
+        return _say(True, "x.T is float32[32@model,16@data], and summing dim 1 leaves "
+                    "float32[32@model] (one all-reduce over 'data' combines the partial sums).")
+    if text in hints:
+        return _say(False, f"{hints[text]}")
+    return _say(False, f"{answer!r} is not the type. Transpose first (the spec moves "
+                "with the dims), then drop the summed dim.")
+
+
+# -- exercise 2: the Megatron layer as x @ W1 @ W2 ----------------------------------------------
+
+def megatron_data(seed: int = 0):
+    """x (16, 8), W1 (8, 32), W2 (32, 8), float32."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((16, 8)).astype(np.float32)
+    w1 = (rng.standard_normal((8, 32)) / np.sqrt(8)).astype(np.float32)
+    w2 = (rng.standard_normal((32, 8)) / np.sqrt(32)).astype(np.float32)
+    return x, w1, w2
+
+
+def _modules_used(fn) -> set:
+    """The array modules ``fn`` reads by name ('numpy', 'jax.numpy'), from its code and
+    the code of functions defined in it: ``np.tanh`` names np and ``tanh`` imported from
+    jax.numpy names tanh, each looked up in fn's globals and closure; an import inside fn
+    names the module itself."""
+    import types
+    scope = dict(getattr(fn, "__globals__", {}))
+    for name, cell in zip(getattr(getattr(fn, "__code__", None), "co_freevars", ()),
+                          getattr(fn, "__closure__", None) or ()):
         try:
-            got = merge(a, b)
-            if got is None:
-                return _say(False, "merge returned None; return the tuple (m, l, o).")
-            gm, gl, go = (np.asarray(t, dtype=np.float64) for t in got)
-        except Exception as exc:      # the learner's code: say what it raised
-            return _say(False, f"merge raised {error_summary(exc)}")
-        if gm.shape != m.shape or gl.shape != l.shape or go.shape != o.shape:
-            return _say(False, f"merge returned shapes {gm.shape}, {gl.shape}, {go.shape}; "
-                        f"expected {m.shape} (m), {l.shape} (l), {o.shape} (o): one number per "
-                        f"query for m and l, one row per query for o.")
-        if not np.allclose(gm, m):
-            if np.allclose(gm, np.minimum(a[0], b[0])):
-                return _say(False, "m is the smaller of the two maxima; the running max is the larger.")
-            if np.allclose(gm, a[0] + b[0]):
-                return _say(False, "m is the sum of the two maxima; it should be their maximum.")
-            return _say(False, "m differs from the maximum of the two blocks' maxima.")
-        if not np.allclose(gl, l):
-            if np.allclose(gl, a[1] + b[1]):
-                return _say(False, "l is l1 + l2 added as they are; each was summed relative to "
-                            "its own block's max, so scale each by exp(m_i - m) first.")
-            if np.allclose(gl, a[1] * np.exp(m - a[0]) + b[1] * np.exp(b[0] - m)) or \
-                    np.allclose(gl, a[1] * np.exp(a[0] - m) + b[1] * np.exp(m - b[0])):
-                return _say(False, "l rescales one block the wrong way round: the factor is "
-                            "exp(m_i - m), which is at most 1 (m is the larger max).")
-            return _say(False, "l differs from the sum of exp(score - m) over both blocks.")
-        if not np.allclose(go, o):
-            if np.allclose(go, o / l[:, None]):
-                return _say(False, "o is already divided by l; keep it unnormalised, so that "
-                            "later blocks can still be merged in (divide once, at the end).")
-            if np.allclose(go, a[2] + b[2]):
-                return _say(False, "o is o1 + o2 added as they are; scale each by exp(m_i - m) "
-                            "first, as for l.")
-            return _say(False, f"o differs from the merged output (case {k + 1} of 3): check "
-                        f"that each o_i is scaled by the same factor as its l_i.")
-    return _say(True, "merging two blocks gives the m, l and o of both together; "
-                "o / l is the full softmax's output.")
-
-
-# -- exercises 2 and 3: bytes on the wire -------------------------------------------------------
-
-RING_SIZES = dict(seq=32768, heads=32, head_dim=128, devices=8, bytes_per_value=2)
-
-
-def _block(seq, heads, head_dim, devices):
-    return Factor("tokens per device", seq / devices, {seq: "each device holds seq / devices "
-                  "tokens of K and V, not the whole sequence"}), \
-        Factor("values per token", heads * head_dim, {head_dim: "every head's K and V travel: "
-               "multiply by heads as well as head_dim"})
-
-
-def check_ring_bytes(answer, *, seq=32768, heads=32, head_dim=128, devices=8,
-                     bytes_per_value=2) -> Verdict:
-    """Bytes ONE device sends in a whole ring-attention pass (K and V, bf16)."""
-    tokens, width = _block(seq, heads, head_dim, devices)
-    factors = [
-        Factor("K and V", 2, {1: "both K and V travel the ring, not only K"}),
-        Factor("shifts", devices - 1, {devices: f"the block that arrives last is used where it "
-               f"lands: {devices} devices need {devices - 1} shifts, not {devices}"}),
-        tokens, width,
-        Factor("bytes per value", bytes_per_value, {4: "bf16 takes 2 bytes per value, not 4",
-                                                    1: "bf16 takes 2 bytes per value, not 1"}),
-    ]
-    return check_quantity(answer, factors, what="bytes sent per device", unit="bytes")
-
-
-def check_ulysses_bytes(answer, *, seq=32768, heads=32, head_dim=128, devices=8,
-                        bytes_per_value=2) -> Verdict:
-    """Bytes ONE device sends in DeepSpeed-Ulysses attention: all_to_alls of Q, K and V to
-    a head split, and of the output back to a sequence split (bf16)."""
-    tokens, width = _block(seq, heads, head_dim, devices)
-    factors = [
-        Factor("all_to_alls", 4, {3: "the output goes back to a sequence split too: that is a "
-                                  "fourth all_to_all", 2: "Q, K and V each need an all_to_all "
-                                  "in, and the output one back: 4 in all"}),
-        Factor("share sent", (devices - 1) / devices, {1: f"a device keeps the 1/{devices} of "
-               f"its block that is its own: it sends ({devices} - 1)/{devices} of it"}),
-        tokens, width,
-        Factor("bytes per value", bytes_per_value, {4: "bf16 takes 2 bytes per value, not 4",
-                                                    1: "bf16 takes 2 bytes per value, not 1"}),
-    ]
-    return check_quantity(answer, factors, what="bytes sent per device", unit="bytes")
-
-
-# -- exercises 4 and 5: capacity and dropped tokens ----------------------------------------------
-
-def check_capacity(answer, *, tokens=4096, experts=64, capacity_factor=1.25) -> Verdict:
-    """Slots per expert for ``tokens`` tokens (one device's batch), ``experts`` experts and
-    a capacity factor, as the Switch Transformer defines it (rounded up to whole slots)."""
-    exact = capacity_factor * tokens / experts
-    expected = math.ceil(exact)
-    mistakes = [(tokens / experts, "that is tokens / experts, the share of a perfectly "
-                 "balanced router; the capacity factor multiplies it"),
-                (capacity_factor * tokens, "divide by the number of experts: each expert gets "
-                 "its share of the tokens"),
-                (capacity_factor * experts / tokens, "the ratio is upside down: tokens / "
-                 "experts, times the capacity factor")]
-    if exact != expected:
-        mistakes.append((exact, "round up to a whole number of slots"))
-    return check_against_mistakes(answer, expected, mistakes, what="capacity", unit="slots")
-
-
-def _reference_keep(expert_of_token, num_experts, capacity):
-    counts = [0] * num_experts
-    kept = []
-    for e in expert_of_token:
-        kept.append(counts[e] < capacity)
-        counts[e] += 1
-    return np.array(kept)
-
-
-KEEP_CASES = [([0, 1, 0, 0, 2, 0, 1], 3, 2), ([3, 3, 3, 3], 4, 1), ([1, 0, 1, 2, 1, 1, 0, 2], 3, 3),
-              ([0, 1, 2], 3, 1)]
-
-
-def check_keep_mask(keep_mask) -> Verdict:
-    """``keep_mask(expert_of_token, num_experts, capacity)``: a boolean array, True for the
-    tokens that find a free slot, first come first served in token order."""
-    if is_placeholder(keep_mask) or not callable(keep_mask):
-        return _say(False, "keep_mask is still a placeholder; define keep_mask(expert_of_token, "
-                    "num_experts, capacity).")
-    for choice, n, cap in KEEP_CASES:
-        want = _reference_keep(choice, n, cap)
-        try:
-            got = keep_mask(np.array(choice), n, cap)
-            if got is None:
-                return _say(False, "keep_mask returned None; return one True/False per token.")
-            got = np.asarray(got)
-        except Exception as exc:
-            return _say(False, f"keep_mask raised {error_summary(exc)}")
-        case = f"for experts {choice} with capacity {cap}"
-        if got.shape != want.shape:
-            return _say(False, f"{case}, keep_mask returned shape {got.shape}; expected one "
-                        f"entry per token, {want.shape}.")
-        if got.dtype != bool and not np.isin(got, (0, 1)).all():
-            return _say(False, f"{case}, keep_mask returned {got.tolist()}: give True/False "
-                        f"per token.")
-        got = got.astype(bool)
-        if np.array_equal(got, want):
+            scope[name] = cell.cell_contents
+        except ValueError:
+            pass
+    names, codes = set(), [getattr(fn, "__code__", None)]
+    while codes:
+        code = codes.pop()
+        if code is None:
             continue
-        if np.array_equal(got, _reference_keep(choice, n, cap + 1)):
-            return _say(False, f"{case}, keep_mask keeps {int(got.sum())} tokens: one too many per "
-                        f"full expert. A token's position among its expert's tokens starts at "
-                        f"0, and it fits if that position is < capacity.")
-        if np.array_equal(got, np.arange(len(choice)) < cap):
-            return _say(False, f"{case}, keep_mask counts all tokens together; each expert has "
-                        f"its own {cap} slot(s).")
-        late = _reference_keep(choice[::-1], n, cap)[::-1]
-        if np.array_equal(got, late):
-            return _say(False, f"{case}, keep_mask keeps the LAST tokens of each expert; slots "
-                        f"go to the first tokens, in order.")
-        return _say(False, f"{case}, keep_mask gives {got.astype(int).tolist()}, expected "
-                    f"{want.astype(int).tolist()} (1 = kept).")
-    return _say(True, "each expert keeps its first `capacity` tokens and drops the rest.")
+        names |= set(code.co_names) | set(code.co_freevars)
+        codes += [c for c in code.co_consts if isinstance(c, types.CodeType)]
+    used = {name for name in names if name in ("numpy", "jax.numpy")}     # imported in fn
+    for name in names:
+        value = scope.get(name)
+        module = value.__name__ if isinstance(value, types.ModuleType) else getattr(value, "__module__", "") or ""
+        if module == "numpy" or module.startswith("numpy."):
+            used.add("numpy")
+        elif module == "jax.numpy" or module.startswith(("jax.numpy.", "jax._src.numpy")):
+            used.add("jax.numpy")
+    return used
+
+
+_USE_SIMPMD_NUMPY = ("under simpmd.jit write the layer with simpmd.numpy, whose functions "
+                     "keep the shardings: snp.tanh(x @ w1), then snp.matmul(h, w2, "
+                     "out_sharding=P('data', None))")
+
+
+def check_megatron(layer) -> Verdict:
+    """``layer(x, w1, w2)`` under ``simpmd.jit``, with x split P('data', None), W1 split
+    P(None, 'model') and W2 split P('model', None) on the 2x4 mesh: it must compute
+    ``tanh(x @ W1) @ W2``, return ``float32[16@data,8]``, and need one all-reduce only."""
+    import simpmd
+    from simpmd import P
+    if _placeholder(layer) or not callable(layer):
+        return _say(False, "layer is still a placeholder; write def layer(x, w1, w2): ...")
+    used = _modules_used(layer)
+    x, w1, w2 = megatron_data()
+    expected = np.tanh(x @ w1) @ w2
+    mesh = simpmd.make_mesh((2, 4), ("data", "model"))
+    with simpmd.set_mesh(mesh):
+        args = [simpmd.device_put(x, P("data", None)), simpmd.device_put(w1, P(None, "model")),
+                simpmd.device_put(w2, P("model", None))]
+        jitted = simpmd.jit(layer)
+        try:
+            y = jitted(*args)
+        except Exception as e:                  # noqa: BLE001 - the hint names it
+            if "jax.numpy" in used or "valid JAX type" in str(e):
+                return _say(False, "the layer calls jax.numpy (jnp), whose functions take JAX "
+                            f"arrays, not simpmd's sharded ones; {_USE_SIMPMD_NUMPY}.")
+            if "out_sharding" in str(e):
+                return _say(False, "the second product sums over the dim split on "
+                            "'model' on both sides, so JAX asks where the sum goes. Pass "
+                            "out_sharding=P('data', None) to snp.matmul.")
+            return _say(False, f"the layer raised {error_summary(e, first_sentence=True)}")
+    if y is None or not hasattr(y, "shape"):
+        return _say(False, "layer returns nothing; return the layer's output.")
+    if tuple(y.shape) != (16, 8):
+        return _say(False, f"the result has shape {tuple(y.shape)}; tanh(x @ W1) @ W2 is (16, 8).")
+    if not np.allclose(np.asarray(y), expected, rtol=1e-4, atol=1e-5):
+        if np.allclose(np.asarray(y), (x @ w1) @ w2, rtol=1e-4, atol=1e-5):
+            return _say(False, "the values miss the tanh between the two products.")
+        return _say(False, "the values differ from tanh(x @ W1) @ W2.")
+    kind = str(simpmd.typeof(y))
+    calls = [(c[0].op, str(c[0].params.get("inserted", ""))) for c in jitted.trace.calls()]
+    if "numpy" in used and kind != "float32[16@data,8]":
+        return _say(False, f"the result is {kind}: a NumPy function (np.tanh, np.matmul) turns "
+                    f"a sharded array into a plain, whole NumPy array, and NumPy has no "
+                    f"out_sharding; {_USE_SIMPMD_NUMPY}.")
+    if kind != "float32[16@data,8]":
+        return _say(False, f"the result is {kind}: ask for rows split over 'data', whole "
+                    f"columns (out_sharding=P('data', None)), as the Megatron layer returns.")
+    if [op for op, _ in calls] != ["psum"]:
+        ops = [op for op, _ in calls]
+        by = [why.removeprefix("jit: ") for _, why in calls]
+        if by[0] == "matmul" and "reshard" in by:
+            return _say(False, f"the right values, but jit inserted {ops}: the product left "
+                        f"each device a slice of the sum ({ops[0]}), and the reshard of the "
+                        f"output gathered it again ({ops[by.index('reshard')]}). Ask for the "
+                        f"layout in the product itself, out_sharding=P('data', None): one "
+                        f"all-reduce (psum) over 'model'.")
+        if by[:1] == ["reshard"]:
+            return _say(False, f"the right values, but jit inserted {ops}: a reshard moved an "
+                        f"input (x, W1 or W2) before the products. The given splits need no "
+                        f"reshard: only the second product's partial sums meet, in one "
+                        f"all-reduce (psum) over 'model'.")
+        return _say(False, f"the right values, but jit inserted {ops}: the layer needs one "
+                    f"all-reduce (psum) over 'model' and nothing else.")
+    return _say(True, "x @ W1 is float32[16@data,32@model] with no traffic, tanh is "
+                "local, and the second product's partial sums meet in one all-reduce over 'model'.")
+
+
+# -- exercise 3: which collective a reshard is ---------------------------------------------------
+
+# Each answer is read without case, spaces, '-' or '_', and without a leading "lax." or
+# "jax.lax.": JAX's names (all_gather, psum_scatter), XLA's (all-gather, dynamic-slice) and
+# the lesson's words (a local slice) all count.
+_KINDS = {"allgather": "all-gather", "alltoall": "all-to-all",
+          "allreduce": "all-reduce", "psum": "all-reduce",
+          "reducescatter": "reduce-scatter", "psumscatter": "reduce-scatter",
+          "ppermute": "collective-permute", "permute": "collective-permute",
+          "collectivepermute": "collective-permute",
+          "none": "none", "nothing": "none", "nocollective": "none", "nocommunication": "none",
+          "notraffic": "none", "slice": "none", "localslice": "none", "local": "none",
+          "dynamicslice": "none", "noop": "none"}
+
+
+def _kind(answer) -> str | None:
+    """The collective an answer names, or None when it names none of them."""
+    text = re.sub(r"[\s_\-]+", "", str(answer)).lower()
+    text = re.sub(r"^(jax\.)?lax\.", "", text)
+    return _KINDS.get(text)
+
+RESHARDS = {"a": ("P('data', 'model')", "P('data', None)", "all-gather"),
+            "b": ("P('data', None)", "P(None, 'data')", "all-to-all"),
+            "c": ("P()", "P('data', 'model')", "none")}
+
+
+def check_reshard_collectives(answers) -> Verdict:
+    """A dict {'a': ..., 'b': ..., 'c': ...}: the collective each reshard of :data:`RESHARDS`
+    needs ('all-gather', 'all-to-all', 'all-reduce', 'reduce-scatter' or 'none')."""
+    if isinstance(answers, dict) and any(v is Ellipsis for v in answers.values()):
+        return _say(False, "answer_3 still holds placeholders (...); name a collective for "
+                    "each of (a), (b) and (c), or 'none'.")
+    if _placeholder(answers) or not isinstance(answers, dict):
+        return _say(False, "answer_3 should be a dict such as {'a': 'all-gather', 'b': ..., 'c': ...}.")
+    unanswered = [key for key in RESHARDS if answers.get(key) is None
+                  or (isinstance(answers.get(key), str) and not answers[key].strip())]
+    if unanswered:
+        return _say(False, f"{', '.join(f'({k})' for k in unanswered)} has no answer "
+                    f"({', '.join(repr(answers.get(k)) for k in unanswered)}); name a "
+                    f"collective for each, or write 'none' where no device needs to send.")
+    wrong = []
+    for key, (src, dst, right) in RESHARDS.items():
+        given = answers[key]
+        kind = _kind(given)
+        if kind is None:
+            wrong.append(f"({key}) {given!r} is not a collective this checker knows: write "
+                         f"'all-gather', 'all-to-all', 'all-reduce', 'reduce-scatter' or "
+                         f"'none' (JAX's names such as 'all_gather' count too).")
+            continue
+        if kind != right:
+            why = {"a": "'model' leaves the columns and goes nowhere: every device gathers the "
+                        "other column blocks of its row band.",
+                   "b": "'data' leaves the rows and moves to the columns: each device sends "
+                        "the pieces of its block that the others keep, one exchange.",
+                   "c": "every device already holds the whole array; it keeps its own piece "
+                        "and sends nothing."}[key]
+            wrong.append(f"({key}) {src} -> {dst}: {why}")
+    if wrong:
+        return _say(False, "\n  " + "\n  ".join(wrong))
+    return _say(True, "(a) all-gather, (b) all-to-all, (c) no communication at all: each "
+                "device slices its own block out of the copy it holds (XLA writes a "
+                "dynamic-slice).")
+
+
+# -- exercise 4: FSDP's all-gather, in bytes ------------------------------------------------------
+
+def check_fsdp_gather_bytes(answer) -> Verdict:
+    """Bytes ONE device receives when a bf16 weight of shape (4096, 4096), split over all 8
+    devices (P(('data', 'model'), None)), is resharded to P() (a ring all-gather)."""
+    factors = [
+        Factor("values", 4096 * 4096),
+        Factor("bytes per value", 2, {4: "bf16 takes 2 bytes per value (4 is float32)."}),
+        Factor("share received", 7 / 8, {
+            1: "each device already holds its own eighth; it receives the other 7/8.",
+            1 / 8: "1/8 is the block a device holds; it receives the 7 blocks it lacks.",
+            7: "7 blocks of 1/8 each, not 7 whole weights."}),
+    ]
+    return check_quantity(answer, factors, what="bytes received per device", unit="bytes")

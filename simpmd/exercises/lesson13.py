@@ -1,172 +1,281 @@
-"""Checks for lesson 13, jit with Explicit shardings.
+"""Checks for lesson 13, pipeline parallelism.
 
-Each check prints what is right or what is off and returns a Verdict (true or false), so
-that a reference solution can ``assert`` it. Expected values are worked out here by hand
-from JAX's sharding rules and NumPy closed forms, never from the lesson's solutions.
+Each check prints what is right or what is off and returns a Verdict, so that a reference
+solution can ``assert`` it. Expected values come from closed forms written out here (the
+bubble (p-1)/(m+p-1), microbatch t-d at step t on stage d, the activations a stage holds),
+and the pipeline runs that the checks make are compared with a NumPy model run layer after
+layer, never with the lesson's solutions.
 """
 from __future__ import annotations
 
-import re
+import warnings
 
 import numpy as np
 
-from simpmd.course import Verdict, error_summary, is_placeholder as _placeholder, say as _say
+from simpmd.course import Verdict, error_summary, is_placeholder, say as _say
 
-from .lesson08 import Factor, check_quantity
-
-__all__ = ["check_result_type", "megatron_data", "check_megatron", "check_reshard_collectives",
-           "check_fsdp_gather_bytes"]
+__all__ = ["check_bubble", "check_training_idle", "check_send_perm", "pipeline_data",
+           "check_activations_held"]
 
 
-# -- exercise 1: the type of a result ---------------------------------------------------------
+# -- exercise 1: the bubble ------------------------------------------------------------------
 
-def _type_text(answer) -> str | None:
-    if hasattr(answer, "str_short") or type(answer).__name__ == "ShapedArray":
-        answer = str(answer)
-    if not isinstance(answer, str):
-        return None
-    return re.sub(r"\s+", "", answer)
+BUBBLE_STAGES, BUBBLE_MICROBATCHES = 8, 24
 
 
-def check_result_type(answer) -> Verdict:
-    """``x`` is ``float32[16@data,32@model]``; the type of ``x.T.sum(1)``.
-
-    By hand: the transpose permutes the spec with the dims, giving
-    ``float32[32@model,16@data]``; the sum over dim 1 removes that dim (and its axis) and
-    keeps the other's, giving ``float32[32@model]``.
-    """
-    if _placeholder(answer):
-        return _say(False, "answer_1 is still a placeholder; write the type as a string, e.g. "
-                    "'float32[8@data]'.")
-    text = _type_text(answer)
-    if text is None:
-        return _say(False, f"write the type as a string such as 'float32[8@data]', got {answer!r}.")
-    hints = {
-        "float32[32@model]": None,
-        "float32[32@data]": "the transpose moves the spec with the dims: x.T is "
-                            "float32[32@model,16@data], so dim 0 of the result keeps 'model'.",
-        "float32[16@data]": "x.T has the 32 columns first; .sum(1) sums over the 16 rows of x.",
-        "float32[32]": "a reduction removes only the summed dim's split; the kept dim keeps its axis.",
-        "float32[32@model,1]": "sum without keepdims removes the summed dim.",
-        "float32[32@(model,data)]": "the axis of the summed dim does not move to another dim: the "
-                                    "partial sums are all-reduced over 'data', and the result "
-                                    "is replicated along it.",
-    }
-    if text in hints and hints[text] is None:
-        return _say(True, "x.T is float32[32@model,16@data], and summing dim 1 leaves "
-                    "float32[32@model] (one all-reduce over 'data' combines the partial sums).")
-    if text in hints:
-        return _say(False, f"{hints[text]}")
-    return _say(False, f"{answer!r} is not the type. Transpose first (the spec moves "
-                "with the dims), then drop the summed dim.")
-
-
-# -- exercise 2: the Megatron layer as x @ W1 @ W2 ----------------------------------------------
-
-def megatron_data(seed: int = 0):
-    """x (16, 8), W1 (8, 32), W2 (32, 8), float32."""
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((16, 8)).astype(np.float32)
-    w1 = (rng.standard_normal((8, 32)) / np.sqrt(8)).astype(np.float32)
-    w2 = (rng.standard_normal((32, 8)) / np.sqrt(32)).astype(np.float32)
-    return x, w1, w2
-
-
-def check_megatron(layer) -> Verdict:
-    """``layer(x, w1, w2)`` under ``simpmd.jit``, with x split P('data', None), W1 split
-    P(None, 'model') and W2 split P('model', None) on the 2x4 mesh: it must compute
-    ``tanh(x @ W1) @ W2``, return ``float32[16@data,8]``, and need one all-reduce only."""
-    import simpmd
-    from simpmd import P
-    if _placeholder(layer) or not callable(layer):
-        return _say(False, "layer is still a placeholder; write def layer(x, w1, w2): ...")
-    x, w1, w2 = megatron_data()
-    expected = np.tanh(x @ w1) @ w2
-    mesh = simpmd.make_mesh((2, 4), ("data", "model"))
-    with simpmd.set_mesh(mesh):
-        args = [simpmd.device_put(x, P("data", None)), simpmd.device_put(w1, P(None, "model")),
-                simpmd.device_put(w2, P("model", None))]
-        jitted = simpmd.jit(layer)
-        try:
-            y = jitted(*args)
-        except Exception as e:                  # noqa: BLE001 - the hint names it
-            if "out_sharding" in str(e):
-                return _say(False, "the second product sums over the dim split on "
-                            "'model' on both sides, so JAX asks where the sum goes. Pass "
-                            "out_sharding=P('data', None) to snp.matmul.")
-            return _say(False, f"the layer raised {error_summary(e)}")
-    if y is None or not hasattr(y, "shape"):
-        return _say(False, "layer returns nothing; return the layer's output.")
-    if tuple(y.shape) != (16, 8):
-        return _say(False, f"the result has shape {tuple(y.shape)}; tanh(x @ W1) @ W2 is (16, 8).")
-    if not np.allclose(np.asarray(y), expected, rtol=1e-4, atol=1e-5):
-        if np.allclose(np.asarray(y), (x @ w1) @ w2, rtol=1e-4, atol=1e-5):
-            return _say(False, "the values miss the tanh between the two products.")
-        return _say(False, "the values differ from tanh(x @ W1) @ W2.")
-    kind = str(simpmd.typeof(y))
-    calls = [c[0].op for c in jitted.trace.calls()]
-    if kind != "float32[16@data,8]":
-        return _say(False, f"the result is {kind}: ask for rows split over 'data', whole "
-                    f"columns (out_sharding=P('data', None)), as the Megatron layer returns.")
-    if calls != ["psum"]:
-        return _say(False, f"the right values, but jit inserted {calls}: the layer needs one "
-                    f"all-reduce (psum) over 'model' and nothing else; did a reshard move W1 or W2?")
-    return _say(True, "x @ W1 is float32[16@data,32@model] with no traffic, tanh is "
-                "local, and the second product's partial sums meet in one all-reduce over 'model'.")
-
-
-# -- exercise 3: which collective a reshard is ---------------------------------------------------
-
-_KINDS = {"allgather": "all-gather", "all-gather": "all-gather", "all_gather": "all-gather",
-          "alltoall": "all-to-all", "all-to-all": "all-to-all", "all_to_all": "all-to-all",
-          "allreduce": "all-reduce", "all-reduce": "all-reduce", "psum": "all-reduce",
-          "reducescatter": "reduce-scatter", "reduce-scatter": "reduce-scatter",
-          "none": "none", "nothing": "none", "slice": "none", "": "none",
-          "ppermute": "collective-permute", "permute": "collective-permute",
-          "collective-permute": "collective-permute"}
-
-RESHARDS = {"a": ("P('data', 'model')", "P('data', None)", "all-gather"),
-            "b": ("P('data', None)", "P(None, 'data')", "all-to-all"),
-            "c": ("P()", "P('data', 'model')", "none")}
-
-
-def check_reshard_collectives(answers) -> Verdict:
-    """A dict {'a': ..., 'b': ..., 'c': ...}: the collective each reshard of :data:`RESHARDS`
-    needs ('all-gather', 'all-to-all', 'all-reduce', 'reduce-scatter' or 'none')."""
-    if isinstance(answers, dict) and any(v is Ellipsis for v in answers.values()):
-        return _say(False, "answer_3 still holds placeholders (...); name a collective for "
-                    "each of (a), (b) and (c), or 'none'.")
-    if _placeholder(answers) or not isinstance(answers, dict):
-        return _say(False, "answer_3 should be a dict such as {'a': 'all-gather', 'b': ..., 'c': ...}.")
-    wrong = []
-    for key, (src, dst, right) in RESHARDS.items():
-        given = answers.get(key)
-        kind = _KINDS.get(re.sub(r"\s+", "", str(given if given is not None else "none")).lower())
-        if kind != right:
-            why = {"a": "'model' leaves the columns and goes nowhere: every device gathers the "
-                        "other column blocks of its row band.",
-                   "b": "'data' leaves the rows and moves to the columns: each device sends "
-                        "the pieces of its block that the others keep, one exchange.",
-                   "c": "every device already holds the whole array; it keeps its own piece "
-                        "and sends nothing."}[key]
-            wrong.append(f"({key}) {src} -> {dst}: {why}")
-    if wrong:
-        return _say(False, "\n  " + "\n  ".join(wrong))
-    return _say(True, "(a) all-gather, (b) all-to-all, (c) no communication at all.")
-
-
-# -- exercise 4: FSDP's all-gather, in bytes ------------------------------------------------------
-
-def check_fsdp_gather_bytes(answer) -> Verdict:
-    """Bytes ONE device receives when a bf16 weight of shape (4096, 4096), split over all 8
-    devices (P(('data', 'model'), None)), is resharded to P() (a ring all-gather)."""
-    factors = [
-        Factor("values", 4096 * 4096),
-        Factor("bytes per value", 2, {4: "bf16 takes 2 bytes per value (4 is float32).",
-                                      16: "bf16 is 16 bits, which is 2 bytes."}),
-        Factor("share received", 7 / 8, {
-            1: "each device already holds its own eighth; it receives the other 7/8.",
-            1 / 8: "1/8 is the block a device holds; it receives the 7 blocks it lacks.",
-            7: "7 blocks of 1/8 each, not 7 whole weights."}),
+def check_bubble(answer, p: int = BUBBLE_STAGES, m: int = BUBBLE_MICROBATCHES) -> Verdict:
+    """The fraction of a GPipe step that a stage spends idle, for ``p`` stages and ``m``
+    microbatches of equal cost (communication left out)."""
+    if is_placeholder(answer):
+        return _say(False, "bubble is still a placeholder; give a fraction between 0 and 1.")
+    try:
+        a = float(answer)
+    except (TypeError, ValueError):
+        return _say(False, f"bubble should be a number between 0 and 1, got {answer!r}.")
+    want = (p - 1) / (m + p - 1)
+    if np.isclose(a, want, rtol=1e-3):
+        return _say(True, f"{p - 1} of the {m + p - 1} steps are idle on every stage: "
+                    f"{p - 1}/{m + p - 1} = {want:.3f} of the step.")
+    mistakes = [
+        (100 * want, f"{a:g} looks like a percentage; give the fraction, {want:.3f} is "
+                     f"{100 * want:.1f}%"),
+        (1 - want, "that is the share of the step a stage is BUSY (m of m+p-1 steps); the "
+                   "bubble is the rest"),
+        ((p - 1) / m, f"(p-1)/m = {p - 1}/{m} divides the idle steps by the busy ones (the form "
+                      f"Narayanan et al. 2021 quote); the question asks for the share of the "
+                      f"whole step, which divides by all m+p-1 = {m + p - 1} steps"),
+        (p / (m + p - 1), f"a stage idles p-1 = {p - 1} steps, not p: the first stage starts at "
+                          f"step 0, the last at step p-1"),
+        (p / (m + p), f"a stage idles p-1 = {p - 1} of m+p-1 = {m + p - 1} steps"),
+        ((p - 1) / (m + p), f"the step lasts m+p-1 = {m + p - 1} steps (the last microbatch "
+                            f"enters stage 0 at step m-1 and leaves stage p-1 at step m+p-2)"),
+        (2 * (p - 1) / (m + p - 1), "forward and backward each have a bubble of p-1 steps, but "
+                                    "the step is twice as long too: the fraction stays the same"),
     ]
-    return check_quantity(answer, factors, what="bytes received per device", unit="bytes")
+    for wrong, hint in mistakes:
+        if np.isclose(a, wrong, rtol=1e-3):
+            return _say(False, f"{a:g}: {hint}.")
+    return _say(False, f"{a:g} is not the bubble fraction: count the steps of the schedule "
+                f"(m+p-1) and those in which one stage has no microbatch.")
+
+
+# -- exercise 2: the bubble of a training step ------------------------------------------------
+
+TRAINING_STAGES = 4
+
+
+def _training_idle(d, k, m, p=TRAINING_STAGES, backward="reversed"):
+    """Whether stage d idles in compute segment k of the training step: forward steps
+    0..m+p-2, then their backwards, last forward step first (``backward`` names the
+    variants the checker recognises as mistakes)."""
+    steps = m + p - 1
+    if k < steps:
+        t = k
+    elif backward == "reversed":
+        t = 2 * steps - 1 - k
+    elif backward == "in order":
+        t = k - steps
+    elif backward == "one off":
+        t = 2 * steps - k
+    elif backward == "all idle":
+        return True
+    else:                                     # "all busy"
+        return False
+    return not 0 <= t - d < m
+
+
+def check_training_idle(fn, p: int = TRAINING_STAGES, ms=(2, 4, 6)) -> Verdict:
+    """``fn(d, k, m)``: whether stage ``d`` of the 4-stage GPipe training step (forward,
+    loss, backward) idles in its ``k``-th compute segment, with ``m`` microbatches."""
+    if is_placeholder(fn):
+        return _say(False, "training_idle is still a placeholder; define it with def.")
+    got, answers = {}, set()
+    for m in ms:
+        for d in range(p):
+            for k in range(2 * (m + p - 1)):
+                try:
+                    answer = fn(d, k, m)
+                    answers.add(answer is None)
+                    got[d, k, m] = bool(answer)
+                except Exception as exc:
+                    return _say(False, f"training_idle({d}, {k}, {m}) raised {error_summary(exc)}")
+    if answers == {True}:
+        return _say(False, "training_idle returns None (the placeholder's body is still ...); "
+                    "return True or False.")
+    want = {key: _training_idle(*key) for key in got}
+    wrong = [key for key in got if got[key] != want[key]]
+    if not wrong:
+        return _say(True, "segment k < m+p-1 is forward step k; the backward then runs the "
+                    "steps in reverse, so segment k is the backward of step 2(m+p-1)-1-k; "
+                    "stage d works in step t when 0 <= t-d < m.")
+    d, k, m = wrong[0]
+    first = (f"training_idle({d}, {k}, {m}) is {got[d, k, m]}, expected {want[d, k, m]} "
+             f"({len(wrong)} of {len(got)} answers differ)")
+    if all(k < m + p - 1 for d, k, m in wrong):
+        return _say(False, f"{first}: the forward segments are off. In forward step t, "
+                    f"stage d works on microbatch t-d when that is a microbatch (0..m-1).")
+    for variant, hint in (
+            ("in order", "the backward segments are taken in the forward's order. The backward "
+                         "starts from the loss, at the last stage, so its first segment is the "
+                         "backward of the LAST forward step"),
+            ("one off", "the backward segments are one step off: segment m+p-1 is the "
+                        "backward of forward step m+p-2, so step = 2(m+p-1)-1-k"),
+            ("all idle", "every backward segment is idle in your answer, but each stage "
+                         "computes the backward of each of its m microbatches"),
+            ("all busy", "every backward segment is busy in your answer, but the backward has "
+                         "its bubble too: p-1 idle segments per stage")):
+        if all(got[key] == _training_idle(*key, backward=variant) for key in got):
+            return _say(False, f"{first}: {hint}.")
+    return _say(False, f"{first}. Number the segments: forward steps 0..m+p-2, then the "
+                "backward of those steps, last one first.")
+
+
+# -- exercise 3: where the activations go -------------------------------------------------------
+
+def pipeline_data(p: int = 4, m: int = 4, width: int = 8, rows: int = 2, seed: int = 11):
+    """The checker's model and inputs: weights (p, width, width), biases (p, width) and
+    microbatches (m, rows, width), float32."""
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal((p, width, width)) / np.sqrt(width)).astype(np.float32)
+    b = (0.1 * rng.standard_normal((p, width))).astype(np.float32)
+    x = rng.standard_normal((m, rows, width)).astype(np.float32)
+    return w, b, x
+
+
+def _unsplit(w, b, x):
+    h = x.astype(np.float64)
+    for k in range(w.shape[0]):
+        h = np.tanh(h @ w[k] + b[k])
+    return h
+
+
+def _gpipe_with(perm):
+    """The lesson's GPipe forward pass, as a simpmd.shard_map over 'stage', sending with
+    ``perm``."""
+    import simpmd
+    import simpmd.numpy as snp
+    from simpmd import P, lax
+
+    def body(w, b, x):
+        w, b = w[0], b[0]
+        stage = lax.axis_index("stage")
+        n, m = lax.axis_size("stage"), x.shape[0]
+        arrived = snp.zeros_like(x[0])
+        outputs = []
+        for t in range(m + n - 1):
+            inp = snp.where(stage == 0, x[min(t, m - 1)], arrived)
+            y = snp.tanh(inp @ w + b)
+            if t >= n - 1:
+                outputs.append(y)
+            if t < m + n - 2:
+                arrived = lax.ppermute(y, "stage", perm)
+        return snp.stack(outputs)[None]
+    p = 4
+    mesh = simpmd.make_mesh((p,), ("stage",))
+    return simpmd.shard_map(body, mesh=mesh, in_specs=(P("stage"), P("stage"), P()),
+                            out_specs=P("stage"))
+
+
+def check_send_perm(perm, p: int = 4) -> Verdict:
+    """``perm``: the ``ppermute`` pairs that pass each stage's output on to the next stage
+    of a 4-stage pipeline (the lesson's GPipe program is run with it and compared with the
+    unsplit model)."""
+    if is_placeholder(perm):
+        return _say(False, "send_perm is still a placeholder; give a list of (source, "
+                    "destination) pairs.")
+    try:
+        pairs = [(int(s), int(d)) for s, d in perm]
+    except (TypeError, ValueError):
+        return _say(False, f"send_perm should be a list of (source, destination) pairs, got "
+                    f"{perm!r}.")
+    right = {(j, j + 1) for j in range(p - 1)}
+    if set(pairs) == {(j + 1, j) for j in range(p - 1)}:
+        return _say(False, "these pairs send from stage j+1 to stage j: backwards. In the "
+                    "forward pass activations flow from stage j to j+1, (j, j+1); the "
+                    "backward pass (its transpose) sends the gradients the other way.")
+    w, b, x = pipeline_data(p)
+    want = _unsplit(w, b, x)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = np.asarray(_gpipe_with(list(perm))(w, b, x))[-1]
+    except Exception as exc:
+        return _say(False, f"the pipeline with these pairs raised {error_summary(exc, first_sentence=True)}")
+    correct = np.allclose(out, want, rtol=1e-4, atol=1e-5)
+    extra = sorted(set(pairs) - right)
+    missing = sorted(right - set(pairs))
+    if correct and not extra:
+        return _say(True, f"{pairs}: each stage sends to the next, and the last stage's "
+                    f"outputs match the unsplit model.")
+    if correct and extra == [(p - 1, 0)]:
+        return _say(False, f"the result is right, but ({p - 1}, 0) closes a ring: the last "
+                    f"stage sends its output to stage 0, which never reads it (stage 0 takes "
+                    f"the next microbatch). It is {len(pairs)} sends per step where {p - 1} "
+                    f"do; leave it out.")
+    bad = [j for j in range(x.shape[0]) if not np.allclose(out[j], want[j], rtol=1e-4, atol=1e-5)]
+    stray = [pair for pair in extra if pair != (p - 1, 0)]
+    if stray:
+        return _say(False, f"pairs {stray} do not go from a stage to the next one; microbatches "
+                    f"{bad} come out different from the unsplit model. Stage j+1 must receive "
+                    f"from stage j: (j, j+1) for j = 0..{p - 2}.")
+    return _say(False, f"pairs {missing} are missing, so the stages they should feed compute on "
+                f"zeros and microbatches {bad} come out wrong.")
+
+
+# -- exercise 4: activations held, GPipe against 1F1B -----------------------------------------
+
+HELD_STAGES, HELD_MICROBATCHES = 8, 32
+
+
+def check_activations_held(gpipe, one_f_one_b, p: int = HELD_STAGES,
+                           m: int = HELD_MICROBATCHES) -> Verdict:
+    """The most microbatches whose activations each stage holds at once (forward done,
+    backward not yet), one number per stage, for GPipe and for 1F1B with ``p`` stages and
+    ``m`` microbatches."""
+    ok = True
+    want_g = [m] * p
+    want_1 = [min(p - s, m) for s in range(p)]
+    for name, answer, want in (("GPipe", gpipe, want_g), ("1F1B", one_f_one_b, want_1)):
+        if is_placeholder(answer):
+            ok = _say(False, f"{name}'s list is still a placeholder; give {p} numbers, one "
+                      f"per stage.") and ok
+            continue
+        try:
+            got = [int(v) for v in answer]
+        except (TypeError, ValueError):
+            ok = _say(False, f"{name} should be a list of {p} numbers, got {answer!r}.") and ok
+            continue
+        if len(got) != p:
+            ok = _say(False, f"{name} has {len(got)} numbers; give one per stage, {p}.") and ok
+            continue
+        if got == want:
+            _say(True, f"{name}: {got}.")
+            continue
+        ok = False
+        if name == "GPipe":
+            if got == want_1:
+                hint = ("that is 1F1B's profile. GPipe runs all m forwards before any backward, "
+                        f"so every stage holds all m = {m} microbatches at the turn")
+            elif got == [m - s for s in range(p)] or got == [m + s for s in range(p)]:
+                hint = (f"every stage, not only the first, runs all {m} forwards before its "
+                        f"first backward, so each peaks at {m}")
+            else:
+                hint = f"GPipe finishes all {m} forwards before the first backward"
+        else:
+            if got == [p - s - 1 for s in range(p)]:
+                hint = ("one short on every stage: after its p-s-1 warm-up forwards, stage s "
+                        "runs one more forward before its first backward, so it holds p-s "
+                        "(the last stage holds 1, not 0)")
+            elif got == list(reversed(want_1)):
+                hint = ("reversed: the FIRST stage holds most, since its warm-up lasts until "
+                        "its first microbatch has gone through all the later stages and back")
+            elif got == [p] * p:
+                hint = ("only stage 0 holds p; a later stage s waits fewer steps for its first "
+                        "gradient, p-s")
+            elif got == want_g:
+                hint = ("that is GPipe; 1F1B starts each backward as soon as its gradient "
+                        "arrives, so stage s never holds more than p-s, however large m is")
+            else:
+                hint = "count, for stage s, the forwards it runs before its first backward"
+        _say(False, f"{name}: {got}, expected {want}: {hint}.")
+    return Verdict(ok)

@@ -109,8 +109,11 @@ def tint(color, amount: float):
 
 
 def number(x) -> str:
-    """A number as short text: ``6``, ``0.5``, ``2.333``, ``1.2e+06``, ``True``."""
+    """A number as short text: ``6``, ``0.5``, ``2.333``, ``1.2e+06``, ``True``; a string
+    (a label such as ``13→0``) as it is."""
     x = np.asarray(x).item() if np.ndim(x) == 0 else x
+    if isinstance(x, str):
+        return x
     if isinstance(x, (bool, np.bool_)):
         return "T" if x else "F"
     if isinstance(x, (int, np.integer)):
@@ -146,10 +149,13 @@ def short(value, limit: int = 4) -> str:
 def elide(items, most: int):
     """What a drawing shows of ``items`` when there are more than ``most``: the first
     ``most - 4`` and the last 2, with ``None`` standing for the middle (drawn as a note
-    that says how many were left out); and the elided items themselves."""
+    that says how many were left out); and the elided items themselves. Below 6, the
+    first and the last only (``most=2``: two rows and the note between them)."""
     if most is None or len(items) <= most:
         return list(items), []
-    head, tail = most - 4, 2
+    if most < 2:
+        raise ValueError(f"max_rows={most}: a drawing shows at least 2 rows (the first and the last)")
+    head, tail = (most - 4, 2) if most >= 6 else (1, 1)
     return list(items[:head]) + [None] + list(items[-tail:]), list(items[head:-tail])
 
 

@@ -87,8 +87,8 @@ def draw_dispatch(trace, call="all_to_all", *, leaf: int = 0, group: int = 0, em
     pytree argument; ``group`` the group when there are several. Each cell lists the
     values sender ``s`` puts in block ``d`` (at most ``max_values``, then a count), without
     the ``empty`` padding value, and is coloured by the sender; an empty cell is white.
-    ``held_back`` (a sequence with one list of values per sender, e.g. dropped token ids)
-    adds a last column for what each sender did not send. ``labels`` name the rows and
+    ``held_back`` (a sequence with one list of values per sender, e.g. dropped token ids,
+    or labels such as ``"13→0"``) adds a last column for what each sender did not send. ``labels`` name the rows and
     columns ("device", or "expert" for the receivers). Cells are tagged
     ``simpmd:cell:<s>-><d>`` (the text is the cell's listing), the held-back column
     ``simpmd:held_back:<s>``.
