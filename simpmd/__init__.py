@@ -13,10 +13,10 @@ from .core.errors import (ConcretizationTypeError, DeadlockError, DeviceError, D
                           UnboundAxisError, CollectiveArgumentError)
 from .core.log import Event, Trace
 from .core.autodiff import grad, value_and_grad         # reverse mode, collectives included
-from .platform.array import Array, Shard
-from .platform.devices import (SimDevice, Platform, device_count, devices, local_device_count,
+from .machine.array import Array, Shard
+from .machine.devices import (SimDevice, Platform, device_count, devices, local_device_count,
                                local_devices, platform, set_device_count)
-from .platform.mesh import (AxisType, Mesh, NamedSharding, P, PartitionSpec, ShardingError,
+from .machine.mesh import (AxisType, Mesh, NamedSharding, P, PartitionSpec, ShardingError,
                             make_mesh)
 from .api.pmap import pmap
 from .api.shard_map import shard_map

@@ -1085,7 +1085,7 @@ def _platform(trace=None):
     """The simulated platform a trace ran on (its own, if it carries one, else the current)."""
     plat = getattr(trace, "platform", None)
     if plat is None:
-        from .platform.devices import platform    # the module; simpmd.devices is the function
+        from .machine.devices import platform    # the module; simpmd.devices is the function
         plat = platform()
     return plat
 

@@ -147,13 +147,8 @@ def psum_scatter(x, axis_name, *, scatter_dimension=0, axis_index_groups=None, t
     axes, groups = _names(axis_name), _groups(axis_index_groups, "psum_scatter")
     size = C.group_size(axes, groups) if groups else context.run.axis_size(axes, "psum_scatter")
     return _each_leaf(x, lambda leaf: bind(
-        C.reduce_scatter, leaf, scatter_dimension=_wrap(scatter_dimension, leaf),
+        C.reduce_scatter, leaf, scatter_dimension=scatter_dimension,
         axis_name=axes, axis_index_groups=groups, axis_size=size, tiled=bool(tiled)))
-
-
-def _wrap(axis, leaf):
-    ndim = aval_of(leaf).ndim
-    return axis % ndim if ndim and -ndim <= axis < ndim else axis
 
 
 def _check_perm(perm, op):
@@ -218,8 +213,8 @@ def all_to_all(x, axis_name, split_axis, concat_axis, *, axis_index_groups=None,
     name = axes if len(axes) > 1 else axes[0]
     groups = _groups(axis_index_groups, "all_to_all")
     return _each_leaf(x, lambda leaf: bind(
-        C.all_to_all, leaf, split_axis=_wrap(split_axis, leaf),
-        concat_axis=_wrap(concat_axis, leaf), axis_name=name, axis_index_groups=groups,
+        C.all_to_all, leaf, split_axis=split_axis, concat_axis=concat_axis, axis_name=name,
+        axis_index_groups=groups,
         tiled=bool(tiled)))
 
 

@@ -65,7 +65,7 @@ def _default_platform():
         set_device_count = simpmd.set_device_count
     except Exception:  # simpmd missing or half-written: nothing to reset
         return
-    hardware = getattr(sys.modules.get("simpmd.platform.devices"), "DEFAULT_HARDWARE", None)
+    hardware = getattr(sys.modules.get("simpmd.machine.devices"), "DEFAULT_HARDWARE", None)
     if hardware is None:
         set_device_count(FAKE_DEVICES)
     else:

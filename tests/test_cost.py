@@ -499,7 +499,7 @@ def test_axis_names_address_the_same_groups_as_axis_numbers():
 @pytest.fixture
 def v5e_8x16():
     import simpmd
-    from simpmd.platform.devices import platform
+    from simpmd.machine.devices import platform
     before = platform()
     simpmd.set_device_count(128, hardware="TPU v5e", topology=(8, 16))
     yield simpmd

@@ -25,9 +25,9 @@ def arange(*shape):
 
 def test_make_mesh_defaults_to_explicit_and_mesh_to_auto():
     m = simpmd.make_mesh((2, 4), ("data", "model"))
-    assert simpmd.platform.mesh.axis_types_of(m) == (simpmd.AxisType.Explicit,) * 2
+    assert simpmd.machine.mesh.axis_types_of(m) == (simpmd.AxisType.Explicit,) * 2
     raw = simpmd.Mesh(np.array(simpmd.devices()[:8]).reshape(2, 4), ("data", "model"))
-    assert simpmd.platform.mesh.axis_types_of(raw) == (simpmd.AxisType.Auto,) * 2
+    assert simpmd.machine.mesh.axis_types_of(raw) == (simpmd.AxisType.Auto,) * 2
 
 
 def test_set_mesh_is_a_context_manager():

@@ -63,20 +63,21 @@ def fresh_session():
     jaxcheck._FLOAT_NOTES_SAID.clear()
 
 
-def test_issue_example_agrees_and_says_float64_vs_float32():
+def test_issue_example_agrees_and_says_both_compute_float32():
+    """float64 in: both engines compute float32, as JAX does without x64."""
     def scaled_sum(x):
         return lax.psum(x * 2.0, axis_name="devices")
 
     report = simpmd.crosscheck(scaled_sum, np.arange(8.0), axis_name="devices")
     assert report.ok and report.checked
     assert report.assert_match() is report
-    np.testing.assert_array_equal(report.simpmd.outputs, np.full(8, 56.0))
+    np.testing.assert_array_equal(report.simpmd.outputs, np.full(8, 56.0, np.float32))
     np.testing.assert_array_equal(report.jax[0].outputs, np.full(8, 56.0, np.float32))
     text = str(report)
     assert text.splitlines()[0] == "crosscheck of scaled_sum: simpmd and JAX agree"
-    assert "simpmd.pmap  8 simulated  float64[8]" in text
+    assert "simpmd.pmap  8 simulated  float32[8]" in text
     assert "jax.pmap     8 CPU        float32[8]" in text
-    assert "simpmd computed in float64, JAX in float32" in text and "rtol=1e-05" in text
+    assert "both engines computed in float32" in text and "rtol=1e-05" in text
     assert repr(report) == text
     again = str(simpmd.crosscheck(scaled_sum, np.arange(8.0), axis_name="devices"))
     assert again == "\n".join(line for line in text.splitlines() if "computed in" not in line)
@@ -298,13 +299,13 @@ def test_nested_with_inner_in_axes_out_axes_and_static_argument():
 # -- disagreements are reported, located, and raised by assert_match ----------------------------
 
 def test_a_wrong_collective_is_a_mismatch_naming_the_leaf_and_devices(monkeypatch):
-    right = collectives.MATH["ppermute"]
+    right = collectives.ppermute.math
 
-    def swapped_3_and_5(values, perm):
-        out = right(values, perm)
-        out[3], out[5] = out[5], out[3]
+    def swapped_3_and_5(groups, perm):         # members 3 and 5 get each other's values
+        out = right(groups, perm)
+        out[:, [3, 5]] = out[:, [5, 3]]
         return out
-    monkeypatch.setitem(collectives.MATH, "ppermute", swapped_3_and_5)
+    monkeypatch.setattr(collectives.ppermute, "math", swapped_3_and_5)
 
     ring = [(i, (i + 1) % 8) for i in range(8)]
     report = simpmd.crosscheck(lambda x: {"moved": lax.ppermute(x, "i", ring), "same": x},
@@ -333,7 +334,10 @@ def test_per_device_python_state_is_a_mismatch():
     assert "device 0" in report.jax[0].differences[0]
 
 
-def test_tolerance_fits_the_dtype_and_can_be_overridden():
+def test_tolerance_fits_the_dtype_and_can_be_overridden(monkeypatch):
+    """simpmd with x64 on computes float64 inputs as float64, JAX (x64 off) as float32:
+    they agree within float32's tolerance, not exactly."""
+    monkeypatch.setattr(simpmd.config, "jax_enable_x64", True)
     f = lambda x: lax.psum(x * 0.1, "i")          # noqa: E731
     x = np.arange(8.0) + 1 / 3
     assert simpmd.crosscheck(f, x, axis_name="i").ok
@@ -343,7 +347,9 @@ def test_tolerance_fits_the_dtype_and_can_be_overridden():
     assert "both engines computed in float32" in str(same_width)
 
 
-def test_the_float_note_is_said_once_unless_it_matters():
+def test_the_float_note_is_said_once_unless_it_matters(monkeypatch):
+    """With x64 on in simpmd (not in JAX) the engines compute at different widths."""
+    monkeypatch.setattr(simpmd.config, "jax_enable_x64", True)
     f = lambda x: lax.psum(x * 0.1, "i")          # noqa: E731
     x = np.arange(8.0) + 1 / 3
     first = str(simpmd.crosscheck(f, x, axis_name="i"))

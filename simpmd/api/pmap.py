@@ -24,9 +24,9 @@ from ..core import bridge, control, dtypes, errors, tree
 from ..core.core import Aval, aval_of, context, user_stacklevel
 from ..core.run import Run
 from ..core.values import StackedValue
-from ..platform.array import Array
-from ..platform.devices import device_count, devices as platform_devices
-from ..platform.mesh import ShardingError
+from ..machine.array import Array
+from ..machine.devices import device_count, devices as platform_devices
+from ..machine.mesh import ShardingError
 from . import spmd
 from .spmd import Piece, as_array, positional_names
 

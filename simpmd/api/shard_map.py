@@ -29,8 +29,8 @@ import numpy as np
 from ..core import bridge, errors, tree
 from ..core.core import Var, context
 from ..core.run import Run
-from ..platform.array import HostArray, Shard
-from ..platform.mesh import (Mesh, NamedSharding, PartitionSpec, ShardingError, block_counts,
+from ..machine.array import HostArray, Shard
+from ..machine.mesh import (Mesh, NamedSharding, PartitionSpec, ShardingError, block_counts,
                              block_slices, check_spec, replica_id, slices_text)
 from . import spmd
 from .spmd import Piece, as_array, positional_names

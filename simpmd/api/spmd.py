@@ -96,8 +96,11 @@ def program_for(fun, run, args, kwargs, cache=None):
     try:
         program, _ = trace(flat, avals, tracing)
     except Exception as exc:
-        raise explain_failure(tracing.where(0), run.devices[0].id if run.devices else None,
-                              exc) from (None if isinstance(exc, errors.SimpmdError) else exc)
+        problem = explain_failure(tracing.where(0), run.devices[0].id if run.devices else None, exc)
+        if problem is exc:
+            raise
+        problem.partial_program = getattr(exc, "partial_program", None)
+        raise problem from exc
     traced = Traced(program, out_tree[0])
     if cache is not None:
         store(*cache, traced)
@@ -123,22 +126,26 @@ def run(owner, fun, devices, axes, args, kwargs, assemble, *, eager=False, check
     pieces = [x for x in leaves if type(x) is Piece]
     grid.log.receive(grid, pieces)
     try:
-        traced = program_for(fun, grid, args, kwargs, cache)
-        program = traced.program
-        inputs = [StackedValue(v.aval, _canonical(p.stack)) for v, p in zip(program.invars, pieces)]
-        with running(grid):
-            try:
+        try:                               # the body: traced (or cached), then run
+            traced = program_for(fun, grid, args, kwargs, cache)
+            program = traced.program
+            inputs = [StackedValue(v.aval, _canonical(p.stack))
+                      for v, p in zip(program.invars, pieces)]
+            with running(grid):
                 outs = eval_program(program, [], inputs)
-            except Exception as exc:
-                raise explain_failure(grid.where(0), devices[0].id if devices else None,
-                                      exc) from (None if isinstance(exc, errors.SimpmdError) else exc)
+        except Exception as exc:
+            problem = explain_failure(grid.where(0), devices[0].id if devices else None, exc)
+            grid.log.error(grid, f"{type(problem).__name__}: {problem}")
+            if problem is exc:
+                raise
+            raise problem from exc
         stacks = [grid.stack_of(o, o.aval if isinstance(o, StackedValue) else Aval(
             np.shape(o), dtypes.of_python(o))) for o in outs]
         outputs = assemble(stacks, traced.out_tree, grid, program)
     except Exception as exc:               # the trace so far goes with the error
         if getattr(exc, "trace", None) is None:
-            grid.log.error(grid, f"{type(exc).__name__}: {exc}")
             exc.trace = Trace(log=grid.log, devices=grid.devices)
+            exc.trace.program = getattr(exc, "partial_program", None)
         owner.trace = record_trace(exc.trace)
         _flush(grid)
         raise

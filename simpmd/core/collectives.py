@@ -64,15 +64,15 @@ def _all_gather(groups, all_gather_dimension=0, tiled=False, **params):
 def _reduce_scatter(groups, scatter_dimension=0, tiled=False, **params):
     p = groups.shape[1]
     total = groups.sum(axis=1, dtype=groups.dtype)             # (G, ...)
-    d = scatter_dimension + 1
+    d = scatter_dimension % (total.ndim - 1) + 1               # (JAX allows axes from the end)
     shape = total.shape[:d] + (p, total.shape[d] // p) + total.shape[d + 1:]
     blocks = np.moveaxis(total.reshape(shape), d, 1)           # (G, p, ..., block, ...)
     return blocks if tiled else np.squeeze(blocks, axis=d + 1)
 
 
 def _all_to_all(groups, split_axis, concat_axis, tiled=False, **params):
-    p = groups.shape[1]
-    s, c = split_axis + 2, concat_axis + 2                     # axes of (G, p, ...)
+    p, ndim = groups.shape[1], groups.ndim - 2
+    s, c = split_axis % ndim + 2, concat_axis % ndim + 2        # axes of (G, p, ...)
     if not tiled:                             # the split axis has size p: one slice each
         moved = np.moveaxis(groups, s, 2)                      # (G, sender, receiver, ...)
         swapped = np.swapaxes(moved, 1, 2)                     # (G, receiver, sender, ...)

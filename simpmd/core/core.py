@@ -19,6 +19,7 @@ axes it varies over). Replaying it is binding each equation's primitive again.
 """
 from __future__ import annotations
 
+import itertools
 import linecache
 import os
 import sys
@@ -148,7 +149,6 @@ class Program:
     out_avals = property(lambda self: [v.aval for v in self.outvars])
 
     def __str__(self):
-        from .program import pretty
         return pretty(self)
 
     __repr__ = __str__
@@ -301,3 +301,79 @@ def user_stacklevel() -> int:
         frame, level = frame.f_back, level + 1
     return level
 
+
+# -- printing in JAX's notation ----------------------------------------------------------------
+
+
+def _names():
+    """a, b, ..., z, ba, bb, ...: JAX's variable names."""
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    for n in itertools.count(1):
+        for combo in itertools.product(letters, repeat=n):
+            if n == 1 or combo[0] != "a":
+                yield "".join(combo)
+
+
+def _param_text(value, indent) -> str:
+    if isinstance(value, Program):          # a nested program, indented under its line
+        return pretty(value).replace("\n", "\n" + " " * indent)
+    if isinstance(value, tuple) and value and all(isinstance(v, Program) for v in value):
+        return "(\n" + ",\n".join(" " * indent + _param_text(v, indent) for v in value) + "\n)"
+    if isinstance(value, tuple) and value and all(isinstance(v, tuple) for v in value):
+        return "(" + ", ".join(_param_text(v, indent) for v in value) + ")"
+    if isinstance(value, np.dtype):
+        return value.name
+    if isinstance(value, str):
+        return value
+    if isinstance(value, type) and issubclass(value, np.generic):
+        return np.dtype(value).name
+    return repr(value)
+
+
+def pretty(program, width=80) -> str:
+    """The program as ``jax.make_jaxpr`` prints a jaxpr."""
+    names, counter = {}, _names()
+
+    def name(v):
+        if v not in names:
+            names[v] = next(counter)
+        return names[v]
+
+    def typed(v):
+        return f"{name(v)}:{v.aval.str_short()}"
+
+    def operand(v, like):
+        if type(v) is Var:
+            return name(v)
+        value = np.asarray(v.value)
+        if value.ndim == 0:
+            dtype = like if v.aval.weak_type and like is not None and like.kind != "b" else v.aval.dtype
+            return f"{value.astype(dtype)[()]}:{dtypes.short_name(dtype)}[]"
+        return f"<{v.aval.str_short()} constant>"
+
+    def line(outs, prim_name, params, ins, indent=4):
+        pad = " " * indent
+        shown = " ".join(f"{k}={_param_text(v, indent + 4)}" for k, v in sorted(params.items()))
+        one = f"{pad}{outs} = {prim_name}{f'[{shown}]' if shown else ''} {ins}".rstrip()
+        if (len(one) <= width and "\n" not in one) or not shown:
+            return [one]
+        return ([f"{pad}{outs} = {prim_name}["]
+                + [f"{pad}  {k}={_param_text(v, indent + 2)}" for k, v in sorted(params.items())]
+                + [f"{pad}] {ins}".rstrip()])
+
+    consts = " ".join(typed(v) for v in program.constvars)
+    lines = [f"{{ lambda {consts}; {' '.join(typed(v) for v in program.invars)}. let"]
+    for eqn in program.eqns:
+        like = next((v.aval.dtype for v in eqn.invars if type(v) is Var), None)
+        like = like if like is not None else (eqn.outvars[0].aval.dtype if eqn.outvars else None)
+        ins = " ".join(operand(v, like) for v in eqn.invars)
+        printed = getattr(eqn.primitive, "printed", None)
+        if printed is not None:       # a row that JAX spells as several equations (pmean)
+            for prim_name, params, text_ins, out_vars in printed(eqn, name, typed, ins):
+                lines += line(out_vars, prim_name, params, text_ins)
+            continue
+        outs = " ".join(typed(v) for v in eqn.outvars) or "_"
+        lines += line(outs, eqn.primitive.name, eqn.primitive.show(eqn.params), ins)
+    outs = ", ".join(name(v) if type(v) is Var else operand(v, None) for v in program.outvars)
+    lines.append(f"  in ({outs}{',' if len(program.outvars) == 1 else ''}) }}")
+    return "\n".join(lines)

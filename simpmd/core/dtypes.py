@@ -11,12 +11,6 @@ from __future__ import annotations
 
 import numpy as np
 
-try:                                   # bfloat16 comes with jaxlib; simpmd does not need it
-    import ml_dtypes
-    bfloat16 = np.dtype(ml_dtypes.bfloat16)
-except ImportError:                    # pragma: no cover - only without jaxlib
-    bfloat16 = None
-
 
 class _Config:
     """``simpmd.config``: as ``jax.config``, for the one setting that changes values."""
@@ -97,7 +91,7 @@ def _node(dtype, weak) -> str:
     dtype = np.dtype(dtype)
     if weak:
         return {"b": "b1", "i": "i*", "u": "i*", "f": "f*", "c": "c*"}[dtype.kind]
-    if bfloat16 is not None and dtype == bfloat16:
+    if dtype.name == "bfloat16":       # ml_dtypes' (it comes with jaxlib; simpmd needs no JAX)
         return "bf2"
     return {"b": "b", "i": "i", "u": "u", "f": "f", "c": "c"}[dtype.kind] + str(dtype.itemsize)
 
@@ -106,7 +100,8 @@ def _dtype(node) -> np.dtype:
     if node.endswith("*"):
         return default(node[0])
     if node == "bf2":
-        return bfloat16
+        import ml_dtypes
+        return np.dtype(ml_dtypes.bfloat16)
     if node == "b1":
         return np.dtype(np.bool_)
     return np.dtype(node)
@@ -130,7 +125,7 @@ def promote(*typed) -> tuple[np.dtype, bool]:
 def short_name(dtype) -> str:
     """'f32', as JAX writes a dtype inside a type (``f32[8,3]``)."""
     dtype = np.dtype(dtype)
-    if bfloat16 is not None and dtype == bfloat16:
+    if dtype.name == "bfloat16":
         return "bf16"
     if dtype == np.bool_:
         return "bool"

@@ -13,12 +13,9 @@ whatever run is current: every device's values at once, one device's, or types o
 """
 from __future__ import annotations
 
-import itertools
 import weakref
 
-import numpy as np
-
-from . import dtypes, errors
+from . import errors
 from .core import Equation, Lit, Program, Var, bind, caller_source, context, running
 from .values import StackedValue
 
@@ -99,6 +96,10 @@ def trace(flat_fun, in_avals, run):
         with recording(rec), running(run):
             outs = flat_fun(*inputs)
             outvars = [rec.var_of(x) for x in outs]
+    except Exception as exc:             # what was traced before it failed goes with it
+        if getattr(exc, "partial_program", None) is None:
+            exc.partial_program = Program(invars, rec.eqns, [])
+        raise
     finally:
         context.eqn = eqn
     program = Program(invars, rec.eqns, outvars, constvars=[v for v, _ in rec.lifted],
@@ -155,80 +156,3 @@ def store(fun, key, entry):
 def clear_cache():
     """Forget every traced program (the next call of each function traces again)."""
     _cache.clear()
-
-
-# -- printing in JAX's notation ----------------------------------------------------------------
-
-
-def _names():
-    """a, b, ..., z, ba, bb, ...: JAX's variable names."""
-    letters = "abcdefghijklmnopqrstuvwxyz"
-    for n in itertools.count(1):
-        for combo in itertools.product(letters, repeat=n):
-            if n == 1 or combo[0] != "a":
-                yield "".join(combo)
-
-
-def _param_text(value, indent) -> str:
-    if isinstance(value, Program):          # a nested program, indented under its line
-        return pretty(value).replace("\n", "\n" + " " * indent)
-    if isinstance(value, tuple) and value and all(isinstance(v, Program) for v in value):
-        return "(\n" + ",\n".join(" " * indent + _param_text(v, indent) for v in value) + "\n)"
-    if isinstance(value, tuple) and value and all(isinstance(v, tuple) for v in value):
-        return "(" + ", ".join(_param_text(v, indent) for v in value) + ")"
-    if isinstance(value, np.dtype):
-        return value.name
-    if isinstance(value, str):
-        return value
-    if isinstance(value, type) and issubclass(value, np.generic):
-        return np.dtype(value).name
-    return repr(value)
-
-
-def pretty(program, width=80) -> str:
-    """The program as ``jax.make_jaxpr`` prints a jaxpr."""
-    names, counter = {}, _names()
-
-    def name(v):
-        if v not in names:
-            names[v] = next(counter)
-        return names[v]
-
-    def typed(v):
-        return f"{name(v)}:{v.aval.str_short()}"
-
-    def operand(v, like):
-        if type(v) is Var:
-            return name(v)
-        value = np.asarray(v.value)
-        if value.ndim == 0:
-            dtype = like if v.aval.weak_type and like is not None and like.kind != "b" else v.aval.dtype
-            return f"{value.astype(dtype)[()]}:{dtypes.short_name(dtype)}[]"
-        return f"<{v.aval.str_short()} constant>"
-
-    def line(outs, prim_name, params, ins, indent=4):
-        pad = " " * indent
-        shown = " ".join(f"{k}={_param_text(v, indent + 4)}" for k, v in sorted(params.items()))
-        one = f"{pad}{outs} = {prim_name}{f'[{shown}]' if shown else ''} {ins}".rstrip()
-        if (len(one) <= width and "\n" not in one) or not shown:
-            return [one]
-        return ([f"{pad}{outs} = {prim_name}["]
-                + [f"{pad}  {k}={_param_text(v, indent + 2)}" for k, v in sorted(params.items())]
-                + [f"{pad}] {ins}".rstrip()])
-
-    consts = " ".join(typed(v) for v in program.constvars)
-    lines = [f"{{ lambda {consts}; {' '.join(typed(v) for v in program.invars)}. let"]
-    for eqn in program.eqns:
-        like = next((v.aval.dtype for v in eqn.invars if type(v) is Var), None)
-        like = like if like is not None else (eqn.outvars[0].aval.dtype if eqn.outvars else None)
-        ins = " ".join(operand(v, like) for v in eqn.invars)
-        printed = getattr(eqn.primitive, "printed", None)
-        if printed is not None:       # a row that JAX spells as several equations (pmean)
-            for prim_name, params, text_ins, out_vars in printed(eqn, name, typed, ins):
-                lines += line(out_vars, prim_name, params, text_ins)
-            continue
-        outs = " ".join(typed(v) for v in eqn.outvars) or "_"
-        lines += line(outs, eqn.primitive.name, eqn.primitive.show(eqn.params), ins)
-    outs = ", ".join(name(v) if type(v) is Var else operand(v, None) for v in program.outvars)
-    lines.append(f"  in ({outs}{',' if len(program.outvars) == 1 else ''}) }}")
-    return "\n".join(lines)

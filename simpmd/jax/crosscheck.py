@@ -43,8 +43,8 @@ from typing import Any
 import numpy as np
 
 from ..core import errors, tree
-from ..platform.array import Array
-from ..platform.devices import device_count
+from ..machine.array import Array
+from ..machine.devices import device_count
 from .devices import JaxDevicesError, chosen_devices, use_jax_devices
 from .handoff import (Translation, find_shard_map, jax_version, shard_map_on_jax, translating,
                      _per_arg_axes, _static_split)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import explicit
-from ..platform.mesh import P, PartitionSpec
+from ..machine.mesh import P, PartitionSpec
 
 
 def jax_has_explicit_axes() -> tuple:

@@ -27,7 +27,7 @@ import numpy as np
 from ..core import bridge, tree
 from ..core.core import context
 from ..api.shard_map import shard_map
-from ..platform.mesh import PartitionSpec
+from ..machine.mesh import PartitionSpec
 
 
 holds_tracer = bridge.holds_jax_tracer       # True inside a JAX trace

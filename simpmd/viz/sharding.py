@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..platform.mesh import Mesh, NamedSharding, PartitionSpec
+from ..machine.mesh import Mesh, NamedSharding, PartitionSpec
 
 
 def sharding_blocks(shape_or_array, mesh: Mesh | None = None, spec: PartitionSpec | None = None):
