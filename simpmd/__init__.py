@@ -5,13 +5,15 @@
     f = simpmd.pmap(lambda x: lax.psum(x, "i"), axis_name="i")
     f(np.arange(8.0)); print(f.trace)
 """
+from .api import spelling as _spelling                 # NumPy's spelling on mapped values
 from . import lax
 from .core.dtypes import config
 from .core.errors import (ConcretizationTypeError, DeadlockError, DeviceError, DivergenceError,
                           MappedAxisError, SimpmdError, TracerArrayConversionError,
                           TracerBoolConversionError, TracerIntegerConversionError,
                           UnboundAxisError, CollectiveArgumentError)
-from .core.log import Event, Trace
+from .core.log import Event
+from .api.trace import Trace
 from .core.autodiff import grad, value_and_grad         # reverse mode, collectives included
 from .machine.array import Array, Shard
 from .machine.devices import (SimDevice, Platform, device_count, devices, local_device_count,

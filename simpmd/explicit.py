@@ -50,7 +50,8 @@ import numpy as np
 from . import numpy as _core_numpy
 from .core.collectives import COLLECTIVES as _ROWS
 from .core.errors import SimpmdError
-from .core.log import Event, Trace
+from .core.log import Event
+from .api.trace import Trace
 from .machine.mesh import AxisType, Mesh, NamedSharding, PartitionSpec, axis_types_of
 
 WIRE_BYTES = {op: row.wire_bytes for op, row in _ROWS.items()}   # until jit joins the program

@@ -27,7 +27,7 @@ import types as _types
 import numpy as _np
 
 from .core import dtypes as _dtypes
-from .core import surface as _surface
+from .api import spelling as _surface
 from .core.values import StackedValue as _Traced
 
 _MISSING = object()

@@ -27,7 +27,7 @@ import numpy as np
 
 from ..core import bridge, dtypes, errors, tree
 from ..core.core import Aval, context, running
-from ..core.log import Trace
+from .trace import Trace
 from ..core.program import cached, eval_program, store, trace
 from ..core.run import Run
 from ..core.values import StackedValue

@@ -27,7 +27,8 @@ import numpy as np
 
 from ..core import dtypes, errors, tree
 from ..core.core import Aval, aval_of, caller_source, context
-from ..core.log import Event, Trace
+from ..core.log import Event
+from ..api.trace import Trace
 from ..core.run import Run, check_groups, coords_text
 from ..core.values import StackedValue
 from ..api.spmd import Piece, explain_failure, leaf_label, record_trace, refuse_non_arrays

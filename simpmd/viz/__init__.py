@@ -21,9 +21,6 @@ loads its module on first use, so ``import simpmd`` stays NumPy-only.
 from __future__ import annotations
 
 import importlib
-import sys
-
-from ..core import bridge
 
 _WHERE = {
     "draw_mesh": "mesh",
@@ -61,5 +58,3 @@ def __getattr__(name):
 def __dir__():
     return sorted(list(globals()) + __all__)
 
-
-bridge.views = sys.modules[__name__]      # trace.draw() and trace.draw_timeline() draw here

@@ -3,11 +3,9 @@ HTML table Jupyter shows. Read from the trace's records; nothing here computes."
 from __future__ import annotations
 
 import html
-import sys
 
 import numpy as np
 
-from ..core import bridge
 
 
 def summarize(value, limit: int = 6) -> str:
@@ -140,4 +138,3 @@ def html_table(trace) -> str:
             f"<tbody>{body}</tbody></table>{note}</div>")
 
 
-bridge.texts = sys.modules[__name__]

@@ -1,4 +1,5 @@
 """The NumPy spelling of an operation, turned into primitives before anything is computed.
+(The core's :class:`~simpmd.core.values.StackedValue` gets its operators and methods here.)
 
 This is what ``jax.numpy`` is to ``jax.lax``: ``x * 2`` promotes the dtypes by JAX's rules,
 lines the ranks up with ``broadcast_in_dim`` and binds ``mul``; ``x.mean(0)`` binds
@@ -13,9 +14,10 @@ import math
 
 import numpy as np
 
-from . import dtypes
-from . import primitives as P
-from .core import Aval, aval_of, bind
+from ..core import dtypes, errors
+from ..core import primitives as P
+from ..core.core import Aval, aval_of, bind, context
+from ..core.values import StackedValue, refused_numpy
 
 
 def is_value(x) -> bool:
@@ -610,3 +612,178 @@ FUNCTIONS = {
     "take": take, "astype": astype,
     **{name: globals()[name] for name in FLOAT_UNARY},
 }
+
+
+# -- a mapped value's operators and methods, installed on the core's StackedValue ----------------
+
+OPERATOR_UFUNCS = {np.add: add, np.subtract: subtract, np.multiply: multiply,
+                   np.true_divide: true_divide, np.floor_divide: floor_divide,
+                   np.remainder: remainder, np.power: power, np.matmul: matmul,
+                   np.less: less, np.less_equal: less_equal, np.equal: equal,
+                   np.not_equal: not_equal, np.greater: greater,
+                   np.greater_equal: greater_equal, np.bitwise_and: bitwise_and,
+                   np.bitwise_or: bitwise_or, np.bitwise_xor: bitwise_xor,
+                   np.maximum: maximum, np.minimum: minimum}
+
+
+class Spelled:
+    """What NumPy's spelling means on a mapped value (copied onto StackedValue)."""
+
+    T = property(lambda self: transpose(self))
+    real = property(lambda self: real(self))
+    imag = property(lambda self: imag(self))
+
+    def __add__(self, o): return add(self, o)
+    def __radd__(self, o): return add(o, self)
+    def __sub__(self, o): return subtract(self, o)
+    def __rsub__(self, o): return subtract(o, self)
+    def __mul__(self, o): return multiply(self, o)
+    def __rmul__(self, o): return multiply(o, self)
+    def __truediv__(self, o): return true_divide(self, o)
+    def __rtruediv__(self, o): return true_divide(o, self)
+    def __floordiv__(self, o): return floor_divide(self, o)
+    def __rfloordiv__(self, o): return floor_divide(o, self)
+    def __mod__(self, o): return remainder(self, o)
+    def __rmod__(self, o): return remainder(o, self)
+    def __pow__(self, o): return power(self, o)
+    def __rpow__(self, o): return power_float(o, self)
+    def __matmul__(self, o): return matmul(self, o)
+    def __rmatmul__(self, o): return matmul(o, self)
+    def __and__(self, o): return bitwise_and(self, o)
+    def __rand__(self, o): return bitwise_and(o, self)
+    def __or__(self, o): return bitwise_or(self, o)
+    def __ror__(self, o): return bitwise_or(o, self)
+    def __xor__(self, o): return bitwise_xor(self, o)
+    def __rxor__(self, o): return bitwise_xor(o, self)
+    def __lshift__(self, o): return left_shift(self, o)
+    def __rshift__(self, o): return right_shift(self, o)
+    def __lt__(self, o): return less(self, o)
+    def __le__(self, o): return less_equal(self, o)
+    def __eq__(self, o): return equal(self, o)
+    def __ne__(self, o): return not_equal(self, o)
+    def __gt__(self, o): return greater(self, o)
+    def __ge__(self, o): return greater_equal(self, o)
+    def __neg__(self): return negative(self)
+    def __pos__(self): return self
+    def __abs__(self): return absolute(self)
+    def __invert__(self): return invert(self)
+    def __divmod__(self, o): return floor_divide(self, o), remainder(self, o)
+
+    # In-place operators rebind the name to a new value, as they do for JAX arrays.
+    __iadd__, __isub__, __imul__, __itruediv__ = __add__, __sub__, __mul__, __truediv__
+    __ifloordiv__, __imod__, __ipow__, __imatmul__ = __floordiv__, __mod__, __pow__, __matmul__
+
+    # -- methods ------------------------------------------------------------------------------
+    def sum(self, axis=None, dtype=None, out=None, keepdims=False):
+        return sum_(self, axis, dtype, out, keepdims)
+
+    def prod(self, axis=None, dtype=None, out=None, keepdims=False):
+        return prod(self, axis, dtype, out, keepdims)
+
+    def max(self, axis=None, out=None, keepdims=False):
+        return max_(self, axis, out=out, keepdims=keepdims)
+
+    def min(self, axis=None, out=None, keepdims=False):
+        return min_(self, axis, out=out, keepdims=keepdims)
+
+    def mean(self, axis=None, dtype=None, keepdims=False): return mean(self, axis, dtype, keepdims)
+    def var(self, axis=None, dtype=None, ddof=0, keepdims=False): return var(self, axis, dtype, ddof, keepdims)
+    def std(self, axis=None, dtype=None, ddof=0, keepdims=False): return std(self, axis, dtype, ddof, keepdims)
+    def all(self, axis=None, keepdims=False): return all_(self, axis, keepdims)
+    def any(self, axis=None, keepdims=False): return any_(self, axis, keepdims)
+    def argmax(self, axis=None, keepdims=False): return argmax(self, axis, keepdims)
+    def argmin(self, axis=None, keepdims=False): return argmin(self, axis, keepdims)
+    def cumsum(self, axis=None, dtype=None): return cumsum(self, axis, dtype)
+    def cumprod(self, axis=None, dtype=None): return cumprod(self, axis, dtype)
+    def reshape(self, *shape, order="C"): return reshape(self, *shape, order=order)
+    def transpose(self, *axes): return transpose(self, *axes)
+    def swapaxes(self, a, b): return swapaxes(self, a, b)
+    def squeeze(self, axis=None): return squeeze(self, axis)
+    def ravel(self): return ravel(self)
+    flatten = ravel
+    def astype(self, dtype, copy=False): return convert(self, dtype)
+    def copy(self): return self
+    def clip(self, min=None, max=None): return clip(self, min, max)
+    def round(self, decimals=0): return round_(self, decimals)
+    def conj(self): return conjugate(self)
+    def dot(self, other): return dot(self, other)
+    def take(self, indices, axis=None): return take(self, indices, axis)
+    def sort(self, axis=-1): return sort(self, axis)
+    def argsort(self, axis=-1): return argsort(self, axis)
+
+    def __getitem__(self, index):
+        return getitem(self, index)
+
+    def __setitem__(self, index, v):
+        raise TypeError(
+            "Traced values are immutable, as JAX arrays are: `x[i] = v` is not allowed. "
+            "Write `x = x.at[i].set(v)` instead (also .add, .multiply, .min, .max).")
+
+    @property
+    def at(self):
+        return _At(self)
+
+    def __len__(self):
+        if not self.shape:
+            raise TypeError("len() of a 0-d array (a scalar): it has no length")
+        return self.shape[0]
+
+    def __iter__(self):
+        if not self.shape:
+            raise TypeError("iteration over a 0-d array (a scalar)")
+        return (self[i] for i in range(self.shape[0]))
+
+    # -- NumPy's protocols: what JAX refuses on a tracer -------------------------------------
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        if method == "__call__" and not kwargs:
+            if ufunc in OPERATOR_UFUNCS and len(inputs) == 2 and not isinstance(inputs[0], StackedValue):
+                return OPERATOR_UFUNCS[ufunc](*inputs)    # ndarray + x: JAX allows it
+            if self._eager():
+                fn = FUNCTIONS.get(ufunc.__name__)
+                if fn is not None:
+                    return fn(*inputs)
+        raise refused_numpy(f"np.{ufunc.__name__}", inputs)
+
+    def __array_function__(self, func, types, args, kwargs):
+        fn = FUNCTIONS.get(func.__name__)
+        if self._eager() and fn is not None:
+            return fn(*args, **kwargs)
+        # As for a JAX tracer: np.sum(x) calls x.sum(); what needs a concrete array refuses.
+        implementation = getattr(func, "_implementation", None)
+        if implementation is None:
+            raise refused_numpy(f"np.{func.__name__}", args)
+        try:
+            return implementation(*args, **kwargs)
+        except errors.TracerArrayConversionError:
+            raise refused_numpy(f"np.{func.__name__}", args) from None
+
+
+
+for _name, _attr in list(vars(Spelled).items()):
+    if _name not in ("__dict__", "__weakref__", "__module__", "__doc__", "__qualname__"):
+        setattr(StackedValue, _name, _attr)
+
+
+class _At:
+    """``x.at[index].set(v)`` and friends, as on a JAX array."""
+
+    def __init__(self, x):
+        self.x = x
+
+    def __getitem__(self, index):
+        return _AtIndex(self.x, index)
+
+
+class _AtIndex:
+    def __init__(self, x, index):
+        self.x, self.index = x, index
+
+    def get(self): return getitem(self.x, self.index)
+    def set(self, v): return update(self.x, self.index, v, None)
+    def add(self, v): return update(self.x, self.index, v, "add")
+    def multiply(self, v): return update(self.x, self.index, v, "multiply")
+    def min(self, v): return update(self.x, self.index, v, "min")
+    def max(self, v): return update(self.x, self.index, v, "max")
+
+
+DeviceValue = StackedValue           # the name one device's value has in an eager run's messages
