@@ -174,6 +174,11 @@ class Run:
             if prim.collective:
                 self.collective(prim, None, params, avals, out_avals)
             return [StackedValue(a) for a in out_avals]
+        return self.compute(prim, args, params, avals, out_avals)
+
+    def compute(self, prim, args, params, avals, out_avals) -> list:
+        """``prim``'s values for every device, its result types known (from the abstract
+        evaluation, or, replaying a program, from its equation)."""
         if getattr(prim, "needs_run", False):     # it runs programs: it gets the values
             results = prim.stacked(*args, **params)
             return [StackedValue(a, r) for a, r in zip(out_avals, results)]
