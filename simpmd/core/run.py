@@ -141,23 +141,27 @@ class Run:
             return self._vary_for(prim, args, params)
         if len(args) < 2:
             return args
-        vmas = [x.aval.vma for x in args if isinstance(x, StackedValue)]
+        vmas = [aval_of(x).vma for x in args]
         union = frozenset().union(*vmas)
         if all(v == union for v in vmas):
             return args
-        from .collectives import pvary
-        return [core.bind(pvary, x, axes=tuple(a for a in self._order(union) if a not in x.aval.vma))
-                if isinstance(x, StackedValue) and x.aval.vma != union else x for x in args]
+        from .collectives import pvary             # constants too, as JAX's literals
+        return [core.bind(pvary, x, axes=tuple(a for a in self._order(union) if a not in v))
+                if v != union else x for x, v in zip(args, vmas)]
 
     def _vary_for(self, prim, args, params):
+        """A collective's operand is made to vary over its axes first; a reduction's that
+        varies over some of them only if the running JAX allows it (the type rule refuses
+        it otherwise)."""
         from .collectives import REDUCTIONS, pvary, settings
-        if prim.name not in REDUCTIONS:
+        if prim.name == "axis_index":
             return args
         axes = tuple(params.get("axes") or _names(params.get("axis_name")))
         out = []
         for x in args:
             missing = tuple(a for a in axes if a not in aval_of(x).vma)
-            if missing and (len(missing) == len(axes) or prim.op in settings.partial):
+            if missing and (len(missing) == len(axes) or prim.name not in REDUCTIONS
+                            or prim.op in settings.partial):
                 x = core.bind(pvary, x, axes=missing)
             out.append(x)
         return out
