@@ -4,7 +4,7 @@ every device's block, and put the result blocks back together.
 This module says how the arguments are cut into blocks and how the result blocks go back
 together; the driver it shares with ``pmap`` (``spmd.py``) runs the body once over all
 blocks stacked in the mesh's row-major device order, as JAX traces it once
-(``batching.py``), or with ``eager=True`` one program per device.
+(``simpmd/core``), or with ``eager=True`` one program per device.
 
 Mirrors ``jax.shard_map(f, mesh=..., in_specs=..., out_specs=...)``. Where ``pmap`` maps
 one axis per call (and nests for more), ``shard_map`` maps every axis of a mesh at once:
