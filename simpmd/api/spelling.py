@@ -105,7 +105,7 @@ globals().update({name: unary(prim, to_float=True) for name, prim in FLOAT_UNARY
 
 def floor_divide(a, b):
     a, b = promoted(a, b)
-    if aval_of(a).dtype.kind in "fc":
+    if dtypes.inexact(aval_of(a).dtype):
         return bind(P.floor, bind(P.div, a, b))
     q = bind(P.div, a, b)                          # rounds towards zero; floor it
     fix = bind(P.and_, bind(P.ne, bind(P.rem, a, b), 0),
@@ -121,7 +121,7 @@ def remainder(a, b):
 
 
 def power(a, b):
-    if type(b) is int and aval_of(a).dtype.kind in "fc" or (
+    if type(b) is int and dtypes.inexact(aval_of(a).dtype) or (
             type(b) is int and b >= 0):
         return bind(P.integer_pow, a, y=b)
     return power_float(a, b)

@@ -9,6 +9,8 @@ dtype is never depends on which engine computed it.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 
@@ -39,6 +41,13 @@ def canonical(dtype) -> np.dtype:
 def default(kind: str) -> np.dtype:
     """JAX's default dtype of a kind: 'b', 'i', 'f', 'c' (a weak Python number's)."""
     return canonical({"b": np.bool_, "i": np.int64, "f": np.float64, "c": np.complex128}[kind])
+
+
+def inexact(dtype) -> bool:
+    """A floating or complex dtype, ml_dtypes' bfloat16 and float8s included (NumPy files
+    those under kind 'V', so ``dtype.kind in "fc"`` misses them)."""
+    dtype = np.dtype(dtype)
+    return dtype.kind in "fc" or dtype.name == "bfloat16" or dtype.name.startswith("float8")
 
 
 def is_weak_scalar(x) -> bool:
@@ -87,6 +96,7 @@ _BOUNDS = _upper_bounds(_ABOVE)
 _BOUNDS_X32 = _upper_bounds(dict(_ABOVE, u4=["i4", "u8"]))   # no 64-bit from 32-bit inputs
 
 
+@functools.lru_cache(maxsize=None)        # every operation asks: answer each pair once
 def _node(dtype, weak) -> str:
     dtype = np.dtype(dtype)
     if weak:
