@@ -58,6 +58,8 @@ import math
 
 import numpy as np
 
+from .core.core import PRIMITIVES, Aval, Primitive
+
 
 # -- the names: jax.lax collectives -> the collective they perform -----------------------
 
@@ -1440,57 +1442,29 @@ def _link_of(topology) -> float:
 # bound wins: above the hardware's critical intensity (peak / bandwidth, 240 on a v5e) it
 # is compute-bound. A program is a list of equations shaped like JAX's jaxpr equations
 # (``.primitive``, ``.params``, ``.invars``/``.outvars`` with ``.aval.shape`` and
-# ``.aval.dtype``); the table below says what each primitive costs. Bytes are every input
-# and output at its dtype's width, as if nothing were fused (XLA fuses elementwise chains,
-# so real programs move fewer bytes; see docs/cost_vs_scaling_book.md).
+# ``.aval.dtype``): simpmd's own, or JAX's. Each equation costs what its primitive's row
+# says (the ``cost`` column of ``simpmd.core.PRIMITIVES``, found by name for a JAX
+# equation): FLOPs and bytes read and written as if nothing were fused, counted as
+# ``jax.experimental.roofline`` counts its ``unfused_flops`` and ``unfused_hbm_bytes``.
+# Its ``flops`` and ``hbm_bytes`` count the matrix products alone (XLA fuses the rest into
+# them), and so does :attr:`Roofline.flops`. A collective's bytes on the wire follow
+# jax.experimental.roofline's rules per mesh axis (:func:`ici_bytes`); its time is
+# :func:`estimate`'s. See docs/cost_vs_scaling_book.md for where the two counts part.
 
-ELEMENTWISE = frozenset("""
-    add sub mul div rem neg sign abs exp exp2 expm1 log log1p tanh logistic sin cos tan
-    asin acos atan atan2 sinh cosh asinh acosh atanh sqrt rsqrt cbrt pow integer_pow square
-    max min floor ceil round is_finite nextafter erf erfc erf_inv lgamma digamma
-    and or not xor eq ne lt le gt ge select_n clamp shift_left shift_right_logical
-    shift_right_arithmetic population_count imag real conj clip
+# Primitives with no row in simpmd: what JAX's roofline counts for them. A name in
+# NO_COST costs nothing (JAX registers them with its zero rule); a name in JAX_UNARY
+# one FLOP per element and its input and output bytes (JAX's unary rule).
+NO_COST = frozenset("""
+    axis_index axis_size pvary pcast sharding_constraint device_put optimization_barrier
+    debug_callback split dynamic_slice dynamic_update_slice expand_dims bitcast_convert_type
+    reduce_precision stop_gradient copy_p mesh_cast reshard while
 """.split())
-REDUCTIONS = frozenset("""
-    reduce_sum reduce_max reduce_min reduce_prod reduce_and reduce_or reduce_xor argmax argmin
-    cumsum cumprod cummax cummin cumlogsumexp mean std var
-""".split())
-LAYOUT = frozenset("""
-    broadcast_in_dim reshape transpose squeeze expand_dims convert_element_type
-    bitcast_convert_type concatenate slice dynamic_slice dynamic_update_slice gather pad rev
-    iota copy copy_p select_and_gather_add split sort stop_gradient reduce_precision
-    scatter scatter_add scatter_mul scatter_min scatter_max
-""".split())
-NO_COST = frozenset("axis_index axis_size pvary pcast sharding_constraint device_put "
-                    "optimization_barrier cond_branch cond_branch_end debug_callback".split())
-# the jaxpr name of a collective -> the lax name cost.estimate knows
-COLLECTIVE_PRIMITIVES = {
-    "psum": "psum", "psum_invariant": "psum", "psum2": "psum", "pmax": "pmax", "pmin": "pmin",
-    "pmean": "pmean", "pshuffle": "ppermute", "pswapaxes": "all_to_all",
-    "all_gather": "all_gather", "all_gather_invariant": "all_gather",
-    "reduce_scatter": "psum_scatter", "psum_scatter": "psum_scatter",
-    "ppermute": "ppermute", "all_to_all": "all_to_all",
-}
+JAX_UNARY = frozenset("erf erfc erf_inv lgamma digamma bessel_i0e bessel_i1e log2".split())
+# a JAX primitive name -> the row of simpmd that computes the same thing
+JAX_ROWS = {"psum_invariant": "psum", "psum2": "psum", "all_gather_invariant": "all_gather",
+            "psum_scatter": "reduce_scatter", "copy_p": "copy"}
+MATMULS = frozenset({"dot_general", "conv_general_dilated"})
 NESTED = ("jaxpr", "call_jaxpr", "fun_jaxpr")   # where pjit/jit, shard_map, custom_* keep theirs
-
-
-def _dot_general_flops(eqn) -> int:
-    """2 x M x N x K, times the batch: one multiply and one add per term of every sum."""
-    (lhs_contract, _), (lhs_batch, _) = eqn.params["dimension_numbers"]
-    lhs, rhs = (_aval(v) for v in eqn.invars[:2])
-    contract = math.prod(lhs.shape[i] for i in lhs_contract)
-    batch = math.prod(lhs.shape[i] for i in lhs_batch)
-    return int(2 * _size(lhs) * _size(rhs) // max(contract * batch, 1))
-
-
-def _flops(eqn, name: str) -> int:
-    if name == "dot_general":
-        return _dot_general_flops(eqn)
-    if name in ELEMENTWISE:
-        return sum(_size(_aval(v)) for v in eqn.outvars)
-    if name in REDUCTIONS:
-        return sum(_size(_aval(v)) for v in eqn.invars)
-    return 0
 
 
 def _primitive_name(eqn) -> str:
@@ -1498,8 +1472,25 @@ def _primitive_name(eqn) -> str:
     return prim if isinstance(prim, str) else prim.name
 
 
-def _aval(var):
-    return getattr(var, "aval", var)
+def _row(eqn, name):
+    """The row that costs ``eqn``: its own primitive, or simpmd's row of that name."""
+    if isinstance(eqn.primitive, Primitive):
+        return eqn.primitive
+    return PRIMITIVES.get(JAX_ROWS.get(name, name))
+
+
+def _typed(var):
+    """A variable's or literal's type as simpmd's :class:`Aval` (None when it has none
+    that counts in bytes, e.g. a PRNG key or a token)."""
+    a = getattr(var, "aval", None)
+    if a is None and hasattr(var, "val"):             # a JAX literal
+        a = np.asarray(var.val)
+    if isinstance(a, Aval) or a is None:
+        return a
+    try:
+        return Aval(getattr(a, "shape", ()), np.dtype(a.dtype))
+    except TypeError:
+        return None
 
 
 def _size(aval) -> int:
@@ -1507,11 +1498,7 @@ def _size(aval) -> int:
 
 
 def _nbytes(aval) -> int:
-    try:
-        width = np.dtype(aval.dtype).itemsize
-    except TypeError:                                   # e.g. a PRNG key type
-        width = getattr(aval.dtype, "itemsize", 0)
-    return _size(aval) * int(width)
+    return 0 if aval is None else aval.nbytes
 
 
 def _equation_list(program) -> list:
@@ -1539,10 +1526,11 @@ def _axis_sizes(axis_env) -> dict:
 class EquationCost:
     """One equation's row of the roofline: what it computes, moves and communicates.
 
+    ``flops`` and ``bytes`` are the equation's own, unfused (its row's ``cost``);
     ``compute_s = flops / peak`` (at its dtype's rate), ``memory_s = bytes / HBM
     bandwidth``; a collective's ``comms_s`` comes from :func:`estimate` and
-    ``comm_bytes`` is what one device sends (a ring's count, as jax.experimental.roofline
-    counts ``ici_bytes``). ``depth`` is how deeply the equation is nested (jit, shard_map).
+    ``comm_bytes`` is what jax.experimental.roofline counts as its ``ici_bytes`` on each
+    of ``axes``. ``depth`` is how deeply the equation is nested (jit, shard_map).
     """
 
     primitive: str
@@ -1567,6 +1555,11 @@ class EquationCost:
         return self.flops / self.bytes if self.bytes else 0.0
 
     @property
+    def matmul(self) -> bool:
+        """A matrix product: what JAX's fused ``flops`` and ``hbm_bytes`` count."""
+        return self.primitive.strip() in MATMULS
+
+    @property
     def bound(self) -> str:
         if self.comms_s > 0:
             return "communication"
@@ -1579,24 +1572,42 @@ class EquationCost:
 class Roofline:
     """The roofline of a whole program on one device of ``hardware``.
 
-    Totals ``flops``, ``bytes`` (HBM, unfused), ``comm_bytes`` (per mesh axis); times
-    ``compute_s``, ``memory_s``, ``comms_s`` (each summed over equations); ``time_s`` is
-    the Scaling Book's pair (lower, upper): everything overlapped (the largest of the
-    three) and nothing overlapped (their sum). ``bound`` names the largest term.
-    ``equations`` is the per-equation table (:class:`EquationCost`).
+    Counts, with jax.experimental.roofline's names and meanings: ``flops`` and
+    ``hbm_bytes``, those of the matrix products (XLA fuses the elementwise work into
+    them); ``unfused_flops`` and ``unfused_hbm_bytes``, every equation's on its own (also
+    ``bytes``); ``ici_bytes`` (also ``comm_bytes``), per mesh axis; ``peak_hbm_bytes``,
+    the most bytes alive at once as the program runs. Times: ``compute_s``, ``memory_s``,
+    ``comms_s``, each summed over equations from the unfused counts; ``time_s`` is the
+    Scaling Book's pair (lower, upper): everything overlapped (the largest of the three)
+    and nothing overlapped (their sum). ``bound`` names the largest term. ``equations``
+    is the per-equation table (:class:`EquationCost`).
     """
 
     hardware: str
     equations: list = field(default_factory=list)
     critical_intensity: float = 0.0
+    peak_hbm_bytes: int = 0
 
     @property
     def flops(self) -> int:
+        """FLOPs of the matrix products: JAX's ``flops``."""
+        return sum(e.flops for e in self.equations if e.matmul)
+
+    @property
+    def hbm_bytes(self) -> int:
+        """Bytes the matrix products read and write: JAX's ``hbm_bytes``."""
+        return sum(e.bytes for e in self.equations if e.matmul)
+
+    @property
+    def unfused_flops(self) -> int:
         return sum(e.flops for e in self.equations)
 
     @property
     def bytes(self) -> int:
+        """Every equation's bytes, unfused: JAX's ``unfused_hbm_bytes``."""
         return sum(e.bytes for e in self.equations)
+
+    unfused_hbm_bytes = bytes
 
     @property
     def comm_bytes(self) -> dict:
@@ -1606,10 +1617,12 @@ class Roofline:
                 out[a] = out.get(a, 0.0) + e.comm_bytes
         return out
 
+    ici_bytes = comm_bytes
+
     @property
     def intensity(self) -> float:
-        """FLOPs per HBM byte of the whole program."""
-        return self.flops / self.bytes if self.bytes else 0.0
+        """FLOPs per HBM byte of the whole program (unfused)."""
+        return self.unfused_flops / self.bytes if self.bytes else 0.0
 
     @property
     def compute_s(self) -> float:
@@ -1651,21 +1664,27 @@ class Roofline:
 
     def __str__(self):
         lower, upper = self.time_s
-        lines = [f"Roofline on {self.hardware} (one device): {self.flops:.4g} FLOPs, "
-                 f"{_bytes(self.bytes)} HBM, intensity {self.intensity:.3g} FLOPs/byte "
-                 f"(critical {self.critical_intensity:.3g})",
+        lines = [f"Roofline on {self.hardware} (one device): {self.flops:.4g} FLOPs in matrix "
+                 f"products ({self.unfused_flops:.4g} unfused), {_bytes(self.bytes)} HBM "
+                 f"unfused, intensity {self.intensity:.3g} FLOPs/byte (critical "
+                 f"{self.critical_intensity:.3g})",
                  f"  compute {_seconds(self.compute_s) if self.compute_s else '0 s'}, memory "
                  f"{_seconds(self.memory_s) if self.memory_s else '0 s'}, comms "
                  f"{_seconds(self.comms_s) if self.comms_s else '0 s'}: "
                  f"{_seconds(lower) if lower else '0 s'} to {_seconds(upper) if upper else '0 s'}, "
                  f"{self.bound}-bound"]
+        rows = [e for e in self.equations if e.flops or e.bytes or e.comms_s or e.depth == 0
+                or e.primitive.startswith(("scan", "shard_map", "pjit", "jit"))]
         header = ("op", "shapes", "FLOPs", "bytes", "time", "bound")
-        rows = [("  " * e.depth + e.primitive, e.shapes, f"{e.flops:.3g}", _bytes(e.bytes),
-                 _seconds(e.time_s) if e.time_s else "0", e.bound) for e in self.equations]
-        widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
+        shown = rows[:60]
+        table = [("  " * e.depth + e.primitive, e.shapes, f"{e.flops:.3g}", _bytes(e.bytes),
+                  _seconds(e.time_s) if e.time_s else "0", e.bound) for e in shown]
+        widths = [max(len(h), *(len(r[i]) for r in table)) if table else len(h)
                   for i, h in enumerate(header)]
         lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip())
-        lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
+        lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in table]
+        if len(rows) > len(shown):
+            lines.append(f"... {len(rows) - len(shown)} more equation(s); see .equations")
         return "\n".join(lines)
 
     def __repr__(self):
@@ -1675,58 +1694,138 @@ class Roofline:
                 f"{self.bound}-bound>")
 
 
-def _ring_bytes(collective: str, nbytes: float, p: int, moves: bool = True) -> float:
-    """Bytes one device sends in a ring schedule (what jax.experimental.roofline calls ICI
-    bytes): 2(p-1)/p n for an all-reduce, (p-1) n for an all-gather of n-byte shards."""
-    if p <= 1 or not moves:
-        return 0.0
-    return {"all_reduce": 2 * (p - 1) / p * nbytes, "all_gather": (p - 1) * nbytes,
-            "reduce_scatter": (p - 1) / p * nbytes, "all_to_all": (p - 1) / p * nbytes,
-            "collective_permute": nbytes}[collective]
+# -- bytes on the wire per mesh axis: jax.experimental.roofline's rules --------------------
+# (jax/experimental/roofline/rooflines.py, the same in jax 0.7.2, 0.10.2 and 0.12.0.1)
+
+def _ring_ici(nbytes, axes, sizes, reduce):
+    """JAX's ring rule: the data split evenly over the axes, each phase sending a shard
+    (p - 1) times along one axis, largest axis first; every axis is charged the total."""
+    shard = nbytes / math.prod(sizes[a] for a in axes) if reduce else nbytes
+    order = sorted(axes, key=lambda a: sizes[a], reverse=True)
+    shard //= len(order)
+    total = 0
+    for a in order:
+        total += shard * (sizes[a] - 1)
+        shard *= sizes[a]
+    return total
+
+
+def _all_to_all_ici(nbytes, axes, sizes):
+    """Half the data crosses the bisection of the smallest axis (twice as wide when it
+    has more than two devices, for the wraparound)."""
+    size = nbytes * math.prod(sizes[a] for a in axes)
+    smallest = sizes[sorted(axes, key=lambda a: sizes[a])[0]]
+    bisection = smallest ** (len(axes) - 1) * (2 if smallest > 2 else 1)
+    return size / 2 / bisection
+
+
+def _permute_ici(nbytes, axes, sizes, perm):
+    """The busiest link's load: each pair routed the short way round along each axis."""
+    dims = [sizes.get(a, 1) for a in axes]
+    load: dict = {}
+    for src, dst in perm:
+        if src == dst:
+            continue
+        here = [int(i) for i in np.unravel_index(src, dims)]
+        there = [int(i) for i in np.unravel_index(dst, dims)]
+        for i, q in enumerate(dims):
+            step = 1 if (there[i] - here[i]) % q <= (here[i] - there[i]) % q else -1
+            while here[i] != there[i]:
+                nxt = list(here)
+                nxt[i] = (here[i] + step) % q
+                link = tuple(sorted([tuple(here), tuple(nxt)]))
+                load[link] = load.get(link, 0) + 1
+                here = nxt
+    return nbytes * max(load.values(), default=0)
+
+
+def ici_bytes(op: str, in_avals, axes, sizes: dict, perm=()) -> int:
+    """The bytes ``jax.experimental.roofline`` counts as one collective's ``ici_bytes``
+    (charged to each of ``axes``): ``op`` a jax.lax name (``'psum'``, ``'all_gather'``,
+    ...), ``in_avals`` its operands' types, ``sizes`` every axis's size. A group of one
+    device sends nothing."""
+    if math.prod(sizes[a] for a in axes) <= 1:
+        return 0
+    nbytes = sum(_nbytes(a) for a in in_avals)
+    if op in ("psum", "pmean"):               # a reduce-scatter and an all-gather
+        return 2 * int(_ring_ici(nbytes, axes, sizes, True))
+    if op in ("pmax", "pmin"):                # JAX counts one element per operand
+        return int(_ring_ici(sum(a.dtype.itemsize for a in in_avals), axes, sizes, False))
+    if op in ("all_gather", "psum_scatter"):
+        return int(_ring_ici(nbytes, axes, sizes, op == "psum_scatter"))
+    if op in ("all_to_all", "pswapaxes"):
+        return int(_all_to_all_ici(nbytes, axes, sizes))
+    if op in ("ppermute", "pshuffle"):
+        return int(_permute_ici(nbytes, axes, sizes, perm))
+    raise ValueError(f"no ICI rule for the collective {op!r}")
 
 
 def _collective_cost(eqn, op: str, sizes: dict, hw: Hardware, topology):
-    """(group axes, comm bytes, seconds) of one collective equation."""
+    """(group axes, ICI bytes, seconds) of one collective equation."""
     axes = eqn.params.get("axes", eqn.params.get("axis_name", ()))
-    axes = (axes,) if isinstance(axes, str) else tuple(axes)
-    unknown = [a for a in axes if str(a) not in sizes]
+    axes = tuple(map(str, (axes,) if isinstance(axes, str) else axes))
+    unknown = [a for a in axes if a not in sizes]
     if unknown:
         raise ValueError(f"{op} over axis {unknown[0]!r}, whose size the roofline does not know "
-                         f"(known: {sizes or 'none'}): pass axis_env=[({str(unknown[0])!r}, size)]")
+                         f"(known: {sizes or 'none'}): pass axis_env=[({unknown[0]!r}, size)]")
     groups = eqn.params.get("axis_index_groups")
-    p = len(groups[0]) if groups else math.prod(sizes[str(a)] for a in axes)
-    nbytes = sum(_nbytes(_aval(v)) for v in eqn.invars)
-    collective = collective_of(op)
-    perm = None
-    if collective == "collective_permute":
-        perm = [(int(s), int(d)) for s, d in eqn.params.get("perm", ())]
-        moves = any(s != d for s, d in perm)
-    else:
-        moves = True
-    wire = _ring_bytes(collective, nbytes, p, moves)
+    p = len(groups[0]) if groups else math.prod(sizes[a] for a in axes)
+    avals = [a for a in map(_typed, eqn.invars) if a is not None]
+    perm = [(int(s), int(d)) for s, d in eqn.params.get("perm", ())]
+    if op == "pshuffle":
+        perm = [(int(s), d) for d, s in enumerate(eqn.params.get("perm", ()))]
+    wire = ici_bytes(op, avals, axes, sizes, perm)
+    moves = collective_of(op) != "collective_permute" or any(s != d for s, d in perm)
     if p <= 1 or not moves:
-        return tuple(map(str, axes)), 0.0, 0.0
-    e = estimate(op, nbytes, p, hardware=hw, topology=topology, perm=perm)
-    return tuple(map(str, axes)), wire, e.time_s
+        return axes, wire, 0.0
+    nbytes = sum(_nbytes(a) for a in avals)
+    e = estimate(op, nbytes, p, hardware=hw, topology=topology,
+                 perm=perm if collective_of(op) == "collective_permute" else None)
+    return axes, wire, e.time_s
 
 
 def _shapes_text(eqn) -> str:
     """``float32[8, 16],float32[16] -> float32[8]``: an equation's operands as a reader sees them."""
     def one(v):
-        a = _aval(v)
-        try:
-            name = np.dtype(a.dtype).name
-        except TypeError:                                   # e.g. a PRNG key type
-            name = str(a.dtype)
-        return f"{name}{list(a.shape)}"
-    ins = ",".join(one(v) for v in eqn.invars if hasattr(_aval(v), "shape"))
+        a = _typed(v)
+        return "?" if a is None else f"{a.dtype.name}{list(a.shape)}"
+    ins = ",".join(one(v) for v in eqn.invars)
     return f"{ins} -> {','.join(one(v) for v in eqn.outvars)}"
 
 
 def _rate_dtype(eqn, name: str):
     """The dtype whose peak rate applies: a matmul's inputs, else the first output."""
-    vars_ = eqn.invars[:1] if name == "dot_general" else (eqn.outvars or eqn.invars)
-    return _aval(vars_[0]).dtype if vars_ else np.float32
+    vars_ = eqn.invars[:1] if name in MATMULS else (eqn.outvars or eqn.invars)
+    a = _typed(vars_[0]) if vars_ else None
+    return a.dtype if a is not None else np.dtype(np.float32)
+
+
+def _equation_cost(eqn, name, hw, depth):
+    """One compute equation's row, from its primitive's ``cost`` column."""
+    row = _row(eqn, name)
+    outs = [_typed(v) for v in eqn.outvars]
+    ins = [_typed(v) for v in eqn.invars]
+    like = next((a.dtype for v, a in zip(eqn.invars, ins) if _is_var(v) and a is not None),
+                outs[0].dtype if outs and outs[0] is not None else None)
+    ins = [a.update(dtype=like) if a is not None and a.weak_type and not _is_var(v) and like
+           is not None else a for v, a in zip(eqn.invars, ins)]   # 2.0 next to bf16 is bf16
+    if row is not None and row.cost is not None:
+        flops, nbytes = row.cost([a for a in ins if a is not None],
+                                 [a for a in outs if a is not None], **eqn.params)
+    elif name in NO_COST:
+        flops, nbytes = 0, 0
+    elif name in JAX_UNARY:
+        flops, nbytes = _size(outs[0]), _nbytes(ins[0]) + _nbytes(outs[0])
+    else:
+        raise ValueError(
+            f"the roofline has no rule for the primitive {name!r} (in {_shapes_text(eqn)}): "
+            f"simpmd has no row of that name in simpmd.core.PRIMITIVES; add its name to "
+            f"simpmd.cost.NO_COST (costs nothing) or JAX_UNARY (one FLOP per element), or "
+            f"give it a row: a silent 0 would hide its cost")
+    dtype = _rate_dtype(eqn, name)
+    return EquationCost(name, _shapes_text(eqn), str(dtype), int(flops), int(nbytes),
+                        flops / hw.peak_flops(dtype) if flops else 0.0,
+                        nbytes / hw.hbm_bandwidth, depth=depth)
 
 
 def _walk(eqns, sizes, hw, topology, depth, rows):
@@ -1751,63 +1850,81 @@ def _walk(eqns, sizes, hw, topology, depth, rows):
             rows.append(EquationCost(name, _shapes_text(eqn), "", 0, 0, 0.0, 0.0, depth=depth))
             _walk(_equation_list(inner), here, hw, topology, depth + 1, rows)
             continue
-        if name in COLLECTIVE_PRIMITIVES:
-            op = COLLECTIVE_PRIMITIVES[name]
+        row = _row(eqn, name)
+        op = getattr(row, "op", None) if getattr(row, "collective", False) else None
+        if op is not None and op != "axis_index":
             axes, wire, seconds = _collective_cost(eqn, op, sizes, hw, topology)
             rows.append(EquationCost(name, _shapes_text(eqn), "", 0, 0, 0.0, 0.0, seconds, wire,
                                      axes, depth))
             continue
-        if name in NO_COST:
-            rows.append(EquationCost(name, _shapes_text(eqn), "", 0, 0, 0.0, 0.0, depth=depth))
-            continue
-        if not (name == "dot_general" or name in ELEMENTWISE or name in REDUCTIONS or name in LAYOUT):
-            raise ValueError(
-                f"the roofline has no rule for the primitive {name!r} (in {_shapes_text(eqn)}): "
-                f"add it to simpmd.cost.ELEMENTWISE, REDUCTIONS or LAYOUT, or give it its own "
-                f"FLOP count in cost._flops; a silent 0 would hide its cost")
-        flops = _flops(eqn, name)
-        nbytes = sum(_nbytes(_aval(v)) for v in (*eqn.invars, *eqn.outvars)
-                     if hasattr(_aval(v), "shape"))
-        dtype = _rate_dtype(eqn, name)
-        rows.append(EquationCost(name, _shapes_text(eqn), str(dtype), flops, nbytes,
-                                 flops / hw.peak_flops(dtype) if flops else 0.0,
-                                 nbytes / hw.hbm_bandwidth, depth=depth))
+        rows.append(_equation_cost(eqn, name, hw, depth))
     return rows
+
+
+def peak_bytes(program) -> int:
+    """The most bytes alive at once while ``program`` runs, as jax.experimental.roofline
+    counts ``peak_hbm_bytes``: the inputs, then each equation's outputs added and the
+    operands it was the last to read freed (the results are never freed); a nested
+    program's own peak counts where it is larger."""
+    inner = getattr(program, "jaxpr", program)
+    eqns = _equation_list(program)
+    live = {v: _nbytes(_typed(v)) for v in (*getattr(inner, "constvars", ()),
+                                               *getattr(inner, "invars", ()))}
+    last = {v: None for v in getattr(inner, "outvars", ()) if _is_var(v)}
+    for eqn in reversed(eqns):
+        for v in eqn.invars:
+            if _is_var(v) and v not in last:
+                last[v] = eqn
+    current = peak = sum(live.values())
+    nested = 0
+    for eqn in eqns:
+        sub = next((eqn.params[k] for k in NESTED if k in eqn.params), None)
+        if sub is not None:
+            nested = max(nested, peak_bytes(sub))
+        current += sum(_nbytes(_typed(v)) for v in eqn.outvars)
+        current -= sum(_nbytes(_typed(v)) for v in eqn.invars if _is_var(v) and last.get(v) is eqn)
+        peak = max(peak, current)
+    return max(peak, nested)
+
+
+def _is_var(v) -> bool:
+    return not hasattr(v, "val") and not hasattr(v, "value")     # a literal carries its value
 
 
 def roofline_of(program, hardware=None, axis_env=None, topology=None) -> Roofline:
     """The roofline of a program given as equations: a jaxpr, a ClosedJaxpr, or a list.
 
     ``jax.make_jaxpr(f)(*args)`` (with ``axis_env=[("i", 8)]`` for collectives, or of a
-    ``shard_map``, whose mesh gives the axis sizes) is such a program. Costs are per
-    device: inside a shard_map or pmap the shapes are one device's shard. ``hardware`` a
-    preset name or :class:`Hardware`; ``axis_env`` the mapped axes' sizes (pairs, a dict
-    or a mesh); ``topology`` passes on to :func:`estimate` for the collectives.
-    An equation whose primitive has no rule raises ValueError rather than costing 0.
+    ``shard_map``, whose mesh gives the axis sizes) is such a program, and so is
+    ``simpmd.make_jaxpr``'s. Costs are per device: inside a shard_map or pmap the shapes
+    are one device's shard. ``hardware`` a preset name or :class:`Hardware`; ``axis_env``
+    the mapped axes' sizes (pairs, a dict or a mesh); ``topology`` passes on to
+    :func:`estimate` for the collectives. An equation whose primitive has no rule raises
+    ValueError rather than costing 0.
     """
     hw = _hardware_of(hardware)
     rows = _walk(_equation_list(program), _axis_sizes(axis_env), hw, topology, 0, [])
-    return Roofline(hw.name, rows, hw.critical_intensity)
+    peak = peak_bytes(program) if hasattr(program, "eqns") or hasattr(program, "jaxpr") else 0
+    return Roofline(hw.name, rows, hw.critical_intensity, peak)
 
 
-def _equations_of(fun, args, axis_env):
-    """The traced program of ``fun`` on ``args``: simpmd's own, once it can trace one."""
-    import simpmd
-    make_jaxpr = getattr(simpmd, "make_jaxpr", None)
-    if make_jaxpr is None:
-        raise NotImplementedError(
-            "simpmd.cost.roofline(fun, *args) needs simpmd's traced program (simpmd.make_jaxpr), "
-            "which this version does not have yet. Meanwhile pass a program to "
-            "simpmd.cost.roofline_of, e.g. roofline_of(jax.make_jaxpr(f, axis_env=[('i', 8)])"
-            "(*args), hardware='TPU v5e', axis_env=[('i', 8)])")
-    return make_jaxpr(fun, axis_env=axis_env)(*args) if axis_env else make_jaxpr(fun)(*args)
-
-
-def roofline(fun, *args, hardware=None, axis_env=None, topology=None) -> Roofline:
+def roofline(fun, *args, hardware=None, axis_env=None, topology=None, mesh=None,
+             in_specs=None, out_specs=None) -> Roofline:
     """How long ``fun(*args)`` takes on one device of ``hardware``, by the Scaling Book's
     roofline: every equation of its traced program costs FLOPs / peak and bytes / HBM
-    bandwidth, every collective what :func:`estimate` says. See :class:`Roofline`."""
-    program = _equations_of(fun, args, axis_env)
+    bandwidth, every collective what :func:`estimate` says. See :class:`Roofline`.
+
+    ``fun`` is traced on the arguments' types alone, whether they are arrays or
+    ShapeDtypeStructs: nothing is computed, so a LLaMA-sized program costs milliseconds
+    to seconds. As in ``jax.experimental.roofline.roofline``, ``mesh``, ``in_specs`` and
+    ``out_specs`` wrap ``fun`` in ``simpmd.shard_map`` first (its shapes are then the
+    whole arrays', and the costs one device's).
+    """
+    import simpmd
+    from .api.shapes import as_shapes
+    if mesh is not None:
+        fun = simpmd.shard_map(fun, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
+    program = simpmd.make_jaxpr(fun, axis_env=axis_env)(*as_shapes(args))
     if axis_env is None:         # a pmapped or shard_mapped function: the axes it ran over
         axis_env = getattr(program, "axis_env", None)
     return roofline_of(program, hardware, axis_env, topology)
