@@ -1541,7 +1541,7 @@ class EquationCost:
     compute_s: float
     memory_s: float
     comms_s: float = 0.0
-    comm_bytes: float = 0.0
+    comm_bytes: int = 0
     axes: tuple = ()
     depth: int = 0
 
@@ -1614,7 +1614,7 @@ class Roofline:
         out: dict = {}
         for e in self.equations:
             for a in e.axes:
-                out[a] = out.get(a, 0.0) + e.comm_bytes
+                out[a] = out.get(a, 0) + e.comm_bytes
         return out
 
     ici_bytes = comm_bytes
@@ -1903,8 +1903,11 @@ def roofline_of(program, hardware=None, axis_env=None, topology=None) -> Rooflin
     ValueError rather than costing 0.
     """
     hw = _hardware_of(hardware)
-    rows = _walk(_equation_list(program), _axis_sizes(axis_env), hw, topology, 0, [])
-    peak = peak_bytes(program) if hasattr(program, "eqns") or hasattr(program, "jaxpr") else 0
+    eqns = _equation_list(program)
+    rows = _walk(eqns, _axis_sizes(axis_env), hw, topology, 0, [])
+    bodies = [e.params["jaxpr"] for e in eqns if _primitive_name(e) == "shard_map"]
+    walked = bodies[-1] if bodies else program          # JAX's roofline reads the body
+    peak = peak_bytes(walked) if hasattr(walked, "eqns") or hasattr(walked, "jaxpr") else 0
     return Roofline(hw.name, rows, hw.critical_intensity, peak)
 
 

@@ -298,12 +298,20 @@ def _reducer(prim, accumulate=False):
             raise TypeError("out= writes into an array in place; JAX arrays are immutable. "
                             "Use the returned value instead.")
         axes = _axes(axis, x.aval.ndim)
+        narrow = accumulate and dtype is None and _half(x) and axes
         if accumulate and (dtype is not None or x.aval.dtype.kind in "biu"):
             target = dtype or (np.int32 if x.aval.dtype.kind in "bi" else np.uint32)
             x = convert(x, target)
-        out = bind(prim, x, axes=axes, out_sharding=None) if axes else x
+        out = bind(prim, convert(x, np.float32) if narrow else x, axes=axes,
+                   out_sharding=None) if axes else x
+        out = convert(out, x.aval.dtype) if narrow else out
         return _keep(out, x.aval.shape, axes) if keepdims else out
     return reduce
+
+
+def _half(x) -> bool:
+    """A 16-bit float, which jax.numpy sums and multiplies in float32 and rounds back."""
+    return dtypes.inexact(x.aval.dtype) and x.aval.dtype.itemsize == 2
 
 
 def _keep(out, shape, axes):
@@ -329,6 +337,9 @@ def mean(x, axis=None, dtype=None, keepdims=False):
     if x.aval.dtype.kind in "biu" or dtype is not None:
         x = convert(x, dtype or dtypes.default("f"))
     count = math.prod(x.aval.shape[a] for a in axes)
+    if _half(x) and dtype is None:                  # in float32, as jax.numpy does
+        return convert(true_divide(sum_(convert(x, np.float32), axes, keepdims=keepdims),
+                                   float(count)), x.aval.dtype)
     return true_divide(sum_(x, axes, keepdims=keepdims), float(count))
 
 
