@@ -53,6 +53,7 @@ numbers can sit beside measured ones.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 import math
 
@@ -126,7 +127,8 @@ class GroupAxis:
     ``size`` devices along it; ``bandwidth`` bytes/s that one device can send to ONE
     neighbour in ONE direction; ``wraps`` whether the ends are linked (a ring, not a
     line); ``switch`` whether every device reaches every other in one hop instead.
-    ``axis`` and ``offset`` place it in the topology (for routing a permutation).
+    ``axis``, ``offset`` and ``stride`` place it in the topology (for routing a
+    permutation): a group that takes every ``stride``-th device along the axis.
     """
 
     size: int
@@ -135,6 +137,7 @@ class GroupAxis:
     switch: bool = False
     axis: int = 0
     offset: int = 0
+    stride: int = 1
 
 
 class Torus:
@@ -210,18 +213,26 @@ class Torus:
                          f"say which axes it spans with axes=(...)")
 
     def group_axes_of(self, devices):
-        """The axes spanned by these device ids, or None if they do not form a sub-torus."""
+        """The axes spanned by these device ids, or None if they do not form a sub-torus.
+
+        Along an axis the group may take every s-th device (a mesh axis laid over part of
+        a torus axis, another mesh axis taking the devices in between): it then shares each
+        link of that stretch with the s - 1 groups interleaved with it, so it gets 1/s of
+        the bandwidth, and wraps around when it spans the whole ring. (Each of its hops is
+        s links long; the model charges one hop's latency.)"""
         coords = np.array([self.coords(d) for d in devices]).reshape(len(devices), -1)
         spans = []
         for a in range(len(self.dims)):
             values = np.unique(coords[:, a])
             if len(values) == 1:
                 continue
-            if not np.array_equal(values, np.arange(values[0], values[0] + len(values))):
+            stride = int(values[1] - values[0])
+            if not np.array_equal(values, values[0] + stride * np.arange(len(values))):
                 return None
-            full = len(values) == self.dims[a]
-            spans.append(GroupAxis(len(values), self.axis_bandwidth, full and self.wraps(a),
-                                   axis=a, offset=int(values[0])))
+            full = len(values) * stride == self.dims[a]
+            spans.append(GroupAxis(len(values), self.axis_bandwidth / stride,
+                                   full and self.wraps(a), axis=a, offset=int(values[0]),
+                                   stride=stride))
         if math.prod(s.size for s in spans) != len(set(map(int, devices))):
             return None
         return spans
@@ -1299,17 +1310,90 @@ class CollectiveCost:
 
 
 @dataclass
+class CallEstimate:
+    """One collective call of a columnar trace, every group of it at once: its ``groups``
+    instances cost ``times`` seconds each (in the trace's order), the slowest
+    ``time_s`` (its ``estimate``); each member sends ``bytes_sent`` (the most any does)."""
+
+    step: int
+    call: tuple
+    op: str
+    axes: tuple
+    source: str
+    phase: str
+    estimate: Estimate
+    times: np.ndarray
+    bytes_sent: int
+    record: object = None        # the log's record (how a timeline finds its groups)
+    set_times: list = field(default_factory=list)     # per group set of the record
+
+    @property
+    def groups(self) -> int:
+        return len(self.times)
+
+    @property
+    def time_s(self) -> float:
+        return float(self.times.max()) if len(self.times) else 0.0
+
+
+class _Instances(Sequence):
+    """The instances of a columnar trace's calls, as CollectiveCosts made when read."""
+
+    def __init__(self, calls):
+        self._calls = calls
+        self._ends = np.cumsum([c.groups for c in calls])
+
+    def __len__(self):
+        return int(self._ends[-1]) if len(self._ends) else 0
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        i = i + len(self) if i < 0 else i
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        n = int(np.searchsorted(self._ends, i, side="right"))
+        c, k = self._calls[n], i - (int(self._ends[n - 1]) if n else 0)
+        r = c.record
+        rows = [row for members in r.fields["sets"] for row in members]
+        ids = _ids_of(r.run)
+        est = c.estimate if c.times[k] == c.time_s else replace(c.estimate, time_s=float(c.times[k]))
+        moved = _log_bytes(r, len(rows[k]))
+        return CollectiveCost(c.step + k, c.call, c.op, c.axes, tuple(int(ids[j]) for j in rows[k]),
+                              c.source, est, tuple(moved(p)[0] for p in range(len(rows[k]))),
+                              tuple(moved(p)[1] for p in range(len(rows[k]))))
+
+
+@dataclass
 class TraceEstimate:
     """Every collective of a run with its estimated time, and the total.
 
-    ``collectives`` holds one :class:`CollectiveCost` per instance. Instances of the same
-    call (different groups, e.g. one per row) run at the same time, and calls run one
-    after another, so ``total_time_s`` sums, over calls, the slowest instance of each.
+    ``collectives`` holds one :class:`CollectiveCost` per instance; ``calls`` one
+    :class:`CallEstimate` per call (all its groups). Instances of the same call
+    (different groups, e.g. one per row) run at the same time, and calls run one after
+    another, so ``total_time_s`` sums, over calls, the slowest instance of each.
+    A trace of thousands of devices is estimated call by call, once per shape of group
+    (groups that are translates of each other on the torus cost the same), and its
+    instances are written out only when read.
     """
 
     hardware: str
     topology: str
-    collectives: list = field(default_factory=list)
+    collectives: Sequence = field(default_factory=list)
+    columnar: list = None
+
+    @property
+    def calls(self) -> list:
+        if self.columnar is not None:
+            return self.columnar
+        out = []
+        for group in self.per_call():
+            first = group[0]
+            slowest = max(group, key=lambda c: c.time_s)
+            out.append(CallEstimate(first.step, first.call, first.op, first.axes, first.source,
+                                    "", slowest.estimate, np.array([c.time_s for c in group]),
+                                    max(max(c.bytes_sent) for c in group)))
+        return out
 
     def per_call(self) -> list:
         """Lists of the instances of each call, in program order."""
@@ -1320,7 +1404,20 @@ class TraceEstimate:
 
     @property
     def total_time_s(self) -> float:
+        if self.columnar is not None:
+            return float(sum(c.time_s for c in self.columnar))
         return sum(max(c.time_s for c in call) for call in self.per_call())
+
+    def by_axes(self) -> dict:
+        """Per tuple of mesh axes: how many calls, the seconds they take (the slowest group
+        of each, summed) and the bytes each device sends over them."""
+        out: dict = {}
+        for c in self.calls:
+            row = out.setdefault(c.axes, {"calls": 0, "seconds": 0.0, "bytes_sent": 0})
+            row["calls"] += 1
+            row["seconds"] += c.time_s
+            row["bytes_sent"] += c.bytes_sent
+        return out
 
     def __len__(self):
         return len(self.collectives)
@@ -1331,13 +1428,13 @@ class TraceEstimate:
     def __getitem__(self, i):
         return self.collectives[i]
 
-    def __str__(self):
+    def __str__(self, most: int = 64):
         lines = [f"Estimated on {self.hardware} ({self.topology}): {len(self.collectives)} "
                  f"collective(s), {_seconds(self.total_time_s) if self.total_time_s else '0 s'} in all"]
         header = ("step", "op", "axes", "group", "per device", "algorithm", "time", "bound",
                   "busbw GB/s")
         rows = []
-        for c in self.collectives:
+        for c in self.collectives[:most]:
             e = c.estimate
             rows.append((str(c.step), c.op, ",".join(map(str, c.axes)), _group_text(c.group),
                          _bytes(e.nbytes), e.algorithm,
@@ -1347,6 +1444,9 @@ class TraceEstimate:
                   for i, h in enumerate(header)]
         lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip())
         lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
+        if len(self.collectives) > most:
+            lines.append(f"... {len(self.collectives) - most} more; .calls has one row per call "
+                         f"({len(self.calls)}), .by_axes() the totals per mesh axis")
         return "\n".join(lines)
 
     def __repr__(self):
@@ -1373,15 +1473,34 @@ def _positions(axes, topology, devices) -> list:
     out = []
     for d in devices:
         c = topology.coords(d)
-        out.append(int(np.ravel_multi_index([c[ax.axis] - ax.offset for ax in axes], sizes)))
+        out.append(int(np.ravel_multi_index([(c[ax.axis] - ax.offset) // ax.stride for ax in axes],
+                                            sizes)))
     return out
 
 
 def _perm_of(event) -> list:
     """The (source, destination) member pairs of a ppermute or pshuffle."""
-    if event.op == "pshuffle":
-        return [(int(s), d) for d, s in enumerate(event.params.get("perm", ()))]
-    return [(int(s), int(d)) for s, d in event.params.get("perm", ())]
+    return _pairs(event.op, event.params)
+
+
+def _pairs(op, params) -> list:
+    if op == "pshuffle":
+        return [(int(s), d) for d, s in enumerate(params.get("perm", ()))]
+    return [(int(s), int(d)) for s, d in params.get("perm", ())]
+
+
+def _estimate_group(topo, devices, collective, nbytes, pairs, label):
+    """The estimate of one group (its device ids, in member order) on ``topo``."""
+    axes, note = _group_on(topo, devices)
+    perm = None
+    if collective == "collective_permute":
+        if note or topo.kind == "switch":
+            perm = pairs
+        else:
+            where = _positions(axes, topo, devices)
+            perm = [(where[s], where[d]) for s, d in pairs]
+    return _estimate_on(collective, nbytes, axes, topo.hop_latency, None, perm, label,
+                        _describe(topo), note, topo.overlap, getattr(topo, "measured", None))
 
 
 def estimate_trace(trace_or_events, hardware=None, topology=None) -> TraceEstimate:
@@ -1392,43 +1511,115 @@ def estimate_trace(trace_or_events, hardware=None, topology=None) -> TraceEstima
     given there (e.g. ``topology=(8, 16)``); without a shape of two or more axes, to the
     hardware's standard slice for the devices the trace uses. ``topology`` (a Topology or
     a shape) overrides both. A group that fills a block of the torus uses those axes (with
-    wraparound only where it covers a whole wrapping axis); an irregular group is costed
-    as a line and says so in the estimate's note.
+    wraparound only where it covers a whole wrapping axis); one that takes every s-th
+    device along an axis shares that axis's links with the groups interleaved with it; an
+    irregular group is costed as a line and says so in the estimate's note. A trace's
+    columnar log (a run with no nested pmap) is read call by call, without writing out its
+    events, so a run on thousands of devices is estimated in about the time it ran.
     """
+    hw = _hardware_of(hardware, trace_or_events)
+    log = _columnar_log(trace_or_events)
+    if log is not None:
+        return _estimate_columnar(log, hw, topology, trace_or_events)
     events = getattr(trace_or_events, "events", trace_or_events)
     events = [e for e in events if e.kind == "collective"]
-    hw = _hardware_of(hardware, trace_or_events)
     by_step: dict = {}
     for e in events:
         by_step.setdefault(e.step, []).append(e)
     used = {_member_device(e) for e in events} - {None}
-    count = max(used) + 1 if used else 1
-    topo = (_resolve_topology(hw, topology, count) if topology is not None
-            else _platform_topology(hw, _platform(trace_or_events), count))
+    topo = _topology_for(hw, topology, trace_or_events, max(used) + 1 if used else 1)
     label = _label(hw, topology, topo)
     result = TraceEstimate(label, _describe(topo))
     for step in sorted(by_step):
         members = sorted(by_step[step], key=lambda e: e.member)
         first = members[0]
-        devices = [_member_device(e) for e in members]
         collective = collective_of(first.op)     # an op with no row raises, never costs 0 s
         nbytes = max(e.nbytes_in for e in members)
-        axes, note = _group_on(topo, devices)
-        perm = None
-        if collective == "collective_permute":
-            pairs = _perm_of(first)
-            if note or topo.kind == "switch":
-                perm = pairs
-            else:
-                where = _positions(axes, topo, devices)
-                perm = [(where[s], where[d]) for s, d in pairs]
-        e = _estimate_on(collective, nbytes, axes, topo.hop_latency, None, perm, label,
-                         _describe(topo), note, topo.overlap, getattr(topo, "measured", None))
+        e = _estimate_group(topo, [_member_device(m) for m in members], collective, nbytes,
+                            _perm_of(first), label)
         result.collectives.append(CollectiveCost(
             step, (len(first.coords), first.call), first.op, tuple(first.axes),
             tuple(first.group), first.source, replace(e, op=collective or first.op),
             tuple(m.bytes_sent for m in members), tuple(m.bytes_received for m in members)))
     return result
+
+
+def _topology_for(hw, topology, trace, count):
+    return (_resolve_topology(hw, topology, count) if topology is not None
+            else _platform_topology(hw, _platform(trace), count))
+
+
+def _columnar_log(trace):
+    """The trace's columnar log, when it has one that is read call by call (no nested pmap,
+    events not replaced by hand), else None."""
+    log = getattr(trace, "_log", None)
+    if log is None or getattr(trace, "_events", None) is not None:
+        return None
+    if any(r.run.inner is not None or r.run.outer is not None for r in log.records):
+        return None
+    return log
+
+
+def _ids_of(run) -> np.ndarray:
+    ids = run.__dict__.get("_device_ids")
+    if ids is None:
+        ids = run._device_ids = np.array([d.id for d in run.devices], dtype=np.int64)
+    return ids
+
+
+def _log_bytes(record, p):
+    from .core.log import _bytes_moved
+    return _bytes_moved(record.fields, p)
+
+
+def _estimate_columnar(log, hw, topology, trace) -> TraceEstimate:
+    records = [r for r in log.records if r.kind == "collective" and r.fields["sets"]]
+    used = max((int(_ids_of(r.run).max()) for r in records if r.run.devices), default=0)
+    topo = _topology_for(hw, topology, trace, used + 1)
+    label = _label(hw, topology, topo)
+    cache: dict = {}
+    calls = []
+    for r in records:
+        f = r.fields
+        collective = collective_of(f["op"])
+        nbytes = sum(a.nbytes for a in f["avals"])
+        pairs = _pairs(f["op"], f["params"])
+        ids = _ids_of(r.run)
+        set_times, slowest = [], None
+        for members in f["sets"]:
+            devices = ids[members]
+            times = np.empty(len(devices))
+            for key, rows in _by_shape(topo, devices).items():
+                known = cache.get((key, collective, nbytes, tuple(pairs)))
+                if known is None:
+                    known = cache[(key, collective, nbytes, tuple(pairs))] = replace(
+                        _estimate_group(topo, devices[rows[0]].tolist(), collective, nbytes,
+                                        pairs, label), op=collective or f["op"])
+                times[rows] = known.time_s
+                if slowest is None or known.time_s > slowest.time_s:
+                    slowest = known
+            set_times.append(times)
+        sent = max(_log_bytes(r, m.shape[1])(pos)[0] for m in f["sets"] for pos in
+                   range(m.shape[1] if f["op"] in ("ppermute", "pshuffle") else 1))
+        calls.append(CallEstimate(r.step, (len(r.run.axes), f["call"]), f["op"], tuple(f["axes"]),
+                                  f["source"][0], f["phase"], slowest, np.concatenate(set_times),
+                                  int(sent), r, set_times))
+    return TraceEstimate(label, _describe(topo), _Instances(calls), calls)
+
+
+def _by_shape(topo, devices) -> dict:
+    """The rows of ``devices`` (groups x members) by the group's shape on the topology:
+    groups that are translates of each other cost the same."""
+    if topo.kind == "switch" or devices.max() >= topo.size:
+        return {("any", devices.shape[1]): np.arange(len(devices))}
+    coords = np.stack(np.unravel_index(devices, topo.dims), axis=-1)      # groups x p x axes
+    rel = (coords - coords[:, :1]).reshape(len(devices), -1)
+    if (rel == rel[0]).all():                       # the usual case: one shape of group
+        return {rel[0].tobytes(): np.arange(len(devices))}
+    rows: dict = {}
+    for k, shape in enumerate(rel):
+        rows.setdefault(shape.tobytes(), []).append(k)
+    return {key: np.array(ks) for key, ks in rows.items()}
 
 
 def _link_of(topology) -> float:
@@ -1642,17 +1833,18 @@ class Roofline:
         parts = (self.compute_s, self.memory_s, self.comms_s)
         return max(parts), sum(parts)
 
-    def segments(self) -> list:
+    def segments(self, fused: bool = False) -> list:
         """Seconds of work before each collective and after the last, in program order:
-        each segment's equations at their own roofline, max(compute, memory), summed.
-        ``len(segments) == number of collectives + 1``; what a timeline draws between
-        the collectives."""
+        each segment's equations at their own roofline, max(compute, memory), summed
+        (``fused=True``: the matrix products only, the rest taken as fused into them, as
+        JAX's ``flops`` and ``hbm_bytes`` count). ``len(segments) == number of
+        collectives + 1``; what a timeline draws between the collectives."""
         out, current = [], 0.0
         for e in self.equations:
             if e.axes:                                   # a collective closes the segment
                 out.append(current)
                 current = 0.0
-            else:
+            elif e.matmul or not fused:
                 current += max(e.compute_s, e.memory_s)
         return out + [current]
 

@@ -265,3 +265,49 @@ def test_a_real_models_layer_on_thousands_of_devices_runs_in_seconds():
     gather = next(e for e in f.trace.collectives()[0])
     shard = D // 2048 * F // 4 * 2                         # one device's block of w1, bytes
     assert gather.op == "all_gather" and gather.bytes_sent == 2047 * shard
+
+
+# -- reading a trace call by call -------------------------------------------------------------
+
+@pytest.mark.parametrize("case", _CASES[::3], ids=lambda c: c.name)
+def test_estimate_trace_reads_the_columnar_log_as_it_reads_the_events(case):
+    """Call by call (the columnar log, once per shape of group) and event by event: the
+    same instances, groups, bytes and times."""
+    f = simpmd.pmap(case.make(lax), case.axis_name, **case.pmap_kwargs())
+    try:
+        f(*case.args())
+    except simpmd.SimpmdError:
+        pytest.skip("simpmd refuses this program on values")
+    by_call = simpmd.cost.estimate_trace(f.trace, hardware="TPU v4")
+    by_event = simpmd.cost.estimate_trace(list(f.trace.events), hardware="TPU v4")
+    assert len(by_call) == len(by_event)
+    for a, b in zip(by_call, by_event):
+        assert (a.step, a.call, a.op, a.axes, a.group, a.bytes_sent, a.bytes_received) == (
+            b.step, b.call, b.op, b.axes, b.group, b.bytes_sent, b.bytes_received)
+        assert a.time_s == pytest.approx(b.time_s)
+    assert by_call.total_time_s == pytest.approx(by_event.total_time_s)
+
+
+@pytest.mark.parametrize("case", _CASES[::4], ids=lambda c: c.name)
+@pytest.mark.parametrize("kwargs", [{}, {"compute": 2e-6, "slowdown": {3: 2.5}}])
+def test_the_timeline_models_the_columnar_log_as_it_models_the_events(case, kwargs):
+    """Every device's clock at once, call by call, gives the segments that the model
+    event by event gives (the same devices, kinds, starts and stops)."""
+    from simpmd.viz.timeline import model_timeline
+    f = simpmd.pmap(case.make(lax), case.axis_name, **case.pmap_kwargs())
+    try:
+        f(*case.args())
+    except simpmd.SimpmdError:
+        pytest.skip("simpmd refuses this program on values")
+    events = simpmd.Trace(list(f.trace.events))
+    events.program = f.trace.program
+    fast = model_timeline(f.trace, "TPU v4", **kwargs)
+    slow = model_timeline(events, "TPU v4", **kwargs)
+    key = lambda s: (s.device, s.start, s.kind)
+    assert [(s.device, s.kind, s.label, s.step) for s in sorted(fast.segments, key=key)] == \
+        [(s.device, s.kind, s.label, s.step) for s in sorted(slow.segments, key=key)]
+    for a, b in zip(sorted(fast.segments, key=key), sorted(slow.segments, key=key)):
+        assert (a.start, a.stop) == pytest.approx((b.start, b.stop))
+    assert fast.end == pytest.approx(slow.end)
+    for kind in ("compute", "wait", "comm"):
+        assert fast.total(kind, 0) == pytest.approx(slow.total(kind, 0))

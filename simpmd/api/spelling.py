@@ -399,7 +399,7 @@ def matmul(a, b):
     na, nb = aval_of(a).ndim, aval_of(b).ndim
     if na == 0 or nb == 0:
         raise ValueError("matmul: a scalar operand is not allowed (use *)")
-    if na == 1 or nb == 1:
+    if na == 1 or nb <= 2:         # a matrix on the right: no batch, as jnp.matmul binds it
         dims = (([na - 1], [0 if nb == 1 else nb - 2]), ([], []))
         return bind(P.dot_general, a, b, dimension_numbers=dims,
                     preferred_element_type=aval_of(a).dtype)
