@@ -55,6 +55,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+import functools
 import math
 
 import numpy as np
@@ -1971,9 +1972,15 @@ def _collective_cost(eqn, op: str, sizes: dict, hw: Hardware, topology):
     if p <= 1 or not moves:
         return axes, wire, 0.0
     nbytes = sum(_nbytes(a) for a in avals)
-    e = estimate(op, nbytes, p, hardware=hw, topology=topology,
-                 perm=perm if collective_of(op) == "collective_permute" else None)
-    return axes, wire, e.time_s
+    perm = tuple(perm) if collective_of(op) == "collective_permute" else None
+    topology = tuple(topology) if isinstance(topology, list) else topology
+    return axes, wire, _estimated_time(op, nbytes, p, hw, topology, perm)
+
+
+@functools.lru_cache(maxsize=4096)        # a program repeats its collectives, layer by layer
+def _estimated_time(op, nbytes, p, hw, topology, perm):
+    return estimate(op, nbytes, p, hardware=hw, topology=topology,
+                    perm=list(perm) if perm is not None else None).time_s
 
 
 def _shapes_text(eqn) -> str:
@@ -2113,7 +2120,8 @@ def roofline(fun, *args, hardware=None, axis_env=None, topology=None, mesh=None,
     ShapeDtypeStructs: nothing is computed, so a LLaMA-sized program costs milliseconds
     to seconds. As in ``jax.experimental.roofline.roofline``, ``mesh``, ``in_specs`` and
     ``out_specs`` wrap ``fun`` in ``simpmd.shard_map`` first (its shapes are then the
-    whole arrays', and the costs one device's).
+    whole arrays', and the costs one device's). Equations whose results nothing reads are
+    left out, as JAX's roofline leaves them (:func:`live_equations`).
     """
     import simpmd
     from .api.shapes import as_shapes
@@ -2122,4 +2130,22 @@ def roofline(fun, *args, hardware=None, axis_env=None, topology=None, mesh=None,
     program = simpmd.make_jaxpr(fun, axis_env=axis_env)(*as_shapes(args))
     if axis_env is None:         # a pmapped or shard_mapped function: the axes it ran over
         axis_env = getattr(program, "axis_env", None)
-    return roofline_of(program, hardware, axis_env, topology)
+    return roofline_of(live_equations(program), hardware, axis_env, topology)
+
+
+def live_equations(program):
+    """``program`` without the equations whose results nothing reads (a gradient's loss
+    value, say), as ``jax.experimental.roofline`` drops them (``dce_jaxpr``) and XLA does
+    when it compiles; an equation with an effect (a debug print) stays."""
+    from .core.core import Program
+    used = {v for v in program.outvars if _is_var(v)}
+    kept = []
+    for eqn in reversed(program.eqns):
+        if any(v in used for v in eqn.outvars) or _primitive_name(eqn) in _EFFECTS:
+            kept.append(eqn)
+            used.update(v for v in eqn.invars if _is_var(v))
+    return Program(program.invars, kept[::-1], program.outvars, program.in_tree,
+                   program.out_tree, program.constvars, program.axis_env)
+
+
+_EFFECTS = frozenset({"debug_callback"})

@@ -941,3 +941,18 @@ def test_segments_split_the_work_at_the_collectives(jax8):
     assert segments[0] == pytest.approx(sum(max(e.flops / hw.peak_fp32_flops,
                                                 e.bytes / hw.hbm_bandwidth) for e in first))
     assert segments[1] > 0
+
+
+def test_a_group_of_every_other_device_shares_its_links():
+    """A mesh axis laid over every second device of a ring shares each link with the group
+    interleaved with it: half the bandwidth, the whole ring to wrap around (issue 31)."""
+    ring = C.Torus((8,), True, link_bandwidth=1e10, hop_latency=1e-6)
+    axes = ring.group_axes_of([1, 3, 5, 7])
+    assert [(a.size, a.bandwidth, a.wraps, a.stride, a.offset) for a in axes] == [
+        (4, 5e9, True, 2, 1)]
+    assert ring.group_axes_of([0, 2, 3, 6]) is None              # not evenly spaced
+    half = C.Ring(4, True, link_bandwidth=5e9, hop_latency=1e-6)
+    got = C._estimate_on("all_gather", 2 ** 20, axes, 1e-6, overlap=True)
+    want = C.estimate("all_gather", 2 ** 20, 4, topology=half, hardware="TPU v4")
+    assert got.time_s == pytest.approx(want.time_s)
+    assert C._positions(axes, ring, [1, 3, 5, 7]) == [0, 1, 2, 3]

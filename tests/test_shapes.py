@@ -311,3 +311,43 @@ def test_the_timeline_models_the_columnar_log_as_it_models_the_events(case, kwar
     assert fast.end == pytest.approx(slow.end)
     for kind in ("compute", "wait", "comm"):
         assert fast.total(kind, 0) == pytest.approx(slow.total(kind, 0))
+
+
+def test_a_timeline_of_hundreds_of_devices_keeps_few_segments_and_every_total():
+    """Past 64 devices the model keeps the segments of the watched devices only; another
+    device's segments are modelled again when asked, and every device's totals are those
+    of the model event by event."""
+    from simpmd.viz.timeline import model_timeline
+    simpmd.set_device_count(256)
+    f = simpmd.pmap(lambda x: lax.psum(lax.ppermute(x, "i", [(k, (k + 1) % 256)
+                                                             for k in range(256)]), "i"), "i")
+    f(S((256, 4096), np.float32))
+    fast = model_timeline(f.trace, "TPU v4", slowdown={100: 3.0})
+    events = simpmd.Trace(list(f.trace.events))
+    events.program = f.trace.program
+    slow = model_timeline(events, "TPU v4", slowdown={100: 3.0})
+    assert fast.watched is not None and 100 in fast.watched and 77 not in fast.watched
+    assert {s.device for s in fast.segments} == set(fast.watched)
+    assert fast.devices == list(range(256))
+    for d in (0, 77, 100, 255):
+        assert fast.total("wait", d) == pytest.approx(slow.total("wait", d))
+        assert [(s.kind, round(s.start, 12)) for s in fast.of(d)] == \
+            [(s.kind, round(s.start, 12)) for s in slow.of(d)]
+    assert fast.most("wait")[0] == slow.most("wait")[0] != 100     # the straggler waits least
+    fig = simpmd.viz.draw_timeline(f.trace, "TPU v4", slowdown={100: 3.0}, max_rows=6,
+                                   window=(0, fast.end / 2))
+    rows = {a.get_gid().split(":")[-1] for a in simpmd.viz.tagged(fig, "device")}
+    assert {"0", "100", "255"} <= rows and len(rows) <= 7
+
+
+def test_thousands_of_segments_are_drawn_as_one_bar_collection_per_row_and_kind():
+    def body(x):
+        for _ in range(400):
+            x = lax.psum(x * 0.5, "i")
+        return x
+    f = simpmd.pmap(body, "i")
+    f(S((8, 64), np.float32))
+    fig = simpmd.viz.draw_timeline(f.trace, "TPU v4")
+    bars = simpmd.viz.tagged(fig, "comm")
+    assert len(bars) == 8 and all(len(b.get_paths()) == 400 for b in bars)
+    assert {b.get_gid() for b in bars} == {f"simpmd:comm:{d}" for d in range(8)}

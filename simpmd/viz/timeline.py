@@ -121,7 +121,8 @@ def _comm_times(trace, hardware, topology):
     try:
         from .. import cost
         estimate = cost.estimate_trace(trace, hardware=hardware, topology=topology)
-        hbm = cost.hardware_preset(estimate.hardware).hbm_bandwidth
+        machine = cost._hardware_of(hardware, trace)       # a preset, or a Hardware given
+        hbm = machine.hbm_bandwidth
     except ImportError:
         times = {}
         for group in trace.collectives():
@@ -132,6 +133,7 @@ def _comm_times(trace, hardware, topology):
                 f"(simpmd.cost is not available: not a hardware estimate)",
                 f"{FALLBACK_HBM / 1e12:g} TB/s", f"{FALLBACK_BANDWIDTH / 1e9:g} GB/s links")
     times = _StepTimes(estimate)
+    times.machine = machine
     return (times, hbm, f"communication: simpmd.cost on {estimate.hardware} ({estimate.topology})",
             f"{hbm / 1e12:g} TB/s HBM", str(estimate.hardware))
 
@@ -203,7 +205,7 @@ def _model_columnar(log, estimate, roofline, compute, slowdown, watch, hbm, labe
     ids = [d.id for d in run.devices]
     n, where = len(ids), {d: k for k, d in enumerate(ids)}
     if watch is None:
-        watch = ids if n <= 64 else [d for d in elide(ids, MAX_ROWS)[0] if d is not None]
+        watch = ids if n <= 64 else [d for d in elide(sorted(ids), MAX_ROWS)[0] if d is not None]
     watched = frozenset(watch) | frozenset(slowdown or ())
     keep = np.zeros(n, dtype=bool)
     keep[[where[d] for d in watched if d in where]] = True
@@ -235,7 +237,7 @@ def _model_columnar(log, estimate, roofline, compute, slowdown, watch, hbm, labe
     for r in log.records:
         f = r.fields
         if r.kind == "collective" and f["sets"]:
-            rows = np.sort(np.concatenate([m.ravel() for m in f["sets"]]))
+            rows = np.concatenate([m.ravel() for m in f["sets"]])
             work(rows, sum(a.nbytes for a in f["avals"]))
             step = r.step
             for members, durations in zip(f["sets"], times[id(r)]):
@@ -260,8 +262,11 @@ def _model_columnar(log, estimate, roofline, compute, slowdown, watch, hbm, labe
     def remodel(more):
         return _model_columnar(log, estimate, roofline, compute, slowdown, more, hbm, labels)
     comm_label, compute_label, hardware_name = labels
-    return Timeline(segments, ids, float(clock.max()) if n else 0.0, comm_label, compute_label,
-                    hardware_name, totals, watched if n > 64 else None, remodel)
+    order = np.argsort(ids, kind="stable")               # rows by device id, as in the events
+    return Timeline(segments, [ids[k] for k in order], float(clock.max()) if n else 0.0,
+                    comm_label, compute_label, hardware_name,
+                    {kind: seconds[order] for kind, seconds in totals.items()},
+                    watched if n > 64 else None, remodel)
 
 
 def _returned_bytes(record):
@@ -297,7 +302,8 @@ def model_timeline(trace, hardware=None, *, compute=None, slowdown=None, topolog
     times, hbm, comm_label, hbm_label, hardware_name = _comm_times(trace, hardware, topology)
     estimate = getattr(times, "estimate", None)
     slowdown = dict(slowdown or {})
-    roofline = _roofline_segments(trace, hardware_name, fused) if compute is None else None
+    roofline = (_roofline_segments(trace, getattr(times, "machine", hardware_name), fused)
+                if compute is None else None)
     if roofline is not None:
         segs, r = roofline
         compute_label = (f"compute: roofline of the traced program on {r.hardware}, "
