@@ -27,6 +27,7 @@ import numpy as np
 
 from ..core import bridge, dtypes, errors, tree
 from ..core.core import Aval, aval_of, context, running
+from .shapes import is_shape
 from .trace import Trace
 from ..core.program import cached, eval_program, store, trace
 from ..core.run import Run
@@ -232,7 +233,6 @@ def as_array(x):
 def value_or_shape(x):
     """An argument leaf as a NumPy array, or a ShapeDtypeStruct as it is (both have a
     ``shape``, ``ndim`` and ``dtype``, which is all a front end checks)."""
-    from .shapes import is_shape
     return x if is_shape(x) else as_array(x)
 
 
