@@ -52,7 +52,7 @@ def jax_roofline(layers):
     """Seconds for jax.experimental.roofline on the same step, and its counts."""
     import jax
     from jax.experimental import roofline as jr
-    from jax.sharding import AbstractMesh, PartitionSpec
+    from jax.sharding import AbstractMesh, AxisType, PartitionSpec
     import simpmd
     from simpmd.course import llama
     cfg = llama.Config(layers=layers)
@@ -67,7 +67,7 @@ def jax_roofline(layers):
         return tree
     ins, outs = llama.step_specs(cfg)
     start = time.process_time()
-    mesh = AbstractMesh((2048, 4), ("fsdp", "tp"))
+    mesh = AbstractMesh((2048, 4), ("fsdp", "tp"), axis_types=(AxisType.Auto,) * 2)
     _, result = jr.roofline(llama.train_step(cfg), mesh=mesh, in_specs=jax_specs(ins),
                             out_specs=jax_specs(outs))(
         *llama.abstract_step_args(cfg, 2048, 2048, jax.ShapeDtypeStruct))

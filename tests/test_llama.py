@@ -124,14 +124,11 @@ def test_two_full_size_layers_cost_what_jax_roofline_says(jax8):
     pytest.importorskip("absl")
     from dataclasses import replace
     from jax.experimental import roofline as jr
-    from jax.sharding import AbstractMesh
+    from jax.sharding import AbstractMesh, AxisType
     two = replace(llama.LLAMA3_70B, layers=2)
     ins, outs = llama.layers_specs(two)
     shape = (2048, 2048, two.d_model)
-    try:
-        mesh = AbstractMesh((2048, 4), ("fsdp", "tp"))
-    except TypeError:
-        mesh = AbstractMesh((("fsdp", 2048), ("tp", 4)))
+    mesh = AbstractMesh((2048, 4), ("fsdp", "tp"), axis_types=(AxisType.Auto,) * 2)
     _, theirs = jr.roofline(llama.layers_step(two), mesh=mesh, in_specs=jax_specs(ins),
                             out_specs=jax_specs(outs))(
         llama.abstract_params(two, jax8.ShapeDtypeStruct)["layers"],

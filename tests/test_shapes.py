@@ -351,3 +351,16 @@ def test_thousands_of_segments_are_drawn_as_one_bar_collection_per_row_and_kind(
     bars = simpmd.viz.tagged(fig, "comm")
     assert len(bars) == 8 and all(len(b.get_paths()) == 400 for b in bars)
     assert {b.get_gid() for b in bars} == {f"simpmd:comm:{d}" for d in range(8)}
+
+
+def test_a_trace_on_shapes_says_which_collectives_it_could_not_log():
+    """Which branch of a lax.cond each device takes depends on values, so on shapes alone
+    its branches' collectives are not run; the trace says so instead of undercounting
+    silently."""
+    f = simpmd.pmap(lambda x: lax.cond(x.sum() > 0, lambda v: lax.psum(v, "i"),
+                                       lambda v: v, x), "i")
+    f(S((8, 3), np.float32))
+    assert "NOT LOGGED: the collectives inside lax.cond branches" in str(f.trace)
+    g = simpmd.pmap(lambda x: lax.psum(x, "i"), "i")
+    g(S((8, 3), np.float32))
+    assert "NOT LOGGED" not in str(g.trace)

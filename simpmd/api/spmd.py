@@ -165,6 +165,9 @@ def run(owner, fun, devices, axes, args, kwargs, assemble, *, eager=False, check
 def _trace_of(grid, program, shapes_only):
     trace_ = Trace(log=grid.log, devices=grid.devices)
     trace_.program, trace_.shapes_only = program, shapes_only
+    if shapes_only and program is not None:     # what a run on types cannot log
+        trace_.unlogged = sorted({e.primitive.name for e in program.eqns
+                                  if e.primitive.name in ("cond", "xla_pmap")})
     return trace_
 
 
