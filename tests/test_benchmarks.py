@@ -79,7 +79,9 @@ def test_llama_step_quick_runs_and_agrees_with_jax_roofline():
     assert result.returncode == 0, result.stdout + result.stderr
     import json
     row = json.loads(result.stdout)
-    assert row["layers"] == 8 and row["devices"] == 8192
+    assert row["layers"] == 8 and row["devices"] == 8192 and row["simpmd_s"] > 0
+    if row["jax_s"] is None:
+        pytest.skip(f"this jax's roofline refuses the step: {row['jax_refused']}")
     assert row["same_flops"] and row["same_ici_bytes"]
     assert row["simpmd_s"] > 0 and row["jax_s"] > 0 and row["ratio"] > 0
     assert 0 < row["compute_s"] < row["step_s_modelled"]
