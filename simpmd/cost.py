@@ -53,10 +53,14 @@ numbers can sit beside measured ones.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+import functools
 import math
 
 import numpy as np
+
+from .core.core import PRIMITIVES, Aval, Primitive
 
 
 # -- the names: jax.lax collectives -> the collective they perform -----------------------
@@ -124,7 +128,8 @@ class GroupAxis:
     ``size`` devices along it; ``bandwidth`` bytes/s that one device can send to ONE
     neighbour in ONE direction; ``wraps`` whether the ends are linked (a ring, not a
     line); ``switch`` whether every device reaches every other in one hop instead.
-    ``axis`` and ``offset`` place it in the topology (for routing a permutation).
+    ``axis``, ``offset`` and ``stride`` place it in the topology (for routing a
+    permutation): a group that takes every ``stride``-th device along the axis.
     """
 
     size: int
@@ -133,6 +138,7 @@ class GroupAxis:
     switch: bool = False
     axis: int = 0
     offset: int = 0
+    stride: int = 1
 
 
 class Torus:
@@ -208,18 +214,26 @@ class Torus:
                          f"say which axes it spans with axes=(...)")
 
     def group_axes_of(self, devices):
-        """The axes spanned by these device ids, or None if they do not form a sub-torus."""
+        """The axes spanned by these device ids, or None if they do not form a sub-torus.
+
+        Along an axis the group may take every s-th device (a mesh axis laid over part of
+        a torus axis, another mesh axis taking the devices in between): it then shares each
+        link of that stretch with the s - 1 groups interleaved with it, so it gets 1/s of
+        the bandwidth, and wraps around when it spans the whole ring. (Each of its hops is
+        s links long; the model charges one hop's latency.)"""
         coords = np.array([self.coords(d) for d in devices]).reshape(len(devices), -1)
         spans = []
         for a in range(len(self.dims)):
             values = np.unique(coords[:, a])
             if len(values) == 1:
                 continue
-            if not np.array_equal(values, np.arange(values[0], values[0] + len(values))):
+            stride = int(values[1] - values[0])
+            if not np.array_equal(values, values[0] + stride * np.arange(len(values))):
                 return None
-            full = len(values) == self.dims[a]
-            spans.append(GroupAxis(len(values), self.axis_bandwidth, full and self.wraps(a),
-                                   axis=a, offset=int(values[0])))
+            full = len(values) * stride == self.dims[a]
+            spans.append(GroupAxis(len(values), self.axis_bandwidth / stride,
+                                   full and self.wraps(a), axis=a, offset=int(values[0]),
+                                   stride=stride))
         if math.prod(s.size for s in spans) != len(set(map(int, devices))):
             return None
         return spans
@@ -1297,17 +1311,90 @@ class CollectiveCost:
 
 
 @dataclass
+class CallEstimate:
+    """One collective call of a columnar trace, every group of it at once: its ``groups``
+    instances cost ``times`` seconds each (in the trace's order), the slowest
+    ``time_s`` (its ``estimate``); each member sends ``bytes_sent`` (the most any does)."""
+
+    step: int
+    call: tuple
+    op: str
+    axes: tuple
+    source: str
+    phase: str
+    estimate: Estimate
+    times: np.ndarray
+    bytes_sent: int
+    record: object = None        # the log's record (how a timeline finds its groups)
+    set_times: list = field(default_factory=list)     # per group set of the record
+
+    @property
+    def groups(self) -> int:
+        return len(self.times)
+
+    @property
+    def time_s(self) -> float:
+        return float(self.times.max()) if len(self.times) else 0.0
+
+
+class _Instances(Sequence):
+    """The instances of a columnar trace's calls, as CollectiveCosts made when read."""
+
+    def __init__(self, calls):
+        self._calls = calls
+        self._ends = np.cumsum([c.groups for c in calls])
+
+    def __len__(self):
+        return int(self._ends[-1]) if len(self._ends) else 0
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        i = i + len(self) if i < 0 else i
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        n = int(np.searchsorted(self._ends, i, side="right"))
+        c, k = self._calls[n], i - (int(self._ends[n - 1]) if n else 0)
+        r = c.record
+        rows = [row for members in r.fields["sets"] for row in members]
+        ids = _ids_of(r.run)
+        est = c.estimate if c.times[k] == c.time_s else replace(c.estimate, time_s=float(c.times[k]))
+        moved = _log_bytes(r, len(rows[k]))
+        return CollectiveCost(c.step + k, c.call, c.op, c.axes, tuple(int(ids[j]) for j in rows[k]),
+                              c.source, est, tuple(moved(p)[0] for p in range(len(rows[k]))),
+                              tuple(moved(p)[1] for p in range(len(rows[k]))))
+
+
+@dataclass
 class TraceEstimate:
     """Every collective of a run with its estimated time, and the total.
 
-    ``collectives`` holds one :class:`CollectiveCost` per instance. Instances of the same
-    call (different groups, e.g. one per row) run at the same time, and calls run one
-    after another, so ``total_time_s`` sums, over calls, the slowest instance of each.
+    ``collectives`` holds one :class:`CollectiveCost` per instance; ``calls`` one
+    :class:`CallEstimate` per call (all its groups). Instances of the same call
+    (different groups, e.g. one per row) run at the same time, and calls run one after
+    another, so ``total_time_s`` sums, over calls, the slowest instance of each.
+    A trace of thousands of devices is estimated call by call, once per shape of group
+    (groups that are translates of each other on the torus cost the same), and its
+    instances are written out only when read.
     """
 
     hardware: str
     topology: str
-    collectives: list = field(default_factory=list)
+    collectives: Sequence = field(default_factory=list)
+    columnar: list = None
+
+    @property
+    def calls(self) -> list:
+        if self.columnar is not None:
+            return self.columnar
+        out = []
+        for group in self.per_call():
+            first = group[0]
+            slowest = max(group, key=lambda c: c.time_s)
+            out.append(CallEstimate(first.step, first.call, first.op, first.axes, first.source,
+                                    "", slowest.estimate, np.array([c.time_s for c in group]),
+                                    max(max(c.bytes_sent) for c in group)))
+        return out
 
     def per_call(self) -> list:
         """Lists of the instances of each call, in program order."""
@@ -1318,7 +1405,20 @@ class TraceEstimate:
 
     @property
     def total_time_s(self) -> float:
+        if self.columnar is not None:
+            return float(sum(c.time_s for c in self.columnar))
         return sum(max(c.time_s for c in call) for call in self.per_call())
+
+    def by_axes(self) -> dict:
+        """Per tuple of mesh axes: how many calls, the seconds they take (the slowest group
+        of each, summed) and the bytes each device sends over them."""
+        out: dict = {}
+        for c in self.calls:
+            row = out.setdefault(c.axes, {"calls": 0, "seconds": 0.0, "bytes_sent": 0})
+            row["calls"] += 1
+            row["seconds"] += c.time_s
+            row["bytes_sent"] += c.bytes_sent
+        return out
 
     def __len__(self):
         return len(self.collectives)
@@ -1329,13 +1429,13 @@ class TraceEstimate:
     def __getitem__(self, i):
         return self.collectives[i]
 
-    def __str__(self):
+    def __str__(self, most: int = 64):
         lines = [f"Estimated on {self.hardware} ({self.topology}): {len(self.collectives)} "
                  f"collective(s), {_seconds(self.total_time_s) if self.total_time_s else '0 s'} in all"]
         header = ("step", "op", "axes", "group", "per device", "algorithm", "time", "bound",
                   "busbw GB/s")
         rows = []
-        for c in self.collectives:
+        for c in self.collectives[:most]:
             e = c.estimate
             rows.append((str(c.step), c.op, ",".join(map(str, c.axes)), _group_text(c.group),
                          _bytes(e.nbytes), e.algorithm,
@@ -1345,6 +1445,9 @@ class TraceEstimate:
                   for i, h in enumerate(header)]
         lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip())
         lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
+        if len(self.collectives) > most:
+            lines.append(f"... {len(self.collectives) - most} more; .calls has one row per call "
+                         f"({len(self.calls)}), .by_axes() the totals per mesh axis")
         return "\n".join(lines)
 
     def __repr__(self):
@@ -1371,15 +1474,34 @@ def _positions(axes, topology, devices) -> list:
     out = []
     for d in devices:
         c = topology.coords(d)
-        out.append(int(np.ravel_multi_index([c[ax.axis] - ax.offset for ax in axes], sizes)))
+        out.append(int(np.ravel_multi_index([(c[ax.axis] - ax.offset) // ax.stride for ax in axes],
+                                            sizes)))
     return out
 
 
 def _perm_of(event) -> list:
     """The (source, destination) member pairs of a ppermute or pshuffle."""
-    if event.op == "pshuffle":
-        return [(int(s), d) for d, s in enumerate(event.params.get("perm", ()))]
-    return [(int(s), int(d)) for s, d in event.params.get("perm", ())]
+    return _pairs(event.op, event.params)
+
+
+def _pairs(op, params) -> list:
+    if op == "pshuffle":
+        return [(int(s), d) for d, s in enumerate(params.get("perm", ()))]
+    return [(int(s), int(d)) for s, d in params.get("perm", ())]
+
+
+def _estimate_group(topo, devices, collective, nbytes, pairs, label):
+    """The estimate of one group (its device ids, in member order) on ``topo``."""
+    axes, note = _group_on(topo, devices)
+    perm = None
+    if collective == "collective_permute":
+        if note or topo.kind == "switch":
+            perm = pairs
+        else:
+            where = _positions(axes, topo, devices)
+            perm = [(where[s], where[d]) for s, d in pairs]
+    return _estimate_on(collective, nbytes, axes, topo.hop_latency, None, perm, label,
+                        _describe(topo), note, topo.overlap, getattr(topo, "measured", None))
 
 
 def estimate_trace(trace_or_events, hardware=None, topology=None) -> TraceEstimate:
@@ -1390,43 +1512,115 @@ def estimate_trace(trace_or_events, hardware=None, topology=None) -> TraceEstima
     given there (e.g. ``topology=(8, 16)``); without a shape of two or more axes, to the
     hardware's standard slice for the devices the trace uses. ``topology`` (a Topology or
     a shape) overrides both. A group that fills a block of the torus uses those axes (with
-    wraparound only where it covers a whole wrapping axis); an irregular group is costed
-    as a line and says so in the estimate's note.
+    wraparound only where it covers a whole wrapping axis); one that takes every s-th
+    device along an axis shares that axis's links with the groups interleaved with it; an
+    irregular group is costed as a line and says so in the estimate's note. A trace's
+    columnar log (a run with no nested pmap) is read call by call, without writing out its
+    events, so a run on thousands of devices is estimated in about the time it ran.
     """
+    hw = _hardware_of(hardware, trace_or_events)
+    log = _columnar_log(trace_or_events)
+    if log is not None:
+        return _estimate_columnar(log, hw, topology, trace_or_events)
     events = getattr(trace_or_events, "events", trace_or_events)
     events = [e for e in events if e.kind == "collective"]
-    hw = _hardware_of(hardware, trace_or_events)
     by_step: dict = {}
     for e in events:
         by_step.setdefault(e.step, []).append(e)
     used = {_member_device(e) for e in events} - {None}
-    count = max(used) + 1 if used else 1
-    topo = (_resolve_topology(hw, topology, count) if topology is not None
-            else _platform_topology(hw, _platform(trace_or_events), count))
+    topo = _topology_for(hw, topology, trace_or_events, max(used) + 1 if used else 1)
     label = _label(hw, topology, topo)
     result = TraceEstimate(label, _describe(topo))
     for step in sorted(by_step):
         members = sorted(by_step[step], key=lambda e: e.member)
         first = members[0]
-        devices = [_member_device(e) for e in members]
         collective = collective_of(first.op)     # an op with no row raises, never costs 0 s
         nbytes = max(e.nbytes_in for e in members)
-        axes, note = _group_on(topo, devices)
-        perm = None
-        if collective == "collective_permute":
-            pairs = _perm_of(first)
-            if note or topo.kind == "switch":
-                perm = pairs
-            else:
-                where = _positions(axes, topo, devices)
-                perm = [(where[s], where[d]) for s, d in pairs]
-        e = _estimate_on(collective, nbytes, axes, topo.hop_latency, None, perm, label,
-                         _describe(topo), note, topo.overlap, getattr(topo, "measured", None))
+        e = _estimate_group(topo, [_member_device(m) for m in members], collective, nbytes,
+                            _perm_of(first), label)
         result.collectives.append(CollectiveCost(
             step, (len(first.coords), first.call), first.op, tuple(first.axes),
             tuple(first.group), first.source, replace(e, op=collective or first.op),
             tuple(m.bytes_sent for m in members), tuple(m.bytes_received for m in members)))
     return result
+
+
+def _topology_for(hw, topology, trace, count):
+    return (_resolve_topology(hw, topology, count) if topology is not None
+            else _platform_topology(hw, _platform(trace), count))
+
+
+def _columnar_log(trace):
+    """The trace's columnar log, when it has one that is read call by call (no nested pmap,
+    events not replaced by hand), else None."""
+    log = getattr(trace, "_log", None)
+    if log is None or getattr(trace, "_events", None) is not None:
+        return None
+    if any(r.run.inner is not None or r.run.outer is not None for r in log.records):
+        return None
+    return log
+
+
+def _ids_of(run) -> np.ndarray:
+    ids = run.__dict__.get("_device_ids")
+    if ids is None:
+        ids = run._device_ids = np.array([d.id for d in run.devices], dtype=np.int64)
+    return ids
+
+
+def _log_bytes(record, p):
+    from .core.log import _bytes_moved
+    return _bytes_moved(record.fields, p)
+
+
+def _estimate_columnar(log, hw, topology, trace) -> TraceEstimate:
+    records = [r for r in log.records if r.kind == "collective" and r.fields["sets"]]
+    used = max((int(_ids_of(r.run).max()) for r in records if r.run.devices), default=0)
+    topo = _topology_for(hw, topology, trace, used + 1)
+    label = _label(hw, topology, topo)
+    cache: dict = {}
+    calls = []
+    for r in records:
+        f = r.fields
+        collective = collective_of(f["op"])
+        nbytes = sum(a.nbytes for a in f["avals"])
+        pairs = _pairs(f["op"], f["params"])
+        ids = _ids_of(r.run)
+        set_times, slowest = [], None
+        for members in f["sets"]:
+            devices = ids[members]
+            times = np.empty(len(devices))
+            for key, rows in _by_shape(topo, devices).items():
+                known = cache.get((key, collective, nbytes, tuple(pairs)))
+                if known is None:
+                    known = cache[(key, collective, nbytes, tuple(pairs))] = replace(
+                        _estimate_group(topo, devices[rows[0]].tolist(), collective, nbytes,
+                                        pairs, label), op=collective or f["op"])
+                times[rows] = known.time_s
+                if slowest is None or known.time_s > slowest.time_s:
+                    slowest = known
+            set_times.append(times)
+        sent = max(_log_bytes(r, m.shape[1])(pos)[0] for m in f["sets"] for pos in
+                   range(m.shape[1] if f["op"] in ("ppermute", "pshuffle") else 1))
+        calls.append(CallEstimate(r.step, (len(r.run.axes), f["call"]), f["op"], tuple(f["axes"]),
+                                  f["source"][0], f["phase"], slowest, np.concatenate(set_times),
+                                  int(sent), r, set_times))
+    return TraceEstimate(label, _describe(topo), _Instances(calls), calls)
+
+
+def _by_shape(topo, devices) -> dict:
+    """The rows of ``devices`` (groups x members) by the group's shape on the topology:
+    groups that are translates of each other cost the same."""
+    if topo.kind == "switch" or devices.max() >= topo.size:
+        return {("any", devices.shape[1]): np.arange(len(devices))}
+    coords = np.stack(np.unravel_index(devices, topo.dims), axis=-1)      # groups x p x axes
+    rel = (coords - coords[:, :1]).reshape(len(devices), -1)
+    if (rel == rel[0]).all():                       # the usual case: one shape of group
+        return {rel[0].tobytes(): np.arange(len(devices))}
+    rows: dict = {}
+    for k, shape in enumerate(rel):
+        rows.setdefault(shape.tobytes(), []).append(k)
+    return {key: np.array(ks) for key, ks in rows.items()}
 
 
 def _link_of(topology) -> float:
@@ -1440,57 +1634,29 @@ def _link_of(topology) -> float:
 # bound wins: above the hardware's critical intensity (peak / bandwidth, 240 on a v5e) it
 # is compute-bound. A program is a list of equations shaped like JAX's jaxpr equations
 # (``.primitive``, ``.params``, ``.invars``/``.outvars`` with ``.aval.shape`` and
-# ``.aval.dtype``); the table below says what each primitive costs. Bytes are every input
-# and output at its dtype's width, as if nothing were fused (XLA fuses elementwise chains,
-# so real programs move fewer bytes; see docs/cost_vs_scaling_book.md).
+# ``.aval.dtype``): simpmd's own, or JAX's. Each equation costs what its primitive's row
+# says (the ``cost`` column of ``simpmd.core.PRIMITIVES``, found by name for a JAX
+# equation): FLOPs and bytes read and written as if nothing were fused, counted as
+# ``jax.experimental.roofline`` counts its ``unfused_flops`` and ``unfused_hbm_bytes``.
+# Its ``flops`` and ``hbm_bytes`` count the matrix products alone (XLA fuses the rest into
+# them), and so does :attr:`Roofline.flops`. A collective's bytes on the wire follow
+# jax.experimental.roofline's rules per mesh axis (:func:`ici_bytes`); its time is
+# :func:`estimate`'s. See docs/cost_vs_scaling_book.md for where the two counts part.
 
-ELEMENTWISE = frozenset("""
-    add sub mul div rem neg sign abs exp exp2 expm1 log log1p tanh logistic sin cos tan
-    asin acos atan atan2 sinh cosh asinh acosh atanh sqrt rsqrt cbrt pow integer_pow square
-    max min floor ceil round is_finite nextafter erf erfc erf_inv lgamma digamma
-    and or not xor eq ne lt le gt ge select_n clamp shift_left shift_right_logical
-    shift_right_arithmetic population_count imag real conj clip
+# Primitives with no row in simpmd: what JAX's roofline counts for them. A name in
+# NO_COST costs nothing (JAX registers them with its zero rule); a name in JAX_UNARY
+# one FLOP per element and its input and output bytes (JAX's unary rule).
+NO_COST = frozenset("""
+    axis_index axis_size pvary pcast sharding_constraint device_put optimization_barrier
+    debug_callback split dynamic_slice dynamic_update_slice expand_dims bitcast_convert_type
+    reduce_precision stop_gradient copy_p mesh_cast reshard while
 """.split())
-REDUCTIONS = frozenset("""
-    reduce_sum reduce_max reduce_min reduce_prod reduce_and reduce_or reduce_xor argmax argmin
-    cumsum cumprod cummax cummin cumlogsumexp mean std var
-""".split())
-LAYOUT = frozenset("""
-    broadcast_in_dim reshape transpose squeeze expand_dims convert_element_type
-    bitcast_convert_type concatenate slice dynamic_slice dynamic_update_slice gather pad rev
-    iota copy copy_p select_and_gather_add split sort stop_gradient reduce_precision
-    scatter scatter_add scatter_mul scatter_min scatter_max
-""".split())
-NO_COST = frozenset("axis_index axis_size pvary pcast sharding_constraint device_put "
-                    "optimization_barrier cond_branch cond_branch_end debug_callback".split())
-# the jaxpr name of a collective -> the lax name cost.estimate knows
-COLLECTIVE_PRIMITIVES = {
-    "psum": "psum", "psum_invariant": "psum", "psum2": "psum", "pmax": "pmax", "pmin": "pmin",
-    "pmean": "pmean", "pshuffle": "ppermute", "pswapaxes": "all_to_all",
-    "all_gather": "all_gather", "all_gather_invariant": "all_gather",
-    "reduce_scatter": "psum_scatter", "psum_scatter": "psum_scatter",
-    "ppermute": "ppermute", "all_to_all": "all_to_all",
-}
+JAX_UNARY = frozenset("erf erfc erf_inv lgamma digamma bessel_i0e bessel_i1e log2".split())
+# a JAX primitive name -> the row of simpmd that computes the same thing
+JAX_ROWS = {"psum_invariant": "psum", "psum2": "psum", "all_gather_invariant": "all_gather",
+            "psum_scatter": "reduce_scatter", "copy_p": "copy"}
+MATMULS = frozenset({"dot_general", "conv_general_dilated"})
 NESTED = ("jaxpr", "call_jaxpr", "fun_jaxpr")   # where pjit/jit, shard_map, custom_* keep theirs
-
-
-def _dot_general_flops(eqn) -> int:
-    """2 x M x N x K, times the batch: one multiply and one add per term of every sum."""
-    (lhs_contract, _), (lhs_batch, _) = eqn.params["dimension_numbers"]
-    lhs, rhs = (_aval(v) for v in eqn.invars[:2])
-    contract = math.prod(lhs.shape[i] for i in lhs_contract)
-    batch = math.prod(lhs.shape[i] for i in lhs_batch)
-    return int(2 * _size(lhs) * _size(rhs) // max(contract * batch, 1))
-
-
-def _flops(eqn, name: str) -> int:
-    if name == "dot_general":
-        return _dot_general_flops(eqn)
-    if name in ELEMENTWISE:
-        return sum(_size(_aval(v)) for v in eqn.outvars)
-    if name in REDUCTIONS:
-        return sum(_size(_aval(v)) for v in eqn.invars)
-    return 0
 
 
 def _primitive_name(eqn) -> str:
@@ -1498,8 +1664,25 @@ def _primitive_name(eqn) -> str:
     return prim if isinstance(prim, str) else prim.name
 
 
-def _aval(var):
-    return getattr(var, "aval", var)
+def _row(eqn, name):
+    """The row that costs ``eqn``: its own primitive, or simpmd's row of that name."""
+    if isinstance(eqn.primitive, Primitive):
+        return eqn.primitive
+    return PRIMITIVES.get(JAX_ROWS.get(name, name))
+
+
+def _typed(var):
+    """A variable's or literal's type as simpmd's :class:`Aval` (None when it has none
+    that counts in bytes, e.g. a PRNG key or a token)."""
+    a = getattr(var, "aval", None)
+    if a is None and hasattr(var, "val"):             # a JAX literal
+        a = np.asarray(var.val)
+    if isinstance(a, Aval) or a is None:
+        return a
+    try:
+        return Aval(getattr(a, "shape", ()), np.dtype(a.dtype))
+    except TypeError:
+        return None
 
 
 def _size(aval) -> int:
@@ -1507,11 +1690,7 @@ def _size(aval) -> int:
 
 
 def _nbytes(aval) -> int:
-    try:
-        width = np.dtype(aval.dtype).itemsize
-    except TypeError:                                   # e.g. a PRNG key type
-        width = getattr(aval.dtype, "itemsize", 0)
-    return _size(aval) * int(width)
+    return 0 if aval is None else aval.nbytes
 
 
 def _equation_list(program) -> list:
@@ -1539,10 +1718,11 @@ def _axis_sizes(axis_env) -> dict:
 class EquationCost:
     """One equation's row of the roofline: what it computes, moves and communicates.
 
+    ``flops`` and ``bytes`` are the equation's own, unfused (its row's ``cost``);
     ``compute_s = flops / peak`` (at its dtype's rate), ``memory_s = bytes / HBM
     bandwidth``; a collective's ``comms_s`` comes from :func:`estimate` and
-    ``comm_bytes`` is what one device sends (a ring's count, as jax.experimental.roofline
-    counts ``ici_bytes``). ``depth`` is how deeply the equation is nested (jit, shard_map).
+    ``comm_bytes`` is what jax.experimental.roofline counts as its ``ici_bytes`` on each
+    of ``axes``. ``depth`` is how deeply the equation is nested (jit, shard_map).
     """
 
     primitive: str
@@ -1553,7 +1733,7 @@ class EquationCost:
     compute_s: float
     memory_s: float
     comms_s: float = 0.0
-    comm_bytes: float = 0.0
+    comm_bytes: int = 0
     axes: tuple = ()
     depth: int = 0
 
@@ -1565,6 +1745,11 @@ class EquationCost:
     @property
     def intensity(self) -> float:
         return self.flops / self.bytes if self.bytes else 0.0
+
+    @property
+    def matmul(self) -> bool:
+        """A matrix product: what JAX's fused ``flops`` and ``hbm_bytes`` count."""
+        return self.primitive.strip() in MATMULS
 
     @property
     def bound(self) -> str:
@@ -1579,37 +1764,57 @@ class EquationCost:
 class Roofline:
     """The roofline of a whole program on one device of ``hardware``.
 
-    Totals ``flops``, ``bytes`` (HBM, unfused), ``comm_bytes`` (per mesh axis); times
-    ``compute_s``, ``memory_s``, ``comms_s`` (each summed over equations); ``time_s`` is
-    the Scaling Book's pair (lower, upper): everything overlapped (the largest of the
-    three) and nothing overlapped (their sum). ``bound`` names the largest term.
-    ``equations`` is the per-equation table (:class:`EquationCost`).
+    Counts, with jax.experimental.roofline's names and meanings: ``flops`` and
+    ``hbm_bytes``, those of the matrix products (XLA fuses the elementwise work into
+    them); ``unfused_flops`` and ``unfused_hbm_bytes``, every equation's on its own (also
+    ``bytes``); ``ici_bytes`` (also ``comm_bytes``), per mesh axis; ``peak_hbm_bytes``,
+    the most bytes alive at once as the program runs. Times: ``compute_s``, ``memory_s``,
+    ``comms_s``, each summed over equations from the unfused counts; ``time_s`` is the
+    Scaling Book's pair (lower, upper): everything overlapped (the largest of the three)
+    and nothing overlapped (their sum). ``bound`` names the largest term. ``equations``
+    is the per-equation table (:class:`EquationCost`).
     """
 
     hardware: str
     equations: list = field(default_factory=list)
     critical_intensity: float = 0.0
+    peak_hbm_bytes: int = 0
 
     @property
     def flops(self) -> int:
+        """FLOPs of the matrix products: JAX's ``flops``."""
+        return sum(e.flops for e in self.equations if e.matmul)
+
+    @property
+    def hbm_bytes(self) -> int:
+        """Bytes the matrix products read and write: JAX's ``hbm_bytes``."""
+        return sum(e.bytes for e in self.equations if e.matmul)
+
+    @property
+    def unfused_flops(self) -> int:
         return sum(e.flops for e in self.equations)
 
     @property
     def bytes(self) -> int:
+        """Every equation's bytes, unfused: JAX's ``unfused_hbm_bytes``."""
         return sum(e.bytes for e in self.equations)
+
+    unfused_hbm_bytes = bytes
 
     @property
     def comm_bytes(self) -> dict:
         out: dict = {}
         for e in self.equations:
             for a in e.axes:
-                out[a] = out.get(a, 0.0) + e.comm_bytes
+                out[a] = out.get(a, 0) + e.comm_bytes
         return out
+
+    ici_bytes = comm_bytes
 
     @property
     def intensity(self) -> float:
-        """FLOPs per HBM byte of the whole program."""
-        return self.flops / self.bytes if self.bytes else 0.0
+        """FLOPs per HBM byte of the whole program (unfused)."""
+        return self.unfused_flops / self.bytes if self.bytes else 0.0
 
     @property
     def compute_s(self) -> float:
@@ -1629,17 +1834,18 @@ class Roofline:
         parts = (self.compute_s, self.memory_s, self.comms_s)
         return max(parts), sum(parts)
 
-    def segments(self) -> list:
+    def segments(self, fused: bool = False) -> list:
         """Seconds of work before each collective and after the last, in program order:
-        each segment's equations at their own roofline, max(compute, memory), summed.
-        ``len(segments) == number of collectives + 1``; what a timeline draws between
-        the collectives."""
+        each segment's equations at their own roofline, max(compute, memory), summed
+        (``fused=True``: the matrix products only, the rest taken as fused into them, as
+        JAX's ``flops`` and ``hbm_bytes`` count). ``len(segments) == number of
+        collectives + 1``; what a timeline draws between the collectives."""
         out, current = [], 0.0
         for e in self.equations:
             if e.axes:                                   # a collective closes the segment
                 out.append(current)
                 current = 0.0
-            else:
+            elif e.matmul or not fused:
                 current += max(e.compute_s, e.memory_s)
         return out + [current]
 
@@ -1651,21 +1857,27 @@ class Roofline:
 
     def __str__(self):
         lower, upper = self.time_s
-        lines = [f"Roofline on {self.hardware} (one device): {self.flops:.4g} FLOPs, "
-                 f"{_bytes(self.bytes)} HBM, intensity {self.intensity:.3g} FLOPs/byte "
-                 f"(critical {self.critical_intensity:.3g})",
+        lines = [f"Roofline on {self.hardware} (one device): {self.flops:.4g} FLOPs in matrix "
+                 f"products ({self.unfused_flops:.4g} unfused), {_bytes(self.bytes)} HBM "
+                 f"unfused, intensity {self.intensity:.3g} FLOPs/byte (critical "
+                 f"{self.critical_intensity:.3g})",
                  f"  compute {_seconds(self.compute_s) if self.compute_s else '0 s'}, memory "
                  f"{_seconds(self.memory_s) if self.memory_s else '0 s'}, comms "
                  f"{_seconds(self.comms_s) if self.comms_s else '0 s'}: "
                  f"{_seconds(lower) if lower else '0 s'} to {_seconds(upper) if upper else '0 s'}, "
                  f"{self.bound}-bound"]
+        rows = [e for e in self.equations if e.flops or e.bytes or e.comms_s or e.depth == 0
+                or e.primitive.startswith(("scan", "shard_map", "pjit", "jit"))]
         header = ("op", "shapes", "FLOPs", "bytes", "time", "bound")
-        rows = [("  " * e.depth + e.primitive, e.shapes, f"{e.flops:.3g}", _bytes(e.bytes),
-                 _seconds(e.time_s) if e.time_s else "0", e.bound) for e in self.equations]
-        widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
+        shown = rows[:60]
+        table = [("  " * e.depth + e.primitive, e.shapes, f"{e.flops:.3g}", _bytes(e.bytes),
+                  _seconds(e.time_s) if e.time_s else "0", e.bound) for e in shown]
+        widths = [max(len(h), *(len(r[i]) for r in table)) if table else len(h)
                   for i, h in enumerate(header)]
         lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip())
-        lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
+        lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in table]
+        if len(rows) > len(shown):
+            lines.append(f"... {len(rows) - len(shown)} more equation(s); see .equations")
         return "\n".join(lines)
 
     def __repr__(self):
@@ -1675,58 +1887,144 @@ class Roofline:
                 f"{self.bound}-bound>")
 
 
-def _ring_bytes(collective: str, nbytes: float, p: int, moves: bool = True) -> float:
-    """Bytes one device sends in a ring schedule (what jax.experimental.roofline calls ICI
-    bytes): 2(p-1)/p n for an all-reduce, (p-1) n for an all-gather of n-byte shards."""
-    if p <= 1 or not moves:
-        return 0.0
-    return {"all_reduce": 2 * (p - 1) / p * nbytes, "all_gather": (p - 1) * nbytes,
-            "reduce_scatter": (p - 1) / p * nbytes, "all_to_all": (p - 1) / p * nbytes,
-            "collective_permute": nbytes}[collective]
+# -- bytes on the wire per mesh axis: jax.experimental.roofline's rules --------------------
+# (jax/experimental/roofline/rooflines.py, the same in jax 0.7.2, 0.10.2 and 0.12.0.1)
+
+def _ring_ici(nbytes, axes, sizes, reduce):
+    """JAX's ring rule: the data split evenly over the axes, each phase sending a shard
+    (p - 1) times along one axis, largest axis first; every axis is charged the total."""
+    shard = nbytes / math.prod(sizes[a] for a in axes) if reduce else nbytes
+    order = sorted(axes, key=lambda a: sizes[a], reverse=True)
+    shard //= len(order)
+    total = 0
+    for a in order:
+        total += shard * (sizes[a] - 1)
+        shard *= sizes[a]
+    return total
+
+
+def _all_to_all_ici(nbytes, axes, sizes):
+    """Half the data crosses the bisection of the smallest axis (twice as wide when it
+    has more than two devices, for the wraparound)."""
+    size = nbytes * math.prod(sizes[a] for a in axes)
+    smallest = sizes[sorted(axes, key=lambda a: sizes[a])[0]]
+    bisection = smallest ** (len(axes) - 1) * (2 if smallest > 2 else 1)
+    return size / 2 / bisection
+
+
+def _permute_ici(nbytes, axes, sizes, perm):
+    """The busiest link's load: each pair routed the short way round along each axis."""
+    dims = [sizes.get(a, 1) for a in axes]
+    load: dict = {}
+    for src, dst in perm:
+        if src == dst:
+            continue
+        here = [int(i) for i in np.unravel_index(src, dims)]
+        there = [int(i) for i in np.unravel_index(dst, dims)]
+        for i, q in enumerate(dims):
+            step = 1 if (there[i] - here[i]) % q <= (here[i] - there[i]) % q else -1
+            while here[i] != there[i]:
+                nxt = list(here)
+                nxt[i] = (here[i] + step) % q
+                link = tuple(sorted([tuple(here), tuple(nxt)]))
+                load[link] = load.get(link, 0) + 1
+                here = nxt
+    return nbytes * max(load.values(), default=0)
+
+
+def ici_bytes(op: str, in_avals, axes, sizes: dict, perm=()) -> int:
+    """The bytes ``jax.experimental.roofline`` counts as one collective's ``ici_bytes``
+    (charged to each of ``axes``): ``op`` a jax.lax name (``'psum'``, ``'all_gather'``,
+    ...), ``in_avals`` its operands' types, ``sizes`` every axis's size. A group of one
+    device sends nothing."""
+    if math.prod(sizes[a] for a in axes) <= 1:
+        return 0
+    nbytes = sum(_nbytes(a) for a in in_avals)
+    if op in ("psum", "pmean"):               # a reduce-scatter and an all-gather
+        return 2 * int(_ring_ici(nbytes, axes, sizes, True))
+    if op in ("pmax", "pmin"):                # JAX counts one element per operand
+        return int(_ring_ici(sum(a.dtype.itemsize for a in in_avals), axes, sizes, False))
+    if op in ("all_gather", "psum_scatter"):
+        return int(_ring_ici(nbytes, axes, sizes, op == "psum_scatter"))
+    if op in ("all_to_all", "pswapaxes"):
+        return int(_all_to_all_ici(nbytes, axes, sizes))
+    if op in ("ppermute", "pshuffle"):
+        return int(_permute_ici(nbytes, axes, sizes, perm))
+    raise ValueError(f"no ICI rule for the collective {op!r}")
 
 
 def _collective_cost(eqn, op: str, sizes: dict, hw: Hardware, topology):
-    """(group axes, comm bytes, seconds) of one collective equation."""
+    """(group axes, ICI bytes, seconds) of one collective equation."""
     axes = eqn.params.get("axes", eqn.params.get("axis_name", ()))
-    axes = (axes,) if isinstance(axes, str) else tuple(axes)
-    unknown = [a for a in axes if str(a) not in sizes]
+    axes = tuple(map(str, (axes,) if isinstance(axes, str) else axes))
+    unknown = [a for a in axes if a not in sizes]
     if unknown:
         raise ValueError(f"{op} over axis {unknown[0]!r}, whose size the roofline does not know "
-                         f"(known: {sizes or 'none'}): pass axis_env=[({str(unknown[0])!r}, size)]")
+                         f"(known: {sizes or 'none'}): pass axis_env=[({unknown[0]!r}, size)]")
     groups = eqn.params.get("axis_index_groups")
-    p = len(groups[0]) if groups else math.prod(sizes[str(a)] for a in axes)
-    nbytes = sum(_nbytes(_aval(v)) for v in eqn.invars)
-    collective = collective_of(op)
-    perm = None
-    if collective == "collective_permute":
-        perm = [(int(s), int(d)) for s, d in eqn.params.get("perm", ())]
-        moves = any(s != d for s, d in perm)
-    else:
-        moves = True
-    wire = _ring_bytes(collective, nbytes, p, moves)
+    p = len(groups[0]) if groups else math.prod(sizes[a] for a in axes)
+    avals = [a for a in map(_typed, eqn.invars) if a is not None]
+    perm = [(int(s), int(d)) for s, d in eqn.params.get("perm", ())]
+    if op == "pshuffle":
+        perm = [(int(s), d) for d, s in enumerate(eqn.params.get("perm", ()))]
+    wire = ici_bytes(op, avals, axes, sizes, perm)
+    moves = collective_of(op) != "collective_permute" or any(s != d for s, d in perm)
     if p <= 1 or not moves:
-        return tuple(map(str, axes)), 0.0, 0.0
-    e = estimate(op, nbytes, p, hardware=hw, topology=topology, perm=perm)
-    return tuple(map(str, axes)), wire, e.time_s
+        return axes, wire, 0.0
+    nbytes = sum(_nbytes(a) for a in avals)
+    perm = tuple(perm) if collective_of(op) == "collective_permute" else None
+    topology = tuple(topology) if isinstance(topology, list) else topology
+    return axes, wire, _estimated_time(op, nbytes, p, hw, topology, perm)
+
+
+@functools.lru_cache(maxsize=4096)        # a program repeats its collectives, layer by layer
+def _estimated_time(op, nbytes, p, hw, topology, perm):
+    return estimate(op, nbytes, p, hardware=hw, topology=topology,
+                    perm=list(perm) if perm is not None else None).time_s
 
 
 def _shapes_text(eqn) -> str:
     """``float32[8, 16],float32[16] -> float32[8]``: an equation's operands as a reader sees them."""
     def one(v):
-        a = _aval(v)
-        try:
-            name = np.dtype(a.dtype).name
-        except TypeError:                                   # e.g. a PRNG key type
-            name = str(a.dtype)
-        return f"{name}{list(a.shape)}"
-    ins = ",".join(one(v) for v in eqn.invars if hasattr(_aval(v), "shape"))
+        a = _typed(v)
+        return "?" if a is None else f"{a.dtype.name}{list(a.shape)}"
+    ins = ",".join(one(v) for v in eqn.invars)
     return f"{ins} -> {','.join(one(v) for v in eqn.outvars)}"
 
 
 def _rate_dtype(eqn, name: str):
     """The dtype whose peak rate applies: a matmul's inputs, else the first output."""
-    vars_ = eqn.invars[:1] if name == "dot_general" else (eqn.outvars or eqn.invars)
-    return _aval(vars_[0]).dtype if vars_ else np.float32
+    vars_ = eqn.invars[:1] if name in MATMULS else (eqn.outvars or eqn.invars)
+    a = _typed(vars_[0]) if vars_ else None
+    return a.dtype if a is not None else np.dtype(np.float32)
+
+
+def _equation_cost(eqn, name, hw, depth):
+    """One compute equation's row, from its primitive's ``cost`` column."""
+    row = _row(eqn, name)
+    outs = [_typed(v) for v in eqn.outvars]
+    ins = [_typed(v) for v in eqn.invars]
+    like = next((a.dtype for v, a in zip(eqn.invars, ins) if _is_var(v) and a is not None),
+                outs[0].dtype if outs and outs[0] is not None else None)
+    ins = [a.update(dtype=like) if a is not None and a.weak_type and not _is_var(v) and like
+           is not None else a for v, a in zip(eqn.invars, ins)]   # 2.0 next to bf16 is bf16
+    if row is not None and row.cost is not None:
+        flops, nbytes = row.cost([a for a in ins if a is not None],
+                                 [a for a in outs if a is not None], **eqn.params)
+    elif name in NO_COST:
+        flops, nbytes = 0, 0
+    elif name in JAX_UNARY:
+        flops, nbytes = _size(outs[0]), _nbytes(ins[0]) + _nbytes(outs[0])
+    else:
+        raise ValueError(
+            f"the roofline has no rule for the primitive {name!r} (in {_shapes_text(eqn)}): "
+            f"simpmd has no row of that name in simpmd.core.PRIMITIVES; add its name to "
+            f"simpmd.cost.NO_COST (costs nothing) or JAX_UNARY (one FLOP per element), or "
+            f"give it a row: a silent 0 would hide its cost")
+    dtype = _rate_dtype(eqn, name)
+    return EquationCost(name, _shapes_text(eqn), str(dtype), int(flops), int(nbytes),
+                        flops / hw.peak_flops(dtype) if flops else 0.0,
+                        nbytes / hw.hbm_bandwidth, depth=depth)
 
 
 def _walk(eqns, sizes, hw, topology, depth, rows):
@@ -1751,63 +2049,103 @@ def _walk(eqns, sizes, hw, topology, depth, rows):
             rows.append(EquationCost(name, _shapes_text(eqn), "", 0, 0, 0.0, 0.0, depth=depth))
             _walk(_equation_list(inner), here, hw, topology, depth + 1, rows)
             continue
-        if name in COLLECTIVE_PRIMITIVES:
-            op = COLLECTIVE_PRIMITIVES[name]
+        row = _row(eqn, name)
+        op = getattr(row, "op", None) if getattr(row, "collective", False) else None
+        if op is not None and op != "axis_index":
             axes, wire, seconds = _collective_cost(eqn, op, sizes, hw, topology)
             rows.append(EquationCost(name, _shapes_text(eqn), "", 0, 0, 0.0, 0.0, seconds, wire,
                                      axes, depth))
             continue
-        if name in NO_COST:
-            rows.append(EquationCost(name, _shapes_text(eqn), "", 0, 0, 0.0, 0.0, depth=depth))
-            continue
-        if not (name == "dot_general" or name in ELEMENTWISE or name in REDUCTIONS or name in LAYOUT):
-            raise ValueError(
-                f"the roofline has no rule for the primitive {name!r} (in {_shapes_text(eqn)}): "
-                f"add it to simpmd.cost.ELEMENTWISE, REDUCTIONS or LAYOUT, or give it its own "
-                f"FLOP count in cost._flops; a silent 0 would hide its cost")
-        flops = _flops(eqn, name)
-        nbytes = sum(_nbytes(_aval(v)) for v in (*eqn.invars, *eqn.outvars)
-                     if hasattr(_aval(v), "shape"))
-        dtype = _rate_dtype(eqn, name)
-        rows.append(EquationCost(name, _shapes_text(eqn), str(dtype), flops, nbytes,
-                                 flops / hw.peak_flops(dtype) if flops else 0.0,
-                                 nbytes / hw.hbm_bandwidth, depth=depth))
+        rows.append(_equation_cost(eqn, name, hw, depth))
     return rows
+
+
+def peak_bytes(program) -> int:
+    """The most bytes alive at once while ``program`` runs, as jax.experimental.roofline
+    counts ``peak_hbm_bytes``: the inputs, then each equation's outputs added and the
+    operands it was the last to read freed (the results are never freed); a nested
+    program's own peak counts where it is larger."""
+    inner = getattr(program, "jaxpr", program)
+    eqns = _equation_list(program)
+    live = {v: _nbytes(_typed(v)) for v in (*getattr(inner, "constvars", ()),
+                                               *getattr(inner, "invars", ()))}
+    last = {v: None for v in getattr(inner, "outvars", ()) if _is_var(v)}
+    for eqn in reversed(eqns):
+        for v in eqn.invars:
+            if _is_var(v) and v not in last:
+                last[v] = eqn
+    current = peak = sum(live.values())
+    nested = 0
+    for eqn in eqns:
+        sub = next((eqn.params[k] for k in NESTED if k in eqn.params), None)
+        if sub is not None:
+            nested = max(nested, peak_bytes(sub))
+        current += sum(_nbytes(_typed(v)) for v in eqn.outvars)
+        current -= sum(_nbytes(_typed(v)) for v in eqn.invars if _is_var(v) and last.get(v) is eqn)
+        peak = max(peak, current)
+    return max(peak, nested)
+
+
+def _is_var(v) -> bool:
+    return not hasattr(v, "val") and not hasattr(v, "value")     # a literal carries its value
 
 
 def roofline_of(program, hardware=None, axis_env=None, topology=None) -> Roofline:
     """The roofline of a program given as equations: a jaxpr, a ClosedJaxpr, or a list.
 
     ``jax.make_jaxpr(f)(*args)`` (with ``axis_env=[("i", 8)]`` for collectives, or of a
-    ``shard_map``, whose mesh gives the axis sizes) is such a program. Costs are per
-    device: inside a shard_map or pmap the shapes are one device's shard. ``hardware`` a
-    preset name or :class:`Hardware`; ``axis_env`` the mapped axes' sizes (pairs, a dict
-    or a mesh); ``topology`` passes on to :func:`estimate` for the collectives.
-    An equation whose primitive has no rule raises ValueError rather than costing 0.
+    ``shard_map``, whose mesh gives the axis sizes) is such a program, and so is
+    ``simpmd.make_jaxpr``'s. Costs are per device: inside a shard_map or pmap the shapes
+    are one device's shard. ``hardware`` a preset name or :class:`Hardware`; ``axis_env``
+    the mapped axes' sizes (pairs, a dict or a mesh); ``topology`` passes on to
+    :func:`estimate` for the collectives. An equation whose primitive has no rule raises
+    ValueError rather than costing 0.
     """
     hw = _hardware_of(hardware)
-    rows = _walk(_equation_list(program), _axis_sizes(axis_env), hw, topology, 0, [])
-    return Roofline(hw.name, rows, hw.critical_intensity)
+    eqns = _equation_list(program)
+    rows = _walk(eqns, _axis_sizes(axis_env), hw, topology, 0, [])
+    bodies = [e.params["jaxpr"] for e in eqns if _primitive_name(e) == "shard_map"]
+    walked = bodies[-1] if bodies else program          # JAX's roofline reads the body
+    peak = peak_bytes(walked) if hasattr(walked, "eqns") or hasattr(walked, "jaxpr") else 0
+    return Roofline(hw.name, rows, hw.critical_intensity, peak)
 
 
-def _equations_of(fun, args, axis_env):
-    """The traced program of ``fun`` on ``args``: simpmd's own, once it can trace one."""
-    import simpmd
-    make_jaxpr = getattr(simpmd, "make_jaxpr", None)
-    if make_jaxpr is None:
-        raise NotImplementedError(
-            "simpmd.cost.roofline(fun, *args) needs simpmd's traced program (simpmd.make_jaxpr), "
-            "which this version does not have yet. Meanwhile pass a program to "
-            "simpmd.cost.roofline_of, e.g. roofline_of(jax.make_jaxpr(f, axis_env=[('i', 8)])"
-            "(*args), hardware='TPU v5e', axis_env=[('i', 8)])")
-    return make_jaxpr(fun, axis_env=axis_env)(*args) if axis_env else make_jaxpr(fun)(*args)
-
-
-def roofline(fun, *args, hardware=None, axis_env=None, topology=None) -> Roofline:
+def roofline(fun, *args, hardware=None, axis_env=None, topology=None, mesh=None,
+             in_specs=None, out_specs=None) -> Roofline:
     """How long ``fun(*args)`` takes on one device of ``hardware``, by the Scaling Book's
     roofline: every equation of its traced program costs FLOPs / peak and bytes / HBM
-    bandwidth, every collective what :func:`estimate` says. See :class:`Roofline`."""
-    program = _equations_of(fun, args, axis_env)
+    bandwidth, every collective what :func:`estimate` says. See :class:`Roofline`.
+
+    ``fun`` is traced on the arguments' types alone, whether they are arrays or
+    ShapeDtypeStructs: nothing is computed, so a LLaMA-sized program costs milliseconds
+    to seconds. As in ``jax.experimental.roofline.roofline``, ``mesh``, ``in_specs`` and
+    ``out_specs`` wrap ``fun`` in ``simpmd.shard_map`` first (its shapes are then the
+    whole arrays', and the costs one device's). Equations whose results nothing reads are
+    left out, as JAX's roofline leaves them (:func:`live_equations`).
+    """
+    import simpmd
+    from .api.shapes import as_shapes
+    if mesh is not None:
+        fun = simpmd.shard_map(fun, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
+    program = simpmd.make_jaxpr(fun, axis_env=axis_env)(*as_shapes(args))
     if axis_env is None:         # a pmapped or shard_mapped function: the axes it ran over
         axis_env = getattr(program, "axis_env", None)
-    return roofline_of(program, hardware, axis_env, topology)
+    return roofline_of(live_equations(program), hardware, axis_env, topology)
+
+
+def live_equations(program):
+    """``program`` without the equations whose results nothing reads (a gradient's loss
+    value, say), as ``jax.experimental.roofline`` drops them (``dce_jaxpr``) and XLA does
+    when it compiles; an equation with an effect (a debug print) stays."""
+    from .core.core import Program
+    used = {v for v in program.outvars if _is_var(v)}
+    kept = []
+    for eqn in reversed(program.eqns):
+        if any(v in used for v in eqn.outvars) or _primitive_name(eqn) in _EFFECTS:
+            kept.append(eqn)
+            used.update(v for v in eqn.invars if _is_var(v))
+    return Program(program.invars, kept[::-1], program.outvars, program.in_tree,
+                   program.out_tree, program.constvars, program.axis_env)
+
+
+_EFFECTS = frozenset({"debug_callback"})

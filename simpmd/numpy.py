@@ -165,6 +165,12 @@ def _resolve(namespace: tuple, name: str):
         return jnp_attr                     # e.g. bfloat16: a type only JAX has
     if np_attr is not _MISSING or jnp_attr is not _MISSING:
         return _dispatching(namespace, name)
+    if not namespace and name in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
+        try:                                # JAX's 16- and 8-bit floats without JAX
+            import ml_dtypes
+            return getattr(ml_dtypes, name)
+        except ImportError:
+            pass
     where = "numpy" + "".join("." + p for p in namespace)
     jax_note = ("jax.numpy has no such name either" if "jax" in _sys.modules
                 else "jax is not imported, so jax.numpy was not consulted")

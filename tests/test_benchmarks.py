@@ -68,3 +68,20 @@ def test_caption_names_cores_and_date_not_the_host(dp_step):
     host = socket.gethostname()
     if len(host) >= 4:                  # a very short name could occur in any text
         assert host not in text
+
+
+def test_llama_step_quick_runs_and_agrees_with_jax_roofline():
+    """benchmarks/llama_step.py --quick (8 of the 80 layers): it finishes, and simpmd's
+    counts of the step equal JAX's roofline's (the times themselves are not judged)."""
+    pytest.importorskip("absl")
+    result = subprocess.run([sys.executable, str(BENCHMARKS / "llama_step.py"), "--quick", "--json"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    import json
+    row = json.loads(result.stdout)
+    assert row["layers"] == 8 and row["devices"] == 8192 and row["simpmd_s"] > 0
+    if row["jax_s"] is None:
+        pytest.skip(f"this jax's roofline refuses the step: {row['jax_refused']}")
+    assert row["same_flops"] and row["same_ici_bytes"]
+    assert row["simpmd_s"] > 0 and row["jax_s"] > 0 and row["ratio"] > 0
+    assert 0 < row["compute_s"] < row["step_s_modelled"]

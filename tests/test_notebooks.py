@@ -55,7 +55,7 @@ def test_readme_lists_every_lesson_in_order_with_its_api_and_a_route_through_tod
     assert [n for n, _, _ in rows] == [p.name[:2] for p in NOTEBOOKS]
     assert [url for _, _, url in rows] == [simpmd.course.colab_url(p.name) for p in NOTEBOOKS]
     marked = {n for n, api, _ in rows if api.startswith("**pmap**")}
-    assert {"02", "03"} <= marked and not marked & {"11", "12", "13", "14"}
+    assert {"02", "03"} <= marked and not marked & {"11", "12", "13", "14", "15"}
     route = re.search(r"\*\*Today's JAX first: ([\d →]+)\*\*", readme).group(1).strip()
     lessons = [int(n) for n in route.split(" → ")]
     assert lessons == sorted(lessons) and {1, 11, 12} <= set(lessons)
@@ -119,7 +119,8 @@ SOLUTIONS_AT_THE_END = ["02_pmap_basics.ipynb", "03_in_axes_out_axes.ipynb",
                         "10_debugging_spmd.ipynb", "11_shard_map_and_jit.ipynb",
                         "12_explicit_sharding_and_jit.ipynb",
                         "13_pipeline_parallelism.ipynb",
-                        "14_sequence_and_expert_parallelism.ipynb"]
+                        "14_sequence_and_expert_parallelism.ipynb",
+                        "15_plan_a_training_run.ipynb"]
 
 
 def _top_level_names(source):

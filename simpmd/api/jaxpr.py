@@ -7,6 +7,7 @@ from ..core import dtypes, tree
 from ..core.core import Aval, aval_of
 from ..core.program import trace
 from ..core.run import Run
+from .shapes import aval_of_shape, as_shapes, is_shape, struct_of
 from .spmd import refuse_non_arrays
 
 
@@ -16,7 +17,8 @@ def make_jaxpr(fun, static_argnums=(), axis_env=None, return_shape=False):
     prints in JAX's notation (collectives included). ``f`` may also be a ``simpmd.pmap``-ed
     or ``shard_map``-ed function: then the program is its body's, as each device runs it
     (JAX prints the same body inside a ``shard_map`` equation). Nothing is computed: the
-    body runs on types alone.
+    body runs on types alone; arguments may be arrays or ShapeDtypeStructs, and with
+    ``return_shape=True`` the results' types come back as ShapeDtypeStructs, as in JAX.
     """
     static = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
 
@@ -25,39 +27,48 @@ def make_jaxpr(fun, static_argnums=(), axis_env=None, return_shape=False):
             program = fun.traced(*args, **kwargs)
             if not return_shape:
                 return program
-            out = fun(*args, **kwargs)
-            return program, tree.tree_map(lambda v: (tuple(np.shape(v)), np.asarray(v).dtype), out)
-        axes = tuple((name, int(size)) for name, size in (axis_env or ()))
-        run = Run([], axes, abstract=True)
-        positions = {a % max(len(args), 1) for a in static}
-        dynamic = [i for i in range(len(args)) if i not in positions]
-        leaves, treedef = tree.flatten(([args[i] for i in dynamic], kwargs))
-        arrays = [k for k, x in enumerate(leaves) if not isinstance(x, (str, bytes)) and x is not None]
-        out_tree = []
-
-        def flat(*xs):
-            full_leaves = list(leaves)
-            for k, x in zip(arrays, xs):
-                full_leaves[k] = x
-            dyn, kw = tree.unflatten(treedef, full_leaves)
-            full = list(args)
-            for i, v in zip(dynamic, dyn):
-                full[i] = v
-            out, out_def = tree.flatten(fun(*full, **kw))
-            refuse_non_arrays("the function", out, out_def)
-            out_tree.append(out_def)
-            return out
-        avals = [_aval(leaves[k]) for k in arrays]
-        program, _ = trace(flat, avals, run)
+            return program, fun(*as_shapes(args), **as_shapes(kwargs))
+        program, out_tree = trace_function(fun, args, kwargs, static, axis_env)
         if not return_shape:
             return program
-        shapes = [(a.shape, a.dtype) for a in program.out_avals]
-        return program, tree.unflatten(out_tree[0], shapes)
+        return program, tree.unflatten(out_tree, [struct_of(a) for a in program.out_avals])
     return traced
 
 
-def _aval(x):
-    """The type JAX gives an argument (64-bit numbers as 32-bit, without x64)."""
+def trace_function(fun, args, kwargs, static=(), axis_env=None, keep_weak=False):
+    """Trace ``fun(*args, **kwargs)`` on types alone, inside a map over ``axis_env``'s
+    named axes: its program, and its results' tree structure."""
+    axes = tuple((name, int(size)) for name, size in (axis_env or ()))
+    run = Run([], axes, abstract=True)
+    positions = {a % max(len(args), 1) for a in static}
+    dynamic = [i for i in range(len(args)) if i not in positions]
+    leaves, treedef = tree.flatten(([args[i] for i in dynamic], kwargs))
+    arrays = [k for k, x in enumerate(leaves) if not isinstance(x, (str, bytes)) and x is not None]
+    out_tree = []
+
+    def flat(*xs):
+        full_leaves = list(leaves)
+        for k, x in zip(arrays, xs):
+            full_leaves[k] = x
+        dyn, kw = tree.unflatten(treedef, full_leaves)
+        full = list(args)
+        for i, v in zip(dynamic, dyn):
+            full[i] = v
+        out, out_def = tree.flatten(fun(*full, **kw))
+        refuse_non_arrays("the function", out, out_def)
+        out_tree.append(out_def)
+        return out
+    avals = [_aval(leaves[k], keep_weak) for k in arrays]
+    program, _ = trace(flat, avals, run)
+    return program, out_tree[0]
+
+
+def _aval(x, keep_weak=False):
+    """The type JAX gives an argument (64-bit numbers as 32-bit, without x64; a Python
+    number weakly typed only where JAX keeps it so, as ``eval_shape`` does)."""
+    if is_shape(x):
+        return aval_of_shape(x)
     if hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, np.ndarray):
-        return Aval(x.shape, dtypes.canonical(x.dtype))       # a ShapeDtypeStruct or a value
-    return aval_of(x).update(weak_type=False)
+        return Aval(x.shape, dtypes.canonical(x.dtype))       # a value of another engine
+    aval = aval_of(x)
+    return aval if keep_weak else aval.update(weak_type=False)

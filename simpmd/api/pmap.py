@@ -28,7 +28,8 @@ from ..machine.array import Array
 from ..machine.devices import device_count, devices as platform_devices, platform
 from ..machine.mesh import ShardingError
 from . import spmd
-from .spmd import Piece, as_array, positional_names
+from .shapes import aval_of_shape, is_shape, struct_of
+from .spmd import Piece, as_array, positional_names, value_or_shape
 
 
 def pmap(fun=None, axis_name=None, *, in_axes=0, out_axes=0, static_broadcasted_argnums=(),
@@ -165,7 +166,7 @@ class Pmapped:
                 continue
             conv = []
             for leaf, ax, path in zip(leaves, axes, paths):
-                value = leaf.aval if isinstance(leaf, StackedValue) else as_array(leaf)
+                value = leaf.aval if isinstance(leaf, StackedValue) else value_or_shape(leaf)
                 if ax is not None:
                     if not isinstance(ax, (int, np.integer)):
                         raise TypeError(f"in_axes entry for {path} is {ax!r}; use an int or None.")
@@ -259,7 +260,8 @@ class Pmapped:
         leaves, treedef = tree.flatten(tuple(a for i, a in enumerate(args) if i not in static))
         kw_leaves, kw_def = tree.flatten(kwargs)
         try:
-            shapes = tuple((np.shape(x), dtypes.of_python(x)) for x in leaves + kw_leaves)
+            shapes = tuple((tuple(x.shape), np.dtype(x.dtype)) if is_shape(x) else
+                           (np.shape(x), dtypes.of_python(x)) for x in leaves + kw_leaves)
             statics = tuple((i, type(args[i]), args[i]) for i in static)
             hash(statics)
         except Exception:
@@ -392,18 +394,25 @@ class Pmapped:
     # -- stacking -------------------------------------------------------------------------
     def _assemble(self, stacks, treedef, run, program=None):
         """Each result leaf stacked along ``out_axes`` (one copy for ``None``), as an Array
-        that knows its shards; inside an eager outer pmap, as each outer device's value."""
-        out_axes = tree.broadcast_prefix(self.out_axes, tree.unflatten(treedef, [s[0] for s in stacks]),
+        that knows its shards; inside an eager outer pmap, as each outer device's value; on
+        shapes alone (a result is one device's :class:`Aval`), as a ShapeDtypeStruct."""
+        firsts = [s if isinstance(s, Aval) else s[0] for s in stacks]
+        out_axes = tree.broadcast_prefix(self.out_axes, tree.unflatten(treedef, firsts),
                                          what="out_axes")
-        out = []
-        for k, (s, ax) in enumerate(zip(stacks, out_axes)):
-            first, label = s[0], f"out{spmd.leaf_label(treedef, k)}"
+        out, labels = [], spmd.leaf_labels(treedef)
+        for k, (s, first, ax) in enumerate(zip(stacks, firsts, out_axes)):
+            label = f"out{labels[k]}"
+            shapes_only = isinstance(s, Aval)
+            stack = None if shapes_only else s
             if ax is None:
-                same = (s == s[:1]).reshape(s.shape[0], -1).all(axis=1) if s.size else \
-                    np.ones(s.shape[0], bool)
-                if not same.all():
-                    _warn_not_replicated([run.where(j) for j in np.nonzero(~same)[0]], run.where(0))
-                run.returned(s, lambda i, t=label + " whole (out_axes=None)": t)
+                if not shapes_only:
+                    same = (s == s[:1]).reshape(s.shape[0], -1).all(axis=1) if s.size else \
+                        np.ones(s.shape[0], bool)
+                    if not same.all():
+                        _warn_not_replicated([run.where(j) for j in np.nonzero(~same)[0]],
+                                             run.where(0))
+                run.returned(stack, lambda i, t=label + " whole (out_axes=None)": t,
+                             first if shapes_only else None)
             else:
                 if not -(first.ndim + 1) <= ax <= first.ndim:
                     n = first.ndim
@@ -414,8 +423,12 @@ class Pmapped:
                         f"use an axis in {-(n + 1)}..{n} (0 stacks along the first axis), or "
                         f"None to return one copy of a result that is the same on every device.")
                 ax = ax % (first.ndim + 1)
-                run.returned(s, lambda i, a=f"{label}[{':, ' * ax}": f"{a}{i}]")
-            if run.nested:                   # one outer device of an eager run
+                run.returned(stack, lambda i, a=f"{label}[{':, ' * ax}": f"{a}{i}]",
+                             first if shapes_only else None)
+            if shapes_only:
+                shape = first.shape if ax is None else first.shape[:ax] + (run.n,) + first.shape[ax:]
+                out.append(struct_of(first.update(shape=shape, weak_type=False)))
+            elif run.nested:                   # one outer device of an eager run
                 value = first if ax is None else np.moveaxis(s, 0, ax)
                 out.append(StackedValue(Aval(value.shape, value.dtype), value[None]))
             else:
@@ -438,7 +451,7 @@ class _NestedLog:
         self.labels, self.out_axes = [], []
 
     def outputs(self, out_def):
-        self.labels = [f"out{spmd.leaf_label(out_def, k)}" for k in range(out_def.num_leaves)]
+        self.labels = [f"out{label}" for label in spmd.leaf_labels(out_def)]
 
     def receive(self, inner, stacks):
         m, pieces = self.size, []
@@ -472,13 +485,21 @@ class _Shape:
 
 
 def _piece(leaf, ax, size, path):
-    """Every device's piece of one argument leaf, stacked, and its row of the log."""
-    value = as_array(leaf)
+    """Every device's piece of one argument leaf, stacked (or only one device's type, for
+    a ShapeDtypeStruct), and its row of the log."""
+    if is_shape(leaf):
+        whole, aval = leaf, aval_of_shape(leaf)
+        stack = None
+        if ax is not None:
+            aval = aval.update(shape=aval.shape[:ax] + aval.shape[ax + 1:])
+    else:
+        whole, aval = as_array(leaf), None
+        stack = (np.broadcast_to(whole, (size,) + whole.shape) if ax is None
+                 else np.moveaxis(whole, ax, 0))
     if ax is None:
-        return Piece(np.broadcast_to(value, (size,) + value.shape),
-                     lambda i, t=f"{path} whole (in_axes=None)": t)
-    head, tail = f"{path}[{':, ' * ax}", received_from(path, value, ax)
-    return Piece(np.moveaxis(value, ax, 0), lambda i: f"{head}{i}{tail}")
+        return Piece(stack, lambda i, t=f"{path} whole (in_axes=None)": t, aval=aval)
+    head, tail = f"{path}[{':, ' * ax}", received_from(path, whole, ax)
+    return Piece(stack, lambda i: f"{head}{i}{tail}", aval=aval)
 
 
 def _warn_not_replicated(differ, first):

@@ -28,13 +28,14 @@ import numpy as np
 
 from ..core import bridge, errors, tree
 from ..core.collectives import pvary
-from ..core.core import Var, bind, context
+from ..core.core import Aval, Var, bind, context
 from ..core.run import Run
 from ..machine.array import HostArray, Shard
 from ..machine.mesh import (Mesh, NamedSharding, PartitionSpec, ShardingError, block_counts,
                              block_slices, check_spec, replica_id, slices_text)
 from . import spmd
-from .spmd import Piece, as_array, positional_names
+from .shapes import aval_of_shape, is_shape, struct_of
+from .spmd import Piece, positional_names, value_or_shape
 from ..viz.text import summarize
 
 _REQUIRED = object()
@@ -163,7 +164,7 @@ class ShardMapped:
             if spec is None:
                 out.append((path, leaf, None))
                 continue
-            value = as_array(leaf)         # Python numbers get JAX's 32-bit dtypes
+            value = value_or_shape(leaf)   # Python numbers get JAX's 32-bit dtypes
             check_spec(spec, mesh, f"in_specs for {path} (shape {value.shape})", value.ndim)
             counts = block_counts(spec, mesh, value.ndim)
             for d, (size, n) in enumerate(zip(value.shape, counts)):
@@ -211,6 +212,11 @@ class ShardMapped:
             def detail(k):
                 return _block_detail(path, value.shape, spec,
                                      block_slices(spec, mesh, value.shape, coords[k]))
+            if is_shape(value):         # shapes alone: one device's block, as a type
+                counts = block_counts(spec, mesh, value.ndim)
+                aval = aval_of_shape(value)
+                aval = aval.update(shape=[n // c for n, c in zip(aval.shape, counts)])
+                return Piece(None, detail, _spec_axes(spec), aval)
             return Piece(_stack_blocks(value, spec, mesh), detail, _spec_axes(spec))
         inputs = [value if spec is None else piece(path, value, spec)
                   for path, value, spec in leaves]
@@ -257,11 +263,16 @@ class ShardMapped:
                 f"JAX matches out_specs to the results as a pytree prefix: a list is a "
                 f"different pytree node, so real JAX refuses it ('pytree structure error'). "
                 f"Write a tuple: out_specs={tuple(out_specs)!r}.")
-        specs = tree.broadcast_prefix(out_specs, tree.unflatten(treedef, [s[0] for s in stacks]),
+        firsts = [s if isinstance(s, Aval) else s[0] for s in stacks]
+        specs = tree.broadcast_prefix(out_specs, tree.unflatten(treedef, firsts),
                                       what="out_specs")
-        out_leaves = []
+        out_leaves, labels = [], spmd.leaf_labels(treedef)
         for j, (stack, spec) in enumerate(zip(stacks, specs)):
-            name, first = f"out{spmd.leaf_label(treedef, j)}", stack[0]
+            name = f"out{labels[j]}"
+            if isinstance(stack, Aval):          # shapes alone: the type says it all
+                out_leaves.append(self._assemble_type(stack, spec, name, run, coords, program, j))
+                continue
+            first = stack[0]
             check_spec(spec, mesh, f"out_specs for {name} (a result of shape {first.shape})",
                        first.ndim)
             if self.check_vma and program is not None:   # JAX decides from the value's type
@@ -275,6 +286,21 @@ class ShardMapped:
             out_leaves.append(MeshArray(whole, NamedSharding(mesh, spec)))
         return tree.unflatten(treedef, out_leaves)
 
+    def _assemble_type(self, aval, spec, name, run, coords, program, j):
+        """A result on shapes alone: its global type, laid out by ``spec``, as a
+        ShapeDtypeStruct. Under check_vma its type is checked as with values; without it
+        there are no values to compare, and (as JAX) nothing is checked."""
+        mesh = self.mesh
+        check_spec(spec, mesh, f"out_specs for {name} (a result of shape {aval.shape})", aval.ndim)
+        if self.check_vma and program is not None:
+            self._check_types(program, j, None, spec, name, aval.ndim, run, coords)
+        counts = block_counts(spec, mesh, aval.ndim)
+        shape = tuple(n * c for n, c in zip(aval.shape, counts))
+        run.returned(None, lambda k: _block_detail(name, shape, spec, block_slices(
+            spec, mesh, shape, coords[k]), "into"), aval)
+        return struct_of(aval.update(shape=shape, vma=frozenset(), weak_type=False),
+                         NamedSharding(mesh, spec))
+
     def _check_types(self, program, j, stack, spec, name, ndim, run, coords):
         """Under check_vma, an out_spec may leave out a mesh axis only if the result's type
         says it does not vary over it, whatever its values are (as JAX checks)."""
@@ -282,7 +308,7 @@ class ShardMapped:
         missing = sorted(var.aval.vma - set(spec.mesh_axes()))
         if not missing:
             return
-        if not _replicated(stack, spec, self.mesh):     # the values differ too: show them
+        if stack is not None and not _replicated(stack, spec, self.mesh):   # values differ too
             where = [run.where(k) for k in range(run.n)]
             self._check_replicated(where, list(stack), coords, spec, name, ndim)
         causes = []
@@ -297,7 +323,7 @@ class ShardMapped:
                               + (f" ({code})" if code else ""))
         axes = " and ".join(repr(a) for a in missing)
         over = repr(missing[0]) if len(missing) == 1 else repr(tuple(missing))
-        equal = _replicated(stack, spec, self.mesh)
+        equal = stack is not None and _replicated(stack, spec, self.mesh)
         fact = (f" Its values happen to be equal along {axes} here, but JAX does not look at "
                 f"values: it decides from the type, before anything runs, and the type says "
                 f"varying (an all_gather's or ppermute's result, or axis_index, stays varying "

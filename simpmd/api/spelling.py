@@ -105,7 +105,7 @@ globals().update({name: unary(prim, to_float=True) for name, prim in FLOAT_UNARY
 
 def floor_divide(a, b):
     a, b = promoted(a, b)
-    if aval_of(a).dtype.kind in "fc":
+    if dtypes.inexact(aval_of(a).dtype):
         return bind(P.floor, bind(P.div, a, b))
     q = bind(P.div, a, b)                          # rounds towards zero; floor it
     fix = bind(P.and_, bind(P.ne, bind(P.rem, a, b), 0),
@@ -121,7 +121,7 @@ def remainder(a, b):
 
 
 def power(a, b):
-    if type(b) is int and aval_of(a).dtype.kind in "fc" or (
+    if type(b) is int and dtypes.inexact(aval_of(a).dtype) or (
             type(b) is int and b >= 0):
         return bind(P.integer_pow, a, y=b)
     return power_float(a, b)
@@ -298,12 +298,20 @@ def _reducer(prim, accumulate=False):
             raise TypeError("out= writes into an array in place; JAX arrays are immutable. "
                             "Use the returned value instead.")
         axes = _axes(axis, x.aval.ndim)
+        narrow = accumulate and dtype is None and _half(x) and axes
         if accumulate and (dtype is not None or x.aval.dtype.kind in "biu"):
             target = dtype or (np.int32 if x.aval.dtype.kind in "bi" else np.uint32)
             x = convert(x, target)
-        out = bind(prim, x, axes=axes, out_sharding=None) if axes else x
+        out = bind(prim, convert(x, np.float32) if narrow else x, axes=axes,
+                   out_sharding=None) if axes else x
+        out = convert(out, x.aval.dtype) if narrow else out
         return _keep(out, x.aval.shape, axes) if keepdims else out
     return reduce
+
+
+def _half(x) -> bool:
+    """A 16-bit float, which jax.numpy sums and multiplies in float32 and rounds back."""
+    return dtypes.inexact(x.aval.dtype) and x.aval.dtype.itemsize == 2
 
 
 def _keep(out, shape, axes):
@@ -329,6 +337,9 @@ def mean(x, axis=None, dtype=None, keepdims=False):
     if x.aval.dtype.kind in "biu" or dtype is not None:
         x = convert(x, dtype or dtypes.default("f"))
     count = math.prod(x.aval.shape[a] for a in axes)
+    if _half(x) and dtype is None:                  # in float32, as jax.numpy does
+        return convert(true_divide(sum_(convert(x, np.float32), axes, keepdims=keepdims),
+                                   float(count)), x.aval.dtype)
     return true_divide(sum_(x, axes, keepdims=keepdims), float(count))
 
 
@@ -388,7 +399,7 @@ def matmul(a, b):
     na, nb = aval_of(a).ndim, aval_of(b).ndim
     if na == 0 or nb == 0:
         raise ValueError("matmul: a scalar operand is not allowed (use *)")
-    if na == 1 or nb == 1:
+    if na == 1 or nb <= 2:         # a matrix on the right: no batch, as jnp.matmul binds it
         dims = (([na - 1], [0 if nb == 1 else nb - 2]), ([], []))
         return bind(P.dot_general, a, b, dimension_numbers=dims,
                     preferred_element_type=aval_of(a).dtype)

@@ -26,7 +26,8 @@ import inspect
 import numpy as np
 
 from ..core import bridge, dtypes, errors, tree
-from ..core.core import Aval, context, running
+from ..core.core import Aval, aval_of, context, running
+from .shapes import is_shape
 from .trace import Trace
 from ..core.program import cached, eval_program, store, trace
 from ..core.run import Run
@@ -50,15 +51,17 @@ def record_trace(trace_):
 class Piece:
     """One mapped argument leaf: every device's piece of it, stacked.
 
-    ``stack[k]`` is what device ``k`` of the grid gets; ``detail(k)`` is the 'receive' row
-    of its log; ``varies`` are the mesh axes the piece varies over (its type under
+    ``stack[k]`` is what device ``k`` of the grid gets (None when the call runs on shapes
+    alone); ``aval`` one device's type; ``detail(k)`` is the 'receive' row of its log;
+    ``varies`` are the mesh axes the piece varies over (its type under
     ``shard_map(check_vma=True)``), or None.
     """
 
-    __slots__ = ("stack", "detail", "varies")
+    __slots__ = ("stack", "detail", "varies", "aval")
 
-    def __init__(self, stack, detail, varies=None):
+    def __init__(self, stack, detail, varies=None, aval=None):
         self.stack, self.detail, self.varies = stack, detail, varies
+        self.aval = aval if stack is None else Aval(stack.shape[1:], dtypes.canonical(stack.dtype))
 
 
 class Traced:
@@ -78,8 +81,7 @@ def program_for(fun, run, args, kwargs, cache=None):
         return traced
     leaves, treedef = tree.flatten((args, kwargs))
     where = [k for k, x in enumerate(leaves) if type(x) is Piece]
-    avals = [Aval(leaves[k].stack.shape[1:], dtypes.canonical(leaves[k].stack.dtype),
-                  vma=(leaves[k].varies or ()) if run.check_vma else ())
+    avals = [leaves[k].aval.update(vma=(leaves[k].varies or ()) if run.check_vma else ())
              for k in where]
     out_tree = []
 
@@ -110,26 +112,34 @@ def program_for(fun, run, args, kwargs, cache=None):
 def run(owner, fun, devices, axes, args, kwargs, assemble, *, eager=False, check_vma=False,
         maps_a_mesh=False, cache=None):
     """Run ``fun(*args, **kwargs)`` over the grid ``axes`` (``((name, size), ...)``) of
-    ``devices``, and return ``assemble(stacks, treedef, run, types)``.
+    ``devices``, and return ``assemble(results, treedef, run, program)``.
 
     Mapped leaves of ``args``/``kwargs`` are :class:`Piece` s; any other leaf reaches every
-    device as it is. ``assemble`` gets each result leaf stacked over the devices, the
-    results' treedef, the run (which names device ``k`` with ``where(k)`` and logs what
-    each device returned with ``returned(stack, detail)``) and the program's output types
-    (None for an eager run). ``owner.trace`` is set to the run's trace.
+    device as it is. ``assemble`` gets each result leaf stacked over the devices (or, when
+    a piece has no stack, the call running on shapes alone, each result's one-device
+    :class:`Aval`), the results' treedef, the run (which names device ``k`` with
+    ``where(k)`` and logs what each device returned with ``returned(stack, detail)``) and
+    the program (None for an eager run). ``owner.trace`` is set to the run's trace.
     """
     if eager or (context.run is not None and context.run.eager):
+        if any(type(x) is Piece and x.stack is None for x in tree.flatten((args, kwargs))[0]):
+            raise TypeError(
+                "eager=True runs each device's Python on its values, and ShapeDtypeStructs "
+                "have none. Drop eager=True to run the program on shapes alone (traced once, "
+                "as JAX runs it), or pass arrays.")
         return bridge.eager.run_per_device(owner, fun, devices, axes, args, kwargs, assemble,
                                            eager, check_vma, maps_a_mesh, context.run)
-    grid = Run(devices, axes, check_vma=check_vma, maps_a_mesh=maps_a_mesh)
     leaves, _ = tree.flatten((args, kwargs))
     pieces = [x for x in leaves if type(x) is Piece]
+    shapes_only = any(p.stack is None for p in pieces)
+    grid = Run(devices, axes, abstract=shapes_only, check_vma=check_vma, maps_a_mesh=maps_a_mesh)
     grid.log.receive(grid, pieces)
+    program = None
     try:
         try:                               # the body: traced (or cached), then run
             traced = program_for(fun, grid, args, kwargs, cache)
             program = traced.program
-            inputs = [StackedValue(v.aval, _canonical(p.stack))
+            inputs = [StackedValue(v.aval, None if shapes_only else _canonical(p.stack))
                       for v, p in zip(program.invars, pieces)]
             with running(grid):
                 outs = eval_program(program, [], inputs)
@@ -139,20 +149,26 @@ def run(owner, fun, devices, axes, args, kwargs, assemble, *, eager=False, check
             if problem is exc:
                 raise
             raise problem from exc
-        stacks = [grid.stack_of(o, o.aval if isinstance(o, StackedValue) else Aval(
-            np.shape(o), dtypes.of_python(o))) for o in outs]
-        outputs = assemble(stacks, traced.out_tree, grid, program)
+        results = [aval_of(o) if shapes_only else grid.stack_of(o, aval_of(o)) for o in outs]
+        outputs = assemble(results, traced.out_tree, grid, program)
     except Exception as exc:               # the trace so far goes with the error
         if getattr(exc, "trace", None) is None:
-            exc.trace = Trace(log=grid.log, devices=grid.devices)
-            exc.trace.program = getattr(exc, "partial_program", None)
+            exc.trace = _trace_of(grid, getattr(exc, "partial_program", None), shapes_only)
         owner.trace = record_trace(exc.trace)
         _flush(grid)
         raise
-    owner.trace = record_trace(Trace(log=grid.log, devices=grid.devices))
-    owner.trace.program = program
+    owner.trace = record_trace(_trace_of(grid, program, shapes_only))
     _flush(grid)
     return outputs
+
+
+def _trace_of(grid, program, shapes_only):
+    trace_ = Trace(log=grid.log, devices=grid.devices)
+    trace_.program, trace_.shapes_only = program, shapes_only
+    if shapes_only and program is not None:     # what a run on types cannot log
+        trace_.unlogged = sorted({e.primitive.name for e in program.eqns
+                                  if e.primitive.name in ("cond", "xla_pmap")})
+    return trace_
 
 
 def _canonical(stack):
@@ -187,10 +203,14 @@ def explain_failure(where, device, exc, note=""):
 
 def leaf_label(treedef, k) -> str:
     """'[1]' or "['w']": how leaf ``k`` of a result tree is named in messages ('' for a leaf)."""
+    return leaf_labels(treedef)[k]
+
+
+def leaf_labels(treedef) -> list:
+    """:func:`leaf_label` of every leaf, in order (one walk over the tree)."""
     if treedef.kind == "leaf":
-        return ""
-    dummy = tree.unflatten(treedef, list(range(treedef.num_leaves)))
-    return tree.leaf_paths(dummy)[k]
+        return [""]
+    return tree.leaf_paths(tree.unflatten(treedef, list(range(treedef.num_leaves))))
 
 
 def positional_names(fun) -> list:
@@ -211,6 +231,12 @@ def as_array(x):
     if type(x) in (bool, int, float, complex):
         return np.asarray(x, dtype=dtypes.of_python(x))
     return np.asarray(x)
+
+
+def value_or_shape(x):
+    """An argument leaf as a NumPy array, or a ShapeDtypeStruct as it is (both have a
+    ``shape``, ``ndim`` and ``dtype``, which is all a front end checks)."""
+    return x if is_shape(x) else as_array(x)
 
 
 def refuse_non_arrays(place, leaves, treedef):

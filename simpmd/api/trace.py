@@ -46,6 +46,8 @@ class Trace:
         self.eager, self.max_rows = eager, max_rows
         self._summary = None
         self.program = None          # the traced program the run interpreted, if any
+        self.shapes_only = False     # run on ShapeDtypeStructs: types, bytes, no values
+        self.unlogged = []           # on shapes alone: equations whose collectives are not logged
 
     def _columnar(self):
         if self._log is None or self._events is not None:

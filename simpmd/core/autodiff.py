@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import core, errors, tree
+from . import core, dtypes, errors, tree
 from .core import Var, aval_of, backward_pass, bind, context
 from .program import eval_program, trace
 from .values import StackedValue
@@ -53,7 +53,7 @@ def _no_rule(eqn) -> NotDifferentiableError:
 
 
 def _float(var) -> bool:
-    return var.aval.dtype.kind in "fc"
+    return dtypes.inexact(var.aval.dtype)
 
 
 def backward(eqns, env, cts, active):
@@ -115,7 +115,7 @@ def _check_argnums(argnums, nargs):
 
 def _check_input(leaf, a):
     dtype = aval_of(leaf).dtype
-    if not np.issubdtype(dtype, np.inexact):
+    if not dtypes.inexact(dtype):
         raise TypeError(
             f"grad requires real- or complex-valued inputs (input dtype that is a sub-dtype "
             f"of np.inexact), but got {dtype.name} for argument {a}. If you want to use "

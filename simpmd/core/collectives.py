@@ -243,7 +243,7 @@ def _pmean_vjp(cts, ins, outs, wants, axes, axis_index_groups=None, _size=None):
 
 def _no_flops(ins, outs, **params):
     """A collective computes nothing worth counting: its cost is the wire's (cost.py)."""
-    return 0, sum(a.nbytes for a in (*ins, *outs))
+    return 0, 0
 
 
 def _collective(name, op, math, abstract, wire, vjp=None, lax_params=None, variadic=False,

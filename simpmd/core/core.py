@@ -170,7 +170,9 @@ class Primitive:
     * ``vjp(cts, ins, outs, **params)``: the cotangents of the inputs, computed with
       :func:`bind` from the outputs' cotangents ``cts`` (None where none arrived), the
       inputs and the outputs; None means not differentiable;
-    * ``cost(ins, outs, **params)``: (FLOPs, bytes read and written) of one device;
+    * ``cost(ins, outs, **params)``: (FLOPs, bytes read and written) of one device, each
+      operation on its own (unfused), counted as ``jax.experimental.roofline`` counts
+      ``unfused_flops`` and ``unfused_hbm_bytes`` where it has a rule;
     * ``show(params)``: the parameters as ``jax.make_jaxpr`` prints them.
 
     Collectives, loops and calls add their own columns (see ``collectives.py``).

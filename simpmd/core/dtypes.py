@@ -43,6 +43,13 @@ def default(kind: str) -> np.dtype:
     return canonical({"b": np.bool_, "i": np.int64, "f": np.float64, "c": np.complex128}[kind])
 
 
+def inexact(dtype) -> bool:
+    """A floating or complex dtype, ml_dtypes' bfloat16 and float8s included (NumPy files
+    those under kind 'V', so ``dtype.kind in "fc"`` misses them)."""
+    dtype = np.dtype(dtype)
+    return dtype.kind in "fc" or dtype.name == "bfloat16" or dtype.name.startswith("float8")
+
+
 def is_weak_scalar(x) -> bool:
     """A Python number (not a NumPy scalar): weakly typed, as in JAX."""
     return type(x) in (int, float, complex, bool)
@@ -89,6 +96,7 @@ _BOUNDS = _upper_bounds(_ABOVE)
 _BOUNDS_X32 = _upper_bounds(dict(_ABOVE, u4=["i4", "u8"]))   # no 64-bit from 32-bit inputs
 
 
+@functools.lru_cache(maxsize=None)        # every operation asks: answer each pair once
 def _node(dtype, weak) -> str:
     dtype = np.dtype(dtype)
     if weak:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .core import Aval
 
 
 @dataclass
@@ -39,8 +40,10 @@ class Event:
     group_programs: tuple = ()         # program labels of the group, in order
     member: int = 0                    # this program's position in ``group``
     params: dict = field(default_factory=dict)   # lax's keywords: axis, tiled, perm, ...
-    inputs: tuple = ()                 # leaves before (NumPy arrays)
+    inputs: tuple = ()                 # leaves before (NumPy arrays; none on shapes alone)
     outputs: tuple = ()                # leaves after
+    in_avals: tuple = ()               # their types (shape, dtype), with or without values
+    out_avals: tuple = ()
     bytes_sent: int = 0
     bytes_received: int = 0
     source: str = ""                   # 'file.py:12'
@@ -48,11 +51,17 @@ class Event:
     detail: str = ""                   # e.g. "x[3], shape (2,), from x of shape (8, 2)"
     phase: str = "forward"             # 'backward' for a collective of a gradient's backward pass
 
-    shapes_in = property(lambda self: tuple(np.shape(v) for v in self.inputs))
-    shapes_out = property(lambda self: tuple(np.shape(v) for v in self.outputs))
-    dtypes = property(lambda self: tuple(np.asarray(v).dtype for v in (self.inputs or self.outputs)))
-    nbytes_in = property(lambda self: int(sum(np.asarray(v).nbytes for v in self.inputs)))
-    nbytes_out = property(lambda self: int(sum(np.asarray(v).nbytes for v in self.outputs)))
+    def __post_init__(self):          # an event written with values only: their types
+        if self.inputs and not self.in_avals:
+            self.in_avals = tuple(_aval_of(np.asarray(v)[None]) for v in self.inputs)
+        if self.outputs and not self.out_avals:
+            self.out_avals = tuple(_aval_of(np.asarray(v)[None]) for v in self.outputs)
+
+    shapes_in = property(lambda self: tuple(a.shape for a in self.in_avals))
+    shapes_out = property(lambda self: tuple(a.shape for a in self.out_avals))
+    dtypes = property(lambda self: tuple(a.dtype for a in (self.in_avals or self.out_avals)))
+    nbytes_in = property(lambda self: int(sum(a.nbytes for a in self.in_avals)))
+    nbytes_out = property(lambda self: int(sum(a.nbytes for a in self.out_avals)))
 
 
 class _Record:
@@ -77,8 +86,10 @@ class Log:
         """What each device received: ``pieces`` with ``stack`` and ``detail(k)``."""
         self.records.append(_Record("receive", run, self.step, pieces=pieces))
 
-    def returned(self, run, stack, detail):
-        self.records.append(_Record("return", run, self.step, stack=stack, detail=detail))
+    def returned(self, run, stack, detail, aval=None):
+        """What each device returned: ``stack`` (None on shapes alone) of type ``aval``."""
+        self.records.append(_Record("return", run, self.step, stack=stack, detail=detail,
+                                    aval=aval))
 
     def print(self, run, texts, source):
         self.prints += [f"[{run.where(k)}] {t}" for k, t in enumerate(texts)]
@@ -95,7 +106,7 @@ class Log:
             logged["axis_index_groups"] = tuple(tuple(g) for g in params["axis_index_groups"])
         self.records.append(_Record(
             "collective", run, self.step + 1, prim=prim, op=prim.op, axes=axes, params=logged,
-            raw=params, avals=avals, stacks=stacks, outputs=outputs, sets=sets,
+            raw=params, avals=avals, out_avals=out_avals, stacks=stacks, outputs=outputs, sets=sets,
             call=self.calls, source=source, phase=phase))
         self.step += sum(m.shape[0] for m in sets)
 
@@ -157,12 +168,13 @@ class Log:
         if r.kind == "receive":
             for k in ks:
                 for piece in f["pieces"]:
-                    event(run, k, "receive", r.step, inputs=(piece.stack[k, ...],),
-                          detail=piece.detail(k))
+                    event(run, k, "receive", r.step, inputs=_row_of(piece.stack, k),
+                          in_avals=(piece.aval,), detail=piece.detail(k))
         elif r.kind == "return":
+            aval = f["aval"] or _aval_of(f["stack"])
             for k in ks:
-                event(run, k, "return", r.step, outputs=(f["stack"][k, ...],),
-                      detail=f["detail"](k))
+                event(run, k, "return", r.step, outputs=_row_of(f["stack"], k),
+                      out_avals=(aval,), detail=f["detail"](k))
         elif r.kind == "print":
             for k in ks:
                 event(run, k, "print", r.step, detail=f["texts"][k], source=f["source"][0],
@@ -212,6 +224,15 @@ def _ids(run):
     return [d.id for d in run.devices]
 
 
+def _row_of(stack, k):
+    return () if stack is None else (stack[k, ...],)
+
+
+def _aval_of(stack):
+    """The type of one device's row of ``stack``."""
+    return Aval(stack.shape[1:], stack.dtype)
+
+
 def _spans(run, k):
     return tuple(run.leaf_ids(k))
 
@@ -223,6 +244,7 @@ def _member_fields(r, row, pos, k, group, moved):
         (lambda stacks: ())
     return dict(call=f["call"], op=f["op"], axes=f["axes"], member=pos, params=f["params"],
                 inputs=values(f["stacks"]), outputs=values(f["outputs"] or ()),
+                in_avals=tuple(f["avals"]), out_avals=tuple(f["out_avals"]),
                 bytes_sent=sent, bytes_received=received, source=f["source"][0],
                 code=f["source"][1], group=group,
                 group_programs=tuple(r.run.label(j) for j in row), phase=f["phase"])

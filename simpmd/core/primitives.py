@@ -35,6 +35,12 @@ def _vma(avals):
     return frozenset().union(*(a.vma for a in avals))
 
 
+def _layout_cost(ins, outs, **params):
+    """Nothing: XLA fuses a layout change into its neighbours or makes it a view (what
+    jax.experimental.roofline assumes for every primitive without a rule of its own)."""
+    return 0, 0
+
+
 # -- elementwise -----------------------------------------------------------------------------
 
 
@@ -186,7 +192,7 @@ integer_pow = elementwise(
     "integer_pow", lambda x, y: x ** y,
     lambda ct, out, x, y=None: None)        # replaced below: it needs its parameter
 abs_ = elementwise("abs", np.abs, lambda ct, out, x: bind(
-    select_n, bind(ge, x, 0.0 if x.dtype.kind in "fc" else 0), _neg(ct), ct))
+    select_n, bind(ge, x, 0.0 if dtypes.inexact(x.dtype) else 0), _neg(ct), ct))
 sign = elementwise("sign", np.sign, _zero_like)
 floor = elementwise("floor", np.floor, _zero_like)
 ceil = elementwise("ceil", np.ceil, _zero_like)
@@ -231,7 +237,7 @@ def _convert_abstract(x, new_dtype, weak_type=False, sharding=None):
 
 def _convert_vjp(ct, ins, outs, wants, new_dtype, weak_type=False, sharding=None):
     x = _aval(ins[0])
-    if not wants[0] or x.dtype.kind not in "fc":
+    if not wants[0] or not dtypes.inexact(x.dtype):
         return [None]
     return [bind(convert_element_type, ct, new_dtype=x.dtype, weak_type=x.weak_type)]
 
@@ -239,9 +245,10 @@ def _convert_vjp(ct, ins, outs, wants, new_dtype, weak_type=False, sharding=None
 convert_element_type = Primitive(
     "convert_element_type", lambda x, new_dtype, weak_type=False, sharding=None:
     x.astype(dtypes.canonical(new_dtype)), _convert_abstract, vjp=_convert_vjp,
-    cost=_elementwise_cost,
+    cost=_layout_cost,
     show=lambda p: {k: v for k, v in p.items() if k != "sharding" or v is not None})
 copy = elementwise("copy", np.array, lambda ct, *_: ct)
+copy.cost = _layout_cost
 
 
 def _select_abstract(pred, *cases):
@@ -342,8 +349,16 @@ def _reduce_cost(ins, outs, **params):
     return _size(ins[0]), _bytes(ins, outs)
 
 
+def _sum_cost(ins, outs, **params):
+    """n - 1 additions per result for a sum of n, reading the input and writing the result
+    at the input's width (jax.experimental.roofline's rule)."""
+    x, out = ins[0], outs[0]
+    n = _size(x) // max(_size(out), 1)
+    return (n - 1) * _size(out), (_size(x) + _size(out)) * x.dtype.itemsize
+
+
 reduce_sum = Primitive("reduce_sum", _reduction("reduce_sum", "sum"), _reduce_abstract,
-                       vjp=_sum_vjp, cost=_reduce_cost)
+                       vjp=_sum_vjp, cost=_sum_cost)
 reduce_max = Primitive("reduce_max", _reduction("reduce_max", "max"), _reduce_abstract,
                        vjp=_chooser_vjp, cost=_reduce_cost)
 reduce_min = Primitive("reduce_min", _reduction("reduce_min", "min"), _reduce_abstract,
@@ -384,10 +399,6 @@ cummin = Primitive("cummin", _cumulative(np.minimum), lambda x, axis, reverse=Fa
 
 
 # -- shapes and layout ------------------------------------------------------------------------
-
-
-def _layout_cost(ins, outs, **params):
-    return 0, _bytes(ins, outs)
 
 
 def _reshape_abstract(x, new_sizes, dimensions=None, sharding=None):
@@ -722,8 +733,16 @@ def _gather_vjp(ct, ins, outs, wants, indexer, mode=None):
     return [bind(scatter_add, zeros, ct, *ins[1:], indexer=indexer)] + [None] * (len(ins) - 1)
 
 
+def _gather_cost(ins, outs, mode=None, **params):
+    """A copy of the result's size plus the indices read (jax.experimental.roofline); with
+    ``mode`` fill-or-drop, four checks per index and a select per result element."""
+    out, indices = _size(outs[0]), sum(_size(a) for a in ins[1:])
+    flops = 4 * indices + out if "FILL" in str(mode).upper() else 0
+    return flops, 2 * out * outs[0].dtype.itemsize + _bytes(ins[1:], ())
+
+
 gather = Primitive("gather", _gather_stacked, _gather_abstract, vjp=_gather_vjp,
-                   cost=_layout_cost)
+                   cost=_gather_cost)
 
 
 def _scatter_stacked(how):
@@ -758,16 +777,29 @@ def _scatter_vjp(how):
     return vjp
 
 
+def _scatter_cost(combines):
+    """Reading and writing the updated region and the updates (3 x the updates) plus the
+    indices; one FLOP per update where it is combined (jax.experimental.roofline)."""
+    def cost(ins, outs, **params):
+        if "indexer" in params:                  # simpmd's operands: x, updates, *indices
+            updates, indices = ins[1], ins[2:]
+        else:                                    # JAX's: operand, indices, updates
+            indices, updates = ins[1:2], ins[2]
+        flops = _size(updates) if combines else 0
+        return flops, 3 * _size(updates) * updates.dtype.itemsize + _bytes(indices, ())
+    return cost
+
+
 scatter = Primitive("scatter", _scatter_stacked(None), _scatter_abstract,
-                    vjp=_scatter_vjp("set"), cost=_layout_cost)
+                    vjp=_scatter_vjp("set"), cost=_scatter_cost(False))
 scatter_add = Primitive("scatter-add", _scatter_stacked(np.add), _scatter_abstract,
-                        vjp=_scatter_vjp("add"), cost=_layout_cost)
+                        vjp=_scatter_vjp("add"), cost=_scatter_cost(True))
 scatter_mul = Primitive("scatter-mul", _scatter_stacked(np.multiply), _scatter_abstract,
-                        cost=_layout_cost)
+                        cost=_scatter_cost(True))
 scatter_min = Primitive("scatter-min", _scatter_stacked(np.minimum), _scatter_abstract,
-                        cost=_layout_cost)
+                        cost=_scatter_cost(True))
 scatter_max = Primitive("scatter-max", _scatter_stacked(np.maximum), _scatter_abstract,
-                        cost=_layout_cost)
+                        cost=_scatter_cost(True))
 
 
 def _sort_stacked(*xs, dimension, is_stable=True, num_keys=1):

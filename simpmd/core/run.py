@@ -252,9 +252,10 @@ class Run:
     # -- what a front end asks ------------------------------------------------------------------
     nested, outer_n = False, 1
 
-    def returned(self, stack, detail):
-        """Log what each device returned (``detail(k)``: device ``k``'s row)."""
-        self.log.returned(self, stack, detail)
+    def returned(self, stack, detail, aval=None):
+        """Log what each device returned (``detail(k)``: device ``k``'s row; ``stack`` None
+        and its type ``aval`` on shapes alone)."""
+        self.log.returned(self, stack, detail, aval)
 
     def sub_grids(self):
         """The devices of each program's inner pmap grid, or None when none nests inside."""

@@ -592,7 +592,7 @@ class PerDeviceRun:
     def where(self, k=0) -> str:
         return self.tasks[k].where()
 
-    def returned(self, stack, detail):
+    def returned(self, stack, detail, aval=None):
         for k, t in enumerate(self.tasks):
             self.sim.log(t, "return", outputs=(stack[k],), detail=detail(k))
 

@@ -21,6 +21,7 @@ import numpy as np
 from matplotlib.collections import LineCollection
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle
 
+from .text import needs_values
 from .canvas import (INK, MIN_FONT, SUM, ZERO, device_color, dtype_shape, face_color,
                      elide, figure_and_axes, new_figure, number, tag)
 
@@ -560,6 +561,7 @@ def draw_collective(trace, call=0, *, leaf: int = 0, max_numbers: int = 64, max_
     boxes are tagged ``simpmd:before:<program>`` and ``simpmd:after:<program>``, the
     groups' bands ``simpmd:group:<step>``.
     """
+    needs_values(trace, "draw_collective")
     events = _call_events(trace, call)
     index = None
     if not isinstance(trace, (list, tuple)) and isinstance(call, int):
@@ -579,6 +581,7 @@ def draw_trace(trace, *, leaf: int = 0, max_numbers: int = 64, max_rows: int = M
     (by default as many as fit in about 16 inches), so that a run of small calls is not
     one tall column.
     """
+    needs_values(trace, "draw_trace")
     calls = trace.calls()
     if not calls:
         raise ValueError("this trace has no collectives to draw; its program ran without "

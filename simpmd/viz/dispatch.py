@@ -23,6 +23,7 @@ import textwrap
 import numpy as np
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
+from .text import needs_values
 from .canvas import INK, MIN_FONT, ZERO, face_color, figure_and_axes, number, tag
 from .collectives import _call_events, _order, _row_label
 
@@ -54,6 +55,7 @@ def dispatch_matrix(trace, call="all_to_all", *, leaf: int = 0, group: int = 0, 
     lists: ``m[s][d]`` is the 1-D array of values member ``s`` sends to member ``d`` (its
     ``d``-th block along ``split_axis``), with ``empty`` padding removed. ``group`` picks
     the group when the call has several (one per row of a 2-D mesh, say)."""
+    needs_values(trace, "dispatch_matrix")
     events = _call_events(trace, call)
     if events[0].op not in ("all_to_all", "pswapaxes"):
         raise ValueError(f"call {call!r} is a {events[0].op}, not an all_to_all")
@@ -167,6 +169,7 @@ def permute_steps(trace, op: str = "ppermute", *, leaf: int = 0) -> list:
     ``op`` call, then after each), each a list over members of the member whose input to
     the first call this value equals (None when it matches none: a computed value, or
     zeros where nobody sent)."""
+    needs_values(trace, "permute_steps")
     calls = [c for c in trace.calls() if c[0].op == op]
     if not calls:
         ops = sorted({c[0].op for c in trace.calls()})

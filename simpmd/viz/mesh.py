@@ -12,6 +12,7 @@ import math
 import numpy as np
 from matplotlib.patches import FancyBboxPatch, Rectangle
 
+from .text import needs_values
 from .canvas import INK, MIN_FONT, device_color, figure_and_axes, short, tag, tint
 
 BOX = 1.0         # a device box is BOX x BOX data units
@@ -291,6 +292,7 @@ def draw_trace_mesh(trace, highlight_axis=None, values=None, *, title=None, ax=N
         axes = tuple(calls[0][0].axes) if calls else ()
         highlight_axis = (axes[0] if len(axes) == 1 else axes) or None
     if isinstance(values, str):
+        needs_values(trace, f"draw_trace_mesh(values={values!r})")
         kind = {"received": "receive", "returned": "return"}.get(values)
         if kind is None:
             raise ValueError(f"values={values!r}: choose 'received', 'returned', a dict or a list")

@@ -8,6 +8,21 @@ import numpy as np
 
 
 
+def needs_values(trace, what: str):
+    """Refuse to draw values from a run that had none (one run on ShapeDtypeStructs)."""
+    events = trace if isinstance(trace, (list, tuple)) else None
+    shapes_only = getattr(trace, "shapes_only", False) or (
+        events is not None and any(e.kind == "collective" and not e.inputs and e.in_avals
+                                   for e in events))
+    if shapes_only:
+        raise ValueError(
+            f"{what} draws the values each device holds, and this trace has none: its run "
+            f"was on shapes alone (ShapeDtypeStructs), which logs types and bytes only. Run "
+            f"the program on arrays (at a small size) to see values, or read this trace "
+            f"with what needs only shapes: print(trace), simpmd.cost.estimate_trace(trace), "
+            f"simpmd.viz.draw_timeline(trace).")
+
+
 def summarize(value, limit: int = 6) -> str:
     """A short, deterministic description of an array for a log line."""
     if not hasattr(value, "__array__") and hasattr(value, "shape"):      # types only
@@ -48,10 +63,10 @@ def _params_text(e) -> str:
 def _row(e) -> dict:
     """The columns a log line shows, as text."""
     if e.kind == "receive":
-        what, moved = "receive " + e.detail, summarize(e.inputs[0])
+        what, moved = "receive " + e.detail, summarize((e.inputs or e.in_avals)[0])
         group = sent = recv = ""
     elif e.kind == "return":
-        what, moved = "return " + e.detail, summarize(e.outputs[0])
+        what, moved = "return " + e.detail, summarize((e.outputs or e.out_avals)[0])
         group = sent = recv = ""
     elif e.kind in ("error", "print"):
         what, moved, group, sent, recv = e.kind, e.detail, "", "", ""
@@ -61,7 +76,8 @@ def _row(e) -> dict:
         what = f"{e.op}({axes!r}{', ' + params if params else ''})"
         if e.phase == "backward":
             what = "backward " + what
-        moved = f"{_leaves_summary(e.inputs)} -> {_leaves_summary(e.outputs)}"
+        moved = (f"{_leaves_summary(e.inputs or e.in_avals)} -> "
+                 f"{_leaves_summary(e.outputs or e.out_avals)}")
         group = _group_text(e.group)
         sent, recv = nbytes_text(e.bytes_sent), nbytes_text(e.bytes_received)
     return {"step": str(e.step), "program": e.program, "what": what, "group": group,
@@ -100,6 +116,13 @@ def header(trace) -> str:
         sent = sum(e.bytes_sent for e in trace.events)
     head = (f"Trace: {len(trace.programs)} program(s), {ncoll} collective group(s), "
             f"{nbytes_text(sent)} sent in all")
+    if getattr(trace, "shapes_only", False):
+        head += ("\nSHAPES ONLY: run on ShapeDtypeStructs, so the log holds types and bytes, "
+                 "not values.")
+        if getattr(trace, "unlogged", None):
+            head += ("\nNOT LOGGED: the collectives inside " + " and ".join(
+                {"cond": "lax.cond branches (which branch a device takes depends on values)",
+                 "xla_pmap": "nested pmaps"}[n] for n in trace.unlogged) + ".")
     if trace.eager:
         head += ("\nEAGER RUN: Python control flow on values was allowed; real JAX cannot "
                  "run this program.")

@@ -31,11 +31,14 @@ from dataclasses import dataclass
 from matplotlib.patches import Patch, Rectangle
 from matplotlib.transforms import blended_transform_factory
 
+import numpy as np
+
 from .canvas import INK, MIN_FONT, OKABE_ITO, elide, figure_and_axes, font_size, tag, tint
 
 FALLBACK_BANDWIDTH = 100e9      # bytes/s, used only when simpmd.cost is missing
 FALLBACK_HBM = 1e12
 MAX_ROWS = 16          # more devices than this: the middle ones are elided, with a note
+MAX_PATCHES = 2000     # more segments than this: one bar collection per row and kind
 ROW_IN = 0.32          # a row's height (inches) up to 24 rows; past that the least that keeps
 FLOOR_ROW_IN = MIN_FONT / 26 + 0.005   # ... a 7 pt label on every row (canvas.font_size)
 # Okabe-Ito colours (see canvas.OKABE_ITO): sky blue computes, grey hatched waits, and each
@@ -65,7 +68,11 @@ class Segment:
 
 @dataclass
 class Timeline:
-    """The modelled run: segments per device, and what the numbers came from."""
+    """The modelled run: segments per device, and what the numbers came from.
+
+    A run on thousands of devices keeps the segments of a few ``watched`` devices only
+    (the ones a drawing shows) and every device's totals per kind (``totals``); asking
+    for another device's segments models the run again for it."""
 
     segments: list
     devices: list
@@ -73,13 +80,34 @@ class Timeline:
     comm_model: str
     compute_model: str
     hardware: str = ""      # what the communication times are for
+    totals: dict | None = None      # kind -> seconds per device, in the order of ``devices``
+    watched: frozenset | None = None
+    remodel: object = None          # watch -> Timeline, for devices not watched
 
     def of(self, device: int) -> list:
+        if self.watched is not None and device not in self.watched:
+            return self.remodel(self.watched | {device}).of(device)
         return [s for s in self.segments if s.device == device]
 
     def total(self, kind: str, device: int | None = None) -> float:
+        if self.totals is not None:
+            seconds = self.totals[kind]
+            return float(seconds.sum() if device is None else seconds[self._position(device)])
         return sum(s.duration for s in self.segments
                    if s.kind == kind and (device is None or s.device == device))
+
+    def _position(self, device):
+        if getattr(self, "_positions", None) is None:
+            self._positions = {d: k for k, d in enumerate(self.devices)}
+        return self._positions[device]
+
+    def most(self, kind: str):
+        """(device, seconds): the device that spends most time on ``kind``."""
+        if self.totals is not None:
+            k = int(np.argmax(self.totals[kind])) if len(self.devices) else 0
+            return (self.devices[k], float(self.totals[kind][k])) if self.devices else (None, 0.0)
+        best = max(self.devices, key=lambda d: self.total(kind, d), default=None)
+        return best, (self.total(kind, best) if best is not None else 0.0)
 
     def fraction(self, kind: str, device: int | None = None) -> float:
         """The share of the run spent on ``kind``: of ``device``'s time from 0 to ``end``,
@@ -93,7 +121,8 @@ def _comm_times(trace, hardware, topology):
     try:
         from .. import cost
         estimate = cost.estimate_trace(trace, hardware=hardware, topology=topology)
-        hbm = cost.hardware_preset(estimate.hardware).hbm_bandwidth
+        machine = cost._hardware_of(hardware, trace)       # a preset, or a Hardware given
+        hbm = machine.hbm_bandwidth
     except ImportError:
         times = {}
         for group in trace.collectives():
@@ -103,12 +132,27 @@ def _comm_times(trace, hardware, topology):
                 f"communication: busiest member's bytes / {FALLBACK_BANDWIDTH / 1e9:g} GB/s "
                 f"(simpmd.cost is not available: not a hardware estimate)",
                 f"{FALLBACK_HBM / 1e12:g} TB/s", f"{FALLBACK_BANDWIDTH / 1e9:g} GB/s links")
-    times = {c.step: c.time_s for c in estimate.collectives}
+    times = _StepTimes(estimate)
+    times.machine = machine
     return (times, hbm, f"communication: simpmd.cost on {estimate.hardware} ({estimate.topology})",
             f"{hbm / 1e12:g} TB/s HBM", str(estimate.hardware))
 
 
-def _roofline_segments(trace, hardware):
+class _StepTimes(dict):
+    """Seconds per collective step, read from an estimate when first asked (a columnar
+    estimate of thousands of devices is read call by call instead)."""
+
+    def __init__(self, estimate):
+        super().__init__()
+        self.estimate = estimate
+
+    def get(self, step, default=None):
+        if not self:
+            self.update({c.step: c.time_s for c in self.estimate.collectives})
+        return super().get(step, default)
+
+
+def _roofline_segments(trace, hardware, fused=False):
     """(seconds of each compute segment, the Roofline) from the program ``trace`` ran, or
     None when there is none (an eager run) or it does not line up with the log."""
     program = getattr(trace, "program", None)
@@ -119,18 +163,120 @@ def _roofline_segments(trace, hardware):
         r = cost.roofline_of(program, hardware, getattr(program, "axis_env", None))
     except (ImportError, ValueError, KeyError):
         return None
-    segs = r.segments()
-    per_program: dict = {}
-    for e in trace.events:
-        if e.kind == "collective":
-            per_program[e.program] = per_program.get(e.program, 0) + 1
-    if any(n != len(segs) - 1 for n in per_program.values()):
+    segs = r.segments(fused)
+    log = _columnar(trace)
+    if log is not None:
+        counts = set(_collective_counts(log).tolist())
+    else:
+        per_program: dict = {}
+        for e in trace.events:
+            if e.kind == "collective":
+                per_program[e.program] = per_program.get(e.program, 0) + 1
+        counts = set(per_program.values())
+    if counts - {len(segs) - 1}:
         return None                  # e.g. collectives in a cond branch some devices skip
     return segs, r
 
 
+def _columnar(trace):
+    """The trace's columnar log, read call by call (None for an eager or nested run)."""
+    try:
+        from ..cost import _columnar_log
+    except ImportError:
+        return None
+    return _columnar_log(trace)
+
+
+def _collective_counts(log):
+    """How many collectives each device of the run joined."""
+    run = next((r.run for r in log.records), None)
+    counts = np.zeros(run.n if run is not None else 0, dtype=np.int64)
+    for r in log.records:
+        if r.kind == "collective":
+            for members in r.fields["sets"]:
+                np.add.at(counts, members.ravel(), 1)
+    return counts
+
+
+def _model_columnar(log, estimate, roofline, compute, slowdown, watch, hbm, labels):
+    """The model of :func:`model_timeline` for a columnar log: every device's clock at
+    once, call by call; segments kept for the watched devices only (past 64 devices)."""
+    run = next(r.run for r in log.records)
+    ids = [d.id for d in run.devices]
+    n, where = len(ids), {d: k for k, d in enumerate(ids)}
+    if watch is None:
+        watch = ids if n <= 64 else [d for d in elide(sorted(ids), MAX_ROWS)[0] if d is not None]
+    watched = frozenset(watch) | frozenset(slowdown or ())
+    keep = np.zeros(n, dtype=bool)
+    keep[[where[d] for d in watched if d in where]] = True
+    slow = np.ones(n)
+    for d, factor in (slowdown or {}).items():
+        slow[where[d]] = float(factor)
+    segs = np.asarray(roofline[0]) if roofline is not None else None
+    times = {id(c.record): c.set_times for c in estimate.calls}
+    clock, count = np.zeros(n), np.zeros(n, dtype=np.int64)
+    totals = {kind: np.zeros(n) for kind in KINDS}
+    segments: list = []
+
+    def work(rows, nbytes):
+        if segs is not None:
+            base = segs[np.minimum(count[rows], len(segs) - 1)]
+        elif compute is None:
+            base = np.full(len(rows), nbytes / hbm)
+        else:
+            base = np.full(len(rows), float(compute))
+        t = base * slow[rows]
+        for i in np.nonzero(keep[rows] & (t > 0))[0]:
+            k = rows[i]
+            segments.append(Segment(ids[k], "compute", clock[k], clock[k] + t[i], run.label(k)))
+        clock[rows] += t
+        totals["compute"][rows] += t
+        count[rows] += 1
+
+    returned = False
+    for r in log.records:
+        f = r.fields
+        if r.kind == "collective" and f["sets"]:
+            rows = np.concatenate([m.ravel() for m in f["sets"]])
+            work(rows, sum(a.nbytes for a in f["avals"]))
+            step = r.step
+            for members, durations in zip(f["sets"], times[id(r)]):
+                start = clock[members].max(axis=1)
+                waits = start[:, None] - clock[members]
+                totals["wait"][members] += waits
+                totals["comm"][members] += durations[:, None]
+                for g, pos in zip(*np.nonzero(keep[members])):
+                    k = members[g, pos]
+                    if waits[g, pos] > 0:
+                        segments.append(Segment(ids[k], "wait", clock[k], start[g], run.label(k),
+                                                f"waits for {f['op']}", step + g))
+                    segments.append(Segment(ids[k], "comm", start[g], start[g] + durations[g],
+                                            run.label(k), f["op"], step + g))
+                clock[members] = (start + durations)[:, None]
+                step += len(members)
+        elif r.kind == "return" and not returned:
+            returned = True
+            work(np.arange(n), sum(_returned_bytes(x) for x in log.records if x.kind == "return"))
+    segments.sort(key=lambda s: (s.start, s.device))
+
+    def remodel(more):
+        return _model_columnar(log, estimate, roofline, compute, slowdown, more, hbm, labels)
+    comm_label, compute_label, hardware_name = labels
+    order = np.argsort(ids, kind="stable")               # rows by device id, as in the events
+    return Timeline(segments, [ids[k] for k in order], float(clock.max()) if n else 0.0,
+                    comm_label, compute_label, hardware_name,
+                    {kind: seconds[order] for kind, seconds in totals.items()},
+                    watched if n > 64 else None, remodel)
+
+
+def _returned_bytes(record):
+    """Bytes one device returned in a 'return' record (with values or on shapes alone)."""
+    aval = record.fields["aval"]
+    return aval.nbytes if aval is not None else record.fields["stack"][0].nbytes
+
+
 def model_timeline(trace, hardware=None, *, compute=None, slowdown=None, topology=None,
-                   idle=None) -> Timeline:
+                   idle=None, watch=None, fused=False) -> Timeline:
     """Model the run of ``trace`` on ``hardware``; return a :class:`Timeline` of segments.
 
     ``hardware`` defaults to the platform's (``simpmd.set_device_count(n, hardware=...)``),
@@ -144,15 +290,27 @@ def model_timeline(trace, hardware=None, *, compute=None, slowdown=None, topolog
     last segment, before the program returns). ``slowdown``: ``{device id: factor}``
     multiplies that device's compute. ``topology`` goes to ``simpmd.cost.estimate_trace``.
     ``idle``: ``f(device, k) -> bool``, true where the k-th compute segment of the program
-    on ``device`` does no useful work; that segment becomes an 'idle' one.
+    on ``device`` does no useful work; that segment becomes an 'idle' one. ``fused``: the
+    roofline's segments count the matrix products alone, the elementwise work taken as
+    fused into them (what XLA does, and what the Scaling Book's 6 x parameters x tokens
+    counts); by default every equation counts on its own.
+
+    A run with a columnar log (no nested pmap) is modelled call by call with every
+    device's clock at once; past 64 devices only the segments of the devices in
+    ``watch`` (by default the first and last few) are kept, with every device's totals.
     """
     times, hbm, comm_label, hbm_label, hardware_name = _comm_times(trace, hardware, topology)
+    estimate = getattr(times, "estimate", None)
     slowdown = dict(slowdown or {})
-    roofline = _roofline_segments(trace, hardware_name) if compute is None else None
+    roofline = (_roofline_segments(trace, getattr(times, "machine", hardware_name), fused)
+                if compute is None else None)
     if roofline is not None:
         segs, r = roofline
-        compute_label = (f"compute: roofline of the traced program on {r.hardware} "
-                         f"({r.flops:.3g} FLOPs, {r.bytes:.3g} B of HBM traffic per device)")
+        compute_label = (f"compute: roofline of the traced program on {r.hardware}, "
+                         + (f"its matrix products ({r.flops:.3g} FLOPs, {r.hbm_bytes:.3g} B of "
+                            f"HBM traffic per device; the rest taken as fused into them)" if fused
+                            else f"every equation on its own ({r.unfused_flops:.3g} FLOPs, "
+                                 f"{r.bytes:.3g} B of HBM traffic per device)"))
     elif compute is None:
         compute_label = (f"compute: bytes each device writes for its next collective or "
                          f"result / {hbm_label} (a lower bound)")
@@ -160,6 +318,12 @@ def model_timeline(trace, hardware=None, *, compute=None, slowdown=None, topolog
         compute_label = "compute: as given (compute=)"
     else:
         compute_label = f"compute: {_seconds(float(compute))} per segment (as given)"
+
+    if idle is None and not callable(compute):
+        log = _columnar(trace)
+        if log is not None:
+            return _model_columnar(log, estimate, roofline, compute, slowdown, watch, hbm,
+                                   (comm_label, compute_label, hardware_name))
 
     def compute_seconds(program, k, event, nbytes, width):
         if roofline is not None:
@@ -255,14 +419,33 @@ def _rows(tl, most, keep):
     return [r[0] if isinstance(r, list) and len(r) == 1 else r for r in rows]
 
 
+def _draw_bars(ax, segments, row, op_color, scale):
+    """Many segments at once: one ``broken_barh`` per row, kind and op (a rectangle each
+    would take matplotlib minutes), tagged ``simpmd:<kind>:<device>``."""
+    groups: dict = {}
+    for s in segments:
+        groups.setdefault((s.device, s.kind, s.label if s.kind == "comm" else ""), []).append(
+            (s.start / scale, s.duration / scale))
+    for (device, kind, label), spans in groups.items():
+        color = op_color.get(label, COLORS["comm"]) if kind == "comm" else COLORS[kind]
+        bars = ax.broken_barh(spans, (row[device] - 0.38, 0.76), facecolors=color,
+                              edgecolors="none", hatch="///" if kind == "wait" else None,
+                              zorder=2)
+        tag(bars, kind, device)
+
+
 def _elision_note(tl, hidden):
-    waited = max(tl.total("wait", d) for d in hidden)
+    if tl.totals is not None:
+        waited = float(tl.totals["wait"][[tl._position(d) for d in hidden]].max())
+    else:
+        waited = max(tl.total("wait", d) for d in hidden)
     return (f"{len(hidden)} devices not drawn: devices {hidden[0]} to {hidden[-1]} "
             f"({'each waits at most ' + _seconds(waited) if waited else 'none of them waits'})")
 
 
 def draw_timeline(trace, hardware=None, *, compute=None, slowdown=None, topology=None,
-                  title=None, max_rows: int | None = MAX_ROWS, ax=None, idle=None):
+                  title=None, max_rows: int | None = MAX_ROWS, ax=None, idle=None,
+                  window=None, fused=False):
     """Draw the modelled run as a Gantt chart, one row per device; return the Figure.
 
     Blue: compute; orange: communication (one colour per collective op when a run uses
@@ -274,24 +457,30 @@ def draw_timeline(trace, hardware=None, *, compute=None, slowdown=None, topology
     notes ``simpmd:elided:<count>``. White, dotted: idle (see ``idle`` in
     :func:`model_timeline`). ``trace`` may also be a :class:`Timeline` already modelled
     (or built by hand, e.g. for a schedule); a compute segment's ``label`` is then written
-    in its bar.
+    in its bar. ``window=(start, stop)`` (seconds) draws only that stretch of the run, e.g.
+    one layer of a long training step; a run of thousands of segments per row is drawn
+    as one bar collection per row and kind (tagged ``simpmd:<kind>:<device>``).
     """
     if isinstance(trace, Timeline):
         tl = trace
     else:
         tl = model_timeline(trace, hardware, compute=compute, slowdown=slowdown,
-                            topology=topology, idle=idle)
-    waits_most = max(tl.devices, key=lambda d: tl.total("wait", d), default=None)
-    keep = set(slowdown or {}) | ({waits_most} if tl.total("wait", waits_most) > 0 else set())
+                            topology=topology, idle=idle, fused=fused)
+    waits_most, waited = tl.most("wait")
+    keep = set(slowdown or {}) | ({waits_most} if waited > 0 else set())
     rows = _rows(tl, max_rows, keep & set(tl.devices)) if tl.devices else []
+    drawn = {d for d in rows if not isinstance(d, list)}
+    if tl.watched is not None and not drawn <= tl.watched:
+        tl = tl.remodel(frozenset(drawn))
     n = len(rows)
     row_in = ROW_IN if n <= 24 else FLOOR_ROW_IN
     fig, ax = figure_and_axes(ax, 10.0, n * row_in + 1.6)
     if ax.get_position().width > 0.9:        # our own figure: leave room for labels
         ax.set_position((0.1, 1.05 / (n * row_in + 1.6), 0.87, n * row_in / (n * row_in + 1.6)))
     ax.set_axis_on()
-    end = tl.end if tl.end > 0 else 1e-9
-    unit, scale = _unit(end)
+    begin, end = (0.0, tl.end) if window is None else (float(window[0]), float(window[1]))
+    end = end if end > begin else begin + 1e-9
+    unit, scale = _unit(end - begin)
     row = {d: k for k, d in enumerate(rows) if not isinstance(d, list)}
     ops = sorted({s.label for s in tl.segments if s.kind == "comm"})
     op_color = {op: OP_COLORS[k % len(OP_COLORS)] for k, op in enumerate(ops)}
@@ -304,15 +493,20 @@ def draw_timeline(trace, hardware=None, *, compute=None, slowdown=None, topology
                            style="italic", zorder=3)
             tag(note, "elided", len(d))
             continue
-        back = Rectangle((0, k - 0.5), end / scale, 1.0, facecolor=(0.985, 0.985, 0.985),
+        back = Rectangle((begin / scale, k - 0.5), (end - begin) / scale, 1.0,
+                         facecolor=(0.985, 0.985, 0.985),
                          edgecolor="none", zorder=0)
         tag(back, "device", d)
         ax.add_patch(back)
+    visible = [s for s in tl.segments if s.device in row and s.stop >= begin and s.start <= end]
+    if len(visible) > MAX_PATCHES:
+        _draw_bars(ax, visible, row, op_color, scale)
+        visible = []
     counters: dict = {}
     for s in tl.segments:
         k = counters.get((s.kind, s.device), 0)
         counters[(s.kind, s.device)] = k + 1
-        if s.device not in row:
+        if s.device not in row or not visible or s.stop < begin or s.start > end:
             continue
         color = op_color.get(s.label, COLORS["comm"]) if s.kind == "comm" else COLORS[s.kind]
         edge = {"wait": (0.6, 0.6, 0.6), "idle": (0.45, 0.45, 0.45)}.get(s.kind, "white")
@@ -322,15 +516,17 @@ def draw_timeline(trace, hardware=None, *, compute=None, slowdown=None, topology
                          hatch="///" if s.kind == "wait" else None, zorder=2)
         tag(rect, s.kind, f"{s.device}:{k}")
         ax.add_patch(rect)
-        wide = s.duration / end > (0.06 if s.kind == "comm" else 0.025)
+        wide = s.duration / (end - begin) > (0.06 if s.kind == "comm" else 0.025)
         if s.label and s.kind in ("comm", "compute") and n <= 16 and wide:
             ax.text((s.start + s.stop) / 2 / scale, row[s.device], s.label, ha="center",
                     va="center", fontsize=max(fs * 0.85, MIN_FONT), color=INK, zorder=3)
-    ax.set_xlim(0, end / scale * 1.01)
+    ax.set_xlim(begin / scale, begin / scale + (end - begin) / scale * 1.01)
     ax.set_ylim(n - 0.5, -0.5)
     ax.set_yticks(range(n))
     ax.set_yticklabels(["⋮" if isinstance(d, list) else f"device {d}" for d in rows], fontsize=fs)
-    ax.set_xlabel(f"time ({unit}), modelled", fontsize=8.5)
+    ax.set_xlabel(f"time ({unit}), modelled" + ("" if window is None else
+                  f"; the run lasts {_seconds(tl.end)}, this is {_seconds(begin)} to "
+                  f"{_seconds(end)}"), fontsize=8.5)
     ax.tick_params(axis="x", labelsize=8)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
@@ -344,7 +540,6 @@ def draw_timeline(trace, hardware=None, *, compute=None, slowdown=None, topology
     ax.legend(handles=handles, loc="lower left", bbox_to_anchor=(0, 1.0), ncol=len(handles),
               fontsize=8, frameon=False)
     if title is None:
-        waited = max((tl.total("wait", d) for d in tl.devices), default=0.0)
         title = (f"estimated run on {tl.hardware}: {_seconds(tl.end) if tl.end else '0 s'}; "
                  + (f"the device that waits most waits {_seconds(waited)}" if waited
                     else "no device waits"))
