@@ -62,15 +62,10 @@ def _contains(value, kinds) -> bool:
     return False
 
 
-# simpmd.explicit (jit with Explicit shardings) registers itself here when it is imported,
-# so that these functions follow its rule table on its sharded arrays; the core does not
-# import it.
-sharded_engine = None
-
-
 def _holds_sharded(value) -> bool:
-    """True if ``value`` holds a simpmd.explicit ShardedArray."""
-    return sharded_engine is not None and sharded_engine.holds_sharded(value)
+    """True if ``value`` holds an array placed on a mesh (simpmd.device_put, simpmd.jit)."""
+    from .api import jit
+    return jit.holds_sharded(value)
 
 
 def _holds_device_values(value) -> bool:
@@ -103,16 +98,15 @@ def _dispatching(namespace: tuple, name: str):
     qualified = _dotted(namespace, name)
 
     def call(*args, **kwargs):
-        explicit = sharded_engine
+        from .api import jit as jitting
         if not namespace and _holds_sharded((args, kwargs)):
-            return explicit.call_numpy(name, _lookup(namespace, name, jax_side=False), args, kwargs)
+            return jitting.call_numpy(name, _lookup(namespace, name, jax_side=False), args, kwargs)
         if ("out_sharding" in kwargs and not (uses_jax(args) or uses_jax(kwargs))
-                and not _holds_device_values((args, kwargs))):
-            if explicit is not None and explicit.get_mesh() is not None:
-                return explicit.call_numpy(name, None, args, kwargs)
+                and not _holds_device_values((args, kwargs)) and jitting.get_mesh() is not None):
+            return jitting.call_numpy(name, None, args, kwargs)
         if uses_jax(args) or uses_jax(kwargs):
-            if "out_sharding" in kwargs and explicit is not None:
-                kwargs = dict(kwargs, out_sharding=explicit.to_jax_spec(kwargs["out_sharding"]))
+            if "out_sharding" in kwargs:
+                kwargs = dict(kwargs, out_sharding=jitting.to_jax_spec(kwargs["out_sharding"]))
             fn = _lookup(namespace, name, jax_side=True)
             if fn is _MISSING:
                 raise AttributeError(

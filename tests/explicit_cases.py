@@ -24,13 +24,16 @@ class Case:
     specs: tuple
     mesh: tuple = (("data", 2), ("model", 4))
     xla_differs: str = ""           # why XLA's collectives differ from the rule's, if they do
+    axis_types: tuple = ()          # Explicit on every axis unless said ('Auto')
 
     def args(self):
         rng = np.random.default_rng(len(self.name))
         return [rng.standard_normal(s).astype(np.float32) for s in self.shapes]
 
     def make_mesh(self):
-        return simpmd.make_mesh(tuple(s for _, s in self.mesh), tuple(n for n, _ in self.mesh))
+        types = tuple(getattr(simpmd.AxisType, t) for t in self.axis_types) or None
+        return simpmd.make_mesh(tuple(s for _, s in self.mesh), tuple(n for n, _ in self.mesh),
+                                axis_types=types)
 
 
 DM = P("data", "model")
@@ -85,4 +88,31 @@ CASES = [
     Case("reshard_flatten", lambda x: simpmd.reshard(x, P(None, ("data", "model"))), ((16, 32),), (DM,),
          xla_differs="XLA on CPU: one collective-permute"),
     Case("reshard_slice", lambda x: simpmd.reshard(x, DM), ((16, 32),), (P(),)),
+]
+
+
+# -- the differences issue 29 listed, each now a case -------------------------------------------
+
+CASES += [
+    Case("reshape_merge_two_splits", lambda x: x.reshape(32), ((8, 4),), (P("model", "data"),)),
+    Case("reshape_flatten_two_splits", lambda x: x.reshape(512), ((16, 32),), (DM,)),
+    Case("einsum_axis_on_batch_and_contract",
+         lambda x, w: snp.einsum("bij,bjk->bik", x, w),
+         ((8, 4, 16), (8, 16, 4)), (P(("data", "model"), None, None), P(None, "data", None)),
+         xla_differs="XLA on CPU: an all-to-all and a collective-permute"),
+    Case("concat_numpy_constant", lambda x: snp.concatenate([x, np.ones((16, 32), np.float32)]),
+         ((16, 32),), (DM,), xla_differs="XLA on CPU: all-to-alls instead of all-gathers"),
+    Case("matmul_out_sharding_skips_checks",
+         lambda x, w: snp.matmul(x, w, out_sharding=P("data", None)),
+         ((16, 32), (32, 8)), (P("data", "model"), P("data", None)),
+         xla_differs="XLA on CPU: an all-to-all and an all-reduce"),
+    Case("matmul_batch_split_one_side", lambda x, w: snp.matmul(x, w),
+         ((4, 8, 16), (4, 16, 8)), (P("data", None, None), P(None, None, None))),
+    Case("reshard_to_auto_axis", lambda x: simpmd.reshard(x, P("model")), ((16, 32),),
+         (P("data"),), mesh=(("data", 2), ("model", 4)), axis_types=("Explicit", "Auto")),
+    Case("auto_mesh_matmul", lambda x, w: snp.tanh(x @ w), ((16, 32), (32, 8)),
+         (P("data", "model"), P("model", None)), axis_types=("Auto", "Auto")),
+    Case("mixed_mesh_matmul", lambda x, w: snp.matmul(x, w), ((16, 32), (32, 8)),
+         (P("data", "model"), P("model", None)), axis_types=("Explicit", "Auto")),
+    Case("step_slice_split_dim", lambda x: x[::2], ((16, 32),), (DM,)),
 ]

@@ -22,7 +22,7 @@ if len(jax.devices()) < 8:
 
 sys.path.insert(0, os.path.dirname(__file__))
 from explicit_cases import CASES                      # noqa: E402
-from simpmd.jax.explicit import compare, jax_has_explicit_axes   # noqa: E402
+from simpmd.jax.jit import compare, jax_has_explicit_axes   # noqa: E402
 
 if not jax_has_explicit_axes()[0]:
     pytest.skip(f"this JAX lacks {jax_has_explicit_axes()[1]}", allow_module_level=True)
@@ -33,10 +33,12 @@ def test_same_as_jax(case):
     r = compare(case.fun, *case.args(), mesh=case.make_mesh(), in_specs=case.specs, name=case.name)
     assert r.raise_alike, (r.sim_error, r.jax_error)
     if r.jax_error:
-        assert "ShardingTypeError" in r.jax_error or "TypeError" in r.jax_error
+        assert any(k in r.jax_error for k in ("ShardingTypeError", "TypeError", "ValueError"))
         return
     assert r.sim_types == r.jax_types
     assert r.values_agree
+    if "Auto" in case.axis_types:          # XLA chooses; simpmd shows none over Auto axes
+        return
     if case.xla_differs:
         assert r.sim_collectives != r.jax_collectives, "XLA now agrees: drop the xla_differs note"
     else:
