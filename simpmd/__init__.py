@@ -33,6 +33,7 @@ from .api.jit import (ShardedArray, ShapedArray, ShardingTypeError, device_put, 
                       reshard, set_mesh, typeof)
 from .api.jit import grad, value_and_grad          # reverse mode, collectives included
 from . import numpy                                    # functions for bodies that run on both engines
+from . import sharding                                 # jax.sharding's names, and jit's rules
 from . import course                                   # what the course notebooks share
 from . import debug                                    # debug.print, like jax.debug.print
 from .jax.devices import JaxDevicesError, use_jax_devices

@@ -290,14 +290,7 @@ class JitRun(Run):
     def cut(self, v, d, axes):
         """Each device keeps its piece of dim ``d`` of its block, by its position along
         ``axes``: no communication."""
-        p = count(self.mesh, axes)
-        b = v.aval.shape[d] // p
-        out = StackedValue(v.aval.update(shape=v.aval.shape[:d] + (b,) + v.aval.shape[d + 1:]))
-        if v.stack is not None:
-            s = v.stack.reshape(v.stack.shape[:d + 1] + (p, b) + v.stack.shape[d + 2:])
-            out.stack = np.moveaxis(s, d + 1, 1)[np.arange(self.n), self.manual.positions(axes)]
-        self._record(shard_slice, {"dimension": d, "axes": tuple(axes)}, [v], [out])
-        return out
+        return self._local(shard_slice, [v], {"dimension": d, "axes": tuple(axes)})[0]
 
     def _combine(self, r, layout, sums, target, cause):
         """A plan's partial sums: a reduce-scatter where the result keeps only a slice
@@ -326,8 +319,21 @@ _ROWS = {"psum": K.psum, "pmax": K.pmax, "pmin": K.pmin}
 _CARRY = {"transpose", "copy", "reshape", "convert_element_type", "squeeze"}
 
 
-shard_slice = Primitive(    # a step of the per-device program only: XLA's dynamic-slice
-    "dynamic_slice", None, lambda x, dimension, axes: x,
+def _cut(x, dimension, axes):
+    run = context.run
+    p, stack = run.axis_size(axes, "jit"), x.stack
+    s = stack.reshape(stack.shape[:dimension + 1] + (p, -1) + stack.shape[dimension + 2:])
+    return [np.moveaxis(s, dimension + 1, 1)[np.arange(run.n), run.positions(axes)]]
+
+
+def _cut_abstract(x, dimension, axes):
+    shape = list(x.shape)
+    shape[dimension] //= context.run.axis_size(axes, "jit")
+    return x.update(shape=shape)
+
+
+shard_slice = Primitive(     # each device cuts its piece of its block: XLA's dynamic-slice
+    "dynamic_slice", _cut, _cut_abstract, needs_run=True,
     cost=lambda ins, outs, **p: (0, sum(a.nbytes for a in (*ins, *outs))))
 
 

@@ -729,7 +729,8 @@ class Spelled:
     def argmin(self, axis=None, keepdims=False): return argmin(self, axis, keepdims)
     def cumsum(self, axis=None, dtype=None): return cumsum(self, axis, dtype)
     def cumprod(self, axis=None, dtype=None): return cumprod(self, axis, dtype)
-    def reshape(self, *shape, order="C"): return reshape(self, *shape, order=order)
+    def reshape(self, *shape, order="C", out_sharding=None):
+        return reshape(self, *shape, order=order, out_sharding=out_sharding)
     def transpose(self, *axes): return transpose(self, *axes)
     def swapaxes(self, a, b): return swapaxes(self, a, b)
     def squeeze(self, axis=None): return squeeze(self, axis)
