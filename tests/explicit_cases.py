@@ -7,6 +7,7 @@ must still agree; the difference is reported, not hidden).
 """
 from dataclasses import dataclass
 import math
+import random
 from typing import Callable
 
 import numpy as np
@@ -116,3 +117,96 @@ CASES += [
          (P("data", "model"), P("model", None)), axis_types=("Explicit", "Auto")),
     Case("step_slice_split_dim", lambda x: x[::2], ((16, 32),), (DM,)),
 ]
+
+
+# -- random programs ---------------------------------------------------------------------------
+
+MESHES = [(("i", 8),), (("data", 2), ("model", 4)), (("a", 4), ("b", 2))]
+
+
+def _spec(rng, mesh, shape):
+    """A random spec for ``shape`` on ``mesh``: each dim whole, or split over one or two
+    unused axes that divide it."""
+    sizes, free, parts = dict(mesh), [n for n, _ in mesh], []
+    for n in shape:
+        choice = rng.random()
+        axes = []
+        if choice < 0.55 and free:
+            for a in rng.sample(free, min(len(free), 1 if choice < 0.4 else 2)):
+                if n % (math.prod(sizes[b] for b in axes) * sizes[a]) == 0:
+                    axes.append(a)
+        for a in axes:
+            free.remove(a)
+        parts.append(None if not axes else (axes[0] if len(axes) == 1 else tuple(axes)))
+    while parts and parts[-1] is None:
+        parts.pop()
+    return P(*parts)
+
+
+def _templates(rng, mesh):
+    """(name, shapes, function of a spec maker) for one random program."""
+    spec = lambda shape: _spec(rng, mesh, shape)           # noqa: E731
+    axis = rng.randint(0, 1)
+    shape = rng.choice([(16, 32), (32, 16), (8, 8)])
+    reshaped = rng.choice([(shape[0] * shape[1],), (2, shape[0] // 2, shape[1]),
+                           (shape[0], 2, shape[1] // 2), (shape[1], shape[0]),
+                           (shape[0] // 2, 2 * shape[1]), (2, shape[0] * shape[1] // 2)])
+    lo = rng.choice([0, 1, 2, 4, 8])
+    hi = rng.choice([lo + 1, lo + 2, lo + 4, shape[0]])
+    step = rng.choice([1, 1, 2, 4])
+    k = rng.randint(0, 5)
+    out2, out3, to, to_reshaped = (spec((shape[0], 8)), spec((4, 8, 8)), spec(shape),
+                                   spec(reshaped))
+    return rng.choice([
+        ("mul_add", [shape, shape], lambda x, y: x * y + 1.0),
+        ("tanh_add_row", [shape, shape[1:]], lambda x, b: snp.tanh(x) + b),
+        ("where_arrays", [shape, shape], lambda x, y: snp.where(x > 0, x, y)),
+        ("where_scalar", [shape], lambda x: snp.where(x > 0, x, 0.0)),
+        ("exp_max", [shape, shape], lambda x, y: snp.maximum(snp.exp(x), y)),
+        ("matmul", [shape, (shape[1], 8)], lambda x, w: x @ w),
+        ("matmul_out", [shape, (shape[1], 8)],
+         lambda x, w: snp.matmul(x, w, out_sharding=out2)),
+        ("dot_tanh_sum", [shape, (shape[1], 8)], lambda x, w: snp.tanh(snp.dot(x, w)).sum(axis)),
+        ("einsum_batch", [(4, 8, 16), (4, 16, 8)], lambda x, w: snp.einsum("bij,bjk->bik", x, w)),
+        ("einsum_out", [(4, 8, 16), (4, 16, 8)],
+         lambda x, w: snp.einsum("bij,bjk->bki", x, w, out_sharding=out3)),
+        ("sum_axis", [shape], lambda x: x.sum(axis)),
+        ("mean_all", [shape], lambda x: x.mean()),
+        ("max_keepdims", [shape], lambda x: x.max(axis, keepdims=True)),
+        ("min_axis", [shape], lambda x: x.min(axis)),
+        ("transpose", [shape], lambda x: x.T * 2.0),
+        ("reshape", [shape], lambda x: x.reshape(reshaped)),
+        ("reshape_out", [shape], lambda x: snp.reshape(x, reshaped, out_sharding=to_reshaped)),
+        ("slice_rows", [shape], lambda x: x[lo:hi:step]),
+        ("slice_cols", [shape], lambda x: x[:, lo:hi]),
+        ("index_row", [shape], lambda x: x[k]),
+        ("index_col", [shape], lambda x: x[:, k]),
+        ("new_axis", [shape], lambda x: x[None] + 1.0),
+        ("concat", [shape], lambda x: snp.concatenate([x, x], axis=axis)),
+        ("concat_two", [shape, shape], lambda x, y: snp.concatenate([x, y], axis=axis)),
+        ("concat_numpy", [shape], lambda x: snp.concatenate([x, np.ones(shape, np.float32)], axis=axis)),
+        ("reshard", [shape], lambda x: simpmd.reshard(x, to)),
+        ("reshard_sum", [shape], lambda x: simpmd.reshard(x, to).sum(axis)),
+        ("mlp", [shape, (shape[1], 16), (16, 8)],
+         lambda x, w1, w2: snp.matmul(snp.tanh(x @ w1), w2, out_sharding=out2)),
+        ("grad_mlp", [shape, (shape[1], 16)],
+         lambda x, w: simpmd.grad(lambda w, x: snp.tanh(x @ w).sum(), argnums=(0, 1))(w, x)),
+        ("grad_fsdp", [shape, (shape[1], 8)],
+         lambda x, w: simpmd.grad(lambda w, x: snp.tanh(x @ simpmd.reshard(w, P())).sum())(w, x)),
+        ("grad_where", [shape, shape],
+         lambda x, y: simpmd.grad(lambda x, y: (snp.where(x > 0, x, y) ** 2).mean(), (0, 1))(x, y)),
+        ("grad_reshape", [shape],
+         lambda x: simpmd.grad(lambda x: (x.reshape(reshaped) ** 2).sum())(x)),
+    ])
+
+
+def random_cases(n, seed=0) -> list:
+    """``n`` random programs over the meshes above (names say the template and seed)."""
+    rng = random.Random(seed)
+    out = []
+    for k in range(n):
+        mesh = MESHES[k % len(MESHES)]
+        name, shapes, fun = _templates(rng, mesh)
+        specs = tuple(_spec(rng, mesh, s) for s in shapes)
+        out.append(Case(f"{name}_{k}", fun, tuple(shapes), specs, mesh=mesh))
+    return out

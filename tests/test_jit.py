@@ -177,9 +177,11 @@ def test_slice_moves_blocks_by_permutes(mesh):
     (call,) = f.trace.calls()
     assert {e.op for e in call} == {"ppermute"} and call[0].params["perm"] == ((0, 1),)
     with pytest.raises(ShardingTypeError, match="not divisible"):
-        x[3]
-    with pytest.raises(ShardingTypeError, match="divide"):
-        x[:3]
+        simpmd.jit(lambda x: x[3])(x)
+    with pytest.raises(ShardingTypeError, match="divis"):
+        simpmd.jit(lambda x: x[:3])(x)
+    with pytest.raises(ShardingTypeError, match="outside jit"):     # a gather, in JAX too
+        x[:8]
 
 
 def test_reshape_rules(mesh):

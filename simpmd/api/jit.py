@@ -547,6 +547,30 @@ def _install_operators():
             return on_mesh(_method, (self,) + args, kwargs)
         eager.__name__ = name
         setattr(ShardedArray, name, eager)
+    indexing = ShardedArray.__getitem__
+
+    def getitem(self, index):
+        _refuse_eager_slice(self, index)
+        return indexing(self, index)
+    ShardedArray.__getitem__ = getitem
+
+
+def _refuse_eager_slice(x, index):
+    """Outside jit, JAX indexes with a gather, which refuses to cut a split dimension
+    (under jit the same index is a slice, which keeps the split): checked on jax 0.10.2
+    and 0.12.0.1."""
+    index = index if isinstance(index, tuple) else (index,)
+    if not all(i is None or i is Ellipsis or isinstance(i, (int, np.integer, slice)) for i in index):
+        return
+    entries = [i for i in R._full_index(index, x.ndim)]
+    for d, (i, axes) in enumerate(zip(entries, dims_of(x.aval))):
+        if axes and not (isinstance(i, slice) and i.indices(x.shape[d]) == (0, x.shape[d], 1)):
+            raise ShardingTypeError(
+                f"x[{index}] outside jit cuts dimension {d} of {typeof(x)}, which is split "
+                f"over {axes}: JAX indexes outside jit with a gather, which refuses that "
+                f"('Use `.at[...].get(out_sharding=)` ...', JAX's words). Index under "
+                f"simpmd.jit (a slice there keeps the split), or reshard that dimension "
+                f"whole first.")
 
 
 def _placed(value, mesh, spec):
@@ -644,6 +668,14 @@ def _mesh_of(leaves):
     return meshes[0] if meshes else (get_mesh() or _one_device_mesh())
 
 
+def _replicated(run, x):
+    """A NumPy array or a number given to a jitted function (or to an operation outside
+    jit): an array on the mesh, whole on every device, as JAX places it."""
+    aval = _arg_aval(x).update(sharding=Sharding(run.mesh, whole(np.ndim(x))))
+    value = np.asarray(x, dtype=aval.dtype)
+    return StackedValue(aval, np.broadcast_to(value, (run.n,) + value.shape))
+
+
 def holds_sharded(value) -> bool:
     return any(isinstance(x, ShardedArray) for x in tree.flatten(value)[0])
 
@@ -664,7 +696,8 @@ def on_mesh(fn, args, kwargs=None):
     leaves, treedef = tree.flatten((tuple(args), dict(kwargs or {})))
     mesh = _mesh_of(leaves)
     run = JitRun(mesh)
-    values = [x.value_in(run) if isinstance(x, ShardedArray) else x for x in leaves]
+    values = [x.value_in(run) if isinstance(x, ShardedArray) else
+              _replicated(run, x) if isinstance(x, np.ndarray) else x for x in leaves]
     a, kw = tree.unflatten(treedef, values)
     with running(run):
         out = fn(*a, **kw)
@@ -764,15 +797,8 @@ class Jitted:
 
     def _inputs(self, run, args, kwargs):
         _, leaves, _, _ = self._split(args, kwargs)
-        inputs = []
-        for x in leaves:
-            if isinstance(x, ShardedArray):
-                inputs.append(x.value_in(run))
-            else:                                  # a NumPy array or a number: replicated
-                aval = _arg_aval(x).update(sharding=Sharding(run.mesh, whole(np.ndim(x))))
-                value = np.asarray(x, dtype=aval.dtype)
-                inputs.append(StackedValue(aval, np.broadcast_to(value, (run.n,) + value.shape)))
-        return inputs
+        return [x.value_in(run) if isinstance(x, ShardedArray) else _replicated(run, x)
+                for x in leaves]
 
     def _run(self, args, kwargs):
         mesh = _mesh_of(tree.flatten((args, kwargs))[0])

@@ -133,8 +133,9 @@ def jax_mesh(mesh):
 
 
 def compare(fun, *args, mesh, in_specs, name: str | None = None, rtol=1e-4, atol=1e-4,
-            hlo: bool = True) -> Comparison:
-    """Run ``fun(*args)`` (NumPy arrays placed by ``in_specs`` on ``mesh``) on both engines.
+            hlo: bool = True, jit: bool = True) -> Comparison:
+    """Run ``fun(*args)`` (NumPy arrays placed by ``in_specs`` on ``mesh``) on both engines,
+    under ``jit`` (``jit=False``: operation by operation, as JAX runs code outside jit).
     ``fun`` may be a ``simpmd.jit`` function or a plain one."""
     import jax
     body = getattr(fun, "fun", fun)
@@ -143,7 +144,7 @@ def compare(fun, *args, mesh, in_specs, name: str | None = None, rtol=1e-4, atol
                                                if t is AxisType.Auto))
     with J.set_mesh(mesh):
         placed = [J.device_put(a, s) for a, s in zip(args, in_specs)]
-        jitted = fun if isinstance(fun, J.Jitted) else J.jit(fun)
+        jitted = fun if isinstance(fun, J.Jitted) or not jit else J.jit(fun)
         try:
             sim_out = jitted(*placed)
         except Exception as e:              # noqa: BLE001 - the comparison reports it
@@ -151,7 +152,8 @@ def compare(fun, *args, mesh, in_specs, name: str | None = None, rtol=1e-4, atol
     sim_leaves = tree.flatten(sim_out)[0] if sim_out is not None else []
     if sim_out is not None:
         report.sim_types = [str(J.typeof(y)) for y in sim_leaves]
-        report.sim_collectives = J.collective_counts(jitted.trace)
+        if jit:
+            report.sim_collectives = J.collective_counts(jitted.trace)
     ok, lacking = jax_has_explicit_axes()
     if not ok:
         report.skipped = f"this JAX ({jax.__version__}) lacks {lacking}"
@@ -162,8 +164,8 @@ def compare(fun, *args, mesh, in_specs, name: str | None = None, rtol=1e-4, atol
                                 jax.sharding.NamedSharding(jmesh, J.to_jax_spec(s)))
                  for a, s in zip(args, in_specs)]
         try:
-            jax_out = jax.jit(body)(*jargs)
-            if hlo:
+            jax_out = jax.jit(body)(*jargs) if jit else body(*jargs)
+            if hlo and jit:
                 text = jax.jit(body).lower(*jargs).compile().as_text()
                 report.jax_collectives = hlo_collective_counts(text)
         except Exception as e:              # noqa: BLE001
