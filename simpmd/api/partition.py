@@ -38,6 +38,39 @@ class ShardingTypeError(errors.SimpmdError, TypeError):
     """An operation whose result's sharding JAX's rules refuse (JAX's ``ShardingTypeError``)."""
 
 
+class Settings:
+    """The rules that changed between JAX releases, as the installed JAX has them (read
+    from its package metadata; JAX is not imported), or the newest without one. Checked
+    on jax 0.7.2, 0.10.2 and 0.12.0.1; a release in between takes the rule of the next
+    checked one.
+
+    ``batch_alike``: dot_general's batch dims must be split alike on both operands (0.12;
+    before, a whole dim agreed with a split one). ``matmul_batch``: ``jnp.matmul`` refuses
+    batch dims split differently (0.10; 0.7 let dot_general decide). ``reshape_spread``:
+    a reshape hands a split's axes out over the new dims, and merges dims split on
+    several axes (0.10; 0.7 gave the whole split to the first new dim, and merged only a
+    split first dim). ``strided_slice``: ``x[::k]`` of a split dim is a slice that keeps
+    the split (0.10; 0.7 indexed with a gather, which refused it).
+    """
+
+    def __init__(self, version=None):
+        if version is None:
+            try:
+                from importlib.metadata import version as installed
+                version = tuple(int(p) for p in installed("jax").split(".")[:3] if p.isdigit())
+            except Exception:                      # no JAX: the newest rules
+                version = (99,)
+        self.follow(version)
+
+    def follow(self, version):
+        self.version = tuple(version)
+        self.batch_alike = self.version > (0, 10, 2)
+        self.matmul_batch = self.reshape_spread = self.strided_slice = self.version > (0, 7, 2)
+
+
+settings = Settings()
+
+
 # -- the type ------------------------------------------------------------------------------
 
 
@@ -285,6 +318,12 @@ def _varying_shape(name):
     """slice, pad: the operand's layout, if each changed split dimension still divides."""
     def rule(mesh, avals, **params):
         a = avals[0]
+        strides = params.get("strides") or ()
+        if not settings.strided_slice and any(k != 1 and dims_of(a)[d] for d, k in enumerate(strides)):
+            raise ShardingTypeError(
+                "Use `.at[...].get(out_sharding=)` to provide output PartitionSpec for the "
+                "gather indexing (JAX's words): this JAX indexes x[::k] with a gather, which "
+                "refuses a split dimension; reshard it whole first.")
         out = PRIMITIVES[name].abstract(*avals, **params)
         for d, (n, m, axes) in enumerate(zip(a.shape, out.shape, dims_of(a))):
             if n != m and axes and m % count(mesh, axes):
@@ -313,7 +352,8 @@ def _dot_general(mesh, avals, dimension_numbers, out_sharding=None, **params):
     for what, ls, rs in (("lhs batch dimensions and rhs batch dimensions", lb, rb),
                          ("contracting dimensions", lc, rc)):
         for i, j in zip(ls, rs):
-            if ld[i] and rd[j] and ld[i] != rd[j]:
+            alike = ls is lb and settings.batch_alike
+            if (ld[i] != rd[j]) if alike else (ld[i] and rd[j] and ld[i] != rd[j]):
                 raise ShardingTypeError(
                     f"dot_general requires {what} to have the consistent sharding, got "
                     f"{spec_text([ld[i] for i in ls])} and {spec_text([rd[j] for j in rs])} "
@@ -417,6 +457,10 @@ def _reshape(mesh, avals, new_sizes, dimensions=None, sharding=None):
                 out.append(s)
             elif not s:
                 out += [()] * len(part)
+            elif not settings.reshape_spread:        # the first new dim takes the split
+                if part[0] % count(mesh, s):
+                    fail()
+                out += [s] + [()] * (len(part) - 1)
             else:
                 out += _assign(mesh, s, part, fail)
         return [tuple(out)]
@@ -427,6 +471,12 @@ def _reshape(mesh, avals, new_sizes, dimensions=None, sharding=None):
     for n, part in zip(new_sizes, merge):
         if not isinstance(part, list):
             out.append(next(src))
+            continue
+        if not settings.reshape_spread:              # only a split first dim merges
+            parts = [next(src) for _ in part]
+            if any(parts[1:]):
+                fail()
+            out.append(parts[0])
             continue
         axes = [x for _ in part for x in (next(src) or (None,))]
         while axes and axes[-1] is None:

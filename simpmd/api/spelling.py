@@ -420,7 +420,8 @@ def matmul(a, b, out_sharding=None, preferred_element_type=None):
 def _check_batch_shardings(a, b, batch):
     """Under jit, jnp.matmul wants each batch dim split alike on both operands."""
     sa, sb = aval_of(a).sharding, aval_of(b).sharding
-    if sa is None and sb is None:
+    from .partition import settings
+    if (sa is None and sb is None) or not settings.matmul_batch:
         return
     da = sa.dims if sa is not None else ((),) * aval_of(a).ndim
     db = sb.dims if sb is not None else ((),) * aval_of(b).ndim
