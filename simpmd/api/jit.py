@@ -157,7 +157,8 @@ class JitRun(Run):
         carried = list(found[1]) if found is not None and prim.name != "reshard" else []
         out = []
         for r, layout, o in zip(results, plan.out, outs):
-            r, layout, pending = self._combine(r, layout, plan.sums, o.sharding.dims, cause)
+            r, layout, pending = self._combine(r, layout, plan.sums, o.sharding.dims, cause,
+                                               defer=prim.name == "dot_general")
             value = StackedValue(o, self.move(r, o.shape, layout, o.sharding.dims, cause).stack)
             if pending or carried:
                 self.partial[id(value)] = (value, pending + carried) + (
@@ -292,11 +293,12 @@ class JitRun(Run):
         ``axes``: no communication."""
         return self._local(shard_slice, [v], {"dimension": d, "axes": tuple(axes)})[0]
 
-    def _combine(self, r, layout, sums, target, cause):
+    def _combine(self, r, layout, sums, target, cause, defer=False):
         """A plan's partial sums: a reduce-scatter where the result keeps only a slice
         along the summed axes; else an all-reduce (psum, pmax, pmin). A psum whose axes
         the result's layout does not use is left pending: its next use decides (a
-        reshard that splits over them turns it into a reduce-scatter)."""
+        reshard that splits over them turns it into a reduce-scatter): a product's only,
+        as XLA's reduce-scatter creator finds them (an all-reduce, then a slice)."""
         layout, pending = list(layout), []
         used = {a for d in target for a in d}
         for op, axes in sums:
@@ -308,7 +310,7 @@ class JitRun(Run):
                                 axis_index_groups=None, axis_size=count(self.mesh, axes),
                                 tiled=True)
                 layout[d] = tuple(layout[d]) + axes
-            elif op == "psum" and not used & set(axes):
+            elif op == "psum" and defer and not used & set(axes):
                 pending.append(axes)
             else:
                 r = self.insert(_ROWS[op], r, cause, axes=axes, axis_index_groups=None)

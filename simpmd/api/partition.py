@@ -102,8 +102,8 @@ class Sharding:
     def __hash__(self):
         return hash(self.dims)
 
-    def __repr__(self):
-        return f"NamedSharding(mesh={self.mesh!r}, spec={self.spec!r})"
+    def __repr__(self):                 # as a parameter of an equation: the spec
+        return repr(self.spec)
 
 
 def dims_of(aval):
