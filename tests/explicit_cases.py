@@ -26,6 +26,7 @@ class Case:
     mesh: tuple = (("data", 2), ("model", 4))
     xla_differs: str = ""           # why XLA's collectives differ from the rule's, if they do
     axis_types: tuple = ()          # Explicit on every axis unless said ('Auto')
+    xla_varies: str = ""            # XLA's collectives differ between JAX releases: not compared
 
     def args(self):
         rng = np.random.default_rng(len(self.name))
@@ -210,3 +211,37 @@ def random_cases(n, seed=0) -> list:
         specs = tuple(_spec(rng, mesh, s) for s in shapes)
         out.append(Case(f"{name}_{k}", fun, tuple(shapes), specs, mesh=mesh))
     return out
+
+
+# -- shard_map inside jit ------------------------------------------------------------------------
+
+def _tp_body(x, w1, w2):
+    return simpmd.lax.psum(snp.tanh(x @ w1) @ w2, "model")
+
+
+def _partial_body(x, w):
+    return simpmd.lax.psum(snp.tanh(x @ w).sum(0), "data")
+
+
+_MESH24 = simpmd.make_mesh((2, 4), ("data", "model"))
+SHARD_MAP_CASES = [
+    Case("shard_map_tp_layer", lambda x, w1, w2: simpmd.shard_map(
+        _tp_body, mesh=_MESH24, in_specs=(P("data", None), P(None, "model"), P("model", None)),
+        out_specs=P("data", None))(x, w1, w2) * 2.0,
+        ((16, 8), (8, 32), (32, 8)), (P("data", None), P(None, "model"), P("model", None))),
+    Case("shard_map_reshards_its_operands", lambda x, w1, w2: simpmd.shard_map(
+        _tp_body, mesh=_MESH24, in_specs=(P("data", None), P(None, "model"), P("model", None)),
+        out_specs=P("data", None))(x, w1, w2),
+        ((16, 8), (8, 32), (32, 8)), (P(), P(None, "model"), P()),
+        xla_differs=""),
+    Case("shard_map_partial_manual", lambda x, w: simpmd.shard_map(
+        _partial_body, mesh=_MESH24, in_specs=(P("data", None), P()), out_specs=P(),
+        axis_names={"data"})(x, w), ((16, 8), (8, 32)), (P("data", None), P(None, "model")),
+        xla_varies="jax 0.10.2: two all-gathers and an all-reduce; 0.7.2 and 0.12.0.1: one all-reduce"),
+    Case("grad_through_shard_map", lambda x, w1, w2: simpmd.grad(
+        lambda w1, w2: simpmd.shard_map(
+            _tp_body, mesh=_MESH24, in_specs=(P("data", None), P(None, "model"), P("model", None)),
+            out_specs=P("data", None))(x, w1, w2).sum(), argnums=(0, 1))(w1, w2),
+        ((16, 8), (8, 32), (32, 8)), (P("data", None), P(None, "model"), P("model", None)),
+        xla_differs="XLA on CPU combines and moves differently"),
+]

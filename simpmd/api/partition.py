@@ -50,7 +50,9 @@ class Settings:
     a reshape hands a split's axes out over the new dims, and merges dims split on
     several axes (0.10; 0.7 gave the whole split to the first new dim, and merged only a
     split first dim). ``strided_slice``: ``x[::k]`` of a split dim is a slice that keeps
-    the split (0.10; 0.7 indexed with a gather, which refused it).
+    the split (0.10; 0.7 indexed with a gather, which refused it). ``shard_map_checks``:
+    inside jit, shard_map refuses operands laid out otherwise than its in_specs (0.10;
+    0.7 moved them).
     """
 
     def __init__(self, version=None):
@@ -66,6 +68,7 @@ class Settings:
         self.version = tuple(version)
         self.batch_alike = self.version > (0, 10, 2)
         self.matmul_batch = self.reshape_spread = self.strided_slice = self.version > (0, 7, 2)
+        self.shard_map_checks = self.version > (0, 7, 2)
 
 
 settings = Settings()
