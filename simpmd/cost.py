@@ -1807,7 +1807,10 @@ def roofline(fun, *args, hardware=None, axis_env=None, topology=None) -> Rooflin
     """How long ``fun(*args)`` takes on one device of ``hardware``, by the Scaling Book's
     roofline: every equation of its traced program costs FLOPs / peak and bytes / HBM
     bandwidth, every collective what :func:`estimate` says. See :class:`Roofline`."""
-    program = _equations_of(fun, args, axis_env)
+    if hasattr(fun, "lower"):    # a simpmd.jit function: what each device runs, collectives
+        program = fun.lower(*args).compile().program           # jit inserts included
+    else:
+        program = _equations_of(fun, args, axis_env)
     if axis_env is None:         # a pmapped or shard_mapped function: the axes it ran over
         axis_env = getattr(program, "axis_env", None)
     return roofline_of(program, hardware, axis_env, topology)

@@ -29,6 +29,10 @@ def make_jaxpr(fun, static_argnums=(), axis_env=None, return_shape=False):
             return program, tree.tree_map(lambda v: (tuple(np.shape(v)), np.asarray(v).dtype), out)
         axes = tuple((name, int(size)) for name, size in (axis_env or ()))
         run = Run([], axes, abstract=True)
+        placed = [x for x in tree.flatten((args, kwargs))[0] if hasattr(x, "layout")]
+        if placed and not axes:                # arrays on a mesh: their sharding types
+            from .jit import JitRun
+            run = JitRun(placed[0].mesh, abstract=True)
         positions = {a % max(len(args), 1) for a in static}
         dynamic = [i for i in range(len(args)) if i not in positions]
         leaves, treedef = tree.flatten(([args[i] for i in dynamic], kwargs))
@@ -58,6 +62,8 @@ def make_jaxpr(fun, static_argnums=(), axis_env=None, return_shape=False):
 
 def _aval(x):
     """The type JAX gives an argument (64-bit numbers as 32-bit, without x64)."""
+    if isinstance(getattr(x, "aval", None), Aval):             # an array on a mesh
+        return x.aval
     if hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, np.ndarray):
         return Aval(x.shape, dtypes.canonical(x.dtype))       # a ShapeDtypeStruct or a value
     return aval_of(x).update(weak_type=False)

@@ -100,6 +100,7 @@ class JitRun(Run):
         self.partial: dict = {}        # id(value) -> (value, pending sums, equation, phase)
         self.residuals: dict = {}      # a jit equation's forward values, for its vjp
         self.program = [] if not abstract or lowering else None   # what each device runs
+        self.names: dict = {}          # id(value) -> (value, its Var in that program)
 
     def tracing(self) -> "JitRun":
         return JitRun(self.mesh, abstract=True, manual=self.manual_axes, check_vma=self.check_vma)
@@ -112,7 +113,9 @@ class JitRun(Run):
         names = names if isinstance(names, (tuple, list)) else (names,)
         if (prim.collective or prim.name == "pvary") and self.manual_axes and \
                 set(names) <= set(self.manual_axes):      # by hand, over the manual axes
-            return super().apply(prim, args, params)
+            outs = super().apply(prim, args, params)
+            self._record(prim, params, args, outs)
+            return outs
         if prim.collective or prim.name == "pvary":
             raise errors.UnboundAxisError(
                 f"{prim.name} over {params.get('axes', params.get('axis_name'))} inside jit, "
@@ -136,7 +139,11 @@ class JitRun(Run):
         if traced and not self.lowering:
             return [StackedValue(o) for o in outs]
         if getattr(prim, "needs_run", False):         # it runs programs of its own, here
-            return [StackedValue(o, s) for o, s in zip(outs, prim.stacked(*args, **params))]
+            self.returned_values = []
+            results = [StackedValue(o, s) for o, s in zip(outs, prim.stacked(*args, **params))]
+            for new, old in zip(results, self.returned_values):
+                self.alias(new, old)
+            return results
         return self._compute(prim, args, avals, outs, params)
 
     def stack_of(self, x, aval):
@@ -165,7 +172,9 @@ class JitRun(Run):
         for r, layout, o in zip(results, plan.out, outs):
             r, layout, pending = self._combine(r, layout, plan.sums, o.sharding.dims, cause,
                                                defer=prim.name == "dot_general")
-            value = StackedValue(o, self.move(r, o.shape, layout, o.sharding.dims, cause).stack)
+            moved = self.move(r, o.shape, layout, o.sharding.dims, cause)
+            value = StackedValue(o, moved.stack)
+            self.alias(value, moved)
             if pending or carried:
                 self.partial[id(value)] = (value, pending + carried) + (
                     found[2:] if carried else (context.eqn, context.phase))
@@ -196,6 +205,7 @@ class JitRun(Run):
             x = StackedValue(aval.update(sharding=None), self.stack_of(x, aval))
         local = StackedValue(Aval(R.block_shape(aval.shape, cur, self.mesh), aval.dtype,
                                   aval.weak_type), x.stack)
+        self.alias(local, x)
         if scatter is not None and "reshard" in cause:
             local, cur = self._scatter(x, local, cur, want, scatter)
         return self.move(local, aval.shape, cur, want, cause)
@@ -231,6 +241,7 @@ class JitRun(Run):
         del self.partial[id(x)]
         local = StackedValue(Aval(R.block_shape(x.aval.shape, dims_of(x.aval), self.mesh),
                                   x.aval.dtype, x.aval.weak_type), x.stack)
+        self.alias(local, x)
         outer, context.eqn, context.phase = (context.eqn, context.phase), found[2], found[3]
         try:
             cause = f"jit: {found[2].primitive.name}" if found[2] is not None else "jit"
@@ -239,6 +250,7 @@ class JitRun(Run):
         finally:
             context.eqn, context.phase = outer
         x.stack = local.stack
+        self.alias(x, local)
         return x
 
     def _local(self, prim, values, params):
@@ -251,9 +263,32 @@ class JitRun(Run):
         """One step of the per-device program (what ``lower(...).compile()`` shows, and
         what the roofline and the timeline cost)."""
         if self.program is not None:
-            self.program.append(Equation(prim, params, [Var(aval_of(x)) for x in ins],
-                                         [Var(aval_of(o)) for o in outs], C.caller_source(),
+            invars = [self.var(x) for x in ins]
+            outvars = []
+            for o in outs:
+                outvars.append(Var(aval_of(o)))
+                self.names[id(o)] = (o, outvars[-1])
+            self.program.append(Equation(prim, params, invars, outvars, C.caller_source(),
                                          context.phase))
+
+    def var(self, x):
+        """The per-device program's variable of block ``x`` (a literal for a constant)."""
+        from ..core.core import Lit
+        if not isinstance(x, StackedValue):
+            return Lit(x)
+        found = self.names.get(id(x))
+        if found is None or found[0] is not x:
+            found = self.names[id(x)] = (x, Var(aval_of(x)))
+        return found[1]
+
+    def alias(self, new, old):
+        """``new`` holds the same blocks as ``old`` (a value and its blocks' view)."""
+        if self.program is None or not isinstance(new, StackedValue):
+            return
+        found = self.names.get(id(old))
+        if found is None or found[0] is not old:          # first seen: typed by its blocks
+            found = self.names[id(old)] = (old, Var(aval_of(new)))
+        self.names[id(new)] = (new, found[1])
 
     def insert(self, row, value, cause, **params):
         """Run the collective ``row`` on blocks, logged as inserted by jit for ``cause``."""
@@ -354,6 +389,8 @@ def _jit_stacked(*args, jaxpr, name, ctx_mesh=None):
     env: dict = {}
     outs = eval_program(jaxpr, [], list(args), env)
     stacks = [run.stack_of(o, aval_of(o)) for o in outs]
+    if hasattr(run, "returned_values"):
+        run.returned_values = outs
     if getattr(run, "residuals", None) is not None and stacks and stacks[0] is not None:
         run.residuals[id(stacks[0])] = env
     return stacks
@@ -683,6 +720,19 @@ def _replicated(run, x):
     return StackedValue(aval, np.broadcast_to(value, (run.n,) + value.shape))
 
 
+def per_device_program(run, outs=()):
+    """What each device of ``run`` ran, as a program: its inputs are the blocks no step
+    made, its results the blocks of ``outs``."""
+    from ..core.core import Program
+    eqns = run.program or []
+    made = {v for e in eqns for v in e.outvars}
+    invars = []
+    for e in eqns:
+        invars += [v for v in e.invars if type(v) is Var and v not in made and v not in invars]
+    outvars = [run.var(o) for o in outs if isinstance(o, StackedValue)]
+    return Program(invars, eqns, outvars, axis_env=tuple(run.mesh.shape.items()))
+
+
 def holds_sharded(value) -> bool:
     return any(isinstance(x, ShardedArray) for x in tree.flatten(value)[0])
 
@@ -709,14 +759,13 @@ def on_mesh(fn, args, kwargs=None):
     with running(run):
         out = fn(*a, **kw)
     result = _results(run, out)
-    record_trace(_trace_of(run))
+    record_trace(_trace_of(run, [v for v in tree.flatten(out)[0] if isinstance(v, StackedValue)]))
     return result
 
 
-def _trace_of(run):
-    from ..core.core import Program
+def _trace_of(run, outs=()):
     trace_ = Trace(log=run.log, devices=run.devices)
-    trace_.program = Program([], run.program or [], [], axis_env=tuple(run.mesh.shape.items()))
+    trace_.program = per_device_program(run, outs)
     auto = [n for n, t in zip(run.mesh.axis_names, axis_types_of(run.mesh)) if t is AxisType.Auto]
     if auto and run.mesh.size > 1:
         trace_.notes = [
@@ -825,7 +874,7 @@ class Jitted:
         for k, y in enumerate(results):
             if isinstance(y, ShardedArray):
                 run.returned(y.stack, _piece(run, y, f"result {k}").detail)
-        self.trace = record_trace(_trace_of(run))
+        self.trace = record_trace(_trace_of(run, outs))
         self.trace.jaxpr = program
         return tree.unflatten(out_tree, results)
 
@@ -894,7 +943,7 @@ class Lowered:
             for o in outs:
                 if isinstance(o, StackedValue):
                     run.settle(o)
-        return Compiled(run)
+        return Compiled(run, outs)
 
 
 class Compiled:
@@ -902,8 +951,8 @@ class Compiled:
     on blocks, with the collectives jit inserted, and their log (``trace``), all without
     values. ``cost.roofline`` and the timelines read ``program``."""
 
-    def __init__(self, run):
-        trace_ = _trace_of(run)
+    def __init__(self, run, outs):
+        trace_ = _trace_of(run, outs)
         self.program, self.trace = trace_.program, trace_
 
     def as_text(self) -> str:
@@ -1121,9 +1170,19 @@ def _sm_stacked(*args, jaxpr, shard_mesh, in_specs, out_specs, check_vma, manual
                 zip(R.resolve(spec, _all_explicit(mesh), a.ndim, "out_specs"), dims_of(a))]
         local = StackedValue(Aval(R.block_shape(a.shape, dims_of(a), mesh), a.dtype, a.weak_type),
                              body.stack_of(o, a) if not run.abstract else None)
-        stacks.append(run.move(local, _sm_global(a, spec, mesh).shape, have, dims,
-                               "jit: shard_map").stack)
+        if isinstance(body, JitRun):
+            body.alias(local, o)
+        elif run.program is not None:
+            run.names[id(local)] = (local, o_var(jaxpr, outs, o))
+        moved = run.move(local, _sm_global(a, spec, mesh).shape, have, dims, "jit: shard_map")
+        stacks.append(moved.stack)
+        run.returned_values.append(moved)
     return stacks
+
+
+def o_var(jaxpr, outs, o):
+    """The body program's variable that result ``o`` came from."""
+    return jaxpr.outvars[[id(x) for x in outs].index(id(o))]
 
 
 def _sm_vjp(cts, ins, outs, wants, jaxpr, shard_mesh, in_specs, out_specs, check_vma,
