@@ -206,3 +206,42 @@ def test_a_jitted_function_is_traced_again_for_a_new_sharding():
         assert len(calls) == 1
         y = g(simpmd.device_put(a, P("model")))
     assert len(calls) == 2 and str(simpmd.typeof(y)) == "float32[8@model,4]"
+
+
+# -- crosscheck -----------------------------------------------------------------------------------
+
+def test_crosscheck_of_a_jit_program_reports_types_values_and_collectives():
+    specs = [P("data", None), P(None, "model"), P("model", None)]
+    sim, _, _ = on_both(data((16, 8), (8, 32), (32, 8)), specs)
+    mlp = simpmd.jit(lambda x, w1, w2: snp.matmul(snp.tanh(x @ w1), w2,
+                                                  out_sharding=P("data", None)))
+    report = simpmd.crosscheck(mlp, *sim)
+    assert report.ok, str(report)
+    text = str(report)
+    assert "float32[16@data,8]" in text and "simpmd inserted all-reduce" in text
+    split = simpmd.jit(lambda x, w: snp.matmul(x, w, out_sharding=P("data", "model")))
+    x, w = on_both(data((16, 32), (32, 8)), [P("data", "model"), P("model", None)])[0]
+    report = simpmd.crosscheck(split, x, w)
+    assert report.ok
+    assert "simpmd inserted reduce-scatter" in str(report)          # XLA on CPU may differ,
+    assert "XLA on CPU compiled" in str(report)                    # and the report says so
+
+
+def test_crosscheck_of_a_jit_program_that_both_refuse():
+    x, w = on_both(data((16, 32), (32, 8)), [P("data", "model"), P("model", None)])[0]
+    report = simpmd.crosscheck(simpmd.jit(lambda x, w: x @ w), x, w)
+    assert report.ok and "both refuse" in report.headline()
+
+
+def test_the_jax_side_of_a_shard_map_crosscheck_is_compiled_once(monkeypatch):
+    compiled = []
+    real_jit = jax.jit
+
+    def counting(f, *a, **k):
+        compiled.append(f)
+        return real_jit(f, *a, **k)
+    monkeypatch.setattr(jax, "jit", counting)
+    body = simpmd.shard_map(lambda x: simpmd.lax.psum(x * 2.0, "i"),
+                            mesh=simpmd.make_mesh((8,), ("i",)), in_specs=P("i"), out_specs=P())
+    report = simpmd.crosscheck(body, np.arange(8.0, dtype=np.float32))
+    assert report.ok and compiled
