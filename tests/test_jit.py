@@ -269,3 +269,88 @@ def test_eager_operations_log_their_collectives(mesh):
     x.sum(0)
     assert collective_counts(simpmd.last_trace()) == {"all-reduce": 1}
     assert simpmd.last_trace().collective_counts() == {"all-reduce": 1}
+
+
+# -- traced once per signature, and what each device runs ----------------------------------------
+
+def test_traced_once_per_signature_static_arguments_included(mesh):
+    calls = []
+
+    def f(x, n):
+        calls.append(n)
+        return x * n
+    g = simpmd.jit(f, static_argnums=1)
+    x = simpmd.device_put(arange(8, 4), P("data"))
+    g(x, 2), g(x, 2)
+    assert calls == [2]
+    np.testing.assert_array_equal(np.asarray(g(x, 3)), arange(8, 4) * 3)
+    assert calls == [2, 3]                                       # a new static value
+    g(simpmd.device_put(arange(16, 4), P("data")), 2)
+    assert calls == [2, 3, 2]                                    # a new shape
+
+
+def megatron_args():
+    x = simpmd.device_put(arange(16, 8) / 100, P("data", None))
+    w1 = simpmd.device_put(arange(8, 32) / 100, P(None, "model"))
+    w2 = simpmd.device_put(arange(32, 8) / 100, P("model", None))
+    return x, w1, w2
+
+
+MLP = simpmd.jit(lambda x, w1, w2: snp.matmul(snp.tanh(x @ w1), w2, out_sharding=P("data", None)))
+
+
+def test_compiled_program_is_what_each_device_runs(mesh):
+    compiled = MLP.lower(*megatron_args()).compile()
+    eqns = compiled.program.eqns
+    assert [e.primitive.name for e in eqns] == ["dot_general", "tanh", "dot_general", "psum"]
+    # each device: its (8, 8) rows of x times its (8, 8) columns of W1, then (8, 8) @ (8, 8)
+    assert [v.aval.shape for v in eqns[0].invars] == [(8, 8), (8, 8)]
+    assert eqns[3].params["axes"] == ("model",) and eqns[3].outvars[0].aval.shape == (8, 8)
+    assert compiled.collective_counts() == {"all-reduce": 1}
+    assert "psum[axes=('model',)" in compiled.as_text()
+    assert "jit[" in MLP.lower(*megatron_args()).as_text()
+
+
+def test_roofline_and_timeline_of_a_jit_function(mesh):
+    import matplotlib
+    matplotlib.use("Agg")
+    from simpmd import cost, viz
+    r = cost.roofline(MLP, *megatron_args(), hardware="TPU v5e")
+    rows = {e.primitive: e for e in r.equations}
+    assert rows["dot_general"].flops == 2 * 8 * 8 * 8             # one device's block product
+    assert rows["psum"].axes == ("model",) and rows["psum"].comm_bytes == 2 * 3 / 4 * 8 * 8 * 4
+    MLP(*megatron_args())
+    from simpmd.viz.timeline import model_timeline
+    tl = model_timeline(MLP.trace, "TPU v5e")
+    assert "roofline" in tl.compute_model
+    comm = [s for s in tl.segments if s.kind == "comm"]
+    assert len(comm) == 8 and {s.label for s in comm} == {"psum"}
+    assert MLP.trace.draw_timeline("TPU v5e") is not None
+
+
+def test_every_row_has_a_sharding_rule_but_collectives_and_calls():
+    from simpmd.api import partition
+    assert partition.rows_without_rules() == sorted([
+        "all_gather", "all_to_all", "axis_index", "debug_callback", "dynamic_slice", "pmax",
+        "pmean", "pmin", "ppermute", "psum", "pvary", "reduce_scatter", "xla_pmap"])
+
+
+def test_a_collective_inside_jit_needs_shard_map(mesh):
+    x = simpmd.device_put(arange(8, 4), P("data"))
+    with pytest.raises(simpmd.UnboundAxisError, match="shard_map"):
+        simpmd.jit(lambda x: simpmd.lax.psum(x, "data"))(x)
+
+
+def test_a_jitted_function_inside_a_pmap_body_is_a_jit_equation():
+    calls = []
+
+    @simpmd.jit
+    def inner(x):
+        calls.append(1)
+        return x * 2.0
+    f = simpmd.pmap(lambda x: simpmd.lax.psum(inner(x), "i"), axis_name="i")
+    np.testing.assert_allclose(np.asarray(f(np.arange(8.0))), np.full(8, 2 * 28.0))
+    assert calls == [1]
+    assert "jit[" in str(simpmd.make_jaxpr(f)(np.arange(8.0)))
+    g = simpmd.grad(lambda x: inner(x).sum())(np.ones(3, np.float32))
+    np.testing.assert_allclose(g, np.full(3, 2.0))

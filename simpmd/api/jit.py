@@ -385,7 +385,7 @@ shard_slice = Primitive(     # each device cuts its piece of its block: XLA's dy
 
 def _jit_stacked(*args, jaxpr, name, ctx_mesh=None):
     """The inner program on this run; its forward values are kept for its vjp."""
-    run = context.run
+    run = context.run or C.plain
     env: dict = {}
     outs = eval_program(jaxpr, [], list(args), env)
     stacks = [run.stack_of(o, aval_of(o)) for o in outs]
