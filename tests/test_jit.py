@@ -314,7 +314,7 @@ def test_compiled_program_is_what_each_device_runs(mesh):
 def test_roofline_and_timeline_of_a_jit_function(mesh):
     import matplotlib
     matplotlib.use("Agg")
-    from simpmd import cost, viz
+    from simpmd import cost
     r = cost.roofline(MLP, *megatron_args(), hardware="TPU v5e")
     rows = {e.primitive: e for e in r.equations}
     assert rows["dot_general"].flops == 2 * 8 * 8 * 8             # one device's block product

@@ -31,7 +31,7 @@ def make_jaxpr(fun, static_argnums=(), axis_env=None, return_shape=False):
         run = Run([], axes, abstract=True)
         placed = [x for x in tree.flatten((args, kwargs))[0] if hasattr(x, "layout")]
         if placed and not axes:                # arrays on a mesh: their sharding types
-            from .jit import JitRun
+            from .jit_run import JitRun
             run = JitRun(placed[0].mesh, abstract=True)
         positions = {a % max(len(args), 1) for a in static}
         dynamic = [i for i in range(len(args)) if i not in positions]

@@ -138,6 +138,18 @@ def explicit_axes(mesh) -> tuple:
                  if t is AxisType.Explicit)
 
 
+class all_explicit:
+    """A mesh seen as if every axis were Explicit (a placement may name any axis)."""
+
+    def __init__(self, mesh):
+        from ..machine.mesh import AxisType
+        self.mesh, self.axis_names, self.shape = mesh, mesh.axis_names, mesh.shape
+        self.axis_types = (AxisType.Explicit,) * len(mesh.axis_names)
+
+    def __repr__(self):
+        return repr(self.mesh)
+
+
 def resolve(spec, mesh, ndim, what="out_sharding"):
     """A ``P(...)``, ``NamedSharding`` or :class:`Sharding` as a layout of ``ndim`` dims."""
     if spec is None:

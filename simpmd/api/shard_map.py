@@ -180,7 +180,7 @@ class ShardMapped:
     def __call__(self, *args, **kwargs):
         parent = context.run
         if parent is not None and hasattr(parent, "mesh"):     # inside jit: an equation
-            from .jit import shard_map_in_jit
+            from .jit_run import shard_map_in_jit
             return shard_map_in_jit(self, args)
         if parent is not None:
             _refuse_nesting(parent)

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..api import jit as J
 from ..core import tree
-from ..machine.mesh import AxisType, PartitionSpec, axis_types_of
+from ..machine.mesh import AxisType, axis_types_of
 
 
 def jax_has_explicit_axes() -> tuple:
