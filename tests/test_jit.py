@@ -354,3 +354,16 @@ def test_a_jitted_function_inside_a_pmap_body_is_a_jit_equation():
     assert "jit[" in str(simpmd.make_jaxpr(f)(np.arange(8.0)))
     g = simpmd.grad(lambda x: inner(x).sum())(np.ones(3, np.float32))
     np.testing.assert_allclose(g, np.full(3, 2.0))
+
+
+def test_a_partial_sum_resharded_and_used_again_is_summed_for_each_use(mesh):
+    all8 = P(("data", "model"), None)
+    a, b = arange(32, 16) / 100, arange(32, 8) / 100
+
+    def f(x, y):
+        g = snp.matmul(x.T, y, out_sharding=P())      # each device: a partial sum
+        return simpmd.reshard(g, all8), g + 1.0      # one use keeps a slice, one the whole
+    split, whole = simpmd.jit(f)(simpmd.device_put(a, all8), simpmd.device_put(b, all8))
+    np.testing.assert_allclose(np.asarray(split), a.T @ b, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(whole), a.T @ b + 1, rtol=1e-5)
+    assert collective_counts(simpmd.last_trace()) == {"all-reduce": 1, "reduce-scatter": 1}

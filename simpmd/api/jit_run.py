@@ -111,7 +111,8 @@ class JitRun(Run):
                 for k, x in enumerate(args)]
         plan = (getattr(prim, "partition", None) or R.computed_whole)(avals, outs, **params)
         cause = f"jit: {prim.name}"
-        values = [self._block(x, a, want, cause, scatter=found if k == 0 else None)
+        resharding = found if prim.name == "reshard" else None
+        values = [self._block(x, a, want, cause, scatter=resharding if k == 0 else None)
                   for k, (x, a, want) in enumerate(zip(args, avals, plan.ins))]
         results = values if plan.params is None else self._local(prim, values, plan.params)
         if plan.then is not None:
@@ -155,15 +156,14 @@ class JitRun(Run):
         local = StackedValue(Aval(R.block_shape(aval.shape, cur, self.mesh), aval.dtype,
                                   aval.weak_type), x.stack)
         self.alias(local, x)
-        if scatter is not None and "reshard" in cause:
+        if scatter is not None:
             local, cur = self._scatter(x, local, cur, want, scatter)
         return self.move(local, aval.shape, cur, want, cause)
 
     def _scatter(self, x, local, cur, want, found):
         """A reshard of pending partial sums: a reduce-scatter for each sum whose axes the
         new layout splits a dim over, an all-reduce for the others."""
-        _, sums, eqn, phase = found
-        del self.partial[id(x)]
+        _, sums, eqn, phase = found          # (x itself stays a partial sum, for other uses)
         cur = [tuple(c) for c in cur]
         outer, context.eqn, context.phase = (context.eqn, context.phase), eqn, phase
         try:

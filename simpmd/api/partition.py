@@ -10,7 +10,8 @@ drawings are):
   layouts, or a :class:`ShardingTypeError` where JAX raises one. A layout is one tuple of
   mesh axes per dimension (``(('data',), ())`` is ``P('data', None)``). These are JAX's
   rules (the ``_..._sharding_rule`` functions beside each primitive in
-  jax/_src/lax/lax.py), checked against the running JAX in tests/test_jit_vs_jax.py.
+  jax/_src/lax/lax.py), checked against the running JAX on named and random programs
+  (tests/test_explicit_vs_jax.py, tests/test_jit_random_vs_jax.py).
 * ``partition(avals, outs, **params)``: how each device computes its block, as a
   :class:`Plan`: the layout each operand must be in first (moving it there is what the
   compiler inserts: an all-gather, an all-to-all, or a slice each device cuts from what
@@ -117,10 +118,6 @@ def dims_of(aval):
 
 def whole(ndim):
     return ((),) * ndim
-
-
-def sizes_of(mesh) -> dict:
-    return dict(mesh.shape)
 
 
 def count(mesh, axes) -> int:
@@ -243,20 +240,8 @@ def _first(mesh, avals, **params):
     return [dims_of(avals[0])]
 
 
-def _given_or(default, key):
-    def rule(mesh, avals, **params):
-        given = params.get(key)
-        if given is not None:
-            return [resolve(given, mesh, _out_rank(avals, params))]
-        return default(mesh, avals, **params)
-    return rule
-
-
-def _out_rank(avals, params):
-    for key in ("new_sizes", "shape"):
-        if params.get(key) is not None:
-            return len(params[key])
-    return avals[0].ndim - len(params.get("axes", ()))
+def _convert(mesh, avals, new_dtype=None, weak_type=False, sharding=None):
+    return [resolve(sharding, mesh, avals[0].ndim) if sharding is not None else dims_of(avals[0])]
 
 
 def _select(mesh, avals, **params):
@@ -557,10 +542,6 @@ def _scatter(mesh, avals, indexer):
     return [dims_of(x)]
 
 
-def _refuse(mesh, avals, **params):
-    raise ShardingTypeError("this operation has no sharding rule in simpmd.")
-
-
 def _numpy_call(mesh, avals, name, **params):
     raise ShardingTypeError(
         f"numpy.{name} has no JAX primitive, so no sharding rule: under jit write it with "
@@ -837,7 +818,7 @@ def attach():
     """Give every row of the core its ``sharding`` and ``partition`` columns."""
     rules = {name: (_broadcasting(name), _elementwise_plan) for name in ELEMENTWISE}
     rules.update({
-        "convert_element_type": (_given_or(_first, "sharding"), _elementwise_plan),
+        "convert_element_type": (_convert, _elementwise_plan),
         "select_n": (_select, _elementwise_plan), "clamp": (_clamp, _elementwise_plan),
         "dot_general": (_dot_general, _dot_plan),
         "reshape": (_reshape, _reshape_plan),
