@@ -57,11 +57,15 @@ class JitRun(Run):
     def prepare(self, prim, args, params):
         return super().prepare(prim, args, params) if self.manual_axes else args
 
-    def apply(self, prim, args, params):
+    def _by_hand(self, prim, params) -> bool:
+        """A collective over the manual axes of a shard_map(axis_names=...) body."""
         names = params.get("axes", params.get("axis_name"))
         names = names if isinstance(names, (tuple, list)) else (names,)
-        if (prim.collective or prim.name == "pvary") and self.manual_axes and \
-                set(names) <= set(self.manual_axes):      # by hand, over the manual axes
+        return (prim.collective or prim.name == "pvary") and bool(self.manual_axes) and \
+            set(names) <= set(self.manual_axes)
+
+    def apply(self, prim, args, params):
+        if self._by_hand(prim, params):
             outs = super().apply(prim, args, params)
             self._record(prim, params, args, outs)
             return outs
@@ -87,13 +91,22 @@ class JitRun(Run):
         traced = self.abstract or any(isinstance(x, StackedValue) and x.stack is None for x in args)
         if traced and not self.lowering:
             return [StackedValue(o) for o in outs]
+        return self.compute(prim, args, params, avals, outs)
+
+    def compute(self, prim, args, params, avals, out_avals) -> list:
+        """Every device's block of ``prim``'s results, their types known (from the rule, or,
+        replaying a program, from its equation)."""
+        if self._by_hand(prim, params):
+            outs = super().compute(prim, args, params, avals, out_avals)
+            self._record(prim, params, args, outs)
+            return outs
         if getattr(prim, "needs_run", False):         # it runs programs of its own, here
             self.returned_values = []
-            results = [StackedValue(o, s) for o, s in zip(outs, prim.stacked(*args, **params))]
+            results = [StackedValue(o, s) for o, s in zip(out_avals, prim.stacked(*args, **params))]
             for new, old in zip(results, self.returned_values):
                 self.alias(new, old)
             return results
-        return self._compute(prim, args, avals, outs, params)
+        return self._compute(prim, args, avals, out_avals, params)
 
     def stack_of(self, x, aval):
         if isinstance(x, StackedValue):
