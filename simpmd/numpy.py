@@ -27,6 +27,7 @@ import types as _types
 import numpy as _np
 
 from .core import dtypes as _dtypes
+from .api import jit as _jit
 from .api import spelling as _surface
 from .core.values import StackedValue as _Traced
 
@@ -64,8 +65,7 @@ def _contains(value, kinds) -> bool:
 
 def _holds_sharded(value) -> bool:
     """True if ``value`` holds an array placed on a mesh (simpmd.device_put, simpmd.jit)."""
-    from .api import jit
-    return jit.holds_sharded(value)
+    return _jit.holds_sharded(value)
 
 
 def _holds_device_values(value) -> bool:
@@ -98,15 +98,14 @@ def _dispatching(namespace: tuple, name: str):
     qualified = _dotted(namespace, name)
 
     def call(*args, **kwargs):
-        from .api import jit as jitting
         if not namespace and _holds_sharded((args, kwargs)):
-            return jitting.call_numpy(name, _lookup(namespace, name, jax_side=False), args, kwargs)
+            return _jit.call_numpy(name, _lookup(namespace, name, jax_side=False), args, kwargs)
         if ("out_sharding" in kwargs and not (uses_jax(args) or uses_jax(kwargs))
-                and not _holds_device_values((args, kwargs)) and jitting.get_mesh() is not None):
-            return jitting.call_numpy(name, None, args, kwargs)
+                and not _holds_device_values((args, kwargs)) and _jit.get_mesh() is not None):
+            return _jit.call_numpy(name, None, args, kwargs)
         if uses_jax(args) or uses_jax(kwargs):
             if "out_sharding" in kwargs:
-                kwargs = dict(kwargs, out_sharding=jitting.to_jax_spec(kwargs["out_sharding"]))
+                kwargs = dict(kwargs, out_sharding=_jit.to_jax_spec(kwargs["out_sharding"]))
             fn = _lookup(namespace, name, jax_side=True)
             if fn is _MISSING:
                 raise AttributeError(

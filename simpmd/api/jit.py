@@ -604,26 +604,21 @@ def collective_counts(trace_) -> dict:
 def grad(fun, argnums=0, has_aux=False):
     """``jax.grad`` (see ``simpmd.core.autodiff``); on sharded arrays outside any body it
     runs on their mesh, as JAX runs it op by op."""
-    inner = _grad(fun, argnums, has_aux)
-
-    @functools.wraps(inner)
-    def grad_fun(*args, **kwargs):
-        if context.run is None and holds_sharded((args, kwargs)):
-            return on_mesh(inner, args, kwargs)
-        return inner(*args, **kwargs)
-    return grad_fun
+    return _on_their_mesh(_grad(fun, argnums, has_aux))
 
 
 def value_and_grad(fun, argnums=0, has_aux=False):
     """``jax.value_and_grad``; on sharded arrays outside any body it runs on their mesh."""
-    inner = _value_and_grad(fun, argnums, has_aux)
+    return _on_their_mesh(_value_and_grad(fun, argnums, has_aux))
 
+
+def _on_their_mesh(inner):
     @functools.wraps(inner)
-    def vg_fun(*args, **kwargs):
+    def on_their_mesh(*args, **kwargs):
         if context.run is None and holds_sharded((args, kwargs)):
             return on_mesh(inner, args, kwargs)
         return inner(*args, **kwargs)
-    return vg_fun
+    return on_their_mesh
 
 
 def call_numpy(name, fn, args, kwargs):

@@ -479,9 +479,9 @@ def einsum(subscripts, *operands, out_sharding=None, **kwargs):
     dims = (([sa.index(c) for c in contract], [sb.index(c) for c in contract]),
             ([sa.index(c) for c in batch], [sb.index(c) for c in batch]))
     got = batch + [c for c in sa if c not in sb] + [c for c in sb if c not in sa]
-    if out_sharding is not None:                 # the product's dims are in `got`'s order
+    mesh = getattr(context.run, "mesh", None)
+    if out_sharding is not None and mesh is not None:    # the product's dims: `got`'s order
         from .partition import resolve, Sharding
-        mesh = context.run.mesh
         layout = resolve(out_sharding, mesh, len(out))
         out_sharding = Sharding(mesh, [layout[out.index(c)] for c in got])
     y = bind(P.dot_general, a, b, dimension_numbers=dims, preferred_element_type=aval_of(a).dtype,
