@@ -14,7 +14,6 @@ from .core.errors import (ConcretizationTypeError, DeadlockError, DeviceError, D
                           UnboundAxisError, CollectiveArgumentError)
 from .core.log import Event
 from .api.trace import Trace
-from .core.autodiff import grad, value_and_grad         # reverse mode, collectives included
 from .machine.array import Array, Shard
 from .machine.devices import (SimDevice, Platform, device_count, devices, local_device_count,
                                local_devices, platform, set_device_count)
@@ -31,8 +30,11 @@ from .viz import text as _text                         # a trace as text (print(
 
 __version__ = "0.1.0"
 
-from .explicit import ShardedArray, ShardingTypeError, device_put, jit, reshard, set_mesh, typeof
+from .api.jit import (ShardedArray, ShapedArray, ShardingTypeError, device_put, get_mesh, jit,
+                      reshard, set_mesh, typeof)
+from .api.jit import grad, value_and_grad          # reverse mode, collectives included
 from . import numpy                                    # functions for bodies that run on both engines
+from . import sharding                                 # jax.sharding's names, and jit's rules
 from . import course                                   # what the course notebooks share
 from . import debug                                    # debug.print, like jax.debug.print
 from .jax.devices import JaxDevicesError, use_jax_devices

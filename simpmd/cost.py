@@ -2122,12 +2122,17 @@ def roofline(fun, *args, hardware=None, axis_env=None, topology=None, mesh=None,
     ``out_specs`` wrap ``fun`` in ``simpmd.shard_map`` first (its shapes are then the
     whole arrays', and the costs one device's). Equations whose results nothing reads are
     left out, as JAX's roofline leaves them (:func:`live_equations`).
+    A ``simpmd.jit`` function costs what each device runs, the collectives jit inserts
+    included.
     """
     import simpmd
     from .api.shapes import as_shapes
     if mesh is not None:
         fun = simpmd.shard_map(fun, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
-    program = simpmd.make_jaxpr(fun, axis_env=axis_env)(*as_shapes(args))
+    if hasattr(fun, "lower"):    # a simpmd.jit function: its compiled per-device program
+        program = fun.lower(*args).compile().program
+    else:
+        program = simpmd.make_jaxpr(fun, axis_env=axis_env)(*as_shapes(args))
     if axis_env is None:         # a pmapped or shard_mapped function: the axes it ran over
         axis_env = getattr(program, "axis_env", None)
     return roofline_of(live_equations(program), hardware, axis_env, topology)

@@ -27,6 +27,7 @@ import types as _types
 import numpy as _np
 
 from .core import dtypes as _dtypes
+from .api import jit as _jit
 from .api import spelling as _surface
 from .core.values import StackedValue as _Traced
 
@@ -62,15 +63,9 @@ def _contains(value, kinds) -> bool:
     return False
 
 
-# simpmd.explicit (jit with Explicit shardings) registers itself here when it is imported,
-# so that these functions follow its rule table on its sharded arrays; the core does not
-# import it.
-sharded_engine = None
-
-
 def _holds_sharded(value) -> bool:
-    """True if ``value`` holds a simpmd.explicit ShardedArray."""
-    return sharded_engine is not None and sharded_engine.holds_sharded(value)
+    """True if ``value`` holds an array placed on a mesh (simpmd.device_put, simpmd.jit)."""
+    return _jit.holds_sharded(value)
 
 
 def _holds_device_values(value) -> bool:
@@ -103,16 +98,14 @@ def _dispatching(namespace: tuple, name: str):
     qualified = _dotted(namespace, name)
 
     def call(*args, **kwargs):
-        explicit = sharded_engine
         if not namespace and _holds_sharded((args, kwargs)):
-            return explicit.call_numpy(name, _lookup(namespace, name, jax_side=False), args, kwargs)
+            return _jit.call_numpy(name, _lookup(namespace, name, jax_side=False), args, kwargs)
         if ("out_sharding" in kwargs and not (uses_jax(args) or uses_jax(kwargs))
-                and not _holds_device_values((args, kwargs))):
-            if explicit is not None and explicit.get_mesh() is not None:
-                return explicit.call_numpy(name, None, args, kwargs)
+                and not _holds_device_values((args, kwargs)) and _jit.get_mesh() is not None):
+            return _jit.call_numpy(name, None, args, kwargs)
         if uses_jax(args) or uses_jax(kwargs):
-            if "out_sharding" in kwargs and explicit is not None:
-                kwargs = dict(kwargs, out_sharding=explicit.to_jax_spec(kwargs["out_sharding"]))
+            if "out_sharding" in kwargs:
+                kwargs = dict(kwargs, out_sharding=_jit.to_jax_spec(kwargs["out_sharding"]))
             fn = _lookup(namespace, name, jax_side=True)
             if fn is _MISSING:
                 raise AttributeError(

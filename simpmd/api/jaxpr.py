@@ -40,6 +40,10 @@ def trace_function(fun, args, kwargs, static=(), axis_env=None, keep_weak=False)
     named axes: its program, and its results' tree structure."""
     axes = tuple((name, int(size)) for name, size in (axis_env or ()))
     run = Run([], axes, abstract=True)
+    placed = [x for x in tree.flatten((args, kwargs))[0] if hasattr(x, "layout")]
+    if placed and not axes:                # arrays on a mesh: their sharding types
+        from .jit_run import JitRun
+        run = JitRun(placed[0].mesh, abstract=True)
     positions = {a % max(len(args), 1) for a in static}
     dynamic = [i for i in range(len(args)) if i not in positions]
     leaves, treedef = tree.flatten(([args[i] for i in dynamic], kwargs))
@@ -66,6 +70,8 @@ def trace_function(fun, args, kwargs, static=(), axis_env=None, keep_weak=False)
 def _aval(x, keep_weak=False):
     """The type JAX gives an argument (64-bit numbers as 32-bit, without x64; a Python
     number weakly typed only where JAX keeps it so, as ``eval_shape`` does)."""
+    if isinstance(getattr(x, "aval", None), Aval):             # an array on a mesh
+        return x.aval
     if is_shape(x):
         return aval_of_shape(x)
     if hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, np.ndarray):

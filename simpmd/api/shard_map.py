@@ -120,14 +120,8 @@ class ShardMapped:
         if axis_names and not set(axis_names) <= set(mesh.axis_names):
             raise ShardingError(f"axis_names={set(axis_names)} must be a subset of the mesh's "
                                 f"axes {mesh.axis_names}.")
-        if axis_names and set(axis_names) != set(mesh.axis_names):
-            raise ShardingError(
-                f"axis_names={set(axis_names)} asks for a body that is manual over only some "
-                f"mesh axes (the compiler would handle the rest). simpmd simulates the fully "
-                f"manual form only: leave axis_names out, and name the other axes in the specs "
-                f"or leave them out of the specs to replicate along them.")
         functools.update_wrapper(self, fun)
-        self.fun, self.mesh = fun, mesh
+        self.fun, self.mesh, self.axis_names = fun, mesh, frozenset(axis_names)
         self.in_specs, self.out_specs = in_specs, out_specs
         self.check_vma, self.eager = check_vma, eager
         self.trace = None
@@ -187,11 +181,20 @@ class ShardMapped:
     # -- calling ---------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
         parent = context.run
+        if parent is not None and hasattr(parent, "mesh"):     # inside jit: an equation
+            from .jit_run import shard_map_in_jit
+            return shard_map_in_jit(self, args)
         if parent is not None:
             _refuse_nesting(parent)
         if bridge.inside_jax(args):
             # Inside a real JAX trace (jax.jit, a cross-check): this is jax.shard_map's job.
             return bridge.jax.shard_map_on_jax(self)(*args)
+        if self.axis_names and self.axis_names != set(self.mesh.axis_names):
+            raise ShardingError(
+                f"axis_names={set(self.axis_names)} asks for a body that is manual over only "
+                f"some mesh axes, with the compiler handling the others: that needs jit "
+                f"around it (as in JAX). Call it inside simpmd.jit, or leave axis_names out "
+                f"and name the other axes in the specs (or leave them out to replicate).")
         if kwargs:
             raise TypeError(
                 f"shard_map'd functions take positional arguments only (as in JAX), got "

@@ -156,8 +156,19 @@ def where(condition, x=None, y=None):
                aval_of(x).ndim, aval_of(y).ndim)
     condition = _to_rank(convert(condition, np.bool_), rank)
     shape = np.broadcast_shapes(*(aval_of(v).shape for v in (condition, x, y)))
-    condition, x, y = (broadcast_to(v, shape) for v in (condition, x, y))
+    layout = _broadcast_layout(condition, x, y)      # under jit: where jnp puts them
+    condition, x, y = (broadcast_to(v, shape, out_sharding=layout) for v in (condition, x, y))
     return bind(P.select_n, condition, y, x)
+
+
+def _broadcast_layout(*xs):
+    """Under jit, the sharding broadcasting ``xs`` together gives (jnp broadcasts every
+    operand of ``where`` to it); None elsewhere."""
+    mesh = getattr(context.run, "mesh", None)
+    if mesh is None or all(aval_of(x).sharding is None for x in xs):
+        return None
+    from .partition import Sharding, broadcast_sharding
+    return Sharding(mesh, broadcast_sharding(mesh, [aval_of(x) for x in xs]))
 
 
 # -- shapes ------------------------------------------------------------------------------------
@@ -176,7 +187,7 @@ def _axes(axis, ndim):
     return tuple(sorted(_axis(int(a), ndim) for a in axes))
 
 
-def reshape(x, *shape, order="C"):
+def reshape(x, *shape, order="C", out_sharding=None):
     if order != "C":
         raise NotImplementedError("reshape with order other than 'C'")
     shape = shape[0] if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)) else shape
@@ -188,9 +199,9 @@ def reshape(x, *shape, order="C"):
     if -1 in shape or math.prod(shape) != size:
         raise TypeError(f"cannot reshape a value of shape {x.aval.shape} ({size} elements) "
                         f"into shape {tuple(shape)}.")
-    if tuple(shape) == x.aval.shape:
+    if tuple(shape) == x.aval.shape and out_sharding is None:
         return x
-    return bind(P.reshape, x, new_sizes=tuple(shape), dimensions=None, sharding=None)
+    return bind(P.reshape, x, new_sizes=tuple(shape), dimensions=None, sharding=out_sharding)
 
 
 def transpose(x, *axes):
@@ -236,7 +247,7 @@ def ravel(x):
     return reshape(x, -1)
 
 
-def broadcast_to(x, shape):
+def broadcast_to(x, shape, out_sharding=None):
     shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
     if not is_value(x):
         return np.broadcast_to(x, shape) if np.shape(x) != shape else x
@@ -244,7 +255,8 @@ def broadcast_to(x, shape):
         return x
     ndim = x.aval.ndim
     return bind(P.broadcast_in_dim, x, shape=shape,
-                broadcast_dimensions=tuple(range(len(shape) - ndim, len(shape))), sharding=None)
+                broadcast_dimensions=tuple(range(len(shape) - ndim, len(shape))),
+                sharding=out_sharding)
 
 
 def astype(x, dtype, copy=False):
@@ -394,7 +406,7 @@ def argsort(x, axis=-1):
 # -- products ---------------------------------------------------------------------------------
 
 
-def matmul(a, b):
+def matmul(a, b, out_sharding=None, preferred_element_type=None):
     a, b = promoted(a, b, ranks=False)
     na, nb = aval_of(a).ndim, aval_of(b).ndim
     if na == 0 or nb == 0:
@@ -402,7 +414,7 @@ def matmul(a, b):
     if na == 1 or nb <= 2:         # a matrix on the right: no batch, as jnp.matmul binds it
         dims = (([na - 1], [0 if nb == 1 else nb - 2]), ([], []))
         return bind(P.dot_general, a, b, dimension_numbers=dims,
-                    preferred_element_type=aval_of(a).dtype)
+                    preferred_element_type=aval_of(a).dtype, out_sharding=out_sharding)
     if na != nb:                   # line the batch dimensions up
         rank = max(na, nb)
         a, b = _to_rank(a, rank), _to_rank(b, rank)
@@ -411,19 +423,36 @@ def matmul(a, b):
     batch = np.broadcast_shapes(shape_a[:-2], shape_b[:-2])
     a, b = broadcast_to(a, batch + shape_a[-2:]), broadcast_to(b, batch + shape_b[-2:])
     nbatch = list(range(na - 2))
+    _check_batch_shardings(a, b, nbatch)
     return bind(P.dot_general, a, b, dimension_numbers=(([na - 1], [nb - 2]), (nbatch, nbatch)),
-                preferred_element_type=aval_of(a).dtype)
+                preferred_element_type=aval_of(a).dtype, out_sharding=out_sharding)
 
 
-def dot(a, b):
+def _check_batch_shardings(a, b, batch):
+    """Under jit, jnp.matmul wants each batch dim split alike on both operands."""
+    sa, sb = aval_of(a).sharding, aval_of(b).sharding
+    from .partition import settings
+    if (sa is None and sb is None) or not settings.matmul_batch:
+        return
+    da = sa.dims if sa is not None else ((),) * aval_of(a).ndim
+    db = sb.dims if sb is not None else ((),) * aval_of(b).ndim
+    if any(aval_of(a).shape[d] != 1 and da[d] != db[d] for d in batch):
+        raise ValueError(
+            f"Incompatible types for matmul arguments: {aval_of(a).str_short()} and "
+            f"{aval_of(b).str_short()} (JAX's words): a batch dimension is split on one "
+            f"operand and not alike on the other. reshard one operand so they agree.")
+
+
+def dot(a, b, out_sharding=None, preferred_element_type=None):
     if aval_of(a).ndim == 0 or aval_of(b).ndim == 0:
         return multiply(a, b)
     if aval_of(b).ndim <= 2:
-        return matmul(a, b)
-    return tensordot(a, b, ([aval_of(a).ndim - 1], [aval_of(b).ndim - 2]))
+        return matmul(a, b, out_sharding=out_sharding)
+    return tensordot(a, b, ([aval_of(a).ndim - 1], [aval_of(b).ndim - 2]),
+                     out_sharding=out_sharding)
 
 
-def tensordot(a, b, axes=2):
+def tensordot(a, b, axes=2, out_sharding=None):
     a, b = promoted(a, b, ranks=False)
     na, nb = aval_of(a).ndim, aval_of(b).ndim
     if isinstance(axes, int):
@@ -432,7 +461,7 @@ def tensordot(a, b, axes=2):
               [axes[1]] if isinstance(axes[1], int) else list(axes[1]))
     return bind(P.dot_general, a, b, dimension_numbers=(([_axis(x, na) for x in la],
                                                         [_axis(x, nb) for x in lb]), ([], [])),
-                preferred_element_type=aval_of(a).dtype)
+                preferred_element_type=aval_of(a).dtype, out_sharding=out_sharding)
 
 
 def outer(a, b):
@@ -440,7 +469,7 @@ def outer(a, b):
                     ravel(b) if is_value(b) else np.ravel(b))
 
 
-def einsum(subscripts, *operands, **kwargs):
+def einsum(subscripts, *operands, out_sharding=None, **kwargs):
     """Two operands as one dot_general (and transposes), as jnp.einsum does."""
     if len(operands) != 2 or "->" not in subscripts or "." in subscripts or kwargs:
         return numpy_function(np.einsum, (subscripts,) + operands, kwargs)
@@ -460,8 +489,14 @@ def einsum(subscripts, *operands, **kwargs):
     sb = "".join(c for c in sb if c in sa or c in out)
     dims = (([sa.index(c) for c in contract], [sb.index(c) for c in contract]),
             ([sa.index(c) for c in batch], [sb.index(c) for c in batch]))
-    y = bind(P.dot_general, a, b, dimension_numbers=dims, preferred_element_type=aval_of(a).dtype)
     got = batch + [c for c in sa if c not in sb] + [c for c in sb if c not in sa]
+    mesh = getattr(context.run, "mesh", None)
+    if out_sharding is not None and mesh is not None:    # the product's dims: `got`'s order
+        from .partition import resolve, Sharding
+        layout = resolve(out_sharding, mesh, len(out))
+        out_sharding = Sharding(mesh, [layout[out.index(c)] for c in got])
+    y = bind(P.dot_general, a, b, dimension_numbers=dims, preferred_element_type=aval_of(a).dtype,
+             out_sharding=out_sharding)
     return transpose(y, [got.index(c) for c in out])
 
 
@@ -706,7 +741,8 @@ class Spelled:
     def argmin(self, axis=None, keepdims=False): return argmin(self, axis, keepdims)
     def cumsum(self, axis=None, dtype=None): return cumsum(self, axis, dtype)
     def cumprod(self, axis=None, dtype=None): return cumprod(self, axis, dtype)
-    def reshape(self, *shape, order="C"): return reshape(self, *shape, order=order)
+    def reshape(self, *shape, order="C", out_sharding=None):
+        return reshape(self, *shape, order=order, out_sharding=out_sharding)
     def transpose(self, *axes): return transpose(self, *axes)
     def swapaxes(self, a, b): return swapaxes(self, a, b)
     def squeeze(self, axis=None): return squeeze(self, axis)

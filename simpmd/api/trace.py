@@ -107,6 +107,11 @@ class Trace:
                 by_call.setdefault((len(e.coords), e.call), []).append(e)
         return [v for _, v in sorted(by_call.items(), key=lambda kv: min(e.step for e in kv[1]))]
 
+    def collective_counts(self) -> dict:
+        """The run's collectives by XLA's names, one per call: ``{'all-reduce': 1}``."""
+        from .jit import collective_counts
+        return collective_counts(self)
+
     def head(self, limit):
         """The first ``limit`` events (the columnar log writes out only those)."""
         if self._columnar():

@@ -185,7 +185,7 @@ def _value_and_grad(fun, argnums, has_aux, args, kwargs):
 def _zeros(leaf):
     aval = aval_of(leaf)
     return bind(_bid, np.zeros((), aval.dtype), shape=aval.shape, broadcast_dimensions=(),
-                sharding=None)
+                sharding=aval.sharding)
 
 
 def _cast(c, aval):

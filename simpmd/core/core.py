@@ -355,12 +355,13 @@ def pretty(program, width=80) -> str:
 
     def line(outs, prim_name, params, ins, indent=4):
         pad = " " * indent
-        shown = " ".join(f"{k}={_param_text(v, indent + 4)}" for k, v in sorted(params.items()))
+        pairs = params if isinstance(params, list) else sorted(params.items())   # (or in order)
+        shown = " ".join(f"{k}={_param_text(v, indent + 4)}" for k, v in pairs)
         one = f"{pad}{outs} = {prim_name}{f'[{shown}]' if shown else ''} {ins}".rstrip()
         if (len(one) <= width and "\n" not in one) or not shown:
             return [one]
         return ([f"{pad}{outs} = {prim_name}["]
-                + [f"{pad}  {k}={_param_text(v, indent + 2)}" for k, v in sorted(params.items())]
+                + [f"{pad}  {k}={_param_text(v, indent + 2)}" for k, v in pairs]
                 + [f"{pad}] {ins}".rstrip()])
 
     consts = " ".join(typed(v) for v in program.constvars)

@@ -271,7 +271,7 @@ def _select_stacked(pred, *cases):
 def _select_vjp(ct, ins, outs, wants):
     pred, cases = ins[0], ins[1:]
     zeros = bind(broadcast_in_dim, 0.0, shape=aval_of(ct).shape, broadcast_dimensions=(),
-                 sharding=None) if len(cases) > 1 else None
+                 sharding=aval_of(ct).sharding) if len(cases) > 1 else None
     zeros = bind(convert_element_type, zeros, new_dtype=ct.dtype, weak_type=False) if zeros is not None else None
     out = [None]
     for k, (c, w) in enumerate(zip(cases, wants[1:])):
@@ -322,7 +322,8 @@ def _reduction(name, method):
 def _restore(ct, x_aval, axes):
     """A reduced cotangent broadcast back over the reduced axes."""
     kept = tuple(d for d in range(x_aval.ndim) if d not in axes)
-    return bind(broadcast_in_dim, ct, shape=x_aval.shape, broadcast_dimensions=kept, sharding=None)
+    return bind(broadcast_in_dim, ct, shape=x_aval.shape, broadcast_dimensions=kept,
+                sharding=x_aval.sharding)
 
 
 def _sum_vjp(ct, ins, outs, wants, axes, out_sharding=None):
@@ -412,7 +413,8 @@ reshape = Primitive(
     "reshape", lambda x, new_sizes, dimensions=None, sharding=None:
     x.reshape(x.shape[:1] + tuple(new_sizes)), _reshape_abstract,
     vjp=lambda ct, ins, outs, wants, **p: [
-        bind(reshape, ct, new_sizes=_aval(ins[0]).shape, dimensions=None) if wants[0] else None],
+        bind(reshape, ct, new_sizes=_aval(ins[0]).shape, dimensions=None,
+             sharding=_aval(ins[0]).sharding) if wants[0] else None],
     cost=_layout_cost)
 
 
@@ -663,11 +665,11 @@ def _dot_vjp(ct, ins, outs, wants, dimension_numbers, precision=None,
                                nb + (0 if x_first else len(y_free)) + len(x_free)))
         dims = ((tuple(ct_free_y), tuple(y_free)), (tuple(range(nb)), tuple(yb)))
         y_val = ins[1] if x_first else ins[0]
-        prod = bind(dot_general, ct, y_val, dimension_numbers=dims,
-                    preferred_element_type=x.dtype)
         # prod's dims: batch, x free (in ct order), y's contracting dims (in order of yc sorted)
         y_rest = [d for d in range(y.ndim) if d not in yb and d not in y_free]
         placed = list(xb) + x_free + [xc[list(yc).index(d)] for d in y_rest]
+        prod = bind(dot_general, ct, y_val, dimension_numbers=dims, preferred_element_type=x.dtype,
+                    out_sharding=x.sharding and x.sharding.transpose(placed))
         perm = tuple(int(i) for i in np.argsort(placed))
         return bind(transpose, prod, permutation=perm) if perm != tuple(range(len(perm))) else prod
     return [one(lhs, rhs, lc, rc, lb, rb, True) if wants[0] else None,
@@ -729,7 +731,7 @@ def _gather_vjp(ct, ins, outs, wants, indexer, mode=None):
     x = _aval(ins[0])
     zeros = bind(broadcast_in_dim, bind(convert_element_type, 0.0, new_dtype=ct.dtype,
                                         weak_type=False),
-                 shape=x.shape, broadcast_dimensions=(), sharding=None)
+                 shape=x.shape, broadcast_dimensions=(), sharding=x.sharding)
     return [bind(scatter_add, zeros, ct, *ins[1:], indexer=indexer)] + [None] * (len(ins) - 1)
 
 

@@ -52,8 +52,12 @@ class Recorder:
                 var = self.input(x)
                 self.lifted.append((var, x))
                 return var
-        if x.stack is not None:           # a concrete value from outside: a constant
-            return Lit(x.stack[0] if x.stack.shape[0] == 1 else x.stack)
+        if x.stack is not None and x.stack.shape[0] == 1:     # a concrete value: a constant
+            return Lit(x.stack[0])
+        if x.stack is not None:           # every device's own concrete value: an input
+            var = self.input(x)
+            self.lifted.append((var, x))
+            return var
         raise errors.UnexpectedTracerError(
             f"a traced value {x!r} was used outside the body it belongs to (it leaked out "
             f"of an earlier trace, e.g. through a global or a list). Real JAX raises "

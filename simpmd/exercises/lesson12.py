@@ -138,6 +138,10 @@ def check_megatron(layer) -> Verdict:
             if "jax.numpy" in used or "valid JAX type" in str(e):
                 return _say(False, "the layer calls jax.numpy (jnp), whose functions take JAX "
                             f"arrays, not simpmd's sharded ones; {_USE_SIMPMD_NUMPY}.")
+            if "numpy" in used:
+                return _say(False, "the layer calls a NumPy function (np.tanh, np.matmul), which "
+                            "jit refuses on a traced array, as JAX does, and NumPy has no "
+                            f"out_sharding; {_USE_SIMPMD_NUMPY}.")
             if "out_sharding" in str(e):
                 return _say(False, "the second product sums over the dim split on "
                             "'model' on both sides, so JAX asks where the sum goes. Pass "
@@ -163,7 +167,7 @@ def check_megatron(layer) -> Verdict:
     if [op for op, _ in calls] != ["psum"]:
         ops = [op for op, _ in calls]
         by = [why.removeprefix("jit: ") for _, why in calls]
-        if by[0] == "matmul" and "reshard" in by:
+        if by[0] in ("dot_general", "matmul") and "reshard" in by:
             return _say(False, f"the right values, but jit inserted {ops}: the product left "
                         f"each device a slice of the sum ({ops[0]}), and the reshard of the "
                         f"output gathered it again ({ops[by.index('reshard')]}). Ask for the "

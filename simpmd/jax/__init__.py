@@ -4,8 +4,9 @@
                  ``jax.lax``; ``on_jax(f)`` runs a simpmd.shard_map program as ``jax.shard_map``
 ``devices.py``   which devices real JAX gets (fake CPU devices or the accelerator)
 ``crosscheck.py`` ``simpmd.crosscheck``: one function on both engines, compared
-``explicit.py``  the same for ``simpmd.jit`` with Explicit shardings
+``jit.py``       the same for ``simpmd.jit`` with sharding types: ``compare_jit``
 """
 from .handoff import shard_map_on_jax as on_jax
+from .jit import compare as compare_jit, hlo_collective_counts
 
-__all__ = ["on_jax"]
+__all__ = ["on_jax", "compare_jit", "hlo_collective_counts"]

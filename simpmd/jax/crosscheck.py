@@ -50,6 +50,7 @@ from .handoff import (Translation, find_shard_map, jax_version, shard_map_on_jax
                      _per_arg_axes, _static_split)
 from ..api.pmap import Pmapped, pmap as simpmd_pmap
 from ..api.shard_map import ShardMapped
+from ..api.jit import Jitted
 
 # Collective parameters that jax < 0.11 cannot lower when negative (0.10 may abort the process).
 # simpmd's names (trace events) and JAX's primitive names (jaxprs) both appear here.
@@ -550,6 +551,8 @@ def crosscheck(fun, *args, axis_name=None, in_axes=0, out_axes=0, static_broadca
     """
     if isinstance(fun, ShardMapped):
         return _crosscheck_shard_map(fun, args, rtol, atol)
+    if isinstance(fun, Jitted):
+        return _crosscheck_jit(fun, args, rtol, atol)
     if isinstance(fun, Pmapped):
         raise TypeError("crosscheck takes the function itself, not a simpmd.pmap of it: "
                         "crosscheck(f, x, axis_name='i') maps f on both engines.")
@@ -710,7 +713,11 @@ def _crosscheck_shard_map(program, args, rtol, atol) -> CrossCheckReport:
         else:
             try:
                 with quiet_jax():
-                    other.outputs = _to_numpy(shard_map_on_jax(program, devices=devices)(*args))
+                    on_jax = shard_map_on_jax(program, devices=devices)
+                    if _all_arrays(program, args):      # compiled once, as jax.jit runs it
+                        import jax
+                        on_jax = jax.jit(on_jax)
+                    other.outputs = _to_numpy(on_jax(*args))
             except Exception as exc:
                 other.error = exc
     except (ImportError, JaxDevicesError) as exc:
@@ -721,6 +728,84 @@ def _crosscheck_shard_map(program, args, rtol, atol) -> CrossCheckReport:
     if note:
         notes.append(note)
     return _logged(CrossCheckReport(name, runs, notes))
+
+
+def _all_arrays(program, args) -> bool:
+    """True when every argument is split by a spec (none is passed through as static)."""
+    try:
+        specs = tree.broadcast_prefix(program.in_specs, tuple(args), what="in_specs")
+    except ValueError:
+        return False
+    return all(s is not None for s in specs)
+
+
+def _crosscheck_jit(jitted, args, rtol, atol) -> CrossCheckReport:
+    """A ``simpmd.jit`` program against ``jax.jit`` on a mesh of the same shape and axis
+    types, its arguments placed as simpmd's are: the values, the result types, and the
+    kinds of collectives, simpmd's inserted ones against those in XLA's compiled HLO."""
+    from .. import api
+    from .jit import hlo_collective_counts, jax_mesh, type_text
+    J = api.jit
+    name = getattr(jitted.fun, "__name__", "jit program")
+    mesh = J._mesh_of(tree.flatten(args)[0])
+    shape = "x".join(str(n) for n in mesh.devices.shape) or "1"
+    sim = EngineRun("simpmd.jit", devices=f"{shape} simulated mesh", verdict="reference")
+    other, notes, widths = EngineRun("jax.jit"), [], set()
+    sim_types = kinds = None
+    try:
+        out = jitted(*args)
+        sim.outputs = _to_numpy(out)
+        sim_types = [str(J.typeof(y)) for y in tree.flatten(out)[0]]
+        kinds = {k for k in J.collective_counts(jitted.trace)}
+    except Exception as exc:
+        sim.error = exc
+    try:
+        import jax
+        devices = chosen_devices()
+        if devices is None or len(devices) < mesh.size:
+            use_jax_devices(max(mesh.size, 8))
+        jmesh = jax_mesh(mesh)
+        other.devices = f"{shape} {_device_text(jax.devices()).split()[-1]} mesh"
+        placed = [jax.device_put(np.asarray(x), jax.sharding.NamedSharding(
+            jmesh, J.to_jax_spec(x.sharding.spec))) if isinstance(x, J.ShardedArray) else x
+            for x in tree.flatten(args)[0]]
+        jargs = tree.unflatten(tree.flatten(args)[1], placed)
+        with quiet_jax(), jax.set_mesh(jmesh):
+            try:
+                jout = jax.jit(jitted.fun)(*jargs)
+                other.outputs = _to_numpy(jout)
+                hlo = jax.jit(jitted.fun).lower(*jargs).compile().as_text()
+                jax_kinds = set(hlo_collective_counts(hlo))
+                jax_types = [type_text(y, mesh) for y in jax.tree_util.tree_leaves(jout)]
+            except Exception as exc:
+                other.error = exc
+    except (ImportError, JaxDevicesError) as exc:
+        other.not_run = str(exc)
+    leaves = tree.flatten(sim.outputs)[0] if sim.error is None else []
+    _compare(sim, other, [None] * len(leaves), str, rtol, atol, widths)
+    if sim.error is None and other.error is None and not other.not_run:
+        if sim_types != jax_types:
+            other.verdict = "mismatch"
+            other.differences.append(f"result types: simpmd {', '.join(sim_types)}; JAX "
+                                     f"{', '.join(jax_types)}")
+        else:
+            notes.append(f"result types on both: {', '.join(sim_types)}")
+        notes.append(_collectives_note(kinds, jax_kinds, mesh))
+    note = _float_note(widths, rtol, atol, agreed=other.verdict != "mismatch")
+    if note:
+        notes.append(note)
+    return _logged(CrossCheckReport(name, [sim, other], notes))
+
+
+def _collectives_note(sim, xla, mesh) -> str:
+    from ..machine.mesh import AxisType, axis_types_of
+    text = lambda kinds: ", ".join(sorted(kinds)) or "none"        # noqa: E731
+    line = f"collectives: simpmd inserted {text(sim)}; XLA on CPU compiled {text(xla)}"
+    if any(t is AxisType.Auto for t in axis_types_of(mesh)):
+        return line + " (on Auto axes XLA chooses; simpmd shows none over them)"
+    if sim != xla:
+        return line + " (the same rule, another route: XLA's choice on this backend)"
+    return line
 
 
 def _logged(report: CrossCheckReport) -> CrossCheckReport:

@@ -248,6 +248,18 @@ def shard_map_on_jax(shard_mapped, *, devices=None, check_vma=None):
         raise ValueError("this shard_map was made with eager=True: its body uses Python "
                          "control flow on values, which real JAX cannot trace.")
     mesh = shard_mapped.mesh
+    check = shard_mapped.check_vma if check_vma is None else check_vma
+    shard_map, check_kw = find_shard_map(jax)
+    in_specs = _specs_for_jax(shard_mapped.in_specs, JaxP)
+    out_specs = _specs_for_jax(shard_mapped.out_specs, JaxP)
+    context_mesh = getattr(jax.sharding, "get_abstract_mesh", lambda: None)()
+    if (devices is None and context_mesh is not None and not context_mesh.empty
+            and tuple(context_mesh.axis_names) == tuple(mesh.axis_names)):
+        # inside jax.jit on a mesh of the same axes (jax.set_mesh): JAX's shard_map takes
+        # that mesh, as simpmd's does inside simpmd.jit
+        manual = {"axis_names": set(shard_mapped.axis_names)} if shard_mapped.axis_names else {}
+        return shard_map(shard_mapped.fun, in_specs=in_specs, out_specs=out_specs, **manual,
+                         **{check_kw or "check_vma": check})
     if devices is None:
         available = jax.devices()
         ids = [d.id for d in mesh.devices.flat]
@@ -260,10 +272,6 @@ def shard_map_on_jax(shard_mapped, *, devices=None, check_vma=None):
     grid = np.empty(mesh.size, dtype=object)
     grid[:] = list(devices)
     jax_mesh = JaxMesh(grid.reshape(mesh.devices.shape), mesh.axis_names)
-    check = shard_mapped.check_vma if check_vma is None else check_vma
-    in_specs = _specs_for_jax(shard_mapped.in_specs, JaxP)
-    out_specs = _specs_for_jax(shard_mapped.out_specs, JaxP)
-    shard_map, check_kw = find_shard_map(jax)
     return shard_map(shard_mapped.fun, mesh=jax_mesh, in_specs=in_specs, out_specs=out_specs,
                      **{check_kw or "check_vma": check})
 

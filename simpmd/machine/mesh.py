@@ -31,8 +31,9 @@ class AxisType(enum.Enum):
     """How a mesh axis is handled by ``jit``, as ``jax.sharding.AxisType``.
 
     ``Explicit``: the sharding is part of each array's type and every operation has a rule
-    for it (simpmd.explicit simulates these). ``Auto``: the compiler's partitioner chooses,
-    by heuristics simpmd does not reproduce. ``Manual``: inside a ``shard_map`` body.
+    for it (``simpmd.jit`` follows them). ``Auto``: the compiler's partitioner chooses, by
+    heuristics simpmd does not reproduce (it runs such programs with whole copies along
+    those axes, and says so). ``Manual``: inside a ``shard_map`` body.
     """
     Auto = "Auto"
     Explicit = "Explicit"

@@ -13,6 +13,8 @@ What to colour, and how to link the two sides, is one row per collective in
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import textwrap
 from dataclasses import dataclass
 from typing import Callable
@@ -141,7 +143,7 @@ _DEFAULT = Picture(_own, _own, "group", "?", "colour = {who}")
 
 def _call_events(trace, call):
     """The events of one collective call: from an index, an op name, or the events given."""
-    if isinstance(trace, (list, tuple)):
+    if isinstance(trace, Sequence):                  # a call's or a group's events
         events = list(trace)
     elif isinstance(call, (list, tuple)):
         events = list(call)
@@ -428,10 +430,12 @@ def _draw_call(ax, plan, *, leaf, title, index=None):
         _draw_groups(ax, plan, centre, extent, picture.symbol, fs)
 
     axes = first.axes[0] if len(first.axes) == 1 else tuple(first.axes)
-    params = ", ".join(f"{k}={v}" for k, v in first.params.items()
-                       if v not in (False, None) and k not in ("perm", "axis_index_groups"))
+    params = ", ".join(f"{k}={v}" for k, v in first.params.items() if v not in (False, None)
+                       and k not in ("perm", "axis_index_groups", "inserted"))
     if title is None:
         what = f"{first.op}({axes!r}{', ' + params if params else ''})"
+        if first.params.get("inserted"):                          # what jit inserted it for
+            what += f" inserted by {first.params['inserted']}"
         if getattr(first, "phase", "forward") == "backward":      # simpmd.grad's backward pass
             what = "backward pass: " + what
         title = (f"{'call ' + str(index) + ': ' if index is not None else ''}{what}: "
@@ -564,7 +568,7 @@ def draw_collective(trace, call=0, *, leaf: int = 0, max_numbers: int = 64, max_
     needs_values(trace, "draw_collective")
     events = _call_events(trace, call)
     index = None
-    if not isinstance(trace, (list, tuple)) and isinstance(call, int):
+    if not isinstance(trace, Sequence) and isinstance(call, int):
         index = call % len(trace.calls())
     plan = _plan(events, leaf, max_numbers, max_rows)
     fig, ax = figure_and_axes(ax, plan["width"], plan["height"])

@@ -56,7 +56,8 @@ def nbytes_text(n: int) -> str:
 
 
 def _params_text(e) -> str:
-    keep = {k: v for k, v in e.params.items() if v is not False and v is not None}
+    keep = {k: v for k, v in e.params.items() if v is not False and v is not None
+            and k != "inserted"}
     return ", ".join(f"{k}={v}" for k, v in keep.items())
 
 
@@ -74,6 +75,8 @@ def _row(e) -> dict:
         axes = e.axes[0] if len(e.axes) == 1 else e.axes
         params = _params_text(e)
         what = f"{e.op}({axes!r}{', ' + params if params else ''})"
+        if e.params.get("inserted"):             # a collective jit inserted, and for what
+            what = f"{e.op}({axes!r}) inserted by {e.params['inserted']}"
         if e.phase == "backward":
             what = "backward " + what
         moved = (f"{_leaves_summary(e.inputs or e.in_avals)} -> "
@@ -146,7 +149,8 @@ def table(trace, program=None) -> str:
 
 
 def text(trace) -> str:
-    return header(trace) + "\n" + table(trace)
+    notes = "".join(f"Note: {n}\n" for n in getattr(trace, "notes", ()))
+    return header(trace) + "\n" + notes + table(trace)
 
 
 def html_table(trace) -> str:
@@ -156,7 +160,8 @@ def html_table(trace) -> str:
                    for r in rows)
     more = len(trace) - len(rows)
     note = f"<p>... {more} more event(s)</p>" if more > 0 else ""
-    return (f"<div><pre>{html.escape(header(trace))}</pre>"
+    notes = "".join(f"<p>Note: {html.escape(n)}</p>" for n in getattr(trace, "notes", ()))
+    return (f"<div><pre>{html.escape(header(trace))}</pre>{notes}"
             f"<table style='font-family:monospace;font-size:90%'><thead><tr>{head}</tr></thead>"
             f"<tbody>{body}</tbody></table>{note}</div>")
 

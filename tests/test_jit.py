@@ -1,4 +1,4 @@
-"""simpmd.explicit: jit with Explicit shardings, checked against hand-worked blocks and NumPy.
+"""simpmd.jit with Explicit shardings, checked against hand-worked blocks and NumPy.
 
 Expectations are written out here (which rows and columns each device holds, which
 collective the rule needs, the bytes a ring moves), never read from simpmd's own output.
@@ -9,7 +9,9 @@ import pytest
 import simpmd
 import simpmd.numpy as snp
 from simpmd import P
-from simpmd.explicit import ShardingTypeError, collective_counts, hlo_collective_counts
+from simpmd import ShardingTypeError
+from simpmd.jax import hlo_collective_counts
+from simpmd.sharding import collective_counts
 
 
 @pytest.fixture
@@ -32,10 +34,10 @@ def test_make_mesh_defaults_to_explicit_and_mesh_to_auto():
 
 def test_set_mesh_is_a_context_manager():
     m = simpmd.make_mesh((8,), ("i",))
-    before = simpmd.explicit.get_mesh()
+    before = simpmd.get_mesh()
     with simpmd.set_mesh(m):
-        assert simpmd.explicit.get_mesh() is m
-    assert simpmd.explicit.get_mesh() is before
+        assert simpmd.get_mesh() is m
+    assert simpmd.get_mesh() is before
 
 
 def test_typeof_prints_like_jax(mesh):
@@ -85,8 +87,8 @@ def test_all_reduce_for_a_replicated_result(mesh):
     np.testing.assert_allclose(e5.inputs[0], a[8:16, 8:16] @ b[8:16], rtol=1e-5)   # its partial sum
     np.testing.assert_allclose(e5.outputs[0], (a @ b)[8:16], rtol=1e-5)
     assert e5.bytes_sent == 2 * 3 * (8 * 8 * 4) // 4           # ring all-reduce: 2(p-1)/p of the block
-    assert e5.params["inserted"] == "jit: matmul"
-    assert e5.source.startswith("test_explicit.py:")
+    assert e5.params["inserted"] == "jit: dot_general"
+    assert e5.source.startswith("test_jit.py:")
 
 
 def test_reduce_scatter_for_a_split_result(mesh):
@@ -174,10 +176,12 @@ def test_slice_moves_blocks_by_permutes(mesh):
     np.testing.assert_array_equal(y.block(4), a[4:8])
     (call,) = f.trace.calls()
     assert {e.op for e in call} == {"ppermute"} and call[0].params["perm"] == ((0, 1),)
-    with pytest.raises(ShardingTypeError, match="refuses"):
-        x[3]
-    with pytest.raises(ShardingTypeError, match="divide"):
-        x[:3]
+    with pytest.raises(ShardingTypeError, match="not divisible"):
+        simpmd.jit(lambda x: x[3])(x)
+    with pytest.raises(ShardingTypeError, match="divis"):
+        simpmd.jit(lambda x: x[:3])(x)
+    with pytest.raises(ShardingTypeError, match="outside jit"):     # a gather, in JAX too
+        x[:8]
 
 
 def test_reshape_rules(mesh):
@@ -211,12 +215,18 @@ def test_concatenate(mesh):
         snp.concatenate([x, simpmd.device_put(a, P("data", None))])
 
 
-def test_auto_axes_are_not_simulated():
+def test_auto_axes_run_and_say_that_xla_chooses():
     raw = simpmd.Mesh(np.array(simpmd.devices()[:8]).reshape(2, 4), ("data", "model"))
-    x = simpmd.device_put(arange(16, 32), simpmd.NamedSharding(raw, P("data", "model")))
+    a = arange(16, 32)
+    x = simpmd.device_put(a, simpmd.NamedSharding(raw, P("data", "model")))
     assert str(simpmd.typeof(x)) == "float32[16,32]"            # JAX prints no @ for Auto axes
-    with pytest.raises(ShardingTypeError, match="Auto"):
-        x + 1
+    np.testing.assert_array_equal(x.block(6), a[8:16, 16:24])    # placed as asked
+    f = simpmd.jit(lambda x: (x * 2).sum(0))
+    y = f(x)
+    assert str(simpmd.typeof(y)) == "float32[32]"
+    np.testing.assert_array_equal(np.asarray(y), (a * 2).sum(0))
+    assert f.trace.calls() == []                                # no collective over Auto axes
+    assert "XLA's partitioner chooses" in str(f.trace)
 
 
 def test_trace_is_costed_and_drawn(mesh):
@@ -229,7 +239,7 @@ def test_trace_is_costed_and_drawn(mesh):
     from simpmd import cost
     est = cost.estimate_trace(f.trace, hardware="TPU v4")
     assert len(est.collectives) == 2 and all(c.estimate.time_s > 0 and c.estimate.op == "all_reduce" for c in est.collectives)
-    assert "psum('model', inserted=jit: matmul)" in str(f.trace)
+    assert "psum('model') inserted by jit: dot_general" in str(f.trace)
     fig = f.trace.draw()
     assert fig is not None
 
@@ -250,12 +260,110 @@ def test_simpmd_numpy_routes_by_argument(mesh):
     assert str(simpmd.typeof(y)) == "float32[16@data,8]"
     np.testing.assert_allclose(np.asarray(y), a @ b)
     assert isinstance(snp.tanh(a), np.ndarray)                 # plain NumPy stays NumPy
-    with pytest.raises(ShardingTypeError, match="no sharding rule"):
-        snp.cumsum(simpmd.device_put(a, P("data")))
+    with pytest.raises(ShardingTypeError, match="unsharded over the axis"):
+        snp.cumsum(simpmd.device_put(a, P("data")), axis=0)
 
 
 def test_eager_operations_log_their_collectives(mesh):
-    simpmd.explicit.eager_trace()                              # start empty
     x = simpmd.device_put(arange(16, 32), P("data", "model"))
     x.sum(0)
-    assert collective_counts(simpmd.explicit.eager_trace()) == {"all-reduce": 1}
+    assert collective_counts(simpmd.last_trace()) == {"all-reduce": 1}
+    assert simpmd.last_trace().collective_counts() == {"all-reduce": 1}
+
+
+# -- traced once per signature, and what each device runs ----------------------------------------
+
+def test_traced_once_per_signature_static_arguments_included(mesh):
+    calls = []
+
+    def f(x, n):
+        calls.append(n)
+        return x * n
+    g = simpmd.jit(f, static_argnums=1)
+    x = simpmd.device_put(arange(8, 4), P("data"))
+    g(x, 2), g(x, 2)
+    assert calls == [2]
+    np.testing.assert_array_equal(np.asarray(g(x, 3)), arange(8, 4) * 3)
+    assert calls == [2, 3]                                       # a new static value
+    g(simpmd.device_put(arange(16, 4), P("data")), 2)
+    assert calls == [2, 3, 2]                                    # a new shape
+
+
+def megatron_args():
+    x = simpmd.device_put(arange(16, 8) / 100, P("data", None))
+    w1 = simpmd.device_put(arange(8, 32) / 100, P(None, "model"))
+    w2 = simpmd.device_put(arange(32, 8) / 100, P("model", None))
+    return x, w1, w2
+
+
+MLP = simpmd.jit(lambda x, w1, w2: snp.matmul(snp.tanh(x @ w1), w2, out_sharding=P("data", None)))
+
+
+def test_compiled_program_is_what_each_device_runs(mesh):
+    compiled = MLP.lower(*megatron_args()).compile()
+    eqns = compiled.program.eqns
+    assert [e.primitive.name for e in eqns] == ["dot_general", "tanh", "dot_general", "psum"]
+    # each device: its (8, 8) rows of x times its (8, 8) columns of W1, then (8, 8) @ (8, 8)
+    assert [v.aval.shape for v in eqns[0].invars] == [(8, 8), (8, 8)]
+    assert eqns[3].params["axes"] == ("model",) and eqns[3].outvars[0].aval.shape == (8, 8)
+    assert compiled.collective_counts() == {"all-reduce": 1}
+    assert "psum[axes=('model',)" in compiled.as_text()
+    assert "jit[" in MLP.lower(*megatron_args()).as_text()
+
+
+def test_roofline_and_timeline_of_a_jit_function(mesh):
+    import matplotlib
+    matplotlib.use("Agg")
+    from simpmd import cost
+    r = cost.roofline(MLP, *megatron_args(), hardware="TPU v5e")
+    rows = {e.primitive: e for e in r.equations}
+    assert rows["dot_general"].flops == 2 * 8 * 8 * 8             # one device's block product
+    assert rows["psum"].axes == ("model",) and rows["psum"].comm_bytes == 2 * 3 / 4 * 8 * 8 * 4
+    MLP(*megatron_args())
+    from simpmd.viz.timeline import model_timeline
+    tl = model_timeline(MLP.trace, "TPU v5e")
+    assert "roofline" in tl.compute_model
+    comm = [s for s in tl.segments if s.kind == "comm"]
+    assert len(comm) == 8 and {s.label for s in comm} == {"psum"}
+    assert MLP.trace.draw_timeline("TPU v5e") is not None
+
+
+def test_every_row_has_a_sharding_rule_but_collectives_and_calls():
+    from simpmd.api import partition
+    assert partition.rows_without_rules() == sorted([
+        "all_gather", "all_to_all", "axis_index", "debug_callback", "dynamic_slice", "pmax",
+        "pmean", "pmin", "ppermute", "psum", "pvary", "reduce_scatter", "xla_pmap"])
+
+
+def test_a_collective_inside_jit_needs_shard_map(mesh):
+    x = simpmd.device_put(arange(8, 4), P("data"))
+    with pytest.raises(simpmd.UnboundAxisError, match="shard_map"):
+        simpmd.jit(lambda x: simpmd.lax.psum(x, "data"))(x)
+
+
+def test_a_jitted_function_inside_a_pmap_body_is_a_jit_equation():
+    calls = []
+
+    @simpmd.jit
+    def inner(x):
+        calls.append(1)
+        return x * 2.0
+    f = simpmd.pmap(lambda x: simpmd.lax.psum(inner(x), "i"), axis_name="i")
+    np.testing.assert_allclose(np.asarray(f(np.arange(8.0))), np.full(8, 2 * 28.0))
+    assert calls == [1]
+    assert "jit[" in str(simpmd.make_jaxpr(f)(np.arange(8.0)))
+    g = simpmd.grad(lambda x: inner(x).sum())(np.ones(3, np.float32))
+    np.testing.assert_allclose(g, np.full(3, 2.0))
+
+
+def test_a_partial_sum_resharded_and_used_again_is_summed_for_each_use(mesh):
+    all8 = P(("data", "model"), None)
+    a, b = arange(32, 16) / 100, arange(32, 8) / 100
+
+    def f(x, y):
+        g = snp.matmul(x.T, y, out_sharding=P())      # each device: a partial sum
+        return simpmd.reshard(g, all8), g + 1.0      # one use keeps a slice, one the whole
+    split, whole = simpmd.jit(f)(simpmd.device_put(a, all8), simpmd.device_put(b, all8))
+    np.testing.assert_allclose(np.asarray(split), a.T @ b, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(whole), a.T @ b + 1, rtol=1e-5)
+    assert collective_counts(simpmd.last_trace()) == {"all-reduce": 1, "reduce-scatter": 1}

@@ -1,0 +1,634 @@
+"""``simpmd.jit``: a function traced once per signature into a program, whose values are
+typed by their sharding, and run over every device of a mesh.
+
+Since jax 0.9 ``jax.make_mesh`` gives *Explicit* axes: an array's sharding is part of its
+type (``jax.typeof(x)`` prints ``float32[16@data,32@model]``), every primitive has a rule
+that gives its result's sharding from its operands' (``partition.py``), and where the rule
+cannot decide JAX raises and asks for ``out_sharding=``. The compiler then inserts the
+collectives that make each device's block of every result right. simpmd does the same on
+simulated devices, with JAX's names::
+
+    mesh = simpmd.make_mesh((2, 4), ('data', 'model'))      # Explicit axes
+    simpmd.set_mesh(mesh)
+    x = simpmd.device_put(x_np, P('data', 'model'))
+    f = simpmd.jit(lambda x, w: snp.matmul(x, w, out_sharding=P('data', None)))
+    y = f(x, w)                   # traced once for this signature, then run
+    simpmd.typeof(y)              # float32[16@data,8]
+    print(f.trace)                # the all-reduce over 'model' the product needed
+
+It is the one program of the engine: ``jit`` traces the body (``core/program.py``) on a
+:class:`~simpmd.api.jit_run.JitRun`, whose abstract evaluation gives every value its
+sharding, and runs the program on a concrete one, where each value's stack holds every
+device's block (``jit_run.py``; the rules and plans of the rows are ``partition.py``).
+This module is the front end: the mesh of ``set_mesh``, arrays placed on it
+(``device_put``, :class:`ShardedArray`, whose operations outside jit run one by one, as
+JAX's do), ``reshard``, ``typeof``, ``jit`` itself (the signature cache, ``lower`` and
+``compile``), and ``grad`` of sharded arrays.
+"""
+from __future__ import annotations
+
+import contextvars
+import functools
+
+import numpy as np
+
+from ..core import bridge, dtypes, tree
+from ..core.autodiff import grad as _grad, value_and_grad as _value_and_grad
+from ..core.core import Aval, aval_of, bind, context, running
+from ..core.program import cached, eval_program, store, trace
+from ..core.values import StackedValue
+from ..machine.mesh import AxisType, Mesh, NamedSharding, PartitionSpec, axis_types_of
+from . import partition as R
+from .jit_run import JitRun, MeshText, jit_p, per_device_program, reshard_p
+from .partition import Sharding, ShardingTypeError, all_explicit, count, dims_of, whole
+from .spmd import record_trace
+from .trace import Trace
+
+
+# -- the mesh that P(...) refers to: set_mesh ----------------------------------------------------
+
+_MESH: contextvars.ContextVar = contextvars.ContextVar("simpmd_mesh", default=None)
+
+
+class set_mesh:
+    """Make ``mesh`` the one that ``P(...)`` refers to, like ``jax.set_mesh``: called alone
+    it sets the mesh until changed; ``with simpmd.set_mesh(mesh):`` puts the previous one
+    back at the end of the block."""
+
+    def __init__(self, mesh: Mesh):
+        if not isinstance(mesh, Mesh):
+            raise TypeError(f"set_mesh takes a simpmd Mesh (simpmd.make_mesh(...)), got {mesh!r}")
+        self.mesh, self._token = mesh, _MESH.set(mesh)
+
+    def __enter__(self):
+        return self.mesh
+
+    def __exit__(self, *exc):
+        _MESH.reset(self._token)
+        return False
+
+
+def get_mesh():
+    """The mesh set by :class:`set_mesh`, or None."""
+    return _MESH.get()
+
+
+def _one_device_mesh():
+    from ..machine.devices import devices
+    return Mesh(np.array(devices()[0], dtype=object).reshape(()), ())
+
+
+# -- arrays on a mesh ---------------------------------------------------------------------------
+
+
+class ShapedArray:
+    """What ``simpmd.typeof`` gives: shape, dtype and sharding, printed as JAX prints them
+    (``float32[16@data,32@model]``; Auto axes carry no ``@``)."""
+
+    def __init__(self, aval):
+        self.aval = aval
+        self.shape, self.dtype = aval.shape, aval.dtype
+
+    @property
+    def sharding(self):
+        s = self.aval.sharding
+        return NamedSharding(s.mesh, s.spec) if s is not None else None
+
+    def str_short(self) -> str:
+        short = self.aval.str_short()             # f32[8,32@model]{V:data}
+        return np.dtype(self.dtype).name + short[short.index("["):]
+
+    __str__ = str_short
+
+    def __repr__(self):
+        return f"ShapedArray({self.str_short()})"
+
+    def __eq__(self, other):
+        return isinstance(other, ShapedArray) and self.aval == other.aval
+
+    __hash__ = None
+
+
+def typeof(x) -> ShapedArray:
+    """The type of ``x`` with its sharding, like ``jax.typeof``: ``float32[16@data,32@model]``
+    (inside a jit body too, where it is the traced value's type)."""
+    if bridge.inside_jax(x) or type(x).__module__.startswith("jax"):
+        import jax
+        return jax.typeof(x)
+    if isinstance(x, (ShardedArray, StackedValue)):
+        return ShapedArray(x.aval)
+    return ShapedArray(_arg_aval(x))
+
+
+def _arg_aval(x):
+    """The type JAX gives a plain argument (64-bit numbers as 32-bit, without x64)."""
+    if dtypes.is_weak_scalar(x):
+        return aval_of(x)
+    a = np.asarray(x)
+    return Aval(a.shape, dtypes.canonical(a.dtype))
+
+
+class ShardedArray:
+    """An array placed on a mesh of simulated devices: every device's block (``stack``,
+    one row per device in the mesh's row-major order) and its type. ``x.block(6)`` is
+    device 6's block; ``np.asarray(x)`` assembles the whole array, as for a ``jax.Array``;
+    ``x.addressable_shards`` lists the blocks. Operators and methods run as JAX runs them
+    outside jit: each operation compiled alone (its collectives in ``simpmd.last_trace()``)."""
+
+    __array_priority__ = 1000
+
+    def __init__(self, aval, stack, mesh, layout=None):
+        self.aval, self.stack, self.mesh = aval, stack, mesh
+        self.layout = dims_of(aval) if layout is None else tuple(layout)   # Auto axes too
+
+    shape = property(lambda self: self.aval.shape)
+    dtype = property(lambda self: self.aval.dtype)
+    ndim = property(lambda self: self.aval.ndim)
+    size = property(lambda self: self.aval.size)
+    nbytes = property(lambda self: self.aval.nbytes)
+
+    @property
+    def sharding(self) -> NamedSharding:
+        return NamedSharding(self.mesh, Sharding(self.mesh, self.layout).spec)
+
+    def block(self, device_id: int) -> np.ndarray:
+        """The block that simulated device ``device_id`` holds."""
+        ids = [d.id for d in self.mesh.devices.flat]
+        if device_id not in ids:
+            raise ValueError(f"device {device_id} is not in the mesh {self.mesh}")
+        return self.stack[ids.index(device_id)]
+
+    @property
+    def addressable_shards(self) -> list:
+        from ..machine.array import Shard
+        from ..machine.mesh import block_slices, replica_id
+        spec = self.sharding.spec
+        return [Shard(d, block_slices(spec, self.mesh, self.shape, self.mesh.coords_of(k)),
+                      self.stack[k], replica_id(spec, self.mesh, self.mesh.coords_of(k)))
+                for k, d in enumerate(self.mesh.devices.flat)]
+
+    def devices(self) -> set:
+        return set(self.mesh.devices.flat)
+
+    def __array__(self, dtype=None, copy=None):
+        from .shard_map import _join_blocks
+        whole_ = _join_blocks(np.asarray(self.stack), self.sharding.spec, self.mesh)
+        return whole_ if dtype is None else whole_.astype(dtype)
+
+    def value_in(self, run) -> StackedValue:
+        """This array as a value of ``run``: its blocks as its type lays them out (a split
+        over an Auto axis is the compiler's business: the blocks are whole along it)."""
+        if run.mesh != self.mesh:
+            raise ShardingTypeError(f"an array on {self.mesh!r} was used with arrays on "
+                                    f"{run.mesh!r}; device_put it onto one mesh first.")
+        stack = self.stack
+        if self.layout != dims_of(self.aval):
+            from .shard_map import _stack_blocks
+            stack = _stack_blocks(np.asarray(self), Sharding(self.mesh, dims_of(self.aval)).spec,
+                                  self.mesh)
+        return StackedValue(self.aval, stack)
+
+    def __repr__(self):
+        body = np.array2string(np.asarray(self), separator=", ", prefix="ShardedArray(")
+        return f"ShardedArray({body}, type={typeof(self)})"
+
+    def __len__(self):
+        if not self.shape:
+            raise TypeError("len() of an unsized array (a scalar)")
+        return self.shape[0]
+
+    def __iter__(self):
+        return iter(np.asarray(self))
+
+    def __bool__(self): return bool(np.asarray(self))
+    def __float__(self): return float(np.asarray(self))
+    def __int__(self): return int(np.asarray(self))
+    def __index__(self): return int(np.asarray(self))
+    def item(self, *args): return np.asarray(self).item(*args)
+    def tolist(self): return np.asarray(self).tolist()
+    def block_until_ready(self): return self
+    T = property(lambda self: on_mesh(lambda v: v.T, (self,)))
+    real = property(lambda self: on_mesh(lambda v: v.real, (self,)))
+    imag = property(lambda self: on_mesh(lambda v: v.imag, (self,)))
+
+
+def _install_operators():
+    """Each operator and method of a traced value, run on the mesh at once (JAX runs each
+    operation outside jit as a small program of its own)."""
+    from .spelling import Spelled
+    skip = {"__setitem__", "__len__", "__iter__", "__array_ufunc__", "__array_function__",
+            "T", "real", "imag", "at", "__dict__", "__weakref__", "__module__", "__doc__",
+            "__qualname__"}
+    for name, method in vars(Spelled).items():
+        if name in skip or not callable(method):
+            continue
+
+        def eager(self, *args, _method=method, **kwargs):
+            return on_mesh(_method, (self,) + args, kwargs)
+        eager.__name__ = name
+        setattr(ShardedArray, name, eager)
+    indexing = ShardedArray.__getitem__
+
+    def getitem(self, index):
+        _refuse_eager_slice(self, index)
+        return indexing(self, index)
+    ShardedArray.__getitem__ = getitem
+
+
+def _refuse_eager_slice(x, index):
+    """Outside jit, JAX indexes with a gather, which refuses to cut a split dimension
+    (under jit the same index is a slice, which keeps the split): checked on jax 0.10.2
+    and 0.12.0.1."""
+    index = index if isinstance(index, tuple) else (index,)
+    if not all(i is None or i is Ellipsis or isinstance(i, (int, np.integer, slice)) for i in index):
+        return
+    entries = [i for i in R._full_index(index, x.ndim)]
+    for d, (i, axes) in enumerate(zip(entries, dims_of(x.aval))):
+        if axes and not (isinstance(i, slice) and i.indices(x.shape[d]) == (0, x.shape[d], 1)):
+            raise ShardingTypeError(
+                f"x[{index}] outside jit cuts dimension {d} of {typeof(x)}, which is split "
+                f"over {axes}: JAX indexes outside jit with a gather, which refuses that "
+                f"('Use `.at[...].get(out_sharding=)` ...', JAX's words). Index under "
+                f"simpmd.jit (a slice there keeps the split), or reshard that dimension "
+                f"whole first.")
+
+
+def _placed(value, mesh, spec):
+    """A NumPy value as a ShardedArray laid out by ``spec`` on ``mesh`` (no traffic)."""
+    from ..machine.mesh import check_spec
+    from .shard_map import _stack_blocks
+    value = np.asarray(value)
+    value = value.astype(dtypes.canonical(value.dtype), copy=False)
+    check_spec(spec, mesh, f"the spec for an array of shape {value.shape}", value.ndim)
+    layout = R.resolve(spec, all_explicit(mesh), value.ndim, "device_put")
+    for d, (n, axes) in enumerate(zip(value.shape, layout)):
+        if axes and n % count(mesh, axes):
+            raise ShardingTypeError(
+                f"device_put: dimension {d} has size {n}, which the {count(mesh, axes)} "
+                f"devices of {axes} cannot split evenly. JAX requires even splits for a "
+                f"sharded array; pad the array or split that dimension over fewer devices.")
+    explicit = R.explicit_axes(mesh)
+    typed = tuple(tuple(a for a in axes if a in explicit) for axes in layout)
+    aval = Aval(value.shape, value.dtype, sharding=Sharding(mesh, typed))
+    return ShardedArray(aval, _stack_blocks(value, spec, mesh), mesh, layout)
+
+def device_put(x, sharding=None):
+    """Place ``x`` on the mesh, like ``jax.device_put(x, sharding)``: a ``NamedSharding``,
+    or a ``P(...)`` over the mesh of ``set_mesh``; None replicates it over that mesh.
+    Float64 becomes float32, as JAX does without ``jax_enable_x64``."""
+    if bridge.inside_jax(x) or type(x).__module__.startswith("jax"):
+        import jax
+        return jax.device_put(x, sharding)
+    if isinstance(sharding, NamedSharding):
+        mesh, spec = sharding.mesh, sharding.spec
+    else:
+        mesh, spec = get_mesh(), sharding if sharding is not None else PartitionSpec()
+        if mesh is None:
+            raise ShardingTypeError(
+                "device_put(x, P(...)) needs a mesh to refer to: call simpmd.set_mesh(mesh) "
+                "first (or `with simpmd.set_mesh(mesh):`), or pass "
+                "simpmd.NamedSharding(mesh, P(...)).")
+    if isinstance(x, StackedValue):
+        return reshard(x, NamedSharding(mesh, spec))
+    if isinstance(x, ShardedArray):
+        if x.mesh == mesh:
+            return reshard(x, NamedSharding(mesh, spec))
+        x = np.asarray(x)
+    return _placed(x, mesh, spec)
+
+
+def reshard(x, spec):
+    """``x`` with another sharding, like ``jax.sharding.reshard(x, P(...))``: an axis
+    leaving a dimension is an all-gather, an axis moving to another dimension an
+    all-to-all, a finer split a slice each device cuts from its own block."""
+    if bridge.inside_jax(x) or type(x).__module__.startswith("jax"):
+        import jax
+        return jax.sharding.reshard(x, to_jax_spec(spec))
+    if isinstance(x, ShardedArray):
+        return on_mesh(reshard, (x, spec))
+    if not isinstance(x, StackedValue):
+        return device_put(x, spec)
+    run = context.run
+    if not isinstance(run, JitRun):
+        raise ShardingTypeError("reshard moves an array between layouts of a mesh: call it "
+                                "under simpmd.jit, or on a simpmd.device_put array.")
+    dst = Sharding(run.mesh, R.resolve(spec, run.mesh, x.aval.ndim, "reshard"))
+    return bind(reshard_p, x, dst_sharding=dst)
+
+
+def to_jax_spec(spec):
+    """simpmd's ``P(...)`` as ``jax.sharding.PartitionSpec`` (other values pass through)."""
+    if isinstance(spec, PartitionSpec):
+        from jax.sharding import PartitionSpec as JaxP
+        return JaxP(*spec)
+    return spec
+
+
+def _mesh_of(leaves):
+    meshes = []
+    for x in leaves:
+        m = x.mesh if isinstance(x, ShardedArray) else None
+        if m is not None and m not in meshes:
+            meshes.append(m)
+    if len(meshes) > 1:
+        raise ShardingTypeError(f"the arrays live on different meshes ({meshes[0]!r} and "
+                                f"{meshes[1]!r}); device_put them onto one mesh first.")
+    return meshes[0] if meshes else (get_mesh() or _one_device_mesh())
+
+
+def _replicated(run, x):
+    """A NumPy array or a number given to a jitted function (or to an operation outside
+    jit): an array on the mesh, whole on every device, as JAX places it."""
+    aval = _arg_aval(x).update(sharding=Sharding(run.mesh, whole(np.ndim(x))))
+    value = np.asarray(x, dtype=aval.dtype)
+    return StackedValue(aval, np.broadcast_to(value, (run.n,) + value.shape))
+
+def holds_sharded(value) -> bool:
+    return any(isinstance(x, ShardedArray) for x in tree.flatten(value)[0])
+
+
+def _results(run, out):
+    """A run's results as arrays on its mesh (pending partial sums added up first)."""
+    def one(v):
+        if not isinstance(v, StackedValue):
+            return v
+        v = run.settle(v)
+        return ShardedArray(v.aval, v.stack, run.mesh)
+    return tree.tree_map(one, out)
+
+
+def on_mesh(fn, args, kwargs=None):
+    """``fn(*args, **kwargs)`` run at once on the mesh of its sharded arguments (or of
+    ``set_mesh``): JAX's op-by-op dispatch. Its collectives are ``simpmd.last_trace()``."""
+    leaves, treedef = tree.flatten((tuple(args), dict(kwargs or {})))
+    mesh = _mesh_of(leaves)
+    run = JitRun(mesh)
+    values = [x.value_in(run) if isinstance(x, ShardedArray) else
+              _replicated(run, x) if isinstance(x, np.ndarray) else x for x in leaves]
+    a, kw = tree.unflatten(treedef, values)
+    with running(run):
+        out = fn(*a, **kw)
+    result = _results(run, out)
+    record_trace(_trace_of(run, [v for v in tree.flatten(out)[0] if isinstance(v, StackedValue)]))
+    return result
+
+
+def _trace_of(run, outs=()):
+    trace_ = Trace(log=run.log, devices=run.devices)
+    trace_.program = per_device_program(run, outs)
+    auto = [n for n, t in zip(run.mesh.axis_names, axis_types_of(run.mesh)) if t is AxisType.Auto]
+    if auto and run.mesh.size > 1:
+        trace_.notes = [
+            f"Auto axes {', '.join(map(repr, auto))}: the sharding types leave them out, and "
+            f"XLA's partitioner chooses how arrays split over them and which collectives "
+            f"move them; simpmd does not guess its choice (the values are computed with "
+            f"each device holding whole copies along them, and no collective over them is "
+            f"shown). Read XLA's choice from jax.jit(f).lower(...).compile().as_text()."]
+    return trace_
+
+
+# -- jit ---------------------------------------------------------------------------------------
+
+
+class Jitted:
+    """A function compiled for a mesh, like the result of ``jax.jit``: traced once per
+    signature (the function, its static arguments, each argument's shape, dtype and
+    sharding) into a program, which each call runs; ``.trace`` is the last call's log."""
+
+    def __init__(self, fun, static_argnums=(), static_argnames=(), donate_argnums=()):
+        if not callable(fun):
+            raise TypeError(f"jit needs a function, got {fun!r}.")
+        functools.update_wrapper(self, fun)
+        self.fun = fun
+        self.static_argnums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
+        self.static_argnames = (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames)
+        self.trace = None
+
+    def __repr__(self):
+        return f"<simpmd.jit of {getattr(self.fun, '__name__', self.fun)!r}>"
+
+    def __get__(self, obj, objtype=None):        # a jitted method
+        return self if obj is None else functools.partial(self, obj)
+
+    # -- the program of a signature ----------------------------------------------------------
+    def _split(self, args, kwargs):
+        n = len(args)
+        static = {a % n for a in self.static_argnums} if n else set()
+        fixed = tuple((k, args[k]) for k in sorted(static))
+        fixed += tuple((k, kwargs[k]) for k in sorted(kwargs) if k in self.static_argnames)
+        dynamic = ([a for k, a in enumerate(args) if k not in static],
+                   {k: v for k, v in kwargs.items() if k not in self.static_argnames})
+        leaves, treedef = tree.flatten(dynamic)
+        return fixed, leaves, treedef, static
+
+    def _program(self, run, args, kwargs, leaves=None):
+        """(program, results' tree, dynamic leaves) for this call, traced on ``run``'s grid
+        the first time this signature is seen."""
+        fixed, found, treedef, static = self._split(args, kwargs)
+        leaves = found if leaves is None else leaves
+        avals = tuple(aval_of(x) if isinstance(x, StackedValue) else _arg_aval(x) for x in leaves)
+        where = (type(run).__name__, run.axes, run.check_vma, getattr(run, "mesh", None))
+        key = ("jit", fixed, treedef, avals, where)
+        entry = cached(self.fun, key)
+        if entry is None:
+            out_trees = []
+
+            def flat(*xs):
+                dyn, kw = tree.unflatten(treedef, list(xs))
+                it = iter(dyn)
+                full = [args[k] if k in static else next(it) for k in range(len(args))]
+                kw = dict(kw, **{k: v for k, v in kwargs.items() if k in self.static_argnames})
+                out, out_tree = tree.flatten(self.fun(*full, **kw))
+                out_trees.append(out_tree)
+                return out
+            program, _ = trace(flat, list(avals), run.tracing())
+            entry = (program, out_trees[0])
+            store(self.fun, key, entry)
+        return entry[0], entry[1], leaves
+
+    # -- calling -----------------------------------------------------------------------------
+    def __call__(self, *args, **kwargs):
+        if bridge.inside_jax((args, kwargs)):
+            import jax
+            return jax.jit(self.fun, static_argnums=self.static_argnums,
+                           static_argnames=self.static_argnames)(*args, **kwargs)
+        run = context.run
+        if run is not None:                        # inside another body: one jit equation
+            program, out_tree, leaves = self._program(run, args, kwargs)
+            mesh = getattr(run, "mesh", None)
+            outs = bind(jit_p, *leaves, jaxpr=program, name=getattr(self.fun, "__name__", "fun"),
+                        ctx_mesh=MeshText(mesh) if mesh is not None and mesh.axis_names else None)
+            return tree.unflatten(out_tree, outs)
+        return self._run(args, kwargs)
+
+    def _inputs(self, run, args, kwargs):
+        _, leaves, _, _ = self._split(args, kwargs)
+        return [x.value_in(run) if isinstance(x, ShardedArray) else _replicated(run, x)
+                for x in leaves]
+
+    def _run(self, args, kwargs):
+        mesh = _mesh_of(tree.flatten((args, kwargs))[0])
+        run = JitRun(mesh)
+        inputs = self._inputs(run, args, kwargs)
+        program, out_tree, _ = self._program(run, args, kwargs, inputs)
+        run.log.receive(run, [_piece(run, x, f"argument {k}") for k, x in enumerate(inputs)])
+        try:
+            with running(run):
+                outs = eval_program(program, [], inputs)
+                results = _results(run, outs)
+        except Exception as exc:
+            if getattr(exc, "trace", None) is None:
+                exc.trace = _trace_of(run)
+            self.trace = record_trace(exc.trace)
+            raise
+        for k, y in enumerate(results):
+            if isinstance(y, ShardedArray):
+                run.returned(y.stack, _piece(run, y, f"result {k}").detail)
+        self.trace = record_trace(_trace_of(run, outs))
+        self.trace.jaxpr = program
+        return tree.unflatten(out_tree, results)
+
+    # -- what JAX's jit also offers ---------------------------------------------------------------
+    def traced(self, *args, **kwargs):
+        """The program as ``make_jaxpr`` prints it: one ``jit`` equation holding the body."""
+        mesh = _mesh_of(tree.flatten((args, kwargs))[0])
+        avals = [x.aval for x in self._inputs(JitRun(mesh), args, kwargs)]
+        out_tree = []
+
+        def flat(*xs):
+            out, treedef = tree.flatten(self._with(args, kwargs, xs))
+            out_tree.append(treedef)
+            return out
+        program, _ = trace(flat, avals, JitRun(mesh, abstract=True))
+        program.out_tree = out_tree[0]
+        return program
+
+    def _with(self, args, kwargs, leaves):
+        """Call this function with the dynamic leaves of ``(args, kwargs)`` replaced."""
+        _, _, treedef, static = self._split(args, kwargs)
+        dyn, kw = tree.unflatten(treedef, list(leaves))
+        it = iter(dyn)
+        full = [args[k] if k in static else next(it) for k in range(len(args))]
+        return self(*full, **dict(kw, **{k: v for k, v in kwargs.items()
+                                          if k in self.static_argnames}))
+
+    def lower(self, *args, **kwargs):
+        """The program and, with ``.compile()``, what each device runs: the equations on
+        blocks and the collectives jit inserts (``.as_text()`` prints it)."""
+        return Lowered(self, args, kwargs)
+
+
+def _piece(run, x, what):
+    from ..machine.mesh import block_slices
+    from .spmd import Piece
+    spec, shape = Sharding(run.mesh, dims_of(x.aval)).spec, x.aval.shape
+    text = str(ShapedArray(x.aval))
+
+    def detail(k):
+        index = block_slices(spec, run.mesh, shape, run.mesh.coords_of(k))
+        rows = ", ".join(f"{s.start}:{s.stop}" if s.start is not None else f"0:{n}"
+                         for s, n in zip(index, shape))
+        return f"{what} [{rows}] of {text}" if shape else f"{what} of {text}"
+    return Piece(x.stack, detail)
+
+
+class Lowered:
+    """``jit(f).lower(*args)``: the traced program, and its partitioned form."""
+
+    def __init__(self, jitted, args, kwargs):
+        self.jitted, self.args, self.kwargs = jitted, args, kwargs
+
+    def as_text(self) -> str:
+        return str(self.jitted.traced(*self.args, **self.kwargs))
+
+    def compile(self) -> "Compiled":
+        jitted, args, kwargs = self.jitted, self.args, self.kwargs
+        mesh = _mesh_of(tree.flatten((args, kwargs))[0])
+        run = JitRun(mesh, abstract=True, lowering=True)
+        run.program = []
+        inputs = [StackedValue(x.aval) for x in jitted._inputs(JitRun(mesh), args, kwargs)]
+        program, _, _ = jitted._program(run, args, kwargs, inputs)
+        with running(run):
+            outs = eval_program(program, [], inputs)
+            for o in outs:
+                if isinstance(o, StackedValue):
+                    run.settle(o)
+        return Compiled(run, outs)
+
+
+class Compiled:
+    """What every device runs (simpmd's stand-in for XLA's compiled HLO): the equations
+    on blocks, with the collectives jit inserted, and their log (``trace``), all without
+    values. ``cost.roofline`` and the timelines read ``program``."""
+
+    def __init__(self, run, outs):
+        trace_ = _trace_of(run, outs)
+        self.program, self.trace = trace_.program, trace_
+
+    def as_text(self) -> str:
+        return str(self.program)
+
+    def collective_counts(self) -> dict:
+        return collective_counts(self.trace)
+
+
+def jit(fun=None, /, *, static_argnums=(), static_argnames=(), donate_argnums=(), **kwargs):
+    """``jax.jit``: ``fun`` traced once per signature into a program of sharding-typed
+    values, run on every device of the mesh its arguments live on. Usable as a decorator,
+    with or without arguments."""
+    if fun is None:
+        return lambda f: Jitted(f, static_argnums, static_argnames, donate_argnums)
+    return Jitted(fun, static_argnums, static_argnames, donate_argnums)
+
+
+# -- what the trace of a jit run says, by HLO kind -----------------------------------------------
+
+HLO_NAME = {"psum": "all-reduce", "pmax": "all-reduce", "pmin": "all-reduce", "pmean": "all-reduce",
+            "psum_scatter": "reduce-scatter", "all_gather": "all-gather",
+            "all_to_all": "all-to-all", "ppermute": "collective-permute"}
+
+
+def collective_counts(trace_) -> dict:
+    """How many collectives of each HLO kind a run did (one per call, all its groups
+    together), e.g. ``{'all-reduce': 1}``: the numbers to hold beside XLA's HLO."""
+    counts: dict = {}
+    for call in trace_.calls():
+        kind = HLO_NAME[call[0].op]
+        counts[kind] = counts.get(kind, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+# -- grad of sharded arrays, and simpmd.numpy's functions on them --------------------------------
+
+
+def grad(fun, argnums=0, has_aux=False):
+    """``jax.grad`` (see ``simpmd.core.autodiff``); on sharded arrays outside any body it
+    runs on their mesh, as JAX runs it op by op."""
+    return _on_their_mesh(_grad(fun, argnums, has_aux))
+
+
+def value_and_grad(fun, argnums=0, has_aux=False):
+    """``jax.value_and_grad``; on sharded arrays outside any body it runs on their mesh."""
+    return _on_their_mesh(_value_and_grad(fun, argnums, has_aux))
+
+
+def _on_their_mesh(inner):
+    @functools.wraps(inner)
+    def on_their_mesh(*args, **kwargs):
+        if context.run is None and holds_sharded((args, kwargs)):
+            return on_mesh(inner, args, kwargs)
+        return inner(*args, **kwargs)
+    return on_their_mesh
+
+
+def call_numpy(name, fn, args, kwargs):
+    """``simpmd.numpy.<name>`` on sharded arrays, or with ``out_sharding=`` on NumPy
+    arrays while a mesh is set: the operation run on the mesh at once."""
+    from . import spelling
+    spelled = spelling.FUNCTIONS.get(name)
+    if spelled is None:
+        return on_mesh(lambda *a, **k: spelling.numpy_function(fn, a, k), args, kwargs)
+    return on_mesh(spelled, args, kwargs)
+
+
+_install_operators()

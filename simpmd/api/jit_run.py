@@ -1,0 +1,618 @@
+"""The run of a ``jit`` program: every device of a mesh, each value a block per device.
+
+A :class:`JitRun` is the run ``bind`` asks while a jit program runs (or is traced). A
+value's type is its global shape with its sharding (``f32[16@data,64@model]``); its stack
+holds every device's block. For each equation the run gives the result its sharding by
+the row's rule (``partition.py``), then follows the row's plan: operands moved to the
+layout the plan needs, the same primitive on blocks, partial sums combined, results moved
+to the layout their type says. Moving is done with the core's collective rows on a plain
+run over the same devices, so what jit inserts is logged, drawn and costed as a
+collective a learner wrote (``params['inserted']`` names the primitive that needed it),
+and each step is also written down as the program one device runs (``Jitted.lower``).
+
+The rows jit adds live here too: ``jit`` (a jitted function called inside another body,
+JAX's ``pjit``), ``reshard``, ``dynamic_slice`` (a device cutting its piece of its own
+block) and ``shard_map`` (a shard_map called inside jit, manual over all axes or over
+``axis_names``).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..core import core as C, errors, tree
+from ..core import collectives as K
+from ..core.autodiff import backward
+from ..core.core import Aval, Primitive, Var, aval_of, bind, context, running
+from ..core.program import Equation, eval_program, trace
+from ..core.run import Run
+from ..core.values import StackedValue
+from ..machine.mesh import PartitionSpec, axis_types_of
+from . import partition as R
+from .partition import Sharding, ShardingTypeError, all_explicit, count, dims_of
+
+R.attach()
+
+
+class JitRun(Run):
+    """The devices of a mesh running a jit program. A value's type is its global shape with
+    its sharding; its stack holds every device's block. ``abstract`` runs give types only
+    (how a body is traced); ``lowering`` ones also work out each equation's plan, so the
+    collectives jit inserts are logged without values (``Jitted.lower``)."""
+
+    def __init__(self, mesh, *, abstract=False, lowering=False, manual=(), check_vma=False):
+        super().__init__(list(mesh.devices.flat), tuple(mesh.shape.items()), abstract=abstract,
+                         maps_a_mesh=True, check_vma=check_vma)
+        self.mesh, self.lowering = mesh, lowering
+        self.manual_axes = tuple(manual)   # inside shard_map(axis_names=...): by hand
+        self.manual = Run(self.all_devices, self.axes, abstract=abstract)   # blocks, by hand
+        self.manual.log = self.log
+        self.partial: dict = {}        # id(value) -> (value, pending sums, equation, phase)
+        self.residuals: dict = {}      # a jit equation's forward values, for its vjp
+        self.program = [] if not abstract or lowering else None   # what each device runs
+        self.names: dict = {}          # id(value) -> (value, its Var in that program)
+
+    def tracing(self) -> "JitRun":
+        return JitRun(self.mesh, abstract=True, manual=self.manual_axes, check_vma=self.check_vma)
+
+    def prepare(self, prim, args, params):
+        return super().prepare(prim, args, params) if self.manual_axes else args
+
+    def _by_hand(self, prim, params) -> bool:
+        """A collective over the manual axes of a shard_map(axis_names=...) body."""
+        names = params.get("axes", params.get("axis_name"))
+        names = names if isinstance(names, (tuple, list)) else (names,)
+        return (prim.collective or prim.name == "pvary") and bool(self.manual_axes) and \
+            set(names) <= set(self.manual_axes)
+
+    def apply(self, prim, args, params):
+        if self._by_hand(prim, params):
+            outs = super().apply(prim, args, params)
+            self._record(prim, params, args, outs)
+            return outs
+        if prim.collective or prim.name == "pvary":
+            raise errors.UnboundAxisError(
+                f"{prim.name} over {params.get('axes', params.get('axis_name'))} inside jit, "
+                f"outside shard_map: under jit the compiler writes the collectives, and a "
+                f"named axis exists only inside shard_map (real JAX: 'unbound axis name'). "
+                f"Write the computation for whole arrays, or wrap the per-device part in "
+                f"simpmd.shard_map.")
+        rule = getattr(prim, "sharding", None)
+        if rule is None:
+            raise ShardingTypeError(f"{prim.name} has no sharding rule in simpmd, so it cannot "
+                                    f"run under jit.")
+        avals = [aval_of(x) for x in args]
+        out = prim.abstract(*avals, **params)
+        outs = list(out) if prim.multiple_results else [out]
+        layouts = rule(self.mesh, avals, **params)
+        outs = [o.update(vma=o.vma if self.manual_axes else frozenset(),
+                         sharding=Sharding(self.mesh, d)) for o, d in zip(outs, layouts)]
+        for o in outs:
+            R.check_layout(self.mesh, o.shape, o.sharding.dims, prim.name)
+        traced = self.abstract or any(isinstance(x, StackedValue) and x.stack is None for x in args)
+        if traced and not self.lowering:
+            return [StackedValue(o) for o in outs]
+        return self.compute(prim, args, params, avals, outs)
+
+    def compute(self, prim, args, params, avals, out_avals) -> list:
+        """Every device's block of ``prim``'s results, their types known (from the rule, or,
+        replaying a program, from its equation)."""
+        if self._by_hand(prim, params):
+            outs = super().compute(prim, args, params, avals, out_avals)
+            self._record(prim, params, args, outs)
+            return outs
+        if getattr(prim, "needs_run", False):         # it runs programs of its own, here
+            self.returned_values = []
+            results = [StackedValue(o, s) for o, s in zip(out_avals, prim.stacked(*args, **params))]
+            for new, old in zip(results, self.returned_values):
+                self.alias(new, old)
+            return results
+        return self._compute(prim, args, avals, out_avals, params)
+
+    def stack_of(self, x, aval):
+        if isinstance(x, StackedValue):
+            return self.settle(x).stack
+        return super().stack_of(x, aval)
+
+    # -- one equation, device by device ---------------------------------------------------------
+    def _compute(self, prim, args, avals, outs, params):
+        """The equation's plan: operands moved to the layout it needs, the primitive on
+        blocks, partial sums combined, results moved to the layout their type says."""
+        found = self._pending(args[0]) if args else None
+        if found is not None and not (prim.name == "reshard" or self._carries(prim, found, outs)):
+            found = None
+        args = [x if (k == 0 and found) or not isinstance(x, StackedValue) else self.settle(x)
+                for k, x in enumerate(args)]
+        plan = (getattr(prim, "partition", None) or R.computed_whole)(avals, outs, **params)
+        cause = f"jit: {prim.name}"
+        resharding = found if prim.name == "reshard" else None
+        values = [self._block(x, a, want, cause, scatter=resharding if k == 0 else None)
+                  for k, (x, a, want) in enumerate(zip(args, avals, plan.ins))]
+        results = values if plan.params is None else self._local(prim, values, plan.params)
+        if plan.then is not None:
+            results = [plan.then(self, r, cause) for r in results]
+        carried = list(found[1]) if found is not None and prim.name != "reshard" else []
+        out = []
+        for r, layout, o in zip(results, plan.out, outs):
+            r, layout, pending = self._combine(r, layout, plan.sums, o.sharding.dims, cause,
+                                               defer=prim.name == "dot_general")
+            moved = self.move(r, o.shape, layout, o.sharding.dims, cause)
+            value = StackedValue(o, moved.stack)
+            self.alias(value, moved)
+            if pending or carried:
+                self.partial[id(value)] = (value, pending + carried) + (
+                    found[2:] if carried else (context.eqn, context.phase))
+            out.append(value)
+        return out
+
+    def _pending(self, x):
+        found = self.partial.get(id(x)) if isinstance(x, StackedValue) else None
+        return found if found is not None and found[0] is x else None
+
+    def _carries(self, prim, found, outs):
+        """A layout-only, linear primitive passes pending partial sums on (the transpose
+        of a product's partial sums is the partial sums of its transpose)."""
+        if prim.name not in _CARRY or (prim.name == "convert_element_type"
+                                       and found[0].aval.dtype.kind + outs[0].dtype.kind != "ff"):
+            return False
+        used = {a for d in outs[0].sharding.dims for a in d}
+        return not any(a in used for axes in found[1] for a in axes)
+
+    def _block(self, x, aval, want, cause, scatter=None):
+        """Operand ``x`` as blocks in layout ``want`` (a local value); ``scatter``: its
+        pending sums, for a reshard to resolve."""
+        cur = dims_of(aval)
+        want = cur if want is None else tuple(want)
+        if not isinstance(x, StackedValue):
+            if want == cur or not aval.ndim:
+                return x
+            x = StackedValue(aval.update(sharding=None), self.stack_of(x, aval))
+        local = StackedValue(Aval(R.block_shape(aval.shape, cur, self.mesh), aval.dtype,
+                                  aval.weak_type), x.stack)
+        self.alias(local, x)
+        if scatter is not None:
+            local, cur = self._scatter(x, local, cur, want, scatter)
+        return self.move(local, aval.shape, cur, want, cause)
+
+    def _scatter(self, x, local, cur, want, found):
+        """A reshard of pending partial sums: a reduce-scatter for each sum whose axes the
+        new layout splits a dim over, an all-reduce for the others."""
+        _, sums, eqn, phase = found          # (x itself stays a partial sum, for other uses)
+        cur = [tuple(c) for c in cur]
+        outer, context.eqn, context.phase = (context.eqn, context.phase), eqn, phase
+        try:
+            cause = f"jit: {eqn.primitive.name}" if eqn is not None else "jit"
+            for axes in sums:
+                d = next((d for d in range(len(cur)) if
+                          want[d][:len(cur[d]) + len(axes)] == cur[d] + tuple(axes)), None)
+                if d is None:
+                    local = self.insert(K.psum, local, cause, axes=axes, axis_index_groups=None)
+                    continue
+                local = self.insert(K.reduce_scatter, local, cause, scatter_dimension=d,
+                                    axis_name=axes, axis_index_groups=None,
+                                    axis_size=count(self.mesh, axes), tiled=True)
+                cur[d] = cur[d] + tuple(axes)
+        finally:
+            context.eqn, context.phase = outer
+        return local, cur
+
+    def settle(self, x):
+        """``x`` with its pending partial sums added up (an all-reduce each)."""
+        found = self.partial.get(id(x))
+        if found is None or found[0] is not x:
+            return x
+        del self.partial[id(x)]
+        local = StackedValue(Aval(R.block_shape(x.aval.shape, dims_of(x.aval), self.mesh),
+                                  x.aval.dtype, x.aval.weak_type), x.stack)
+        self.alias(local, x)
+        outer, context.eqn, context.phase = (context.eqn, context.phase), found[2], found[3]
+        try:
+            cause = f"jit: {found[2].primitive.name}" if found[2] is not None else "jit"
+            for axes in found[1]:
+                local = self.insert(K.psum, local, cause, axes=axes, axis_index_groups=None)
+        finally:
+            context.eqn, context.phase = outer
+        x.stack = local.stack
+        self.alias(x, local)
+        return x
+
+    def _local(self, prim, values, params):
+        with running(self.manual):
+            outs = self.manual.apply(prim, values, params)
+        self._record(prim, params, values, outs)
+        return outs
+
+    def _record(self, prim, params, ins, outs):
+        """One step of the per-device program (what ``lower(...).compile()`` shows, and
+        what the roofline and the timeline cost)."""
+        if self.program is not None:
+            invars = [self.var(x) for x in ins]
+            outvars = []
+            for o in outs:
+                outvars.append(Var(aval_of(o)))
+                self.names[id(o)] = (o, outvars[-1])
+            self.program.append(Equation(prim, params, invars, outvars, C.caller_source(),
+                                         context.phase))
+
+    def var(self, x):
+        """The per-device program's variable of block ``x`` (a literal for a constant)."""
+        from ..core.core import Lit
+        if not isinstance(x, StackedValue):
+            return Lit(x)
+        found = self.names.get(id(x))
+        if found is None or found[0] is not x:
+            found = self.names[id(x)] = (x, Var(aval_of(x)))
+        return found[1]
+
+    def alias(self, new, old):
+        """``new`` holds the same blocks as ``old`` (a value and its blocks' view)."""
+        if self.program is None or not isinstance(new, StackedValue):
+            return
+        found = self.names.get(id(old))
+        if found is None or found[0] is not old:          # first seen: typed by its blocks
+            found = self.names[id(old)] = (old, Var(aval_of(new)))
+        self.names[id(new)] = (new, found[1])
+
+    def insert(self, row, value, cause, **params):
+        """Run the collective ``row`` on blocks, logged as inserted by jit for ``cause``."""
+        with running(self.manual):
+            out = self.manual.apply(row, [value], params)
+        record = self.log.records[-1]
+        record.fields["params"] = dict(record.fields["params"], inserted=cause)
+        self._record(row, params, [value], out)
+        return out[0]
+
+    def move(self, v, shape, cur, want, cause):
+        """Blocks ``v`` of a value of global ``shape`` from layout ``cur`` to ``want``: an
+        axis leaving a dim is all-gathered, one moving to another dim goes in an
+        all-to-all, and a finer split is a slice each device cuts from its own block."""
+        cur, want = [list(a) for a in cur], [tuple(a) for a in want]
+        for d in range(len(shape)):
+            k = 0
+            while k < min(len(cur[d]), len(want[d])) and cur[d][k] == want[d][k]:
+                k += 1
+            while len(cur[d]) > k:
+                a = cur[d][-1]
+                dest = next((e for e in range(len(shape)) if e != d and len(cur[e]) < len(want[e])
+                             and want[e][:len(cur[e]) + 1] == tuple(cur[e]) + (a,)), None)
+                if dest is not None and len(cur[d]) - k == 1:
+                    v = self.insert(K.all_to_all, v, cause, split_axis=dest, concat_axis=d,
+                                    axis_name=(a,), axis_index_groups=None, tiled=True)
+                    cur[d].pop()
+                    cur[dest].append(a)
+                else:
+                    leaving = tuple(cur[d][k:])
+                    v = self.insert(K.all_gather, v, cause, all_gather_dimension=d,
+                                    axis_name=leaving, axis_index_groups=None,
+                                    axis_size=count(self.mesh, leaving), tiled=True)
+                    cur[d] = cur[d][:k]
+        for d in range(len(shape)):
+            extra = want[d][len(cur[d]):]
+            if extra:
+                v = self.cut(v, d, extra)
+        return v
+
+    def cut(self, v, d, axes):
+        """Each device keeps its piece of dim ``d`` of its block, by its position along
+        ``axes``: no communication."""
+        return self._local(shard_slice, [v], {"dimension": d, "axes": tuple(axes)})[0]
+
+    def _combine(self, r, layout, sums, target, cause, defer=False):
+        """A plan's partial sums: a reduce-scatter where the result keeps only a slice
+        along the summed axes; else an all-reduce (psum, pmax, pmin). A psum whose axes
+        the result's layout does not use is left pending: its next use decides (a
+        reshard that splits over them turns it into a reduce-scatter): a product's only,
+        as XLA's reduce-scatter creator finds them (an all-reduce, then a slice)."""
+        layout, pending = list(layout), []
+        used = {a for d in target for a in d}
+        for op, axes in sums:
+            axes = tuple(axes)
+            d = next((d for d in range(len(target)) if op == "psum" and
+                      target[d][:len(layout[d]) + len(axes)] == tuple(layout[d]) + axes), None)
+            if d is not None:
+                r = self.insert(K.reduce_scatter, r, cause, scatter_dimension=d, axis_name=axes,
+                                axis_index_groups=None, axis_size=count(self.mesh, axes),
+                                tiled=True)
+                layout[d] = tuple(layout[d]) + axes
+            elif op == "psum" and defer and not used & set(axes):
+                pending.append(axes)
+            else:
+                r = self.insert(_ROWS[op], r, cause, axes=axes, axis_index_groups=None)
+        return r, tuple(layout), pending
+
+
+_ROWS = {"psum": K.psum, "pmax": K.pmax, "pmin": K.pmin}
+_CARRY = {"transpose", "copy", "reshape", "convert_element_type", "squeeze"}
+
+
+def _cut(x, dimension, axes):
+    run = context.run
+    p, stack = run.axis_size(axes, "jit"), x.stack
+    s = stack.reshape(stack.shape[:dimension + 1] + (p, -1) + stack.shape[dimension + 2:])
+    return [np.moveaxis(s, dimension + 1, 1)[np.arange(run.n), run.positions(axes)]]
+
+
+def _cut_abstract(x, dimension, axes):
+    shape = list(x.shape)
+    shape[dimension] //= context.run.axis_size(axes, "jit")
+    return x.update(shape=shape)
+
+
+shard_slice = Primitive(     # each device cuts its piece of its block: XLA's dynamic-slice
+    "dynamic_slice", _cut, _cut_abstract, needs_run=True,
+    cost=lambda ins, outs, **p: (0, sum(a.nbytes for a in (*ins, *outs))))
+
+
+# -- the rows jit adds: a jit equation, and reshard ---------------------------------------------
+
+
+def _jit_stacked(*args, jaxpr, name, ctx_mesh=None):
+    """The inner program on this run; its forward values are kept for its vjp."""
+    run = context.run or C.plain
+    env: dict = {}
+    outs = eval_program(jaxpr, [], list(args), env)
+    stacks = [run.stack_of(o, aval_of(o)) for o in outs]
+    if hasattr(run, "returned_values"):
+        run.returned_values = outs
+    if getattr(run, "residuals", None) is not None and stacks and stacks[0] is not None:
+        run.residuals[id(stacks[0])] = env
+    return stacks
+
+
+def _jit_vjp(cts, ins, outs, wants, jaxpr, name, ctx_mesh=None):
+    """The derivative of a jit equation: its program's equations sent backwards, from the
+    forward values its run kept (while tracing, the forward is traced again, inline)."""
+    run = context.run or C.plain
+    first = outs[0] if outs else None
+    key = id(first.stack) if isinstance(first, StackedValue) and first.stack is not None else None
+    env = getattr(run, "residuals", {}).pop(key, None) if key is not None else None
+    if env is None:
+        env = {}
+        eval_program(jaxpr, [], list(ins), env)
+    seeds = {v: c for v, c in zip(jaxpr.outvars, cts) if type(v) is Var and c is not None}
+    active = {v for v, w in zip(jaxpr.invars, wants) if w}
+    got = backward(jaxpr.eqns, env, seeds, set(active))
+    return [got.get(v) if w else None for v, w in zip(jaxpr.invars, wants)]
+
+
+jit_p = Primitive(
+    "jit", _jit_stacked, lambda *avals, jaxpr, name, ctx_mesh=None: [aval_of(v) for v in jaxpr.outvars],
+    vjp=_jit_vjp, multiple_results=True, needs_run=True, cost=lambda ins, outs, **p: (0, 0),
+    show=lambda p: [("name", p["name"])] + ([("ctx_mesh", p["ctx_mesh"])] if p.get("ctx_mesh") else [])
+    + [("jaxpr", p["jaxpr"])])
+jit_p.sharding = lambda mesh, avals, jaxpr, **p: [dims_of(aval_of(v)) for v in jaxpr.outvars]
+
+
+def _reshard_vjp(ct, ins, outs, wants, dst_sharding):
+    back = aval_of(ins[0]).sharding or PartitionSpec()
+    return [bind(reshard_p, ct, dst_sharding=back) if wants[0] else None]
+
+
+reshard_p = Primitive("reshard", lambda x, dst_sharding: x, lambda x, dst_sharding: x,
+                      vjp=_reshard_vjp, cost=lambda ins, outs, **p: (0, 0), show=lambda p: {})
+reshard_p.sharding, reshard_p.partition = R.reshard_rule, R.reshard_plan
+
+
+class MeshText:
+    """How a jit equation prints its mesh: ``Mesh('data': 2, 'model': 4, axis_types=(...))``."""
+
+    def __init__(self, mesh):
+        self.mesh = mesh
+
+    def __repr__(self):
+        sizes = ", ".join(f"{n!r}: {s}" for n, s in self.mesh.shape.items())
+        types = ", ".join(t.name for t in axis_types_of(self.mesh))
+        return f"Mesh({sizes}, axis_types=({types}{',' if len(self.mesh.axis_names) == 1 else ''}))"
+
+
+def per_device_program(run, outs=()):
+    """What each device of ``run`` ran, as a program: its inputs are the blocks no step
+    made, its results the blocks of ``outs``."""
+    from ..core.core import Program
+    eqns = run.program or []
+    made = {v for e in eqns for v in e.outvars}
+    invars = []
+    for e in eqns:
+        invars += [v for v in e.invars if type(v) is Var and v not in made and v not in invars]
+    outvars = [run.var(o) for o in outs if isinstance(o, StackedValue)]
+    return Program(invars, eqns, outvars, axis_env=tuple(run.mesh.shape.items()))
+
+
+# -- shard_map inside jit: a shard_map equation ----------------------------------------------------
+
+
+def shard_map_in_jit(mapped, args):
+    """A ``simpmd.shard_map`` called in a jit body: its body traced once on the mesh's
+    devices (each value one device's block, typed by the axes it varies over), one
+    ``shard_map`` equation of the jit program. JAX places the operands by ``in_specs``
+    first (a reshard where they are laid out otherwise)."""
+    run = context.run
+    if mapped.mesh != run.mesh:
+        raise ShardingTypeError(f"shard_map over {mapped.mesh!r} inside jit over {run.mesh!r}: "
+                                f"use the mesh of the jit's arrays (set_mesh).")
+    manual = tuple(a for a in run.mesh.axis_names if not mapped.axis_names or a in mapped.axis_names)
+    leaves, in_tree = tree.flatten(tuple(args))
+    specs = tree.broadcast_prefix(mapped.in_specs if isinstance(mapped.in_specs, tuple)
+                                  or len(args) != 1 else (mapped.in_specs,), tuple(args),
+                                  what="in_specs")
+    for spec in specs:
+        if set(spec.mesh_axes()) - set(manual):
+            raise ShardingTypeError(
+                f"shard_map in_specs argument must refer to an axis marked as manual "
+                f"({set(manual)}), got {spec!r} (JAX's words): the other axes belong to the "
+                f"compiler inside this body, and the arrays' types carry them.")
+    for x, spec in zip(leaves, specs):
+        _check_in_spec(spec, aval_of(x), run.mesh, manual)
+    body_avals = [_block_aval(aval_of(x), spec, run.mesh, mapped.check_vma, manual)
+                  for x, spec in zip(leaves, specs)]
+    out_tree = []
+
+    def flat(*xs):
+        out, treedef = tree.flatten(mapped.fun(*tree.unflatten(in_tree, list(xs))))
+        out_tree.append(treedef)
+        return out
+    program, consts = trace(flat, body_avals, _body_run(run, manual, mapped.check_vma, True))
+    out_specs = tree.broadcast_prefix(mapped.out_specs, tree.unflatten(
+        out_tree[0], [0] * len(program.outvars)), what="out_specs")
+    _check_replication(program, out_specs, mapped.check_vma)
+    outs = bind(shard_map_p, *consts, *leaves, jaxpr=program, shard_mesh=MeshText(run.mesh),
+                in_specs=tuple([PartitionSpec()] * len(consts) + list(specs)),
+                out_specs=tuple(out_specs), check_vma=mapped.check_vma, manual_axes=manual)
+    return tree.unflatten(out_tree[0], outs)
+
+
+def _check_in_spec(spec, aval, mesh, manual):
+    """JAX's shard_map inside jit takes its operands as their types lay them out over the
+    manual axes (jax 0.7 resharded them; later releases refuse)."""
+    if aval.sharding is None or not R.settings.shard_map_checks:
+        return
+    given = R.resolve(spec, all_explicit(mesh), aval.ndim, "in_specs")
+    have = [tuple(a for a in d if a in manual) for d in dims_of(aval)]
+    if [tuple(d) for d in given] != have:
+        raise ShardingTypeError(
+            f"in_specs passed to shard_map: {spec!r} does not match the specs of the input: "
+            f"{Sharding(mesh, have).spec!r} (JAX's words). Inside jit, shard_map takes its "
+            f"operands as they are laid out: reshard them to {spec!r} first.")
+
+
+def _body_run(run, manual, check_vma, abstract):
+    """The run of a shard_map body: by hand over every mesh axis (a plain run of blocks),
+    or over ``manual`` only, the others still typed by sharding (a jit run)."""
+    if set(manual) == set(run.mesh.axis_names):
+        body = Run(run.all_devices, run.axes, abstract=abstract, check_vma=check_vma,
+                   maps_a_mesh=True)
+    else:
+        body = JitRun(run.mesh, abstract=abstract, manual=manual, check_vma=check_vma)
+        body.program = run.program
+    body.log = run.log
+    if isinstance(body, JitRun):
+        body.manual.log = run.log
+    return body
+
+
+def _block_aval(aval, spec, mesh, check_vma, manual):
+    """One device's block of an operand: cut along ``spec`` (manual axes), still typed by
+    its sharding over the others."""
+    dims = R.resolve(spec, all_explicit(mesh), aval.ndim, "in_specs")
+    rest = [tuple(a for a in d if a not in manual) for d in dims_of(aval)]
+    sharding = Sharding(mesh, rest) if set(manual) != set(mesh.axis_names) else None
+    return Aval(R.block_shape(aval.shape, dims, mesh), aval.dtype, aval.weak_type,
+                vma=frozenset(a for d in dims for a in d) if check_vma else frozenset(),
+                sharding=sharding)
+
+
+def _check_replication(program, out_specs, check_vma):
+    for k, (v, spec) in enumerate(zip(program.outvars, out_specs)):
+        missing = sorted(aval_of(v).vma - set(spec.mesh_axes())) if check_vma else []
+        if missing:
+            raise errors.SimpmdError(
+                f"shard_map's out_specs {spec!r} for result {k} leaves out mesh axis "
+                f"{missing[0]!r}, over which its type says it varies: JAX refuses this too "
+                f"('out_specs which require replication which can't be statically "
+                f"inferred'). Reduce it over {missing[0]!r} (lax.psum) or name the axis in "
+                f"out_specs.")
+
+
+def _sm_global(aval, spec, mesh):
+    dims = R.resolve(spec, all_explicit(mesh), aval.ndim, "out_specs")
+    return Aval(tuple(n * count(mesh, d) for n, d in zip(aval.shape, dims)), aval.dtype,
+                aval.weak_type)
+
+
+def _sm_abstract(*avals, jaxpr, shard_mesh, in_specs, out_specs, check_vma, manual_axes):
+    return [_sm_global(aval_of(v), s, shard_mesh.mesh) for v, s in zip(jaxpr.outvars, out_specs)]
+
+
+def _sm_rule(mesh, avals, jaxpr, in_specs, out_specs, **params):
+    """A result's type: split over the Explicit axes its out_specs name (major), then over
+    those its type in the body had (minor)."""
+    explicit = set(R.explicit_axes(mesh))
+    return [tuple(tuple(a for a in d if a in explicit) + inner for d, inner in zip(
+        R.resolve(s, all_explicit(mesh), aval_of(v).ndim, "out_specs"), dims_of(aval_of(v))))
+        for v, s in zip(jaxpr.outvars, out_specs)]
+
+
+def _sm_stacked(*args, jaxpr, shard_mesh, in_specs, out_specs, check_vma, manual_axes):
+    """Each operand moved to its ``in_specs`` blocks, the body run on the blocks (its
+    collectives logged as the learner's), the results' blocks laid out as their types."""
+    run, mesh = context.run, context.run.mesh
+    blocks = []
+    for x, spec, var in zip(args, in_specs, jaxpr.constvars + jaxpr.invars):
+        a = aval_of(x)
+        want = [d + tuple(b for b in own if b not in manual_axes) for d, own in
+                zip(R.resolve(spec, all_explicit(mesh), a.ndim, "in_specs"), dims_of(a))]
+        v = run._block(x, a, want, "jit: shard_map")
+        blocks.append(StackedValue(var.aval, v.stack if isinstance(v, StackedValue) else
+                                   run.manual.stack_of(v, var.aval)))
+    body = _body_run(run, manual_axes, check_vma, run.abstract)
+    n = len(jaxpr.constvars)
+    with running(body):
+        outs = eval_program(jaxpr, blocks[:n], blocks[n:])
+        outs = [body.settle(o) if isinstance(body, JitRun) and isinstance(o, StackedValue)
+                else o for o in outs]
+    if run.program is not None and not isinstance(body, JitRun):
+        run.program.extend(jaxpr.eqns)
+    stacks = []
+    for o, spec, dims in zip(outs, out_specs, _sm_rule(mesh, [], jaxpr, in_specs, out_specs)):
+        a = aval_of(o)
+        have = [d + inner for d, inner in
+                zip(R.resolve(spec, all_explicit(mesh), a.ndim, "out_specs"), dims_of(a))]
+        local = StackedValue(Aval(R.block_shape(a.shape, dims_of(a), mesh), a.dtype, a.weak_type),
+                             body.stack_of(o, a) if not run.abstract else None)
+        if isinstance(body, JitRun):
+            body.alias(local, o)
+        elif run.program is not None:
+            run.names[id(local)] = (local, o_var(jaxpr, outs, o))
+        moved = run.move(local, _sm_global(a, spec, mesh).shape, have, dims, "jit: shard_map")
+        stacks.append(moved.stack)
+        run.returned_values.append(moved)
+    return stacks
+
+
+def o_var(jaxpr, outs, o):
+    """The body program's variable that result ``o`` came from."""
+    return jaxpr.outvars[[id(x) for x in outs].index(id(o))]
+
+
+def _sm_vjp(cts, ins, outs, wants, jaxpr, shard_mesh, in_specs, out_specs, check_vma,
+            manual_axes):
+    """The derivative of a shard_map is a shard_map: its body run again on the blocks,
+    then sent backwards (the cotangents arrive in out_specs' blocks, leave in in_specs')."""
+    run = context.run
+    cts = [ct if ct is not None else _zeros_like(o) for ct, o in zip(cts, outs)]
+    n, invars = len(ins), jaxpr.constvars + jaxpr.invars
+    wanted = [k for k, w in enumerate(wants) if w]
+
+    def flat(*xs):
+        env: dict = {}
+        k = len(jaxpr.constvars)
+        eval_program(jaxpr, list(xs[:k]), list(xs[k:n]), env)
+        seeds = {v: c for v, c in zip(jaxpr.outvars, xs[n:]) if type(v) is Var}
+        got = backward(jaxpr.eqns, env, seeds, {invars[k] for k in wanted})
+        return [got.get(invars[k], np.zeros(invars[k].aval.shape, invars[k].aval.dtype))
+                for k in wanted]
+    body = _body_run(run, manual_axes, check_vma, True)
+    program, _ = trace(flat, [v.aval for v in invars] + [aval_of(v) for v in jaxpr.outvars], body)
+    got = bind(shard_map_p, *ins, *cts, jaxpr=program, shard_mesh=shard_mesh,
+               in_specs=tuple(in_specs) + tuple(out_specs),
+               out_specs=tuple(in_specs[k] for k in wanted), check_vma=check_vma,
+               manual_axes=manual_axes)
+    out = [None] * n
+    for k, g in zip(wanted, got):
+        out[k] = g
+    return out
+
+
+def _zeros_like(x):
+    a = aval_of(x)
+    from ..core import primitives as P
+    return bind(P.broadcast_in_dim, np.zeros((), a.dtype), shape=a.shape, broadcast_dimensions=(),
+                sharding=a.sharding)
+
+
+shard_map_p = Primitive(
+    "shard_map", _sm_stacked, _sm_abstract, vjp=_sm_vjp, multiple_results=True, needs_run=True,
+    cost=lambda ins, outs, **p: (0, 0),
+    show=lambda p: [("check_vma", p["check_vma"]), ("in_specs", p["in_specs"]),
+                    ("jaxpr", p["jaxpr"]), ("manual_axes", p["manual_axes"]),
+                    ("mesh", p["shard_mesh"]), ("out_specs", p["out_specs"])])
+shard_map_p.sharding = _sm_rule
