@@ -810,8 +810,7 @@ def reshard_plan(avals, outs, **params):
 
 # -- attaching the columns -----------------------------------------------------------------------
 
-ELEMENTWISE = sorted(n for n, p in PRIMITIVES.items() if p.cost is P._elementwise_cost
-                     and n not in ("convert_element_type", "select_n", "clamp", "numpy_call"))
+ELEMENTWISE = sorted(n for n, p in PRIMITIVES.items() if getattr(p, "elementwise", False))
 
 
 def attach():

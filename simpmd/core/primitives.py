@@ -113,7 +113,7 @@ def elementwise(name, fn, *partials, compare=False, result=None, **params):
     return Primitive(name, _elementwise_stacked(fn, compare),
                      _elementwise_abstract(name, np.bool_ if compare else result),
                      vjp=_ew_vjp(*partials) if partials else None, cost=_elementwise_cost,
-                     **params)
+                     elementwise=True, **params)
 
 
 def _mul(a, b): return bind(mul, a, b)
