@@ -15,6 +15,7 @@ from .core.errors import (ConcretizationTypeError, DeadlockError, DeviceError, D
 from .core.log import Event
 from .api.trace import Trace
 from .core.autodiff import grad, value_and_grad         # reverse mode, collectives included
+from .api.checkpoint import checkpoint, checkpoint_name, checkpoint_policies, remat
 from .machine.array import Array, Shard
 from .machine.devices import (SimDevice, Platform, device_count, devices, local_device_count,
                                local_devices, platform, set_device_count)

@@ -46,7 +46,9 @@ class Event:
     source: str = ""                   # 'file.py:12'
     code: str = ""                     # text of that source line
     detail: str = ""                   # e.g. "x[3], shape (2,), from x of shape (8, 2)"
-    phase: str = "forward"             # 'backward' for a collective of a gradient's backward pass
+    phase: str = "forward"             # 'backward' for a collective of a gradient's backward pass,
+                                       # 'recompute' for one a checkpoint runs again there
+    iteration: tuple = ()              # inside loops: the iteration of each, outermost first
 
     shapes_in = property(lambda self: tuple(np.shape(v) for v in self.inputs))
     shapes_out = property(lambda self: tuple(np.shape(v) for v in self.outputs))
@@ -88,7 +90,7 @@ class Log:
         self.records.append(_Record("error", run, self.step, text=text))
 
     def collective(self, run, prim, axes, params, avals, out_avals, stacks, outputs, sets,
-                   source, phase):
+                   source, phase, iteration=()):
         self.calls += 1
         logged = prim.lax_params(params)
         if params.get("axis_index_groups") is not None:
@@ -96,7 +98,7 @@ class Log:
         self.records.append(_Record(
             "collective", run, self.step + 1, prim=prim, op=prim.op, axes=axes, params=logged,
             raw=params, avals=avals, stacks=stacks, outputs=outputs, sets=sets,
-            call=self.calls, source=source, phase=phase))
+            call=self.calls, source=source, phase=phase, iteration=iteration))
         self.step += sum(m.shape[0] for m in sets)
 
     # -- reading it ------------------------------------------------------------------------
@@ -225,7 +227,8 @@ def _member_fields(r, row, pos, k, group, moved):
                 inputs=values(f["stacks"]), outputs=values(f["outputs"] or ()),
                 bytes_sent=sent, bytes_received=received, source=f["source"][0],
                 code=f["source"][1], group=group,
-                group_programs=tuple(r.run.label(j) for j in row), phase=f["phase"])
+                group_programs=tuple(r.run.label(j) for j in row), phase=f["phase"],
+                iteration=f["iteration"])
 
 
 def _bytes_moved(fields, p):

@@ -116,7 +116,7 @@ def eval_program(program, consts, args, env=None):
     outer, phase = context.eqn, context.phase
     try:
         for eqn in program.eqns:
-            context.eqn, context.phase = eqn, "backward" if eqn.phase == "backward" else phase
+            context.eqn, context.phase = eqn, phase if eqn.phase == "forward" else eqn.phase
             ins = [env[v] if type(v) is Var else v.value for v in eqn.invars]
             outs = bind(eqn.primitive, *ins, **eqn.params)
             if not eqn.primitive.multiple_results:
