@@ -318,7 +318,7 @@ def _check_carry(what, fun, init_tree, out_tree, in_avals, out_avals):
     do about a carry that starts invariant and comes out varying under check_vma)."""
     name = _carry_name(fun)
     if out_tree != init_tree:
-        raise TypeError(
+        raise errors.CarryTypeError(
             f"{what} function carry input and carry output must have the same pytree "
             f"structure, but they differ: the input carry {name} is {init_tree} and the "
             f"carry output is {out_tree}. Revise the function so that the carry output has "
@@ -336,13 +336,13 @@ def _check_carry(what, fun, init_tree, out_tree, in_avals, out_avals):
                      f"component has type {_type_text(b)}, so {' and '.join(why)}")
         missing = tuple(sorted(b.vma - a.vma, key=str))
         if missing and a.vma <= b.vma:
-            fixes.append(f"applying lax.pcast(..., {missing}, to='varying') (lax.pvary on "
-                         f"jax < 0.8) to the initial value of {where}, so that it varies "
-                         f"over {missing} from the first iteration, as it does after it")
+            fixes.append(f"applying lax.pcast(..., {missing}, to='varying') (on JAX 0.7, "
+                         f"lax.pvary(..., {missing})) to the initial value of {where}, so that "
+                         f"it varies over {missing} from the first iteration, as after it")
     if diffs:
         text = "; ".join(diffs)
         fix = (" This might be fixed by " + "; ".join(fixes) + ".") if fixes else ""
-        raise TypeError(
+        raise errors.CarryTypeError(
             f"{what} function carry input and carry output must have equal types, but they "
             f"differ: {text[0].upper() + text[1:]}.{fix} Revise the function so that all "
             f"output types match the corresponding input types (JAX raises the same "

@@ -59,8 +59,10 @@ def _row(e) -> dict:
         axes = e.axes[0] if len(e.axes) == 1 else e.axes
         params = _params_text(e)
         what = f"{e.op}({axes!r}{', ' + params if params else ''})"
-        if e.phase == "backward":
-            what = "backward " + what
+        if e.phase in ("backward", "recompute"):       # recompute: a checkpoint's, done again
+            what = f"{e.phase} {what}"
+        if getattr(e, "iteration", ()):
+            what += f" [iteration {', '.join(map(str, e.iteration))}]"
         moved = f"{_leaves_summary(e.inputs)} -> {_leaves_summary(e.outputs)}"
         group = _group_text(e.group)
         sent, recv = nbytes_text(e.bytes_sent), nbytes_text(e.bytes_received)
