@@ -543,8 +543,10 @@ def while_loop(cond_fun, body_fun, init_val):
 def pcast(x, axis_name, *, to):
     """``jax.lax.pcast(x, axis_name, to='varying')``: the same value, typed as varying over
     ``axis_name`` (under ``shard_map(check_vma=True)``); no data moves."""
-    if _on_jax(x):
-        import jax
+    jax = sys.modules.get("jax")
+    if jax is not None and (context.run is None or _on_jax(x)):      # inside a JAX trace
+        if not hasattr(jax.lax, "pcast") and to == "varying":       # jax 0.7
+            return jax.lax.pvary(x, axis_name)
         return jax.lax.pcast(x, axis_name, to=to)
     if to != "varying":
         raise NotImplementedError(f"simpmd's lax.pcast knows to='varying', not to={to!r}.")
@@ -553,8 +555,8 @@ def pcast(x, axis_name, *, to):
 
 def pvary(x, axis_name):
     """``jax.lax.pvary`` (jax < 0.8; later ``lax.pcast(x, axis_name, to='varying')``)."""
-    if _on_jax(x):
-        import jax
+    jax = sys.modules.get("jax")
+    if jax is not None and (context.run is None or _on_jax(x)):      # inside a JAX trace
         fn = getattr(jax.lax, "pvary", None)
         return fn(x, axis_name) if fn else jax.lax.pcast(x, axis_name, to="varying")
     axes = _names(axis_name)

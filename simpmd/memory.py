@@ -11,7 +11,7 @@ fewer of them and computes the rest again. The program is the one a device runs 
 of a ``pmap`` or ``shard_map``), so every shape is one device's.
 
 ``jax.experimental.roofline`` reports a ``peak_hbm_bytes`` from a walk of the same kind,
-with three differences, which :func:`peak_memory` can take on (``like_jax=True``) to
+with four differences, which :func:`peak_memory` can take on (``like_jax=True``) to
 reproduce its number:
 
 * it frees an argument after its last use, as if the caller had donated it; here the
@@ -21,7 +21,9 @@ reproduce its number:
   equation's inputs and results are live together while it runs;
 * it walks a nested program (a scan's body, a checkpoint, a jit) on its own, as if nothing
   outside it were live, and a result nothing reads is never freed; here a body's own
-  values come on top of what is live around it, and an unread result is dropped at once.
+  values come on top of what is live around it, and an unread result is dropped at once;
+* it counts the result of ``pvary`` (a value's type made varying, under
+  ``shard_map(check_vma=True)``) as new bytes; here it is the same buffer, as on hardware.
 
 Neither is what XLA allocates: XLA fuses elementwise chains (their intermediates never
 reach memory), updates buffers in place, and may recompute or offload on its own. And
@@ -35,9 +37,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["Memory", "peak_memory", "memory"]
+__all__ = ["Memory", "peak_memory", "memory", "flops"]
 
 BODIES = ("jaxpr", "call_jaxpr", "cond_jaxpr", "body_jaxpr", "branches")
+ALIASES = ("pvary", "name")       # a new type, or a name, for the same bytes: no copy
 
 
 def _nbytes(v) -> int:
@@ -119,11 +122,16 @@ def _walk(program, like_jax, depth=0):
     for v in inner_prog.outvars:
         if _is_var(v):
             last[v] = len(eqns)
+    alias = set()
+    for e in reversed(eqns if not like_jax else []):     # an alias keeps its source alive
+        if _name(e) in ALIASES and _is_var(e.invars[0]):
+            alias.update(e.outvars)
+            last[e.invars[0]] = max(last.get(e.invars[0], -1), last.get(e.outvars[0], -1))
     live = {v: _nbytes(v) for v in args}
     peak, at, at_live, timeline = sum(live.values()), -1, dict(live), []
     for k, e in enumerate(eqns):
         for v in e.outvars:
-            live[v] = _nbytes(v)
+            live[v] = 0 if v in alias else _nbytes(v)
         extra = 0
         for body in _bodies(e):
             p, _, _, _ = _walk(body, like_jax, depth + 1)
@@ -165,6 +173,9 @@ def peak_memory(program, like_jax=False) -> Memory:
     forward = {v for e in eqns if getattr(e, "phase", "forward") == "forward" for v in e.outvars}
     read_back = {v for e in eqns if getattr(e, "phase", "forward") != "forward"
                  for v in e.invars if _is_var(v)}
+    for e in reversed(eqns):
+        if _name(e) in ALIASES and e.outvars[0] in read_back:
+            read_back.add(e.invars[0])
     residuals = sum(b for v, b in live.items() if v in forward and v in read_back)
     held_args = sum(b for v, b in live.items() if v in set(args))
     return Memory(peak=peak, arguments=sum(_nbytes(v) for v in args), residuals=residuals,
@@ -185,3 +196,23 @@ def memory(fun, *args, axis_env=None, like_jax=False) -> Memory:
     from .api.jaxpr import make_jaxpr
     program = make_jaxpr(fun, axis_env=axis_env)(*args)
     return peak_memory(program, like_jax)
+
+
+def flops(program, phase=None) -> int:
+    """The FLOPs one device computes running ``program``, from each row's cost column (a
+    scan's body counted once per iteration; a while loop's body once, since its number of
+    iterations is not in the program), or only those of the equations of ``phase``
+    ('recompute': what a checkpoint computes again in the backward pass)."""
+    total = 0
+    for eqn in getattr(program, "jaxpr", program).eqns:
+        bodies = _bodies(eqn)
+        if bodies:
+            times = eqn.params.get("length", 1)
+            total += times * max(flops(b, phase) for b in bodies) if eqn.params.get(
+                "branches") else times * sum(flops(b, phase) for b in bodies)
+        elif phase is None or eqn.phase == phase:
+            cost = getattr(eqn.primitive, "cost", None)
+            if cost is not None:
+                total += cost([v.aval for v in eqn.invars], [v.aval for v in eqn.outvars],
+                              **eqn.params)[0]
+    return int(total)

@@ -61,8 +61,8 @@ def _row(e) -> dict:
         what = f"{e.op}({axes!r}{', ' + params if params else ''})"
         if e.phase in ("backward", "recompute"):       # recompute: a checkpoint's, done again
             what = f"{e.phase} {what}"
-        if getattr(e, "iteration", ()):
-            what += f" [iteration {', '.join(map(str, e.iteration))}]"
+        if getattr(e, "iteration", ()):                 # in a loop: which iteration
+            what = f"[iteration {', '.join(map(str, e.iteration))}] {what}"
         moved = f"{_leaves_summary(e.inputs)} -> {_leaves_summary(e.outputs)}"
         group = _group_text(e.group)
         sent, recv = nbytes_text(e.bytes_sent), nbytes_text(e.bytes_received)
