@@ -77,26 +77,25 @@ class Memory:
     """The liveness walk of one device's program.
 
     ``peak``: the most bytes live at once; ``arguments``: the bytes of the program's
-    inputs; at the peak, ``residuals`` (forward values the backward pass will read) and
-    ``temporaries`` (the rest besides the arguments); ``at``: the equation running at the
+    inputs; ``residuals``: the bytes of the forward pass's values that the backward pass
+    reads (each counted once, wherever the peak is); ``at``: the equation running at the
     peak (-1 before any); ``timeline``: bytes live at each equation.
     """
 
     peak: int
     arguments: int
     residuals: int
-    temporaries: int
     at: int
     equation: str = ""
     timeline: list = field(default_factory=list)
 
     def __str__(self):
-        def mib(b):
+        def size(b):
             return f"{b / 2**20:.3g} MiB" if b >= 2**20 else f"{b / 2**10:.3g} KiB" if b >= 2**10 \
                 else f"{b} B"
-        return (f"peak {mib(self.peak)} per device: arguments {mib(self.arguments)}, residuals "
-                f"kept for the backward pass {mib(self.residuals)}, other temporaries "
-                f"{mib(self.temporaries)} (at equation {self.at}: {self.equation})")
+        return (f"peak {size(self.peak)} per device (arguments {size(self.arguments)}); "
+                f"residuals kept for the backward pass {size(self.residuals)}; the peak at "
+                f"equation {self.at}: {self.equation}")
 
 
 def _live_equations(program) -> list:
@@ -162,10 +161,23 @@ def _walk(program, like_jax, depth=0):
     return peak, at, at_live, timeline
 
 
+def _jax_dead_code_removed(program):
+    """A jaxpr of real JAX without the equations nothing needs, loops' bodies included, by
+    JAX's own rules, as ``roofline`` removes them before its walk."""
+    inner = getattr(program, "jaxpr", program)
+    if not type(inner).__module__.startswith("jax"):
+        return program
+    from jax._src.interpreters.partial_eval import dce_jaxpr
+    return dce_jaxpr(inner, [True] * len(inner.outvars))[0]
+
+
 def peak_memory(program, like_jax=False) -> Memory:
     """The liveness walk of ``program`` (a simpmd program, or a jaxpr from
     ``jax.make_jaxpr``): see the module's docstring. ``like_jax=True`` takes on
-    ``jax.experimental.roofline``'s definition of ``peak_hbm_bytes``."""
+    ``jax.experimental.roofline``'s definition of ``peak_hbm_bytes`` (for a jaxpr of real
+    JAX, after JAX's own dead-code removal; for simpmd's program, after removing the
+    equations whose results nothing reads, loop bodies left whole)."""
+    program = _jax_dead_code_removed(program) if like_jax else program
     inner = getattr(program, "jaxpr", program)
     peak, at, live, timeline = _walk(program, like_jax)
     args = [v for v in list(inner.constvars) + list(inner.invars) if _is_var(v)]
@@ -173,14 +185,14 @@ def peak_memory(program, like_jax=False) -> Memory:
     forward = {v for e in eqns if getattr(e, "phase", "forward") == "forward" for v in e.outvars}
     read_back = {v for e in eqns if getattr(e, "phase", "forward") != "forward"
                  for v in e.invars if _is_var(v)}
+    alias_of = set()
     for e in reversed(eqns):
         if _name(e) in ALIASES and e.outvars[0] in read_back:
             read_back.add(e.invars[0])
-    residuals = sum(b for v, b in live.items() if v in forward and v in read_back)
-    held_args = sum(b for v, b in live.items() if v in set(args))
-    return Memory(peak=peak, arguments=sum(_nbytes(v) for v in args), residuals=residuals,
-                  temporaries=peak - residuals - held_args, at=at,
-                  equation=_describe(eqns[at]) if 0 <= at < len(eqns) else "",
+            alias_of.add(e.outvars[0])
+    return Memory(peak=peak, arguments=sum(_nbytes(v) for v in args),
+                  residuals=sum(_nbytes(v) for v in forward & read_back if v not in alias_of),
+                  at=at, equation=_describe(eqns[at]) if 0 <= at < len(eqns) else "",
                   timeline=timeline)
 
 
