@@ -116,13 +116,18 @@ def test_eager_runs_loops_on_each_device(jax8):
 OPS = ["tanh", "sin", "matmul", "mul_x", "ppermute", "psum", "pmean", "add_carry2", "scale"]
 
 
+POLICIES = [None, "nothing_saveable", "dots_saveable", "everything_saveable"]
+
+
 def random_body(seed):
-    """A scan body of random steps, on a carry (h, g) and x rows, with its loss."""
+    """A scan body of random steps, on a carry (h, g) and x rows, with its loss; from seed
+    12 on, the body is checkpointed with a policy chosen by the seed."""
     rng = np.random.default_rng(seed)
     steps = list(rng.choice(OPS, size=rng.integers(2, 6)))
     scale = float(rng.uniform(0.5, 1.5))
+    policy = POLICIES[seed % len(POLICIES)] if seed >= 12 else False
 
-    def make(L, np_):
+    def make(L, np_, checkpoint=None, policies=None):
         def body(c, x):
             h, g = c
             for op in steps:
@@ -147,20 +152,24 @@ def random_body(seed):
             return (h, g), h.sum() * g.sum()
 
         def loss(w, x):
-            (h, g), ys = L.scan(body, (x, x * 0.1), w)
+            step = body if policy is False else checkpoint(
+                body, policy=policy and getattr(policies, policy))
+            (h, g), ys = L.scan(step, (x, x * 0.1), w)
             return (h * h).sum() + g.sum() + ys.sum()
         return loss
     return make, steps
 
 
-@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("seed", range(20))
 def test_random_scans_and_their_gradients_agree_with_jax(jax8, seed):
     import jax.numpy as jnp
     make, steps = random_body(seed)
-    mine = simpmd.pmap(simpmd.value_and_grad(make(lax, snp), argnums=(0, 1)), "i",
-                       in_axes=(None, 0))(W * 0.7, X)
-    theirs = jax8.pmap(jax8.value_and_grad(make(jax8.lax, jnp), argnums=(0, 1)), "i",
-                       in_axes=(None, 0))(W * 0.7, X)
+    mine = simpmd.pmap(simpmd.value_and_grad(
+        make(lax, snp, simpmd.checkpoint, simpmd.checkpoint_policies), argnums=(0, 1)), "i",
+        in_axes=(None, 0))(W * 0.7, X)
+    theirs = jax8.pmap(jax8.value_and_grad(
+        make(jax8.lax, jnp, jax8.checkpoint, jax8.checkpoint_policies), argnums=(0, 1)), "i",
+        in_axes=(None, 0))(W * 0.7, X)
     _close(mine, theirs, rtol=2e-4, atol=2e-4)
 
 

@@ -129,9 +129,9 @@ def checkpoint(fun=None, *, prevent_cse=True, policy=None, static_argnums=(),
     def checkpointed(*args, **kwargs):
         if bridge.inside_jax((args, kwargs)):
             import jax
-            return jax.checkpoint(fun, prevent_cse=prevent_cse, policy=policy,
-                                  static_argnums=static_argnums,
-                                  static_argnames=static_argnames)(*args, **kwargs)
+            given = {"static_argnames": static_argnames} if static_argnames else {}  # jax 0.7
+            return jax.checkpoint(fun, prevent_cse=prevent_cse, policy=policy,  # has none
+                                  static_argnums=static_argnums, **given)(*args, **kwargs)
         positions = {a % max(len(args), 1) for a in static}
         dynamic = ([a for i, a in enumerate(args) if i not in positions],
                    {k: v for k, v in kwargs.items() if k not in static_names})

@@ -332,6 +332,24 @@ def _param_text(value, indent, nested) -> str:
     return repr(value)
 
 
+def _literal(v, like) -> str:
+    """A constant operand: a weak Python number in the dtype it meets (``like``)."""
+    value = np.asarray(v.value)
+    if value.ndim == 0:
+        dtype = like if v.aval.weak_type and like is not None and like.kind != "b" else v.aval.dtype
+        return f"{value.astype(dtype)[()]}:{dtypes.short_name(dtype)}[]"
+    return f"<{v.aval.str_short()} constant>"
+
+
+def _literal_dtype(eqn):
+    """The dtype a weak literal operand of ``eqn`` is printed in: its first variable's (or
+    result's); none for an equation that holds a body, whose operands keep their own."""
+    if getattr(eqn.primitive, "needs_run", False):
+        return None
+    like = next((v.aval.dtype for v in eqn.invars if type(v) is Var), None)
+    return like if like is not None else (eqn.outvars[0].aval.dtype if eqn.outvars else None)
+
+
 def pretty(program, width=80, names=None) -> str:
     """The program as ``jax.make_jaxpr`` prints a jaxpr: variables named in order of
     appearance, nested programs included (on one line where it fits), and an equation's
@@ -347,13 +365,7 @@ def pretty(program, width=80, names=None) -> str:
         return f"{name(v)}:{v.aval.str_short()}"
 
     def operand(v, like):
-        if type(v) is Var:
-            return name(v)
-        value = np.asarray(v.value)
-        if value.ndim == 0:
-            dtype = like if v.aval.weak_type and like is not None and like.kind != "b" else v.aval.dtype
-            return f"{value.astype(dtype)[()]}:{dtypes.short_name(dtype)}[]"
-        return f"<{v.aval.str_short()} constant>"
+        return name(v) if type(v) is Var else _literal(v, like)
 
     def nested(inner, indent, key=""):
         rows = pretty(inner, width - indent, names).split("\n")
@@ -382,10 +394,7 @@ def pretty(program, width=80, names=None) -> str:
     consts = " ".join(typed(v) for v in program.constvars)
     lines = [f"{{ lambda {consts}; {' '.join(typed(v) for v in program.invars)}. let"]
     for eqn in program.eqns:
-        like = next((v.aval.dtype for v in eqn.invars if type(v) is Var), None)
-        like = like if like is not None else (eqn.outvars[0].aval.dtype if eqn.outvars else None)
-        like = None if getattr(eqn.primitive, "needs_run", False) else like   # holds a body
-        ins = " ".join(operand(v, like) for v in eqn.invars)
+        ins = " ".join(operand(v, _literal_dtype(eqn)) for v in eqn.invars)
         printed = getattr(eqn.primitive, "printed", None)
         if printed is not None:       # a row that JAX spells as several equations (pmean)
             for prim_name, params, text_ins, out_vars in printed(eqn, name, typed, ins):
