@@ -281,10 +281,6 @@ def _on_jax(*values) -> bool:
     return bridge.inside_jax(values)
 
 
-def _aval(x):
-    return aval_of(x)
-
-
 def _traced_body(flat, avals):
     """The program of ``flat`` on values of types ``avals``, and the values it closed over."""
     run = context.run or core_mod.plain
@@ -356,12 +352,12 @@ def _carried(flat, init, more_avals, fun, what, init_tree, out_trees):
     init = list(init)
     for attempt in range(2):
         out_trees.clear()
-        program, lifted = _traced_body(flat, [_aval(x) for x in init] + list(more_avals))
+        program, lifted = _traced_body(flat, [aval_of(x) for x in init] + list(more_avals))
         outs = program.out_avals[:len(init)]
         if out_trees[-1][0] != init_tree:
             break
         changed = False
-        for k, (x, a, b) in enumerate(zip(init, map(_aval, init), outs)):
+        for k, (x, a, b) in enumerate(zip(init, map(aval_of, init), outs)):
             if a.weak_type and not _same_type(a, b) and a.shape == b.shape:
                 dtype = dtypes.promote((a.dtype, True), (b.dtype, b.weak_type))[0]
                 init[k] = (bind(P.convert_element_type, x, new_dtype=dtype, weak_type=False)
@@ -369,7 +365,7 @@ def _carried(flat, init, more_avals, fun, what, init_tree, out_trees):
                 changed = True
         if not changed:
             break
-    _check_carry(what, fun, init_tree, out_trees[-1][0], [_aval(x) for x in init],
+    _check_carry(what, fun, init_tree, out_trees[-1][0], [aval_of(x) for x in init],
                  program.out_avals[:len(init)])
     return program, lifted, init
 
@@ -385,7 +381,7 @@ def _results(values):
 def _scan_length(leaves, length):
     lengths = []
     for x in leaves:
-        shape = _aval(x).shape
+        shape = aval_of(x).shape
         if not shape:
             raise ValueError(f"scan got value with no leading axis to scan over: {x!r}. Each "
                              f"leaf of xs is scanned over its first axis.")
@@ -437,7 +433,7 @@ def scan(f, init, xs=None, length=None, reverse=False, unroll=1, _split_transpos
         ys, y_tree = tree.flatten(out[1])
         out_trees.append((carry_tree, y_tree))
         return carry + ys
-    x_avals = [_aval(x).update(shape=_aval(x).shape[1:]) for x in x_leaves]
+    x_avals = [aval_of(x).update(shape=aval_of(x).shape[1:]) for x in x_leaves]
     program, lifted, init_leaves = _carried(flat, init_leaves, x_avals, f, "scan body",
                                             init_tree, out_trees)
     body, consts, kept, ys_forwarded = _forwarded(program, lifted, init_leaves, n)
@@ -522,17 +518,17 @@ def while_loop(cond_fun, body_fun, init_val):
 
     def cond_flat(*xs):
         pred = cond_fun(tree.unflatten(init_tree, xs))
-        a = _aval(pred)
+        a = aval_of(pred)
         if a.shape != () or a.dtype != np.bool_:
             raise TypeError(f"cond_fun must return a boolean scalar, but got output type(s) "
                             f"[{_type_text(a)}]. Compare to make a boolean (e.g. x < 10), "
                             f"and reduce an array first (x.sum() < 10).")
         return [pred]
-    cond_program, cond_lifted = _traced_body(cond_flat, [_aval(x) for x in leaves])
+    cond_program, cond_lifted = _traced_body(cond_flat, [aval_of(x) for x in leaves])
     body_program, body_lifted, leaves = _carried(body_flat, leaves, [], body_fun,
                                                  "while_loop body", init_tree, out_trees)
-    if [_aval(x) for x in leaves] != cond_program.in_avals:       # a carry was promoted
-        cond_program, cond_lifted = _traced_body(cond_flat, [_aval(x) for x in leaves])
+    if [aval_of(x) for x in leaves] != cond_program.in_avals:       # a carry was promoted
+        cond_program, cond_lifted = _traced_body(cond_flat, [aval_of(x) for x in leaves])
     outs = bind(loops.while_, *cond_lifted, *body_lifted, *leaves,
                 cond_jaxpr=loops.closed(cond_program), body_jaxpr=loops.closed(body_program),
                 cond_nconsts=len(cond_lifted), body_nconsts=len(body_lifted),
@@ -564,7 +560,7 @@ def pvary(x, axis_name):
     if run is None or not run.check_vma:
         return x
     return _each_leaf(x, lambda leaf: bind(C.pvary, leaf, axes=tuple(
-        a for a in axes if a not in _aval(leaf).vma)) if set(axes) - _aval(leaf).vma else leaf)
+        a for a in axes if a not in aval_of(leaf).vma)) if set(axes) - aval_of(leaf).vma else leaf)
 
 
 # -- how make_jaxpr prints a loop: as the installed JAX does --------------------------------
