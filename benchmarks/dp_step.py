@@ -19,6 +19,9 @@ Two measurements, each reported as a ratio against a baseline measured in the sa
    (``--log-devices``, 16384 by default).
 3. One ``psum`` of 1 MiB per device over 64 devices, beside the bare NumPy reduction of
    the same stacked data (``x.sum(axis=0)``: the memory-bandwidth floor).
+4. The cached 1024-device step beside its NumPy floor: the same arithmetic on the same
+   stacked data and nothing else (``w - x``, the mean over the devices, the update), timed
+   alternately, best of many: what the engine adds to the arithmetic.
 
 ``--plot`` draws the first measurement against the device count (the README's curve),
 naming the machine's kind and core count and the date, never the host's name.
@@ -150,6 +153,28 @@ def psum_vs_numpy(devices=64, mib=1, repeats=30):
     return sim, bare
 
 
+def step_vs_numpy_floor(devices=1024, vector=VECTOR, rounds=300):
+    """(simpmd's cached step, the NumPy floor) in seconds, each the best of ``rounds``
+    calls made alternately, so both see the same load."""
+    import simpmd
+    simpmd.set_device_count(devices)
+    f = simpmd.pmap(step, axis_name="batch", in_axes=(None, 0))
+    w = np.zeros(vector, np.float32)
+    x = np.random.default_rng(0).standard_normal((devices, vector)).astype(np.float32)
+    rate = np.float32(LEARNING_RATE)
+
+    def floor():
+        mine = np.broadcast_to(w, x.shape)                    # every device's w, one copy
+        grad = (mine - x).sum(axis=0, keepdims=True) / np.float32(devices)
+        return np.broadcast_to(mine[:1] - rate * grad, x.shape)
+    assert np.allclose(np.asarray(f(w, x)), floor(), atol=1e-6)
+    sim = bare = float("inf")
+    for _ in range(rounds):
+        sim = min(sim, timed(lambda: f(w, x), 1)[1])
+        bare = min(bare, timed(floor, 1)[1])
+    return sim, bare
+
+
 JAX_LARGEST = 1024          # jax.pmap stops here: its step grows about 3x per doubling
 TARGET = 20                 # issue 10: the 1024-device step takes at most 1/20 of jax.pmap's
 
@@ -247,6 +272,7 @@ def main(argv=None):
     sizes = [8, 64] if args.quick else [2 ** k for k in range(3, 15)]      # 8 .. 16384
 
     sim, bare = psum_vs_numpy()
+    step_sim, step_bare = step_vs_numpy_floor()
 
     print("1. data-parallel step (grad of a 1024-float vector, pmean, update)")
     print("   times in ms; simpmd/jax is the steady step's ratio")
@@ -274,6 +300,9 @@ def main(argv=None):
     print("\n3. psum of 1 MiB per device over 64 devices (whole pmap call: split, psum, stack)")
     print(f"   simpmd {sim * 1e3:.1f} ms, bare NumPy x.sum(axis=0) {bare * 1e3:.1f} ms, "
           f"ratio {sim / bare:.2f}")
+    print("\n4. the cached 1024-device step beside its NumPy floor (the same arithmetic alone)")
+    print(f"   simpmd {step_sim * 1e3:.3f} ms, NumPy floor {step_bare * 1e3:.3f} ms, "
+          f"ratio {step_sim / step_bare:.2f}")
     if args.plot:
         plot(rows, args.plot, caption(args.repeats))
         print(f"\nwrote {args.plot}")

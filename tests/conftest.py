@@ -47,6 +47,8 @@ def jax8():
         print(message, file=sys.stderr)
         pytest.skip(message)
     count = jax.device_count()
+    from simpmd.jax.handoff import follow_rules
+    follow_rules(jax, jax.devices()[0])     # simpmd's type rules: those of the JAX running
     if count < FAKE_DEVICES:
         pytest.fail(
             f"jax sees {count} device(s) ({jax.devices()}), the cross-checks need "

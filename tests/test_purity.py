@@ -118,3 +118,16 @@ from simpmd.core import bridge
 print(bridge.eager.__name__, bridge.jax.__name__, simpmd.shard_map.on_jax.__name__)
 """)
     assert result.stdout.split() == ["simpmd.eager.scheduler", "simpmd.jax.handoff", "shard_map_on_jax"]
+
+
+def test_no_function_of_the_core_is_longer_than_60_lines():
+    """The core is read in an afternoon: every function fits on a screen or two."""
+    import ast
+    long = []
+    for path in sorted((ROOT / "simpmd" / "core").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > 60:
+                    long.append(f"{path.name}:{node.lineno} {node.name} ({lines} lines)")
+    assert not long, "functions over 60 lines: " + ", ".join(long)

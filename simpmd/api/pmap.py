@@ -25,7 +25,7 @@ from ..core.core import Aval, aval_of, context, user_stacklevel
 from ..core.run import Run
 from ..core.values import StackedValue
 from ..machine.array import Array
-from ..machine.devices import device_count, devices as platform_devices
+from ..machine.devices import device_count, devices as platform_devices, platform
 from ..machine.mesh import ShardingError
 from . import spmd
 from .spmd import Piece, as_array, positional_names
@@ -265,7 +265,7 @@ class Pmapped:
         except Exception:
             return None
         return ("pmap", self.axis_name, repr(self.in_axes), repr(self.out_axes), self.axis_size,
-                tuple(d.id for d in devices), statics, treedef, kw_def, shapes)
+                _device_key(self.devices, devices), statics, treedef, kw_def, shapes)
 
     def _prepare(self, args, kwargs):
         """What a call needs before it runs: the devices, the signature's key, every mapped
@@ -370,8 +370,10 @@ class Pmapped:
 
     def _device_list(self) -> list:
         """The devices a top-level call may use: ``devices=``, or all of the platform's."""
-        device_list = list(self.devices) if self.devices is not None else platform_devices()
-        if self.devices is not None and not device_list:
+        if self.devices is None:          # the platform's own: nothing to check
+            return platform_devices()
+        device_list = list(self.devices)
+        if not device_list:
             raise ValueError(
                 "pmap was given devices=[], an empty list, so there is no device to run on. "
                 "Pass the devices to map over, e.g. devices=simpmd.devices()[:n] for the "
@@ -419,6 +421,12 @@ class Pmapped:
             else:
                 out.append(Array(s, run.devices, ax, _grid_layout(run, s, ax), self.axis_name))
         return tree.unflatten(treedef, out)
+
+
+def _device_key(given, devices):
+    """The devices in a signature: the platform's (by its generation, without walking
+    thousands of devices on every call), or the ids of those given as devices=."""
+    return ("platform", platform().generation) if given is None else tuple(d.id for d in devices)
 
 
 class _NestedLog:

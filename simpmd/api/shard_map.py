@@ -4,7 +4,7 @@ every device's block, and put the result blocks back together.
 This module says how the arguments are cut into blocks and how the result blocks go back
 together; the driver it shares with ``pmap`` (``spmd.py``) runs the body once over all
 blocks stacked in the mesh's row-major device order, as JAX traces it once
-(``batching.py``), or with ``eager=True`` one program per device.
+(``simpmd/core``), or with ``eager=True`` one program per device.
 
 Mirrors ``jax.shard_map(f, mesh=..., in_specs=..., out_specs=...)``. Where ``pmap`` maps
 one axis per call (and nests for more), ``shard_map`` maps every axis of a mesh at once:
@@ -27,7 +27,8 @@ import warnings
 import numpy as np
 
 from ..core import bridge, errors, tree
-from ..core.core import Var, context
+from ..core.collectives import pvary
+from ..core.core import Var, bind, context
 from ..core.run import Run
 from ..machine.array import HostArray, Shard
 from ..machine.mesh import (Mesh, NamedSharding, PartitionSpec, ShardingError, block_counts,
@@ -196,7 +197,7 @@ class ShardMapped:
                 f"keyword(s) {', '.join(kwargs)}. Pass them by position, with one in_specs "
                 f"entry each.")
         devices, axes, inputs, assemble = self._prepare(args)
-        return spmd.run(self, self.fun, devices, axes, inputs, {}, assemble, eager=self.eager,
+        return spmd.run(self, self._body, devices, axes, inputs, {}, assemble, eager=self.eager,
                         check_vma=self.check_vma, maps_a_mesh=True)
 
     def _prepare(self, args):
@@ -224,7 +225,26 @@ class ShardMapped:
         outside jit on every call): what ``make_jaxpr`` of a shard_mapped function prints."""
         devices, axes, inputs, _ = self._prepare(args)
         grid = Run(devices, axes, check_vma=self.check_vma, maps_a_mesh=True)
-        return spmd.program_for(self.fun, grid, inputs, {}).program
+        return spmd.program_for(self._body, grid, inputs, {}).program
+
+    def _body(self, *args):
+        """The learner's body; under check_vma, a result that does not vary over a mesh
+        axis its out_specs splits it over is made to (pvary), as JAX does."""
+        out = self.fun(*args)
+        if not self.check_vma or context.run is None or context.run.eager:
+            return out
+        leaves, treedef = tree.flatten(out)
+        try:
+            specs = tree.broadcast_prefix(self.out_specs, out, what="out_specs")
+        except ValueError:                # a malformed out_specs: refused once it returns
+            return out
+        made = []
+        for leaf, spec in zip(leaves, specs):
+            vma = getattr(getattr(leaf, "aval", None), "vma", frozenset())
+            missing = tuple(n for n in self.mesh.axis_names if isinstance(spec, PartitionSpec)
+                            and n in spec.mesh_axes() and n not in vma)
+            made.append(bind(pvary, leaf, axes=missing) if missing and hasattr(leaf, "aval") else leaf)
+        return tree.unflatten(treedef, made)
 
     # -- putting the blocks together -------------------------------------------------------
     def _assemble(self, stacks, treedef, run, coords, program=None):

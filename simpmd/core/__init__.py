@@ -1,22 +1,22 @@
 """The simulator's core: NumPy only, and it imports nothing of simpmd outside this package.
 
-Read it in the order the data flows through a call of ``simpmd.pmap(f)(x)``:
+Read it in the order a call of ``simpmd.pmap(f)(x)`` goes through it:
 
-1. ``pmap.py``, ``shard_map.py``: the front ends. They split the arguments by device and
-   hand them to ``spmd.py``, which looks the function up in the program cache.
-2. ``program.py``: a traced body as equations (JAX's primitive names, shapes, dtypes,
-   the learner's source line), the cache keyed by signature, the jaxpr printer.
-3. ``batching.py``: computes every operation once for all devices at once, over values
-   stacked by device, and records the equations while the first call runs.
-4. ``lax.py`` and ``collectives.py``: the collectives, each computed in one NumPy call.
-5. ``autodiff.py``: reverse mode, the backward collectives included.
-6. ``trace.py``: the log of a run, columnar, written out per device only when read.
+1. ``core.py``: types (``Aval``), programs as data (``Var``, ``Equation``, ``Program``),
+   the ``Primitive`` row, the thread's context, and ``bind``, which every operation goes
+   through; also the printer of programs in JAX's notation.
+2. ``values.py``: what a body holds (``StackedValue``: every device's value, or its type).
+3. ``program.py``: ``trace`` (the body on types, written down as equations), and
+   ``eval_program`` (the program run again, one ``bind`` per equation); the cache.
+4. ``run.py``: a grid of devices with named axes that computes every operation for all of
+   them at once, or types only; collectives over groups; the deadlock check.
+5. The rows: ``primitives.py`` (a device's arithmetic), ``collectives.py``, ``control.py``
+   (cond, the nested pmap, debug.print).
+6. ``autodiff.py``: grad, one derivative rule per row, collectives included.
+7. ``log.py``: the run's records, columnar, written out per device only when read.
 
-Around it: ``errors.py``, ``tree.py`` (pytrees), ``devices.py`` and ``mesh.py`` (the
-simulated platform), ``array.py`` (what a mapped call returns), ``context.py`` (the
-program on this thread, the learner's source line, the checks both engines share),
-``traced.py`` (the value one device holds in an eager run) and ``bridge.py`` (where the
-eager scheduler, the JAX bridge and the drawings register themselves: the core imports
-none of them). The eager run itself, one program per device meeting at collectives, is
-``simpmd/eager/``.
+Around it: ``dtypes.py`` (JAX's dtype rules), ``tree.py`` (pytrees), ``errors.py`` and
+``bridge.py`` (where the eager engine and the JAX hand-off register themselves: the core
+imports neither). The front ends (``simpmd/api``), the simulated machine
+(``simpmd/machine``) and the eager engine (``simpmd/eager``) sit above it.
 """

@@ -271,6 +271,10 @@ def _pmean_printed(eqn, name, typed, ins):
     lines = [(_psum_name(eqn), params, ins, " ".join(typed(v) for v in sums))]
     for total, out in zip(sums, eqn.outvars):
         divisor = f"{out.aval.dtype.type(eqn.params['_size'])}:{out.aval.str_short().split('[')[0]}[]"
+        if out.aval.vma:                  # the divisor is made to vary as the sum does
+            varying = Var(Aval((), out.aval.dtype, vma=out.aval.vma))
+            lines.append(("pvary", {"axes": tuple(sorted(out.aval.vma))}, divisor, typed(varying)))
+            divisor = name(varying)
         lines.append(("div", {}, f"{name(total)} {divisor}", typed(out)))
     return lines
 

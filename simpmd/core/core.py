@@ -8,7 +8,7 @@ its result has, its derivative, what it costs. :func:`bind` applies one, whateve
 running:
 
 * the *run* on this thread (``context.run``) computes it: every device's value at once
-  (a :class:`~simpmd.core.run.StackedRun`), one device's value (an eager run), or only
+  (a :class:`~simpmd.core.run.Run`), one device's value (an eager run), or only
   its type (shapes without values, which is how a body is traced);
 * each active *recorder* (``context.recorders``) writes it down as an :class:`Equation`,
   which is how a body becomes a :class:`Program` that later calls replay.

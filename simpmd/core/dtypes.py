@@ -9,6 +9,8 @@ dtype is never depends on which engine computed it.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 
@@ -110,7 +112,12 @@ def _dtype(node) -> np.dtype:
 def promote(*typed) -> tuple[np.dtype, bool]:
     """The dtype of an operation on operands of (dtype, weak) ``typed``, and whether the
     result is weak (only Python numbers were involved), as ``jnp.result_type``."""
-    bounds = _BOUNDS if config.jax_enable_x64 else _BOUNDS_X32
+    return _promote(config.jax_enable_x64, *[(np.dtype(d), bool(w)) for d, w in typed])
+
+
+@functools.lru_cache(maxsize=1024)
+def _promote(x64, *typed):
+    bounds = _BOUNDS if x64 else _BOUNDS_X32
     nodes = {_node(d, w) for d, w in typed}
     common = set.intersection(*(bounds[n] for n in nodes))
     least = (common & nodes) or {c for c in common if common <= bounds[c]}

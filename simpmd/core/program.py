@@ -16,7 +16,7 @@ from __future__ import annotations
 import weakref
 
 from . import errors
-from .core import Equation, Lit, Program, Var, bind, caller_source, context, running
+from .core import Equation, Lit, Program, Var, aval_of, bind, caller_source, context, running
 from .values import StackedValue
 
 
@@ -115,12 +115,17 @@ def eval_program(program, consts, args, env=None):
     env.update(zip(program.invars, args))
     outer, phase = context.eqn, context.phase
     try:
+        run = context.run
+        known = run is not None and not run.abstract and not context.recorders
         for eqn in program.eqns:
             context.eqn, context.phase = eqn, phase if eqn.phase == "forward" else eqn.phase
             ins = [env[v] if type(v) is Var else v.value for v in eqn.invars]
-            outs = bind(eqn.primitive, *ins, **eqn.params)
-            if not eqn.primitive.multiple_results:
-                outs = (outs,)
+            if known:       # values only: the types are the equation's, found when traced
+                outs = run.compute(eqn.primitive, ins, eqn.params, [aval_of(x) for x in ins],
+                                   [v.aval for v in eqn.outvars])
+            else:
+                outs = bind(eqn.primitive, *ins, **eqn.params)
+                outs = outs if eqn.primitive.multiple_results else (outs,)
             env.update(zip(eqn.outvars, outs))
     finally:
         context.eqn, context.phase = outer, phase

@@ -14,6 +14,7 @@ outer ones (:meth:`Run.nest`): a grid of outer x inner devices, as a 2-D mesh.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -118,17 +119,9 @@ class Run:
         """The devices of every group, as arrays of shape (number of groups, group size);
         groups of unequal sizes (``axis_index_groups``) come as one array per size."""
         size = self.axis_size(axis_names, op)
-        names = [n for n, _ in self.axes]
-        rest = [d for d, n in enumerate(names) if n not in axis_names]
-        grid = np.arange(self.n).reshape([s for _, s in self.axes])
-        members = grid.transpose(rest + [names.index(a) for a in axis_names]).reshape(-1, size)
-        if axis_index_groups is None:
-            return [members]
-        check_groups(axis_index_groups, size, op, self.where(0), axis_names)
-        by_size: dict = {}
-        for g in axis_index_groups:
-            by_size.setdefault(len(g), []).append(list(g))
-        return [members[:, gs].reshape(-1, k) for k, gs in by_size.items()]
+        if axis_index_groups is not None:
+            check_groups(axis_index_groups, size, op, self.where(0), axis_names)
+        return _groups(self.axes, tuple(axis_names), axis_index_groups)
 
     # -- computing ----------------------------------------------------------------------------
     def prepare(self, prim, args, params):
@@ -141,23 +134,27 @@ class Run:
             return self._vary_for(prim, args, params)
         if len(args) < 2:
             return args
-        vmas = [x.aval.vma for x in args if isinstance(x, StackedValue)]
+        vmas = [aval_of(x).vma for x in args]
         union = frozenset().union(*vmas)
         if all(v == union for v in vmas):
             return args
-        from .collectives import pvary
-        return [core.bind(pvary, x, axes=tuple(a for a in self._order(union) if a not in x.aval.vma))
-                if isinstance(x, StackedValue) and x.aval.vma != union else x for x in args]
+        from .collectives import pvary             # constants too, as JAX's literals
+        return [core.bind(pvary, x, axes=tuple(a for a in self._order(union) if a not in v))
+                if v != union else x for x, v in zip(args, vmas)]
 
     def _vary_for(self, prim, args, params):
+        """A collective's operand is made to vary over its axes first; a reduction's that
+        varies over some of them only if the running JAX allows it (the type rule refuses
+        it otherwise)."""
         from .collectives import REDUCTIONS, pvary, settings
-        if prim.name not in REDUCTIONS:
+        if prim.name == "axis_index":
             return args
         axes = tuple(params.get("axes") or _names(params.get("axis_name")))
         out = []
         for x in args:
             missing = tuple(a for a in axes if a not in aval_of(x).vma)
-            if missing and (len(missing) == len(axes) or prim.op in settings.partial):
+            if missing and (len(missing) == len(axes) or prim.name not in REDUCTIONS
+                            or prim.op in settings.partial):
                 x = core.bind(pvary, x, axes=missing)
             out.append(x)
         return out
@@ -174,6 +171,11 @@ class Run:
             if prim.collective:
                 self.collective(prim, None, params, avals, out_avals)
             return [StackedValue(a) for a in out_avals]
+        return self.compute(prim, args, params, avals, out_avals)
+
+    def compute(self, prim, args, params, avals, out_avals) -> list:
+        """``prim``'s values for every device, its result types known (from the abstract
+        evaluation, or, replaying a program, from its equation)."""
         if getattr(prim, "needs_run", False):     # it runs programs: it gets the values
             results = prim.stacked(*args, **params)
             return [StackedValue(a, r) for a, r in zip(out_avals, results)]
@@ -291,6 +293,21 @@ class Run:
         return self.inner
 
 
+@functools.lru_cache(maxsize=256)
+def _groups(axes, axis_names, axis_index_groups):
+    names = [n for n, _ in axes]
+    rest = [d for d, n in enumerate(names) if n not in axis_names]
+    grid = np.arange(math.prod(s for _, s in axes)).reshape([s for _, s in axes])
+    size = math.prod(dict(axes)[a] for a in axis_names)
+    members = grid.transpose(rest + [names.index(a) for a in axis_names]).reshape(-1, size)
+    if axis_index_groups is None:
+        return [members]
+    by_size: dict = {}
+    for g in axis_index_groups:
+        by_size.setdefault(len(g), []).append(list(g))
+    return [members[:, gs].reshape(-1, k) for k, gs in by_size.items()]
+
+
 def _names(axis_name):
     return tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
 
@@ -300,7 +317,7 @@ def _combine(prim, stack, sets, params, n):
     scatter back."""
     math_params = {k: v for k, v in params.items() if not k.startswith("_")
                    and k not in ("axes", "axis_name", "axis_index_groups", "axis_size")}
-    if len(sets) == 1 and sets[0].shape[0] == 1 and np.array_equal(sets[0][0], np.arange(n)):
+    if len(sets) == 1 and sets[0].shape[0] == 1 and _every_device(sets[0]):
         out = prim.math(stack[None], **math_params)               # one group of every device
         return np.broadcast_to(out, (1, n) + out.shape[2:])[0]
     out = None
@@ -312,6 +329,17 @@ def _combine(prim, stack, sets, params, n):
             out = np.empty((n,) + combined.shape[2:], combined.dtype)
         out[members] = combined
     return out
+
+
+def _every_device(members):
+    """True for one group of every device in order (the cached groups are reused)."""
+    known = _ORDERED.get(id(members))
+    if known is None or known[0] is not members:
+        known = _ORDERED[id(members)] = (members, bool((members[0] == np.arange(members.shape[1])).all()))
+    return known[1]
+
+
+_ORDERED: dict = {}
 
 
 def check_groups(groups, size, op, where, axis_names):

@@ -40,12 +40,18 @@ class TreeDef:
         return "(" + inner + ("," if len(self.children) == 1 else "") + ")"
 
 
+LEAF = TreeDef("leaf")
+_LEAVES = {int, float, complex, bool, str, bytes}       # (arrays: added by simpmd.core.values)
+
+
 def _is_namedtuple(x) -> bool:
     return isinstance(x, tuple) and hasattr(type(x), "_fields")
 
 
 def _children(x):
     """(kind, node_type, keys, child values) of a container, or None for a leaf."""
+    if type(x) in _LEAVES:
+        return None
     if x is None:
         return "none", None, (), ()
     if _is_namedtuple(x):
@@ -71,7 +77,7 @@ def flatten(tree) -> tuple[list, TreeDef]:
         node = _children(x)
         if node is None:
             leaves.append(x)
-            return TreeDef("leaf")
+            return LEAF
         kind, node_type, keys, kids = node
         return TreeDef(kind, node_type, keys, tuple(walk(k) for k in kids))
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import errors
+from . import errors, tree
 from .core import Aval, context
 
 _HINT = (
@@ -47,7 +47,8 @@ def _leaves(x):
 
 
 class StackedValue:
-    """One array of a mapped body: every device's value stacked, or its type alone."""
+    """One array of a mapped body: every device's value stacked, or its type alone.
+    (A pytree leaf, as an array is.)"""
 
     __slots__ = ("aval", "stack")
     __array_priority__ = 1000
@@ -126,3 +127,6 @@ class StackedValue:
 
     def __format__(self, spec):
         return format(self.value, spec) if self._eager() and spec else format(str(self), spec)
+
+
+tree._LEAVES.update({StackedValue, np.ndarray})

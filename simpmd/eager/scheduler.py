@@ -1,6 +1,6 @@
 """Eager runs: one program per simulated device, meeting at collectives.
 
-By default simpmd traces a body once over all devices (``simpmd/core/batching.py``). With
+By default simpmd traces a body once and runs it over all devices at once (``simpmd/core``). With
 ``eager=True`` the body may branch on its values in Python, as real JAX cannot, so each
 device must run its own copy: this module runs them (and the pmaps nested in such a body,
 whose inner maps it runs per outer program). Every simulated device runs the user's
@@ -573,7 +573,7 @@ def _stacked_results(tasks):
 
 class PerDeviceRun:
     """The programs of one mapped call run one per device: what a front end's ``assemble``
-    asks of a run (``batching.StackedRun`` answers the same questions for stacked values)."""
+    asks of a run (``simpmd.core.run.Run`` answers the same questions for stacked values)."""
 
     outer_n = 1                          # a nested call here is one outer program's
     stacked = False

@@ -275,6 +275,8 @@ def use_jax_devices(n: int = 8, *, verbose: bool = True) -> list:
             f"but JAX still made fewer CPU devices: something else (JAX_NUM_CPU_DEVICES, "
             f"jax_platforms) may override it.") from None
     _chosen = devices
+    from .handoff import follow_rules
+    follow_rules(jax, devices[0])      # simpmd's type rules are those of the JAX running
     if verbose:
         print(line)
     return devices

@@ -124,21 +124,25 @@ class Array(HostArray):
         # nested pmap's outer result is spread over every device of the grid.
         # ``per_device`` is a list of arrays, or one array stacked along a device axis.
         self._per_device = per_device
-        self._stacked = None
+        self._stacked = self._sharding = None
         self._layout = layout
-        self.mapped_axis = mapped_axis
+        self.mapped_axis, self._axis_name = mapped_axis, axis_name
         self._devices = tuple(d for d, _, _ in layout) if layout else tuple(devices)
-        if layout is None:
-            # As jax.pmap's results since jax 0.10: a NamedSharding over a one-axis mesh of
-            # the devices, whose spec names the mapped axis where out_axes put it.
+
+    @property
+    def sharding(self):
+        """As jax.pmap's results since jax 0.10: a NamedSharding over a one-axis mesh of the
+        devices, whose spec names the mapped axis where out_axes put it (made when asked)."""
+        if self._sharding is None and self._layout is not None:
+            self._sharding = GridSharding(self._devices, self.mapped_axis)
+        elif self._sharding is None:
             from .mesh import Mesh, NamedSharding, PartitionSpec
-            name = "_internal_pmap_axis_name" if axis_name is None else axis_name   # JAX's
+            name = "_internal_pmap_axis_name" if self._axis_name is None else self._axis_name
             mesh = Mesh(np.array(self._devices, dtype=object), (name,))
-            spec = PartitionSpec() if mapped_axis is None else PartitionSpec(
-                *([None] * mapped_axis + [name]))
-            self.sharding = NamedSharding(mesh, spec)
-        else:
-            self.sharding = GridSharding(self._devices, mapped_axis)
+            spec = PartitionSpec() if self.mapped_axis is None else PartitionSpec(
+                *([None] * self.mapped_axis + [name]))
+            self._sharding = NamedSharding(mesh, spec)
+        return self._sharding
 
     @property
     def _value(self) -> np.ndarray:

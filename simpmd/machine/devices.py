@@ -8,7 +8,8 @@ a TPU slice or on a GPU node.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+import itertools
 import math
 
 import numpy as np
@@ -35,6 +36,9 @@ class SimDevice:
         return self.hardware
 
 
+_generations = itertools.count()       # each platform made gets a number of its own
+
+
 @dataclass(frozen=True)
 class Platform:
     """The simulated machine: how many devices, what they stand for, how they are wired."""
@@ -42,6 +46,7 @@ class Platform:
     devices: tuple[SimDevice, ...]
     hardware: str
     topology: tuple[int, ...]             # physical shape, e.g. (8,) or (2, 2, 2)
+    generation: int = field(default_factory=lambda: next(_generations), compare=False)
 
     def __repr__(self) -> str:
         shape = "x".join(map(str, self.topology))
