@@ -14,6 +14,7 @@ from .core.errors import (ConcretizationTypeError, DeadlockError, DeviceError, D
                           UnboundAxisError, CollectiveArgumentError)
 from .core.log import Event
 from .api.trace import Trace
+from .api.checkpoint import checkpoint, checkpoint_name, checkpoint_policies, remat
 from .machine.array import Array, Shard
 from .machine.devices import (SimDevice, Platform, device_count, devices, local_device_count,
                                local_devices, platform, set_device_count)

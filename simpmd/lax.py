@@ -10,16 +10,22 @@ from __future__ import annotations
 import functools
 import inspect
 import numbers
+import re
 import sys
 
 import numpy as np
 
-from .core import bridge, control, errors, tree
+from .core import bridge, control, dtypes, errors, loops, tree
 from .core import collectives as C
-from .core.core import aval_of, bind, context
+from .core import core as core_mod
+from .core import primitives as P
+from .core.core import aval_of, bind, caller_source, context
+from .core.program import trace as program_trace
+from .core.values import StackedValue
 
 __all__ = ["psum", "pmean", "pmax", "pmin", "all_gather", "psum_scatter", "ppermute",
-           "pshuffle", "all_to_all", "pswapaxes", "axis_index", "axis_size", "cond", "switch"]
+           "pshuffle", "all_to_all", "pswapaxes", "axis_index", "axis_size", "cond", "switch",
+           "scan", "fori_loop", "while_loop", "pcast", "pvary"]
 
 
 def _names(axis_name) -> tuple:
@@ -263,3 +269,340 @@ def switch(index, branches, *operands):
         import jax
         return jax.lax.switch(index, branches, *operands)
     return control.switch(index, branches, operands, "switch")
+
+
+# -- loops: scan, fori_loop, while_loop ------------------------------------------------------
+# Each traces its body once, on types alone, into a program that one equation of the
+# enclosing program holds (simpmd/core/loops.py runs it); the checks of a body's result
+# and the printed forms, which change between JAX releases, are this front end's.
+
+
+def _on_jax(*values) -> bool:
+    return bridge.inside_jax(values)
+
+
+def _traced_body(flat, avals):
+    """The program of ``flat`` on values of types ``avals``, and the values it closed over."""
+    run = context.run or core_mod.plain
+    return program_trace(flat, avals, run if run.abstract else run.tracing())
+
+
+def _type_text(aval) -> str:
+    """How JAX's messages write a type: float32[3]{V:i}."""
+    text = f"{aval.dtype.name}[{','.join(map(str, aval.shape))}]"
+    if aval.vma:
+        axes = sorted(aval.vma, key=str)
+        text += "{V:" + (axes[0] if len(axes) == 1 else "(" + ",".join(axes) + ")") + "}"
+    return text
+
+
+def _same_type(a, b) -> bool:
+    """JAX's typematch: shape, dtype and vma (a weak type matches its strong one)."""
+    return a.shape == b.shape and a.dtype == b.dtype and a.vma == b.vma
+
+
+def _carry_name(fun) -> str:
+    try:
+        names = list(inspect.signature(fun).parameters)
+    except (TypeError, ValueError):
+        names = []
+    return names[0] if names else ""
+
+
+def _check_carry(what, fun, init_tree, out_tree, in_avals, out_avals):
+    """The carry keeps its structure and types, as JAX requires (its message, and what to
+    do about a carry that starts invariant and comes out varying under check_vma)."""
+    name = _carry_name(fun)
+    if out_tree != init_tree:
+        raise errors.CarryTypeError(
+            f"{what} function carry input and carry output must have the same pytree "
+            f"structure, but they differ: the input carry {name} is {init_tree} and the "
+            f"carry output is {out_tree}. Revise the function so that the carry output has "
+            f"the same pytree structure as the carry input.")
+    paths = tree.leaf_paths(tree.unflatten(init_tree, range(init_tree.num_leaves)))
+    diffs, fixes = [], []
+    for path, a, b in zip(paths, in_avals, out_avals):
+        if _same_type(a, b):
+            continue
+        why = [w for w, bad in (("the dtypes do not match", a.dtype != b.dtype),
+                                ("the shapes do not match", a.shape != b.shape),
+                                ("the varying manual axes do not match", a.vma != b.vma)) if bad]
+        where = f"the input carry component {name}{path}" if path else f"the input carry {name}"
+        diffs.append(f"{where} has type {_type_text(a)} but the corresponding output carry "
+                     f"component has type {_type_text(b)}, so {' and '.join(why)}")
+        missing = tuple(sorted(b.vma - a.vma, key=str))
+        if missing and a.vma <= b.vma:
+            fixes.append(f"applying lax.pcast(..., {missing}, to='varying') (on JAX 0.7, "
+                         f"lax.pvary(..., {missing})) to the initial value of {where}, so that "
+                         f"it varies over {missing} from the first iteration, as after it")
+    if diffs:
+        text = "; ".join(diffs)
+        fix = (" This might be fixed by " + "; ".join(fixes) + ".") if fixes else ""
+        raise errors.CarryTypeError(
+            f"{what} function carry input and carry output must have equal types, but they "
+            f"differ: {text[0].upper() + text[1:]}.{fix} Revise the function so that all "
+            f"output types match the corresponding input types (JAX raises the same "
+            f"TypeError: the body is compiled once, for one type of carry).")
+
+
+def _carried(flat, init, more_avals, fun, what, init_tree, out_trees):
+    """Trace a loop body on its carry's types (then ``more_avals``): a Python number in the
+    carry whose type the body changes is converted and the body traced again, as JAX
+    does; then the carry must keep its types. Returns (program, lifted, init)."""
+    init = list(init)
+    for attempt in range(2):
+        out_trees.clear()
+        program, lifted = _traced_body(flat, [aval_of(x) for x in init] + list(more_avals))
+        outs = program.out_avals[:len(init)]
+        if out_trees[-1][0] != init_tree:
+            break
+        changed = False
+        for k, (x, a, b) in enumerate(zip(init, map(aval_of, init), outs)):
+            if a.weak_type and not _same_type(a, b) and a.shape == b.shape:
+                dtype = dtypes.promote((a.dtype, True), (b.dtype, b.weak_type))[0]
+                init[k] = (bind(P.convert_element_type, x, new_dtype=dtype, weak_type=False)
+                           if hasattr(x, "aval") else np.asarray(x, dtype))
+                changed = True
+        if not changed:
+            break
+    _check_carry(what, fun, init_tree, out_trees[-1][0], [aval_of(x) for x in init],
+                 program.out_avals[:len(init)])
+    return program, lifted, init
+
+
+def _results(values):
+    """Outside any mapped body a loop returns NumPy arrays (the only device's values)."""
+    if context.run is not None:
+        return values
+    return [np.asarray(v.stack[0]) if hasattr(v, "stack") and v.stack is not None else v
+            for v in values]
+
+
+def _scan_length(leaves, length):
+    lengths = []
+    for x in leaves:
+        shape = aval_of(x).shape
+        if not shape:
+            raise ValueError(f"scan got value with no leading axis to scan over: {x!r}. Each "
+                             f"leaf of xs is scanned over its first axis.")
+        lengths.append(shape[0])
+    if length is not None:
+        if isinstance(length, StackedValue):
+            raise errors.ConcretizationTypeError(
+                "The `length` argument to `scan` expects a concrete `int` value. For "
+                "scan-like iteration with a dynamic length, use `while_loop` or `fori_loop`.")
+        if any(n != int(length) for n in lengths):
+            raise ValueError(f"scan got `length` argument of {length} which disagrees with "
+                             f"leading axis sizes {lengths}.")
+        return int(length)
+    if len(set(lengths)) > 1:
+        raise ValueError(f"scan got values with different leading axis sizes: "
+                         f"{', '.join(map(str, lengths))}.")
+    if not lengths:
+        raise ValueError("scan got no values to scan over and `length` not provided.")
+    return lengths[0]
+
+
+def scan(f, init, xs=None, length=None, reverse=False, unroll=1, _split_transpose=False):
+    """``jax.lax.scan``: ``carry, y = f(carry, x)`` for each row ``x`` of ``xs`` (or
+    ``length`` times), returning the last carry and the ``y`` s stacked.
+
+    The body is traced once, on types, into a program; the scan is one equation of the
+    enclosing program (``make_jaxpr`` prints ``scan[jaxpr={...} length=...]``), and running
+    it runs the body once per row, over every device at once, collectives included: each
+    event of the log names its iteration. ``simpmd.grad`` differentiates it as JAX does:
+    the forward scan stacks what the backward pass reads, and the backward pass is a scan
+    in reverse.
+    """
+    if _on_jax(init, xs):
+        import jax
+        return jax.lax.scan(f, init, xs, length=length, reverse=reverse, unroll=unroll)
+    x_leaves, x_tree = tree.flatten(xs)
+    length = _scan_length(x_leaves, length)
+    unroll = max(length, 1) if unroll is True else 1 if unroll is False else int(unroll)
+    init_leaves, init_tree = tree.flatten(init)
+    n = len(init_leaves)
+    out_trees = []
+
+    def flat(*leaves):
+        out = f(tree.unflatten(init_tree, leaves[:n]), tree.unflatten(x_tree, leaves[n:]))
+        if not (isinstance(out, (tuple, list)) and len(out) == 2):
+            raise TypeError(f"scan body output must be a pair, got {out!r}: the body returns "
+                            f"(new carry, y).")
+        carry, carry_tree = tree.flatten(out[0])
+        ys, y_tree = tree.flatten(out[1])
+        out_trees.append((carry_tree, y_tree))
+        return carry + ys
+    x_avals = [aval_of(x).update(shape=aval_of(x).shape[1:]) for x in x_leaves]
+    program, lifted, init_leaves = _carried(flat, init_leaves, x_avals, f, "scan body",
+                                            init_tree, out_trees)
+    body, consts, kept, ys_forwarded = _forwarded(program, lifted, init_leaves, n)
+    outs = bind(loops.scan, *consts, *[init_leaves[k] for k in kept], *x_leaves, jaxpr=body,
+                length=length, reverse=bool(reverse), unroll=unroll, num_consts=len(consts),
+                num_carry=len(kept), _ys_forwarded=tuple(f is not None for f in ys_forwarded))
+    outs = iter(outs)
+    carry_out = [next(outs) if k in kept else init_leaves[k] for k in range(n)]
+    ys = [x_leaves[f] if f is not None else next(outs) for f in ys_forwarded]
+    carry_tree, y_tree = out_trees[-1]
+    return (tree.unflatten(carry_tree, _results(carry_out)),
+            tree.unflatten(y_tree, _results(ys)))
+
+
+def _forwarded(program, lifted, init, n):
+    """JAX's two shortcuts, which show in its printed program: a carry the body passes on
+    unchanged becomes a constant, and a ``y`` that is an ``x`` is not copied. Returns the
+    body (its inputs: moved carries, closed-over values, carries, xs), the constants, the
+    carries kept, and for each ``y`` the ``xs`` leaf it is (None if none)."""
+    ins, outs = program.invars, program.outvars
+    moved = [k for k in range(n) if outs[k] is ins[k]]
+    kept = [k for k in range(n) if k not in moved]
+    xs_in = ins[n:]
+    ys_forwarded = [next((j for j, v in enumerate(xs_in) if v is y), None) for y in outs[n:]]
+    body = core_mod.Program([ins[k] for k in moved] + program.constvars
+                            + [ins[k] for k in kept] + xs_in,
+                            program.eqns, [outs[k] for k in kept]
+                            + [y for y, f in zip(outs[n:], ys_forwarded) if f is None],
+                            axis_env=program.axis_env)
+    return body, [init[k] for k in moved] + list(lifted), kept, ys_forwarded
+
+
+def fori_loop(lower, upper, body_fun, init_val, *, unroll=None):
+    """``jax.lax.fori_loop``: ``val = body_fun(i, val)`` for ``i`` from ``lower`` to
+    ``upper - 1``. With bounds known before the program runs (Python ints) it is a
+    ``scan`` over the pair (i, val), as in JAX, and can be differentiated; with bounds that
+    are device values it is a ``while_loop``, which cannot."""
+    if _on_jax(lower, upper, init_val):
+        import jax
+        return jax.lax.fori_loop(lower, upper, body_fun, init_val, unroll=unroll)
+    if _static_int(lower) and _static_int(upper):
+        def scanned(carry, _):
+            i, x = carry
+            return (i + 1, body_fun(i, x)), None
+        (_, result), _ = scan(scanned, (int(lower), init_val), None,
+                              length=max(int(upper) - int(lower), 0), unroll=unroll or False)
+        return result
+    if unroll is not None and unroll is not False and unroll != 1:
+        raise ValueError("Can only use `unroll` in `fori_loop` if the loop bounds are "
+                         "statically known.")
+
+    def body(carry):
+        i, hi, x = carry
+        return i + 1, hi, body_fun(i, x)
+    return while_loop(lambda carry: bind(P.lt, carry[0], carry[1]), body,
+                      (lower, upper, init_val))[2]
+
+
+def _static_int(x) -> bool:
+    return (isinstance(x, (int, np.integer)) and not isinstance(x, bool)) or (
+        isinstance(x, np.ndarray) and x.ndim == 0 and x.dtype.kind in "iu")
+
+
+def while_loop(cond_fun, body_fun, init_val):
+    """``jax.lax.while_loop``: ``val = body_fun(val)`` while ``cond_fun(val)``.
+
+    Each device loops while its own predicate holds, as on hardware, so devices may run
+    different numbers of iterations; a collective in the body that some devices of its
+    group no longer reach is a :class:`DeadlockError` (real JAX hangs). ``simpmd.grad``
+    refuses it, as ``jax.grad`` does: use ``scan`` or a ``fori_loop`` with static bounds.
+    """
+    if _on_jax(init_val):
+        import jax
+        return jax.lax.while_loop(cond_fun, body_fun, init_val)
+    leaves, init_tree = tree.flatten(init_val)
+    out_trees = []
+
+    def body_flat(*xs):
+        out, out_tree = tree.flatten(body_fun(tree.unflatten(init_tree, xs)))
+        out_trees.append((out_tree,))
+        return out
+
+    def cond_flat(*xs):
+        pred = cond_fun(tree.unflatten(init_tree, xs))
+        a = aval_of(pred)
+        if a.shape != () or a.dtype != np.bool_:
+            raise TypeError(f"cond_fun must return a boolean scalar, but got output type(s) "
+                            f"[{_type_text(a)}]. Compare to make a boolean (e.g. x < 10), "
+                            f"and reduce an array first (x.sum() < 10).")
+        return [pred]
+    cond_program, cond_lifted = _traced_body(cond_flat, [aval_of(x) for x in leaves])
+    body_program, body_lifted, leaves = _carried(body_flat, leaves, [], body_fun,
+                                                 "while_loop body", init_tree, out_trees)
+    if [aval_of(x) for x in leaves] != cond_program.in_avals:       # a carry was promoted
+        cond_program, cond_lifted = _traced_body(cond_flat, [aval_of(x) for x in leaves])
+    outs = bind(loops.while_, *cond_lifted, *body_lifted, *leaves,
+                cond_jaxpr=loops.closed(cond_program), body_jaxpr=loops.closed(body_program),
+                cond_nconsts=len(cond_lifted), body_nconsts=len(body_lifted),
+                _source=caller_source())
+    return tree.unflatten(init_tree, _results(outs))
+
+
+def pcast(x, axis_name, *, to):
+    """``jax.lax.pcast(x, axis_name, to='varying')``: the same value, typed as varying over
+    ``axis_name`` (under ``shard_map(check_vma=True)``); no data moves."""
+    jax = sys.modules.get("jax")
+    if jax is not None and (context.run is None or _on_jax(x)):      # inside a JAX trace
+        if not hasattr(jax.lax, "pcast") and to == "varying":       # jax 0.7
+            return jax.lax.pvary(x, axis_name)
+        return jax.lax.pcast(x, axis_name, to=to)
+    if to != "varying":
+        raise NotImplementedError(f"simpmd's lax.pcast knows to='varying', not to={to!r}.")
+    return pvary(x, axis_name)
+
+
+def pvary(x, axis_name):
+    """``jax.lax.pvary`` (jax < 0.8; later ``lax.pcast(x, axis_name, to='varying')``)."""
+    jax = sys.modules.get("jax")
+    if jax is not None and (context.run is None or _on_jax(x)):      # inside a JAX trace
+        fn = getattr(jax.lax, "pvary", None)
+        return fn(x, axis_name) if fn else jax.lax.pcast(x, axis_name, to="varying")
+    axes = _names(axis_name)
+    run = context.run
+    if run is None or not run.check_vma:
+        return x
+    return _each_leaf(x, lambda leaf: bind(C.pvary, leaf, axes=tuple(
+        a for a in axes if a not in aval_of(leaf).vma)) if set(axes) - aval_of(leaf).vma else leaf)
+
+
+# -- how make_jaxpr prints a loop: as the installed JAX does --------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def jax_format() -> tuple:
+    """The installed JAX's version, whose printed form simpmd's ``make_jaxpr`` follows
+    (read without importing JAX); the newest form when JAX is not installed."""
+    text = getattr(sys.modules.get("jax"), "__version__", None)
+    if text is None:
+        try:
+            from importlib.metadata import version
+            text = version("jax")
+        except Exception:
+            return (99,)
+    return tuple(int(p) for p in re.findall(r"\d+", text)[:3])
+
+
+def _tuple_text(items) -> str:
+    return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+
+
+def _scan_shown(params) -> dict:
+    """jax 0.7: _split_transpose, linear, num_carry, num_consts; 0.8-0.10: num_carry and
+    num_consts; 0.11 on: ft_in and ft_out, the flat trees of its inputs and outputs."""
+    body, nc, nk = params["jaxpr"], params["num_consts"], params["num_carry"]
+    shown = {k: params[k] for k in ("jaxpr", "length", "reverse", "unroll")}
+    version = jax_format()
+    if version >= (0, 11):
+        n_x, n_y = len(body.invars) - nc - nk, len(body.outvars) - nk
+        forwarded = params.get("_ys_forwarded") or ()
+        ys = [f"RightsOnly({'Left' if f else 'Right'}(None))" for f in forwarded]
+        ys += ["RightsOnly(Right(None))"] * (n_y - sum(1 for f in forwarded if not f))
+        nones = [_tuple_text(["None"] * k) for k in (nc, nk, n_x)]
+        shown.update(ft_in=_tuple_text(nones),
+                     ft_out=_tuple_text([_tuple_text(["None"] * nk), _tuple_text(ys)]))
+        return shown
+    shown.update(num_carry=nk, num_consts=nc)
+    if version < (0, 8):
+        shown.update(_split_transpose=False, linear=(False,) * len(body.invars))
+    return shown
+
+
+loops.scan.show = _scan_shown

@@ -289,8 +289,13 @@ def full_like(x, fill_value, dtype=None, shape=None):
     aval = aval_of(x)
     dtype = dtypes.canonical(dtype or aval.dtype)
     value = convert(fill_value, dtype)
-    return bind(P.broadcast_in_dim, value, shape=aval.shape if shape is None else tuple(shape),
-                broadcast_dimensions=(), sharding=None)
+    out = bind(P.broadcast_in_dim, value, shape=aval.shape if shape is None else tuple(shape),
+               broadcast_dimensions=(), sharding=None)
+    run = context.run
+    if aval.vma and run is not None and run.check_vma:        # as jnp: it varies as x does
+        from ..core.collectives import pvary
+        out = bind(pvary, out, axes=tuple(a for a, _ in run.axes if a in aval.vma))
+    return out
 
 
 def zeros_like(x, dtype=None, shape=None):

@@ -27,7 +27,7 @@ from .core import Var, aval_of, backward_pass, bind, context
 from .program import eval_program, trace
 from .values import StackedValue
 
-__all__ = ["grad", "value_and_grad", "NotDifferentiableError", "backward"]
+__all__ = ["grad", "value_and_grad", "NotDifferentiableError", "backward", "linearize"]
 
 
 class NotDifferentiableError(errors.SimpmdError, NotImplementedError):
@@ -94,6 +94,23 @@ def backward(eqns, env, cts, active):
                     continue
                 cts[v] = c if v not in cts else bind(_add_any, cts[v], c)
     return cts
+
+
+def linearize(program, active):
+    """``program`` with each equation that holds a body (a loop, a checkpoint) and takes a
+    differentiated value rewritten by its row's ``linearize(eqn, wants)`` to also return
+    the values its backward pass reads (its residuals), as JAX's partial evaluation does.
+    Done before the forward pass runs, so that the forward pass computes them once."""
+    active, eqns = set(active), []
+    for eqn in program.eqns:
+        wants = [type(v) is Var and v in active for v in eqn.invars]
+        if any(wants):
+            rule = getattr(eqn.primitive, "linearize", None)
+            eqn = eqn if rule is None else rule(eqn, wants)
+            active.update(v for v in eqn.outvars if _float(v))
+        eqns.append(eqn)
+    return core.Program(program.invars, eqns, program.outvars, program.in_tree,
+                        program.out_tree, program.constvars, program.axis_env)
 
 
 def _seed(out):
@@ -163,9 +180,10 @@ def _value_and_grad(fun, argnums, has_aux, args, kwargs):
         program, consts = trace(flat_fun, [aval_of(x) for x in leaves], run.tracing())
     finally:
         _Differentiating.depth -= 1
+    active = {v for v in program.invars if _float(v)}
+    program = linearize(program, active)
     env = {}
     outs = eval_program(program, consts, leaves, env)   # the forward, on this run
-    active = {v for v in program.invars if _float(v)}
     cts = {}
     if type(program.outvars[0]) is Var:
         cts = backward(program.eqns, env, {program.outvars[0]: _seed(outs[0])}, set(active))

@@ -124,7 +124,7 @@ def _operand_vars(program, k, n_consts, n_leaves):
 
 def _cond_vjp(cts, ins, outs, wants, branches, n_consts, _what, _source):
     """The derivative of a cond is a cond: each branch, run again, then sent backwards."""
-    from .autodiff import backward
+    from .autodiff import backward, linearize
     index, ops = ins[0], ins[1:]
     cts = [ct if ct is not None else np.zeros(o.aval.shape, o.aval.dtype)
            for ct, o in zip(cts, outs)]
@@ -136,6 +136,7 @@ def _cond_vjp(cts, ins, outs, wants, branches, n_consts, _what, _source):
             operands, ct_in = xs[:len(ops)], xs[len(ops):]
             consts, leaves = _split_operands(operands, n_consts)
             env = {}
+            program = linearize(program, program.constvars + program.invars)
             eval_program(program, consts[k], leaves, env)
             got = backward(program.eqns, env, {v: c for v, c in zip(program.outvars, ct_in)
                                                if isinstance(v, Var)},

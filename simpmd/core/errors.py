@@ -32,6 +32,10 @@ class BranchError(SimpmdError, TypeError):
     """The branches of lax.cond / lax.switch return different structures, shapes or dtypes."""
 
 
+class CarryTypeError(SimpmdError, TypeError):
+    """A loop body returns a carry of another structure or type than it was given."""
+
+
 class DeadlockError(SimpmdError):
     """Some devices wait at a collective that the rest of their group will never join."""
 

@@ -49,7 +49,9 @@ class Event:
     source: str = ""                   # 'file.py:12'
     code: str = ""                     # text of that source line
     detail: str = ""                   # e.g. "x[3], shape (2,), from x of shape (8, 2)"
-    phase: str = "forward"             # 'backward' for a collective of a gradient's backward pass
+    phase: str = "forward"             # 'backward' for a collective of a gradient's backward pass,
+                                       # 'recompute' for one a checkpoint runs again there
+    iteration: tuple = ()              # inside loops: the iteration of each, outermost first
 
     def __post_init__(self):          # an event written with values only: their types
         if self.inputs and not self.in_avals:
@@ -99,7 +101,7 @@ class Log:
         self.records.append(_Record("error", run, self.step, text=text))
 
     def collective(self, run, prim, axes, params, avals, out_avals, stacks, outputs, sets,
-                   source, phase):
+                   source, phase, iteration=()):
         self.calls += 1
         logged = prim.lax_params(params)
         if params.get("axis_index_groups") is not None:
@@ -107,7 +109,7 @@ class Log:
         self.records.append(_Record(
             "collective", run, self.step + 1, prim=prim, op=prim.op, axes=axes, params=logged,
             raw=params, avals=avals, out_avals=out_avals, stacks=stacks, outputs=outputs, sets=sets,
-            call=self.calls, source=source, phase=phase))
+            call=self.calls, source=source, phase=phase, iteration=iteration))
         self.step += sum(m.shape[0] for m in sets)
 
     # -- reading it ------------------------------------------------------------------------
@@ -247,7 +249,8 @@ def _member_fields(r, row, pos, k, group, moved):
                 in_avals=tuple(f["avals"]), out_avals=tuple(f["out_avals"]),
                 bytes_sent=sent, bytes_received=received, source=f["source"][0],
                 code=f["source"][1], group=group,
-                group_programs=tuple(r.run.label(j) for j in row), phase=f["phase"])
+                group_programs=tuple(r.run.label(j) for j in row), phase=f["phase"],
+                iteration=f["iteration"])
 
 
 def _bytes_moved(fields, p):

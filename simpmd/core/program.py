@@ -122,7 +122,7 @@ def eval_program(program, consts, args, env=None):
         run = context.run
         known = run is not None and not run.abstract and not context.recorders
         for eqn in program.eqns:
-            context.eqn, context.phase = eqn, "backward" if eqn.phase == "backward" else phase
+            context.eqn, context.phase = eqn, phase if eqn.phase == "forward" else eqn.phase
             ins = [env[v] if type(v) is Var else v.value for v in eqn.invars]
             if known:       # values only: the types are the equation's, found when traced
                 outs = run.compute(eqn.primitive, ins, eqn.params, [aval_of(x) for x in ins],

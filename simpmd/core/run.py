@@ -128,7 +128,7 @@ class Run:
         """Under ``check_vma``, an operand that varies over fewer mesh axes than another
         is first made to vary over them (``pvary``), as JAX inserts it; so is the operand of
         a reduction over axes it does not vary over (``psum`` of a replicated value)."""
-        if not self.check_vma:
+        if not self.check_vma or getattr(prim, "needs_run", False):   # a body keeps its types
             return args
         if prim.collective:
             return self._vary_for(prim, args, params)
@@ -214,7 +214,7 @@ class Run:
         if logged:                    # (a branch no device takes: traced, never run)
             source = core.caller_source()
             self.log.collective(self, prim, axes, params, avals, out_avals, stacks, outputs,
-                                logged, source, context.phase)
+                                logged, source, context.phase, context.iteration)
         return outputs
 
     # -- lax.cond: devices taking a branch ----------------------------------------------------
@@ -240,14 +240,18 @@ class Run:
         where, line = core.caller_source()
         branch = {("cond", 1): "the true branch", ("cond", 0): "the false branch"}.get(
             (what, k), f"branch {k}")
+        into, others, instead = (f"into {branch}", "take another branch", (
+            "branch (compute it on every device, then choose with lax.cond or snp.where)"))
+        if what == "while_loop":
+            into, others, instead = (f"into iteration {k} of its body", "have left the loop "
+                                     "(their predicate is false)", "loop")
         return (f"deadlock: lax.{what} at {source} ({code}) sends devices "
-                f"{errors.id_ranges(here)} into {branch}, which calls {op} over axis {axes!r} "
-                f"at {where} ({line}); devices {errors.id_ranges(away)} of the same group take "
-                f"another branch and never reach it. The {op} needs all {len(ids)} devices of "
+                f"{errors.id_ranges(here)} {into}, which calls {op} over axis {axes!r} "
+                f"at {where} ({line}); devices {errors.id_ranges(away)} of the same group "
+                f"{others} and never reach it. The {op} needs all {len(ids)} devices of "
                 f"the group ({errors.id_ranges(ids)}), so on real hardware the devices that "
                 f"reached it wait forever (jax.pmap hangs). Move the collective out of the "
-                f"branch (compute it on every device, then choose with lax.cond or "
-                f"snp.where), or make the predicate the same on every device of the group.")
+                f"{instead}, or make the predicate the same on every device of the group.")
 
     # -- what a front end asks ------------------------------------------------------------------
     nested, outer_n = False, 1

@@ -174,7 +174,7 @@ class _Rendezvous:
     """The members of one group that have arrived at one collective, waiting for the rest."""
 
     __slots__ = ("key", "prim", "op", "axes", "params", "size", "signature", "arrived",
-                 "group_label", "phase")
+                 "group_label", "phase", "iteration")
 
     def __init__(self, key, prim, axes, params, size, signature, group_label):
         self.key, self.prim, self.op, self.axes, self.params = key, prim, prim.op, axes, params
@@ -365,6 +365,7 @@ class Simulation:
             label = tuple(tuple(g) for g in groups) if groups is not None else None
             rv = self.pending[key] = _Rendezvous(key, prim, axis_names, params, p, signature, label)
             rv.phase = context.phase         # read on the calling device's thread
+            rv.iteration = context.iteration
         elif rv.signature != signature:
             first_task, _, first_source, _ = next(iter(rv.arrived.values()))
             raise errors.DivergenceError(
@@ -405,7 +406,8 @@ class Simulation:
             event = self.log(task, "collective", call=task.calls, op=prim.op, axes=rv.axes,
                              member=pos, params=params, inputs=tuple(leaves),
                              outputs=outs, bytes_sent=sent, bytes_received=received,
-                             source=source, code=code, phase=rv.phase)
+                             source=source, code=code, phase=rv.phase,
+                             iteration=rv.iteration)
             event._group = group_tasks
             if task is not me:
                 task.inbox = outs

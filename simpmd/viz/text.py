@@ -77,8 +77,10 @@ def _row(e) -> dict:
         what = f"{e.op}({axes!r}{', ' + params if params else ''})"
         if e.params.get("inserted"):             # a collective jit inserted, and for what
             what = f"{e.op}({axes!r}) inserted by {e.params['inserted']}"
-        if e.phase == "backward":
-            what = "backward " + what
+        if e.phase in ("backward", "recompute"):       # recompute: a checkpoint's, done again
+            what = f"{e.phase} {what}"
+        if getattr(e, "iteration", ()):                 # in a loop: which iteration
+            what = f"[iteration {', '.join(map(str, e.iteration))}] {what}"
         moved = (f"{_leaves_summary(e.inputs or e.in_avals)} -> "
                  f"{_leaves_summary(e.outputs or e.out_avals)}")
         group = _group_text(e.group)
