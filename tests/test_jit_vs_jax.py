@@ -192,6 +192,31 @@ def test_megatron_gradients_and_their_all_reduces():
     assert sorted(backward) == [("psum", ("data",)), ("psum", ("data",)), ("psum", ("model",))]
 
 
+def checkpointed_loss(m, checkpoint, name, policy):
+    def block(w, x):
+        return m.sin(name(x @ w, "h")) * 2.0
+
+    def loss(w, x):
+        return (checkpoint(block, policy=policy)(w, x) ** 2).sum()
+    return loss
+
+
+@pytest.mark.parametrize("saving", [None, "h"])
+def test_checkpoint_under_jit_gives_jax_gradients_and_types(saving):
+    from jax.ad_checkpoint import checkpoint_name
+    import jax.numpy as jnp
+    (w, x), (jw, jx), jmesh = on_both(data((4, 8), (16, 4)), [P(None, "model"), P("data", None)])
+    policy = simpmd.checkpoint_policies.save_only_these_names(saving) if saving else None
+    jpolicy = jax.checkpoint_policies.save_only_these_names(saving) if saving else None
+    g = simpmd.jit(simpmd.grad(checkpointed_loss(snp, simpmd.checkpoint, simpmd.checkpoint_name,
+                                                 policy)))(w, x)
+    with jax.set_mesh(jmesh):
+        jg = jax.jit(jax.grad(checkpointed_loss(jnp, jax.checkpoint, checkpoint_name,
+                                                jpolicy)))(jw, jx)
+    assert str(simpmd.typeof(g)) == str(jax.typeof(jg)) == "float32[4,8@model]"
+    np.testing.assert_allclose(np.asarray(g), np.asarray(jg), rtol=1e-4, atol=1e-5)
+
+
 def test_a_jitted_function_is_traced_again_for_a_new_sharding():
     calls = []
 

@@ -78,8 +78,9 @@ class JitRun(Run):
                 f"simpmd.shard_map.")
         rule = getattr(prim, "sharding", None)
         if rule is None:
+            loop = " Loops run inside shard_map, under jit too." if prim.name in ("scan", "while") else ""
             raise ShardingTypeError(f"{prim.name} has no sharding rule in simpmd, so it cannot "
-                                    f"run under jit.")
+                                    f"run under jit outside shard_map.{loop}")
         avals = [aval_of(x) for x in args]
         out = prim.abstract(*avals, **params)
         outs = list(out) if prim.multiple_results else [out]

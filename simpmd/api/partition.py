@@ -552,6 +552,11 @@ def _branches(mesh, avals, branches, **params):
     return [dims_of(a) for a in branches[0].out_avals]
 
 
+def _body(mesh, avals, jaxpr, **params):
+    """A checkpoint: its body's results, typed when the body was traced."""
+    return [dims_of(a) for a in jaxpr.out_avals]
+
+
 # -- the plans: how each device computes its block -------------------------------------------
 
 
@@ -830,6 +835,7 @@ def attach():
         "iota": (_iota, computed_whole),
         "gather": (_gather, computed_whole), "sort": (_sort, _as_is),
         "numpy_call": (_numpy_call, None), "cond": (_branches, None),
+        "remat2": (_body, None), "name": (_first, _as_is),
     })
     for name in ("reduce_sum", "reduce_max", "reduce_min", "reduce_and", "reduce_or",
                  "reduce_prod", "argmax", "argmin"):
