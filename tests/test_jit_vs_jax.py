@@ -217,6 +217,25 @@ def test_checkpoint_under_jit_gives_jax_gradients_and_types(saving):
     np.testing.assert_allclose(np.asarray(g), np.asarray(jg), rtol=1e-4, atol=1e-5)
 
 
+def test_a_scan_inside_shard_map_under_jit_equals_jax():
+    import jax.numpy as jnp
+
+    def body(m, lax, x):
+        def step(c, xi):
+            c = c + lax.psum(xi, "model")
+            return c, c * 2.0
+        return lax.scan(step, x[0] * 0, x)[1]
+    spec = P("data", "model")
+    (x,), (jx,), jmesh = on_both(data((8, 4)), [spec])
+    out = simpmd.jit(simpmd.shard_map(lambda x: body(snp, simpmd.lax, x), mesh=MESH,
+                                      in_specs=spec, out_specs=spec))(x)
+    jout = jax.jit(jax.shard_map(lambda x: body(jnp, jax.lax, x), mesh=jmesh,
+                                 in_specs=jax.P("data", "model"),
+                                 out_specs=jax.P("data", "model")))(jx)
+    assert str(simpmd.typeof(out)) == str(jax.typeof(jout)) == "float32[8@data,4@model]"
+    np.testing.assert_allclose(np.asarray(out), np.asarray(jout), rtol=1e-5, atol=1e-6)
+
+
 def test_a_jitted_function_is_traced_again_for_a_new_sharding():
     calls = []
 
