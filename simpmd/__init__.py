@@ -6,13 +6,14 @@
     f(np.arange(8.0)); print(f.trace)
 """
 from .api import spelling as _spelling                 # NumPy's spelling on mapped values
+from .api import printer as _printer                   # a program printed as JAX prints a jaxpr
 from . import lax
 from .core.dtypes import config
 from .core.errors import (ConcretizationTypeError, DeadlockError, DeviceError, DivergenceError,
                           MappedAxisError, SimpmdError, TracerArrayConversionError,
                           TracerBoolConversionError, TracerIntegerConversionError,
                           UnboundAxisError, CollectiveArgumentError)
-from .core.log import Event
+from .api.events import Event
 from .api.trace import Trace
 from .api.checkpoint import checkpoint, checkpoint_name, checkpoint_policies, remat
 from .machine.array import Array, Shard

@@ -1569,7 +1569,7 @@ def _ids_of(run) -> np.ndarray:
 
 
 def _log_bytes(record, p):
-    from .core.log import _bytes_moved
+    from .api.events import bytes_moved as _bytes_moved
     return _bytes_moved(record.fields, p)
 
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import builtins
 import sys
 
-from .core import bridge, control
-from .core.core import context
+from .core import bridge, tree
+from .core.core import Primitive, aval_of, bind, caller_source, context
 
 
 def print(fmt: str, *args, **kwargs) -> None:  # noqa: A001 (mirrors jax.debug.print)
@@ -24,5 +24,23 @@ def print(fmt: str, *args, **kwargs) -> None:  # noqa: A001 (mirrors jax.debug.p
             return jax.debug.print(fmt, *args, **kwargs)
         builtins.print(fmt.format(*args, **kwargs))
         return None
-    control.debug_print(fmt, args, kwargs)
+    leaves, in_tree = tree.flatten((args, kwargs))
+    bind(debug_callback, *leaves, fmt=fmt, in_tree=in_tree, _source=caller_source())
     return None
+
+
+def _print_stacked(*ops, fmt, in_tree, _source):
+    run = context.run
+    stacks = [run.stack_of(x, aval_of(x)) for x in ops]
+    texts = []
+    for k in range(run.n):
+        args, kwargs = tree.unflatten(in_tree, [s[k] for s in stacks])
+        texts.append(fmt.format(*args, **kwargs))
+    run.log.print(run, texts, _source)
+    return []
+
+
+debug_callback = Primitive(
+    "debug_callback", _print_stacked, lambda *ops, **params: [], multiple_results=True,
+    needs_run=True, cost=lambda ins, outs, **p: (0, 0),
+    show=lambda p: {"callback": f"print({p['fmt']!r})"})

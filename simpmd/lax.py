@@ -256,7 +256,7 @@ def cond(pred, true_fun, false_fun, *operands):
     if bridge.inside_jax((pred, operands)):
         import jax
         return jax.lax.cond(pred, true_fun, false_fun, *operands)
-    return control.switch(pred, (false_fun, true_fun), operands, "cond")
+    return _branching(pred, (false_fun, true_fun), operands, "cond")
 
 
 def switch(index, branches, *operands):
@@ -268,7 +268,55 @@ def switch(index, branches, *operands):
     if bridge.inside_jax((index, operands)):
         import jax
         return jax.lax.switch(index, branches, *operands)
-    return control.switch(index, branches, operands, "switch")
+    return _branching(index, branches, operands, "switch")
+
+
+def _branching(index, branches, operands, what="switch"):
+    """``lax.switch`` (and ``lax.cond``) on the run of this thread: in an eager run the
+    device takes its branch; otherwise every branch is traced and one ``cond`` bound."""
+    run, traced = context.run, isinstance(index, StackedValue) and index.stack is None
+    if run is None or (run.eager and not traced):
+        k = int(np.clip(int(np.asarray(getattr(index, "value", index))), 0, len(branches) - 1))
+        return branches[k](*operands)
+    if aval_of(index).shape != ():
+        raise TypeError(
+            f"lax.{what}'s {'predicate' if what == 'cond' else 'index'} must be a scalar on "
+            f"each device, got shape {aval_of(index).shape}. Reduce it first (e.g. "
+            f"x.sum() > 0), or choose elementwise with snp.where.")
+    leaves, in_tree = tree.flatten(operands)
+    tracing = run if run.abstract else run.tracing()
+    programs, consts, out_trees = [], [], []
+    for branch in branches:
+        def flat(*xs, branch=branch):
+            out, out_tree = tree.flatten(branch(*tree.unflatten(in_tree, xs)))
+            out_trees.append(out_tree)
+            return out
+        program, lifted = program_trace(flat, [aval_of(x) for x in leaves], tracing)
+        programs.append(program)
+        consts.append(lifted)
+    _check_branches(programs, out_trees, what)
+    if what == "cond":
+        index = bind(P.convert_element_type, index, new_dtype=np.dtype(np.int32), weak_type=False)
+    outs = bind(control.cond, index, *[c for cs in consts for c in cs], *leaves,
+                branches=tuple(programs), n_consts=tuple(len(c) for c in consts),
+                _what=what, _source=caller_source())
+    return tree.unflatten(out_trees[0], outs)
+
+
+def _check_branches(programs, out_trees, what):
+    first = programs[0]
+    for program, out_tree in zip(programs[1:], out_trees[1:]):
+        if out_tree != out_trees[0]:
+            raise errors.BranchError(
+                f"lax.{what}'s branches return different structures: {out_trees[0]} and "
+                f"{out_tree}. Every branch must return the same pytree of arrays, with the "
+                f"same shapes and dtypes (JAX compiles both).")
+        for a, b in zip(first.out_avals, program.out_avals):
+            if a.shape != b.shape:
+                raise errors.BranchError(
+                    f"lax.{what}'s branches return arrays of different shapes, {a.shape} and "
+                    f"{b.shape}. Every branch must return the same shapes and dtypes (JAX "
+                    f"compiles both); pad or reshape one of them.")
 
 
 # -- loops: scan, fori_loop, while_loop ------------------------------------------------------

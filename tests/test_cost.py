@@ -20,7 +20,7 @@ import pytest
 
 from simpmd import algorithms as A
 from simpmd import cost as C
-from simpmd.core.log import Event
+from simpmd import Event
 
 GB = 1e9
 

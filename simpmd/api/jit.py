@@ -33,7 +33,7 @@ import functools
 import numpy as np
 
 from ..core import bridge, dtypes, tree
-from ..core.autodiff import grad as _grad, value_and_grad as _value_and_grad
+from .grad import grad as _grad, value_and_grad as _value_and_grad
 from ..core.core import Aval, aval_of, bind, context, running
 from ..core.program import cached, eval_program, store, trace
 from ..core.values import StackedValue
@@ -602,7 +602,7 @@ def collective_counts(trace_) -> dict:
 
 
 def grad(fun, argnums=0, has_aux=False):
-    """``jax.grad`` (see ``simpmd.core.autodiff``); on sharded arrays outside any body it
+    """``jax.grad`` (see ``simpmd.api.grad``); on sharded arrays outside any body it
     runs on their mesh, as JAX runs it op by op."""
     return _on_their_mesh(_grad(fun, argnums, has_aux))
 

@@ -20,14 +20,14 @@ import warnings
 
 import numpy as np
 
-from ..core import bridge, control, dtypes, errors, tree
+from ..core import bridge, dtypes, errors, tree
 from ..core.core import Aval, aval_of, context, user_stacklevel
 from ..core.run import Run
 from ..core.values import StackedValue
 from ..machine.array import Array
 from ..machine.devices import device_count, devices as platform_devices, platform
 from ..machine.mesh import ShardingError
-from . import spmd
+from . import nested, spmd
 from .shapes import aval_of_shape, is_shape, struct_of
 from .spmd import Piece, as_array, positional_names, value_or_shape
 
@@ -344,8 +344,8 @@ class Pmapped:
             log.out_axes = [None if ax is None else ax % (len(a.shape) + 1)
                             for ax, a in zip(wanted, program.out_avals)]
             return log.out_axes
-        outs = control.nested_pmap(body, leaves, axes, out_axes, self.axis_name, size,
-                                   getattr(self.fun, "__name__", "fun"), log)
+        outs = nested.nested_pmap(body, leaves, axes, out_axes, self.axis_name, size,
+                                  getattr(self.fun, "__name__", "fun"), log)
         log.outputs(out_def[0])
         return tree.unflatten(out_def[0], outs)
 

@@ -17,7 +17,28 @@ import numpy as np
 from ..core import dtypes, errors
 from ..core import primitives as P
 from ..core.core import Aval, aval_of, bind, context
-from ..core.values import StackedValue, refused_numpy
+from ..core.values import StackedValue
+
+
+def refused_numpy(name, args):
+    """The error for a NumPy function applied to a traced value, pointing to simpmd.numpy."""
+    first = next((a for a in _leaves(args) if isinstance(a, StackedValue)), None)
+    what = f" of shape {first.shape} {first.dtype}" if first is not None else ""
+    return errors.TracerArrayConversionError(
+        f"{name}() was applied to a mapped value{what}. Real JAX refuses this "
+        f"(TracerArrayConversionError): a NumPy function needs a concrete array, and a traced "
+        f"value has none. Use simpmd.numpy, which runs NumPy on simpmd's devices and jax.numpy "
+        f"inside real JAX: `import simpmd.numpy as snp` then `snp.{name.split('.', 1)[1]}(...)`. "
+        f"Operators and methods (x * 2, x.sum()) work on both engines as they are.")
+
+
+def _leaves(x):
+    if isinstance(x, (list, tuple)):
+        for item in x:
+            yield from _leaves(item)
+    else:
+        yield x
+
 
 
 def is_value(x) -> bool:

@@ -1,7 +1,7 @@
 """``simpmd.Trace``: the log of one run, as a learner reads it.
 
 ``print(trace)`` shows the merged log, ``trace.device(3)`` one device's, ``trace.events``
-every :class:`~simpmd.core.log.Event`, ``trace.collectives()`` each collective's group;
+every :class:`~simpmd.api.events.Event`, ``trace.collectives()`` each collective's group;
 in Jupyter it shows as an HTML table, and ``trace.draw()`` draws the collectives. It reads
 the run's columnar records (``simpmd/core/log.py``): nothing is written out until asked.
 """
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from . import events as _events
 from ..viz import text as _text
 
 
@@ -53,12 +54,12 @@ class Trace:
         if self._log is None or self._events is not None:
             return None
         if self._summary is None:
-            self._summary = self._log.summary(self._devices) or False
+            self._summary = _events.summary(self._log, self._devices) or False
         return self._summary or None
 
     def _written_out(self) -> list:
         if self._events is None:
-            self._events = self._log.events()
+            self._events = _events.events(self._log)
         return self._events
 
     @property
@@ -86,13 +87,13 @@ class Trace:
     def device(self, device_id: int) -> "Trace":
         """The log of one simulated device, as a Trace of its own."""
         if self._columnar():
-            return Trace(self._log.events(only=device_id), self.eager, self.max_rows)
+            return Trace(_events.events(self._log, only=device_id), self.eager, self.max_rows)
         return Trace([e for e in self.events if e.device == device_id], self.eager, self.max_rows)
 
     def collectives(self) -> list:
         """Each collective instance (one group's rendezvous) as its members' events."""
         if self._log is not None:
-            return self._log.collective_groups()
+            return _events.collective_groups(self._log)
         by_step: dict = {}
         for e in self.events:
             if e.kind == "collective":
@@ -115,7 +116,7 @@ class Trace:
     def head(self, limit):
         """The first ``limit`` events (the columnar log writes out only those)."""
         if self._columnar():
-            return self._log.events(limit=limit)
+            return _events.events(self._log, limit=limit)
         return list(self.events)[:limit]
 
     def __len__(self):

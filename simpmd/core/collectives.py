@@ -20,7 +20,6 @@ import numpy as np
 from . import errors
 from .core import Aval, Primitive, aval_of, bind, context
 
-
 class Settings:
     """Rules that changed between JAX releases, taken from the running JAX by the JAX
     bridge (``simpmd.jax``) when it is imported; without it, the newest JAX's rules.
@@ -31,12 +30,9 @@ class Settings:
     """
     partial: frozenset = frozenset()
 
-
 settings = Settings()
 
-
 # -- the math, over many groups at once --------------------------------------------------------
-
 
 def _psum(groups):
     dtype = np.dtype(np.int32) if groups.dtype == np.bool_ else groups.dtype  # JAX counts booleans
@@ -46,12 +42,10 @@ def _psum(groups):
         return groups[0].sum(axis=0, dtype=dtype)[None, None]
     return groups.sum(axis=1, keepdims=True, dtype=dtype)
 
-
 def _pmean(groups):
     total = _psum(groups)
     mean = total / groups.shape[1]
     return mean.astype(np.float32) if total.dtype.kind in "iub" else mean.astype(total.dtype)
-
 
 def _all_gather(groups, all_gather_dimension=0, tiled=False, **params):
     axis = all_gather_dimension
@@ -60,7 +54,6 @@ def _all_gather(groups, all_gather_dimension=0, tiled=False, **params):
         moved = moved.reshape(moved.shape[:axis + 1] + (-1,) + moved.shape[axis + 3:])
     return moved[:, None]
 
-
 def _reduce_scatter(groups, scatter_dimension=0, tiled=False, **params):
     p = groups.shape[1]
     total = groups.sum(axis=1, dtype=groups.dtype)             # (G, ...)
@@ -68,7 +61,6 @@ def _reduce_scatter(groups, scatter_dimension=0, tiled=False, **params):
     shape = total.shape[:d] + (p, total.shape[d] // p) + total.shape[d + 1:]
     blocks = np.moveaxis(total.reshape(shape), d, 1)           # (G, p, ..., block, ...)
     return blocks if tiled else np.squeeze(blocks, axis=d + 1)
-
 
 def _all_to_all(groups, split_axis, concat_axis, tiled=False, **params):
     p, ndim = groups.shape[1], groups.ndim - 2
@@ -84,7 +76,6 @@ def _all_to_all(groups, split_axis, concat_axis, tiled=False, **params):
     shape = joined.shape[:c] + (p * joined.shape[c + 1],) + joined.shape[c + 2:]
     return joined.reshape(shape)
 
-
 def _ppermute(groups, perm, **params):
     out = np.zeros_like(groups)
     if perm:
@@ -92,46 +83,37 @@ def _ppermute(groups, perm, **params):
         out[:, list(destinations)] = groups[:, list(sources)]
     return out
 
-
 # -- bytes on the wire, per member ---------------------------------------------------------------
-
 
 def _all_reduce_bytes(nbytes, p, member, **params):
     b = 2 * (p - 1) * nbytes // p          # ring all-reduce = reduce-scatter + all-gather
     return b, b
 
-
 def _all_gather_bytes(nbytes, p, member, **params):
     b = (p - 1) * nbytes                   # every member's shard reaches the p-1 others
     return b, b
 
-
 def _scatter_bytes(nbytes, p, member, **params):
     b = (p - 1) * nbytes // p              # each keeps 1/p and sends the rest, a block a peer
     return b, b
-
 
 def _permute_bytes(nbytes, p, member, perm=(), **params):
     sends = any(s == member and d != s for s, d in perm)
     receives = any(d == member and d != s for s, d in perm)
     return (nbytes if sends else 0), (nbytes if receives else 0)
 
-
 # -- checks on arrival, so a mistake is reported where it was made -------------------------------
-
 
 def _fail(op, axes, message):
     run = context.run
     where = run.where(0) if run is not None else "the host"
     raise errors.CollectiveArgumentError(f"{op} over {tuple(axes)} on {where}: {message}")
 
-
 def _axis_in(op, axes, axis, ndim, what):
     if not -ndim <= axis < ndim:
         _fail(op, axes, f"{what}={axis} is out of range for a value with {ndim} dimension(s); use "
                   f"an axis in {-ndim}..{ndim - 1}.")
     return axis % ndim
-
 
 def _check_split(op, axes, shape, p, dim, tiled, what):
     d = _axis_in(op, axes, dim, len(shape), what)
@@ -145,7 +127,6 @@ def _check_split(op, axes, shape, p, dim, tiled, what):
                   f"split into {p} equal blocks (one per group member). Pad or reshape it to "
                   f"a multiple of {p}.")
     return d
-
 
 def check_perm(perm, p, axes, op="ppermute"):
     """The pairs of a ppermute: (source, destination) indices on the axis, each at most once."""
@@ -165,9 +146,7 @@ def check_perm(perm, p, axes, op="ppermute"):
             _fail(op, axes, f"perm={list(map(tuple, perm))} repeats {what} {dup}; each device may "
                       f"send once and receive once. Split it into several ppermutes.")
 
-
 # -- the rows ----------------------------------------------------------------------------------
-
 
 def group_size(axes, groups=None) -> int:
     """How many devices one group of a collective over ``axes`` holds."""
@@ -175,11 +154,9 @@ def group_size(axes, groups=None) -> int:
         return len(groups[0])
     return context.run.axis_size(axes, "collective")
 
-
 def _axes(params):
     axes = params.get("axes", params.get("axis_name"))
     return tuple(axes) if isinstance(axes, (tuple, list)) else (axes,)
-
 
 def _vma_reducing(name, x, axes):
     """A reduction's input must vary over all of its axes or none (JAX's rule); the axes
@@ -195,12 +172,10 @@ def _vma_reducing(name, x, axes):
             f"make the value vary over every axis first (lax.pcast(x, "
             f"{tuple(sorted(outside))}, to='varying') on JAX).")
 
-
 def _typed(x, vma=None, **changes):
     run = context.run
     vma = x.vma if vma is None else vma
     return x.update(vma=vma if run is not None and run.check_vma else frozenset(), **changes)
-
 
 def _reduce_abstract(name):
     def abstract(*xs, axes, axis_index_groups=None, _size=None):
@@ -215,12 +190,10 @@ def _reduce_abstract(name):
         return out
     return abstract
 
-
 def _pvary_ct(ct, axes):
     """Under check_vma: the cotangent of an invariant result handed back as varying."""
     missing = tuple(a for a in axes if a not in aval_of(ct).vma)
     return bind(pvary, ct, axes=missing) if missing else ct
-
 
 def _psum_vjp(cts, ins, outs, wants, axes, axis_index_groups=None, _size=None):
     if aval_of(ins[0]).vma:         # typed by vma: the sum's pieces, no communication
@@ -228,7 +201,6 @@ def _psum_vjp(cts, ins, outs, wants, axes, axis_index_groups=None, _size=None):
     live = [ct for ct, w in zip(cts, wants) if w and ct is not None]
     summed = iter(bind(psum, *live, axes=axes, axis_index_groups=axis_index_groups) if live else [])
     return [next(summed) if w and ct is not None else None for ct, w in zip(cts, wants)]
-
 
 def _pmean_vjp(cts, ins, outs, wants, axes, axis_index_groups=None, _size=None):
     if aval_of(ins[0]).vma:
@@ -240,11 +212,9 @@ def _pmean_vjp(cts, ins, outs, wants, axes, axis_index_groups=None, _size=None):
                  if live else [])
     return [next(means) if w and ct is not None else None for ct, w in zip(cts, wants)]
 
-
 def _no_flops(ins, outs, **params):
     """A collective computes nothing worth counting: its cost is the wire's (cost.py)."""
     return 0, 0
-
 
 def _collective(name, op, math, abstract, wire, vjp=None, lax_params=None, variadic=False,
                 **columns):
@@ -252,16 +222,13 @@ def _collective(name, op, math, abstract, wire, vjp=None, lax_params=None, varia
                      wire_bytes=wire, multiple_results=variadic, cost=_no_flops,
                      lax_params=lax_params or (lambda params: {}), **columns)
 
-
 def _psum_name(eqn):
     """JAX names the psum of a vma-typed value (shard_map with check_vma) psum_invariant."""
     return "psum_invariant" if any(getattr(v.aval, "vma", ()) for v in eqn.invars) else "psum"
 
-
 def _psum_printed(eqn, name, typed, ins):
     params = {k: v for k, v in eqn.params.items() if not k.startswith("_")}
     return [(_psum_name(eqn), params, ins, " ".join(typed(v) for v in eqn.outvars))]
-
 
 def _pmean_printed(eqn, name, typed, ins):
     """JAX has no pmean primitive: it sums (psum), then divides by the group's size."""
@@ -278,7 +245,6 @@ def _pmean_printed(eqn, name, typed, ins):
         lines.append(("div", {}, f"{name(total)} {divisor}", typed(out)))
     return lines
 
-
 psum = _collective("psum", "psum", _psum, _reduce_abstract("psum"), _all_reduce_bytes,
                    _psum_vjp, variadic=True, printed=_psum_printed)
 pmean = _collective("pmean", "pmean", _pmean, _reduce_abstract("pmean"), _all_reduce_bytes,
@@ -287,7 +253,6 @@ pmax = _collective("pmax", "pmax", lambda g: g.max(axis=1, keepdims=True),
                    _reduce_abstract("pmax"), _all_reduce_bytes, variadic=True)
 pmin = _collective("pmin", "pmin", lambda g: g.min(axis=1, keepdims=True),
                    _reduce_abstract("pmin"), _all_reduce_bytes, variadic=True)
-
 
 def _gather_abstract(x, *, all_gather_dimension, axis_name, axis_index_groups=None,
                      axis_size, tiled):
@@ -301,7 +266,6 @@ def _gather_abstract(x, *, all_gather_dimension, axis_name, axis_index_groups=No
         shape.insert(all_gather_dimension, axis_size)
     return _typed(x, x.vma | set(axis_name), shape=shape)
 
-
 all_gather = _collective(
     "all_gather", "all_gather", _all_gather, _gather_abstract, _all_gather_bytes,
     lambda ct, ins, outs, wants, **p: [bind(
@@ -309,7 +273,6 @@ all_gather = _collective(
         axis_name=p["axis_name"], axis_index_groups=p["axis_index_groups"],
         axis_size=p["axis_size"], tiled=p["tiled"])] if wants[0] else [None],
     lambda p: {"axis": p["all_gather_dimension"], "tiled": p["tiled"]})
-
 
 def _scatter_abstract(x, *, scatter_dimension, axis_name, axis_index_groups=None, axis_size,
                       tiled):
@@ -328,7 +291,6 @@ def _scatter_abstract(x, *, scatter_dimension, axis_name, axis_index_groups=None
         del shape[d]
     return _typed(x, x.vma | set(axis_name), shape=shape)
 
-
 reduce_scatter = _collective(
     "reduce_scatter", "psum_scatter", _reduce_scatter, _scatter_abstract, _scatter_bytes,
     lambda ct, ins, outs, wants, **p: [bind(
@@ -336,7 +298,6 @@ reduce_scatter = _collective(
         axis_index_groups=p["axis_index_groups"], axis_size=p["axis_size"],
         tiled=p["tiled"])] if wants[0] else [None],
     lambda p: {"scatter_dimension": p["scatter_dimension"], "tiled": p["tiled"]})
-
 
 def _a2a_abstract(x, *, split_axis, concat_axis, axis_name, axis_index_groups=None, tiled):
     axes = _axes({"axis_name": axis_name})
@@ -352,7 +313,6 @@ def _a2a_abstract(x, *, split_axis, concat_axis, axis_name, axis_index_groups=No
         shape.insert(c, p)
     return _typed(x, x.vma | set(_axes({"axis_name": axis_name})), shape=shape)
 
-
 all_to_all = _collective(
     "all_to_all", "all_to_all", _all_to_all, _a2a_abstract, _scatter_bytes,
     lambda ct, ins, outs, wants, **p: [bind(
@@ -362,11 +322,9 @@ all_to_all = _collective(
     lambda p: {"split_axis": p["split_axis"], "concat_axis": p["concat_axis"],
                "tiled": p["tiled"]})
 
-
 def _ppermute_abstract(*xs, axis_name, perm):
     check_perm(perm, group_size(tuple(axis_name)), tuple(axis_name))
     return [_typed(x, x.vma | set(axis_name)) for x in xs]
-
 
 def _ppermute_vjp(cts, ins, outs, wants, axis_name, perm):
     live = [ct for ct, w in zip(cts, wants) if w and ct is not None]
@@ -374,15 +332,12 @@ def _ppermute_vjp(cts, ins, outs, wants, axis_name, perm):
                      perm=tuple((d, s) for s, d in perm)) if live else [])
     return [next(back) if w and ct is not None else None for ct, w in zip(cts, wants)]
 
-
 ppermute = _collective("ppermute", "ppermute", _ppermute, _ppermute_abstract, _permute_bytes,
                        _ppermute_vjp, lambda p: {"perm": p["perm"]}, variadic=True,
                        same_bytes=False)
 
-
 def _pvary_abstract(x, *, axes, axis_index_groups=None):
     return _typed(x, x.vma | set(axes))
-
 
 pvary = Primitive(          # no data moves: the value's type now says it varies over axes
     "pvary", lambda x, axes, axis_index_groups=None: x, _pvary_abstract,
@@ -390,12 +345,10 @@ pvary = Primitive(          # no data moves: the value's type now says it varies
         bind(psum, ct, axes=axes, axis_index_groups=None)[0]] if wants[0] else [None],
     cost=lambda ins, outs, **p: (0, 0), show=lambda p: {"axes": p["axes"]})
 
-
 def _index_abstract(*, axis_name):
     axes = axis_name if isinstance(axis_name, tuple) else (axis_name,)
     context.run.axis_size(axes, "axis_index")          # an unknown axis is refused here
     return _typed(Aval((), np.int32), frozenset(axes))
-
 
 axis_index = Primitive("axis_index", None, _index_abstract, cost=lambda ins, outs, **p: (0, 0),
                        collective=True, op="axis_index", math=None,

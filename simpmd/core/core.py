@@ -19,7 +19,6 @@ axes it varies over). Replaying it is binding each equation's primitive again.
 """
 from __future__ import annotations
 
-import itertools
 import linecache
 import os
 import sys
@@ -29,9 +28,7 @@ import numpy as np
 
 from . import bridge, dtypes
 
-
 # -- types ---------------------------------------------------------------------------------------
-
 
 class Aval:
     """A value's type: one device's shape and dtype, whether it is a weak Python number, the
@@ -73,7 +70,6 @@ class Aval:
 
     __repr__ = str_short
 
-
 def aval_of(x) -> Aval:
     """The type of an operand: a value's own, or a constant's as JAX would type it."""
     aval = getattr(x, "aval", None)
@@ -82,7 +78,6 @@ def aval_of(x) -> Aval:
     if dtypes.is_weak_scalar(x):
         return Aval((), dtypes.of_python(x), weak_type=type(x) is not bool)
     return Aval(np.shape(x), dtypes.of_python(x))
-
 
 class Var:
     """A variable of a program, typed by its :class:`Aval`."""
@@ -98,7 +93,6 @@ class Var:
     def __repr__(self):
         return f"Var({self.aval.str_short()})"
 
-
 class Lit:
     """A constant operand of an equation (a Python number, a NumPy array)."""
 
@@ -109,7 +103,6 @@ class Lit:
 
     def __repr__(self):
         return f"Lit({self.value!r})"
-
 
 class Equation:
     """``outvars = primitive[params](invars)``, with where the learner wrote it
@@ -125,7 +118,6 @@ class Equation:
 
     def __repr__(self):
         return f"<Equation {self.primitive.name} at {self.source[0]}>"
-
 
 class Program:
     """A traced body: typed inputs, equations in order, outputs (variables or literals).
@@ -148,17 +140,15 @@ class Program:
     in_avals = property(lambda self: [v.aval for v in self.invars])
     out_avals = property(lambda self: [v.aval for v in self.outvars])
 
-    def __str__(self):
-        return pretty(self)
+    def __str__(self):           # the printer is simpmd.api.printer's, registered in bridge
+        return bridge.printer(self) if bridge.printer else object.__repr__(self)
 
     __repr__ = __str__
 
     def _repr_pretty_(self, p, cycle):
         p.text(str(self))
 
-
 # -- primitives ------------------------------------------------------------------------------
-
 
 class Primitive:
     """One row of facts about an operation. The columns:
@@ -197,16 +187,12 @@ class Primitive:
     def __repr__(self):
         return self.name
 
-
 PRIMITIVES: dict = {}       # name -> Primitive: every row (a test checks their columns)
-
 
 def _shown_params(params) -> dict:
     return {k: v for k, v in params.items() if not k.startswith("_")}
 
-
 # -- the context: what this thread is running, and who is recording --------------------------
-
 
 class Context(threading.local):
     """Per thread: the run that computes (None: plain NumPy, one device, no axes), the
@@ -221,9 +207,7 @@ class Context(threading.local):
         self.eqn = None
         self.iteration = ()
 
-
 context = Context()
-
 
 class running:
     """``with running(run):`` makes ``run`` compute the operations of this thread."""
@@ -238,7 +222,6 @@ class running:
     def __exit__(self, *exc):
         context.run = self.previous
 
-
 class backward_pass:
     """``with backward_pass():`` marks what runs inside as a gradient's backward pass."""
 
@@ -247,7 +230,6 @@ class backward_pass:
 
     def __exit__(self, *exc):
         context.phase = self.previous
-
 
 def bind(prim, *args, **params):
     """Apply ``prim`` to ``args``: computed by the run on this thread, written down by the
@@ -261,14 +243,11 @@ def bind(prim, *args, **params):
         context.recorders[-1].record(prim, params, args, outs)
     return outs if prim.multiple_results else outs[0]
 
-
 plain = None          # the run outside any mapped body (run.py makes it): one device, no axes
-
 
 # -- where the learner's code called from --------------------------------------------------
 
 _sources: dict = {}         # (code object, line) -> (source, code): an SPMD body repeats them
-
 
 def caller_source() -> tuple[str, str]:
     """('file.py:12', 'the code on that line'): the learner's line that is running, or the
@@ -292,11 +271,9 @@ def caller_source() -> tuple[str, str]:
                                  linecache.getline(filename, frame.f_lineno).strip())
     return found
 
-
 def _is_engine(module: str) -> bool:
     return (module.startswith("simpmd.") and module not in ("simpmd.__main__",)
             and not module.startswith(("simpmd.exercises", "simpmd.course")))
-
 
 def user_stacklevel() -> int:
     """The ``stacklevel`` that makes a warning point at the learner's code, not simpmd's."""
@@ -304,106 +281,3 @@ def user_stacklevel() -> int:
     while frame is not None and _is_engine(frame.f_globals.get("__name__", "")):
         frame, level = frame.f_back, level + 1
     return level
-
-
-# -- printing in JAX's notation ----------------------------------------------------------------
-
-
-def _names():
-    """a, b, ..., z, ba, bb, ...: JAX's variable names."""
-    letters = "abcdefghijklmnopqrstuvwxyz"
-    for n in itertools.count(1):
-        for combo in itertools.product(letters, repeat=n):
-            if n == 1 or combo[0] != "a":
-                yield "".join(combo)
-
-
-def _param_text(value, indent, nested) -> str:
-    if isinstance(value, Program):          # a nested program, indented under its line
-        return nested(value, indent)
-    if isinstance(value, tuple) and value and all(isinstance(v, Program) for v in value):
-        return "(\n" + ",\n".join(" " * indent + nested(v, indent) for v in value) + "\n)"
-    if isinstance(value, tuple) and value and all(isinstance(v, tuple) for v in value):
-        return "(" + ", ".join(_param_text(v, indent, nested) for v in value) + ")"
-    if isinstance(value, np.dtype):
-        return value.name
-    if isinstance(value, str):
-        return value
-    if isinstance(value, type) and issubclass(value, np.generic):
-        return np.dtype(value).name
-    return repr(value)
-
-
-def _literal(v, like) -> str:
-    """A constant operand: a weak Python number in the dtype it meets (``like``)."""
-    value = np.asarray(v.value)
-    if value.ndim == 0:
-        dtype = like if v.aval.weak_type and like is not None and like.kind != "b" else v.aval.dtype
-        return f"{value.astype(dtype)[()]}:{dtypes.short_name(dtype)}[]"
-    return f"<{v.aval.str_short()} constant>"
-
-
-def _literal_dtype(eqn):
-    """The dtype a weak literal operand of ``eqn`` is printed in: its first variable's (or
-    result's); none for an equation that holds a body, whose operands keep their own."""
-    if getattr(eqn.primitive, "needs_run", False):
-        return None
-    like = next((v.aval.dtype for v in eqn.invars if type(v) is Var), None)
-    return like if like is not None else (eqn.outvars[0].aval.dtype if eqn.outvars else None)
-
-
-def pretty(program, width=80, names=None) -> str:
-    """The program as ``jax.make_jaxpr`` prints a jaxpr: variables named in order of
-    appearance, nested programs included (on one line where it fits), and an equation's
-    result that nothing reads shown as ``_``."""
-    names = names if names is not None else {None: _names()}
-
-    def name(v):
-        if v not in names:
-            names[v] = next(names[None])
-        return names[v]
-
-    def typed(v):
-        return f"{name(v)}:{v.aval.str_short()}"
-
-    def operand(v, like):
-        return name(v) if type(v) is Var else _literal(v, like)
-
-    def nested(inner, indent, key=""):
-        rows = pretty(inner, width - indent, names).split("\n")
-        flat = f"{rows[0]} {'; '.join(r.strip() for r in rows[1:-1])} {rows[-1].strip()}"
-        if indent + len(key) + len(flat) <= width and len(rows) == len(inner.eqns) + 2:
-            return flat
-        return ("\n" + " " * indent).join(rows)
-
-    def line(outs, prim_name, params, ins, indent=4):
-        pad, head = " " * indent, f"{outs} = " if outs else ""
-        pairs = params if isinstance(params, list) else sorted(params.items())   # (or in order)
-        shown = " ".join(f"{k}={_param_text(v, indent + 4, nested)}" for k, v in pairs)
-        one = f"{pad}{head}{prim_name}{f'[{shown}]' if shown else ''} {ins}".rstrip()
-        if (len(one) <= width and "\n" not in one) or not shown:
-            return [one]
-        return ([f"{pad}{head}{prim_name}["]
-                + [f"{pad}  {k}=" + _param_text(v, indent + 2, lambda p, i: nested(p, i, k + "="))
-                   for k, v in pairs]
-                + [f"{pad}] {ins}".rstrip()])
-
-    read = {v for e in program.eqns for v in e.invars} | set(program.outvars)
-
-    def result(v):
-        return typed(v) if v in read else f"_:{v.aval.str_short()}"
-
-    consts = " ".join(typed(v) for v in program.constvars)
-    lines = [f"{{ lambda {consts}; {' '.join(typed(v) for v in program.invars)}. let"]
-    for eqn in program.eqns:
-        ins = " ".join(operand(v, _literal_dtype(eqn)) for v in eqn.invars)
-        printed = getattr(eqn.primitive, "printed", None)
-        if printed is not None:       # a row that JAX spells as several equations (pmean)
-            for prim_name, params, text_ins, out_vars in printed(eqn, name, typed, ins):
-                lines += line(out_vars, prim_name, params, text_ins)
-            continue
-        outs = " ".join(result(v) for v in eqn.outvars)
-        lines += line(outs, eqn.primitive.name, eqn.primitive.show(eqn.params), ins)
-    outs = ", ".join(name(v) if type(v) is Var else operand(v, None) for v in program.outvars)
-    lines.append(f"  in ({outs}{',' if len(program.outvars) == 1 else ''}) }}")
-    return "\n".join(lines)

@@ -13,7 +13,6 @@ import functools
 
 import numpy as np
 
-
 class _Config:
     """``simpmd.config``: as ``jax.config``, for the one setting that changes values."""
     jax_enable_x64 = False
@@ -23,11 +22,9 @@ class _Config:
             raise ValueError(f"simpmd.config knows only 'jax_enable_x64', not {name!r}")
         self.jax_enable_x64 = bool(value)
 
-
 config = _Config()
 
 _NARROW = {"f8": "f4", "i8": "i4", "u8": "u4", "c16": "c8"}
-
 
 def canonical(dtype) -> np.dtype:
     """The dtype JAX computes ``dtype`` as: without x64, 64-bit numbers become 32-bit."""
@@ -37,11 +34,9 @@ def canonical(dtype) -> np.dtype:
     narrow = _NARROW.get(dtype.str[1:])
     return dtype if narrow is None else np.dtype(narrow)
 
-
 def default(kind: str) -> np.dtype:
     """JAX's default dtype of a kind: 'b', 'i', 'f', 'c' (a weak Python number's)."""
     return canonical({"b": np.bool_, "i": np.int64, "f": np.float64, "c": np.complex128}[kind])
-
 
 def inexact(dtype) -> bool:
     """A floating or complex dtype, ml_dtypes' bfloat16 and float8s included (NumPy files
@@ -49,11 +44,9 @@ def inexact(dtype) -> bool:
     dtype = np.dtype(dtype)
     return dtype.kind in "fc" or dtype.name == "bfloat16" or dtype.name.startswith("float8")
 
-
 def is_weak_scalar(x) -> bool:
     """A Python number (not a NumPy scalar): weakly typed, as in JAX."""
     return type(x) in (int, float, complex, bool)
-
 
 def of_python(x) -> np.dtype:
     """The dtype JAX gives a constant: Python numbers their default, arrays canonical."""
@@ -67,7 +60,6 @@ def of_python(x) -> np.dtype:
         return default("c")
     return canonical(np.asarray(x).dtype)
 
-
 # -- the promotion lattice: each type and the types just above it (jax._src.dtypes) -----------
 # 'i*', 'f*', 'c*' are the weak kinds of Python ints, floats and complex numbers.
 _ABOVE = {
@@ -77,7 +69,6 @@ _ABOVE = {
     "f*": ["bf2", "f2", "c*"], "bf2": ["f4"], "f2": ["f4"], "f4": ["f8", "c8"], "f8": ["c16"],
     "c*": ["c8"], "c8": ["c16"], "c16": [],
 }
-
 
 def _upper_bounds(above):
     bounds = {}
@@ -91,10 +82,8 @@ def _upper_bounds(above):
         bounds[node] = seen
     return bounds
 
-
 _BOUNDS = _upper_bounds(_ABOVE)
 _BOUNDS_X32 = _upper_bounds(dict(_ABOVE, u4=["i4", "u8"]))   # no 64-bit from 32-bit inputs
-
 
 @functools.lru_cache(maxsize=None)        # every operation asks: answer each pair once
 def _node(dtype, weak) -> str:
@@ -104,7 +93,6 @@ def _node(dtype, weak) -> str:
     if dtype.name == "bfloat16":       # ml_dtypes' (it comes with jaxlib; simpmd needs no JAX)
         return "bf2"
     return {"b": "b", "i": "i", "u": "u", "f": "f", "c": "c"}[dtype.kind] + str(dtype.itemsize)
-
 
 def _dtype(node) -> np.dtype:
     if node.endswith("*"):
@@ -116,12 +104,10 @@ def _dtype(node) -> np.dtype:
         return np.dtype(np.bool_)
     return np.dtype(node)
 
-
 def promote(*typed) -> tuple[np.dtype, bool]:
     """The dtype of an operation on operands of (dtype, weak) ``typed``, and whether the
     result is weak (only Python numbers were involved), as ``jnp.result_type``."""
     return _promote(config.jax_enable_x64, *[(np.dtype(d), bool(w)) for d, w in typed])
-
 
 @functools.lru_cache(maxsize=1024)
 def _promote(x64, *typed):
@@ -135,7 +121,6 @@ def _promote(x64, *typed):
                         f"operand with .astype first.")
     node = least.pop()
     return canonical(_dtype(node)), node.endswith("*")
-
 
 def short_name(dtype) -> str:
     """'f32', as JAX writes a dtype inside a type (``f32[8,3]``)."""

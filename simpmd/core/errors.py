@@ -5,40 +5,31 @@ learner who meets one here recognises it when real JAX raises it.
 """
 from __future__ import annotations
 
-
 class SimpmdError(Exception):
     """Base class of every error simpmd raises on purpose."""
 
     trace = None          # the trace of the failed run, when there is one
 
-
 class MappedAxisError(SimpmdError, ValueError):
     """An argument cannot be split along the requested axis (rank 0, size mismatch, too big)."""
-
 
 class UnboundAxisError(SimpmdError, NameError):
     """A collective names an axis that no enclosing pmap binds."""
 
-
 class CollectiveArgumentError(SimpmdError, ValueError):
     """A collective's arguments do not fit its group (sizes that do not divide, bad perm)."""
-
 
 class DivergenceError(SimpmdError):
     """Devices of one group called different collectives, or the same one with other shapes."""
 
-
 class BranchError(SimpmdError, TypeError):
     """The branches of lax.cond / lax.switch return different structures, shapes or dtypes."""
-
 
 class CarryTypeError(SimpmdError, TypeError):
     """A loop body returns a carry of another structure or type than it was given."""
 
-
 class DeadlockError(SimpmdError):
     """Some devices wait at a collective that the rest of their group will never join."""
-
 
 class DeviceError(SimpmdError):
     """The function raised on one simulated device; the original exception is the cause."""
@@ -48,22 +39,17 @@ class DeviceError(SimpmdError):
         self.device = device
         self.original = original
 
-
 class ConcretizationTypeError(SimpmdError, TypeError):
     """A Python value was needed from an array that JAX would only know abstractly."""
-
 
 class TracerBoolConversionError(ConcretizationTypeError):
     """``if x:`` / ``while x:`` / ``and`` / ``or`` on an array value inside a mapped function."""
 
-
 class TracerIntegerConversionError(SimpmdError, TypeError):
     """``int(x)``, ``range(x)`` or ``list[x]`` with an array value inside a mapped function."""
 
-
 class TracerArrayConversionError(SimpmdError, TypeError):
     """Converting a mapped value to a NumPy array inside the function, or mixing engines."""
-
 
 # -- wording shared by the messages -------------------------------------------------------
 
@@ -78,22 +64,6 @@ def id_ranges(ids) -> str:
             runs.append(str(start) if start == i else f"{start}-{i}")
             start = None
     return ", ".join(runs)
-
-
-def devices_text(ids, limit: int = 12) -> str:
-    """'devices 0-511, 513-1023 (1023 devices)': any number of devices in a short line.
-
-    A long list of scattered ids keeps its first ``limit`` runs and says how many more,
-    so a message stays short at any scale.
-    """
-    ids = sorted(set(ids))
-    if len(ids) == 1:
-        return f"device {ids[0]}"
-    runs = id_ranges(ids).split(", ")
-    shown = ", ".join(runs[:limit]) + (f", ... ({len(runs) - limit} more runs)"
-                                       if len(runs) > limit else "")
-    return f"devices {shown} ({len(ids)} devices)"
-
 
 def unbound_axis_message(opname, name, where, coords, under_shard_map) -> str:
     """Why a collective's axis name is unknown here, and which names the learner can use.
@@ -117,22 +87,12 @@ def unbound_axis_message(opname, name, where, coords, under_shard_map) -> str:
             f"Axis names in scope: {scope}. Pass axis_name={name!r} to the pmap that maps "
             f"this axis, or use one of the names in scope.")
 
-
-def jax_array_in_collective() -> "TracerArrayConversionError":
-    """The error for a JAX array handed to a simpmd collective on a simulated device."""
-    return TracerArrayConversionError(
-        "a JAX array reached a simpmd collective inside a simulated device. Inside a "
-        "function that runs on both engines, use simpmd.numpy instead of jax.numpy.")
-
-
 class VmaError(SimpmdError, ValueError):
     """Under shard_map(check_vma=True), a collective's axes are partly varying and partly
     invariant for its input (JAX refuses it); raised while tracing."""
 
-
 class ResultTypeError(SimpmdError, TypeError):
     """A mapped function returned something that is not an array (a string, an object)."""
-
 
 class UnexpectedTracerError(SimpmdError, TypeError):
     """A value of a traced body was used after its trace ended (JAX's UnexpectedTracerError)."""

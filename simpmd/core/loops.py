@@ -31,7 +31,6 @@ from .core import Equation, Primitive, Program, Var, aval_of, backward_pass, bin
 from .program import eval_program, trace
 from .values import StackedValue
 
-
 def closed(program, lifted_first=0):
     """A traced body as a loop holds it: the values it closed over (``constvars``) become
     its first inputs, after the first ``lifted_first`` of its own (as JAX's closure
@@ -39,7 +38,6 @@ def closed(program, lifted_first=0):
     ins = program.invars
     return Program(ins[:lifted_first] + program.constvars + ins[lifted_first:], program.eqns,
                    program.outvars, axis_env=program.axis_env)
-
 
 class iterating:
     """``with iterating(i):`` tells the log which iteration of a loop is running."""
@@ -53,18 +51,14 @@ class iterating:
     def __exit__(self, *exc):
         context.iteration = self.outer
 
-
 def _run():
     return context.run or core.plain
-
 
 def _stacks(values):
     run = _run()
     return [run.stack_of(v, aval_of(v)) for v in values]
 
-
 # -- scan ------------------------------------------------------------------------------------
-
 
 def _scan_stacked(*ops, jaxpr, length, reverse, num_consts, num_carry, **params):
     """The body once per iteration, over every device: row ``i`` of each ``xs`` in, row
@@ -84,15 +78,12 @@ def _scan_stacked(*ops, jaxpr, length, reverse, num_consts, num_carry, **params)
             y[:, i] = s
     return _stacks(carry) + ys
 
-
 def _scan_abstract(*avals, jaxpr, length, num_carry, **params):
     outs = jaxpr.out_avals
     return outs[:num_carry] + [a.update(shape=(length,) + a.shape) for a in outs[num_carry:]]
 
-
 def _float(v) -> bool:
     return v.aval.dtype.kind in "fc"
-
 
 def _depends(program, active) -> list:
     """Which outputs of ``program`` depend on its inputs marked in ``active``."""
@@ -101,7 +92,6 @@ def _depends(program, active) -> list:
         if any(type(v) is Var and v in live for v in e.invars):
             live.update(v for v in e.outvars if _float(v))
     return [type(v) is Var and v in live and _float(v) for v in program.outvars]
-
 
 def _scan_linearize(eqn, wants):
     """The scan, rewritten to also stack its residuals; its backward body in ``_vjp``."""
@@ -136,7 +126,6 @@ def _scan_linearize(eqn, wants):
     return Equation(eqn.primitive, dict(p, jaxpr=forward, _vjp=(backward, layout)), eqn.invars,
                     eqn.outvars + res_vars, eqn.source, eqn.phase)
 
-
 def _scan_vjp(cts, ins, outs, wants, *, jaxpr, length, reverse, num_consts, num_carry, unroll,
               _vjp=None, **params):
     """A scan in reverse of the backward body: the carries' cotangents carried backwards,
@@ -152,13 +141,10 @@ def _scan_vjp(cts, ins, outs, wants, *, jaxpr, length, reverse, num_consts, num_
     it = iter(got)
     return [next(it) if a else None for a in active]
 
-
 scan = Primitive("scan", _scan_stacked, _scan_abstract, vjp=_scan_vjp, multiple_results=True,
                  needs_run=True, linearize=_scan_linearize, cost=lambda ins, outs, **p: (0, 0))
 
-
 # -- while -----------------------------------------------------------------------------------
-
 
 def _while_stacked(*ops, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts, _source=("", "")):
     """The body while the predicate holds, on each device: a device whose predicate is
@@ -188,7 +174,6 @@ def _while_stacked(*ops, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts, _so
         i += 1
     return _stacks(carry)
 
-
 def _while_vjp(*args, **params):
     from .autodiff import NotDifferentiableError
     raise NotDifferentiableError(
@@ -197,18 +182,14 @@ def _while_vjp(*args, **params):
         "start/stop. (JAX's words: the number of iterations is known only when the loop has "
         "run, so the values the backward pass needs cannot be laid out in advance.)")
 
-
 while_ = Primitive("while", _while_stacked, lambda *avals, body_jaxpr, **p: body_jaxpr.out_avals,
                    vjp=_while_vjp, multiple_results=True, needs_run=True,
                    cost=lambda ins, outs, **p: (0, 0))
 
-
 # -- checkpoint (remat) ------------------------------------------------------------------------
-
 
 def _remat_stacked(*ops, jaxpr, **params):
     return _stacks(eval_program(jaxpr, [], list(ops)))
-
 
 def _saveable(policy):
     """Whether a policy lets the forward pass keep an equation's results for the backward
@@ -216,7 +197,6 @@ def _saveable(policy):
     if policy is None:
         return lambda e: False
     return lambda e: bool(policy(e.primitive, *[aval_of(v) for v in e.invars], **e.params))
-
 
 def _remat_linearize(eqn, wants):
     from .autodiff import linearize
@@ -237,7 +217,6 @@ def _remat_linearize(eqn, wants):
                                                               with_ct)),
                     eqn.invars, eqn.outvars + [Var(v.aval) for v in saved], eqn.source, eqn.phase)
 
-
 def _remat_vjp(cts, ins, outs, wants, *, jaxpr, _vjp=None, **params):
     """The backward half, as one ``remat2[differentiated=True]``: what the policy did not
     save is computed again there."""
@@ -249,7 +228,6 @@ def _remat_vjp(cts, ins, outs, wants, *, jaxpr, _vjp=None, **params):
                     policy=params["policy"], prevent_cse=params["prevent_cse"]))
     return [next(got) if a else None for a in active]
 
-
 remat = Primitive("remat2", _remat_stacked, lambda *avals, jaxpr, **p: jaxpr.out_avals,
                   vjp=_remat_vjp, multiple_results=True, needs_run=True,
                   linearize=_remat_linearize, cost=lambda ins, outs, **p: (0, 0))
@@ -258,16 +236,13 @@ name_p = Primitive("name", lambda x, name: x, lambda x, name: x,     # jax.ad_ch
                    vjp=lambda ct, ins, outs, wants, name: [ct],      # checkpoint_name
                    cost=lambda ins, outs, **p: (0, 0))
 
-
 # -- residuals: the forward half of a derivative, and what it hands the backward half ---------
-
 
 def zeros(aval):
     """Zeros of type ``aval``, varying over the axes it varies over."""
     z = bind(_bid, np.zeros((), aval.dtype), shape=aval.shape, broadcast_dimensions=(),
              sharding=None)
     return _like(z, aval)
-
 
 def _like(x, aval):
     """``x`` given ``aval``'s dtype and made to vary as it does (a cotangent, carried)."""
@@ -276,7 +251,6 @@ def _like(x, aval):
     missing = tuple(sorted(set(aval.vma) - set(aval_of(x).vma), key=str))
     run = _run()
     return bind(_pvary, x, axes=missing) if missing and run.check_vma else x
-
 
 def _joint(body, active, with_ct, accumulate):
     """The function of (primals, accumulators, output cotangents) that runs ``body``
@@ -308,7 +282,6 @@ def _joint(body, active, with_ct, accumulate):
     avals = (body.in_avals + [body.invars[i].aval for i in acc_at]
              + [v.aval.update(weak_type=False) for v, w in zip(body.outvars, with_ct) if w])
     return joint, avals
-
 
 def partial_eval(body, active, with_ct, accumulate=None, saveable=None):
     """Trace ``body`` forward and backward into one program, and cut it in two.
@@ -350,10 +323,8 @@ def partial_eval(body, active, with_ct, accumulate=None, saveable=None):
     joint = Program(program.invars, program.eqns, outs, axis_env=program.axis_env)
     return joint, fwd, bwd, [(v, fresh[v]) for v in res]
 
-
 def _reads(eqns) -> list:
     return [v for e in eqns for v in e.invars if type(v) is Var]
-
 
 from .collectives import pvary as _pvary  # noqa: E402
 from .primitives import add_any as _add_any, broadcast_in_dim as _bid  # noqa: E402

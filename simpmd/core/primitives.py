@@ -17,32 +17,25 @@ import numpy as np
 from . import dtypes
 from .core import Aval, Primitive, aval_of, bind
 
-
 def _shift(axes):
     """Per-device axes as axes of the stack (the device axis comes first)."""
     return tuple(a + 1 for a in axes)
 
-
 def _size(aval) -> int:
     return math.prod(aval.shape)
-
 
 def _bytes(ins, outs) -> int:
     return sum(_size(a) * a.dtype.itemsize for a in (*ins, *outs) if isinstance(a, Aval))
 
-
 def _vma(avals):
     return frozenset().union(*(a.vma for a in avals))
-
 
 def _layout_cost(ins, outs, **params):
     """Nothing: XLA fuses a layout change into its neighbours or makes it a view (what
     jax.experimental.roofline assumes for every primitive without a rule of its own)."""
     return 0, 0
 
-
 # -- elementwise -----------------------------------------------------------------------------
-
 
 def _lined_up(stacks):
     """Give lower-rank stacks length-1 axes after the device axis, so NumPy broadcasts each
@@ -50,7 +43,6 @@ def _lined_up(stacks):
     rank = max(s.ndim for s in stacks)
     return [s if s.ndim == rank else s.reshape(s.shape[:1] + (1,) * (rank - s.ndim) + s.shape[1:])
             for s in stacks]
-
 
 def _common(avals, name):
     shapes = [a.shape for a in avals]
@@ -62,7 +54,6 @@ def _common(avals, name):
     dtype, weak = dtypes.promote(*[(a.dtype, a.weak_type) for a in avals])
     return shape, dtype, weak
 
-
 def _elementwise_abstract(name, result=None):
     def abstract(*avals, **params):
         shape, dtype, weak = _common(avals, name)
@@ -70,7 +61,6 @@ def _elementwise_abstract(name, result=None):
             dtype, weak = np.dtype(result), False
         return Aval(shape, dtype, weak, _vma(avals))
     return abstract
-
 
 def _elementwise_stacked(fn, compare=False):
     def stacked(*stacks, **params):
@@ -80,10 +70,8 @@ def _elementwise_stacked(fn, compare=False):
         return out if compare else np.asarray(out, dtype=dtype)
     return stacked
 
-
 def _elementwise_cost(ins, outs, **params):
     return _size(outs[0]), _bytes(ins, outs)
-
 
 def _unbroadcast(ct, aval):
     """Sum a cotangent down to an operand's shape: the transpose of broadcasting."""
@@ -95,17 +83,13 @@ def _unbroadcast(ct, aval):
     summed = tuple(d for d, (a, b) in enumerate(zip(aval.shape, shape)) if a == 1 and b != 1)
     return bind(reshape, bind(reduce_sum, ct, axes=summed), new_sizes=aval.shape, dimensions=None)
 
-
 def _ew_vjp(*partials):
     """A vjp from one function per operand: ``partial(ct, out, *ins)``, the cotangent before
     it is summed down to the operand's shape."""
     def vjp(ct, ins, outs, wants, **params):
-        return [_unbroadcast(p(ct, outs[0], *ins), _aval(x)) if w and p else None
+        return [_unbroadcast(p(ct, outs[0], *ins), aval_of(x)) if w and p else None
                 for p, x, w in zip(partials, ins, wants)]
     return vjp
-
-
-_aval = aval_of
 
 
 def elementwise(name, fn, *partials, compare=False, result=None, **params):
@@ -115,19 +99,16 @@ def elementwise(name, fn, *partials, compare=False, result=None, **params):
                      vjp=_ew_vjp(*partials) if partials else None, cost=_elementwise_cost,
                      elementwise=True, **params)
 
-
 def _mul(a, b): return bind(mul, a, b)
 def _div(a, b): return bind(div, a, b)
 def _neg(a): return bind(neg, a)
 def _zero_like(ct, *rest): return None
-
 
 def _int_div(a, b):
     if np.issubdtype(a.dtype, np.integer):          # lax.div rounds towards zero
         q = np.floor_divide(a, b)
         return q + ((np.remainder(a, b) != 0) & ((a < 0) ^ (b < 0)))
     return np.true_divide(a, b)
-
 
 def _choose_half(which):
     """max/min: the cotangent goes to the chosen operand; a tie shares it, as in JAX."""
@@ -137,7 +118,6 @@ def _choose_half(which):
         tie = bind(convert_element_type, bind(eq, a, b), new_dtype=ct.dtype, weak_type=False)
         return _mul(ct, bind(sub, picked, _mul(tie, 0.5)))
     return partial
-
 
 neg = elementwise("neg", np.negative, lambda ct, out, x: _neg(ct))
 add = elementwise("add", np.add, lambda ct, *_: ct, lambda ct, *_: ct)
@@ -219,7 +199,6 @@ le = elementwise("le", np.less_equal, compare=True)
 gt = elementwise("gt", np.greater, compare=True)
 ge = elementwise("ge", np.greater_equal, compare=True)
 
-
 def _integer_pow_vjp(ct, ins, outs, wants, y):
     x, = ins
     if not wants[0]:
@@ -227,20 +206,16 @@ def _integer_pow_vjp(ct, ins, outs, wants, y):
     factor = _mul(float(y), bind(integer_pow, x, y=y - 1)) if y != 1 else 1.0
     return [_mul(ct, factor)]
 
-
 integer_pow.vjp = _integer_pow_vjp
-
 
 def _convert_abstract(x, new_dtype, weak_type=False, sharding=None):
     return x.update(dtype=dtypes.canonical(new_dtype), weak_type=weak_type)
 
-
 def _convert_vjp(ct, ins, outs, wants, new_dtype, weak_type=False, sharding=None):
-    x = _aval(ins[0])
+    x = aval_of(ins[0])
     if not wants[0] or not dtypes.inexact(x.dtype):
         return [None]
     return [bind(convert_element_type, ct, new_dtype=x.dtype, weak_type=x.weak_type)]
-
 
 convert_element_type = Primitive(
     "convert_element_type", lambda x, new_dtype, weak_type=False, sharding=None:
@@ -250,7 +225,6 @@ convert_element_type = Primitive(
 copy = elementwise("copy", np.array, lambda ct, *_: ct)
 copy.cost = _layout_cost
 
-
 def _select_abstract(pred, *cases):
     if pred.dtype != np.bool_ and pred.dtype.kind not in "iu":
         raise TypeError(f"select_n's predicate must be boolean or an integer, got {pred.dtype}")
@@ -259,14 +233,12 @@ def _select_abstract(pred, *cases):
         raise TypeError(f"select_n's predicate has shape {pred.shape}, its cases {shape}.")
     return Aval(shape, dtype, weak, _vma((pred,) + cases))
 
-
 def _select_stacked(pred, *cases):
     dtype = dtypes.promote(*[(c.dtype, False) for c in cases])[0]
     pred, *cases = _lined_up([pred] + [c.astype(dtype, copy=False) for c in cases])
     if len(cases) == 2:
         return np.where(pred, cases[1], cases[0])
     return np.choose(pred.astype(np.intp), cases)
-
 
 def _select_vjp(ct, ins, outs, wants):
     pred, cases = ins[0], ins[1:]
@@ -279,28 +251,23 @@ def _select_vjp(ct, ins, outs, wants):
             out.append(None)
             continue
         picks = [ct if j == k else zeros for j in range(len(cases))]
-        out.append(_unbroadcast(bind(select_n, pred, *picks), _aval(c)))
+        out.append(_unbroadcast(bind(select_n, pred, *picks), aval_of(c)))
     return out
-
 
 select_n = Primitive("select_n", _select_stacked, _select_abstract, vjp=_select_vjp,
                      cost=_elementwise_cost)
-
 
 def _clamp_vjp(ct, ins, outs, wants):
     lo, x, hi = ins
     inside = bind(and_, bind(ge, x, lo), bind(le, x, hi))
     zeros = bind(mul, ct, 0.0)
-    return [None, _unbroadcast(bind(select_n, inside, zeros, ct), _aval(x)) if wants[1] else None,
+    return [None, _unbroadcast(bind(select_n, inside, zeros, ct), aval_of(x)) if wants[1] else None,
             None]
-
 
 clamp = Primitive("clamp", _elementwise_stacked(lambda lo, x, hi: np.minimum(np.maximum(x, lo), hi)),
                   _elementwise_abstract("clamp"), vjp=_clamp_vjp, cost=_elementwise_cost)
 
-
 # -- reductions -------------------------------------------------------------------------------
-
 
 def _reduce_abstract(x, axes, out_sharding=None, index_dtype=None):
     for a in axes:
@@ -310,14 +277,12 @@ def _reduce_abstract(x, axes, out_sharding=None, index_dtype=None):
     dtype = x.dtype if index_dtype is None else index_dtype
     return Aval(shape, dtype, x.weak_type and index_dtype is None, x.vma)
 
-
-def _reduction(name, method):
+def _reduction(name, method, vjp=None, cost=None):
+    """A row for ``reduce_<op>``: NumPy's ``x.<method>`` over the axes, on every device."""
     def stacked(x, axes, out_sharding=None):
-        dtype = x.dtype
-        kwargs = {"dtype": dtype} if method in ("sum", "prod") else {}
-        return np.asarray(getattr(x, method)(axis=_shift(axes), **kwargs), dtype=dtype)
-    return stacked
-
+        kwargs = {"dtype": x.dtype} if method in ("sum", "prod") else {}
+        return np.asarray(getattr(x, method)(axis=_shift(axes), **kwargs), dtype=x.dtype)
+    return Primitive(name, stacked, _reduce_abstract, vjp=vjp, cost=cost or _reduce_cost)
 
 def _restore(ct, x_aval, axes):
     """A reduced cotangent broadcast back over the reduced axes."""
@@ -325,10 +290,8 @@ def _restore(ct, x_aval, axes):
     return bind(broadcast_in_dim, ct, shape=x_aval.shape, broadcast_dimensions=kept,
                 sharding=x_aval.sharding)
 
-
 def _sum_vjp(ct, ins, outs, wants, axes, out_sharding=None):
-    return [_restore(ct, _aval(ins[0]), axes) if wants[0] else None]
-
+    return [_restore(ct, aval_of(ins[0]), axes) if wants[0] else None]
 
 def _chooser_vjp(ct, ins, outs, wants, axes, out_sharding=None):
     """reduce_max/min: the cotangent is shared by the elements that attain the extreme."""
@@ -340,15 +303,12 @@ def _chooser_vjp(ct, ins, outs, wants, axes, out_sharding=None):
     counts = bind(reduce_sum, hits, axes=axes)
     return [_mul(hits, _restore(_div(ct, counts), aval_of(x), axes))]
 
-
 def _prod_vjp(ct, ins, outs, wants, axes, out_sharding=None):
     x = ins[0]
     return [_mul(_restore(_mul(ct, outs[0]), aval_of(x), axes), bind(div, 1.0, x)) if wants[0] else None]
 
-
 def _reduce_cost(ins, outs, **params):
     return _size(ins[0]), _bytes(ins, outs)
-
 
 def _sum_cost(ins, outs, **params):
     """n - 1 additions per result for a sum of n, reading the input and writing the result
@@ -357,50 +317,35 @@ def _sum_cost(ins, outs, **params):
     n = _size(x) // max(_size(out), 1)
     return (n - 1) * _size(out), (_size(x) + _size(out)) * x.dtype.itemsize
 
-
-reduce_sum = Primitive("reduce_sum", _reduction("reduce_sum", "sum"), _reduce_abstract,
-                       vjp=_sum_vjp, cost=_sum_cost)
-reduce_max = Primitive("reduce_max", _reduction("reduce_max", "max"), _reduce_abstract,
-                       vjp=_chooser_vjp, cost=_reduce_cost)
-reduce_min = Primitive("reduce_min", _reduction("reduce_min", "min"), _reduce_abstract,
-                       vjp=_chooser_vjp, cost=_reduce_cost)
-reduce_prod = Primitive("reduce_prod", _reduction("reduce_prod", "prod"), _reduce_abstract,
-                        vjp=_prod_vjp, cost=_reduce_cost)
-reduce_and = Primitive("reduce_and", _reduction("reduce_and", "all"), _reduce_abstract,
-                       cost=_reduce_cost)
-reduce_or = Primitive("reduce_or", _reduction("reduce_or", "any"), _reduce_abstract,
-                      cost=_reduce_cost)
+reduce_sum = _reduction("reduce_sum", "sum", _sum_vjp, _sum_cost)
+reduce_max = _reduction("reduce_max", "max", _chooser_vjp)
+reduce_min = _reduction("reduce_min", "min", _chooser_vjp)
+reduce_prod = _reduction("reduce_prod", "prod", _prod_vjp)
+reduce_and = _reduction("reduce_and", "all")
+reduce_or = _reduction("reduce_or", "any")
 argmax = Primitive("argmax", lambda x, axes, index_dtype: x.argmax(axis=axes[0] + 1).astype(index_dtype),
                    _reduce_abstract, cost=_reduce_cost)
 argmin = Primitive("argmin", lambda x, axes, index_dtype: x.argmin(axis=axes[0] + 1).astype(index_dtype),
                    _reduce_abstract, cost=_reduce_cost)
 
-
-def _cumulative(ufunc):
+def _cumulative(name, ufunc, vjp=None):
+    """A row for ``cum<op>``: NumPy's ``ufunc.accumulate`` along one axis (or reversed)."""
     def stacked(x, axis, reverse=False):
         a = axis + 1
         if reverse:
             return np.flip(ufunc.accumulate(np.flip(x, a), axis=a, dtype=x.dtype), a)
         return ufunc.accumulate(x, axis=a, dtype=x.dtype)
-    return stacked
-
+    return Primitive(name, stacked, lambda x, axis, reverse=False: x, vjp=vjp, cost=_reduce_cost)
 
 def _cumsum_vjp(ct, ins, outs, wants, axis, reverse=False):
     return [bind(cumsum, ct, axis=axis, reverse=not reverse) if wants[0] else None]
 
-
-cumsum = Primitive("cumsum", _cumulative(np.add), lambda x, axis, reverse=False: x,
-                   vjp=_cumsum_vjp, cost=_reduce_cost)
-cumprod = Primitive("cumprod", _cumulative(np.multiply), lambda x, axis, reverse=False: x,
-                    cost=_reduce_cost)
-cummax = Primitive("cummax", _cumulative(np.maximum), lambda x, axis, reverse=False: x,
-                   cost=_reduce_cost)
-cummin = Primitive("cummin", _cumulative(np.minimum), lambda x, axis, reverse=False: x,
-                   cost=_reduce_cost)
-
+cumsum = _cumulative("cumsum", np.add, _cumsum_vjp)
+cumprod = _cumulative("cumprod", np.multiply)
+cummax = _cumulative("cummax", np.maximum)
+cummin = _cumulative("cummin", np.minimum)
 
 # -- shapes and layout ------------------------------------------------------------------------
-
 
 def _reshape_abstract(x, new_sizes, dimensions=None, sharding=None):
     if math.prod(new_sizes) != x.size:
@@ -408,15 +353,13 @@ def _reshape_abstract(x, new_sizes, dimensions=None, sharding=None):
                         f"shape {tuple(new_sizes)} ({math.prod(new_sizes)} elements).")
     return x.update(shape=new_sizes)
 
-
 reshape = Primitive(
     "reshape", lambda x, new_sizes, dimensions=None, sharding=None:
     x.reshape(x.shape[:1] + tuple(new_sizes)), _reshape_abstract,
     vjp=lambda ct, ins, outs, wants, **p: [
-        bind(reshape, ct, new_sizes=_aval(ins[0]).shape, dimensions=None,
-             sharding=_aval(ins[0]).sharding) if wants[0] else None],
+        bind(reshape, ct, new_sizes=aval_of(ins[0]).shape, dimensions=None,
+             sharding=aval_of(ins[0]).sharding) if wants[0] else None],
     cost=_layout_cost)
-
 
 def _bid_abstract(x, shape, broadcast_dimensions, sharding=None):
     dims = tuple(broadcast_dimensions)
@@ -425,18 +368,16 @@ def _bid_abstract(x, shape, broadcast_dimensions, sharding=None):
                         f"along dimensions {dims}.")
     return x.update(shape=shape, weak_type=x.weak_type)
 
-
 def _bid_stacked(x, shape, broadcast_dimensions, sharding=None):
     expanded = [1] * len(shape)
     for k, d in enumerate(broadcast_dimensions):
         expanded[d] = x.shape[k + 1]
     return np.broadcast_to(x.reshape(x.shape[:1] + tuple(expanded)), x.shape[:1] + tuple(shape))
 
-
 def _bid_vjp(ct, ins, outs, wants, shape, broadcast_dimensions, sharding=None):
     if not wants[0]:
         return [None]
-    x = _aval(ins[0])
+    x = aval_of(ins[0])
     dims = tuple(broadcast_dimensions)
     new = tuple(d for d in range(len(shape)) if d not in dims)
     stretched = tuple(d for k, d in enumerate(dims) if x.shape[k] == 1 and shape[d] != 1)
@@ -444,31 +385,26 @@ def _bid_vjp(ct, ins, outs, wants, shape, broadcast_dimensions, sharding=None):
     return [bind(reshape, summed, new_sizes=x.shape, dimensions=None)
             if summed.aval.shape != x.shape else summed]
 
-
 broadcast_in_dim = Primitive(
     "broadcast_in_dim", _bid_stacked, _bid_abstract, vjp=_bid_vjp, cost=_layout_cost,
     show=lambda p: {k: v for k, v in p.items()
                     if (k == "broadcast_dimensions" and v) or k not in ("shape", "sharding",
                                                                           "broadcast_dimensions")})
 
-
 def _transpose_vjp(ct, ins, outs, wants, permutation):
     return [bind(transpose, ct, permutation=tuple(int(i) for i in np.argsort(permutation)))
             if wants[0] else None]
-
 
 transpose = Primitive(
     "transpose", lambda x, permutation: x.transpose((0,) + _shift(permutation)),
     lambda x, permutation: x.update(shape=tuple(x.shape[p] for p in permutation)),
     vjp=_transpose_vjp, cost=_layout_cost)
 
-
 def _squeeze_abstract(x, dimensions):
     for d in dimensions:
         if x.shape[d] != 1:
             raise ValueError(f"cannot squeeze dimension {d} of shape {x.shape}: its size is not 1")
     return x.update(shape=tuple(s for d, s in enumerate(x.shape) if d not in dimensions))
-
 
 squeeze = Primitive(
     "squeeze", lambda x, dimensions: x.reshape(x.shape[:1] + tuple(
@@ -479,7 +415,6 @@ rev = Primitive("rev", lambda x, dimensions: np.flip(x, _shift(dimensions)),
                 vjp=lambda ct, ins, outs, wants, dimensions: [
                     bind(rev, ct, dimensions=dimensions) if wants[0] else None],
                 cost=_layout_cost)
-
 
 def _concat_abstract(*xs, dimension):
     first = xs[0]
@@ -493,11 +428,10 @@ def _concat_abstract(*xs, dimension):
     dtype, weak = dtypes.promote(*[(x.dtype, x.weak_type) for x in xs])
     return Aval(shape, dtype, weak, _vma(xs))
 
-
 def _concat_vjp(ct, ins, outs, wants, dimension):
     out, start = [], 0
     for x, w in zip(ins, wants):
-        size = _aval(x).shape[dimension]
+        size = aval_of(x).shape[dimension]
         if w:
             lo = [0] * aval_of(ct).ndim
             hi = list(aval_of(ct).shape)
@@ -509,15 +443,12 @@ def _concat_vjp(ct, ins, outs, wants, dimension):
         start += size
     return out
 
-
 def _concat_stacked(*xs, dimension):
     dtype = dtypes.promote(*[(x.dtype, False) for x in xs])[0]
     return np.concatenate([x.astype(dtype, copy=False) for x in xs], axis=dimension + 1)
 
-
 concatenate = Primitive("concatenate", _concat_stacked, _concat_abstract, vjp=_concat_vjp,
                         cost=_layout_cost)
-
 
 def _pad_stacked(x, padding_value, padding_config):
     """lax.pad: ``(low, high, interior)`` per dimension; low and high may be negative."""
@@ -537,17 +468,15 @@ def _pad_stacked(x, padding_value, padding_config):
     out[grids_dst] = x[grids_src]
     return out
 
-
 def _pad_abstract(x, padding_value, padding_config):
     shape = [max(lo + hi + n + max(n - 1, 0) * inner, 0)
              for n, (lo, hi, inner) in zip(x.shape, padding_config)]
     return x.update(shape=shape)
 
-
 def _pad_vjp(ct, ins, outs, wants, padding_config):
     if not wants[0]:
         return [None, None]
-    x = _aval(ins[0])
+    x = aval_of(ins[0])
     lo = [-l for l, _, _ in padding_config]
     hi = [-h for _, h, _ in padding_config]
     unpadded = bind(pad, ct, 0.0, padding_config=tuple((a, b, 0) for a, b in zip(lo, hi)))
@@ -555,9 +484,7 @@ def _pad_vjp(ct, ins, outs, wants, padding_config):
     return [bind(slice_, unpadded, start_indices=(0,) * x.ndim,
                  limit_indices=unpadded.aval.shape, strides=strides), None]
 
-
 pad = Primitive("pad", _pad_stacked, _pad_abstract, vjp=_pad_vjp, cost=_layout_cost)
-
 
 def _slice_abstract(x, start_indices, limit_indices, strides=None):
     strides = strides or (1,) * x.ndim
@@ -568,17 +495,15 @@ def _slice_abstract(x, start_indices, limit_indices, strides=None):
         shape.append(len(range(a, b, s)))
     return x.update(shape=shape)
 
-
 def _slice_stacked(x, start_indices, limit_indices, strides=None):
     strides = strides or (1,) * len(start_indices)
     return x[(slice(None),) + tuple(slice(a, b, s) for a, b, s in
                                     zip(start_indices, limit_indices, strides))]
 
-
 def _slice_vjp(ct, ins, outs, wants, start_indices, limit_indices, strides=None):
     if not wants[0]:
         return [None]
-    x = _aval(ins[0])
+    x = aval_of(ins[0])
     strides = strides or (1,) * x.ndim
     config = []
     for n, a, b, s, m in zip(x.shape, start_indices, limit_indices, strides, aval_of(ct).shape):
@@ -587,9 +512,7 @@ def _slice_vjp(ct, ins, outs, wants, start_indices, limit_indices, strides=None)
     return [bind(pad, ct, bind(convert_element_type, 0.0, new_dtype=ct.dtype, weak_type=False),
                  padding_config=tuple(config))]
 
-
 slice_ = Primitive("slice", _slice_stacked, _slice_abstract, vjp=_slice_vjp, cost=_layout_cost)
-
 
 iota = Primitive(        # no operand: one device's value, which every device shares
     "iota", lambda *, dtype, shape, dimension, sharding=None: np.arange(
@@ -598,14 +521,11 @@ iota = Primitive(        # no operand: one device's value, which every device sh
         shape, dtype), lambda *, dtype, shape, dimension, sharding=None: Aval(shape, dtype),
     cost=_layout_cost)
 
-
 # -- matrix products ------------------------------------------------------------------------
-
 
 def _dot_dims(dimension_numbers):
     (lc, rc), (lb, rb) = dimension_numbers
     return tuple(lc), tuple(rc), tuple(lb), tuple(rb)
-
 
 def _dot_abstract(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None,
                   out_sharding=None):
@@ -621,7 +541,6 @@ def _dot_abstract(lhs, rhs, dimension_numbers, precision=None, preferred_element
                                                      (rhs.dtype, rhs.weak_type))[0]
     return Aval([lhs.shape[d] for d in lb] + free_l + free_r, dtype, False,
                 lhs.vma | rhs.vma)
-
 
 def _dot_stacked(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None,
                  out_sharding=None):
@@ -647,11 +566,10 @@ def _dot_stacked(lhs, rhs, dimension_numbers, precision=None, preferred_element_
     shape = batch + [lhs.shape[d] for d in lf] + [rhs.shape[d] for d in rf]
     return out.reshape(shape)
 
-
 def _dot_vjp(ct, ins, outs, wants, dimension_numbers, precision=None,
              preferred_element_type=None, out_sharding=None):
     """The transposes of dot_general (jax's _dot_general_transpose_lhs/rhs)."""
-    lhs, rhs = _aval(ins[0]), _aval(ins[1])
+    lhs, rhs = aval_of(ins[0]), aval_of(ins[1])
     lc, rc, lb, rb = _dot_dims(dimension_numbers)
     nb = len(lb)
 
@@ -675,28 +593,23 @@ def _dot_vjp(ct, ins, outs, wants, dimension_numbers, precision=None,
     return [one(lhs, rhs, lc, rc, lb, rb, True) if wants[0] else None,
             one(rhs, lhs, rc, lc, rb, lb, False) if wants[1] else None]
 
-
 def _dot_cost(ins, outs, dimension_numbers, **params):
     lc, _, lb, _ = _dot_dims(dimension_numbers)
     lhs, rhs = ins
     shared = math.prod(lhs.shape[d] for d in lc + lb)
     return 2 * _size(lhs) * _size(rhs) // max(shared, 1), _bytes(ins, outs)
 
-
 dot_general = Primitive(
     "dot_general", _dot_stacked, _dot_abstract, vjp=_dot_vjp, cost=_dot_cost,
     show=lambda p: {k: v for k, v in p.items() if v is not None or k == "preferred_element_type"})
-
 
 # -- indexing by arrays: NumPy's advanced indexing, JAX's gather and scatter ------------------
 # ``indexer`` is the index with each array replaced by its position among the operands
 # (``("array", k)``); the arrays follow the indexed value as operands.
 
-
 def _resolve(indexer, arrays):
     return tuple(arrays[i[1]] if isinstance(i, tuple) and i and i[0] == "array" else i
                  for i in indexer)
-
 
 def _gather_abstract(x, *arrays, indexer, mode=None):
     probe = np.broadcast_to(np.zeros((), x.dtype), x.shape)
@@ -707,10 +620,8 @@ def _gather_abstract(x, *arrays, indexer, mode=None):
         raise IndexError(f"index {indexer} does not fit a value of shape {x.shape}: {exc}") from None
     return Aval(shape, x.dtype, x.weak_type, _vma((x,) + arrays))
 
-
 def _per_device(fn, *stacks):
     return np.stack([fn(*(s[k] for s in stacks)) for k in range(stacks[0].shape[0])])
-
 
 def _gather_stacked(x, *arrays, indexer, mode=None):
     if all(a.strides[0] == 0 for a in arrays):             # the same index on every device
@@ -720,20 +631,17 @@ def _gather_stacked(x, *arrays, indexer, mode=None):
             return x[(slice(None),) + index]
     return _per_device(lambda v, *a: v[_resolve(indexer, a)], x, *arrays)
 
-
 def _basic(i):
     return i is None or i is Ellipsis or isinstance(i, (int, np.integer, slice))
-
 
 def _gather_vjp(ct, ins, outs, wants, indexer, mode=None):
     if not wants[0]:
         return [None] * len(ins)
-    x = _aval(ins[0])
+    x = aval_of(ins[0])
     zeros = bind(broadcast_in_dim, bind(convert_element_type, 0.0, new_dtype=ct.dtype,
                                         weak_type=False),
                  shape=x.shape, broadcast_dimensions=(), sharding=x.sharding)
     return [bind(scatter_add, zeros, ct, *ins[1:], indexer=indexer)] + [None] * (len(ins) - 1)
-
 
 def _gather_cost(ins, outs, mode=None, **params):
     """A copy of the result's size plus the indices read (jax.experimental.roofline); with
@@ -742,10 +650,8 @@ def _gather_cost(ins, outs, mode=None, **params):
     flops = 4 * indices + out if "FILL" in str(mode).upper() else 0
     return flops, 2 * out * outs[0].dtype.itemsize + _bytes(ins[1:], ())
 
-
 gather = Primitive("gather", _gather_stacked, _gather_abstract, vjp=_gather_vjp,
                    cost=_gather_cost)
-
 
 def _scatter_stacked(how):
     def stacked(x, v, *arrays, indexer):
@@ -760,10 +666,8 @@ def _scatter_stacked(how):
         return out
     return stacked
 
-
 def _scatter_abstract(x, v, *arrays, indexer):
     return x.update(vma=_vma((x, v) + arrays))
-
 
 def _scatter_vjp(how):
     def vjp(ct, ins, outs, wants, indexer):
@@ -774,10 +678,9 @@ def _scatter_vjp(how):
                 scatter, ct, bind(mul, bind(gather, ct, *arrays, indexer=indexer), 0.0),
                 *arrays, indexer=indexer)
         if wants[1]:
-            out[1] = _unbroadcast(bind(gather, ct, *arrays, indexer=indexer), _aval(v))
+            out[1] = _unbroadcast(bind(gather, ct, *arrays, indexer=indexer), aval_of(v))
         return out
     return vjp
-
 
 def _scatter_cost(combines):
     """Reading and writing the updated region and the updates (3 x the updates) plus the
@@ -791,35 +694,29 @@ def _scatter_cost(combines):
         return flops, 3 * _size(updates) * updates.dtype.itemsize + _bytes(indices, ())
     return cost
 
+def _scatter(name, how, vjp=None):
+    """A row for ``scatter`` (``how`` None: set) or ``scatter-<op>`` (``how.at``)."""
+    return Primitive(name, _scatter_stacked(how), _scatter_abstract, vjp=vjp,
+                     cost=_scatter_cost(how is not None))
 
-scatter = Primitive("scatter", _scatter_stacked(None), _scatter_abstract,
-                    vjp=_scatter_vjp("set"), cost=_scatter_cost(False))
-scatter_add = Primitive("scatter-add", _scatter_stacked(np.add), _scatter_abstract,
-                        vjp=_scatter_vjp("add"), cost=_scatter_cost(True))
-scatter_mul = Primitive("scatter-mul", _scatter_stacked(np.multiply), _scatter_abstract,
-                        cost=_scatter_cost(True))
-scatter_min = Primitive("scatter-min", _scatter_stacked(np.minimum), _scatter_abstract,
-                        cost=_scatter_cost(True))
-scatter_max = Primitive("scatter-max", _scatter_stacked(np.maximum), _scatter_abstract,
-                        cost=_scatter_cost(True))
-
+scatter = _scatter("scatter", None, _scatter_vjp("set"))
+scatter_add = _scatter("scatter-add", np.add, _scatter_vjp("add"))
+scatter_mul = _scatter("scatter-mul", np.multiply)
+scatter_min = _scatter("scatter-min", np.minimum)
+scatter_max = _scatter("scatter-max", np.maximum)
 
 def _sort_stacked(*xs, dimension, is_stable=True, num_keys=1):
     order = np.argsort(xs[0], axis=dimension + 1, kind="stable")
     return [np.take_along_axis(x, order, axis=dimension + 1) for x in xs]
 
-
 sort = Primitive("sort", _sort_stacked,
                  lambda *xs, dimension, is_stable=True, num_keys=1: list(xs),
                  cost=_reduce_cost, multiple_results=True)
 
-
 # -- the long tail: a NumPy function run on each device -------------------------------------
-
 
 def _call_stacked(*xs, fn, kwargs, name):
     return _per_device(lambda *v: np.asarray(fn(*v, **dict(kwargs))), *xs)
-
 
 def _call_abstract(*xs, fn, kwargs, name):
     if sum(x.size for x in xs) > 1 << 20:
@@ -830,7 +727,6 @@ def _call_abstract(*xs, fn, kwargs, name):
             f"shapes only.")
     out = np.asarray(fn(*(np.zeros(x.shape, x.dtype) for x in xs), **dict(kwargs)))
     return Aval(out.shape, dtypes.canonical(out.dtype), False, _vma(xs))
-
 
 numpy_call = Primitive("numpy_call", _call_stacked, _call_abstract, cost=_elementwise_cost,
                        show=lambda p: {"fn": f"numpy.{p['name']}"})

@@ -19,7 +19,6 @@ from . import errors
 from .core import Equation, Lit, Program, Var, aval_of, bind, caller_source, context, running
 from .values import StackedValue
 
-
 class Recorder:
     """Writes down the operations bound on this thread, while a body is traced.
 
@@ -73,7 +72,6 @@ class Recorder:
             outvars.append(var)
         self.eqns.append(Equation(prim, params, invars, outvars, caller_source(), context.phase))
 
-
 class recording:
     """``with recording(rec):`` writes the operations bound inside it into ``rec``."""
 
@@ -86,7 +84,6 @@ class recording:
 
     def __exit__(self, *exc):
         context.recorders.pop()
-
 
 def trace(flat_fun, in_avals, run):
     """Trace ``flat_fun`` (a function of a list of leaves, returning a list of leaves) on
@@ -109,7 +106,6 @@ def trace(flat_fun, in_avals, run):
     program = Program(invars, rec.eqns, outvars, constvars=[v for v, _ in rec.lifted],
                       axis_env=tuple((n, s) for n, s in run.axes if n is not None))
     return program, [x for _, x in rec.lifted]
-
 
 def eval_program(program, consts, args, env=None):
     """Run ``program`` on the run of this thread: bind each equation again. ``env``, if
@@ -135,17 +131,14 @@ def eval_program(program, consts, args, env=None):
         context.eqn, context.phase = outer, phase
     return [env[v] if type(v) is Var else v.value for v in program.outvars]
 
-
 def call(program, consts, args, run):
     """Run ``program`` on ``run`` (making it this thread's run while it computes)."""
     with running(run):
         return eval_program(program, consts, args)
 
-
 # -- the cache: one program per function and signature ----------------------------------------
 
 _cache: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
 
 def cached(fun, key):
     """The program traced for ``fun`` with signature ``key``, or None."""
@@ -154,14 +147,8 @@ def cached(fun, key):
     except TypeError:                  # fun cannot be weakly referenced, or key not hashable
         return None
 
-
 def store(fun, key, entry):
     try:
         _cache.setdefault(fun, {})[key] = entry
     except TypeError:
         pass
-
-
-def clear_cache():
-    """Forget every traced program (the next call of each function traces again)."""
-    _cache.clear()

@@ -24,11 +24,9 @@ from .core import Aval, aval_of, context
 from .log import Log
 from .values import StackedValue
 
-
 def coords_text(coords) -> str:
     """'data=1, model=0'; an unnamed axis (axis_name=None) shows as 'index 1'."""
     return ", ".join(f"index {i}" if n is None else f"{n}={i}" for n, i, _ in coords)
-
 
 class Run:
     """A grid of devices with named axes (``axes``: ``((name, size), ...)``), computing for
@@ -293,7 +291,6 @@ class Run:
                          check_vma=self.check_vma, maps_a_mesh=self.maps_a_mesh, outer=self)
         return self.inner
 
-
 @functools.lru_cache(maxsize=256)
 def _groups(axes, axis_names, axis_index_groups):
     names = [n for n, _ in axes]
@@ -308,10 +305,8 @@ def _groups(axes, axis_names, axis_index_groups):
         by_size.setdefault(len(g), []).append(list(g))
     return [members[:, gs].reshape(-1, k) for k, gs in by_size.items()]
 
-
 def _names(axis_name):
     return tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
-
 
 def _combine(prim, stack, sets, params, n):
     """``prim``'s math over each group of devices: gather the groups' rows, combine,
@@ -331,7 +326,6 @@ def _combine(prim, stack, sets, params, n):
         out[members] = combined
     return out
 
-
 def _every_device(members):
     """True for one group of every device in order (the cached groups are reused)."""
     known = _ORDERED.get(id(members))
@@ -339,9 +333,7 @@ def _every_device(members):
         known = _ORDERED[id(members)] = (members, bool((members[0] == np.arange(members.shape[1])).all()))
     return known[1]
 
-
 _ORDERED: dict = {}
-
 
 def check_groups(groups, size, op, where, axis_names):
     flat = sorted(i for g in groups for i in g)
@@ -356,7 +348,6 @@ def check_groups(groups, size, op, where, axis_names):
             f"{op} over {axis_names} on {where}: axis_index_groups={groups} has groups of sizes "
             f"{sorted(len(g) for g in groups)}; {op} needs groups of equal size. Split the "
             f"axis into groups of one size.")
-
 
 core.plain = Run([], (), abstract=False)      # no mapped body: one device, no axes
 del Aval

@@ -8,7 +8,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-
 @dataclass(frozen=True)
 class TreeDef:
     """The shape of a pytree without its leaves."""
@@ -39,14 +38,11 @@ class TreeDef:
             return f"{self.node_type.__name__}({inner})"
         return "(" + inner + ("," if len(self.children) == 1 else "") + ")"
 
-
 LEAF = TreeDef("leaf")
 _LEAVES = {int, float, complex, bool, str, bytes}       # (arrays: added by simpmd.core.values)
 
-
 def _is_namedtuple(x) -> bool:
     return isinstance(x, tuple) and hasattr(type(x), "_fields")
-
 
 def _children(x):
     """(kind, node_type, keys, child values) of a container, or None for a leaf."""
@@ -68,7 +64,6 @@ def _children(x):
         return "dict", None, keys, tuple(x[k] for k in keys)
     return None
 
-
 def flatten(tree) -> tuple[list, TreeDef]:
     """The leaves of ``tree`` in order, and its structure."""
     leaves: list = []
@@ -83,7 +78,6 @@ def flatten(tree) -> tuple[list, TreeDef]:
 
     treedef = walk(tree)
     return leaves, treedef
-
 
 def unflatten(treedef: TreeDef, leaves) -> Any:
     """Rebuild a pytree of structure ``treedef`` from ``leaves``."""
@@ -105,13 +99,11 @@ def unflatten(treedef: TreeDef, leaves) -> Any:
 
     return build(treedef)
 
-
 def tree_map(f, tree, *rest):
     """Apply ``f`` leaf by leaf to ``tree`` and trees of the same structure."""
     leaves, treedef = flatten(tree)
     others = [flatten(r)[0] for r in rest]
     return unflatten(treedef, [f(*xs) for xs in zip(leaves, *others)])
-
 
 def leaf_paths(tree, prefix: str = "") -> list[str]:
     """A readable path for every leaf, e.g. ``[0]['w']``, in flatten order."""
@@ -126,7 +118,6 @@ def leaf_paths(tree, prefix: str = "") -> list[str]:
     else:
         labels = [f"[{i}]" for i in range(len(kids))]
     return [p for label, kid in zip(labels, kids) for p in leaf_paths(kid, prefix + label)]
-
 
 def broadcast_prefix(prefix, tree, what: str = "in_axes") -> list:
     """Expand ``prefix`` (a pytree prefix of ``tree``) to one value per leaf of ``tree``.

@@ -25,27 +25,6 @@ _HINT = (
     "on values, or pass the value as a static argument (static_broadcasted_argnums). "
     "simpmd.pmap(..., eager=True) runs it anyway, as a program real JAX cannot run.")
 
-
-def refused_numpy(name, args):
-    """The error for a NumPy function applied to a traced value, pointing to simpmd.numpy."""
-    first = next((a for a in _leaves(args) if isinstance(a, StackedValue)), None)
-    what = f" of shape {first.shape} {first.dtype}" if first is not None else ""
-    return errors.TracerArrayConversionError(
-        f"{name}() was applied to a mapped value{what}. Real JAX refuses this "
-        f"(TracerArrayConversionError): a NumPy function needs a concrete array, and a traced "
-        f"value has none. Use simpmd.numpy, which runs NumPy on simpmd's devices and jax.numpy "
-        f"inside real JAX: `import simpmd.numpy as snp` then `snp.{name.split('.', 1)[1]}(...)`. "
-        f"Operators and methods (x * 2, x.sum()) work on both engines as they are.")
-
-
-def _leaves(x):
-    if isinstance(x, (list, tuple)):
-        for item in x:
-            yield from _leaves(item)
-    else:
-        yield x
-
-
 class StackedValue:
     """One array of a mapped body: every device's value stacked, or its type alone.
     (A pytree leaf, as an array is.)"""
@@ -127,6 +106,5 @@ class StackedValue:
 
     def __format__(self, spec):
         return format(self.value, spec) if self._eager() and spec else format(str(self), spec)
-
 
 tree._LEAVES.update({StackedValue, np.ndarray})

@@ -27,7 +27,7 @@ import numpy as np
 
 from ..core import dtypes, errors, tree
 from ..core.core import Aval, aval_of, caller_source, context
-from ..core.log import Event
+from ..api.events import Event
 from ..api.trace import Trace
 from ..core.run import Run, check_groups, coords_text
 from ..core.values import StackedValue
@@ -35,6 +35,22 @@ from ..api.spmd import Piece, explain_failure, leaf_label, record_trace, refuse_
 
 _idle_workers: list = []              # parked worker threads, reused across runs
 _WORKER_STACK = 1 << 20               # 1 MiB is plenty for a device's Python frames
+
+
+def devices_text(ids, limit: int = 12) -> str:
+    """'devices 0-511, 513-1023 (1023 devices)': any number of devices in a short line.
+
+    A long list of scattered ids keeps its first ``limit`` runs and says how many more,
+    so a message stays short at any scale.
+    """
+    ids = sorted(set(ids))
+    if len(ids) == 1:
+        return f"device {ids[0]}"
+    runs = errors.id_ranges(ids).split(", ")
+    shown = ", ".join(runs[:limit]) + (f", ... ({len(runs) - limit} more runs)"
+                                       if len(runs) > limit else "")
+    return f"devices {shown} ({len(ids)} devices)"
+
 
 
 class _Cancelled(BaseException):
@@ -462,7 +478,7 @@ def deadlock_message(rendezvous, tasks, max_groups: int = 8) -> str:
         if len(programs) <= 4:
             return ", ".join(t.where() for t in programs)
         if all(not t.children for t in programs):
-            return (f"{errors.devices_text(t.device.id for t in programs)}, from "
+            return (f"{devices_text(t.device.id for t in programs)}, from "
                     f"{programs[0].where()} to {programs[-1].where()}")
         return f"{len(programs)} programs, from {programs[0].where()} to {programs[-1].where()}"
 
