@@ -12,7 +12,8 @@ from __future__ import annotations
 import builtins
 import sys
 
-from .core import bridge, tree
+from .core import bridge
+from .api import tree
 from .core.core import Primitive, aval_of, bind, caller_source, context
 
 

@@ -15,7 +15,8 @@ import sys
 
 import numpy as np
 
-from .core import bridge, control, dtypes, errors, loops, tree
+from .core import bridge, control, dtypes, errors, loops
+from .api import tree
 from .core import collectives as C
 from .core import core as core_mod
 from .core import primitives as P

@@ -375,3 +375,39 @@ def test_a_partial_sum_resharded_and_used_again_is_summed_for_each_use(mesh):
     np.testing.assert_allclose(np.asarray(split), a.T @ b, rtol=1e-5)
     np.testing.assert_allclose(np.asarray(whole), a.T @ b + 1, rtol=1e-5)
     assert collective_counts(simpmd.last_trace()) == {"all-reduce": 1, "reduce-scatter": 1}
+
+
+def _printed_programs(jit, L, np_):
+    inner = jit(lambda x: (x, x * 2.0))
+    other = jit(lambda x: np_.sin(x) * 2.0)
+
+    def long(x):                                   # 11 equations: printed first from jax 0.10.2
+        for _ in range(11):
+            x = np_.sin(x)
+        return x
+    return {
+        "one call": lambda x, w: jit(lambda a, b: np_.tanh(a @ b))(x, w),
+        "a result that is an argument": lambda x, w: inner(x[0]),
+        "an argument passed twice": lambda x, w: jit(lambda a, b: a + b)(w, w),
+        "a literal argument": lambda x, w: jit(lambda a, b: a * b)(x, 3.0),
+        "nested, closing over": lambda x, w: jit(lambda a: jit(lambda b: np_.sin(b) + a)(a * 2.0))(x),
+        "called twice": lambda x, w: inner(x[0])[1] + inner(x[1])[0],
+        "two shared lambdas": lambda x, w: other(inner(x[0])[1]) + other(inner(x[1])[0]),
+        "a long body": lambda x, w: jit(long)(x),
+        "a one-line program": lambda x, w: x * 2.0,
+        "cond": lambda x, w: L.cond(x[0, 0] > 0, np_.sin, np_.cos, x),
+        "cond, a long branch": lambda x, w: L.cond(x[0, 0] > 0, long, np_.cos, x),
+        "scan, a long body": lambda x, w: L.scan(lambda c, r: (long(c), c), x[0], None, length=2),
+    }
+
+
+@pytest.mark.parametrize("name", list(_printed_programs(simpmd.jit, simpmd.lax, snp)))
+def test_make_jaxpr_prints_nested_programs_as_jax_does(jax8, name):
+    """The body of a jit equation reuses the names of its operands and results, each once
+    (JAX's printer suggests them); a body used twice (or, from jax 0.10.2, longer than 10
+    equations) is printed once, first; what fits on a line is printed on one."""
+    import jax.numpy as jnp
+    x, w = np.arange(6.0, dtype=np.float32).reshape(2, 3), np.ones((3, 3), np.float32)
+    mine = _printed_programs(simpmd.jit, simpmd.lax, snp)[name]
+    theirs = _printed_programs(jax8.jit, jax8.lax, jnp)[name]
+    assert str(simpmd.make_jaxpr(mine)(x, w)) == str(jax8.make_jaxpr(theirs)(x, w))

@@ -102,7 +102,7 @@ def test_a_cached_program_computes_what_each_device_would(name):
     x2, v2, w2 = X * 1.5 - 0.25, V[::-1].copy(), W * -2.0
     got = once(x2, v2, w2)
     expected = simpmd.pmap(body, "i", in_axes=(0, 0, None), eager=True)(x2, v2, w2)
-    g_leaves, e_leaves = simpmd.core.tree.flatten(got)[0], simpmd.core.tree.flatten(expected)[0]
+    g_leaves, e_leaves = simpmd.api.tree.flatten(got)[0], simpmd.api.tree.flatten(expected)[0]
     assert len(g_leaves) == len(e_leaves)
     for g, e in zip(g_leaves, e_leaves):
         g, e = np.asarray(g), np.asarray(e)

@@ -122,8 +122,8 @@ def test_pmap_on_shapes_gives_the_types_and_log_of_the_run_on_values(case):
         pytest.skip("simpmd refuses this program on values")
     on_values = f.trace
     types = f(*_structs(args))
-    leaves_v, tree_v = simpmd.core.tree.flatten(values)
-    leaves_t, tree_t = simpmd.core.tree.flatten(types)
+    leaves_v, tree_v = simpmd.api.tree.flatten(values)
+    leaves_t, tree_t = simpmd.api.tree.flatten(types)
     assert tree_v == tree_t
     for v, t in zip(leaves_v, leaves_t):
         assert isinstance(t, S) and t.shape == np.shape(v) and t.dtype == np.asarray(v).dtype

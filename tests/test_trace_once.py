@@ -59,7 +59,7 @@ def test_traced_once_agrees_with_one_program_per_device(name):
     once = simpmd.pmap(body, "i", in_axes=(0, 0, None))
     per_device = simpmd.pmap(body, "i", in_axes=(0, 0, None), eager=True)
     got, expected = once(X, V, W), per_device(X, V, W)
-    g_leaves, e_leaves = simpmd.core.tree.flatten(got)[0], simpmd.core.tree.flatten(expected)[0]
+    g_leaves, e_leaves = simpmd.api.tree.flatten(got)[0], simpmd.api.tree.flatten(expected)[0]
     assert len(g_leaves) == len(e_leaves)
     for g, e in zip(g_leaves, e_leaves):
         g, e = np.asarray(g), np.asarray(e)
@@ -218,7 +218,7 @@ def test_nested_pmaps_traced_once_agree_with_one_program_per_device(name):
         f = simpmd.pmap(NESTED[name], "i", eager=eager)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            out = simpmd.core.tree.flatten(f(NX))[0]
+            out = simpmd.api.tree.flatten(f(NX))[0]
         runs.append(([np.asarray(v) for v in out],
                      [[(s.device.id, s.index, s.replica_id) for s in v.addressable_shards] for v in out],
                      [str(w.message) for w in caught], _log(f.trace)))

@@ -97,7 +97,7 @@ def _flatten(tree):
     try:
         from jax.tree_util import tree_flatten
     except ImportError:
-        from simpmd.core.tree import flatten as tree_flatten
+        from simpmd.api.tree import flatten as tree_flatten
     leaves, treedef = tree_flatten(tree)
     return [np.asarray(leaf) for leaf in leaves], treedef
 

@@ -20,7 +20,8 @@ import types
 
 import numpy as np
 
-from ..core import bridge, tree
+from ..core import bridge
+from . import tree
 from ..core import core as core_mod
 from ..core import loops
 from ..core.core import aval_of, bind, context

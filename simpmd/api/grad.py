@@ -8,7 +8,8 @@ import threading
 
 import numpy as np
 
-from ..core import bridge, dtypes, tree
+from ..core import bridge, dtypes
+from . import tree
 from ..core.autodiff import NotDifferentiableError, value_and_vjp
 from ..core.core import aval_of, bind, context
 from ..core.primitives import broadcast_in_dim as _bid, convert_element_type as _convert

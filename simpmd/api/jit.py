@@ -32,13 +32,14 @@ import functools
 
 import numpy as np
 
-from ..core import bridge, dtypes, tree
-from .grad import grad as _grad, value_and_grad as _value_and_grad
+from ..core import bridge, dtypes, loops
 from ..core.core import Aval, aval_of, bind, context, running
 from ..core.program import cached, eval_program, store, trace
 from ..core.values import StackedValue
 from ..machine.mesh import AxisType, Mesh, NamedSharding, PartitionSpec, axis_types_of
 from . import partition as R
+from . import tree
+from .grad import grad as _grad, value_and_grad as _value_and_grad
 from .jit_run import JitRun, MeshText, jit_p, per_device_program, reshard_p
 from .partition import Sharding, ShardingTypeError, all_explicit, count, dims_of, whole
 from .spmd import record_trace
@@ -441,7 +442,9 @@ class Jitted:
                 out, out_tree = tree.flatten(self.fun(*full, **kw))
                 out_trees.append(out_tree)
                 return out
-            program, _ = trace(flat, list(avals), run.tracing())
+            program, lifted = trace(flat, list(avals), run.tracing())
+            if lifted:        # it closed over an enclosing body's values: JAX passes them first
+                return loops.closed(program), out_trees[0], list(lifted) + list(leaves)
             entry = (program, out_trees[0])
             store(self.fun, key, entry)
         return entry[0], entry[1], leaves

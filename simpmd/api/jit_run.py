@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core import core as C, errors, tree
+from ..core import core as C, errors
+from . import tree
 from ..core import collectives as K
 from ..core.autodiff import backward
 from ..core.core import Aval, Primitive, Var, aval_of, bind, context, running
@@ -378,7 +379,7 @@ def _jit_vjp(cts, ins, outs, wants, jaxpr, name, ctx_mesh=None):
 jit_p = Primitive(
     "jit", _jit_stacked, lambda *avals, jaxpr, name, ctx_mesh=None: [aval_of(v) for v in jaxpr.outvars],
     vjp=_jit_vjp, multiple_results=True, needs_run=True, cost=lambda ins, outs, **p: (0, 0),
-    show=lambda p: [("name", p["name"])] + ([("ctx_mesh", p["ctx_mesh"])] if p.get("ctx_mesh") else [])
+    same_names=True, show=lambda p: [("name", p["name"])] + ([("ctx_mesh", p["ctx_mesh"])] if p.get("ctx_mesh") else [])
     + [("jaxpr", p["jaxpr"])])
 jit_p.sharding = lambda mesh, avals, jaxpr, **p: [dims_of(aval_of(v)) for v in jaxpr.outvars]
 

@@ -20,7 +20,8 @@ import warnings
 
 import numpy as np
 
-from ..core import bridge, dtypes, errors, tree
+from ..core import bridge, dtypes, errors
+from . import tree
 from ..core.core import Aval, aval_of, context, user_stacklevel
 from ..core.run import Run
 from ..core.values import StackedValue

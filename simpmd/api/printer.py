@@ -25,7 +25,11 @@ def _param_text(value, indent, nested) -> str:
     if isinstance(value, Program):          # a nested program, indented under its line
         return nested(value, indent)
     if isinstance(value, tuple) and value and all(isinstance(v, Program) for v in value):
-        return "(\n" + ",\n".join(" " * indent + nested(v, indent) for v in value) + "\n)"
+        items = [nested(v, indent + 2) for v in value]
+        if all("\n" not in t for t in items) and indent + 2 + sum(len(t) + 1 for t in items) <= 80:
+            return "(" + " ".join(items) + ")"
+        pad = " " * indent
+        return "(\n" + "\n".join(pad + "  " + t for t in items) + "\n" + pad + ")"
     if isinstance(value, tuple) and value and all(isinstance(v, tuple) for v in value):
         return "(" + ", ".join(_param_text(v, indent, nested) for v in value) + ")"
     if isinstance(value, np.dtype):
@@ -55,12 +59,78 @@ def _literal_dtype(eqn):
     return like if like is not None else (eqn.outvars[0].aval.dtype if eqn.outvars else None)
 
 
-def pretty(program, width=80, names=None) -> str:
-    """The program as ``jax.make_jaxpr`` prints a jaxpr: variables named in order of
-    appearance, nested programs included (on one line where it fits), and an equation's
-    result that nothing reads shown as ``_``."""
-    names = names if names is not None else {None: _names()}
+def _same_names(eqn, names, name):
+    """A jit equation's body reuses the names of the operands and results it stands for, as
+    JAX's printer suggests them (``JaxprPpContext.suggest_same_var_names``): each outer
+    variable once, and only for a body variable not named yet."""
+    body = eqn.params["jaxpr"]
+    for inner, outer in ((body.invars, eqn.invars), (body.outvars, eqn.outvars)):
+        used = set()
+        for i, o in zip(inner, outer) if len(inner) == len(outer) else ():
+            if type(i) is Var and type(o) is Var and i not in names and o not in used:
+                used.add(o)
+                names[i] = name(o)
 
+
+def _shared(program, version) -> dict:
+    """The nested programs JAX prints once, before the program, as ``let name = {...} in``
+    (``core.pp_toplevel_jaxpr``): those used more than once, and from jax 0.10.2 on those
+    of more than 10 equations. Named by the equation's ``name`` (``<lambda>`` as
+    ``lambda``), else ``jaxpr``, numbered when a name repeats."""
+    counts, labels, todo = {}, {}, [program]
+    while todo:
+        prog = todo.pop(0)
+        counts[prog] = counts.get(prog, 0) + 1 + (
+            prog is not program and len(prog.eqns) > 10 and version >= (0, 10, 2))
+        for eqn in prog.eqns:
+            inner = [v for v in eqn.params.values() if isinstance(v, Program)]
+            inner += [p for v in eqn.params.values() if isinstance(v, tuple)
+                      for p in v if isinstance(p, Program)]
+            todo += inner
+            if isinstance(eqn.params.get("name"), str):
+                for p in inner:
+                    labels.setdefault(p, eqn.params["name"].strip("<>"))
+    shared, seen = {}, {}
+    for prog, n in counts.items():
+        if n > 1:
+            label = labels.get(prog, "jaxpr")
+            k = seen.get(label, 0)
+            seen[label] = k + 1
+            shared[prog] = label + (str(k) if k else "")
+            seen[shared[prog]] = seen.get(shared[prog], 0) + (1 if k else 0)
+    return shared
+
+
+def pretty(program, width=80) -> str:
+    """The program as ``jax.make_jaxpr`` prints a jaxpr: variables named in order of
+    appearance, nested programs included (on one line where they fit, or printed first
+    when shared), and an equation's result that nothing reads shown as ``_``."""
+    from ..lax import jax_format
+    names, shared = {None: _names()}, _shared(program, jax_format())
+    out = [_skeleton(p, width, names, shared, f"let {label} = ", " in")
+           for p, label in shared.items()]
+    return "\n".join(out + [_skeleton(program, width, names, shared)])
+
+
+def _skeleton(program, width, names, shared, before="", after="") -> str:
+    """``{ lambda consts; ins. let eqns in outs }``: on one line if it fits, else one
+    equation a line."""
+    rows = _rows(program, width, names, shared)
+    flat = _flat(rows, program)
+    if flat is not None and len(before + flat + after) <= width:
+        return before + flat + after
+    return before + "\n".join(rows) + after
+
+
+def _flat(rows, program):
+    """The printed program on one line (equations joined by '; '), or None when one of its
+    equations already took several."""
+    if len(rows) != len(program.eqns) + 2:
+        return None
+    return f"{rows[0]} {'; '.join(r.strip() for r in rows[1:-1])} {rows[-1].strip()}"
+
+
+def _rows(program, width, names, shared) -> list:
     def name(v):
         if v not in names:
             names[v] = next(names[None])
@@ -73,9 +143,11 @@ def pretty(program, width=80, names=None) -> str:
         return name(v) if type(v) is Var else _literal(v, like)
 
     def nested(inner, indent, key=""):
-        rows = pretty(inner, width - indent, names).split("\n")
-        flat = f"{rows[0]} {'; '.join(r.strip() for r in rows[1:-1])} {rows[-1].strip()}"
-        if indent + len(key) + len(flat) <= width and len(rows) == len(inner.eqns) + 2:
+        if inner in shared:
+            return shared[inner]
+        rows = _rows(inner, width - indent, names, shared)
+        flat = _flat(rows, inner)
+        if flat is not None and indent + len(key) + len(flat) <= width:
             return flat
         return ("\n" + " " * indent).join(rows)
 
@@ -105,11 +177,13 @@ def pretty(program, width=80, names=None) -> str:
             for prim_name, params, text_ins, out_vars in printed(eqn, name, typed, ins):
                 lines += line(out_vars, prim_name, params, text_ins)
             continue
+        if getattr(eqn.primitive, "same_names", False) and eqn.params["jaxpr"] not in shared:
+            _same_names(eqn, names, name)
         outs = " ".join(result(v) for v in eqn.outvars)
         lines += line(outs, eqn.primitive.name, eqn.primitive.show(eqn.params), ins)
     outs = ", ".join(name(v) if type(v) is Var else operand(v, None) for v in program.outvars)
     lines.append(f"  in ({outs}{',' if len(program.outvars) == 1 else ''}) }}")
-    return "\n".join(lines)
+    return "\n".join(lines).split("\n")         # one row per printed line
 
 
 bridge.printer = pretty

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core import dtypes, tree
+from ..core import dtypes
+from . import tree
 from ..core.core import Aval
 
 

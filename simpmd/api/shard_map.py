@@ -26,7 +26,8 @@ import warnings
 
 import numpy as np
 
-from ..core import bridge, errors, tree
+from ..core import bridge, errors
+from . import tree
 from ..core.collectives import pvary
 from ..core.core import Aval, Var, bind, context
 from ..core.run import Run

@@ -25,7 +25,8 @@ import inspect
 
 import numpy as np
 
-from ..core import bridge, dtypes, errors, tree
+from ..core import bridge, dtypes, errors
+from . import tree
 from ..core.core import Aval, aval_of, context, running
 from .shapes import is_shape
 from .trace import Trace

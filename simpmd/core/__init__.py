@@ -15,8 +15,8 @@ Read it in the order a call of ``simpmd.pmap(f)(x)`` goes through it:
 6. ``autodiff.py``: grad, one derivative rule per row, collectives included.
 7. ``log.py``: the run's records, columnar (read as events by ``simpmd/api/events.py``).
 
-Around it: ``dtypes.py`` (JAX's dtype rules), ``tree.py`` (pytrees), ``errors.py`` and
-``bridge.py`` (where the eager engine, the JAX hand-off and the printer register
-themselves). The front ends (``simpmd/api``), the machine (``simpmd/machine``) and the
-eager engine (``simpmd/eager``) sit above it.
+Around it: ``dtypes.py`` (JAX's dtype rules), ``errors.py`` and ``bridge.py`` (where the
+eager engine, the JAX hand-off and the printer register themselves). The front ends and
+pytrees (``simpmd/api``), the machine (``simpmd/machine``) and the eager engine
+(``simpmd/eager``) sit above it.
 """

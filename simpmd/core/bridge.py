@@ -12,17 +12,21 @@ from __future__ import annotations
 
 import sys
 
-from . import tree
-
 eager = None
 jax = None
 printer = None
 
 def holds_jax_tracer(value) -> bool:
-    """True if a leaf of ``value`` is a JAX tracer: the call is inside a JAX trace."""
-    module = sys.modules.get("jax")
-    tracer = getattr(getattr(module, "core", None), "Tracer", None)
-    return tracer is not None and any(isinstance(v, tracer) for v in tree.flatten(value)[0])
+    """True if ``value``, or anything in its tuples, lists and dicts, is a JAX tracer: the
+    call is inside a JAX trace."""
+    tracer = getattr(getattr(sys.modules.get("jax"), "core", None), "Tracer", None)
+    todo = [value]
+    while tracer is not None and todo:
+        v = todo.pop()
+        if isinstance(v, tracer):
+            return True
+        todo.extend(v.values() if isinstance(v, dict) else v if isinstance(v, (tuple, list)) else ())
+    return False
 
 def inside_jax(value) -> bool:
     """True if the call with arguments ``value`` belongs to the JAX bridge."""

@@ -91,4 +91,5 @@ def _cond_vjp(cts, ins, outs, wants, branches, n_consts, _what, _source):
     return out
 
 cond = Primitive("cond", _cond_stacked, _cond_abstract, vjp=_cond_vjp, multiple_results=True,
-                 needs_run=True, cost=lambda ins, outs, **p: (0, 0))
+                 needs_run=True, cost=lambda ins, outs, **p: (0, 0),
+                 show=lambda p: {"branches": p["branches"]})       # JAX's one parameter

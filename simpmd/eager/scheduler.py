@@ -25,7 +25,8 @@ import threading
 
 import numpy as np
 
-from ..core import dtypes, errors, tree
+from ..core import dtypes, errors
+from ..api import tree
 from ..core.core import Aval, aval_of, caller_source, context
 from ..api.events import Event
 from ..api.trace import Trace

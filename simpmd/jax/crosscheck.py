@@ -42,7 +42,8 @@ from typing import Any
 
 import numpy as np
 
-from ..core import errors, tree
+from ..core import errors
+from ..api import tree
 from ..machine.array import Array
 from ..machine.devices import device_count
 from .devices import JaxDevicesError, chosen_devices, use_jax_devices

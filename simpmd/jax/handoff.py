@@ -24,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from ..core import bridge, tree
+from ..core import bridge
+from ..api import tree
 from ..core.core import context
 from ..api.shard_map import shard_map
 from ..machine.mesh import PartitionSpec

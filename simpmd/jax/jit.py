@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..api import jit as J
-from ..core import tree
+from ..api import tree
 from ..machine.mesh import AxisType, axis_types_of
 
 

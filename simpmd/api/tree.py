@@ -8,6 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
+from ..core.values import StackedValue
+
 @dataclass(frozen=True)
 class TreeDef:
     """The shape of a pytree without its leaves."""
@@ -39,7 +43,7 @@ class TreeDef:
         return "(" + inner + ("," if len(self.children) == 1 else "") + ")"
 
 LEAF = TreeDef("leaf")
-_LEAVES = {int, float, complex, bool, str, bytes}       # (arrays: added by simpmd.core.values)
+_LEAVES = {int, float, complex, bool, str, bytes, np.ndarray, StackedValue}   # known leaves, fast
 
 def _is_namedtuple(x) -> bool:
     return isinstance(x, tuple) and hasattr(type(x), "_fields")
