@@ -88,6 +88,7 @@ def test_the_step_costs_what_jax_roofline_says(jax8):
 def test_the_70b_step_runs_on_shapes_on_8192_devices():
     """Two of the 80 layers (the benchmark times all 80), FSDP 2048 x TP 4 on a TPU v5p
     16 x 16 x 32 slice: the step's collectives per axis, by hand."""
+    pytest.importorskip("ml_dtypes", reason="the step is in bfloat16, which ml_dtypes (jaxlib's) brings")
     cfg = llama.Config(layers=2)
     simpmd.set_device_count(8192, hardware="TPU v5p", topology=(16, 16, 32))
     mesh = llama.torus_mesh(2048, 4, simpmd.Mesh)

@@ -249,6 +249,7 @@ def test_a_real_models_layer_on_thousands_of_devices_runs_in_seconds():
     and tensor parallelism over 4: 8192 simulated devices, nothing computed. (Speed is
     measured in benchmarks/, as a ratio; this only checks that it finishes and logs the
     right bytes.)"""
+    _bf16()
     simpmd.set_device_count(8192)
     mesh = simpmd.make_mesh((2048, 4), ("fsdp", "tp"))
     D, F, T = 8192, 28672, 2048 * 2048
