@@ -90,3 +90,27 @@ def test_a_psum_group_by_hand():
     assert psum[2].bytes_sent == psum[2].bytes_received == 7
     assert float(psum[6].inputs[0]) == 6.0 and float(psum[6].outputs[0]) == 28.0
     assert psum[-1].program == "device 7" and psum[1:3][1].member == 2
+
+
+@pytest.mark.parametrize("read", ["trace.events", "trace.collectives()"])
+def test_reading_the_log_does_work_linear_in_the_devices(read, monkeypatch):
+    """Writing out every event of a pmean over all devices labels each program a bounded
+    number of times: 4x the devices, at most about 4x the labels (made once per member,
+    the group's labels cost n per member and reading grew as n squared: 148 s at 16384
+    devices in benchmarks/dp_step.py). Counted, not timed."""
+    from simpmd.core.run import Run
+    calls = []
+    label = Run.label
+    monkeypatch.setattr(Run, "label", lambda self, k: calls.append(k) or label(self, k))
+
+    def labels(n):
+        simpmd.set_device_count(n)
+        f = simpmd.pmap(lambda v: v - lax.pmean(v, "i"), axis_name="i")
+        f(np.ones((n, 2), np.float32))
+        calls.clear()
+        events = (list(f.trace.events) if read == "trace.events"
+                  else [e for g in f.trace.collectives() for e in g])
+        assert len(events) == (3 * n if read == "trace.events" else n)
+        return len(calls)
+    small, large = labels(64), labels(256)       # (conftest puts the device count back)
+    assert small >= 64 and large <= 4.5 * small, (small, large)

@@ -91,13 +91,18 @@ def summary(log, devices):
 def events(log, only=None, limit=None) -> list:
     """Every device's events, written out from the records: all of them, those of
     device ``only``, or the first ``limit``."""
-    out, seq = [], {}
+    out, seq, known = [], {}, {}
 
     class Enough(Exception):
         pass
 
+    def ids_of(run):                       # each run's device ids, listed once
+        if id(run) not in known:
+            known[id(run)] = _ids(run)
+        return known[id(run)]
+
     def event(run, k, kind, step, **fields):
-        ids = _ids(run)
+        ids = ids_of(run)
         if only is not None and ids[k] != only:
             return
         key = (id(run), k)
@@ -110,15 +115,15 @@ def events(log, only=None, limit=None) -> list:
             raise Enough
     try:
         for r in log.records:
-            _write(r, event, only)
+            _write(r, event, only, ids_of(r.run))
     except Enough:
         pass
     return out
 
-def _write(r, event, only):
+def _write(r, event, only, ids):
     run, f = r.run, r.fields
     ks = range(run.n) if only is None or r.kind == "collective" else \
-        [k for k, i in enumerate(_ids(run)) if i == only]
+        [k for k, i in enumerate(ids) if i == only]
     if r.kind == "receive":
         for k in ks:
             for piece in f["pieces"]:
@@ -140,21 +145,24 @@ def _write(r, event, only):
         for members in f["sets"]:
             moved = bytes_moved(f, members.shape[1])
             for row in members.tolist():
-                group = tuple(_ids(run)[k] if run.inner is None else run.label(k) for k in row)
+                group, programs = _group(run, row, ids)
                 if only is None or only in group:
                     for pos, k in enumerate(row):
+                        if only is not None and ids[k] != only:
+                            continue           # (what event() would drop, not made)
                         event(run, k, "collective", step, **_member_fields(
-                            r, row, pos, k, group, moved))
+                            r, row, pos, k, group, programs, moved))
                 step += 1
 
 def collective_groups(log) -> list:
     """Each collective instance (one group's rendezvous) as a sequence of its members'
     events, made only when read: one pass over the records at any device count."""
-    groups, counts = [], {}            # counts: events so far of each program of a run
+    groups, counts, known = [], {}, {}  # counts: events so far of each program of a run
     for r in log.records:
         seen = counts.get(id(r.run))
         if seen is None:
             seen = counts[id(r.run)] = np.zeros(r.run.n, dtype=np.int64)
+            known[id(r.run)] = _ids(r.run)
         if r.kind == "receive":
             seen += len(r.fields["pieces"])
         elif r.kind in ("return", "print"):
@@ -165,7 +173,7 @@ def collective_groups(log) -> list:
             step = r.step
             for members in r.fields["sets"]:
                 for row in members:
-                    groups.append(_GroupEvents(r, row, step, seen[row]))
+                    groups.append(_GroupEvents(r, row, step, seen[row], known[id(r.run)]))
                     step += 1
                 np.add.at(seen, members.ravel(), 1)
     return sorted(groups, key=lambda g: g.step)
@@ -191,7 +199,13 @@ def _spans(run, k):
     return tuple(run.leaf_ids(k))
 
 
-def _member_fields(r, row, pos, k, group, moved):
+def _group(run, row, ids):
+    """(device ids, program labels) of a group's members: made once per group, shared by
+    its members' events (once per member made the log quadratic in the devices)."""
+    programs = tuple(run.label(j) for j in row)
+    return (tuple(ids[j] for j in row) if run.inner is None else programs), programs
+
+def _member_fields(r, row, pos, k, group, programs, moved):
     f = r.fields
     sent, received = moved(pos)
     values = (lambda stacks: tuple(s[k, ...] for s in stacks)) if f["stacks"] is not None else \
@@ -201,7 +215,7 @@ def _member_fields(r, row, pos, k, group, moved):
                 in_avals=tuple(f["avals"]), out_avals=tuple(f["out_avals"]),
                 bytes_sent=sent, bytes_received=received, source=f["source"][0],
                 code=f["source"][1], group=group,
-                group_programs=tuple(r.run.label(j) for j in row), phase=f["phase"],
+                group_programs=programs, phase=f["phase"],
                 iteration=f["iteration"])
 
 
@@ -222,9 +236,10 @@ def bytes_moved(fields, p):
 class _GroupEvents(Sequence):
     """The events of one group of one collective, written out when read."""
 
-    def __init__(self, record, row, step, seqs):
-        self.record, self.row, self.step, self.seqs = record, row.tolist(), step, seqs
+    def __init__(self, record, row, step, seqs, ids):
+        self.record, self.row, self.step, self.seqs, self.ids = record, row.tolist(), step, seqs, ids
         self._made: dict = {}
+        self._shared = None          # (group, programs, bytes moved): made on first read
 
     def __len__(self):
         return len(self.row)
@@ -238,12 +253,14 @@ class _GroupEvents(Sequence):
         if pos not in self._made:
             r, k = self.record, self.row[pos]
             run = r.run
-            group = tuple(_ids(run)[j] if run.inner is None else run.label(j) for j in self.row)
+            if self._shared is None:
+                self._shared = *_group(run, self.row, self.ids), bytes_moved(r.fields, len(self.row))
+            group, programs, moved = self._shared
             self._made[pos] = Event(
                 kind="collective", program=run.label(k), coords=run.coords_of(k),
-                seq=int(self.seqs[pos]), step=self.step, device=_ids(run)[k],
+                seq=int(self.seqs[pos]), step=self.step, device=self.ids[k],
                 devices=_spans(run, k), **_member_fields(r, self.row, pos, k, group,
-                                                         bytes_moved(r.fields, len(self.row))))
+                                                         programs, moved))
         return self._made[pos]
 
     def __iter__(self):
