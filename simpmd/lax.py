@@ -269,6 +269,12 @@ def switch(index, branches, *operands):
     if bridge.inside_jax((index, operands)):
         import jax
         return jax.lax.switch(index, branches, *operands)
+    dtype = aval_of(index).dtype if isinstance(index, StackedValue) else np.result_type(index)
+    if dtype.kind not in "iu":
+        raise TypeError(f"lax.switch's index must be an integer, got {dtype} (JAX raises "
+                        f"'Index type must be an integer'). Convert it, e.g. index.astype(int).")
+    if len(branches) == 1:                 # as in JAX: no cond at all
+        return branches[0](*operands)
     return _branching(index, branches, operands, "switch")
 
 
@@ -286,22 +292,41 @@ def _branching(index, branches, operands, what="switch"):
             f"x.sum() > 0), or choose elementwise with snp.where.")
     leaves, in_tree = tree.flatten(operands)
     tracing = run if run.abstract else run.tracing()
-    programs, consts, out_trees = [], [], []
-    for branch in branches:
-        def flat(*xs, branch=branch):
-            out, out_tree = tree.flatten(branch(*tree.unflatten(in_tree, xs)))
-            out_trees.append(out_tree)
+    traced, out_trees = [None] * len(branches), [None] * len(branches)
+    order = range(len(branches))[::-1] if what == "cond" else range(len(branches))
+    for k in order:                        # JAX traces cond's true_fun first
+        def flat(*xs, k=k):
+            out, out_trees[k] = tree.flatten(branches[k](*tree.unflatten(in_tree, xs)))
             return out
-        program, lifted = program_trace(flat, [aval_of(x) for x in leaves], tracing)
-        programs.append(program)
-        consts.append(lifted)
+        traced[k] = program_trace(flat, [aval_of(x) for x in leaves], tracing)
+    programs, consts = _common_consts(traced, order)
     _check_branches(programs, out_trees, what)
-    if what == "cond":
+    if what == "cond" or aval_of(index).dtype != np.int32:
         index = bind(P.convert_element_type, index, new_dtype=np.dtype(np.int32), weak_type=False)
-    outs = bind(control.cond, index, *[c for cs in consts for c in cs], *leaves,
-                branches=tuple(programs), n_consts=tuple(len(c) for c in consts),
-                _what=what, _source=caller_source())
+    if what == "switch":                   # JAX clamps the index into range, as an equation
+        index = bind(P.clamp, np.int32(0), index, np.int32(len(branches) - 1))
+    outs = bind(control.cond, index, *consts, *leaves, branches=tuple(programs),
+                n_consts=(0,) * len(programs), _what=what, _source=caller_source())
     return tree.unflatten(out_trees[0], outs)
+
+
+def _common_consts(traced, order):
+    """As JAX's closure conversion of branches: the values any branch read from the
+    enclosing body, each once (in tracing order), become the first inputs of every branch
+    (unused where a branch does not read it). Returns (programs, those values)."""
+    consts, where = [], {}
+    for k in order:
+        for c in traced[k][1]:
+            if id(c) not in where:
+                where[id(c)] = len(consts)
+                consts.append(c)
+    programs = []
+    for program, lifted in traced:
+        mine = {where[id(c)]: v for c, v in zip(lifted, program.constvars)}
+        ins = [mine[j] if j in mine else core_mod.Var(aval_of(c)) for j, c in enumerate(consts)]
+        programs.append(core_mod.Program(ins + program.invars, program.eqns, program.outvars,
+                                         axis_env=program.axis_env))
+    return programs, consts
 
 
 def _check_branches(programs, out_trees, what):

@@ -398,6 +398,13 @@ def _printed_programs(jit, L, np_):
         "cond": lambda x, w: L.cond(x[0, 0] > 0, np_.sin, np_.cos, x),
         "cond, a long branch": lambda x, w: L.cond(x[0, 0] > 0, long, np_.cos, x),
         "scan, a long body": lambda x, w: L.scan(lambda c, r: (long(c), c), x[0], None, length=2),
+        "cond, closing over": lambda x, w: L.cond(
+            x[0, 0] > 0, lambda v: v + w[0], lambda v: v * x[1] + w[0], x[0]),
+        "switch, an int16 index": lambda x, w: L.switch(
+            (x[0, 0] > 0).astype(np_.int16), [np_.sin, np_.cos, np_.tanh], x),
+        "switch, one branch": lambda x, w: L.switch(x[0, 0].astype(np_.int32), [np_.sin], x),
+        "switch, closing over": lambda x, w: L.switch(
+            1, [lambda v: v * w[1], lambda v: v + x[1], lambda v: v - w[1] * x[0]], x[0]),
     }
 
 
@@ -411,3 +418,12 @@ def test_make_jaxpr_prints_nested_programs_as_jax_does(jax8, name):
     mine = _printed_programs(simpmd.jit, simpmd.lax, snp)[name]
     theirs = _printed_programs(jax8.jit, jax8.lax, jnp)[name]
     assert str(simpmd.make_jaxpr(mine)(x, w)) == str(jax8.make_jaxpr(theirs)(x, w))
+
+
+def test_switch_refuses_a_float_index_as_jax_does(jax8):
+    import jax.numpy as jnp
+    x = np.arange(3.0, dtype=np.float32)
+    with pytest.raises(TypeError, match="Index type must be an integer"):
+        jax8.make_jaxpr(lambda v: jax8.lax.switch(v[0], [jnp.sin, jnp.cos], v))(x)
+    with pytest.raises(TypeError, match="Index type must be an integer"):
+        simpmd.make_jaxpr(lambda v: simpmd.lax.switch(v[0], [snp.sin, snp.cos], v))(x)

@@ -25,7 +25,7 @@ def _param_text(value, indent, nested) -> str:
     if isinstance(value, Program):          # a nested program, indented under its line
         return nested(value, indent)
     if isinstance(value, tuple) and value and all(isinstance(v, Program) for v in value):
-        items = [nested(v, indent + 2) for v in value]
+        items = [nested(v, indent + 2, "") for v in value]      # each on its own line
         if all("\n" not in t for t in items) and indent + 2 + sum(len(t) + 1 for t in items) <= 80:
             return "(" + " ".join(items) + ")"
         pad = " " * indent
@@ -159,7 +159,7 @@ def _rows(program, width, names, shared) -> list:
         if (len(one) <= width and "\n" not in one) or not shown:
             return [one]
         return ([f"{pad}{head}{prim_name}["]
-                + [f"{pad}  {k}=" + _param_text(v, indent + 2, lambda p, i: nested(p, i, k + "="))
+                + [f"{pad}  {k}=" + _param_text(v, indent + 2, lambda p, i, key=k + "=": nested(p, i, key))
                    for k, v in pairs]
                 + [f"{pad}] {ins}".rstrip()])
 
