@@ -299,34 +299,15 @@ def _branching(index, branches, operands, what="switch"):
             out, out_trees[k] = tree.flatten(branches[k](*tree.unflatten(in_tree, xs)))
             return out
         traced[k] = program_trace(flat, [aval_of(x) for x in leaves], tracing)
-    programs, consts = _common_consts(traced, order)
+    programs, consts = control.common_consts(traced, order)
     _check_branches(programs, out_trees, what)
     if what == "cond" or aval_of(index).dtype != np.int32:
         index = bind(P.convert_element_type, index, new_dtype=np.dtype(np.int32), weak_type=False)
     if what == "switch":                   # JAX clamps the index into range, as an equation
         index = bind(P.clamp, np.int32(0), index, np.int32(len(branches) - 1))
-    outs = bind(control.cond, index, *consts, *leaves, branches=tuple(programs),
-                n_consts=(0,) * len(programs), _what=what, _source=caller_source())
+    outs = bind(control.cond, index, *consts, *leaves, branches=tuple(programs), _what=what,
+                _source=caller_source())
     return tree.unflatten(out_trees[0], outs)
-
-
-def _common_consts(traced, order):
-    """As JAX's closure conversion of branches: the values any branch read from the
-    enclosing body, each once (in tracing order), become the first inputs of every branch
-    (unused where a branch does not read it). Returns (programs, those values)."""
-    consts, where = [], {}
-    for k in order:
-        for c in traced[k][1]:
-            if id(c) not in where:
-                where[id(c)] = len(consts)
-                consts.append(c)
-    programs = []
-    for program, lifted in traced:
-        mine = {where[id(c)]: v for c, v in zip(lifted, program.constvars)}
-        ins = [mine[j] if j in mine else core_mod.Var(aval_of(c)) for j, c in enumerate(consts)]
-        programs.append(core_mod.Program(ins + program.invars, program.eqns, program.outvars,
-                                         axis_env=program.axis_env))
-    return programs, consts
 
 
 def _check_branches(programs, out_trees, what):

@@ -2,8 +2,8 @@
 
 Each branch is traced once (by ``simpmd/lax.py``) into a program of its own, which becomes
 a parameter of one equation of the enclosing program, as JAX's higher-order primitives
-do. Values a branch reads from the enclosing body without being passed them become extra
-operands (closure conversion). Running the equation runs every branch over every device,
+do. Values any branch reads from the enclosing body without being passed them become the
+first operands of every branch (:func:`common_consts`, JAX's closure conversion). Running the equation runs every branch over every device,
 each device keeping its own branch's result, with a branch's collectives run only for
 the devices that take it (a group split between branches is a deadlock).
 """
@@ -11,35 +11,45 @@ from __future__ import annotations
 
 import numpy as np
 
-from .core import Primitive, Var, aval_of, bind, context
+from .core import Primitive, Program, Var, aval_of, bind, context
 from .program import eval_program, trace
 from .values import StackedValue
 
-def _split_operands(ops, n_consts):
-    out, start = [], 0
-    rest = len(ops) - sum(n_consts)
-    for n in n_consts:
-        out.append(list(ops[start:start + n]))
-        start += n
-    return out, list(ops[len(ops) - rest:])
+def common_consts(traced, order):
+    """Branches as JAX's closure conversion leaves them: the values any branch read from
+    the enclosing body (``traced``: each branch's program and those values), each once in
+    the order ``order`` traced them, become the first inputs of every branch, unused where
+    a branch does not read one. Returns (programs, those values)."""
+    consts, where = [], {}
+    for k in order:
+        for c in traced[k][1]:
+            if id(c) not in where:
+                where[id(c)] = len(consts)
+                consts.append(c)
+    programs = []
+    for program, lifted in traced:
+        mine = {where[id(c)]: v for c, v in zip(lifted, program.constvars)}
+        ins = [mine[j] if j in mine else Var(aval_of(c)) for j, c in enumerate(consts)]
+        programs.append(Program(ins + program.invars, program.eqns, program.outvars,
+                                axis_env=program.axis_env))
+    return programs, consts
 
-def _cond_abstract(index, *ops, branches, n_consts, _what, _source):
+def _cond_abstract(index, *ops, branches, _what, _source):
     vma = frozenset().union(index.vma, *(a.vma for p in branches for a in p.out_avals))
     return [a.update(vma=vma) for a in branches[0].out_avals]
 
-def _cond_stacked(index, *ops, branches, n_consts, _what, _source):
+def _cond_stacked(index, *ops, branches, _what, _source):
     """Every branch over every device; each device keeps its own branch's result."""
     run = context.run
     chosen = np.clip(np.asarray(index.stack if isinstance(index, StackedValue) else index,
                                 dtype=np.int64).reshape(-1), 0, len(branches) - 1)
     chosen = np.broadcast_to(chosen, (run.n,))
-    consts, leaves = _split_operands(ops, n_consts)
     result = None
-    for k, (program, cs) in enumerate(zip(branches, consts)):
+    for k, program in enumerate(branches):
         mask = chosen == k
         run.branches.append((mask, (_what, k) + tuple(_source)))
         try:
-            outs = eval_program(program, cs, leaves)
+            outs = eval_program(program, [], ops)
         finally:
             run.branches.pop()
         stacks = [run.stack_of(o, aval_of(o)) for o in outs]
@@ -50,46 +60,35 @@ def _cond_stacked(index, *ops, branches, n_consts, _what, _source):
                 r[mask] = s[mask]
     return result
 
-def _operand_vars(program, k, n_consts, n_leaves):
-    """Branch ``k``'s variable for each operand of the cond (None: another branch's)."""
-    before, after = sum(n_consts[:k]), sum(n_consts[k + 1:])
-    return [None] * before + program.constvars + [None] * after + program.invars[:n_leaves]
-
-def _cond_vjp(cts, ins, outs, wants, branches, n_consts, _what, _source):
+def _cond_vjp(cts, ins, outs, wants, branches, _what, _source):
     """The derivative of a cond is a cond: each branch, run again, then sent backwards."""
     from .autodiff import backward, linearize
     index, ops = ins[0], ins[1:]
     cts = [ct if ct is not None else np.zeros(o.aval.shape, o.aval.dtype)
            for ct, o in zip(cts, outs)]
     wanted = [j for j, w in enumerate(wants[1:]) if w]
-    n_leaves = len(ops) - sum(n_consts)
     backs = []
-    for k, program in enumerate(branches):
-        def flat(*xs, k=k, program=program):
+    for program in branches:
+        def flat(*xs, program=program):
             operands, ct_in = xs[:len(ops)], xs[len(ops):]
-            consts, leaves = _split_operands(operands, n_consts)
             env = {}
-            program = linearize(program, program.constvars + program.invars)
-            eval_program(program, consts[k], leaves, env)
+            program = linearize(program, program.invars)
+            eval_program(program, [], operands, env)
             got = backward(program.eqns, env, {v: c for v, c in zip(program.outvars, ct_in)
-                                               if isinstance(v, Var)},
-                           set(program.constvars + program.invars))
-            mine = _operand_vars(program, k, n_consts, n_leaves)
-            return [got[mine[j]] if mine[j] in got else
+                                               if isinstance(v, Var)}, set(program.invars))
+            return [got[program.invars[j]] if program.invars[j] in got else
                     np.zeros(aval_of(operands[j]).shape, aval_of(operands[j]).dtype)
                     for j in wanted]
         run = context.run
-        program, lifted = trace(flat, [aval_of(x) for x in list(ops) + cts],
-                                run if run.abstract else run.tracing())
-        backs.append((program, lifted))
-    got = bind(cond, index, *[c for _, cs in backs for c in cs], *ops, *cts,
-               branches=tuple(p for p, _ in backs), n_consts=tuple(len(cs) for _, cs in backs),
-               _what=_what, _source=_source)
+        backs.append(trace(flat, [aval_of(x) for x in list(ops) + cts],
+                           run if run.abstract else run.tracing()))
+    programs, consts = common_consts(backs, range(len(backs)))
+    got = bind(cond, index, *consts, *ops, *cts, branches=tuple(programs), _what=_what,
+               _source=_source)
     out = [None] * len(ins)
     for j, g in zip(wanted, got):
         out[j + 1] = g
     return out
 
 cond = Primitive("cond", _cond_stacked, _cond_abstract, vjp=_cond_vjp, multiple_results=True,
-                 needs_run=True, cost=lambda ins, outs, **p: (0, 0),
-                 show=lambda p: {"branches": p["branches"]})       # JAX's one parameter
+                 needs_run=True, cost=lambda ins, outs, **p: (0, 0))
