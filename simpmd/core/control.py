@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import core
 from .core import Primitive, Program, Var, aval_of, bind, context
 from .program import eval_program, trace
 from .values import StackedValue
@@ -39,8 +40,9 @@ def _cond_abstract(index, *ops, branches, _what, _source):
     return [a.update(vma=vma) for a in branches[0].out_avals]
 
 def _cond_stacked(index, *ops, branches, _what, _source):
-    """Every branch over every device; each device keeps its own branch's result."""
-    run = context.run
+    """Every branch over every device; each device keeps its own branch's result (outside
+    any mapped body, as under plain NumPy ``grad``, the one device of ``core.plain``)."""
+    run = context.run or core.plain
     chosen = np.clip(np.asarray(index.stack if isinstance(index, StackedValue) else index,
                                 dtype=np.int64).reshape(-1), 0, len(branches) - 1)
     chosen = np.broadcast_to(chosen, (run.n,))
@@ -79,7 +81,7 @@ def _cond_vjp(cts, ins, outs, wants, branches, _what, _source):
             return [got[program.invars[j]] if program.invars[j] in got else
                     np.zeros(aval_of(operands[j]).shape, aval_of(operands[j]).dtype)
                     for j in wanted]
-        run = context.run
+        run = context.run or core.plain
         backs.append(trace(flat, [aval_of(x) for x in list(ops) + cts],
                            run if run.abstract else run.tracing()))
     programs, consts = common_consts(backs, range(len(backs)))
