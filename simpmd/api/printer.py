@@ -21,17 +21,17 @@ def _names():
                 yield "".join(combo)
 
 
-def _param_text(value, indent, nested) -> str:
+def _param_text(value, indent, nested, width=80) -> str:
     if isinstance(value, Program):          # a nested program, indented under its line
         return nested(value, indent)
     if isinstance(value, tuple) and value and all(isinstance(v, Program) for v in value):
         items = [nested(v, indent + 2, "") for v in value]      # each on its own line
-        if all("\n" not in t for t in items) and indent + 2 + sum(len(t) + 1 for t in items) <= 80:
+        if all("\n" not in t for t in items) and indent + 2 + sum(len(t) + 1 for t in items) <= width:
             return "(" + " ".join(items) + ")"
         pad = " " * indent
         return "(\n" + "\n".join(pad + "  " + t for t in items) + "\n" + pad + ")"
     if isinstance(value, tuple) and value and all(isinstance(v, tuple) for v in value):
-        return "(" + ", ".join(_param_text(v, indent, nested) for v in value) + ")"
+        return "(" + ", ".join(_param_text(v, indent, nested, width) for v in value) + ")"
     if isinstance(value, np.dtype):
         return value.name
     if isinstance(value, str):
@@ -154,12 +154,13 @@ def _rows(program, width, names, shared) -> list:
     def line(outs, prim_name, params, ins, indent=4):
         pad, head = " " * indent, f"{outs} = " if outs else ""
         pairs = params if isinstance(params, list) else sorted(params.items())   # (or in order)
-        shown = " ".join(f"{k}={_param_text(v, indent + 4, nested)}" for k, v in pairs)
+        shown = " ".join(f"{k}={_param_text(v, indent + 4, nested, width)}" for k, v in pairs)
         one = f"{pad}{head}{prim_name}{f'[{shown}]' if shown else ''} {ins}".rstrip()
         if (len(one) <= width and "\n" not in one) or not shown:
             return [one]
         return ([f"{pad}{head}{prim_name}["]
-                + [f"{pad}  {k}=" + _param_text(v, indent + 2, lambda p, i, key=k + "=": nested(p, i, key))
+                + [f"{pad}  {k}=" + _param_text(
+                    v, indent + 2, lambda p, i, key=k + "=": nested(p, i, key), width)
                    for k, v in pairs]
                 + [f"{pad}] {ins}".rstrip()])
 
