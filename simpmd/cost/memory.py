@@ -205,7 +205,7 @@ def memory(fun, *args, axis_env=None, like_jax=False) -> Memory:
     """The memory one device needs to run ``fun(*args)``: ``fun`` is traced with
     ``simpmd.make_jaxpr`` (a pmapped or shard_mapped function: its body, as each device
     runs it; otherwise inside a map over ``axis_env``), and its program walked."""
-    from .api.jaxpr import make_jaxpr
+    from ..api.jaxpr import make_jaxpr
     program = make_jaxpr(fun, axis_env=axis_env)(*args)
     return peak_memory(program, like_jax)
 
