@@ -189,6 +189,10 @@ class Hardware:
         return {"bf16": self.peak_bf16_flops, "fp16": self.peak_bf16_flops,
                 "fp32": self.peak_fp32_flops or self.peak_bf16_flops}
 
+    def has_path(self, path: str) -> bool:
+        """Whether the matrix units take ``path``'s operands natively (a T4 has no bf16)."""
+        return path in self.matmul_paths
+
     def sustained_matmul_flops(self, path: str) -> float:
         """The FLOP/s large matmuls on ``path`` sustain: the peak times the preset's
         published fraction (1 where none is known)."""
