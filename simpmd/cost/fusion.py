@@ -129,6 +129,7 @@ class Kernel:
     reads: dict = field(default_factory=dict)
     writes: dict = field(default_factory=dict)
     shape: tuple = ()              # a reduction's result shape, a matmul's output shape
+    itemsize: int = 0              # a matmul's output element size
 
     @property
     def bytes(self) -> int:
@@ -183,6 +184,7 @@ class _Fuser:
             self.kernels.append(Kernel("loop" if kind == "elementwise" else kind))
             out = _typed(eqn.outvars[0]) if eqn.outvars else None
             self.kernels[k].shape = tuple(out.shape) if out is not None else ()
+            self.kernels[k].itemsize = out.dtype.itemsize if out is not None else 0
         self.kernels[k].eqns.append(eqn)
         for o in eqn.outvars:
             self.made_by[o] = k
@@ -202,8 +204,9 @@ class _Fuser:
         if kernel.kind == "loop":
             return k
         if kernel.kind in ("matmul", "reduction") and out is not None and \
-                tuple(out.shape) == kernel.shape:
-            return k                               # an epilogue
+                tuple(out.shape) == kernel.shape and (kernel.kind == "reduction" or
+                                                      out.dtype.itemsize <= kernel.itemsize):
+            return k                               # an epilogue (a GEMM's never widens)
         return None
 
     def _reduction(self, eqn):
@@ -244,6 +247,35 @@ class _Fuser:
                 self.memo[v] = frozenset().union(*(self.sources(u) for u in self.maker[v].invars))
         return self.memo[v]
 
+    def _merge_siblings(self):
+        """Reductions into the same shape that read a common value, the later not waiting
+        on the earlier: one kernel (XLA's multi-output fusion: layernorm's mean and mean
+        of squares in one pass)."""
+        kernels = self.kernels
+        made = {o: k for k, kern in enumerate(kernels) for e in kern.eqns for o in e.outvars}
+        after = []                                 # kernels each kernel waits on, transitively
+        for kern in kernels:
+            direct = {made[u] for u in kern.reads if u in made}
+            after.append(direct.union(*(after[d] for d in direct)))
+        gone = set()
+        for k, kern in enumerate(kernels):
+            if kern.kind != "reduction":
+                continue
+            for j in range(k - 1, -1, -1):
+                other = kernels[j]
+                if j in gone or other.kind != "reduction" or other.shape != kern.shape or \
+                        j in after[k] or not set(other.reads) & set(kern.reads):
+                    continue
+                kern.eqns[:0] = other.eqns
+                kern.reads = {**other.reads, **kern.reads}
+                gone.add(j)
+        self.kernels = [kern for n, kern in enumerate(kernels) if n not in gone]
+        for n, kern in enumerate(self.kernels):
+            inside = {o for e in kern.eqns for o in e.outvars}
+            kern.reads = {u: b for u, b in kern.reads.items() if u not in inside}
+            for o in inside:
+                self.made_by[o] = n
+
     def finish(self):
         """Each kernel's reads (stored values from outside it; a loop or reduction kernel
         recomputes the elementwise values of others, as XLA duplicates cheap producers
@@ -260,6 +292,7 @@ class _Fuser:
                     for u in found:
                         if self.made_by.get(u) != k:
                             kernel.reads[u] = _nbytes(_typed(u))
+        self._merge_siblings()
         needed = {self.root(v) for v in self.outvars} | {
             u for kernel in self.kernels for u in kernel.reads}
         for kernel in self.kernels:
