@@ -107,3 +107,20 @@ def test_shard_map_costs_what_each_device_runs(jax8):
         *[jax8.ShapeDtypeStruct(s, jax8.numpy.float32) for s in ((512, 2048), (2048, 2048))]),
         hardware="H100")
     assert r.predicted_s == pytest.approx(one.predicted_s)
+
+
+def test_the_timeline_draws_collectives_beside_compute(jax8):
+    import matplotlib
+    matplotlib.use("Agg")
+    from simpmd.viz.canvas import tagged
+    from simpmd.viz.timeline import draw_prediction
+    lax = jax8.lax
+    program = jax8.make_jaxpr(lambda a, b, g: (a @ b, lax.psum(g, "i")), axis_env=[("i", 8)])(
+        *abstract(jax8, (N, N), (N, N), (2**26,)))
+    r = C.roofline_of(program, hardware="H100", axis_env=[("i", 8)])
+    for overlap, lane in ((True, 1), (False, 0)):
+        fig = draw_prediction(r.predict(overlap=overlap))
+        (comm,) = tagged(fig, "comm")
+        assert round(comm.get_y() + comm.get_height() / 2) == lane    # its own row, or not
+        assert len(tagged(fig, "kernel")) == 1
+        assert comm.get_x() == 0.0 if overlap else comm.get_x() > 0   # beside, or after

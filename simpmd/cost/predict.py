@@ -251,8 +251,11 @@ def _group_devices(eqn, sizes, hw, topology):
 def _schedule(kernels, flat: _Flat, made_by):
     """Start and end of each kernel: compute kernels one after another on the compute
     stream, the next one ready taken first in program order; collectives on their own
-    stream as soon as their operands are (all on one stream when overlap is off)."""
+    stream in the order they become ready, each as soon as its operands are (everything
+    on the compute stream, in program order, when overlap is off)."""
     deps = [{made_by[v] for v in k.reads if v in made_by} - {n} for n, k in enumerate(kernels)]
+    timed = [_timed(k, flat) for k in kernels]
+    side = [bool(t.comm_s and not t.inner and flat.overlap) for t in timed]
     ends, rows = [None] * len(kernels), [None] * len(kernels)
     free = {"compute": 0.0, "communication": 0.0}
     waiting, ready = set(range(len(kernels))), []
@@ -261,21 +264,23 @@ def _schedule(kernels, flat: _Flat, made_by):
             if all(ends[d] is not None for d in deps[n]):
                 waiting.discard(n)
                 ready.append((max((ends[d] for d in deps[n]), default=0.0), n))
-        at, n = _pick(ready, free)
-        row = _timed(kernels[n], flat)
-        stream = "communication" if row.comm_s and flat.overlap else "compute"
+        at, n = _pick(ready, free, side)
+        stream = "communication" if side[n] else "compute"
         start = max(at, free[stream])
-        ends[n] = free[stream] = start + row.end_s
-        rows[n] = KernelTime(**{**row.__dict__, "stream": stream, "start_s": start,
+        ends[n] = free[stream] = start + timed[n].end_s
+        rows[n] = KernelTime(**{**timed[n].__dict__, "stream": stream, "start_s": start,
                                 "end_s": ends[n]})
     return rows
 
 
-def _pick(ready, free):
-    """The next kernel to run: of those whose operands are ready by the time the compute
-    stream is free, the first in program order; else the one ready soonest."""
-    soon = [item for item in ready if item[0] <= free["compute"]] or [min(ready)]
-    item = min(soon, key=lambda it: it[1])
+def _pick(ready, free, side):
+    """The next kernel: a collective whose operands are ready before the compute stream
+    is next free goes first; else, of the compute kernels ready by then, the first in
+    program order; else whatever is ready soonest."""
+    now = free["compute"]
+    early = [it for it in ready if side[it[1]] and it[0] <= now]
+    soon = early or [it for it in ready if it[0] <= now and not side[it[1]]] or [min(ready)]
+    item = min(soon, key=lambda it: (it[0], it[1]) if early else it[1])
     ready.remove(item)
     return item
 
