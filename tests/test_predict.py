@@ -124,3 +124,30 @@ def test_the_timeline_draws_collectives_beside_compute(jax8):
         assert round(comm.get_y() + comm.get_height() / 2) == lane    # its own row, or not
         assert len(tagged(fig, "kernel")) == 1
         assert comm.get_x() == 0.0 if overlap else comm.get_x() > 0   # beside, or after
+
+
+def test_every_kind_of_program_the_roofline_takes_has_a_prediction(jax8):
+    """Calls, custom derivatives, checkpoints, loops, conditionals, every collective, sorts,
+    gathers and scatters: predicted_s exists, and its terms add up to it."""
+    jax, jnp, lax = jax8, jax8.numpy, jax8.lax
+    x = jax.ShapeDtypeStruct((64, 64), jnp.float32)
+    i32 = jax.ShapeDtypeStruct((8,), jnp.int32)
+    cases = [
+        (lambda a: jax.jit(jnp.tanh)(a) + jax.jit(jnp.tanh)(a), (x,)),   # one body, twice
+        (lambda a: jax.nn.relu(a) + jax.nn.gelu(a), (x,)),
+        (jax.grad(lambda a: jax.checkpoint(lambda b: jnp.sin(b) @ b)(a).sum()), (x,)),
+        (lambda a: lax.fori_loop(0, 3, lambda k, c: c @ a, a), (x,)),
+        (lambda a: lax.switch(0, [jnp.sin, jnp.cos, lambda b: b @ b], a), (x,)),
+        (lambda a, k: (jnp.sort(a, axis=0), a[k], a.at[k].add(1.0), jnp.cumsum(a, 0)), (x, i32)),
+        (lambda a: (lax.all_gather(a, "i"), lax.psum_scatter(a, "i", tiled=True),
+                    lax.all_to_all(a, "i", 0, 0, tiled=True), lax.pmax(a, "i"),
+                    lax.ppermute(a, "i", [(j, (j + 1) % 8) for j in range(8)]),
+                    lax.axis_index("i")), (x,)),
+    ]
+    for fn, args in cases:
+        program = jax.make_jaxpr(fn, axis_env=[("i", 8)])(*args)
+        for hw in ("H100", "TPU v5e", "T4"):
+            r = C.roofline_of(program, hardware=hw, axis_env=[("i", 8)])
+            assert r.predicted_s > 0
+            assert sum(r.terms.values()) == pytest.approx(r.predicted_s)
+            assert r.bound in r.terms
