@@ -25,9 +25,10 @@ import numpy as np
 
 from .hardware import Hardware
 from .network import _bytes, _hardware_of, _seconds, estimate
+from .precision import eqn_path
 from .rows import by_lax_name, column
-from .walk import (Walker, _axis_sizes, _dtype_name, _equation_list, _nbytes, _typed,
-                   flops_and_bytes, is_collective, shapes_text, traced)
+from .walk import (Walker, _axis_sizes, _dtype_name, _equation_list, _nbytes, _primitive_name,
+                   _row, _typed, flops_and_bytes, is_collective, shapes_text, traced)
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,37 @@ class Roofline:
     equations: list = field(default_factory=list)
     critical_intensity: float = 0.0
     peak_hbm_bytes: int = 0
+    context: tuple = ()          # (program, Hardware, axis sizes, topology, while_trips)
     notes: list = field(default_factory=list)
+
+    def predict(self, *, overlap: bool = True, while_trips=None):
+        """What the program will take on the machine: fused bytes, sustained rates,
+        launch floors and overlapped collectives (:mod:`simpmd.cost.predict`)."""
+        from .predict import predict
+        if not self.context:
+            raise ValueError("this Roofline was built without its program: make it with "
+                             "cost.roofline_of(program, ...) or cost.roofline(fun, ...)")
+        program, hw, sizes, topology, *given = self.context
+        if while_trips is None and given:
+            while_trips = given[0]
+        return predict(program, hw, sizes, topology, overlap=overlap, while_trips=while_trips)
+
+    @property
+    def prediction(self):
+        """:meth:`predict` with collectives overlapped (computed once)."""
+        if "_prediction" not in self.__dict__:
+            self.__dict__["_prediction"] = self.predict()
+        return self.__dict__["_prediction"]
+
+    @property
+    def predicted_s(self) -> float:
+        """The model's time of one call of the program on the hardware, in seconds."""
+        return self.prediction.time_s
+
+    @property
+    def terms(self) -> dict:
+        """The predicted time's parts: compute, memory, exposed communication, launch."""
+        return self.prediction.terms
 
     @property
     def flops(self) -> int:
@@ -169,9 +200,21 @@ class Roofline:
 
     @property
     def bound(self) -> str:
+        """The largest term of the prediction (:attr:`terms`): what the program waits on."""
+        if self.context:
+            return self.prediction.bound
         parts = {"compute": self.compute_s, "memory": self.memory_s,
                  "communication": self.comms_s}
         return max(parts, key=parts.get)
+
+    def _predicted_text(self) -> str:
+        try:
+            p = self.prediction
+        except ValueError as exc:                  # a while_loop needs while_trips=
+            return f"predicted: {exc}"
+        parts = ", ".join(f"{k} {_seconds(t) if t else '0 s'}" for k, t in p.terms.items())
+        return (f"predicted {_seconds(p.time_s) if p.time_s else '0 s'} ({parts}), "
+                f"{p.bound}-bound")
 
     def __str__(self):
         lower, upper = self.time_s
@@ -182,8 +225,8 @@ class Roofline:
                  f"  compute {_seconds(self.compute_s) if self.compute_s else '0 s'}, memory "
                  f"{_seconds(self.memory_s) if self.memory_s else '0 s'}, comms "
                  f"{_seconds(self.comms_s) if self.comms_s else '0 s'}: "
-                 f"{_seconds(lower) if lower else '0 s'} to {_seconds(upper) if upper else '0 s'}, "
-                 f"{self.bound}-bound"]
+                 f"{_seconds(lower) if lower else '0 s'} to {_seconds(upper) if upper else '0 s'}",
+                 f"  {self._predicted_text()}"]
         rows = [e for e in self.equations if e.flops or e.bytes or e.comms_s or e.depth == 0
                 or not e.dtype]                 # headings of bodies, and collectives
         header = ("op", "shapes", "FLOPs", "bytes", "time", "bound")
@@ -201,8 +244,8 @@ class Roofline:
     def __repr__(self):
         lower, upper = self.time_s
         return (f"<Roofline on {self.hardware}: {self.flops:.4g} FLOPs, {_bytes(self.bytes)}, "
-                f"{_seconds(lower) if lower else '0 s'}..{_seconds(upper) if upper else '0 s'}, "
-                f"{self.bound}-bound>")
+                f"{_seconds(lower) if lower else '0 s'}..{_seconds(upper) if upper else '0 s'}; "
+                f"{self._predicted_text()}>")
 
 
 # -- bytes on the wire per mesh axis: jax.experimental.roofline's rules -------------------------
@@ -257,6 +300,22 @@ def _rate_dtype(eqn, matmul: bool):
     return a.dtype if a is not None else np.dtype(np.float32)
 
 
+def _equation_cost(eqn, name, hw, depth, row=None, times=1):
+    """One compute equation's row, from its primitive's ``cost`` column, run ``times``
+    times; a dot at the rate XLA runs its precision at."""
+    row = row or _row(eqn, name)
+    flops, nbytes = flops_and_bytes(eqn, row, name)
+    matmul = column(row, "matmul")
+    dtype = _rate_dtype(eqn, matmul)
+    ins = [_typed(v) for v in eqn.invars]
+    peak = (hw.matmul_peak(eqn_path(hw, eqn, ins)) if matmul and len(ins) > 1
+            else hw.peak_flops(dtype))                  # a dot as XLA runs its precision
+    return EquationCost(name, shapes_text(eqn), _dtype_name(dtype), int(flops * times),
+                        int(nbytes * times), flops * times / peak if flops else 0.0,
+                        nbytes * times / hw.hbm_bandwidth, depth=depth, matmul=matmul,
+                        times=times)
+
+
 def _cost_row(visit, hw, topology) -> EquationCost:
     """One visited equation's row of the roofline, every time the device runs it counted."""
     eqn, n, depth = visit.eqn, visit.times, visit.depth
@@ -267,12 +326,7 @@ def _cost_row(visit, hw, topology) -> EquationCost:
         axes, wire, seconds = _collective_cost(eqn, visit.row, visit.sizes, hw, topology)
         return EquationCost(visit.name if n else f"{visit.name} (unread)", shapes_text(eqn),
                             "", 0, 0, 0.0, 0.0, seconds * n, int(wire * n), axes, depth, times=n)
-    flops, nbytes = flops_and_bytes(eqn, visit.row, visit.name)
-    matmul = column(visit.row, "matmul")
-    dtype = _rate_dtype(eqn, matmul)
-    return EquationCost(visit.name, shapes_text(eqn), _dtype_name(dtype), int(flops * n), int(nbytes * n),
-                        flops * n / hw.peak_flops(dtype) if flops else 0.0,
-                        nbytes * n / hw.hbm_bandwidth, depth=depth, matmul=matmul, times=n)
+    return _equation_cost(eqn, visit.name, hw, depth, visit.row, n)
 
 
 def peak_bytes(program, walker=None) -> int:
@@ -308,7 +362,9 @@ def roofline_of(program, hardware=None, axis_env=None, topology=None, *, while_t
     walked = bodies[-1] if bodies else program          # JAX's roofline reads the body
     peak = (peak_bytes(walked, walker) if hasattr(walked, "eqns") or hasattr(walked, "jaxpr")
             else 0)
-    return Roofline(hw.name, rows, hw.critical_intensity, peak, list(dict.fromkeys(walker.notes)))
+    return Roofline(hw.name, rows, hw.critical_intensity, peak,
+                    (program, hw, _axis_sizes(axis_env), topology, while_trips),
+                    list(dict.fromkeys(walker.notes)))
 
 
 def roofline(fun, *args, hardware=None, axis_env=None, topology=None, mesh=None,

@@ -43,6 +43,8 @@ NO_COST = frozenset("""
 """.split())
 JAX_UNARY = frozenset("erf erfc erf_inv lgamma digamma bessel_i0e bessel_i1e log2".split())
 NESTED = ("jaxpr", "call_jaxpr", "fun_jaxpr")   # where pjit/jit, shard_map, custom_* keep theirs
+# The names of the matrix products (their rows' ``matmul`` column), for code reading names.
+MATMULS = frozenset(name for name, row in by_jax_name().items() if column(row, "matmul"))
 
 
 # -- reading either kind of program ------------------------------------------------------------
