@@ -37,6 +37,8 @@ def test_bubble_right(capsys):
     (14 / 31, "the fraction stays the same"),
     (100 * 7 / 31, "percentage"),
     (0.5, "count the steps"),
+    (0.23, "close but not exact (did you round?)"),         # 7/31 = 0.2258 to two places
+    (0.225, "close but not exact (did you round?)"),        # within 1 %, not a rounding
 ])
 def test_bubble_wrong(answer, hint, capsys):
     assert not ex.check_bubble(answer)
@@ -172,6 +174,10 @@ def test_activations_held_right(capsys):
     ([32 - s for s in range(8)], [8, 7, 6, 5, 4, 3, 2, 1], "not only the first"),
     ([32] * 7, [8, 7, 6, 5, 4, 3, 2, 1], "give one per stage, 8"),
     ([32] * 8, "8..1", "list of 8 numbers"),
+    # the lock-step SPMD program of section 5: stage s keeps microbatch j from tick j+s to
+    # tick j+2(p-1)-s, 2(p-1-s)+1 inputs, in a buffer of 2p-1 slots on every stage
+    ([32] * 8, [15, 13, 11, 9, 7, 5, 3, 1], "lock-step SPMD program"),
+    ([32] * 8, [15] * 8, "buffer of the lock-step SPMD program"),
 ])
 def test_activations_held_wrong(gpipe, one_f_one_b, hint, capsys):
     assert not ex.check_activations_held(gpipe, one_f_one_b)
