@@ -263,3 +263,22 @@ def test_keep_mask_right(capsys):
 def test_keep_mask_wrong(wrong, hint, capsys):
     assert not ex.check_keep_mask(wrong)
     verdict(capsys, False, hint)
+
+
+# -- the lesson's claims about causal ring attention, counted here ----------------------------
+
+def test_causal_pairs_total_136_and_the_zig_zag_order_gives_each_device_34():
+    """16 tokens on 4 devices: query i sees keys j <= i, 16 x 17 / 2 = 136 pairs in all
+    (8.5 blocks of 4 x 4); in the zig-zag order (chunks d and 7 - d of 2 tokens) every
+    device's queries see 34 of them, in the consecutive order 10, 26, 42 and 58."""
+    seq, n = 16, 4
+    chunks = np.arange(seq).reshape(2 * n, -1)
+    orders = {"consecutive": np.arange(seq),
+              "zig-zag": np.concatenate([np.r_[chunks[d], chunks[2 * n - 1 - d]] for d in range(n)])}
+    per_device = {}
+    for name, order in orders.items():
+        owned = order.reshape(n, -1)
+        per_device[name] = [sum(int(k <= i) for i in owned[d] for k in range(seq)) for d in range(n)]
+    assert sum(per_device["consecutive"]) == sum(per_device["zig-zag"]) == 136 == 16 * 17 // 2
+    assert per_device["zig-zag"] == [34] * 4
+    assert per_device["consecutive"] == [10, 26, 42, 58]
