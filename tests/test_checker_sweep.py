@@ -39,6 +39,10 @@ NUMERIC = {
     "lesson07.check_book_gather": (lesson07.check_book_gather, 2048 * 8192 * 2 / 9e10),
     "lesson07.check_compute_bound_batch": (lesson07.check_compute_bound_batch,
                                            _I * 4096**2 / (4096**2 - _I * 2 * 4096)),
+    # RMSNorm of bf16 x[16384, 8192] as two kernels: x read twice and written once (6RC),
+    # one float32 per row written and read (8R), the float32 weight read (4C)
+    "lesson07.check_rms_norm_bytes": (lesson07.check_rms_norm_bytes,
+                                      6 * 16384 * 8192 + 8 * 16384 + 4 * 8192),
     "lesson09.check_weight_bytes": (lesson09.check_weight_bytes, 2 * 4096 * 16384 * 2 / 4),
     "lesson09.check_psum_bytes": (lesson09.check_psum_bytes, 8192 / 2 * 4096 * 2 * 2 * 3 / 4),
     "lesson11.check_sharded_bytes": (lesson11.check_sharded_bytes, 4096 / 2 * 8192 * 2),
