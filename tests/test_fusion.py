@@ -91,3 +91,20 @@ def test_simpmd_programs_fuse_alike():
     # the sum of squares reads x; 2x + 1 reads x again and writes its result
     assert total(ks) == 4 * R * C_ + 4 * R + 4 * R * C_ + 4 * R * C_
     assert fused_bytes(program) == total(ks)
+
+
+def test_fusion_never_moves_more_than_every_equation_on_its_own(jax8):
+    """For every program the benchmark times (and their gradients), the fused kernels move
+    no more bytes than the equations one by one (JAX's unfused_hbm_bytes), and at least
+    what the program must read and write once."""
+    from simpmd import cost as C
+    from simpmd.jax.device_programs import programs
+    for program in programs():
+        fn, args = program.at(32)
+        jaxpr = jax8.make_jaxpr(fn)(*args)
+        r = C.roofline_of(jaxpr, hardware="H100")
+        p = r.prediction
+        io = sum(v.aval.size * v.aval.dtype.itemsize for v in jaxpr.jaxpr.invars) + sum(
+            v.aval.size * v.aval.dtype.itemsize for v in jaxpr.jaxpr.outvars)
+        # (JAX's unfused count has a transpose free; on its own it copies: io bytes)
+        assert io <= p.fused_bytes <= max(r.bytes, io), program.name

@@ -149,6 +149,7 @@ class _Fuser:
         self.eqns = [e if isinstance(e, Eqn) else Eqn(e) for e in eqns]
         self.kernels = []
         self.alias, self.made_by = {}, {}          # var -> var it views; var -> kernel
+        self.reduced = {}                          # value -> kernels reducing it
         self.readers = {}                          # var -> names of the equations reading it
         for eqn in self.eqns:
             for v in eqn.invars:
@@ -188,6 +189,8 @@ class _Fuser:
         self.kernels[k].eqns.append(eqn)
         for o in eqn.outvars:
             self.made_by[o] = k
+        if kind == "reduction":
+            self.reduced.setdefault(self.root(eqn.invars[0]), []).append(k)
 
     def _view_into_dot(self, eqn):
         """A transpose only dot_generals read: XLA folds it into their dimension numbers."""
@@ -217,13 +220,9 @@ class _Fuser:
             self.kernels[k].shape = tuple(_typed(eqn.outvars[0]).shape)
             return k
         out = tuple(_typed(eqn.outvars[0]).shape)
-        for j in range(len(self.kernels) - 1, -1, -1):     # a sibling reading the same
-            kj = self.kernels[j]
-            if k is not None and j < k:
-                break
-            if kj.kind == "reduction" and kj.shape == out and any(
-                    self.root(e.invars[0]) is operand for e in kj.eqns
-                    if fusion_kind(e) == "reduction"):
+        for j in reversed(self.reduced.get(operand, ())):    # a sibling reducing the same
+            if (k is None or j >= k) and self.kernels[j].kind == "reduction" and \
+                    self.kernels[j].shape == out:
                 return j
         return None
 
@@ -236,15 +235,18 @@ class _Fuser:
         return fusion_kind(self.maker[v]) == "elementwise"
 
     def sources(self, v) -> frozenset:
-        """The stored values ``v`` is computed from (itself, if it is stored)."""
+        """The stored values a kernel that needs ``v`` reads: what ``v`` is computed from,
+        when reading those costs about what reading ``v`` would (XLA weighs duplicating a
+        producer against the bytes it saves); else ``v`` itself, stored."""
         v = self.root(v)
         if not _is_var(v):
             return frozenset()
         if v not in self.memo:
-            if not self._recomputable(v):
-                self.memo[v] = frozenset((v,))
-            else:
-                self.memo[v] = frozenset().union(*(self.sources(u) for u in self.maker[v].invars))
+            self.memo[v] = frozenset((v,))           # stored, unless recomputing is as cheap
+            if self._recomputable(v):
+                found = frozenset().union(*(self.sources(u) for u in self.maker[v].invars))
+                if sum(_nbytes(_typed(u)) for u in found) <= 1.25 * _nbytes(_typed(v)):
+                    self.memo[v] = found
         return self.memo[v]
 
     def _merge_siblings(self):
@@ -253,21 +255,35 @@ class _Fuser:
         of squares in one pass)."""
         kernels = self.kernels
         made = {o: k for k, kern in enumerate(kernels) for e in kern.eqns for o in e.outvars}
-        after = []                                 # kernels each kernel waits on, transitively
-        for kern in kernels:
-            direct = {made[u] for u in kern.reads if u in made}
-            after.append(direct.union(*(after[d] for d in direct)))
-        gone = set()
+        direct = [{made[u] for u in kern.reads if u in made} for kern in kernels]
+
+        def waits_on(k, targets):
+            """Whether kernel k waits, through any chain of kernels, on one of ``targets``
+            (kernels come in an order where each waits only on earlier ones)."""
+            low, seen, todo = min(targets), set(), [k]
+            while todo:
+                for d in direct[todo.pop()]:
+                    if d in targets:
+                        return True
+                    if d >= low and d not in seen:
+                        seen.add(d)
+                        todo.append(d)
+            return False
+        gone, members, readers = set(), [{k} for k in range(len(kernels))], {}
         for k, kern in enumerate(kernels):
             if kern.kind != "reduction":
                 continue
-            for j in range(k - 1, -1, -1):
+            candidates = sorted({j for u in kern.reads for j in readers.get(u, ())}, reverse=True)
+            for u in kern.reads:
+                readers.setdefault(u, []).append(k)
+            for j in candidates:
                 other = kernels[j]
-                if j in gone or other.kind != "reduction" or other.shape != kern.shape or \
-                        j in after[k] or not set(other.reads) & set(kern.reads):
+                if j in gone or other.shape != kern.shape or waits_on(k, members[j]):
                     continue
                 kern.eqns[:0] = other.eqns
                 kern.reads = {**other.reads, **kern.reads}
+                members[k] |= members[j]
+                direct[k] |= direct[j]
                 gone.add(j)
         self.kernels = [kern for n, kern in enumerate(kernels) if n not in gone]
         for n, kern in enumerate(self.kernels):
