@@ -149,7 +149,8 @@ def _loop_programs(jax):
 def test_memory_like_jax_is_jax_roofline_peak_on_loop_programs(jax8, name):
     """peak_memory(like_jax=True) of JAX's own jaxpr is peak_hbm_bytes; of simpmd's program
     too, where the two programs hold the same values (simpmd's fori_loop carries its
-    counter as JAX's does not, so only JAX's jaxpr is compared there)."""
+    counter as JAX's does not; JAX before 0.12 keeps more residuals in a scan's gradient,
+    both tanh(x) and 1 - tanh(x): there simpmd's peak is below)."""
     pytest.importorskip("absl")
     from jax.experimental import roofline
     mine, theirs = _loop_programs(jax8)[name]
@@ -159,11 +160,20 @@ def test_memory_like_jax_is_jax_roofline_peak_on_loop_programs(jax8, name):
         _, r = roofline.roofline(theirs)(*shapes)
     finally:
         logging.disable(logging.NOTSET)
-    assert peak_memory(jax8.make_jaxpr(theirs)(*shapes), like_jax=True).peak == r.peak_hbm_bytes
+    jaxpr = jax8.make_jaxpr(theirs)(*shapes)
+    assert peak_memory(jaxpr, like_jax=True).peak == r.peak_hbm_bytes
     program = simpmd.make_jaxpr(mine)(*_shapes(*[np.empty(s.shape, s.dtype) for s in shapes]))
-    if name != "fori_loop":
+
+    def stacked(p):           # what the scans return: the carries, and what they keep
+        return sorted(tuple(v.aval.shape) for e in C.walk._equation_list(p)
+                      if "length" in e.params for v in e.outvars)
+    if name == "fori_loop":
+        pass
+    elif stacked(program) == stacked(jaxpr):
         assert peak_memory(program, like_jax=True).peak == r.peak_hbm_bytes
         assert C.roofline_of(program, while_trips=4).peak_hbm_bytes == r.peak_hbm_bytes
+    else:
+        assert peak_memory(program, like_jax=True).peak < r.peak_hbm_bytes
     assert peak_memory(program, while_trips=4).peak >= r.peak_hbm_bytes     # simpmd's own rules
 
 
