@@ -70,6 +70,17 @@ def test_a_matmul_inside_while_loop_costs_each_trip():
     assert flops(program, while_trips=3) == on_values.unfused_flops
 
 
+def test_the_prediction_runs_the_trips_the_walk_counted():
+    """Roofline.predicted_s prices a while loop with the walk's trips: those a run on
+    values counted, or while_trips (an int, or by the loop's line) on shapes."""
+    on_values = C.roofline(_in_while, A, hardware="H100")
+    on_shapes = C.roofline(_in_while, *_shapes(A), hardware="H100", while_trips=3)
+    line = C.walk._source(simpmd.make_jaxpr(_in_while)(A).eqns[-1])
+    by_line = C.roofline(_in_while, *_shapes(A), hardware="H100", while_trips={line: 3})
+    assert on_values.predicted_s == on_shapes.predicted_s == by_line.predicted_s
+    assert on_values.predict(while_trips=4).time_s > on_values.predicted_s
+
+
 def test_each_device_runs_its_own_branch_and_the_roofline_costs_the_busiest():
     """Device k multiplies k times (a while loop) and takes the matmul branch when k is odd:
     the busiest device, 3, runs 3 + 1 products; device 0 none."""

@@ -173,6 +173,8 @@ class _Flat:
         self.blocks[id(eqn)] = (sub, trips)
 
     def _trips(self, eqn):
+        if callable(self.while_trips):       # the walk's count (simpmd.cost.walk.Walker.trips)
+            return int(self.while_trips(eqn))
         if self.while_trips is None:
             raise ValueError(
                 "a while_loop's trip count is not known from shapes: pass while_trips=N (the "

@@ -97,7 +97,7 @@ class Roofline:
     equations: list = field(default_factory=list)
     critical_intensity: float = 0.0
     peak_hbm_bytes: int = 0
-    context: tuple = ()          # (program, Hardware, axis sizes, topology, while_trips)
+    context: tuple = ()          # (program, Hardware, axis sizes, topology, the walk's trips)
     notes: list = field(default_factory=list)
 
     def predict(self, *, overlap: bool = True, while_trips=None):
@@ -107,10 +107,10 @@ class Roofline:
         if not self.context:
             raise ValueError("this Roofline was built without its program: make it with "
                              "cost.roofline_of(program, ...) or cost.roofline(fun, ...)")
-        program, hw, sizes, topology, *given = self.context
-        if while_trips is None and given:
-            while_trips = given[0]
-        return predict(program, hw, sizes, topology, overlap=overlap, while_trips=while_trips)
+        program, hw, sizes, topology, *walked = self.context
+        trips = (walked[0] if walked else None) if while_trips is None else \
+            Walker(program, while_trips=while_trips).trips        # the walk's trips, or these
+        return predict(program, hw, sizes, topology, overlap=overlap, while_trips=trips)
 
     @property
     def prediction(self):
@@ -363,7 +363,7 @@ def roofline_of(program, hardware=None, axis_env=None, topology=None, *, while_t
     peak = (peak_bytes(walked, walker) if hasattr(walked, "eqns") or hasattr(walked, "jaxpr")
             else 0)
     return Roofline(hw.name, rows, hw.critical_intensity, peak,
-                    (program, hw, _axis_sizes(axis_env), topology, while_trips),
+                    (program, hw, _axis_sizes(axis_env), topology, walker.trips),
                     list(dict.fromkeys(walker.notes)))
 
 

@@ -352,11 +352,16 @@ class Walker:
         if kind == "repeat":
             return f"{name} x{eqn.params['length']}"
         if kind == "until":
-            return name if self.taken is not None else f"{name} x{self.trips(eqn)}"
+            return f"{name} x{self.trips(eqn)}"
         return f"{name} ({n} branches)" if kind == "branches" else name
 
     def trips(self, eqn) -> int:
-        """How many times a while loop runs its body: the caller's ``while_trips``."""
+        """How many times a while loop runs its body each time it runs: counted on values
+        (this device's), else the caller's ``while_trips``."""
+        if self.taken is not None:
+            runs = self.taken.of(eqn, self.device)
+            first = next(iter(_equation_list(eqn.params["body_jaxpr"])), None)
+            return self.taken.of(first, self.device) // runs if runs and first else 0
         key = self.labels.get(id(eqn), "while_loop #1")
         given = self.while_trips
         if isinstance(given, dict):
