@@ -30,7 +30,7 @@ import math
 
 import numpy as np
 
-from ..core.core import Aval, Primitive, context
+from ..core.core import PRIMITIVES, Aval, Primitive, context
 from .rows import by_jax_name, column
 
 # Primitives of JAX that simpmd has no row for: what JAX's roofline counts for them.
@@ -54,7 +54,7 @@ def _primitive_name(eqn) -> str:
     return prim if isinstance(prim, str) else prim.name
 
 
-_JAX_NAMES: dict = {}
+_JAX_NAMES: dict = {}      # a name -> its row; under None, how many rows there were then
 
 
 def _row(eqn, name=None):
@@ -62,9 +62,10 @@ def _row(eqn, name=None):
     if isinstance(eqn.primitive, Primitive):
         return eqn.primitive
     name = name or _primitive_name(eqn)
-    if name not in _JAX_NAMES:
+    if _JAX_NAMES.get(None) != len(PRIMITIVES):          # a row was added since: read again
         _JAX_NAMES.clear()
         _JAX_NAMES.update(by_jax_name())
+        _JAX_NAMES[None] = len(PRIMITIVES)
     return _JAX_NAMES.get(name)
 
 
