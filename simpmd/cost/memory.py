@@ -114,7 +114,7 @@ def _body_peak(eqn, like_jax, walker, sizes) -> int:
     extra = 0
     for body in _bodies(eqn, like_jax, walker, sizes):
         p = _liveness(body, like_jax, walker, axes_in(eqn, sizes))[0]
-        inner = getattr(body, "jaxpr", body)
+        inner = walker.live(body)
         extra = max(extra, p if like_jax else p - sum(
             var_bytes(v) for v in list(inner.invars) + list(inner.constvars) if _is_var(v)))
     return extra
@@ -122,8 +122,8 @@ def _body_peak(eqn, like_jax, walker, sizes) -> int:
 
 def _liveness(program, like_jax, walker, sizes):
     """(peak, the equation running at it, timeline) of one program."""
-    inner = getattr(program, "jaxpr", program)
-    eqns = walker.live(program)
+    inner = walker.live(program)
+    eqns = inner.eqns
     args = [v for v in list(inner.constvars) + list(inner.invars) if _is_var(v)]
     last, alias = _last_uses(eqns, inner, like_jax)
     live = {v: var_bytes(v) for v in args}
@@ -162,10 +162,10 @@ def peak_memory(program, like_jax=False, *, while_trips=None, taken=None, device
     ``taken`` and ``device`` say what values decide, as for the roofline
     (:func:`simpmd.cost.walk.walk`); or ``walker``, a walk of it already made."""
     walker = walker or Walker(program, while_trips=while_trips, taken=taken, device=device)
-    inner = getattr(program, "jaxpr", program)
     peak, at, timeline = _liveness(program, like_jax, walker, walker.sizes)
+    inner = getattr(program, "jaxpr", program)
     args = [v for v in list(inner.constvars) + list(inner.invars) if _is_var(v)]
-    eqns = walker.live(program)
+    eqns = walker.live(program).eqns
     forward = {v for e in eqns if getattr(e, "phase", "forward") == "forward" for v in e.outvars}
     read_back = {v for e in eqns if getattr(e, "phase", "forward") != "forward"
                  for v in e.invars if _is_var(v)}

@@ -47,7 +47,7 @@ NESTED = ("jaxpr", "call_jaxpr", "fun_jaxpr")   # where pjit/jit, shard_map, cus
 MATMULS = frozenset(name for name, row in by_jax_name().items() if column(row, "matmul"))
 
 
-# -- reading either kind of program ------------------------------------------------------------
+# -- reading either kind of program --------------------------------------------------------
 
 def _primitive_name(eqn) -> str:
     prim = eqn.primitive
@@ -147,7 +147,7 @@ def _dtype_name(dtype) -> str:
 
 
 def shapes_text(eqn) -> str:
-    """``float32[8, 16],float32[16] -> float32[8]``: an equation's operands as a reader sees them."""
+    """``float32[8, 16],float32[16] -> float32[8]``: an equation's operands, as read."""
     def one(v):
         a = _typed(v)
         return "?" if a is None else f"{_dtype_name(a.dtype)}{list(a.shape)}"
@@ -155,7 +155,7 @@ def shapes_text(eqn) -> str:
     return f"{ins} -> {','.join(one(v) for v in eqn.outvars)}"
 
 
-# -- what one equation computes and moves -------------------------------------------------------
+# -- what one equation computes and moves --------------------------------------------------
 
 def flops_and_bytes(eqn, row=None, name=None) -> tuple:
     """(FLOPs, bytes read and written) of one equation on its own, unfused: its row's
@@ -190,7 +190,7 @@ def is_collective(row) -> bool:
     return column(row, "collective_family") is not None
 
 
-# -- nested bodies --------------------------------------------------------------------------------
+# -- nested bodies -------------------------------------------------------------------------
 
 def nested(eqn):
     """(kind, bodies) of an equation that holds programs, by the parameters it keeps them
@@ -249,7 +249,7 @@ def _jax_dce(jaxpr):
     return dce_jaxpr(jaxpr, [True] * len(jaxpr.outvars))[0]
 
 
-# -- the walk ---------------------------------------------------------------------------------------
+# -- the walk ------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Visit:
@@ -282,21 +282,23 @@ class Walker:
         self._live: dict = {}             # id(program) -> its live equations
         self._totals: dict = {}           # id(body) -> (FLOPs, bytes): the costliest branch
 
-    def live(self, program) -> list:
-        """``program``'s equations that something reads (:func:`live_equations`)."""
-        return self._read(program)[1]
+    def live(self, program):
+        """``program`` without what nothing reads (:func:`live_equations`; a jaxpr of JAX
+        loses its unread inputs too, as JAX's dead-code removal drops them)."""
+        self._read(program)
+        return self._live[id(program)][1]
 
     def _read(self, program) -> tuple:
         """(the equations to visit, the live ones): a program of simpmd keeps its dead
         collectives, which its run logged (a timeline's segments end at each), at no cost."""
         key = id(program)
         if key not in self._live:
-            live, every = live_equations(program).eqns, _equation_list(program)
-            kept = {id(e) for e in live}
+            live, every = live_equations(program), _equation_list(program)
+            kept = {id(e) for e in live.eqns}
             visit = ([e for e in every if id(e) in kept or is_collective(_row(e))]
-                     if kept <= {id(e) for e in every} else live)   # JAX's DCE makes new ones
+                     if kept <= {id(e) for e in every} else live.eqns)   # JAX's DCE: new ones
             self._live[key] = (program, live, kept, visit)
-        return self._live[key][3], self._live[key][1], self._live[key][2]
+        return self._live[key][3], self._live[key][1].eqns, self._live[key][2]
 
     def visits(self):
         """Every live equation as the device runs it, bodies included (:class:`Visit`)."""
@@ -348,7 +350,7 @@ class Walker:
         return [(bodies[0], count)] if bodies else []
 
     def _heading(self, eqn, kind, n) -> str:
-        """How an equation that holds bodies is shown: 'scan x8', 'while x3', 'cond (2 branches)'."""
+        """How an equation that holds bodies shows: 'scan x8', 'while x3', 'cond (2 branches)'."""
         name = _primitive_name(eqn)
         if kind == "repeat":
             return f"{name} x{eqn.params['length']}"
@@ -419,7 +421,7 @@ def _while_labels(program) -> dict:
     return labels
 
 
-# -- values: how many times each device ran each equation ------------------------------------------
+# -- values: how many times each device ran each equation ----------------------------------
 
 class Taken:
     """How many times each device of a run ran each equation of its program, counted on
