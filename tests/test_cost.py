@@ -235,8 +235,8 @@ def test_errors_say_what_to_do():
         C.estimate("pfoo", 8, 8)
     with pytest.raises(ValueError, match="unknown hardware 'TPU v9'"):
         C.estimate("psum", 8, 8, hardware="TPU v9")
-    with pytest.raises(ValueError, match="more than one NVLink node"):
-        C.estimate("psum", 8, 16, hardware="H100")
+    with pytest.raises(ValueError, match="no network between nodes is modelled"):
+        C.estimate("psum", 8, 16, hardware="T4")       # H100 nodes join over InfiniBand
     with pytest.raises(ValueError, match="hold 4 devices, but the group has 8"):
         C.estimate("psum", 8, 8, hardware="TPU v5e", topology=(4, 4), axes=(0,))
     with pytest.raises(ValueError, match="no algorithm 'tree'"):
