@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import core
+from . import core, dtypes
 from .core import Equation, Primitive, Program, Var, aval_of, backward_pass, bind, context
 from .program import eval_program, trace
 from .values import StackedValue
@@ -83,7 +83,7 @@ def _scan_abstract(*avals, jaxpr, length, num_carry, **params):
     return outs[:num_carry] + [a.update(shape=(length,) + a.shape) for a in outs[num_carry:]]
 
 def _float(v) -> bool:
-    return v.aval.dtype.kind in "fc"
+    return dtypes.inexact(v.aval.dtype)       # bfloat16 included (NumPy's kind 'V')
 
 def _depends(program, active) -> list:
     """Which outputs of ``program`` depend on its inputs marked in ``active``."""

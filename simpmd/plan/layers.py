@@ -71,7 +71,9 @@ def gather_weight(s: Shard, w, axis: int):
 
 
 def into_block(s: Shard, h):
-    """Tokens entering a tensor-parallel block: sequence parallelism gathers them."""
+    """Tokens entering a tensor-parallel block: sequence parallelism gathers them (and
+    :func:`layers` gathers them again in the backward pass rather than keep the whole,
+    Megatron's choice, Korthikanti et al. 2022, section 4.2.2)."""
     if s.size("tp") > 1 and s.sequence_parallel:
         return lax.all_gather(h, "tp", axis=1, tiled=True)
     return h
@@ -88,11 +90,28 @@ def out_of_block(s: Shard, y):
 
 # -- the layer --------------------------------------------------------------------------------
 
-def rms_norm(x, scale):
-    """RMSNorm, computed in float32 and returned in ``x``'s type."""
+def _rms_norm(x, scale):
     x32 = x.astype(snp.float32)
     var = (x32 * x32).mean(axis=-1, keepdims=True)
     return (x32 * (1.0 / snp.sqrt(var + 1e-5))).astype(x.dtype) * scale.astype(x.dtype)
+
+
+def _swiglu(u):
+    half = u.shape[-1] // 2
+    gate, up = u[..., :half], u[..., half:]
+    return gate * (1.0 / (1.0 + snp.exp(-gate))) * up
+
+
+def _gelu(u):                                 # GELU, tanh form
+    return 0.5 * u * (1.0 + snp.tanh(0.7978845608 * (u + 0.044715 * u * u * u)))
+
+
+# A fused kernel keeps its input for the backward pass and computes its intermediates
+# again there (Megatron's fused bias-GELU and norm kernels; XLA's fusions): ``checkpoint``
+# says the same, so only the input is a residual.
+rms_norm = checkpoint(_rms_norm)
+swiglu = checkpoint(_swiglu)
+gelu = checkpoint(_gelu)
 
 
 def attention_block(s: Shard, x, w):
@@ -122,16 +141,11 @@ def attention_block(s: Shard, x, w):
 
 
 def mlp_block(s: Shard, x, w):
-    """Norm, the MLP's input matrix (gate and up side by side when gated), SiLU gating or
+    """Norm, the MLP's input matrix (gate and up side by side when gated), SwiGLU or
     GELU, the output matrix and its collective."""
     h = into_block(s, rms_norm(x, w["mlp_norm"]))
     u = h @ gather_weight(s, w["w_in"], 0)
-    if s.model.gated_mlp:
-        half = u.shape[-1] // 2
-        gate, up = u[..., :half], u[..., half:]
-        u = gate * (1.0 / (1.0 + snp.exp(-gate))) * up
-    else:                                     # GELU, tanh form
-        u = 0.5 * u * (1.0 + snp.tanh(0.7978845608 * (u + 0.044715 * u * u * u)))
+    u = swiglu(u) if s.model.gated_mlp else gelu(u)
     return x + out_of_block(s, u @ gather_weight(s, w["w_out"], 1))
 
 
@@ -139,14 +153,34 @@ def layer(s: Shard, x, w):
     return mlp_block(s, attention_block(s, x, w), w)
 
 
-def layers(s: Shard, x, stacked):
+REGATHERED = frozenset({"all_gather", "gather", "dynamic_slice"})
+
+
+def keep_all_but_gathers(prim, *avals, **params) -> bool:
+    """A checkpoint policy (JAX's signature): keep every value for the backward pass but
+    what a gather made, which the backward pass gathers again: FSDP's weights (the
+    book's FSDP gathers in both passes), the tokens sequence parallelism gathers
+    (Megatron's choice, Korthikanti et al. 2022, section 4.2.2) and a virtual stage's
+    weights picked out of the stage's."""
+    return getattr(prim, "name", "") not in REGATHERED
+
+
+def layers(s: Shard, x, stacked, virtual=None):
     """The layers whose weights are stacked along the first axis of each of ``stacked``'s
-    arrays, as one ``lax.scan``; with ``recompute="full"`` each layer is a
-    ``checkpoint`` (only its input is kept for the backward pass)."""
+    arrays, as one ``lax.scan``, each layer a ``checkpoint``: with ``recompute="full"``
+    only its input is kept for the backward pass, otherwise all but what
+    :func:`keep_all_but_gathers` gathers again.
+    ``virtual``: the index of a virtual stage, whose layers are ``stacked[k][virtual]``."""
     def one(h, w):
         return layer(s, h, w), None
-    body = checkpoint(one) if s.recompute == "full" else one
-    return lax.scan(body, x, stacked)[0]
+
+    def picked(h, i):
+        w = {k: ws[virtual, i] for k, ws in stacked.items()}
+        return one(h, w)
+    body = one if virtual is None else picked
+    policy = None if s.recompute == "full" else keep_all_but_gathers
+    xs = stacked if virtual is None else snp.arange(next(iter(stacked.values())).shape[1])
+    return lax.scan(checkpoint(body, policy=policy), x, xs)[0]
 
 
 # -- embedding and loss -----------------------------------------------------------------------
@@ -173,7 +207,7 @@ def token_losses(s: Shard, x, params, targets):
     if "head" in params:
         logits = h @ gather_weight(s, params["head"], 0)
     else:                                      # tied: the embedding table, transposed
-        logits = h @ gather_weight(s, params["embed"], 1).T
+        logits = snp.einsum("btd,vd->btv", h, gather_weight(s, params["embed"], 1))
     logits = logits.astype(snp.float32)
     rows = logits.shape[-1]
     local_max = logits.max(axis=-1, keepdims=True)

@@ -65,8 +65,9 @@ def _split(key, optimizer_state, layout):
 def specs(model, layout):
     """``(in_specs, out_specs)`` of :func:`train_step` for ``shard_map``."""
     keys = param_shapes(model, layout)
-    weights = {k: _split(k, False, layout) for k in keys}
     state = {k: _split(k, True, layout) for k in keys}
+    weights = state if layout.distributed_optimizer else {k: _split(k, False, layout)
+                                                           for k in keys}
     batch = P(None, ("dp", "fsdp"), "cp")
     ins = (weights, {"master": state, "mu": state, "nu": state}, batch, batch)
     return ins, (weights, {"master": state, "mu": state, "nu": state}, P())
@@ -95,6 +96,7 @@ def _stage_ticks(s, lay, stacked, x0):
         return lax.scan(lambda c, x: (c, L.layers(s, x, chunk)), None, x0)[1]
     stage = lax.axis_index("pp")
     ring = [(j, (j + 1) % pp) for j in range(pp)]
+    only = {k: w[0] for k, w in stacked.items()} if vp == 1 else None
 
     def tick(carry, t):
         state, loop = carry                # loop: on the first stage, what came round
@@ -104,9 +106,7 @@ def _stage_ticks(s, lay, stacked, x0):
         r, i = snp.clip(g // m, 0, vp - 1), g % m        # virtual stage, micro-batch
         first = snp.where(r == 0, x0[i], loop[i])
         x = snp.where(stage == 0, first, state)
-        chunk = {k: w[r] for k, w in stacked.items()} if vp > 1 else \
-            {k: w[0] for k, w in stacked.items()}
-        y = L.layers(s, x, chunk)
+        y = L.layers(s, x, only) if vp == 1 else L.layers(s, x, stacked, virtual=r)
         loop = loop.at[i].set(snp.where(stage == pp - 1, y, loop[i]))
         return (lax.ppermute(y, "pp", ring), loop), None
 
@@ -119,9 +119,8 @@ def _stage_ticks(s, lay, stacked, x0):
 def loss(s, lay, params, tokens, targets):
     """This device's share of the step's mean loss: embeddings, the pipeline, the head's
     loss for each micro-batch (a ``scan``), on the last stage."""
-    m, b, t = tokens.shape
-    x0 = L.embed(s, params["embed"], tokens.reshape(m * b, t))
-    x0 = L.vary(x0.reshape((m, b) + x0.shape[1:]), s.activation_axes())
+    x0 = lax.scan(lambda c, tok: (c, L.embed(s, params["embed"], tok)), None, tokens)[1]
+    x0 = L.vary(x0, s.activation_axes())
     stacked = {k: w[0] for k, w in params.items() if k in LAYER_SPLIT}
     ys = _stage_ticks(s, lay, stacked, x0)
     head = {k: params[k] for k in ("final_norm", "head", "embed") if k in params}
@@ -163,24 +162,24 @@ def _adam(master, mu, nu, g, lr=1e-4, b1=0.9, b2=0.95, eps=1e-8):
 
 def train_step(model, layout, flash=True):
     """``step(params, opt, tokens, targets) -> (params, opt, loss)``: one device's training
-    step, to be ``shard_map`` ped with :func:`specs`."""
+    step, to be ``shard_map`` ped with :func:`specs`. With the distributed optimizer each
+    data-parallel rank holds a slice of the weights too, as Megatron's does between steps,
+    and gathers them over ``dp`` as the step begins."""
     from ..api.grad import value_and_grad
     s = L.Shard(model, layout.shape, layout.recompute, layout.sequence_parallel, flash)
-    weight_specs = specs(model, layout)[0][0]
+    whole = {k: _split(k, False, layout) for k in param_shapes(model, layout)}
 
     def step(params, opt, tokens, targets):
-        axes = {k: _replicated(weight_specs[k], layout) for k in params}
-        varying = {k: L.vary(w, _replicated(weight_specs[k], layout, 1))
-                   for k, w in params.items()}
+        if layout.distributed_optimizer and layout.dp > 1:   # this rank's slice, gathered
+            params = {k: lax.all_gather(w, "dp", axis=_fsdp_dim(whole[k], w.ndim), tiled=True)
+                      if "dp" in _replicated(whole[k], layout) else w for k, w in params.items()}
+        varying = {k: L.vary(w, _replicated(whole[k], layout, 1)) for k, w in params.items()}
         value, grads = value_and_grad(lambda p: loss(s, layout, p, tokens, targets))(varying)
         new, state = {}, {"master": {}, "mu": {}, "nu": {}}
         for k in sorted(params):
-            g = _reduce(grads[k], weight_specs[k], layout)
+            g = _reduce(grads[k], whole[k], layout)
             master, mu, nu = _adam(opt["master"][k], opt["mu"][k], opt["nu"][k], g)
-            w = master.astype(params[k].dtype)
-            if layout.distributed_optimizer and "dp" in axes[k]:
-                w = lax.all_gather(w, "dp", axis=_fsdp_dim(weight_specs[k], w.ndim), tiled=True)
-            new[k] = w
+            new[k] = master.astype(params[k].dtype)
             state["master"][k], state["mu"][k], state["nu"][k] = master, mu, nu
         summed = tuple(a for a in AXES if a not in ("tp", "pp") or layout.shape[a] == 1)
         return new, state, lax.psum(value, summed)
