@@ -24,7 +24,7 @@ import numpy as np
 
 from .. import lax
 from .. import numpy as snp
-from ..api.checkpoint import checkpoint
+from ..api.checkpoint import checkpoint, checkpoint_policies
 from ..core import bridge
 from ..core.core import aval_of
 from .attention import flash_attention, materialized_attention
@@ -132,8 +132,6 @@ def attention_block(s: Shard, x, w):
         offset = lax.axis_index("cp") * t
     if s.flash:
         o = flash_attention(q, k, v, q_offset=offset)
-    elif s.recompute == "selective":          # keep no scores: compute them again backward
-        o = checkpoint(materialized_attention, static_argnums=(3,))(q, k, v, True, offset)
     else:
         o = materialized_attention(q, k, v, True, offset)
     y = o.reshape(b, t, nq * m.head_dim) @ gather_weight(s, w["wo"], 1)
@@ -165,11 +163,27 @@ def keep_all_but_gathers(prim, *avals, **params) -> bool:
     return getattr(prim, "name", "") not in REGATHERED
 
 
+REDUCED = frozenset({"psum", "psum2", "psum_invariant", "psum_scatter", "reduce_scatter"})
+
+
+def keep_products(prim, *avals, **params) -> bool:
+    """A checkpoint policy: keep the weights' products (``dot_general`` without batch
+    axes, JAX's ``dots_with_no_batch_dims_saveable``) and their sums over ``tp`` (the
+    all-reduce or reduce-scatter after a row-split product, which GSPMD counts as part of
+    the product); compute everything else again in the backward pass."""
+    name = getattr(prim, "name", "")
+    return name in REDUCED or checkpoint_policies.dots_with_no_batch_dims_saveable(
+        prim, *avals, **params)
+
+
 def layers(s: Shard, x, stacked, virtual=None):
     """The layers whose weights are stacked along the first axis of each of ``stacked``'s
-    arrays, as one ``lax.scan``, each layer a ``checkpoint``: with ``recompute="full"``
-    only its input is kept for the backward pass, otherwise all but what
-    :func:`keep_all_but_gathers` gathers again.
+    arrays, as one ``lax.scan``, each layer a ``checkpoint`` whose policy is what
+    ``recompute`` keeps for the backward pass: ``"none"``, all but what
+    :func:`keep_all_but_gathers` gathers again; ``"selective"``, what
+    :func:`keep_products` keeps (the attention's scores, softmax and output, the norms
+    and activations are computed again: Korthikanti et al.'s selective recomputation, and
+    MaxText's 'minimal'); ``"full"``, only the layer's input.
     ``virtual``: the index of a virtual stage, whose layers are ``stacked[k][virtual]``."""
     def one(h, w):
         return layer(s, h, w), None
@@ -178,7 +192,8 @@ def layers(s: Shard, x, stacked, virtual=None):
         w = {k: ws[virtual, i] for k, ws in stacked.items()}
         return one(h, w)
     body = one if virtual is None else picked
-    policy = None if s.recompute == "full" else keep_all_but_gathers
+    policy = {"none": keep_all_but_gathers, "full": None,
+              "selective": keep_products}[s.recompute]
     xs = stacked if virtual is None else snp.arange(next(iter(stacked.values())).shape[1])
     return lax.scan(checkpoint(body, policy=policy), x, xs)[0]
 

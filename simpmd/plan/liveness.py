@@ -56,17 +56,19 @@ def _kernels(eqns) -> list:
         reads = inner - made
         extra = 0
         if kind in ("scan", "inline") and _body(e) is not None:
-            body = _body(e)
-            args = sum(_size(v) for v in body.invars)
-            extra = max(0, peak(body) - args)
+            body = _body(e)                 # its results go to the loop's own buffers,
+            args = sum(_size(v) for v in body.invars)          # counted with ``made``
+            extra = max(0, peak(body, results_elsewhere=True) - args)
         out.append((made, reads, same, extra))
     return out
 
 
-def peak(program, keep_arguments=False) -> int:
+def peak(program, keep_arguments=False, results_elsewhere=False) -> int:
     """The most bytes live at once running ``program``, its arguments included; an
     argument is freed after its last use (a training step donates its old weights and
-    optimizer state, which it replaces) unless ``keep_arguments``."""
+    optimizer state, which it replaces) unless ``keep_arguments``; with
+    ``results_elsewhere`` (a loop's body) its results are written into buffers that its
+    caller counts."""
     inner = getattr(program, "jaxpr", program)
     eqns = list(inner.eqns)
     kernels = _kernels(eqns)
@@ -84,13 +86,14 @@ def peak(program, keep_arguments=False) -> int:
     live = {v: _size(v) for v in list(inner.invars) + list(getattr(inner, "constvars", []))}
     args = set(live) if keep_arguments else set()
     top = sum(live.values())
+    results = set(inner.outvars) if results_elsewhere else set()
     for k, (made, reads, same, extra) in enumerate(kernels):
         for v in made:
             if v in same and same[v] is not None:
                 base = root.get(same[v], same[v])
                 root[v] = base
                 last[base] = max(last.get(base, -1), last.get(v, -1))
-            elif v not in same:
+            elif v not in same and v not in results:
                 live[v] = _size(v)
         top = max(top, sum(live.values()) + extra)
         for v in list(live):
