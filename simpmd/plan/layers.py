@@ -56,7 +56,10 @@ def vary(x, axes):
     vary over yet, as JAX refuses a cast to an axis it already varies over)."""
     if bridge.inside_jax(x):
         import jax
-        have = jax.typeof(x).vma
+        typed = jax.typeof(x)          # jax 0.7: .vma; from 0.10: .manual_axis_type.varying
+        have = getattr(typed, "vma", None)
+        if have is None:
+            have = typed.manual_axis_type.varying
     else:
         have = aval_of(x).vma
     missing = tuple(a for a in axes if a not in have)

@@ -151,14 +151,15 @@ def in_flight(layout: Layout) -> Layout:
 
 def estimate(model, layout: Layout, hardware="H100", chips: int | None = None,
              precision: str = "bf16", *, slices: int = 1, flash: bool = True,
-             check_memory: bool = True) -> Estimate:
+             check_memory: bool = True, memory: bool = True) -> Estimate:
     """Simulate one training step of ``model`` laid out as ``layout`` on ``chips`` chips of
     ``hardware``, its matrix products in ``precision`` ("bf16", "fp16" or "fp8": weights,
     gradients and Adam's moments are kept as mixed precision keeps them, float32 masters
     and moments). ``slices``: TPU slices joined by DCN. ``flash``: attention as one fused
     kernel (False: the scores kept, as before fused kernels). Raises
     :class:`LayoutError` for a layout that cannot run, memory over the chip's HBM
-    included (``check_memory=False`` reports it instead)."""
+    included (``check_memory=False`` reports it instead; ``memory=False`` skips the memory
+    walk, for a sweep of step times: ``peak_bytes`` is then 0)."""
     check(model, layout, chips)
     if precision not in PATHS:
         raise LayoutError(f"precision={precision!r}: choose one of {', '.join(PATHS)}")
@@ -172,7 +173,8 @@ def estimate(model, layout: Layout, hardware="H100", chips: int | None = None,
     streams, tally = S.schedule(program, costing)
     step_s = max([streams.compute] + list(streams.comm.values()))
     tally.communication += step_s - tally.total
-    memory = liveness.peak(trace_step(model, in_flight(layout), hw.name, flash))
+    memory = liveness.peak(trace_step(model, in_flight(layout), hw.name, flash)) if memory \
+        else 0
     capacity = HBM_CAPACITY.get(hw.name, float("inf"))
     result = Estimate(model, layout, hw.name, precision, step_s, tally.as_dict(), memory,
                       capacity, hw.matmul_peak(PATHS[precision]), tuple(costing.seen))
