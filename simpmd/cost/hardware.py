@@ -189,6 +189,10 @@ class Hardware:
         return {"bf16": self.peak_bf16_flops, "fp16": self.peak_bf16_flops,
                 "fp32": self.peak_fp32_flops or self.peak_bf16_flops}
 
+    def has_path(self, path: str) -> bool:
+        """Whether the matrix units take ``path``'s operands natively (a T4 has no bf16)."""
+        return path in self.matmul_paths
+
     def sustained_matmul_flops(self, path: str) -> float:
         """The FLOP/s large matmuls on ``path`` sustain: the peak times the preset's
         published fraction (1 where none is known)."""
@@ -561,3 +565,23 @@ def hardware_preset(hardware) -> Hardware:
                          f"or pass a Hardware(...) of your own")
     return _BY_KEY[_key(hardware)]
 
+
+
+# What jax.devices()[0].device_kind says on each chip -> the preset (first match wins).
+_DEVICE_KINDS = (("h200", "H200"), ("h100", "H100"), ("h800", "H100"), ("b200", "B200"),
+                 ("a100", None), ("l4", "L4"), ("t4", "T4"), ("tpu v6 lite", "TPU v6e"),
+                 ("tpu v6e", "TPU v6e"), ("tpu v5 lite", "TPU v5e"), ("tpu v5e", "TPU v5e"),
+                 ("tpu v5p", "TPU v5p"), ("tpu v5", "TPU v5p"), ("tpu v4", "TPU v4"),
+                 ("tpu v3", "TPU v3"), ("tpu v2", "TPU v2"))
+
+
+def preset_for_device_kind(kind: str):
+    """The preset for a device's ``device_kind`` ("NVIDIA H100 80GB HBM3", "Tesla T4",
+    "TPU v5 lite"), or None when none matches (a CPU, a chip simpmd has no preset for)."""
+    text = str(kind).lower()
+    for key, name in _DEVICE_KINDS:
+        if key in text:
+            if key == "a100":
+                return "A100 40GB" if "40gb" in text.replace(" ", "") else "A100"
+            return name
+    return None
