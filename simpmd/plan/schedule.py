@@ -84,6 +84,7 @@ class Costing:
     seen: list = field(default_factory=list)            # (op, axes, bytes, seconds)
     pipeline_ticks: int = 0       # a top-level scan this long is the pipeline's ticks,
     bubble_ticks: int = 0         # of which this many are its bubble
+    groups: dict = field(default_factory=dict)          # axes -> device 0's group
 
     def kernel_s(self, flops, nbytes, path=None) -> float:
         hw = self.hardware
@@ -92,17 +93,20 @@ class Costing:
 
     def group(self, axes) -> list:
         """Device 0's group over ``axes``: the ids it shares the collective with."""
+        if axes in self.groups:
+            return self.groups[axes]
         names = list(self.sizes)
         strides = {a: math.prod(self.sizes[b] for b in names[i + 1:]) for i, a in enumerate(names)}
         ids = [0]
         for a in axes:
             ids = [i + k * strides[a] for k in range(self.sizes[a]) for i in ids]
-        return sorted(ids)
+        self.groups[axes] = sorted(ids)
+        return self.groups[axes]
 
     def collective_s(self, op, axes, nbytes, perm=None) -> float:
-        key = (op, axes, nbytes, perm)
+        members = self.group(axes)
+        key = (op, tuple(members), nbytes, perm)
         if key not in self.collectives:
-            members = self.group(axes)
             seconds = 0.0
             if len(members) > 1 and nbytes:
                 seconds = estimate(op, nbytes, len(members), hardware=self.hardware,

@@ -149,9 +149,52 @@ def in_flight(layout: Layout) -> Layout:
     return replace(layout, global_batch=m * layout.replicas * layout.microbatch)
 
 
+class Reuse:
+    """What estimates of one model on one machine share, kept between them by
+    :func:`sweep`: the machine's network, each collective's time (by its group of devices
+    and its bytes), and each traced step (by its layout; layouts that differ only in the
+    global batch share the memory program of their micro-batches in flight)."""
+
+    def __init__(self):
+        self.machines, self.collectives, self.programs, self.peaks = {}, {}, {}, {}
+
+    def machine(self, hw, chips, slices):
+        key = (hw.name, chips, slices)
+        if key not in self.machines:
+            self.machines[key] = machine(hw, chips, slices)
+        return self.machines[key]
+
+    def program(self, model, layout, hw_name, flash):
+        key = (model, layout, hw_name, flash)
+        if key not in self.programs:
+            self.programs[key] = trace_step(model, layout, hw_name, flash)
+        return self.programs[key]
+
+    def peak(self, model, layout, hw_name, flash):
+        key = (model, in_flight(layout), hw_name, flash)
+        if key not in self.peaks:
+            self.peaks[key] = liveness.peak(self.program(*key))
+        return self.peaks[key]
+
+
+def sweep(model, layouts, hardware="H100", precision: str = "bf16", **options) -> list:
+    """``estimate`` of each of ``layouts`` (one model, one machine), reusing what does not
+    change between them (:class:`Reuse`): a list of :class:`Estimate` s, with the
+    :class:`LayoutError` in place of a layout that cannot run."""
+    reuse, out = Reuse(), []
+    for layout in layouts:
+        try:
+            out.append(estimate(model, layout, hardware, precision=precision, reuse=reuse,
+                                **options))
+        except LayoutError as exc:
+            out.append(exc)
+    return out
+
+
 def estimate(model, layout: Layout, hardware="H100", chips: int | None = None,
              precision: str = "bf16", *, slices: int = 1, flash: bool = True,
-             check_memory: bool = True, memory: bool = True) -> Estimate:
+             check_memory: bool = True, memory: bool = True,
+             reuse: Reuse | None = None) -> Estimate:
     """Simulate one training step of ``model`` laid out as ``layout`` on ``chips`` chips of
     ``hardware``, its matrix products in ``precision`` ("bf16", "fp16" or "fp8": weights,
     gradients and Adam's moments are kept as mixed precision keeps them, float32 masters
@@ -166,15 +209,16 @@ def estimate(model, layout: Layout, hardware="H100", chips: int | None = None,
     hw = hardware_preset(hardware)
     if precision == "fp8" and "fp8" not in hw.matmul_paths:
         raise LayoutError(f"{hw.name} has no FP8 matrix units; use precision='bf16'")
-    costing = S.Costing(hw, PATHS[precision], layout.shape, machine(hw, layout.chips, slices))
+    reuse = reuse or Reuse()
+    costing = S.Costing(hw, PATHS[precision], layout.shape,
+                        reuse.machine(hw, layout.chips, slices),
+                        reuse.collectives.setdefault((hw.name, layout.chips, slices), {}))
     costing.pipeline_ticks = layout.microbatches * layout.vp + layout.pp - 1
     costing.bubble_ticks = layout.pp - 1
-    program = trace_step(model, layout, hw.name, flash)
-    streams, tally = S.schedule(program, costing)
+    streams, tally = S.schedule(reuse.program(model, layout, hw.name, flash), costing)
     step_s = max([streams.compute] + list(streams.comm.values()))
     tally.communication += step_s - tally.total
-    memory = liveness.peak(trace_step(model, in_flight(layout), hw.name, flash)) if memory \
-        else 0
+    memory = reuse.peak(model, layout, hw.name, flash) if memory else 0
     capacity = HBM_CAPACITY.get(hw.name, float("inf"))
     result = Estimate(model, layout, hw.name, precision, step_s, tally.as_dict(), memory,
                       capacity, hw.matmul_peak(PATHS[precision]), tuple(costing.seen))
