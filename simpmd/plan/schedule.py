@@ -48,9 +48,11 @@ class Tally:
     recompute: float = 0.0
     communication: float = 0.0       # waiting for a collective's result
     bubble: float = 0.0              # pipeline ticks with nothing to do
+    collectives: float = 0.0         # every collective's time, hidden or not (not a part
+                                     # of the total: they run beside the compute stream)
 
     def add(self, other, times=1.0):
-        for c in CATEGORIES:
+        for c in CATEGORIES + ("collectives",):
             setattr(self, c, getattr(self, c) + times * getattr(other, c))
 
     @property
@@ -270,6 +272,7 @@ def _place(kind, group, costing, streams, tally, reads, depth=0):
         seconds = costing.collective_s(_primitive_name(e), axes, nbytes, perm)
         start = max([streams.comm.get(axes, 0.0)] + [streams.at(v) for v in e.invars])
         streams.comm[axes] = start + seconds
+        tally.collectives += seconds
         costing.seen.append((_primitive_name(e), axes, nbytes, seconds))
         for v in e.outvars:
             streams.ready[v] = start + seconds

@@ -64,6 +64,7 @@ class Estimate:
     hbm_bytes: float
     peak_flops: float
     collectives: tuple = ()
+    communication_s: float = 0.0      # every collective's time in the step, hidden or not
 
     @property
     def chips(self) -> int:
@@ -86,6 +87,11 @@ class Estimate:
     def days(self, tokens: float) -> float:
         """Days to train on ``tokens`` tokens at this rate."""
         return tokens / (self.tokens_per_s_per_chip * self.chips) / 86400
+
+    @property
+    def products_s(self) -> float:
+        """Seconds of matrix products (recomputation included)."""
+        return self.breakdown["compute"] + self.breakdown["recompute"]
 
     @property
     def fits(self) -> bool:
@@ -221,7 +227,8 @@ def estimate(model, layout: Layout, hardware="H100", chips: int | None = None,
     memory = reuse.peak(model, layout, hw.name, flash) if memory else 0
     capacity = HBM_CAPACITY.get(hw.name, float("inf"))
     result = Estimate(model, layout, hw.name, precision, step_s, tally.as_dict(), memory,
-                      capacity, hw.matmul_peak(PATHS[precision]), tuple(costing.seen))
+                      capacity, hw.matmul_peak(PATHS[precision]), tuple(costing.seen),
+                      tally.collectives)
     if check_memory and not result.fits:
         raise LayoutError(
             f"{memory / 1e9:.1f} GB per chip at the peak, over the {capacity / 1e9:.0f} GB of "

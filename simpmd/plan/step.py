@@ -189,3 +189,34 @@ def train_step(model, layout, flash=True):
 def _fsdp_dim(spec, ndim) -> int:
     dims = [d for d in spec] + [None] * (ndim - len(spec))
     return dims.index("fsdp") if "fsdp" in dims else ndim - 1
+
+
+def layer_step(model, layout, flash=True):
+    """``step(weights, x) -> gradients`` for one device: one decoder layer forward and
+    backward on activations ``x`` (its loss their sum), without the loop around it: the
+    layer the step's scan repeats, written out so that a roofline that counts a loop's
+    body once (``jax.experimental.roofline``) counts what simpmd counts."""
+    from ..api.grad import grad
+    s = L.Shard(model, layout.shape, layout.recompute, layout.sequence_parallel, flash)
+
+    one = {k: P(*_split(k, False, layout)[3:]) for k in LAYER_SPLIT}   # one layer's split
+
+    def step(weights, x):
+        w = {k: L.vary(v[0, 0, 0], _replicated(one[k], layout, 1)) for k, v in weights.items()}
+        x = L.vary(x, s.activation_axes())
+        grads = grad(lambda w: L.layer(s, x, w).astype(snp.float32).sum())(w)
+        return {k: _reduce(g, one[k], layout) for k, g in grads.items()}
+    return step
+
+
+def layer_specs(model, layout):
+    """``(in_specs, out_specs)`` and the global shapes (weights, ``x``) of
+    :func:`layer_step`, for one layer's weights and ``microbatch`` sequences per rank."""
+    one = type(model)(**{**model.__dict__, "layers": layout.pp * layout.vp})
+    shapes = {k: v for k, v in param_shapes(one, layout).items() if k in LAYER_SPLIT}
+    weights = {k: _split(k, False, layout) for k in shapes}
+    outs = {k: P(*[d for d in spec][3:]) for k, spec in weights.items()}
+    tokens = "tp" if layout.sequence_parallel and layout.tp > 1 else None
+    x = P(("dp", "fsdp"), ("cp", tokens) if tokens else "cp")
+    x_shape = (layout.replicas * layout.microbatch, model.seq, model.d_model)
+    return (weights, x), outs, (shapes, x_shape)
