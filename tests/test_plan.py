@@ -9,6 +9,7 @@ out from the preset's rates.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -343,3 +344,66 @@ def test_the_breakdown_adds_up_and_mfu_follows_palm():
     peak = H100.matmul_peak("bf16")                  # the preset's dense bf16 peak
     assert result.mfu == pytest.approx(TINY.flops_per_token() * 16 * 16 / result.step_s
                                        / 8 / peak)
+
+
+# -- lesson 15's claims, held to the planner --------------------------------------------------
+
+def _lesson(seq):
+    from dataclasses import replace
+    return replace(plan.LLAMA3_70B, seq=seq)
+
+
+def test_lesson15_one_layer_counts_equal_jax_roofline(jax8):
+    """Section 3: one layer of the chosen layout, forward and backward, as the step's scan
+    repeats it: FLOPs, HBM bytes and ICI bytes per axis equal jax.experimental.roofline's."""
+    pytest.importorskip("absl")
+    from jax.experimental import roofline as jr
+    from jax.sharding import AbstractMesh, AxisType
+    from test_shapes import jax_specs
+    model = _lesson(2048)
+    layout = plan.Layout(dp=2, fsdp=1024, tp=4, global_batch=2048, recompute="selective",
+                         sequence_parallel=True)
+    ins, outs, (weights, x) = St.layer_specs(model, layout)
+    step = St.layer_step(model, layout, flash=False)
+    mesh = AbstractMesh(tuple(layout.shape.values()), tuple(layout.shape),
+                        axis_types=(AxisType.Auto,) * 5)
+    _, theirs = jr.roofline(step, mesh=mesh, in_specs=jax_specs(ins), out_specs=jax_specs(outs))(
+        {k: jax8.ShapeDtypeStruct(s, "bfloat16") for k, s in weights.items()},
+        jax8.ShapeDtypeStruct(x, "bfloat16"))
+    simpmd.set_device_count(layout.chips)
+    ours = simpmd.cost.roofline(step, {k: S_(s, "bfloat16") for k, s in weights.items()},
+                                S_(x, "bfloat16"), in_specs=ins, out_specs=outs,
+                                mesh=simpmd.make_mesh(tuple(layout.shape.values()),
+                                                      tuple(layout.shape)))
+    assert (ours.flops, ours.hbm_bytes) == (theirs.flops, theirs.hbm_bytes)
+    assert ours.ici_bytes == dict(theirs.ici_bytes)
+
+
+def test_lesson15_memory_and_the_crossover():
+    """Sections 4 and 6: at 512 tokens per chip every recomputation fits in a v5p's 95 GB,
+    keeping less the more it recomputes; pure FSDP turns compute-bound near the book's 850
+    tokens per chip, and FSDP 1024 x TP 4 is communication-bound at 512."""
+    model = _lesson(2048)
+    base = plan.Layout(dp=2, fsdp=1024, tp=4, global_batch=2048, sequence_parallel=True)
+    peaks = [plan.estimate(model, replace(base, recompute=r), hardware="TPU v5p",
+                           slices=2).peak_bytes for r in ("none", "selective", "full")]
+    assert peaks[0] > peaks[1] > peaks[2] and peaks[0] < 95e9
+    pieces = _lesson(512)
+    fsdp = plan.estimate(pieces, plan.Layout(dp=2, fsdp=4096, global_batch=8192),
+                         hardware="TPU v5p", slices=2, memory=False)
+    assert 700 < 512 * fsdp.communication_s / fsdp.products_s < 900
+    mixed = plan.estimate(pieces, plan.Layout(dp=2, fsdp=1024, tp=4, global_batch=8192,
+                                              microbatch=4, sequence_parallel=True),
+                          hardware="TPU v5p", slices=2, memory=False)
+    assert mixed.communication_s > mixed.products_s
+
+
+def test_lesson15_selective_stops_fitting_at_8192_tokens_per_chip():
+    """Section 7's plot: selective recomputation fits at 4,096 tokens per chip, not 8,192."""
+    pieces = _lesson(512)
+    fits = [plan.estimate(pieces, plan.Layout(dp=2, fsdp=1024, tp=4, global_batch=n,
+                                              microbatch=n // 2048, recompute="selective",
+                                              sequence_parallel=True),
+                          hardware="TPU v5p", slices=2, check_memory=False).fits
+            for n in (4096 * 16, 8192 * 16)]
+    assert fits == [True, False]
