@@ -407,3 +407,53 @@ def test_lesson15_selective_stops_fitting_at_8192_tokens_per_chip():
                           hardware="TPU v5p", slices=2, check_memory=False).fits
             for n in (4096 * 16, 8192 * 16)]
     assert fits == [True, False]
+
+
+# -- the collectives of a layer -----------------------------------------------------------
+
+def _layer_collectives(layout, model=TINY):
+    ins, outs, (weights, x) = St.layer_specs(model, layout)
+    simpmd.set_device_count(layout.chips)
+    mesh = simpmd.make_mesh(tuple(layout.shape.values()), tuple(layout.shape))
+    step = simpmd.shard_map(St.layer_step(model, layout), mesh=mesh, in_specs=ins,
+                            out_specs=outs)
+    step({k: S_(s, "float32") for k, s in weights.items()}, S_(x, "float32"))
+    return _collectives(step.trace.program)
+
+
+def _collectives(program):
+    """(name, axes) of every collective of a program, nested bodies (checkpoints) included."""
+    found = []
+    for e in program.eqns:
+        if getattr(e.primitive, "collective", False):
+            axes = e.params.get("axes", e.params.get("axis_name", ()))
+            found.append((e.primitive.name, (axes,) if isinstance(axes, str) else tuple(axes)))
+        for key in ("jaxpr", "call_jaxpr"):
+            if key in e.params:
+                found += _collectives(getattr(e.params[key], "jaxpr", e.params[key]))
+    return found
+
+
+def test_megatron_tensor_parallelism_has_four_collectives_per_layer():
+    """Two all-reduces forward (after attention, after the MLP) and two backward (the
+    gradients of the replicated inputs of the column-split products), besides the
+    once-a-step reduction of the norms' gradients."""
+    calls = _layer_collectives(plan.Layout(tp=2))
+    assert calls.count(("psum", ("tp",))) == 4
+
+
+def test_sequence_parallelism_gathers_and_scatters_and_gathers_again():
+    """An all-gather before each block and a reduce-scatter after it, forward; backward the
+    transposes (a reduce-scatter and an all-gather each) and the gathers again (the tokens
+    are not kept): 4 + 6 per layer instead of 4 all-reduces."""
+    calls = [name for name, axes in _layer_collectives(plan.Layout(tp=2, sequence_parallel=True))
+             if axes == ("tp",)]
+    assert sorted(calls) == ["all_gather"] * 6 + ["reduce_scatter"] * 4
+
+
+def test_fsdp_gathers_each_weight_in_both_passes():
+    """Four matrices per layer: each gathered forward and again backward, its gradient
+    reduce-scattered once."""
+    calls = _layer_collectives(plan.Layout(fsdp=2))
+    assert calls.count(("all_gather", ("fsdp",))) == 8
+    assert calls.count(("reduce_scatter", ("fsdp",))) == 4

@@ -179,6 +179,9 @@ def keep_products(prim, *avals, **params) -> bool:
         prim, *avals, **params)
 
 
+POLICIES = {"none": keep_all_but_gathers, "selective": keep_products, "full": None}
+
+
 def layers(s: Shard, x, stacked, virtual=None):
     """The layers whose weights are stacked along the first axis of each of ``stacked``'s
     arrays, as one ``lax.scan``, each layer a ``checkpoint`` whose policy is what
@@ -195,10 +198,13 @@ def layers(s: Shard, x, stacked, virtual=None):
         w = {k: ws[virtual, i] for k, ws in stacked.items()}
         return one(h, w)
     body = one if virtual is None else picked
-    policy = {"none": keep_all_but_gathers, "full": None,
-              "selective": keep_products}[s.recompute]
     xs = stacked if virtual is None else snp.arange(next(iter(stacked.values())).shape[1])
-    return lax.scan(checkpoint(body, policy=policy), x, xs)[0]
+    return lax.scan(checkpoint(body, policy=POLICIES[s.recompute]), x, xs)[0]
+
+
+def checkpointed_layer(s: Shard):
+    """``layer(x, w)`` under the checkpoint that :func:`layers` puts around each layer."""
+    return checkpoint(lambda x, w: layer(s, x, w), policy=POLICIES[s.recompute])
 
 
 # -- embedding and loss -----------------------------------------------------------------------

@@ -192,20 +192,24 @@ def _fsdp_dim(spec, ndim) -> int:
 
 
 def layer_step(model, layout, flash=True):
-    """``step(weights, x) -> gradients`` for one device: one decoder layer forward and
-    backward on activations ``x`` (its loss their sum), without the loop around it: the
-    layer the step's scan repeats, written out so that a roofline that counts a loop's
-    body once (``jax.experimental.roofline``) counts what simpmd counts."""
+    """``step(weights, x) -> (gradients, dx, y)`` for one device: one decoder layer, under
+    its checkpoint, forward and backward on activations ``x`` (its loss the sum of its
+    output ``y``, which is returned too, as the next layer would read it), without the
+    loop around it: what the step's scan repeats, written out so that a roofline that
+    counts a loop's body once (``jax.experimental.roofline``) counts what simpmd counts."""
     from ..api.grad import grad
     s = L.Shard(model, layout.shape, layout.recompute, layout.sequence_parallel, flash)
-
     one = {k: P(*_split(k, False, layout)[3:]) for k in LAYER_SPLIT}   # one layer's split
+    run = L.checkpointed_layer(s)
 
     def step(weights, x):
         w = {k: L.vary(v[0, 0, 0], _replicated(one[k], layout, 1)) for k, v in weights.items()}
         x = L.vary(x, s.activation_axes())
-        grads = grad(lambda w: L.layer(s, x, w).astype(snp.float32).sum())(w)
-        return {k: _reduce(g, one[k], layout) for k, g in grads.items()}
+        def loss(w, x):
+            y = run(x, w)
+            return y.astype(snp.float32).sum(), y
+        (grads, dx), y = grad(loss, argnums=(0, 1), has_aux=True)(w, x)
+        return {k: _reduce(g, one[k], layout) for k, g in grads.items()}, dx, y
     return step
 
 
@@ -215,8 +219,9 @@ def layer_specs(model, layout):
     one = type(model)(**{**model.__dict__, "layers": layout.pp * layout.vp})
     shapes = {k: v for k, v in param_shapes(one, layout).items() if k in LAYER_SPLIT}
     weights = {k: _split(k, False, layout) for k in shapes}
-    outs = {k: P(*[d for d in spec][3:]) for k, spec in weights.items()}
     tokens = "tp" if layout.sequence_parallel and layout.tp > 1 else None
-    x = P(("dp", "fsdp"), ("cp", tokens) if tokens else "cp")
-    x_shape = (layout.replicas * layout.microbatch, model.seq, model.d_model)
+    ranks = ("pp", "dp", "fsdp") + (("tp",) if layout.tp == 1 else ())  # x varies over all
+    x = P(ranks, ("cp", tokens) if tokens else "cp")                     # but a whole tp
+    outs = ({k: P(*[d for d in spec][3:]) for k, spec in weights.items()}, x, x)
+    x_shape = (layout.pp * layout.replicas * layout.microbatch, model.seq, model.d_model)
     return (weights, x), outs, (shapes, x_shape)
