@@ -133,6 +133,9 @@ def test_centering_right(capsys):
     (simpmd.shard_map(lambda r: r - r.mean(0), mesh=MESH1, in_specs=P(), out_specs=P()),
      "no collective ran"),
     (3.0, "should be a simpmd.shard_map"),
+    # P(): every device has the whole x, so r - pmean(r) is zeros, for another reason
+    (simpmd.shard_map(lambda r: r - lax.pmean(r, "i"), mesh=MESH1, in_specs=P(), out_specs=P()),
+     "P() names no mesh axis"),
 ])
 def test_centering_wrong(centered, hint, capsys):
     assert not ex.check_centering(centered)

@@ -22,8 +22,9 @@ def test_float32_as_xla_runs_it():
 def test_sixteen_and_eight_bit():
     h100, a100, t4, l4 = (C.HARDWARE[n] for n in ("H100", "A100", "T4", "L4"))
     assert dot_path(h100, "bfloat16", "bfloat16") == "bf16"
-    assert dot_path(t4, "bfloat16", "bfloat16") == "fp32"     # no bf16 tensor cores on sm_75
-    assert dot_path(t4, "float16", "float16") == "fp16"
+    # no bf16 tensor cores on sm_75: XLA computes in float32, the T4's bf16 rate is its FP32
+    assert t4.matmul_peak(dot_path(t4, "bfloat16", "bfloat16")) == t4.matmul_peak("fp32") == 8.1e12
+    assert t4.matmul_peak(dot_path(t4, "float16", "float16")) == 6.5e13
     assert dot_path(h100, "float8_e4m3fn", "float8_e4m3fn") == "fp8"
     assert dot_path(l4, "float8_e4m3fn", "float8_e5m2") == "fp8"
     assert dot_path(a100, "float8_e4m3fn", "float8_e4m3fn") == "bf16"  # Ampere has no fp8

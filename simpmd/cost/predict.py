@@ -127,9 +127,8 @@ class _Flat:
     def add(self, program, sizes, scope=0):
         for eqn in _equation_list(program):
             name = _primitive_name(eqn)
-            key = next((CALLS[name] for n in (name,) if n in CALLS and CALLS[n] in eqn.params),
-                       None)
-            if key is not None:
+            key = CALLS.get(name)
+            if key is not None and key in eqn.params:
                 self._inline(eqn, name, key, sizes, scope)
             elif name in ("scan", "while", "cond"):
                 self._block(eqn, name, sizes, scope)

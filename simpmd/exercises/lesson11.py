@@ -30,6 +30,14 @@ def _entries(spec):
     return tuple(parts)
 
 
+def _names(spec) -> set:
+    """The mesh axes a partition spec names, in any of its entries."""
+    names = set()
+    for entry in _entries(spec) or ():
+        names |= set(entry) if isinstance(entry, tuple) else {entry}
+    return names - {None}
+
+
 def _spec_text(entries) -> str:
     """``P('i')``, ``P(None, 'i')``, ``P()``: a spec's entries as the learner wrote them."""
     return "P(" + ", ".join(repr(e) for e in entries) + ")"
@@ -211,7 +219,8 @@ def check_centering(centered) -> bool:
     got = np.asarray(out)
     if got.shape != want.shape:
         return _say(False, _shape_hint(got.shape, want.shape))
-    split = "i" in str(centered.in_specs)
+    specs = centered.in_specs if isinstance(centered.in_specs, (tuple, list)) else (centered.in_specs,)
+    split = any("i" in _names(spec) for spec in specs)
     collectives = [call[0].op for call in centered.trace.calls()]
     if np.allclose(got, 0.0, atol=1e-6) and not np.allclose(want, 0.0, atol=1e-6):
         if split:
