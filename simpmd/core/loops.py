@@ -83,7 +83,7 @@ def _scan_abstract(*avals, jaxpr, length, num_carry, **params):
     return outs[:num_carry] + [a.update(shape=(length,) + a.shape) for a in outs[num_carry:]]
 
 def _float(v) -> bool:
-    return dtypes.inexact(v.aval.dtype)       # bfloat16 included (NumPy's kind 'V')
+    return dtypes.inexact(v.aval.dtype)          # bfloat16 and float8 are kind V
 
 def _depends(program, active) -> list:
     """Which outputs of ``program`` depend on its inputs marked in ``active``."""

@@ -225,7 +225,7 @@ def _collective_s(eqn, flat: _Flat) -> float:
     op = getattr(row, "op", None) if row is not None else _primitive_name(eqn)
     devices = _group_devices(eqn, sizes, flat.hw, flat.topology)
     if devices is None:
-        return _collective_cost(eqn, op, sizes, flat.hw, flat.topology)[2]
+        return _collective_cost(eqn, row, sizes, flat.hw, flat.topology)[2]
     nbytes = sum(a.nbytes for a in map(_typed, eqn.invars) if a is not None)
     return estimate(op, nbytes, devices=devices, hardware=flat.hw).time_s
 
