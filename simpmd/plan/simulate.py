@@ -42,6 +42,8 @@ HBM_CAPACITY = {
     "H100": 80e9,         # NVIDIA H100 datasheet, SXM: 80 GB
     "H200": 141e9,        # NVIDIA H200 datasheet: 141 GB
     "B200": 180e9,        # NVIDIA DGX B200 datasheet: 1,440 GB for 8 GPUs
+    "L4": 24e9,           # NVIDIA L4 datasheet: 24 GB GDDR6
+    "T4": 16e9,           # NVIDIA T4 datasheet: 16 GB GDDR6
 }
 LARGEST_V5P = (16, 16, 24)   # cloud.google.com/tpu/docs/v5p: the largest slice, 6,144 chips
 PATHS = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8"}
@@ -98,7 +100,8 @@ class Estimate:
         return self.peak_bytes <= self.hbm_bytes
 
     def __str__(self):
-        parts = ", ".join(f"{k} {v:.3g} s" for k, v in self.breakdown.items() if v > 0)
+        parts = ", ".join(f"{k} {v:.3g} s" for k, v in self.breakdown.items()
+                          if v > 5e-4 * self.step_s)
         return (f"{self.model.name or 'model'} on {self.chips} x {self.hardware} "
                 f"({self.precision}), {self.layout}:\n"
                 f"  step {self.step_s:.3g} s ({parts})\n"
