@@ -13,8 +13,11 @@ import math
 
 import pytest
 
-from simpmd import plan
-from simpmd.plan import published
+pytest.importorskip("ml_dtypes", reason="the planner's steps are in bfloat16, which ml_dtypes "
+                                        "(jaxlib's) brings")
+
+from simpmd import plan  # noqa: E402
+from simpmd.plan import published  # noqa: E402
 
 RUNS = published.runs()
 WITHIN = 1.25

@@ -16,19 +16,17 @@ the compute stream did with it:
   collective whose operands come from the loop's inputs (the next layer's FSDP gather)
   overlaps the iteration before it, and the loop takes its first iteration plus
   ``length - 1`` times the steady period;
-* time the compute stream waits is *exposed communication*; kernels of a checkpoint's
-  recomputation are *recomputation*; matrix products are *compute*, the fused runs
-  *memory*.
+* time the compute stream waits is *exposed communication*; matrix products a checkpoint
+  computes again are *recomputation*; other matrix products are *compute*, the fused runs
+  (recomputed ones included, as a fused kernel's backward recomputes its intermediates)
+  *memory*; the pipeline's idle ticks are its *bubble*.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-import functools
 import math
 
-import numpy as np
-
-from ..cost.network import collective_of, estimate
+from ..cost.network import estimate
 from ..cost.walk import _is_var, _nbytes, _primitive_name, _row, _typed
 
 MATMUL = frozenset({"dot_general", "flash_attention", "flash_attention_bwd"})
@@ -337,8 +335,7 @@ def _place_scan(eqn, costing, streams, tally, depth):
     the rest at the steady period; the loop runs as one block of the compute stream."""
     body = _body(eqn)
     n = int(eqn.params["length"])
-    n_consts, n_carry = eqn.params.get("num_consts", None), eqn.params.get("num_carry", None)
-    n_consts, n_carry = _split_counts(eqn, body, n_consts, n_carry)
+    n_consts, n_carry = int(eqn.params["num_consts"]), int(eqn.params["num_carry"])
     inner = _Streams()
     begin = max([streams.compute] + [streams.at(v) for v in eqn.invars])
     inner.compute = 0.0
@@ -369,11 +366,3 @@ def _place_scan(eqn, costing, streams, tally, depth):
     streams.compute = begin + length
     for v in eqn.outvars:
         streams.ready[v] = streams.compute
-
-
-def _split_counts(eqn, body, n_consts, n_carry):
-    """(consts, carry) counts of a scan equation: from its parameters, or from the body's
-    inputs and outputs (the carry is what the body returns first, matched by type)."""
-    if n_consts is not None and n_carry is not None:
-        return int(n_consts), int(n_carry)
-    raise ValueError(f"scan equation without num_consts/num_carry: {sorted(eqn.params)}")
