@@ -27,12 +27,16 @@ MISSES = {
                          "efficiency at these shapes are not simulated",
     "LLAMA3-8B, 8 GPUs": "FP8 at d_model 4096 and attention over 8,192 tokens at the matmul "
                          "rate: the same, with attention kernels slower than GEMMs",
+    "22B, full recompute": "Megatron's full recomputation re-runs each layer's whole forward "
+                           "(PyTorch's checkpoint); simpmd's recomputes what the backward "
+                           "pass reads, as XLA does",
 }
 
 
 def predicted(run):
     return plan.estimate(run.model, run.layout, hardware=run.hardware, precision=run.precision,
-                         flash=run.flash, slices=run.slices, check_memory=False,
+                         flash=run.flash, slices=run.slices, framework=run.framework,
+                         check_memory=False,
                          memory=False).step_s
 
 

@@ -209,6 +209,16 @@ def nested(eqn):
     return ("call", [inner]) if inner is not None else (None, [])
 
 
+def scan_split(eqn) -> tuple:
+    """(constants, carries) of a scan's operands, the rest its xs: counts in its
+    parameters (simpmd, jax before 0.12), or the groups of jax 0.12's ``ft_in`` tree."""
+    params = eqn.params
+    if "num_consts" in params:
+        return int(params["num_consts"]), int(params["num_carry"])
+    consts, carry, _ = params["ft_in"].update(list(range(len(eqn.invars)))).unpack()
+    return len(list(consts)), len(list(carry))
+
+
 def axes_in(eqn, sizes: dict) -> dict:
     """The mesh axes in scope inside ``eqn``'s body: a shard_map's mesh, a nested pmap's axis."""
     here = dict(sizes)
@@ -329,11 +339,10 @@ class Walker:
 
     def bodies(self, eqn, sizes=None, count=1) -> list:
         """(body, times it runs) for each body of ``eqn``, run ``count`` times: on shapes,
-        by the rules above; on values, the bodies the device ran any of."""
+        by the rules above; on values, the bodies the device ran, as often as it ran them."""
         kind, bodies = nested(eqn)
         if self.taken is not None:
-            return [(b, count) for b in bodies if any(
-                self.taken.of(e, self.device) for e in _equation_list(b))]
+            return self._ran(eqn, bodies, count)
         if kind == "repeat":
             return [(bodies[0], count * int(eqn.params["length"]))]
         if kind == "until":
@@ -348,6 +357,16 @@ class Walker:
                                   f"{costs[k][0]:.4g} FLOPs) is counted")
             return [(bodies[k], count)]
         return [(bodies[0], count)] if bodies else []
+
+    def _ran(self, eqn, bodies, count) -> list:
+        """On values: each body the device ran, with how many times it ran per run of
+        ``eqn`` (a scan's length, a while loop's trips, a branch's share), times ``count``."""
+        runs, out = self.taken.of(eqn, self.device), []
+        for body in bodies:
+            n = max((self.taken.of(e, self.device) for e in _equation_list(body)), default=0)
+            if n:
+                out.append((body, count * n / runs if runs else 0))
+        return out
 
     def _heading(self, eqn, kind, n) -> str:
         """How an equation that holds bodies shows: 'scan x8', 'while x3', 'cond (2 branches)'."""
