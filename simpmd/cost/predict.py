@@ -435,11 +435,10 @@ class _Predictor:
         out.terms["communication"] = 0.0
         out.terms["communication"] = max(0.0, length - out.total)
         ticks, idle = self.pipeline or (0, 0)
-        if depth == 0 and idle and n == ticks:           # the pipeline's idle ticks
-            scaled = _Sum()
-            scaled.add(out, 1 - idle / n)
-            scaled.terms["bubble"] = idle / n * length
-            out = scaled
+        if depth == 0 and idle and n == ticks:           # the pipeline's idle ticks: a
+            for term in out.terms:                       # share of its time (what it
+                out.terms[term] *= 1 - idle / n          # computes there, it computes)
+            out.terms["bubble"] = idle / n * length
         return _Block(length, out, frozenset(axes), label)
 
 

@@ -72,6 +72,7 @@ class Estimate:
     peak_flops: float
     collectives: tuple = ()
     communication_s: float = 0.0      # every collective's time in the step, hidden or not
+    flops: float = 0.0                # what one device computes in the step
 
     @property
     def chips(self) -> int:
@@ -242,7 +243,7 @@ def estimate(model, layout: Layout, hardware="H100", chips: int | None = None,
     capacity = HBM_CAPACITY.get(hw.name, float("inf"))
     result = Estimate(model, layout, hw.name, precision, p.time_s, dict(p.terms), memory,
                       capacity, hw.matmul_peak(PATHS[precision]), tuple(p.collectives),
-                      p.communication_s)
+                      p.communication_s, p.flops)
     if check_memory and not result.fits:
         raise LayoutError(
             f"{memory / 1e9:.1f} GB per chip at the peak, over the {capacity / 1e9:.0f} GB of "
