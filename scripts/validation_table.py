@@ -28,8 +28,8 @@ def main():
     errors = []
     for run in published.runs():
         est = plan.estimate(run.model, run.layout, hardware=run.hardware,
-                            precision=run.precision, flash=run.flash, slices=run.slices, framework=run.framework,
-                            check_memory=False)
+                            precision=run.precision, flash=run.flash, slices=run.slices,
+                            framework=run.framework, check_memory=False)
         ratio = est.step_s / run.measured_s
         errors.append(abs(math.log(ratio)))
         parts = ", ".join(f"{k} {v / est.step_s:.0%}" for k, v in est.breakdown.items()

@@ -61,12 +61,14 @@ for _rows, _kind in (
         ((P.reshape, P.squeeze, P.copy, C.pvary, L.name_p), "view"),
         ((P.broadcast_in_dim,), "broadcast"),
         ((P.convert_element_type, P.select_n, P.clamp, P.transpose, P.slice_, P.pad, P.rev,
-          P.concatenate, P.gather, P.iota, PRIMITIVES["dynamic_slice"]), "elementwise"),
+          P.concatenate, P.gather, P.iota, PRIMITIVES["dynamic_slice"]) + tuple(
+              PRIMITIVES[n] for n in ("shard_slice",) if n in PRIMITIVES), "elementwise"),
         ((P.reduce_sum, P.reduce_max, P.reduce_min, P.reduce_prod, P.reduce_and, P.reduce_or,
           P.argmax, P.argmin), "reduction"),
         ((P.dot_general,), "matmul"),
         ((P.sort, P.cumsum, P.cumprod, P.cummax, P.cummin, P.numpy_call), "opaque"),
-        (tuple(r for n, r in PRIMITIVES.items() if n.startswith("scatter")), "in_place")):
+        (tuple(r for n, r in PRIMITIVES.items() if n.startswith("scatter")
+               or n == "dynamic_update_slice"), "in_place")):
     for _row_obj in _rows:
         _row_obj.fusion = _kind
 
@@ -77,7 +79,7 @@ JAX_VIEWS = frozenset("""expand_dims bitcast_convert_type stop_gradient pcast
 JAX_ELEMENTWISE = JAX_UNARY | frozenset("""reduce_precision
     threefry2x32 random_bits erf_inv population_count clz""".split())
 JAX_IN_PLACE = frozenset("dynamic_update_slice scatter scatter-add scatter_add".split())
-SLICES = frozenset({"slice", "dynamic_slice", "gather", "transpose"})   # read where they lie
+SLICES = frozenset({"slice", "dynamic_slice", "shard_slice", "gather", "transpose"})
 ACCUMULATING = frozenset({"matmul", "in_place", "block"})
 
 
