@@ -309,6 +309,35 @@ def test_the_planners_step_computes_the_flops_the_walk_counts():
     assert est.flops == flops(program) > 0
     again = C.predict.predict(program, "H100", layout.shape)
     assert again.flops == est.flops and flops(program, "recompute") > 0
+    eager = plan.estimate(model, layout, hardware="H100", memory=False, framework="megatron")
+    assert eager.flops == _walked(program, whole_recompute=True) > est.flops
+
+
+def _walked(program, phase=None, **options):
+    walker = C.walk.Walker(program, **options)
+    return sum(C.walk.flops_and_bytes(v.eqn, v.row, v.name)[0] * v.times
+               for v in walker.visits() if not v.body and (phase is None or v.phase == phase))
+
+
+def test_a_checkpoint_run_again_whole_as_an_eager_framework_does():
+    """sin(x @ w) @ w under a checkpoint that saves nothing: XLA's backward pass recomputes
+    x @ w and its sine (what the derivatives read), not the last product, whose result only
+    the loss reads; PyTorch's checkpoint (whole_recompute) runs all of it again. The
+    prediction computes what the walk counts, either way."""
+    n = 64
+    w, x = np.full((n, n), 0.01, np.float32), np.full((n, n), 0.02, np.float32)
+
+    def loss(w, x):
+        return simpmd.checkpoint(lambda x: snp.sin(x @ w) @ w)(x).sum()
+    program = simpmd.make_jaxpr(simpmd.grad(loss))(*_shapes(w, x))
+    xla, eager = _walked(program, "recompute"), _walked(program, "recompute",
+                                                        whole_recompute=True)
+    assert xla == 2 * n ** 3 + n * n                  # x @ w and its sine (one per element)
+    assert eager == xla + 2 * n ** 3                  # and the last product
+    for whole in (False, True):
+        walker = C.walk.Walker(program, whole_recompute=whole)
+        assert C.predict.predict(program, "H100", walker=walker).flops == _walked(
+            program, whole_recompute=whole)
 
 
 # -- the cost columns live on the rows ----------------------------------------------------------

@@ -27,9 +27,6 @@ MISSES = {
                          "efficiency at these shapes are not simulated",
     "LLAMA3-8B, 8 GPUs": "FP8 at d_model 4096 and attention over 8,192 tokens at the matmul "
                          "rate: the same, with attention kernels slower than GEMMs",
-    "22B, full recompute": "Megatron's full recomputation re-runs each layer's whole forward "
-                           "(PyTorch's checkpoint); simpmd's recomputes what the backward "
-                           "pass reads, as XLA does",
 }
 
 

@@ -544,7 +544,7 @@ class _Flat:
             for i, o in zip(inner.invars, eqn.invars):
                 self.alias[ref(i, here)] = self.resolve(ref(o, scope))
         self.add(body, axes_in(eqn, sizes), here, phase)
-        for o, i in zip(eqn.outvars, inner.outvars):
+        for o, i in zip(eqn.outvars, self.walker.live(body).outvars):
             self.alias[ref(o, scope)] = self.resolve(ref(i, here))
 
 
@@ -561,7 +561,12 @@ def body_kernels(program, walker, sizes=None, phase="forward",
         outs = [flat.resolve(ref(v)) for v in inner.outvars]
     else:                                          # a list of equations: every result
         outs = [o for e in flat.eqns for o in e.outvars]
-    fuser = _Fuser(flat.eqns, [v for v in outs if _is_var(v)], accumulation_fusion)
+    stored = [v for v in outs if _is_var(v)]
+    if walker.whole:                               # an eager re-run writes every result
+        read = {v for e in flat.eqns for v in e.invars}
+        stored += [o for e in flat.eqns if flat.phase[id(e)] == "recompute"
+                   for o in e.outvars if o not in read]
+    fuser = _Fuser(flat.eqns, stored, accumulation_fusion)
     for eqn in fuser.eqns:
         fuser.place(eqn)
     kernels = fuser.finish()

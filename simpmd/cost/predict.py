@@ -264,6 +264,7 @@ class _Predictor:
         start = max(streams.compute, self._ready(kernel, body, streams))
         total.terms["communication"] += start - streams.compute
         total.add(block.sum)
+        total.flops += sum(self.eqn_flops(e) for e in kernel.eqns[1:])   # added in place
         streams.compute = start + block.seconds
         for axes in block.axes:             # its collectives end before it does
             streams.comm[axes] = max(streams.comm.get(axes, 0.0), streams.compute)

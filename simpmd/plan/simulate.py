@@ -29,6 +29,7 @@ from ..api.shard_map import shard_map
 from ..cost.hardware import SLICE_SHAPES, hardware_preset
 from ..cost.memory import peak_memory
 from ..cost.predict import predict
+from ..cost.walk import Walker
 from ..machine import devices as _devices
 from ..machine.mesh import Mesh
 from . import step as St
@@ -189,9 +190,10 @@ class Reuse:
         key = (model, in_flight(layout), hw_name, flash)
         if key + (framework,) not in self.peaks:
             program = self.program(*key)
+            megatron = framework == "megatron"
             self.peaks[key + (framework,)] = peak_memory(
-                program, fused=True, donate=True,
-                accumulation_fusion=framework == "megatron").peak
+                program, fused=True, donate=True, accumulation_fusion=megatron,
+                walker=Walker(program, layout.shape, whole_recompute=megatron)).peak
         return self.peaks[key + (framework,)]
 
 
@@ -218,9 +220,11 @@ def estimate(model, layout: Layout, hardware="H100", chips: int | None = None,
     gradients and Adam's moments are kept as mixed precision keeps them, float32 masters
     and moments). ``slices``: TPU slices joined by DCN. ``flash``: attention as one fused
     kernel (False: the scores kept, as before fused kernels). ``framework``: what runs the
-    step, ``"xla"`` (JAX: the gradients of a loop over micro-batches or pipeline ticks are
-    added to their accumulators when it ends) or ``"megatron"`` (Megatron-LM: each weight
-    gradient is added into its buffer where it is computed). Raises
+    step, ``"xla"`` (JAX: a checkpoint recomputes what the backward pass reads; the
+    gradients of a loop over micro-batches or pipeline ticks are added to their
+    accumulators when it ends) or ``"megatron"`` (Megatron-LM on PyTorch: full
+    recomputation runs each layer's whole forward again, as PyTorch's checkpoint does;
+    each weight gradient is added into its buffer where it is computed). Raises
     :class:`LayoutError` for a layout that cannot run, memory over the chip's HBM
     included (``check_memory=False`` reports it instead; ``memory=False`` skips the memory
     walk, for a sweep of step times: ``peak_bytes`` is then 0)."""
@@ -234,9 +238,11 @@ def estimate(model, layout: Layout, hardware="H100", chips: int | None = None,
         raise LayoutError(f"{hw.name} has no FP8 matrix units; use precision='bf16'")
     reuse = reuse or Reuse()
     ticks = layout.microbatches * layout.vp + layout.pp - 1      # step.py's pipeline loop
-    p = predict(reuse.program(model, layout, hw.name, flash), hw, layout.shape,
-                reuse.machine(hw, layout.chips, slices), precision=PATHS[precision],
-                pipeline=(ticks, layout.pp - 1), accumulation_fusion=framework == "megatron",
+    program, megatron = reuse.program(model, layout, hw.name, flash), framework == "megatron"
+    p = predict(program, hw, topology=reuse.machine(hw, layout.chips, slices),
+                walker=Walker(program, layout.shape, whole_recompute=megatron),
+                precision=PATHS[precision], pipeline=(ticks, layout.pp - 1),
+                accumulation_fusion=megatron,
                 collective_times=reuse.collectives.setdefault((hw.name, layout.chips, slices),
                                                               {}))
     memory = reuse.peak(model, layout, hw.name, flash, framework) if memory else 0
