@@ -110,6 +110,12 @@ class Sharding:
         return repr(self.spec)
 
 
+def type_text(aval) -> str:
+    """A type as ``jax.typeof`` prints it: ``float32[16@data,32@model]``."""
+    short = aval.str_short()
+    return np.dtype(aval.dtype).name + short[short.index("["):]
+
+
 def dims_of(aval):
     """An aval's layout; a constant (no mesh) is whole on every device."""
     s = aval.sharding

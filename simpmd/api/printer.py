@@ -83,9 +83,9 @@ def _shared(program, version) -> dict:
         counts[prog] = counts.get(prog, 0) + 1 + (
             prog is not program and len(prog.eqns) > 10 and version >= (0, 10, 2))
         for eqn in prog.eqns:
-            inner = [v for v in eqn.params.values() if isinstance(v, Program)]
-            inner += [p for v in eqn.params.values() if isinstance(v, tuple)
-                      for p in v if isinstance(p, Program)]
+            shown = [v for k, v in eqn.params.items() if not k.startswith("_")]
+            inner = [v for v in shown if isinstance(v, Program)]
+            inner += [p for v in shown if isinstance(v, tuple) for p in v if isinstance(p, Program)]
             todo += inner
             if isinstance(eqn.params.get("name"), str):
                 for p in inner:
