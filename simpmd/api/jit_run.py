@@ -78,9 +78,8 @@ class JitRun(Run):
                 f"simpmd.shard_map.")
         rule = getattr(prim, "sharding", None)
         if rule is None:
-            loop = " Loops run inside shard_map, under jit too." if prim.name in ("scan", "while") else ""
             raise ShardingTypeError(f"{prim.name} has no sharding rule in simpmd, so it cannot "
-                                    f"run under jit outside shard_map.{loop}")
+                                    f"run under jit outside shard_map.")
         avals = [aval_of(x) for x in args]
         out = prim.abstract(*avals, **params)
         outs = list(out) if prim.multiple_results else [out]
@@ -108,6 +107,9 @@ class JitRun(Run):
                 self.alias(new, old)
             return results
         return self._compute(prim, args, avals, out_avals, params)
+
+    def block_shape(self, aval) -> tuple:
+        return R.block_shape(aval.shape, dims_of(aval), self.mesh)
 
     def stack_of(self, x, aval):
         if isinstance(x, StackedValue):

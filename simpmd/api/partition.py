@@ -29,7 +29,7 @@ import math
 
 import numpy as np
 
-from ..core import errors
+from ..core import errors, loops
 from ..core import primitives as P
 from ..core.collectives import ppermute as _ppermute
 from ..core.core import PRIMITIVES
@@ -563,6 +563,18 @@ def _body(mesh, avals, jaxpr, **params):
     return [dims_of(a) for a in jaxpr.out_avals]
 
 
+def _scan(mesh, avals, jaxpr, num_carry, **params):
+    """A scan: the carry keeps the type it was traced with (the front end checks that the
+    body returns it unchanged, JAX's TypeError otherwise); the stacked ``ys`` add a
+    leading dimension, whole on every device."""
+    outs = jaxpr.out_avals
+    return [dims_of(a) for a in outs[:num_carry]] + [((),) + dims_of(a) for a in outs[num_carry:]]
+
+
+def _while(mesh, avals, body_jaxpr, **params):
+    return [dims_of(a) for a in body_jaxpr.out_avals]
+
+
 # -- the plans: how each device computes its block -------------------------------------------
 
 
@@ -852,6 +864,7 @@ def attach():
         rules[name] = (_scatter, computed_whole)
     for name, (rule, plan) in rules.items():
         PRIMITIVES[name].sharding, PRIMITIVES[name].partition = rule, plan
+    loops.scan.sharding, loops.while_.sharding = _scan, _while
 
 
 def rows_without_rules() -> list:

@@ -63,11 +63,12 @@ def _stacks(values):
 def _scan_stacked(*ops, jaxpr, length, reverse, num_consts, num_carry, **params):
     """The body once per iteration, over every device: row ``i`` of each ``xs`` in, row
     ``i`` of each ``ys`` out, the carry passed on."""
-    n_in = num_consts + num_carry
+    n_in, run = num_consts + num_carry, _run()
     consts, carry = list(ops[:num_consts]), list(ops[num_consts:n_in])
     xs = _stacks(ops[n_in:])
     x_avals = jaxpr.in_avals[n_in:]
-    ys = [np.zeros((_run().n, length) + a.shape, a.dtype) for a in jaxpr.out_avals[num_carry:]]
+    ys = [np.zeros((run.n, length) + run.block_shape(a), a.dtype)
+          for a in jaxpr.out_avals[num_carry:]]
     for step in range(length):
         i = length - 1 - step if reverse else step
         with iterating(i):
