@@ -642,31 +642,19 @@ def pvary(x, axis_name):
 # -- how make_jaxpr prints a loop: as the installed JAX does --------------------------------
 
 
-@functools.lru_cache(maxsize=None)
-def jax_format() -> tuple:
-    """The installed JAX's version, whose printed form simpmd's ``make_jaxpr`` follows
-    (read without importing JAX); the newest form when JAX is not installed."""
-    text = getattr(sys.modules.get("jax"), "__version__", None)
-    if text is None:
-        try:
-            from importlib.metadata import version
-            text = version("jax")
-        except Exception:
-            return (99,)
-    return tuple(int(p) for p in re.findall(r"\d+", text)[:3])
-
-
 def _tuple_text(items) -> str:
     return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
 
 
 def _scan_shown(params) -> dict:
-    """jax 0.7: _split_transpose, linear, num_carry, num_consts; 0.8-0.10: num_carry and
-    num_consts; 0.11 on: ft_in and ft_out, the flat trees of its inputs and outputs."""
+    """As the running JAX prints them: ft_in and ft_out, the flat trees of its inputs and
+    outputs (jax 0.11 on); num_carry and num_consts (0.8-0.10); those with
+    _split_transpose and linear (0.7)."""
+    from .api.printer import forms
     body, nc, nk = params["jaxpr"], params["num_consts"], params["num_carry"]
     shown = {k: params[k] for k in ("jaxpr", "length", "reverse", "unroll")}
-    version = jax_format()
-    if version >= (0, 11):
+    form = forms().scan_form()
+    if form == "ft":
         n_x, n_y = len(body.invars) - nc - nk, len(body.outvars) - nk
         forwarded = params.get("_ys_forwarded") or ()
         ys = [f"RightsOnly({'Left' if f else 'Right'}(None))" for f in forwarded]
@@ -676,7 +664,7 @@ def _scan_shown(params) -> dict:
                      ft_out=_tuple_text([_tuple_text(["None"] * nk), _tuple_text(ys)]))
         return shown
     shown.update(num_carry=nk, num_consts=nc)
-    if version < (0, 8):
+    if form == "linear":
         shown.update(_split_transpose=False, linear=(False,) * len(body.invars))
     return shown
 

@@ -5,11 +5,29 @@ JAX's, equation by equation. The core's :class:`~simpmd.core.core.Program` print
 from __future__ import annotations
 
 import itertools
+import sys
 
 import numpy as np
 
 from ..core import bridge, dtypes
 from ..core.core import Program, Var
+
+
+class NewestForms:
+    """How the newest JAX prints where releases differ (when no JAX is running)."""
+
+    scan_form = staticmethod(lambda: "ft")
+    hoists_long_bodies = staticmethod(lambda: True)
+    masks_addresses = staticmethod(lambda: True)
+    policy_text = staticmethod(lambda made: None)
+
+
+def forms():
+    """The printed forms of the running JAX (``simpmd.jax.printing``, which prints tiny
+    programs on it), or the newest ones when JAX is not imported."""
+    if "jax" in sys.modules and bridge.jax is not None:
+        return bridge.jax.printing
+    return NewestForms
 
 
 def _names():
@@ -72,16 +90,16 @@ def _same_names(eqn, names, name):
                 names[i] = name(o)
 
 
-def _shared(program, version) -> dict:
+def _shared(program, hoists_long) -> dict:
     """The nested programs JAX prints once, before the program, as ``let name = {...} in``
     (``core.pp_toplevel_jaxpr``): those used more than once, and from jax 0.10.2 on those
-    of more than 10 equations. Named by the equation's ``name`` (``<lambda>`` as
+    of more than 10 equations where the running JAX does so. Named by the equation's ``name`` (``<lambda>`` as
     ``lambda``), else ``jaxpr``, numbered when a name repeats."""
     counts, labels, todo = {}, {}, [program]
     while todo:
         prog = todo.pop(0)
         counts[prog] = counts.get(prog, 0) + 1 + (
-            prog is not program and len(prog.eqns) > 10 and version >= (0, 10, 2))
+            prog is not program and len(prog.eqns) > 10 and hoists_long)
         for eqn in prog.eqns:
             shown = [v for k, v in eqn.params.items() if not k.startswith("_")]
             inner = [v for v in shown if isinstance(v, Program)]
@@ -105,8 +123,7 @@ def pretty(program, width=80) -> str:
     """The program as ``jax.make_jaxpr`` prints a jaxpr: variables named in order of
     appearance, nested programs included (on one line where they fit, or printed first
     when shared), and an equation's result that nothing reads shown as ``_``."""
-    from ..lax import jax_format
-    names, shared = {None: _names()}, _shared(program, jax_format())
+    names, shared = {None: _names()}, _shared(program, forms().hoists_long_bodies())
     out = [_skeleton(p, width, names, shared, f"let {label} = ", " in")
            for p, label in shared.items()]
     return "\n".join(out + [_skeleton(program, width, names, shared)])

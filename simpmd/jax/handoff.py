@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..core import bridge
+from . import printing  # noqa: F401  (how the running JAX prints: simpmd's printer asks)
 from ..api import tree
 from ..core.core import context
 from ..api.shard_map import shard_map
