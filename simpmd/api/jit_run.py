@@ -341,7 +341,7 @@ def _cut_abstract(x, dimension, axes):
 
 
 shard_slice = Primitive(     # each device cuts its piece of its block: XLA's dynamic-slice
-    "dynamic_slice", _cut, _cut_abstract, needs_run=True,
+    "shard_slice", _cut, _cut_abstract, needs_run=True,
     cost=lambda ins, outs, **p: (0, sum(a.nbytes for a in (*ins, *outs))))
 
 

@@ -320,6 +320,9 @@ def _concatenate(mesh, avals, dimension):
     return [dims_of(meshed[0])]
 
 
+_WORD = {"slice": "slicing", "pad": "padding", "dynamic_slice": "dynamic_slice"}
+
+
 def _varying_shape(name):
     """slice, pad: the operand's layout, if each changed split dimension still divides."""
     def rule(mesh, avals, **params):
@@ -334,7 +337,7 @@ def _varying_shape(name):
         for d, (n, m, axes) in enumerate(zip(a.shape, out.shape, dims_of(a))):
             if n != m and axes and m % count(mesh, axes):
                 raise ShardingTypeError(
-                    f"{'slicing' if name == 'slice' else 'padding'} on sharded dims where out "
+                    f"{_WORD[name]} on sharded dims where out "
                     f"dim ({m}) is not divisible by mesh axes ({count(mesh, axes)}) with spec "
                     f"({','.join(axes)}) is not implemented (JAX's words). Dimension {d} of "
                     f"{spec_text(dims_of(a))} is split; reshard it whole first, or keep a "
@@ -850,6 +853,12 @@ def attach():
         "concatenate": (_concatenate, _whole_dims(lambda avals, p: [p["dimension"]])),
         "pad": (_varying_shape("pad"), _whole_dims(_changed)),
         "slice": (_varying_shape("slice"), _slice_plan),
+        "dynamic_slice": (_varying_shape("dynamic_slice"), _whole_dims(
+            lambda avals, p: [d for d, (n, k) in enumerate(zip(avals[0].shape, p["slice_sizes"]))
+                              if n != k])),
+        "dynamic_update_slice": (_first, _whole_dims(
+            lambda avals, p: [d for d, (n, k) in enumerate(zip(avals[0].shape, avals[1].shape))
+                              if n != k])),
         "iota": (_iota, computed_whole),
         "gather": (_gather, computed_whole), "sort": (_sort, _as_is),
         "numpy_call": (_numpy_call, None), "cond": (_branches, None),

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import core
+from . import core, dtypes
 from .core import Equation, Primitive, Program, Var, aval_of, backward_pass, bind, context
 from .program import eval_program, trace
 from .values import StackedValue
@@ -84,7 +84,7 @@ def _scan_abstract(*avals, jaxpr, length, num_carry, **params):
     return outs[:num_carry] + [a.update(shape=(length,) + a.shape) for a in outs[num_carry:]]
 
 def _float(v) -> bool:
-    return v.aval.dtype.kind in "fc"
+    return dtypes.inexact(v.aval.dtype)
 
 def _depends(program, active) -> list:
     """Which outputs of ``program`` depend on its inputs marked in ``active``."""
@@ -236,6 +236,8 @@ def split_call(body, wants, saveable=None, every_input=False):
 def split_vjp(cts, ins, outs, split, run_backward):
     """The cotangents of a split row's inputs: ``run_backward(operands)`` binds its
     backward half on the inputs it reads, the residuals and the results' cotangents."""
+    if not any(split.active):
+        return [None] * len(ins)
     n_out = len(outs) - split.n_saved
     ct = [cts[k] if cts[k] is not None else zeros(aval_of(outs[k]))
           for k in range(n_out) if split.with_ct[k]]

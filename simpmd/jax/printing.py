@@ -60,3 +60,38 @@ def policy_text(made) -> str:
 def masks_addresses() -> bool:
     """Whether a function's address prints masked (``0xXXXXXXXXXXXX``) in a jaxpr."""
     return "0xXXXXXXXXXXXX" in policy_text(("nothing_saveable", ()))
+
+
+@functools.lru_cache(maxsize=None)
+def normalizes_slice_starts() -> bool:
+    """Whether ``w[:, i]`` with a traced ``i`` normalizes the slice's start (``lt 0 0``,
+    ``add``, ``select_n``) as it does an integer index, or passes it as it is."""
+    jax = _jax()
+    text = str(jax.make_jaxpr(lambda w, i: w[:, i])(np.ones((2, 2), np.float32), np.int32(0)))
+    return "lt 0:i32[] 0:i32[]" in text
+
+
+@functools.lru_cache(maxsize=None)
+def shows_default_params() -> bool:
+    """Whether ``broadcast_in_dim`` prints all its parameters (``shape``, ``sharding=None``)
+    or only those that differ from what its operands imply."""
+    jax = _jax()
+    text = str(jax.make_jaxpr(lambda x: jax.numpy.broadcast_to(x, (2,)))(np.float32(1)))
+    return "shape=(2,)" in text
+
+
+@functools.lru_cache(maxsize=None)
+def drops_unused() -> str:
+    """Which programs print a result nothing reads as ``_``: 'top' (the printed program
+    only; nested ones name every variable), 'all', or 'none'."""
+    jax = _jax()
+    inner = jax.jit(lambda x: (x * 2.0, x)[1])
+    text = str(jax.make_jaxpr(lambda x: (inner(x) * 3.0, x)[1])(np.float32(1)))
+    return {0: "none", 1: "top"}.get(text.count("_:f32[]"), "all")
+
+
+@functools.lru_cache(maxsize=None)
+def guards_zero_divisor() -> bool:
+    """Whether jnp's float floor division guards a zero divisor (a ``_where`` in its body)."""
+    jax = _jax()
+    return "_where" in str(jax.make_jaxpr(lambda x: x // 3)(np.ones(2, np.float32)))
