@@ -53,7 +53,8 @@ class Settings:
     split first dim). ``strided_slice``: ``x[::k]`` of a split dim is a slice that keeps
     the split (0.10; 0.7 indexed with a gather, which refused it). ``shard_map_checks``:
     inside jit, shard_map refuses operands laid out otherwise than its in_specs (0.10;
-    0.7 moved them).
+    0.7 moved them). ``single_element``: a slice down to one element is replicated, whatever
+    the operand's split (0.12; before, refused like any slice a split does not divide).
     """
 
     def __init__(self, version=None):
@@ -67,7 +68,7 @@ class Settings:
 
     def follow(self, version):
         self.version = tuple(version)
-        self.batch_alike = self.version > (0, 10, 2)
+        self.batch_alike = self.single_element = self.version > (0, 10, 2)
         self.matmul_batch = self.reshape_spread = self.strided_slice = self.version > (0, 7, 2)
         self.shard_map_checks = self.version > (0, 7, 2)
 
@@ -334,6 +335,8 @@ def _varying_shape(name):
                 "gather indexing (JAX's words): this JAX indexes x[::k] with a gather, which "
                 "refuses a split dimension; reshard it whole first.")
         out = PRIMITIVES[name].abstract(*avals, **params)
+        if settings.single_element and all(m == 1 for m in out.shape):
+            return [whole(len(out.shape))]          # one element: on every device
         for d, (n, m, axes) in enumerate(zip(a.shape, out.shape, dims_of(a))):
             if n != m and axes and m % count(mesh, axes):
                 raise ShardingTypeError(
@@ -874,6 +877,9 @@ def attach():
     for name, (rule, plan) in rules.items():
         PRIMITIVES[name].sharding, PRIMITIVES[name].partition = rule, plan
     loops.scan.sharding, loops.while_.sharding = _scan, _while
+    from .nested import xla_pmap
+    xla_pmap.sharding = lambda mesh, avals, call_jaxpr, **p: [   # its results come back whole
+        whole(a.ndim) for a in xla_pmap.abstract(*avals, call_jaxpr=call_jaxpr, **p)]
 
 
 def rows_without_rules() -> list:

@@ -248,6 +248,8 @@ class Pmapped:
             # Inside a real JAX trace (jax.pmap of a nested simpmd program): today's JAX
             # spells the inner pmap jax.vmap with the same axis name.
             return bridge.jax.pmap_inside_jax(self, args, kwargs)
+        if run is not None and not run.axes and not run.eager:
+            return self._nested(args, kwargs, self._device_list())  # under jit, grad, a loop
         if run is not None:
             self._check_nesting(run)
             if not run.eager:
@@ -319,11 +321,13 @@ class Pmapped:
         self._remember(cache, remember)
         return traced.program
 
-    def _nested(self, args, kwargs):
+    def _nested(self, args, kwargs, devices=None):
         """A pmap called in a body being traced: one ``xla_pmap`` equation of the outer
         program, whose own body is traced once into a program of its own (the outer
-        body's values it reads become inputs of both: closure conversion)."""
-        static, defs, kw_def, arrays, paths, size = self._split(args, kwargs, 1 << 30)
+        body's values it reads become inputs of both: closure conversion). ``devices``:
+        its own, where the body around it maps no axis."""
+        static, defs, kw_def, arrays, paths, size = self._split(
+            args, kwargs, 1 << 30 if devices is None else len(devices))
         dynamic = [i for i in range(len(args)) if i not in static]
         leaves, treedef = tree.flatten(([args[i] for i in dynamic], kwargs))
         axes = [ax for conv in arrays if conv is not None for _, ax in conv]
@@ -348,7 +352,8 @@ class Pmapped:
                             for ax, a in zip(wanted, program.out_avals)]
             return log.out_axes
         outs = nested.nested_pmap(body, leaves, axes, out_axes, self.axis_name, size,
-                                  getattr(self.fun, "__name__", "fun"), log)
+                                  getattr(self.fun, "__name__", "fun"), log,
+                                  None if devices is None else devices[:size])
         log.outputs(out_def[0])
         return tree.unflatten(out_def[0], outs)
 

@@ -277,9 +277,13 @@ class Run:
         return Run(self.all_devices, self.axes, abstract=True, check_vma=self.check_vma,
                    maps_a_mesh=self.maps_a_mesh)
 
-    def nest(self, inner_axes, abstract=None) -> "Run":
-        """The run of a pmap called inside this body: this grid with ``inner_axes`` below."""
+    def nest(self, inner_axes, abstract=None, devices=None) -> "Run":
+        """The run of a pmap called inside this body: this grid with ``inner_axes`` below
+        (over ``devices``, a pmap's own, where this body maps no axis)."""
         size = math.prod(s for _, s in inner_axes)
+        if devices is not None:
+            return Run(devices, tuple(inner_axes), check_vma=self.check_vma,
+                       abstract=self.abstract if abstract is None else abstract)
         if self.inner is not None and self.inner.n != self.n * size:
             raise errors.MappedAxisError(
                 f"two pmaps nested in one body map different sizes ({self.inner.n // self.n} "
