@@ -232,8 +232,10 @@ def compare(jax_engine, simpmd_engine, program, x=None):
         return True, theirs, ours, ""
     if theirs.type_text != ours.type_text:
         return False, theirs, ours, "types differ"
-    if theirs.value is not None and not np.allclose(theirs.value, ours.value, rtol=2e-4,
-                                                    atol=2e-5):
+    scale = float(np.abs(theirs.value).max()) if theirs.value is not None and theirs.value.size else 1.0
+    if theirs.value is not None and not np.allclose(theirs.value, ours.value, rtol=1e-3,
+                                                    atol=1e-5 * max(1.0, scale)):
+        # (float32 rounding, amplified by products of a value and its gradient iterated)
         return False, theirs, ours, "values differ"
     return True, theirs, ours, ""
 
