@@ -55,12 +55,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-import functools
 import math
 
 import numpy as np
 
-from .core.core import PRIMITIVES, Aval, Primitive
+from .hardware import Hardware, MeasuredFit, hardware_preset
 
 
 # -- the names: jax.lax collectives -> the collective they perform -----------------------
@@ -326,334 +325,6 @@ class FullyConnected:
                 f"{self.link_bandwidth / 1e9:g} GB/s per direction each, "
                 f"{self.hop_latency * 1e6:g} us per hop)")
 
-
-# -- fits to published measurements ----------------------------------------------------
-
-@dataclass(frozen=True)
-class MeasuredFit:
-    """One collective on one GPU node as nccl-tests measures it, in the form nccl-tests'
-    doc/PERFORMANCE.md gives for its time ("roughly equal to overhead + size / bw"):
-
-        t = latency_s + S x factor / busbw
-
-    with S and factor nccl-tests' size and bus-bandwidth factor (:data:`NCCL_TESTS`), so
-    ``busbw`` is the bus bandwidth large messages approach and ``latency_s`` the time a
-    call costs whatever its size.
-    """
-
-    latency_s: float
-    busbw: float
-    fitted_to: str = ""        # which measurements (a key of the preset's citations)
-
-    def __str__(self):
-        return (f"{self.latency_s * 1e6:g} us per call + bus bytes / {self.busbw / 1e9:g} GB/s "
-                f"({self.fitted_to})")
-
-
-# Published nccl-tests results on ONE node of 8 H100 SXM GPUs (NVLink 4 + NVSwitch), as
-# (S, busbw) pairs in nccl-tests' units: S in bytes (the buffer of an all-reduce, the
-# gathered output of an all-gather), busbw in bytes/s. The fits below are made from these;
-# tests/test_cost_measured.py holds the model to each point.
-NCCL_TESTS_H100 = {
-    # Azure/AI-benchmarking-guide, "Azure Results/ND_H100_v5_results.md" (Microsoft Azure,
-    # https://github.com/Azure/AI-benchmarking-guide), section "NCCL Bandwidth": one ND H100
-    # v5 VM (8 x H100 80GB HBM3), NCCL 2.18.5, CUDA 12.6; Benchmarks/NCCLBandwidth.py runs
-    # `NCCL_ALGO=NVLS ./build/all_reduce_perf -b 8 -e 8G -f 2 -g 8 -n 40` and reports the
-    # in-place busbw. Its size labels (1K, 65K, 132K, 1M, 33M, 1G, ...) are the powers of two
-    # that -b 8 -f 2 steps through; here from 1 KiB to 8 GiB.
-    "all_reduce": tuple(zip(
-        [2**k for k in range(10, 34)],
-        [x * 1e9 for x in (0.07, 0.14, 0.27, 0.53, 0.95, 1.71, 2.72, 5.40, 10.86, 21.35,
-                           43.70, 81.93, 128.73, 172.13, 234.45, 295.53, 361.78, 400.61,
-                           423.38, 438.46, 466.35, 472.36, 475.54, 478.87)])),
-    # Together AI, github.com/togethercomputer/together-nccl-tests, commit 6698e53 (March
-    # 2026), benchmarks/H100/results/20260305_220043/all_gather_ring.out and
-    # reduce_scatter_ring.out: one host (gpu-dp-2jvzl-pqq7p), 8 x NVIDIA H100 80GB HBM3 in one
-    # process (nThread 1 nGpus 8), nccl-tests 2.17.9, NCCL 2.26.2 (nccl-library=22602); the
-    # header reads minBytes 8 maxBytes 8589934592 step 2(factor), warmup 5, iters 20, i.e.
-    # `all_gather_perf -b 8 -e 8G -f 2 -g 8 -w 5 -n 20`. "ring" is the label the repository's
-    # benchmarks/run_nccl_sharp_test.sh gives NCCL_ALGO=RING NCCL_NVLS_ENABLE=0 (the stored
-    # version of that script runs the all-reduce only, so the settings are read from the label
-    # and the header); the same host's all_gather_nvls.out agrees within 4% at every size.
-    # In-place busbw, as for the all-reduce, from 1 MiB to 8 GiB; S is the gathered output
-    # (all-gather) or the input (reduce-scatter).
-    "all_gather": tuple(zip(
-        [2**k for k in range(20, 34)],
-        [x * 1e9 for x in (22.12, 44.14, 88.35, 159.00, 214.29, 239.60, 281.35, 302.39,
-                           323.86, 338.43, 347.57, 355.24, 359.51, 363.38)])) + (
-        # NVIDIA/nccl-tests issue 326 (https://github.com/NVIDIA/nccl-tests/issues/326,
-        # 2025-06): `./build/all_gather_perf -b 128M -e 16384M -f 2 -g 8` on 8 H100s with
-        # NVLink, busbw "saturated at ~360 GB/s ... (16GB)"; S. Jeaugey (NCCL): "360 GB/s is
-        # exactly what we'd expect on H100". Its per-size rows are screenshots: only this point.
-        (16 * 2**30, 360e9),),
-    "reduce_scatter": tuple(zip(
-        [2**k for k in range(20, 34)],
-        [x * 1e9 for x in (22.55, 43.09, 85.98, 145.98, 203.85, 247.78, 285.85, 309.12,
-                           327.55, 337.74, 346.93, 353.15, 358.24, 364.13)])),
-}
-
-_AZURE_H100 = ("Azure/AI-benchmarking-guide, 'Azure Results/ND_H100_v5_results.md', section 'NCCL "
-               "Bandwidth' (https://github.com/Azure/AI-benchmarking-guide): all_reduce_perf "
-               "(NCCL_ALGO=NVLS, -g 8, in-place busbw) on one ND H100 v5 VM, 8 x H100 80GB HBM3, "
-               "NCCL 2.18.5, 1 KiB to 8 GiB; busbw 43.7 GB/s at 1 MiB, 466 at 1 GiB, 479 at 8 GiB")
-_NCCL_TESTS_326 = ("NVIDIA/nccl-tests issue 326 (https://github.com/NVIDIA/nccl-tests/issues/326): "
-                   "all_gather_perf -b 128M -e 16384M -g 8 on 8 H100s (NVLink) saturates at ~360 "
-                   "GB/s busbw; S. Jeaugey: '360 GB/s is exactly what we'd expect on H100'")
-_TOGETHER_H100 = ("Together AI, github.com/togethercomputer/together-nccl-tests (commit 6698e53), "
-                  "benchmarks/H100/results/20260305_220043/all_gather_ring.out and "
-                  "reduce_scatter_ring.out: all_gather_perf / reduce_scatter_perf -b 8 -e 8G -f 2 -g 8 "
-                  "-w 5 -n 20 (NCCL_ALGO=RING) on one host of 8 x H100 80GB HBM3, NCCL 2.26.2; "
-                  "in-place busbw 22.1 GB/s at 1 MiB, 347.6 at 1 GiB, 363.4 at 8 GiB (all-gather)")
-_NCCL_TESTS_212 = ("NVIDIA/nccl-tests issue 212 (https://github.com/NVIDIA/nccl-tests/issues/212), "
-                   "S. Jeaugey: with ~20% protocol overhead NCCL gets ~370 GB/s of the 450 GB/s "
-                   "NVLink line rate as busbw for non-allreduce operations; the all-reduce runs "
-                   "in the switch (NVLink SHARP) and peaks near 480 GB/s busbw on 8 GPUs")
-
-# The fits (tests/test_cost_measured.py redoes each from the published points): alpha and
-# busbw that minimise the largest |log(model / measured)| over the 14 points from 1 MiB to
-# 8 GiB. All-reduce, the Azure table: +-13% (the affine form cannot follow both the slow
-# middle, 8-32 MiB, and the 479 GB/s reached at 8 GiB). All-gather and reduce-scatter,
-# Together's tables: +-15% and +-9% (the time stays near 41 us up to 4 MiB, then grows with
-# the bytes); issue 326's 16 GiB all-gather point is not fitted and the fit stays within 7%
-# of it.
-_H100_MEASURED = (
-    ("all_reduce", MeasuredFit(42e-6, 425e9, fitted_to="Azure ND H100 v5, NVLS")),
-    ("all_gather", MeasuredFit(34e-6, 384e9, fitted_to="Together AI H100 node, ring")),
-    ("reduce_scatter", MeasuredFit(35e-6, 373e9, fitted_to="Together AI H100 node, ring")),
-)
-
-
-# -- hardware presets -------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Hardware:
-    """One accelerator and its interconnect, with every number's source in ``citations``.
-
-    Units: bandwidths in bytes/s, ONE direction of ONE link (a full-duplex link carries
-    as much again the other way); latency in seconds per hop; FLOP/s dense (no sparsity).
-    """
-
-    name: str
-    interconnect: str
-    link_bandwidth: float          # bytes/s, one link, one direction
-    links_per_device: int          # TPU: 2 per torus axis; H100: 18 NVLinks into the switches
-    hop_latency: float             # s per hop (a round figure; see citations)
-    hbm_bandwidth: float           # bytes/s
-    peak_bf16_flops: float         # FLOP/s, dense: 16-bit floats (bf16, fp16) on the matmul units
-    torus_rank: int | None = None  # 2 or 3 for a TPU torus; None for a switch
-    node_size: int | None = None   # devices on one switch (GPU node)
-    citations: tuple = ()
-    pod_axis: int = 16             # 2-D TPUs: an axis this long has wraparound links
-    aliases: tuple = ()            # other names learners use, e.g. the book's "TPU v4p"
-    peak_fp32_flops: float | None = None   # FLOP/s, dense, exact float32 (see peak_flops)
-    measured: tuple = ()           # (collective, MeasuredFit) pairs: fits to published runs
-
-    def peak_flops(self, dtype) -> float:
-        """Peak FLOP/s for arithmetic in ``dtype``.
-
-        16-bit (and 8-bit) floats run at the bf16 rate of the matrix units; everything else
-        (float32, integers) at the float32 rate: on a TPU, float32 matmuls at JAX's
-        ``precision="highest"`` take 6 bf16 passes (``jax.lax.Precision`` docstring), on a
-        GPU the datasheet's non-tensor FP32 rate. JAX's *default* precision is faster
-        (bf16 on TPU, TF32 on A100/H100): pass 16-bit arrays to model that.
-        """
-        name = np.dtype(dtype).name if not isinstance(dtype, str) else dtype
-        if name in ("bfloat16", "float16") or name.startswith("float8"):
-            return self.peak_bf16_flops
-        return self.peak_fp32_flops if self.peak_fp32_flops else self.peak_bf16_flops
-
-    @property
-    def critical_intensity(self) -> float:
-        """FLOPs per HBM byte above which a bf16 operation is compute-bound (the Scaling
-        Book's Part 1, "All About Rooflines": peak FLOP/s over HBM bandwidth, 240 on a v5e)."""
-        return self.peak_bf16_flops / self.hbm_bandwidth
-
-    @property
-    def device_bandwidth(self) -> float:
-        """Bytes/s one device can send over all its links at once, one direction."""
-        return self.links_per_device * self.link_bandwidth
-
-    def topology(self, shape=None):
-        """The topology of ``shape`` devices (an int, or a tuple of axis sizes) on this hardware.
-
-        TPU: a count becomes the standard slice shape (16 -> 4x4 on v5e, 2x2x4 on v4), and
-        wraparound follows the slice rules of the scaling book (see ``wraparound_for``).
-        GPU: one NVLink switch, at most ``node_size`` devices.
-        """
-        if self.torus_rank is None:
-            n = int(shape) if np.ndim(shape) == 0 else math.prod(shape)
-            if self.node_size is not None and n > self.node_size:
-                raise ValueError(
-                    f"{self.name}: {n} devices span more than one NVLink node of "
-                    f"{self.node_size}; simpmd models one node only (the network between "
-                    f"nodes is not modelled). Pass topology=FullyConnected({n}, ...) to "
-                    f"pretend that one switch joins them all.")
-            return FullyConnected(n, link_bandwidth=self.link_bandwidth,
-                                  hop_latency=self.hop_latency, links=self.links_per_device,
-                                  name=self.name, measured=dict(self.measured))
-        if np.ndim(shape) == 0 and int(shape) not in SLICE_SHAPES[self.torus_rank]:
-            return Torus((int(shape),), False, link_bandwidth=self.link_bandwidth,
-                         hop_latency=self.hop_latency, name=self.name)
-        dims = (SLICE_SHAPES[self.torus_rank][int(shape)] if np.ndim(shape) == 0
-                else tuple(int(d) for d in shape))
-        return Torus(dims, self.wraparound_for(dims), link_bandwidth=self.link_bandwidth,
-                     hop_latency=self.hop_latency, name=self.name)
-
-    def wraparound_for(self, dims) -> tuple:
-        """Which axes of a slice have wraparound links.
-
-        2-D TPUs (v5e, v6e; v2, v3): only an axis of the full pod size (16; 32 on v3). 3-D TPUs (v4, v5p):
-        every axis, when the slice is made of whole 4x4x4 cubes (the optical switches
-        that close the rings exist only per cube), else none; a shape with fewer than
-        three axes is not a real slice and gets none. (Scaling book, Part 2, "TPU
-        Networking".) For another wiring, build a Torus yourself.
-        """
-        if self.torus_rank == 2:
-            return tuple(d == self.pod_axis for d in dims)
-        whole_cubes = len(dims) == 3 and all(d % 4 == 0 for d in dims)
-        return tuple(whole_cubes for _ in dims)
-
-    def __str__(self):
-        lines = [f"{self.name}: {self.interconnect}",
-                 f"  link bandwidth   {self.link_bandwidth / 1e9:g} GB/s per link, one direction "
-                 f"({self.links_per_device} links: {self.device_bandwidth / 1e9:g} GB/s out of a device)",
-                 f"  hop latency      {self.hop_latency * 1e6:g} us",
-                 f"  HBM bandwidth    {self.hbm_bandwidth / 1e12:g} TB/s",
-                 f"  peak bf16        {self.peak_bf16_flops / 1e12:g} TFLOP/s"]
-        if self.peak_fp32_flops:
-            lines.append(f"  peak fp32        {self.peak_fp32_flops / 1e12:.3g} TFLOP/s")
-        for op, fit in self.measured:
-            lines.append(f"  measured {op:14s} {fit}")
-        return "\n".join(lines + ["  sources:"] + [f"    - {c}" for c in self.citations])
-
-
-# Standard slice shapes for a device count (Cloud TPU docs list these 2-D v5e shapes and
-# 3-D v5p shapes); another count becomes a 1-D line without wraparound.
-SLICE_SHAPES = {
-    2: {1: (1, 1), 4: (2, 2), 8: (2, 4), 16: (4, 4), 32: (4, 8), 64: (8, 8), 128: (8, 16),
-        256: (16, 16)},
-    3: {1: (1, 1, 1), 4: (2, 2, 1), 8: (2, 2, 2), 16: (2, 2, 4), 32: (2, 4, 4), 64: (4, 4, 4),
-        128: (4, 4, 8), 256: (4, 8, 8), 512: (8, 8, 8), 1024: (8, 8, 16), 2048: (8, 16, 16),
-        4096: (16, 16, 16)},
-}
-
-_BOOK_TPU = ("J. Austin et al., 'How to Scale Your Model' (2025), Part 2 'How to Think About "
-             "TPUs', section 'TPU Specs', https://jax-ml.github.io/scaling-book/tpus/ : "
-             "HBM BW/chip, FLOPs/s/chip (bf16) and ICI BW/link (one-way) tables")
-_BOOK_ICI_LATENCY = ("Scaling book Part 3 'Sharding', 'A note on ICI latency': each ICI hop "
-                     "has an intrinsic overhead 'typically around 1us', "
-                     "https://jax-ml.github.io/scaling-book/sharding/")
-_BOOK_TORUS = ("Scaling book Part 2, 'TPU Networking': v5e/v6e are 2-D tori (4 neighbours) "
-               "with wraparound only on a full axis of 16; v4/v5p are 3-D tori (6 neighbours) "
-               "with wraparound when the slice is made of whole 4x4x4 cubes")
-_BOOK_GPU = ("Scaling book, 'How to Think About GPUs', https://jax-ml.github.io/scaling-book/gpus/ : "
-             "NVLink 4.0 (Hopper) has 18 links per GPU at 25 GB/s each way, 450 GB/s per "
-             "GPU per direction; 8 GPUs per node on 4 NVSwitches; HBM BW and bf16 FLOPs/s "
-             "table (H100 3.4e12 B/s, 9.9e14; H200 4.8e12 B/s, 9.9e14)")
-_NCCL_LATENCY = ("NVLink hop latency: a round 1 us, an assumption; NCCL's own tuning model "
-                 "(NVIDIA/nccl src/graph/tuning.cc, table hwLat) charges 0.47-3.4 us per "
-                 "NVLink ring step depending on protocol, in the version read")
-
-_BOOK_V2 = ("Scaling book, 'How to Profile TPU Programs', https://jax-ml.github.io/scaling-book/"
-            "profiling/ : a ReduceScatter on a 'TPUv2 4x2' runs on '1.2e11 bidirectional "
-            "bandwidth' (6e10 one way per link); '23e12' bf16 FLOP/s per core, two cores per chip")
-_JOUPPI_2020 = ("N. Jouppi et al., 'A Domain-Specific Supercomputer for Training Deep Neural "
-                "Networks', CACM 63(7), 2020, Table 3: TPU v2 chip 46 TFLOP/s bf16, HBM 700 GB/s; "
-                "2-D torus of 16x16 chips (v2 pod) and 32x32 (v3 pod)")
-_A100 = ("NVIDIA A100 Tensor Core GPU datasheet (SXM 80GB): NVLink 600 GB/s (both directions "
-         "together, 12 third-generation links), HBM2e 2,039 GB/s, BF16 312 TFLOPS dense, FP32 19.5 TFLOPS")
-_BOOK_ROOFLINE = ("Scaling book Part 1 'All About Rooflines', https://jax-ml.github.io/scaling-book/"
-                  "roofline/ : a v5e does 1.97e14 bf16 FLOP/s from 8.2e11 B/s of HBM, critical "
-                  "intensity 240 (the Part 2 table says 8.1e11 B/s, kept here: 243)")
-_FP32_TPU = ("float32 rate: bf16 rate / 6, JAX's lax.Precision docstring: HIGHEST 'performs "
-             "float32 computations in 6 bfloat16' passes on TPU")
-_B200 = ("NVIDIA HGX B200 / DGX B200 datasheet: fifth-generation NVLink 1.8 TB/s per GPU (both "
-         "directions together, 18 links), HBM3e 8 TB/s per GPU; BF16 2.25 PFLOPS dense per "
-         "GPU (half the 4.5 PFLOPS sparse figure); FP32 600 TFLOPS per 8-GPU board, 75 per GPU")
-
-HARDWARE = {
-    "TPU v2": Hardware(
-        "TPU v2", "ICI, 2-D torus", link_bandwidth=6e10, links_per_device=4,
-        hop_latency=1e-6, hbm_bandwidth=7e11, peak_bf16_flops=4.6e13, peak_fp32_flops=4.6e13 / 6, torus_rank=2,
-        citations=(_FP32_TPU, _BOOK_V2, _JOUPPI_2020, _BOOK_ICI_LATENCY), aliases=("v2", "TPUv2")),
-    "TPU v3": Hardware(
-        "TPU v3", "ICI, 2-D torus", link_bandwidth=1e11, links_per_device=4,
-        hop_latency=1e-6, hbm_bandwidth=9e11, peak_bf16_flops=1.4e14, peak_fp32_flops=1.4e14 / 6, torus_rank=2,
-        pod_axis=32,
-        citations=(_FP32_TPU, _BOOK_TPU + " (row 'TPU v3': 9.0e11 B/s, 1.4e14 FLOP/s, 1e11 B/s; pod 32x32)",
-                   _JOUPPI_2020, _BOOK_ICI_LATENCY), aliases=("v3", "TPUv3")),
-    "TPU v4": Hardware(
-        "TPU v4", "ICI, 3-D torus", link_bandwidth=4.5e10, links_per_device=6,
-        hop_latency=1e-6, hbm_bandwidth=1.2e12, peak_bf16_flops=2.75e14, peak_fp32_flops=2.75e14 / 6, torus_rank=3,
-        citations=(_FP32_TPU, _BOOK_TPU + " (row 'TPU v4p': 1.2e12 B/s, 2.75e14 FLOP/s, 4.5e10 B/s)",
-                   _BOOK_ICI_LATENCY, _BOOK_TORUS), aliases=("TPU v4p", "v4", "v4p", "TPUv4")),
-    "TPU v5e": Hardware(
-        "TPU v5e", "ICI, 2-D torus", link_bandwidth=4.5e10, links_per_device=4,
-        hop_latency=1e-6, hbm_bandwidth=8.1e11, peak_bf16_flops=1.97e14, peak_fp32_flops=1.97e14 / 6, torus_rank=2,
-        citations=(_FP32_TPU, _BOOK_TPU + " (8.1e11 B/s, 1.97e14 FLOP/s, 4.5e10 B/s)", _BOOK_ROOFLINE,
-                   "Cloud TPU docs, 'TPU v5e', https://cloud.google.com/tpu/docs/v5e : 197 "
-                   "TFLOPs bf16, 819 GBps HBM", _BOOK_ICI_LATENCY, _BOOK_TORUS),
-        aliases=("v5e", "TPU v5 lite", "v5litepod", "TPUv5e")),
-    "TPU v5p": Hardware(
-        "TPU v5p", "ICI, 3-D torus", link_bandwidth=9e10, links_per_device=6,
-        hop_latency=1e-6, hbm_bandwidth=2.8e12, peak_bf16_flops=4.59e14, peak_fp32_flops=4.59e14 / 6, torus_rank=3,
-        citations=(_FP32_TPU, _BOOK_TPU + " (2.8e12 B/s, 4.59e14 FLOP/s, 9e10 B/s)",
-                   "Cloud TPU docs, 'TPU v5p', https://cloud.google.com/tpu/docs/v5p : 459 "
-                   "TFLOPs bf16 per chip", _BOOK_ICI_LATENCY, _BOOK_TORUS),
-        aliases=("v5p", "TPU v5", "TPUv5p")),
-    "TPU v6e": Hardware(
-        "TPU v6e", "ICI, 2-D torus", link_bandwidth=9e10, links_per_device=4,
-        hop_latency=1e-6, hbm_bandwidth=1.6e12, peak_bf16_flops=9.2e14, peak_fp32_flops=9.2e14 / 6, torus_rank=2,
-        citations=(_FP32_TPU, _BOOK_TPU + " (1.6e12 B/s, 9.2e14 FLOP/s, 9e10 B/s)",
-                   _BOOK_ICI_LATENCY, _BOOK_TORUS), aliases=("v6e", "Trillium", "TPUv6e")),
-    "A100": Hardware(
-        "A100", "NVLink 3.0 + NVSwitch", link_bandwidth=25e9, links_per_device=12,
-        hop_latency=1e-6, hbm_bandwidth=2.039e12, peak_bf16_flops=3.12e14, peak_fp32_flops=1.95e13, node_size=8,
-        citations=(_A100, _NCCL_LATENCY), aliases=("NVIDIA A100", "A100 SXM")),
-    "H100": Hardware(
-        "H100", "NVLink 4.0 + NVSwitch", link_bandwidth=25e9, links_per_device=18,
-        hop_latency=1e-6, hbm_bandwidth=3.35e12, peak_bf16_flops=9.9e14, peak_fp32_flops=6.7e13, node_size=8,
-        citations=(_BOOK_GPU, "NVIDIA H100 datasheet (SXM): NVLink 900 GB/s (both directions "
-                   "together), HBM3 3.35 TB/s, BF16 1,979 TFLOPS with sparsity (989 dense; simpmd keeps "
-                   "the book table's 9.9e14), "
-                   "FP32 67 TFLOPS", _NCCL_LATENCY, _AZURE_H100, _TOGETHER_H100, _NCCL_TESTS_326,
-                   _NCCL_TESTS_212),
-        measured=_H100_MEASURED,
-        aliases=("NVIDIA H100", "H100 SXM", "H800")),
-    "H200": Hardware(
-        "H200", "NVLink 4.0 + NVSwitch", link_bandwidth=25e9, links_per_device=18,
-        hop_latency=1e-6, hbm_bandwidth=4.8e12, peak_bf16_flops=9.9e14, peak_fp32_flops=6.7e13, node_size=8,
-        citations=(_BOOK_GPU, "NVIDIA H200 datasheet (SXM): NVLink 900 GB/s (both directions "
-                   "together), HBM3e 4.8 TB/s, FP32 67 TFLOPS", _NCCL_LATENCY), aliases=("NVIDIA H200",)),
-    "B200": Hardware(
-        "B200", "NVLink 5.0 + NVSwitch", link_bandwidth=50e9, links_per_device=18,
-        hop_latency=1e-6, hbm_bandwidth=8e12, peak_bf16_flops=2.25e15, peak_fp32_flops=7.5e13, node_size=8,
-        citations=(_B200, _NCCL_LATENCY), aliases=("NVIDIA B200",)),
-    "CPU": Hardware(
-        "CPU", "toy: processes on one switch", link_bandwidth=1e10, links_per_device=1,
-        hop_latency=1e-5, hbm_bandwidth=5e10, peak_bf16_flops=1e12, peak_fp32_flops=1e12,
-        citations=("Invented round numbers for a slow toy machine, not a measurement: "
-                   "10 GB/s, 10 us, 50 GB/s memory, 1 TFLOP/s",)),
-}
-
-
-def _key(name: str) -> str:
-    return "".join(ch for ch in str(name).lower() if ch.isalnum())
-
-
-# Every name and alias, spelled loosely: "TPU v4p", "tpu-v4p", "v4p" all find TPU v4.
-_BY_KEY = {_key(alias): hw for hw in HARDWARE.values() for alias in (hw.name, *hw.aliases)}
-
-
-def hardware_preset(hardware) -> Hardware:
-    """A :class:`Hardware` from its name or an alias (``"TPU v5e"``, ``"v4p"``, ``"H100"``) or itself."""
-    if isinstance(hardware, Hardware):
-        return hardware
-    if _key(hardware) not in _BY_KEY:
-        raise ValueError(f"unknown hardware {hardware!r}; presets are {sorted(HARDWARE)} "
-                         f"(also known as: {', '.join(a for h in HARDWARE.values() for a in h.aliases)}), "
-                         f"or pass a Hardware(...) of your own")
-    return _BY_KEY[_key(hardware)]
 
 
 # -- the result -------------------------------------------------------------------------
@@ -1076,6 +747,9 @@ def _estimate_on(collective, nbytes, axes, alpha, algorithm=None, perm=None,
 
 
 def _describe(topology) -> str:
+    if topology.kind == "cluster":
+        from .cluster import describe
+        return describe(topology)
     if topology.kind == "switch":
         return f"switch of {topology.size}"
     shape = "x".join(map(str, topology.dims))
@@ -1090,7 +764,7 @@ def _describe(topology) -> str:
 def _resolve_topology(hardware: Hardware, topology, group_size):
     if topology is None:
         return hardware.topology(group_size if group_size is not None else 1)
-    if isinstance(topology, (Torus, FullyConnected)):
+    if getattr(topology, "kind", None) in ("torus", "switch", "cluster"):
         return topology
     return hardware.topology(topology)          # a device count or a shape
 
@@ -1099,7 +773,7 @@ def _platform(trace=None):
     """The simulated platform a trace ran on (its own, if it carries one, else the current)."""
     plat = getattr(trace, "platform", None)
     if plat is None:
-        from .machine.devices import platform    # the module; simpmd.devices is the function
+        from ..machine.devices import platform    # the module; simpmd.devices is the function
         plat = platform()
     return plat
 
@@ -1165,6 +839,9 @@ def _mesh_group(mesh, axis_name, hardware, topology):
     group_size = math.prod(sizes[i] for i in where)
     if isinstance(mesh, dict):
         topo = _resolve_topology(hardware, sizes if topology is None else topology, None)
+        if topo.kind == "cluster":         # the mesh laid over the nodes in device order
+            from .cluster import mesh_ids
+            return _mesh_members(mesh_ids(sizes), where, sizes, topo, group_size)
         if tuple(topo.dims) != sizes and topo.kind != "switch":
             raise ValueError(f"the mesh {dict(zip(mesh_names, sizes))} does not match the "
                              f"topology {topo}; give the mesh the slice's shape, or pass a "
@@ -1173,12 +850,21 @@ def _mesh_group(mesh, axis_name, hardware, topology):
             return topo, topo.group_axes(group_size), group_size, None, ""
         return topo, topo.group_axes(group_size, tuple(where)), group_size, None, ""
     ids = np.vectorize(lambda d: int(getattr(d, "id", d)), otypes=[int])(mesh.devices)
-    index = tuple(slice(None) if i in where else 0 for i in range(len(sizes)))
-    # the members in the order of the names given: position = row-major over axis_name
-    kept = [i for i in range(len(sizes)) if i in where]
-    group = np.transpose(ids[index], [kept.index(i) for i in where]).reshape(-1).tolist()
     topo = (_resolve_topology(hardware, topology, None) if topology is not None
             else _platform_topology(hardware, _platform(), int(ids.max()) + 1))
+    return _mesh_members(ids, where, sizes, topo, group_size)
+
+
+def _mesh_members(ids, where, sizes, topo, group_size):
+    """(topology, group axes, size, device ids, note) of the first group over mesh axes
+    ``where`` of the device ids ``ids`` (the members in the order of the names given:
+    position = row-major over those axes). On a cluster the axes are left to
+    :func:`simpmd.cost.cluster.cluster_estimate` (None)."""
+    index = tuple(slice(None) if i in where else 0 for i in range(len(sizes)))
+    kept = [i for i in range(len(sizes)) if i in where]
+    group = np.transpose(ids[index], [kept.index(i) for i in where]).reshape(-1).tolist()
+    if topo.kind == "cluster":
+        return topo, None, group_size, group, ""
     axes, note = _group_on(topo, group)
     return topo, axes, group_size, group, note
 
@@ -1186,7 +872,7 @@ def _mesh_group(mesh, axis_name, hardware, topology):
 def estimate(op: str, nbytes: float | None = None, group_size: int | None = None,
              hardware=None, topology=None, algorithm: str | None = None, axes=None,
              perm=None, *, array_nbytes: float | None = None, mesh=None,
-             axis_name=None) -> Estimate:
+             axis_name=None, devices=None) -> Estimate:
     """Estimated time of one collective over ``group_size`` devices.
 
     ``op`` is a collective (``'all_reduce'``, ``'all_gather'``, ``'reduce_scatter'``,
@@ -1212,26 +898,30 @@ def estimate(op: str, nbytes: float | None = None, group_size: int | None = None
     all-reduce inside one 8-GPU node, and ``estimate("all_gather", array_nbytes=2**23,
     hardware="v5e", mesh={"X": 8, "Y": 4}, axis_name="Y")`` gathers an 8 MiB array along
     the 4-long axis of a v5e 8x4 slice.
+
+    **Across nodes.** A group larger than one GPU node (``node_size``, 8 on the DGX-style
+    presets) or one TPU pod spans several, joined by InfiniBand or DCN (a
+    :class:`~simpmd.cost.cluster.Cluster`; the preset's ``scale_out_bandwidth``): see
+    :mod:`simpmd.cost.cluster`. ``devices`` (ids on the topology, node-major: device d sits
+    in node d // node_size) says which devices form the group, e.g. ``devices=range(0, 64,
+    8)``, one GPU in each of 8 nodes; by default the first ``group_size`` devices, whole
+    nodes first. ``estimate("psum", 2**30, 64, hardware="H100")`` all-reduces 1 GiB over
+    8 DGX H100 nodes.
     """
     hw = _hardware_of(hardware)
     collective = collective_of(op)
-    note, devices = "", None
-    if mesh is not None:
-        if axes is not None or group_size is not None:
-            raise ValueError("give either mesh= and axis_name=, or group_size= and axes=, not both")
-        topo, group, group_size, devices, note = _mesh_group(mesh, axis_name, hw, topology)
-    else:
-        if axis_name is not None:
-            raise ValueError(f"axis_name={axis_name!r} needs mesh=: the mesh whose axes it names")
-        topo = _resolve_topology(hw, topology, group_size)
-        if group_size is None:
-            group_size = topo.size
-        group = topo.group_axes(int(group_size), axes)
+    topo, group, group_size, devices, note = _group_of(hw, group_size, topology, axes, mesh,
+                                                       axis_name, devices)
     if (nbytes is None) == (array_nbytes is None):
         raise ValueError("give the size once: nbytes= (what one device holds) or array_nbytes= "
                          "(the whole array, as the Scaling Book counts it)")
     if nbytes is None:
         nbytes = _per_device_bytes(collective, array_nbytes, max(int(group_size), 1))
+    if topo.kind == "cluster":
+        from .cluster import cluster_estimate
+        e = cluster_estimate(collective, nbytes, devices, topo, algorithm, perm,
+                             _label(hw, topology, topo), note)
+        return e if collective else replace(e, op=op)
     if perm is not None and devices is not None and not note and topo.kind != "switch":
         where = _positions(group, topo, devices)
         perm = [(where[s], where[d]) for s, d in perm]
@@ -1241,9 +931,37 @@ def estimate(op: str, nbytes: float | None = None, group_size: int | None = None
     return e if collective else replace(e, op=op)
 
 
+def _group_of(hw, group_size, topology, axes, mesh, axis_name, devices):
+    """(topology, group axes, size, device ids, note) from :func:`estimate`'s ways of naming
+    a group: ``devices``, ``mesh`` with ``axis_name``, or ``group_size`` with ``axes``. On a
+    cluster the axes are None and the device ids say which nodes the group spans."""
+    if devices is not None:
+        if mesh is not None or axes is not None:
+            raise ValueError("give the group once: devices=, or mesh= and axis_name=, or "
+                             "group_size= and axes=")
+        devices = [int(d) for d in devices]
+        if group_size is not None and group_size != len(devices):
+            raise ValueError(f"group_size={group_size} but {len(devices)} devices are named")
+        topo = _resolve_topology(hw, topology if topology is not None else max(devices) + 1, None)
+        group, note = (None, "") if topo.kind == "cluster" else _group_on(topo, devices)
+        return topo, group, len(devices), devices, note
+    if mesh is not None:
+        if axes is not None or group_size is not None:
+            raise ValueError("give either mesh= and axis_name=, or group_size= and axes=, not both")
+        return _mesh_group(mesh, axis_name, hw, topology)
+    if axis_name is not None:
+        raise ValueError(f"axis_name={axis_name!r} needs mesh=: the mesh whose axes it names")
+    topo = _resolve_topology(hw, topology, group_size)
+    group_size = topo.size if group_size is None else group_size
+    if topo.kind == "cluster":
+        from .cluster import devices_of
+        return topo, None, group_size, devices_of(int(group_size), topo), ""
+    return topo, topo.group_axes(int(group_size), axes), group_size, None, ""
+
+
 def _label(hardware: Hardware, asked, topology) -> str:
     """The hardware name to print: a topology passed in speaks for itself."""
-    return topology.name if isinstance(asked, (Torus, FullyConnected)) else hardware.name
+    return topology.name if getattr(asked, "kind", None) else hardware.name
 
 
 def time_run(run, topology, hardware: str = "") -> Estimate:
@@ -1255,6 +973,9 @@ def time_run(run, topology, hardware: str = "") -> Estimate:
     topology's device ids. This is how the tests check that the closed forms of
     :func:`estimate` are what the simulated algorithms actually cost.
     """
+    if topology.kind == "cluster":
+        raise ValueError("time_run replays messages on one node's topology (a Torus or a "
+                         "FullyConnected); for several nodes use estimate(..., devices=...)")
     latency_s = bandwidth_s = time_s = 0.0
     steps = 0
     for step in run.steps:
@@ -1492,6 +1213,9 @@ def _pairs(op, params) -> list:
 
 def _estimate_group(topo, devices, collective, nbytes, pairs, label):
     """The estimate of one group (its device ids, in member order) on ``topo``."""
+    if topo.kind == "cluster":
+        from .cluster import cluster_estimate
+        return cluster_estimate(collective, nbytes, devices, topo, None, pairs or None, label)
     axes, note = _group_on(topo, devices)
     perm = None
     if collective == "collective_permute":
@@ -1569,7 +1293,7 @@ def _ids_of(run) -> np.ndarray:
 
 
 def _log_bytes(record, p):
-    from .api.events import bytes_moved as _bytes_moved
+    from ..api.events import bytes_moved as _bytes_moved
     return _bytes_moved(record.fields, p)
 
 
@@ -1611,6 +1335,9 @@ def _estimate_columnar(log, hw, topology, trace) -> TraceEstimate:
 def _by_shape(topo, devices) -> dict:
     """The rows of ``devices`` (groups x members) by the group's shape on the topology:
     groups that are translates of each other cost the same."""
+    if topo.kind == "cluster" and devices.max() < topo.size:
+        from .cluster import shape_key
+        return shape_key(topo, devices)
     if topo.kind == "switch" or devices.max() >= topo.size:
         return {("any", devices.shape[1]): np.arange(len(devices))}
     coords = np.stack(np.unravel_index(devices, topo.dims), axis=-1)      # groups x p x axes
@@ -1624,533 +1351,6 @@ def _by_shape(topo, devices) -> dict:
 
 
 def _link_of(topology) -> float:
+    if topology.kind == "cluster":
+        return topology.scale_out_bandwidth
     return topology.port_bandwidth if topology.kind == "switch" else topology.axis_bandwidth
-
-
-# -- compute: a roofline per equation of a traced program ---------------------------------
-# The Scaling Book's Part 1 ("All About Rooflines", https://jax-ml.github.io/scaling-book/
-# roofline/): an operation takes at least FLOPs / peak FLOP/s (compute) and at least
-# bytes / HBM bandwidth (memory), and its arithmetic intensity FLOPs / bytes says which
-# bound wins: above the hardware's critical intensity (peak / bandwidth, 240 on a v5e) it
-# is compute-bound. A program is a list of equations shaped like JAX's jaxpr equations
-# (``.primitive``, ``.params``, ``.invars``/``.outvars`` with ``.aval.shape`` and
-# ``.aval.dtype``): simpmd's own, or JAX's. Each equation costs what its primitive's row
-# says (the ``cost`` column of ``simpmd.core.PRIMITIVES``, found by name for a JAX
-# equation): FLOPs and bytes read and written as if nothing were fused, counted as
-# ``jax.experimental.roofline`` counts its ``unfused_flops`` and ``unfused_hbm_bytes``.
-# Its ``flops`` and ``hbm_bytes`` count the matrix products alone (XLA fuses the rest into
-# them), and so does :attr:`Roofline.flops`. A collective's bytes on the wire follow
-# jax.experimental.roofline's rules per mesh axis (:func:`ici_bytes`); its time is
-# :func:`estimate`'s. See docs/cost_vs_scaling_book.md for where the two counts part.
-
-# Primitives with no row in simpmd: what JAX's roofline counts for them. A name in
-# NO_COST costs nothing (JAX registers them with its zero rule); a name in JAX_UNARY
-# one FLOP per element and its input and output bytes (JAX's unary rule).
-NO_COST = frozenset("""
-    axis_index axis_size pvary pcast sharding_constraint device_put optimization_barrier
-    debug_callback split dynamic_slice dynamic_update_slice expand_dims bitcast_convert_type
-    reduce_precision stop_gradient copy_p mesh_cast reshard while
-""".split())
-JAX_UNARY = frozenset("erf erfc erf_inv lgamma digamma bessel_i0e bessel_i1e log2".split())
-# a JAX primitive name -> the row of simpmd that computes the same thing
-JAX_ROWS = {"psum_invariant": "psum", "psum2": "psum", "all_gather_invariant": "all_gather",
-            "psum_scatter": "reduce_scatter", "copy_p": "copy"}
-MATMULS = frozenset({"dot_general", "conv_general_dilated"})
-NESTED = ("jaxpr", "call_jaxpr", "fun_jaxpr")   # where pjit/jit, shard_map, custom_* keep theirs
-
-
-def _primitive_name(eqn) -> str:
-    prim = eqn.primitive
-    return prim if isinstance(prim, str) else prim.name
-
-
-def _row(eqn, name):
-    """The row that costs ``eqn``: its own primitive, or simpmd's row of that name."""
-    if isinstance(eqn.primitive, Primitive):
-        return eqn.primitive
-    return PRIMITIVES.get(JAX_ROWS.get(name, name))
-
-
-def _typed(var):
-    """A variable's or literal's type as simpmd's :class:`Aval` (None when it has none
-    that counts in bytes, e.g. a PRNG key or a token)."""
-    a = getattr(var, "aval", None)
-    if a is None and hasattr(var, "val"):             # a JAX literal
-        a = np.asarray(var.val)
-    if isinstance(a, Aval) or a is None:
-        return a
-    try:
-        return Aval(getattr(a, "shape", ()), np.dtype(a.dtype))
-    except TypeError:
-        return None
-
-
-def _size(aval) -> int:
-    return int(math.prod(aval.shape))
-
-
-def _nbytes(aval) -> int:
-    return 0 if aval is None else aval.nbytes
-
-
-def _equation_list(program) -> list:
-    """The equations of a ClosedJaxpr, a Jaxpr, or a list of equations."""
-    inner = getattr(program, "jaxpr", program)
-    return list(getattr(inner, "eqns", inner))
-
-
-def _axis_sizes(axis_env) -> dict:
-    """``[("i", 8)]``, ``{"i": 8}`` or a mesh (simpmd or JAX) -> ``{"i": 8}``."""
-    if axis_env is None:
-        return {}
-    if isinstance(axis_env, dict):
-        return {str(k): int(v) for k, v in axis_env.items()}
-    shape = getattr(axis_env, "shape", None)
-    if isinstance(shape, dict) or hasattr(shape, "items"):
-        return {str(k): int(v) for k, v in shape.items()}
-    names = getattr(axis_env, "axis_names", None)
-    if names is not None:
-        return dict(zip(map(str, names), map(int, np.shape(axis_env.devices))))
-    return {str(k): int(v) for k, v in axis_env}
-
-
-@dataclass(frozen=True)
-class EquationCost:
-    """One equation's row of the roofline: what it computes, moves and communicates.
-
-    ``flops`` and ``bytes`` are the equation's own, unfused (its row's ``cost``);
-    ``compute_s = flops / peak`` (at its dtype's rate), ``memory_s = bytes / HBM
-    bandwidth``; a collective's ``comms_s`` comes from :func:`estimate` and
-    ``comm_bytes`` is what jax.experimental.roofline counts as its ``ici_bytes`` on each
-    of ``axes``. ``depth`` is how deeply the equation is nested (jit, shard_map).
-    """
-
-    primitive: str
-    shapes: str
-    dtype: str
-    flops: int
-    bytes: int
-    compute_s: float
-    memory_s: float
-    comms_s: float = 0.0
-    comm_bytes: int = 0
-    axes: tuple = ()
-    depth: int = 0
-
-    @property
-    def time_s(self) -> float:
-        """The roofline: the larger of compute and memory, or the collective's time."""
-        return max(self.compute_s, self.memory_s) + self.comms_s
-
-    @property
-    def intensity(self) -> float:
-        return self.flops / self.bytes if self.bytes else 0.0
-
-    @property
-    def matmul(self) -> bool:
-        """A matrix product: what JAX's fused ``flops`` and ``hbm_bytes`` count."""
-        return self.primitive.strip() in MATMULS
-
-    @property
-    def bound(self) -> str:
-        if self.comms_s > 0:
-            return "communication"
-        if not self.flops and not self.bytes:
-            return ""
-        return "compute" if self.compute_s >= self.memory_s else "memory"
-
-
-@dataclass
-class Roofline:
-    """The roofline of a whole program on one device of ``hardware``.
-
-    Counts, with jax.experimental.roofline's names and meanings: ``flops`` and
-    ``hbm_bytes``, those of the matrix products (XLA fuses the elementwise work into
-    them); ``unfused_flops`` and ``unfused_hbm_bytes``, every equation's on its own (also
-    ``bytes``); ``ici_bytes`` (also ``comm_bytes``), per mesh axis; ``peak_hbm_bytes``,
-    the most bytes alive at once as the program runs. Times: ``compute_s``, ``memory_s``,
-    ``comms_s``, each summed over equations from the unfused counts; ``time_s`` is the
-    Scaling Book's pair (lower, upper): everything overlapped (the largest of the three)
-    and nothing overlapped (their sum). ``bound`` names the largest term. ``equations``
-    is the per-equation table (:class:`EquationCost`).
-    """
-
-    hardware: str
-    equations: list = field(default_factory=list)
-    critical_intensity: float = 0.0
-    peak_hbm_bytes: int = 0
-
-    @property
-    def flops(self) -> int:
-        """FLOPs of the matrix products: JAX's ``flops``."""
-        return sum(e.flops for e in self.equations if e.matmul)
-
-    @property
-    def hbm_bytes(self) -> int:
-        """Bytes the matrix products read and write: JAX's ``hbm_bytes``."""
-        return sum(e.bytes for e in self.equations if e.matmul)
-
-    @property
-    def unfused_flops(self) -> int:
-        return sum(e.flops for e in self.equations)
-
-    @property
-    def bytes(self) -> int:
-        """Every equation's bytes, unfused: JAX's ``unfused_hbm_bytes``."""
-        return sum(e.bytes for e in self.equations)
-
-    unfused_hbm_bytes = bytes
-
-    @property
-    def comm_bytes(self) -> dict:
-        out: dict = {}
-        for e in self.equations:
-            for a in e.axes:
-                out[a] = out.get(a, 0) + e.comm_bytes
-        return out
-
-    ici_bytes = comm_bytes
-
-    @property
-    def intensity(self) -> float:
-        """FLOPs per HBM byte of the whole program (unfused)."""
-        return self.unfused_flops / self.bytes if self.bytes else 0.0
-
-    @property
-    def compute_s(self) -> float:
-        return sum(e.compute_s for e in self.equations)
-
-    @property
-    def memory_s(self) -> float:
-        return sum(e.memory_s for e in self.equations)
-
-    @property
-    def comms_s(self) -> float:
-        return sum(e.comms_s for e in self.equations)
-
-    @property
-    def time_s(self) -> tuple:
-        """(lower, upper): max(compute, memory, comms) if all overlap, their sum if none do."""
-        parts = (self.compute_s, self.memory_s, self.comms_s)
-        return max(parts), sum(parts)
-
-    def segments(self, fused: bool = False) -> list:
-        """Seconds of work before each collective and after the last, in program order:
-        each segment's equations at their own roofline, max(compute, memory), summed
-        (``fused=True``: the matrix products only, the rest taken as fused into them, as
-        JAX's ``flops`` and ``hbm_bytes`` count). ``len(segments) == number of
-        collectives + 1``; what a timeline draws between the collectives."""
-        out, current = [], 0.0
-        for e in self.equations:
-            if e.axes:                                   # a collective closes the segment
-                out.append(current)
-                current = 0.0
-            elif e.matmul or not fused:
-                current += max(e.compute_s, e.memory_s)
-        return out + [current]
-
-    @property
-    def bound(self) -> str:
-        parts = {"compute": self.compute_s, "memory": self.memory_s,
-                 "communication": self.comms_s}
-        return max(parts, key=parts.get)
-
-    def __str__(self):
-        lower, upper = self.time_s
-        lines = [f"Roofline on {self.hardware} (one device): {self.flops:.4g} FLOPs in matrix "
-                 f"products ({self.unfused_flops:.4g} unfused), {_bytes(self.bytes)} HBM "
-                 f"unfused, intensity {self.intensity:.3g} FLOPs/byte (critical "
-                 f"{self.critical_intensity:.3g})",
-                 f"  compute {_seconds(self.compute_s) if self.compute_s else '0 s'}, memory "
-                 f"{_seconds(self.memory_s) if self.memory_s else '0 s'}, comms "
-                 f"{_seconds(self.comms_s) if self.comms_s else '0 s'}: "
-                 f"{_seconds(lower) if lower else '0 s'} to {_seconds(upper) if upper else '0 s'}, "
-                 f"{self.bound}-bound"]
-        rows = [e for e in self.equations if e.flops or e.bytes or e.comms_s or e.depth == 0
-                or e.primitive.startswith(("scan", "shard_map", "pjit", "jit"))]
-        header = ("op", "shapes", "FLOPs", "bytes", "time", "bound")
-        shown = rows[:60]
-        table = [("  " * e.depth + e.primitive, e.shapes, f"{e.flops:.3g}", _bytes(e.bytes),
-                  _seconds(e.time_s) if e.time_s else "0", e.bound) for e in shown]
-        widths = [max(len(h), *(len(r[i]) for r in table)) if table else len(h)
-                  for i, h in enumerate(header)]
-        lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip())
-        lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in table]
-        if len(rows) > len(shown):
-            lines.append(f"... {len(rows) - len(shown)} more equation(s); see .equations")
-        return "\n".join(lines)
-
-    def __repr__(self):
-        lower, upper = self.time_s
-        return (f"<Roofline on {self.hardware}: {self.flops:.4g} FLOPs, {_bytes(self.bytes)}, "
-                f"{_seconds(lower) if lower else '0 s'}..{_seconds(upper) if upper else '0 s'}, "
-                f"{self.bound}-bound>")
-
-
-# -- bytes on the wire per mesh axis: jax.experimental.roofline's rules --------------------
-# (jax/experimental/roofline/rooflines.py, the same in jax 0.7.2, 0.10.2 and 0.12.0.1)
-
-def _ring_ici(nbytes, axes, sizes, reduce):
-    """JAX's ring rule: the data split evenly over the axes, each phase sending a shard
-    (p - 1) times along one axis, largest axis first; every axis is charged the total."""
-    shard = nbytes / math.prod(sizes[a] for a in axes) if reduce else nbytes
-    order = sorted(axes, key=lambda a: sizes[a], reverse=True)
-    shard //= len(order)
-    total = 0
-    for a in order:
-        total += shard * (sizes[a] - 1)
-        shard *= sizes[a]
-    return total
-
-
-def _all_to_all_ici(nbytes, axes, sizes):
-    """Half the data crosses the bisection of the smallest axis (twice as wide when it
-    has more than two devices, for the wraparound)."""
-    size = nbytes * math.prod(sizes[a] for a in axes)
-    smallest = sizes[sorted(axes, key=lambda a: sizes[a])[0]]
-    bisection = smallest ** (len(axes) - 1) * (2 if smallest > 2 else 1)
-    return size / 2 / bisection
-
-
-def _permute_ici(nbytes, axes, sizes, perm):
-    """The busiest link's load: each pair routed the short way round along each axis."""
-    dims = [sizes.get(a, 1) for a in axes]
-    load: dict = {}
-    for src, dst in perm:
-        if src == dst:
-            continue
-        here = [int(i) for i in np.unravel_index(src, dims)]
-        there = [int(i) for i in np.unravel_index(dst, dims)]
-        for i, q in enumerate(dims):
-            step = 1 if (there[i] - here[i]) % q <= (here[i] - there[i]) % q else -1
-            while here[i] != there[i]:
-                nxt = list(here)
-                nxt[i] = (here[i] + step) % q
-                link = tuple(sorted([tuple(here), tuple(nxt)]))
-                load[link] = load.get(link, 0) + 1
-                here = nxt
-    return nbytes * max(load.values(), default=0)
-
-
-def ici_bytes(op: str, in_avals, axes, sizes: dict, perm=()) -> int:
-    """The bytes ``jax.experimental.roofline`` counts as one collective's ``ici_bytes``
-    (charged to each of ``axes``): ``op`` a jax.lax name (``'psum'``, ``'all_gather'``,
-    ...), ``in_avals`` its operands' types, ``sizes`` every axis's size. A group of one
-    device sends nothing."""
-    if math.prod(sizes[a] for a in axes) <= 1:
-        return 0
-    nbytes = sum(_nbytes(a) for a in in_avals)
-    if op in ("psum", "pmean"):               # a reduce-scatter and an all-gather
-        return 2 * int(_ring_ici(nbytes, axes, sizes, True))
-    if op in ("pmax", "pmin"):                # JAX counts one element per operand
-        return int(_ring_ici(sum(a.dtype.itemsize for a in in_avals), axes, sizes, False))
-    if op in ("all_gather", "psum_scatter"):
-        return int(_ring_ici(nbytes, axes, sizes, op == "psum_scatter"))
-    if op in ("all_to_all", "pswapaxes"):
-        return int(_all_to_all_ici(nbytes, axes, sizes))
-    if op in ("ppermute", "pshuffle"):
-        return int(_permute_ici(nbytes, axes, sizes, perm))
-    raise ValueError(f"no ICI rule for the collective {op!r}")
-
-
-def _collective_cost(eqn, op: str, sizes: dict, hw: Hardware, topology):
-    """(group axes, ICI bytes, seconds) of one collective equation."""
-    axes = eqn.params.get("axes", eqn.params.get("axis_name", ()))
-    axes = tuple(map(str, (axes,) if isinstance(axes, str) else axes))
-    unknown = [a for a in axes if a not in sizes]
-    if unknown:
-        raise ValueError(f"{op} over axis {unknown[0]!r}, whose size the roofline does not know "
-                         f"(known: {sizes or 'none'}): pass axis_env=[({unknown[0]!r}, size)]")
-    groups = eqn.params.get("axis_index_groups")
-    p = len(groups[0]) if groups else math.prod(sizes[a] for a in axes)
-    avals = [a for a in map(_typed, eqn.invars) if a is not None]
-    perm = [(int(s), int(d)) for s, d in eqn.params.get("perm", ())]
-    if op == "pshuffle":
-        perm = [(int(s), d) for d, s in enumerate(eqn.params.get("perm", ()))]
-    wire = ici_bytes(op, avals, axes, sizes, perm)
-    moves = collective_of(op) != "collective_permute" or any(s != d for s, d in perm)
-    if p <= 1 or not moves:
-        return axes, wire, 0.0
-    nbytes = sum(_nbytes(a) for a in avals)
-    perm = tuple(perm) if collective_of(op) == "collective_permute" else None
-    topology = tuple(topology) if isinstance(topology, list) else topology
-    return axes, wire, _estimated_time(op, nbytes, p, hw, topology, perm)
-
-
-@functools.lru_cache(maxsize=4096)        # a program repeats its collectives, layer by layer
-def _estimated_time(op, nbytes, p, hw, topology, perm):
-    return estimate(op, nbytes, p, hardware=hw, topology=topology,
-                    perm=list(perm) if perm is not None else None).time_s
-
-
-def _shapes_text(eqn) -> str:
-    """``float32[8, 16],float32[16] -> float32[8]``: an equation's operands as a reader sees them."""
-    def one(v):
-        a = _typed(v)
-        return "?" if a is None else f"{a.dtype.name}{list(a.shape)}"
-    ins = ",".join(one(v) for v in eqn.invars)
-    return f"{ins} -> {','.join(one(v) for v in eqn.outvars)}"
-
-
-def _rate_dtype(eqn, name: str):
-    """The dtype whose peak rate applies: a matmul's inputs, else the first output."""
-    vars_ = eqn.invars[:1] if name in MATMULS else (eqn.outvars or eqn.invars)
-    a = _typed(vars_[0]) if vars_ else None
-    return a.dtype if a is not None else np.dtype(np.float32)
-
-
-def _equation_cost(eqn, name, hw, depth):
-    """One compute equation's row, from its primitive's ``cost`` column."""
-    row = _row(eqn, name)
-    outs = [_typed(v) for v in eqn.outvars]
-    ins = [_typed(v) for v in eqn.invars]
-    like = next((a.dtype for v, a in zip(eqn.invars, ins) if _is_var(v) and a is not None),
-                outs[0].dtype if outs and outs[0] is not None else None)
-    ins = [a.update(dtype=like) if a is not None and a.weak_type and not _is_var(v) and like
-           is not None else a for v, a in zip(eqn.invars, ins)]   # 2.0 next to bf16 is bf16
-    if row is not None and row.cost is not None:
-        flops, nbytes = row.cost([a for a in ins if a is not None],
-                                 [a for a in outs if a is not None], **eqn.params)
-    elif name in NO_COST:
-        flops, nbytes = 0, 0
-    elif name in JAX_UNARY:
-        flops, nbytes = _size(outs[0]), _nbytes(ins[0]) + _nbytes(outs[0])
-    else:
-        raise ValueError(
-            f"the roofline has no rule for the primitive {name!r} (in {_shapes_text(eqn)}): "
-            f"simpmd has no row of that name in simpmd.core.PRIMITIVES; add its name to "
-            f"simpmd.cost.NO_COST (costs nothing) or JAX_UNARY (one FLOP per element), or "
-            f"give it a row: a silent 0 would hide its cost")
-    dtype = _rate_dtype(eqn, name)
-    return EquationCost(name, _shapes_text(eqn), str(dtype), int(flops), int(nbytes),
-                        flops / hw.peak_flops(dtype) if flops else 0.0,
-                        nbytes / hw.hbm_bandwidth, depth=depth)
-
-
-def _walk(eqns, sizes, hw, topology, depth, rows):
-    for eqn in eqns:
-        name = _primitive_name(eqn)
-        if name == "scan":                                  # its body, `length` times over
-            n, body = eqn.params["length"], []
-            _walk(_equation_list(eqn.params["jaxpr"]), sizes, hw, topology, depth + 1, body)
-            rows.append(EquationCost(f"scan x{n}", _shapes_text(eqn), "", 0, 0, 0.0, 0.0,
-                                     depth=depth))
-            rows += [replace(r, flops=r.flops * n, bytes=r.bytes * n, compute_s=r.compute_s * n,
-                             memory_s=r.memory_s * n, comms_s=r.comms_s * n,
-                             comm_bytes=r.comm_bytes * n) for r in body]
-            continue
-        inner = next((eqn.params[k] for k in NESTED if k in eqn.params), None)
-        if inner is not None:
-            here = dict(sizes)
-            if name == "shard_map" and "mesh" in eqn.params:
-                here.update(_axis_sizes(eqn.params["mesh"]))
-            if name == "xla_pmap":
-                here[str(eqn.params["axis_name"])] = int(eqn.params["axis_size"])
-            rows.append(EquationCost(name, _shapes_text(eqn), "", 0, 0, 0.0, 0.0, depth=depth))
-            _walk(_equation_list(inner), here, hw, topology, depth + 1, rows)
-            continue
-        row = _row(eqn, name)
-        op = getattr(row, "op", None) if getattr(row, "collective", False) else None
-        if op is not None and op != "axis_index":
-            axes, wire, seconds = _collective_cost(eqn, op, sizes, hw, topology)
-            rows.append(EquationCost(name, _shapes_text(eqn), "", 0, 0, 0.0, 0.0, seconds, wire,
-                                     axes, depth))
-            continue
-        rows.append(_equation_cost(eqn, name, hw, depth))
-    return rows
-
-
-def peak_bytes(program) -> int:
-    """The most bytes alive at once while ``program`` runs, as jax.experimental.roofline
-    counts ``peak_hbm_bytes``: the inputs, then each equation's outputs added and the
-    operands it was the last to read freed (the results are never freed); a nested
-    program's own peak counts where it is larger."""
-    inner = getattr(program, "jaxpr", program)
-    eqns = _equation_list(program)
-    live = {v: _nbytes(_typed(v)) for v in (*getattr(inner, "constvars", ()),
-                                               *getattr(inner, "invars", ()))}
-    last = {v: None for v in getattr(inner, "outvars", ()) if _is_var(v)}
-    for eqn in reversed(eqns):
-        for v in eqn.invars:
-            if _is_var(v) and v not in last:
-                last[v] = eqn
-    current = peak = sum(live.values())
-    nested = 0
-    for eqn in eqns:
-        sub = next((eqn.params[k] for k in NESTED if k in eqn.params), None)
-        if sub is not None:
-            nested = max(nested, peak_bytes(sub))
-        current += sum(_nbytes(_typed(v)) for v in eqn.outvars)
-        current -= sum(_nbytes(_typed(v)) for v in eqn.invars if _is_var(v) and last.get(v) is eqn)
-        peak = max(peak, current)
-    return max(peak, nested)
-
-
-def _is_var(v) -> bool:
-    return not hasattr(v, "val") and not hasattr(v, "value")     # a literal carries its value
-
-
-def roofline_of(program, hardware=None, axis_env=None, topology=None) -> Roofline:
-    """The roofline of a program given as equations: a jaxpr, a ClosedJaxpr, or a list.
-
-    ``jax.make_jaxpr(f)(*args)`` (with ``axis_env=[("i", 8)]`` for collectives, or of a
-    ``shard_map``, whose mesh gives the axis sizes) is such a program, and so is
-    ``simpmd.make_jaxpr``'s. Costs are per device: inside a shard_map or pmap the shapes
-    are one device's shard. ``hardware`` a preset name or :class:`Hardware`; ``axis_env``
-    the mapped axes' sizes (pairs, a dict or a mesh); ``topology`` passes on to
-    :func:`estimate` for the collectives. An equation whose primitive has no rule raises
-    ValueError rather than costing 0.
-    """
-    hw = _hardware_of(hardware)
-    eqns = _equation_list(program)
-    rows = _walk(eqns, _axis_sizes(axis_env), hw, topology, 0, [])
-    bodies = [e.params["jaxpr"] for e in eqns if _primitive_name(e) == "shard_map"]
-    walked = bodies[-1] if bodies else program          # JAX's roofline reads the body
-    peak = peak_bytes(walked) if hasattr(walked, "eqns") or hasattr(walked, "jaxpr") else 0
-    return Roofline(hw.name, rows, hw.critical_intensity, peak)
-
-
-def roofline(fun, *args, hardware=None, axis_env=None, topology=None, mesh=None,
-             in_specs=None, out_specs=None) -> Roofline:
-    """How long ``fun(*args)`` takes on one device of ``hardware``, by the Scaling Book's
-    roofline: every equation of its traced program costs FLOPs / peak and bytes / HBM
-    bandwidth, every collective what :func:`estimate` says. See :class:`Roofline`.
-
-    ``fun`` is traced on the arguments' types alone, whether they are arrays or
-    ShapeDtypeStructs: nothing is computed, so a LLaMA-sized program costs milliseconds
-    to seconds. As in ``jax.experimental.roofline.roofline``, ``mesh``, ``in_specs`` and
-    ``out_specs`` wrap ``fun`` in ``simpmd.shard_map`` first (its shapes are then the
-    whole arrays', and the costs one device's). Equations whose results nothing reads are
-    left out, as JAX's roofline leaves them (:func:`live_equations`).
-    A ``simpmd.jit`` function costs what each device runs, the collectives jit inserts
-    included.
-    """
-    import simpmd
-    from .api.shapes import as_shapes
-    if mesh is not None:
-        fun = simpmd.shard_map(fun, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
-    if hasattr(fun, "lower"):    # a simpmd.jit function: its compiled per-device program
-        program = fun.lower(*args).compile().program
-    else:
-        program = simpmd.make_jaxpr(fun, axis_env=axis_env)(*as_shapes(args))
-    if axis_env is None:         # a pmapped or shard_mapped function: the axes it ran over
-        axis_env = getattr(program, "axis_env", None)
-    return roofline_of(live_equations(program), hardware, axis_env, topology)
-
-
-def live_equations(program):
-    """``program`` without the equations whose results nothing reads (a gradient's loss
-    value, say), as ``jax.experimental.roofline`` drops them (``dce_jaxpr``) and XLA does
-    when it compiles; an equation with an effect (a debug print) stays."""
-    from .core.core import Program
-    used = {v for v in program.outvars if _is_var(v)}
-    kept = []
-    for eqn in reversed(program.eqns):
-        if any(v in used for v in eqn.outvars) or _primitive_name(eqn) in _EFFECTS:
-            kept.append(eqn)
-            used.update(v for v in eqn.invars if _is_var(v))
-    return Program(program.invars, kept[::-1], program.outvars, program.in_tree,
-                   program.out_tree, program.constvars, program.axis_env)
-
-
-_EFFECTS = frozenset({"debug_callback"})
