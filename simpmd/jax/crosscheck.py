@@ -770,7 +770,7 @@ def _crosscheck_jit(jitted, args, rtol, atol) -> CrossCheckReport:
         out = jitted(*args)
         sim.outputs = _to_numpy(out)
         sim_types = [str(J.typeof(y)) for y in tree.flatten(out)[0]]
-        kinds = {k for k in J.collective_counts(jitted.trace)}
+        kinds = set(jitted.trace.collective_counts())
     except Exception as exc:
         sim.error = exc
     try:
