@@ -407,7 +407,7 @@ def _why(program, var, axis):
         if not varying or spreads:      # a gather, a permute, axis_index: varying by type
             return eqn.primitive.name, eqn.source[0], eqn.source[1]
         # follow a real input before one that a pvary only retyped
-        varying.sort(key=lambda v: v in made and made[v].primitive.name == "pvary")
+        varying.sort(key=lambda v: v in made and made[v].primitive is pvary)
         var = varying[0]
     return None
 

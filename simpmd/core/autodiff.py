@@ -44,8 +44,7 @@ def _no_rule(eqn) -> NotDifferentiableError:
             f"Differentiation rule for {eqn.primitive.op!r} not implemented (as in JAX, which "
             f"raises NotImplementedError for grad of lax.{eqn.primitive.op}){line}. To take a "
             f"maximum that gradients flow through, all_gather the values and use .max() on them.")
-    if name == "numpy_call":
-        name = f"numpy.{eqn.params['name']}"
+    name = getattr(eqn.primitive, "named", lambda params: name)(eqn.params)
     return NotDifferentiableError(f"simpmd.grad has no derivative rule for {name!r}{line}. {_INSTEAD}")
 
 def _float(var) -> bool:
