@@ -504,7 +504,6 @@ class Lowered:
         jitted, args, kwargs = self.jitted, self.args, self.kwargs
         mesh = _mesh_of(tree.flatten((args, kwargs))[0])
         run = JitRun(mesh, abstract=True, lowering=True)
-        run.program = []
         inputs = [StackedValue(x.aval) for x in jitted._inputs(JitRun(mesh), args, kwargs)]
         program, _, _ = jitted._program(run, args, kwargs, inputs)
         with running(run):

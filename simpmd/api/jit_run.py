@@ -24,7 +24,7 @@ from . import tree
 from ..core import collectives as K
 from ..core.autodiff import backward
 from ..core.core import Aval, Primitive, Var, aval_of, bind, context, running
-from ..core.program import Equation, cached, eval_program, store, trace
+from ..core.program import Equation, Recorder, cached, eval_program, store, trace
 from ..core.run import Run
 from ..core.values import StackedValue
 from ..machine.mesh import PartitionSpec, axis_types_of
@@ -48,8 +48,8 @@ class JitRun(Run):
         self.manual = Run(self.all_devices, self.axes, abstract=abstract)   # blocks, by hand
         self.manual.log = self.log
         self.partial: dict = {}        # id(value) -> (value, pending sums, equation, phase)
-        self.program = [] if not abstract or lowering else None   # what each device runs
-        self.names: dict = {}          # id(value) -> (value, its Var in that program)
+        # what each device runs, written down by the core's recorder as it runs
+        self.blocks = Recorder(open_inputs=True) if not abstract or lowering else None
 
     def tracing(self) -> "JitRun":
         return JitRun(self.mesh, abstract=True, manual=self.manual_axes, check_vma=self.check_vma)
@@ -101,10 +101,11 @@ class JitRun(Run):
             self._record(prim, params, args, outs)
             return outs
         if getattr(prim, "needs_run", False):         # it runs programs of its own, here
-            self.returned_values = []
-            results = [StackedValue(o, s) for o, s in zip(out_avals, prim.stacked(*args, **params))]
-            for new, old in zip(results, self.returned_values):
-                self.alias(new, old)
+            results = []
+            for o, r in zip(out_avals, prim.stacked(*args, **params)):
+                body = isinstance(r, StackedValue)          # a body's result: its blocks
+                results.append(StackedValue(o, self.stack_of(r, o) if body else r))
+                self.alias(results[-1], r)
             return results
         return self._compute(prim, args, avals, out_avals, params)
 
@@ -228,33 +229,13 @@ class JitRun(Run):
     def _record(self, prim, params, ins, outs):
         """One step of the per-device program (what ``lower(...).compile()`` shows, and
         what the roofline and the timeline cost)."""
-        if self.program is not None:
-            invars = [self.var(x) for x in ins]
-            outvars = []
-            for o in outs:
-                outvars.append(Var(aval_of(o)))
-                self.names[id(o)] = (o, outvars[-1])
-            self.program.append(Equation(prim, params, invars, outvars, C.caller_source(),
-                                         context.phase))
-
-    def var(self, x):
-        """The per-device program's variable of block ``x`` (a literal for a constant)."""
-        from ..core.core import Lit
-        if not isinstance(x, StackedValue):
-            return Lit(x)
-        found = self.names.get(id(x))
-        if found is None or found[0] is not x:
-            found = self.names[id(x)] = (x, Var(aval_of(x)))
-        return found[1]
+        if self.blocks is not None:
+            self.blocks.record(prim, params, ins, outs)
 
     def alias(self, new, old):
         """``new`` holds the same blocks as ``old`` (a value and its blocks' view)."""
-        if self.program is None or not isinstance(new, StackedValue):
-            return
-        found = self.names.get(id(old))
-        if found is None or found[0] is not old:          # first seen: typed by its blocks
-            found = self.names[id(old)] = (old, Var(aval_of(new)))
-        self.names[id(new)] = (new, found[1])
+        if self.blocks is not None and isinstance(new, StackedValue) and isinstance(old, StackedValue):
+            self.blocks.alias(new, old)
 
     def insert(self, row, value, cause, **params):
         """Run the collective ``row`` on blocks, logged as inserted by jit for ``cause``."""
@@ -348,12 +329,8 @@ shard_slice = Primitive(     # each device cuts its piece of its block: XLA's dy
 
 
 def _jit_stacked(*args, jaxpr, name, ctx_mesh=None, _vjp=None):
-    """The inner program on this run."""
-    run = context.run or C.plain
-    outs = eval_program(jaxpr, [], list(args))
-    if hasattr(run, "returned_values"):
-        run.returned_values = outs
-    return [run.stack_of(o, aval_of(o)) for o in outs]
+    """The inner program on this run: its results (values, whose blocks a jit run keeps)."""
+    return eval_program(jaxpr, [], list(args))
 
 
 def _jit_linearize(eqn, wants):
@@ -473,10 +450,11 @@ def per_device_program(run, outs=()):
     """What each device of ``run`` ran, as a program: its inputs are the blocks no step
     made, its results the blocks of ``outs``."""
     from ..core.core import Program
-    eqns = run.program or []
+    eqns = run.blocks.eqns if run.blocks is not None else []
     made = {v for e in eqns for v in e.outvars}
     invars = []
     for e in eqns:
         invars += [v for v in e.invars if type(v) is Var and v not in made and v not in invars]
-    outvars = [run.var(o) for o in outs if isinstance(o, StackedValue)]
+    outvars = [run.blocks.var_of(o) for o in outs if isinstance(o, StackedValue)] \
+        if run.blocks is not None else []
     return Program(invars, eqns, outvars, axis_env=tuple(run.mesh.shape.items()))

@@ -97,7 +97,7 @@ def _check_in_spec(spec, aval, mesh, manual):
             f"reshard (or device_put) them to {spec!r} first.")
 
 
-def body_run(mesh, manual, check_vma, abstract, log=None, program=None):
+def body_run(mesh, manual, check_vma, abstract, log=None, blocks=None):
     """The run of a shard_map body: by hand over every mesh axis (a plain run of blocks),
     or over ``manual`` only, the others still typed by sharding (a jit run)."""
     if set(manual) == set(mesh.axis_names):
@@ -105,7 +105,7 @@ def body_run(mesh, manual, check_vma, abstract, log=None, program=None):
                    check_vma=check_vma, maps_a_mesh=True)
     else:
         body = JitRun(mesh, abstract=abstract, manual=manual, check_vma=check_vma)
-        body.program = program
+        body.blocks = blocks
         body.manual.log = log if log is not None else body.log
     if log is not None:
         body.log = log
@@ -173,14 +173,14 @@ def _sm_stacked(*args, jaxpr, shard_mesh, in_specs, out_specs, check_vma, manual
     mesh = run.mesh
     blocks = [_operand_blocks(run, x, spec, var, manual_axes)
               for x, spec, var in zip(args, in_specs, jaxpr.invars)]
-    body = body_run(mesh, manual_axes, check_vma, run.abstract, run.log, run.program)
+    body = body_run(mesh, manual_axes, check_vma, run.abstract, run.log, run.blocks)
     with running(body):
         outs = eval_program(jaxpr, [], blocks)
         outs = [body.settle(o) if isinstance(body, JitRun) and isinstance(o, StackedValue)
                 else o for o in outs]
-    if run.program is not None and not isinstance(body, JitRun):
-        run.program.extend(jaxpr.eqns)
-    stacks = []
+    if run.blocks is not None and not isinstance(body, JitRun):
+        run.blocks.eqns.extend(jaxpr.eqns)     # (a body by hand: its equations, on blocks)
+    results = []
     for k, (o, spec, dims) in enumerate(zip(outs, out_specs, _sm_rule(mesh, [], jaxpr, in_specs,
                                                                        out_specs, shard_mesh))):
         a = aval_of(o)
@@ -190,12 +190,11 @@ def _sm_stacked(*args, jaxpr, shard_mesh, in_specs, out_specs, check_vma, manual
                              body.stack_of(o, a) if not run.abstract else None)
         if isinstance(body, JitRun):
             body.alias(local, o)
-        elif run.program is not None:
-            run.names[id(local)] = (local, jaxpr.outvars[k])
-        moved = run.move(local, _sm_global(a, spec, mesh).shape, have, dims, "jit: shard_map")
-        stacks.append(moved.stack)
-        run.returned_values.append(moved)
-    return stacks
+        elif run.blocks is not None:
+            run.blocks.vars[id(local)] = (jaxpr.outvars[k], local)
+        results.append(run.move(local, _sm_global(a, spec, mesh).shape, have, dims,
+                                "jit: shard_map"))
+    return results
 
 
 def _operand_blocks(run, x, spec, var, manual_axes):
@@ -225,9 +224,8 @@ def _entering(run, args, params):
         stack = run.stack_of(x, a)[:1]
         values.append(StackedValue(a.update(sharding=Sharding(mesh, whole(a.ndim))),
                                    np.broadcast_to(stack, (inner.n,) + stack.shape[1:])))
-    inner.returned_values = []
     with running(inner):
-        stacks = _sm_stacked(*values, **params)
+        stacks = [v.stack for v in _sm_stacked(*values, **params)]
     dims = _sm_rule(mesh, [], params["jaxpr"], params["in_specs"], params["out_specs"],
                     params["shard_mesh"])
     out = []

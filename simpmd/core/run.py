@@ -177,8 +177,9 @@ class Run:
         """``prim``'s values for every device, its result types known (from the abstract
         evaluation, or, replaying a program, from its equation)."""
         if getattr(prim, "needs_run", False):     # it runs programs: it gets the values
-            results = prim.stacked(*args, **params)
-            return [StackedValue(a, r) for a, r in zip(out_avals, results)]
+            results = prim.stacked(*args, **params)   # (stacks, or its body's values)
+            return [StackedValue(a, self.stack_of(r, a) if isinstance(r, StackedValue) else r)
+                    for a, r in zip(out_avals, results)]
         stacks = [self.stack_of(x, a) for x, a in zip(args, avals)]
         if prim.collective:
             results = self.collective(prim, stacks, params, avals, out_avals)
