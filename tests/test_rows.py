@@ -69,9 +69,10 @@ NAMED_FOR_A_REASON = {
     "jax/crosscheck.py": "a bug of JAX's own lax.pmean (unequal groups), looked for in a trace",
     "viz/dispatch.py": "the calls draw_dispatch draws, by the name the learner passes",
     "exercises/": "a lesson's checker asks the learner's trace which collectives ran",
-    # issue 36 moves the cost facts to columns registered by the row object
-    # (simpmd/cost/rows.py); until that branch lands, cost/'s tables stay allowed here
-    "cost/": "issue 36: collective families, matmuls, JAX's names, no-cost primitives",
+    # the cost walker and the planner read JAX's programs as well as simpmd's, and know
+    # JAX's primitives by name only (simpmd's own cost facts are columns: cost/rows.py)
+    "cost/": "JAX's primitives in JAX's programs, and collective families by name",
+    "plan/": "JAX's primitives in JAX's programs (flash attention, psum2, ...), by name",
 }
 
 

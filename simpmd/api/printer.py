@@ -10,8 +10,9 @@ import sys
 import numpy as np
 
 from ..core import bridge, dtypes
+from ..core import collectives as K
 from ..core import primitives as P
-from ..core.core import Program, Var
+from ..core.core import Aval, Program, Var
 
 
 class NewestForms:
@@ -212,6 +213,37 @@ def _rows(program, width, names, shared, top=False) -> list:
     outs = ", ".join(name(v) if type(v) is Var else operand(v, None) for v in program.outvars)
     lines.append(f"  in ({outs}{',' if len(program.outvars) == 1 else ''}) }}")
     return "\n".join(lines).split("\n")         # one row per printed line
+
+
+# -- rows JAX prints as other equations: a column of theirs, set here -----------------------
+
+
+def _psum_name(eqn):
+    """JAX names the psum of a vma-typed value (shard_map with check_vma) psum_invariant."""
+    return "psum_invariant" if any(getattr(v.aval, "vma", ()) for v in eqn.invars) else "psum"
+
+
+def _psum_printed(eqn, name, typed, ins):
+    params = {k: v for k, v in eqn.params.items() if not k.startswith("_")}
+    return [(_psum_name(eqn), params, ins, " ".join(typed(v) for v in eqn.outvars))]
+
+
+def _pmean_printed(eqn, name, typed, ins):
+    """JAX has no pmean primitive: it sums (psum), then divides by the group's size."""
+    sums = [Var(v.aval) for v in eqn.outvars]
+    params = {k: v for k, v in eqn.params.items() if not k.startswith("_")}
+    lines = [(_psum_name(eqn), params, ins, " ".join(typed(v) for v in sums))]
+    for total, out in zip(sums, eqn.outvars):
+        divisor = f"{out.aval.dtype.type(eqn.params['_size'])}:{out.aval.str_short().split('[')[0]}[]"
+        if out.aval.vma:                  # the divisor is made to vary as the sum does
+            varying = Var(Aval((), out.aval.dtype, vma=out.aval.vma))
+            lines.append(("pvary", {"axes": tuple(sorted(out.aval.vma))}, divisor, typed(varying)))
+            divisor = name(varying)
+        lines.append(("div", {}, f"{name(total)} {divisor}", typed(out)))
+    return lines
+
+
+K.psum.printed, K.pmean.printed = _psum_printed, _pmean_printed
 
 
 def _broadcast_shown(params, short=P.broadcast_in_dim.show):

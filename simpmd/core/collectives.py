@@ -233,37 +233,14 @@ def _collective(name, op, math, abstract, wire, vjp=None, lax_params=None, varia
                      wire_bytes=wire, multiple_results=variadic, cost=_no_flops,
                      lax_params=lax_params or (lambda params: {}), **columns)
 
-def _psum_name(eqn):
-    """JAX names the psum of a vma-typed value (shard_map with check_vma) psum_invariant."""
-    return "psum_invariant" if any(getattr(v.aval, "vma", ()) for v in eqn.invars) else "psum"
-
-def _psum_printed(eqn, name, typed, ins):
-    params = {k: v for k, v in eqn.params.items() if not k.startswith("_")}
-    return [(_psum_name(eqn), params, ins, " ".join(typed(v) for v in eqn.outvars))]
-
-def _pmean_printed(eqn, name, typed, ins):
-    """JAX has no pmean primitive: it sums (psum), then divides by the group's size."""
-    from .core import Var
-    sums = [Var(v.aval) for v in eqn.outvars]
-    params = {k: v for k, v in eqn.params.items() if not k.startswith("_")}
-    lines = [(_psum_name(eqn), params, ins, " ".join(typed(v) for v in sums))]
-    for total, out in zip(sums, eqn.outvars):
-        divisor = f"{out.aval.dtype.type(eqn.params['_size'])}:{out.aval.str_short().split('[')[0]}[]"
-        if out.aval.vma:                  # the divisor is made to vary as the sum does
-            varying = Var(Aval((), out.aval.dtype, vma=out.aval.vma))
-            lines.append(("pvary", {"axes": tuple(sorted(out.aval.vma))}, divisor, typed(varying)))
-            divisor = name(varying)
-        lines.append(("div", {}, f"{name(total)} {divisor}", typed(out)))
-    return lines
-
 # ``reduction``: it reduces over its axes (the vma rule above); ``unequal_groups``: its
 # axis_index_groups may have different sizes (as jax.lax's all-reduces allow); ``hlo``:
 # the kind of collective XLA's compiled program calls it.
 psum = _collective("psum", "psum", _psum, _reduce_abstract("psum"), _all_reduce_bytes,
-                   _psum_vjp, variadic=True, printed=_psum_printed, reduction=True,
+                   _psum_vjp, variadic=True, reduction=True,
                    unequal_groups=True, hlo="all-reduce")
 pmean = _collective("pmean", "pmean", _pmean, _reduce_abstract("pmean"), _all_reduce_bytes,
-                    _pmean_vjp, variadic=True, printed=_pmean_printed, reduction=True,
+                    _pmean_vjp, variadic=True, reduction=True,
                     unequal_groups=True, hlo="all-reduce")
 pmax = _collective("pmax", "pmax", lambda g: g.max(axis=1, keepdims=True),
                    _reduce_abstract("pmax"), _all_reduce_bytes, variadic=True, reduction=True,
