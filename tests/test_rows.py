@@ -65,6 +65,7 @@ def test_every_collective_simpmd_lax_exports_binds_a_row():
 # anything else that keys a fact by a name fails the test below.
 NAMED_FOR_A_REASON = {
     "api/spelling.py": "NumPy's function names (what a learner calls) mapped to their spellings",
+    "api/checkpoint.py": "the checkpoint policies, which JAX calls with its own primitives",
     "sharding.py": "rules_table(): the sharding rules in words, keyed by what a learner writes",
     "jax/crosscheck.py": "a bug of JAX's own lax.pmean (unequal groups), looked for in a trace",
     "viz/dispatch.py": "the calls draw_dispatch draws, by the name the learner passes",

@@ -169,7 +169,7 @@ def _sm_stacked(*args, jaxpr, shard_mesh, in_specs, out_specs, check_vma, manual
     params = dict(jaxpr=jaxpr, shard_mesh=shard_mesh, in_specs=in_specs, out_specs=out_specs,
                   check_vma=check_vma, manual_axes=manual_axes)
     if not (isinstance(run, JitRun) and run.mesh == shard_mesh.mesh):
-        return _entering(run or _plain(), args, params)
+        return _entering(run or core.plain, args, params)
     mesh = run.mesh
     blocks = [_operand_blocks(run, x, spec, var, manual_axes)
               for x, spec, var in zip(args, in_specs, jaxpr.invars)]
@@ -198,16 +198,13 @@ def _sm_stacked(*args, jaxpr, shard_mesh, in_specs, out_specs, check_vma, manual
 
 
 def _operand_blocks(run, x, spec, var, manual_axes):
+    """Operand ``x`` as the blocks its ``in_specs`` give each device (moved there first)."""
     a = aval_of(x)
     want = [d + tuple(b for b in own if b not in manual_axes) for d, own in
             zip(R.resolve(spec, all_explicit(run.mesh), a.ndim, "in_specs"), dims_of(a))]
     v = run._block(x, a, want, "jit: shard_map")
     return StackedValue(var.aval, v.stack if isinstance(v, StackedValue) else
                         run.manual.stack_of(v, var.aval))
-
-
-def _plain():
-    return core.plain
 
 
 def _entering(run, args, params):
