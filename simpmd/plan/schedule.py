@@ -169,12 +169,13 @@ def _category(eqns, default) -> str:
     return "recompute" if again and default == "compute" else default
 
 
-ACCUMULATED = frozenset({"dot_general", "scatter-add", "scatter", "scan", "remat2", "pad"})
+ACCUMULATED = frozenset({"dot_general", "scatter-add", "scatter", "dynamic_update_slice", "scan",
+                         "remat2", "pad"})
 
 
 def _accumulates(e, producer) -> bool:
     """An addition into a gradient produced by a matmul, a scatter, a loop or a checkpoint
-    (a slice's gradient, padded or scattered into zeros): done in
+    (a slice's gradient, padded, scattered or updated into zeros): done in
     place by the producer (Megatron's gradient-accumulation fusion adds the weight
     gradient into its buffer inside the GEMM; XLA adds into a scatter's operand)."""
     return _primitive_name(e) in ("add_any", "add") and any(
