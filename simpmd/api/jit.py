@@ -295,6 +295,8 @@ def device_put(x, sharding=None):
         if x.mesh == mesh:
             return reshard(x, NamedSharding(mesh, spec))
         x = np.asarray(x)
+    if _processes.intercepts():                    # one process of simpmd.run_processes
+        return _processes.placed_on_mesh(x, NamedSharding(mesh, spec))
     return _placed(x, mesh, spec)
 
 
@@ -361,6 +363,8 @@ def _results(run, out):
 def on_mesh(fn, args, kwargs=None):
     """``fn(*args, **kwargs)`` run at once on the mesh of its sharded arguments (or of
     ``set_mesh``): JAX's op-by-op dispatch. Its collectives are ``simpmd.last_trace()``."""
+    if _processes.intercepts():                    # one process of simpmd.run_processes
+        return _processes.launch(_Operation(fn), args, kwargs or {})
     leaves, treedef = tree.flatten((tuple(args), dict(kwargs or {})))
     mesh = _mesh_of(leaves)
     run = JitRun(mesh)
@@ -386,6 +390,33 @@ def _trace_of(run, outs=()):
             f"each device holding whole copies along them, and no collective over them is "
             f"shown). Read XLA's choice from jax.jit(f).lower(...).compile().as_text()."]
     return trace_
+
+
+class _Operation:
+    """An operation run outside jit (``x + 1``), as simpmd.run_processes names it."""
+
+    def __init__(self, fn):
+        self.fun = fn
+
+    def __call__(self, *args, **kwargs):
+        return on_mesh(self.fun, args, kwargs)
+
+
+class _Processes:
+    """simpmd.run_processes' hand-off (``simpmd/hosts/calls.py``), imported on first use:
+    a call made by one simulated process joins the others'."""
+
+    def intercepts(self) -> bool:
+        from ..machine.devices import current_process
+        host = current_process()
+        return host is not None and not host.executing
+
+    def __getattr__(self, name):
+        from ..hosts import calls
+        return getattr(calls, name)
+
+
+_processes = _Processes()
 
 
 # -- jit ---------------------------------------------------------------------------------------
@@ -462,6 +493,8 @@ class Jitted:
             outs = bind(jit_p, *leaves, jaxpr=program, name=getattr(self.fun, "__name__", "fun"),
                         ctx_mesh=MeshText(mesh) if mesh is not None and mesh.axis_names else None)
             return tree.unflatten(out_tree, outs)
+        if _processes.intercepts():                # one process of simpmd.run_processes
+            return _processes.launch(self, args, kwargs)
         return self._run(args, kwargs)
 
     def _inputs(self, run, args, kwargs):

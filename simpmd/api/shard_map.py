@@ -190,6 +190,9 @@ class ShardMapped:
         if bridge.inside_jax(args):
             # Inside a real JAX trace (jax.jit, a cross-check): this is jax.shard_map's job.
             return bridge.jax.shard_map_on_jax(self)(*args)
+        from .jit import _processes
+        if _processes.intercepts():                # one process of simpmd.run_processes
+            return _processes.launch(self, args, kwargs)
         if self.axis_names and self.axis_names != set(self.mesh.axis_names):
             raise ShardingError(
                 f"axis_names={set(self.axis_names)} asks for a body that is manual over only "
