@@ -130,6 +130,31 @@ def what_a_process_can_read(jax):
     return read
 
 
+def printing_arrays(jax):
+    """What print shows of a global array: values when the process holds them all."""
+    mesh = _mesh(jax)
+    x = _rows(jax, mesh)
+    total = jax.jit(lambda v: v.sum(0))(x)
+    print(repr(total), str(total), repr(x))
+    try:
+        print(str(x))
+    except RuntimeError:
+        print("str: RuntimeError")
+    print(repr(jax.jit(lambda v: v * 2)(np.arange(3.0, dtype=np.float32))))
+    return total
+
+
+def skip_within_host(jax):
+    """A computation whose collectives stay within each host: process 0 may skip it."""
+    mesh = _mesh(jax)
+    x = _rows(jax, mesh, spec=("hosts", "chips"))
+    f = jax.jit(jax.shard_map(lambda v: jax.lax.psum(v, "chips"), mesh=mesh,
+                              in_specs=jax.P(("hosts", "chips")), out_specs=jax.P("hosts")))
+    if jax.process_index() == 0:
+        return None
+    return f(x)
+
+
 def numpy_differs_per_process(jax):
     """A NumPy argument that differs between processes: each device uses its own process's."""
     mesh = _mesh(jax)
@@ -180,6 +205,26 @@ def train_step_data_parallel(jax):
 
 PROGRAMS = [host_local_rows, whole_dim_and_global_shape, psum_across_hosts, psum_within_host,
             all_gather_across_hosts, ring_across_hosts, jit_reduction, hybrid_matmul,
-            device_put_of_float64, gather_to_host, what_a_process_can_read, numpy_differs_per_process,
+            device_put_of_float64, gather_to_host, what_a_process_can_read, printing_arrays, skip_within_host,
+            numpy_differs_per_process,
             local_computation, barrier_and_operation, barrier_names_differ,
             train_step_data_parallel]
+
+
+def deadlock_skipped_psum(jax):
+    """Process 0 skips a collective across hosts: the others wait for ever (JAX hangs)."""
+    mesh = _mesh(jax)
+    x = _rows(jax, mesh)
+    total = jax.jit(jax.shard_map(lambda v: jax.lax.psum(v, "hosts"), mesh=mesh,
+                                  in_specs=jax.P("hosts"), out_specs=jax.P()))
+    if jax.process_index() == 0:
+        return None
+    return total(x)
+
+
+def dies_in_process_1(jax):
+    """Not a lesson: a process that ends abruptly, for the launcher's error."""
+    import os
+    if jax.process_index() == 1:
+        os._exit(3)
+    return 0

@@ -82,7 +82,7 @@ def run_processes(main, num_processes: int | None = None, *, show: bool = True) 
         raise RuntimeError("run_processes was called inside a simulated process; each "
                            "process runs main once, and main does not start processes.")
     processes = Processes(platform, main, sys.modules["simpmd"])
-    original = install_stdout()
+    original = install_stdout(processes)
     try:
         processes.start()
         error = processes.outcome_error()

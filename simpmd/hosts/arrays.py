@@ -92,11 +92,21 @@ class ProcessArray(ShardedArray):
         return value if dtype is None else value.astype(dtype)
 
     def __repr__(self):
+        """As a ``jax.Array`` in a process prints: its values when this process can read
+        them all, else only its shape and dtype."""
         if self.is_fully_addressable or self.is_fully_replicated:
-            return super().__repr__()
+            body = np.array2string(np.asarray(self), separator=", ", prefix="Array(")
+            return f"Array({body}, dtype={np.dtype(self.dtype).name})"
         return f"Array(shape={self.shape}, dtype={np.dtype(self.dtype).name})"
 
-    __str__ = __repr__
+    def __str__(self):
+        """The values when readable; else the repr (jax 0.10 on), or JAX's error (0.7.2)."""
+        if self.is_fully_addressable or self.is_fully_replicated:
+            return str(np.asarray(self))
+        from ..api.partition import settings
+        if settings.version <= (0, 7, 2):
+            raise RuntimeError(NOT_ADDRESSABLE)
+        return repr(self)
 
     def value_in(self, run):
         return self.stack                   # raises: only a rendezvous may use the blocks

@@ -10,6 +10,7 @@ operators of an array) hand a process's calls here.
 from __future__ import annotations
 
 import contextlib
+import io
 
 import numpy as np
 
@@ -107,8 +108,29 @@ def launch(fn, args, kwargs, *, kind=None):
                 (_identity(fn), treedef, tuple(_leaf_type(x) for x in leaves)),
                 lambda calls: _run_global(fn, calls, meshes[0]), (leaves, treedef),
                 where_called())
-    call.collectives = lambda: _collectives_of(fn, call, meshes[0])
+    call.collectives = lambda: _collectives_of(fn, call)
+    if not _crosses_hosts(fn, call, host):
+        with passing_through(), np.errstate(all="ignore"):
+            return share(_stand_in_run(fn, call), len(host.processes.hosts))[host.index]
     return host.processes.join(host, call)
+
+
+def _crosses_hosts(fn, call, host) -> bool:
+    """Whether the computation's collectives join devices of different processes (found
+    once per signature, from a run on stand-in values). One whose collectives all stay
+    within hosts needs no other process: in JAX, a process that skips it leaves the others
+    running (checked on jax 0.7.2 and 0.10.2)."""
+    known = host.processes.crossing.get(call.signature)
+    if known is None:
+        from .crossing import collective_calls
+        try:
+            with _trial():
+                _stand_in_run(fn, call)
+            known = any(r["crosses"] for r in collective_calls(last_trace()))
+        except Exception:                   # raised: every process must see it raised
+            known = True
+        host.processes.crossing[call.signature] = known
+    return known
 
 
 def _local(fn, args, kwargs, host):
@@ -124,8 +146,8 @@ def _local(fn, args, kwargs, host):
         if isinstance(y, ShardedArray) and y.mesh.size == 1 and y.mesh.devices.flat[0] != first:
             mesh = Mesh(np.array(first, dtype=object).reshape(y.mesh.devices.shape),
                         y.mesh.axis_names, axis_types=y.mesh.axis_types)
-            return ShardedArray(y.aval, y.stack, mesh, y.layout)
-        return y
+            y = ShardedArray(y.aval, y.stack, mesh, y.layout)
+        return arrays.view_of(y, host.index) if isinstance(y, ShardedArray) else y
     return tree.tree_map(move, out)
 
 
@@ -158,8 +180,12 @@ def _merge_leaf(values, mesh):
 def _run_global(fn, calls, mesh):
     """Run the computation once over every device; each process gets its view."""
     args, kwargs = global_inputs(calls, mesh)
-    out = fn(*args, **kwargs)
     host = machine.current_process()
+    host.processes.broadcasting = True
+    try:
+        out = fn(*args, **kwargs)
+    finally:
+        host.processes.broadcasting = False
     host.processes.log.append((calls[0].name, calls[0].source, last_trace()))
     return share(out, len(calls))
 
@@ -177,23 +203,49 @@ def share(out, processes: int) -> list:
     return [tree.unflatten(treedef, v) for v in views]
 
 
-def _collectives_of(fn, call, mesh) -> str:
-    """The collectives the computation would run, read off a run on stand-in values (the
-    missing processes' blocks as zeros): the deadlock message names them."""
-    from .crossing import calls_text
+def _stand_in_run(fn, call):
+    """The computation with this process's arguments: its own blocks, and zeros for the
+    other processes' blocks."""
     leaves, treedef = call.args
     stand_in = []
     for x in leaves:
         if isinstance(x, arrays.ProcessArray):
             rows = np.zeros((x.mesh.size,) + x.sharding.shard_shape(x.shape), x.dtype)
+            for k, block in x._blocks.items():
+                rows[k] = block
             stand_in.append(ShardedArray(x.aval, rows, x.mesh, x.layout))
         else:
             stand_in.append(x)
     a, kw = tree.unflatten(treedef, stand_in)
-    with passing_through(), contextlib.redirect_stdout(None):
-        fn(*a, **kw)
-    trace = getattr(fn, "trace", None)
-    return calls_text(trace) if trace is not None else ""
+    return fn(*a, **kw)
+
+
+def _collectives_of(fn, call) -> str:
+    """The collectives the computation would run, read off a run on stand-in values: the
+    deadlock message names them."""
+    from .crossing import calls_text
+    with _trial():
+        _stand_in_run(fn, call)
+    return calls_text(last_trace())
+
+
+@contextlib.contextmanager
+def _trial():
+    """A run only to read its collectives: it prints nothing, and the programs it traces
+    are forgotten, so that the real run traces them (and prints what tracing prints) in
+    the process that makes it, as each JAX process traces for itself."""
+    from ..core import program
+    before = {f: dict(entries) for f, entries in program._cache.items()}
+    try:
+        with passing_through(), contextlib.redirect_stdout(io.StringIO()), \
+                np.errstate(all="ignore"):
+            yield
+    finally:
+        for f in list(program._cache.keys()):
+            if f in before:
+                program._cache[f] = before[f]
+            else:
+                del program._cache[f]
 
 
 # -- what jax.experimental.multihost_utils does -------------------------------------------------
@@ -214,7 +266,7 @@ def placed_on_mesh(value, sharding: NamedSharding):
     host = machine.current_process()
     mesh = sharding.mesh
     if {d.id for d in mesh.devices.flat} <= {d.id for d in host.devices}:
-        return _placed(value, mesh, sharding.spec)
+        return arrays.view_of(_placed(value, mesh, sharding.spec), host.index)
     value = np.asarray(value)
 
     def run(calls):

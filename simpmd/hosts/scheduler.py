@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 import io
+import re
 import sys
 import threading
 import traceback
@@ -74,18 +75,38 @@ def device_text(ids) -> str:
 
 class _Printed(io.TextIOBase):
     """sys.stdout while processes run: what a process prints goes to its own buffer, as
-    each host of a cluster writes to its own terminal or log file."""
+    each host of a cluster writes to its own terminal or log file. While a computation runs
+    once for every process, what it prints goes to every process (each would have traced
+    it), except ``debug.print``'s lines, which go to the process that drives their device."""
 
-    def __init__(self, original):
-        self.original = original
+    def __init__(self, original, processes):
+        self.original, self.processes = original, processes
 
     def write(self, text):
         host = machine.current_process()
-        (host.printed if host is not None else self.original).write(text)
+        if host is None:
+            self.original.write(text)
+        elif self.processes.broadcasting:
+            for line in text.splitlines(keepends=True):
+                owner = self._owner(line)
+                for h in self.processes.hosts:
+                    if owner is None or h.index == owner:
+                        h.printed.write(line)
+        else:
+            host.printed.write(text)
         return len(text)
+
+    def _owner(self, line):
+        match = _DEVICE_LINE.match(line)
+        if match is None:
+            return None
+        return machine.platform().devices[int(match.group(1))].process_index
 
     def flush(self):
         self.original.flush()
+
+
+_DEVICE_LINE = re.compile(r"^\[device (\d+)\b")
 
 
 class Processes:
@@ -98,8 +119,10 @@ class Processes:
         self.queue: list = []
         self.arrived: dict = {}               # process index -> Call, at the current step
         self.finished = threading.Semaphore(0)
-        self.log: list = []                   # (step, name, source, trace) per computation
+        self.log: list = []                   # (name, source, trace) per computation
         self.problem: BaseException | None = None
+        self.broadcasting = False             # a computation for all prints to all
+        self.crossing: dict = {}              # signature -> whether its collectives cross hosts
 
     # -- the baton --------------------------------------------------------------------------
     def start(self):
@@ -308,8 +331,8 @@ class ProcessError(errors.SimpmdError, RuntimeError):
     """A simulated process's ``main`` raised; ``.original`` is what it raised."""
 
 
-def install_stdout():
+def install_stdout(processes):
     """Route what each process prints to its own buffer; returns the original stdout."""
     original = sys.stdout
-    sys.stdout = _Printed(original)
+    sys.stdout = _Printed(original, processes)
     return original

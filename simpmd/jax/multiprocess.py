@@ -25,6 +25,7 @@ import json
 import os
 import pathlib
 import pickle
+import shutil
 import signal
 import socket
 import subprocess
@@ -373,10 +374,12 @@ def run_on_jax(programs, num_processes: int = 4, local_device_count: int = 2, *,
         launch.start()
         launch.watch()
         outcomes = launch.outcomes()
+    except MultiProcessError as exc:
+        exc.pids = [p.pid for p in launch.popen]
+        raise
     finally:
         launch.stop()
         pids = [p.pid for p in launch.popen]
-        import shutil
         shutil.rmtree(launch.folder, ignore_errors=True)
     import importlib.metadata as metadata
     return RealRun(outcomes, dict(launch.hung), time.monotonic() - begun,

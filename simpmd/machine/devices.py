@@ -102,6 +102,10 @@ def _process_sizes(count: int, hardware: str, processes) -> int:
         if not 1 <= processes <= count:
             raise ValueError(f"processes={processes}: a platform of {count} devices can have "
                              f"1 to {count} processes.")
+        if count % int(processes):
+            raise ValueError(
+                f"{count} devices do not split evenly into {processes} processes; every host "
+                f"of a slice or cluster drives the same number of devices.")
         per = count // int(processes)
     else:
         raise TypeError(f"processes must be None, an int or 'hardware', got {processes!r}")
