@@ -32,4 +32,14 @@ esac
 # simpmd.course.start), so the day JAX deprecates an API the course uses, CI says so.
 export SIMPMD_STRICT_DEPRECATIONS=1
 
-exec "$VENV/bin/python" -m pytest "$@"
+# One pytest worker per core (pytest-xdist), each notebook's cells on one worker (loadfile:
+# nbval runs a notebook's cells in order in one kernel). Arguments that choose the workers
+# themselves (-n, --numprocesses, -p no:xdist) or ask only to list the tests win.
+parallel=(-n auto --dist loadfile)
+for arg in "$@"; do
+    case "$arg" in
+        -n|-n*|--numprocesses*|no:xdist|--collect-only|--co) parallel=() ;;
+    esac
+done
+
+exec "$VENV/bin/python" -m pytest "${parallel[@]}" "$@"

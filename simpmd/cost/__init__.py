@@ -1,0 +1,28 @@
+"""What a program would cost on real hardware: the network, the chips, the roofline, memory.
+
+A package of modules, each one concern, none importing JAX:
+
+* :mod:`~simpmd.cost.hardware`: the presets (:class:`Hardware`, :data:`HARDWARE`), every
+  number with its source;
+* :mod:`~simpmd.cost.network`: topologies (:class:`Torus`, :class:`FullyConnected`), the
+  time of each collective algorithm on them (:func:`estimate`), of a message-level run
+  (:func:`time_run`) and of every collective of a trace (:func:`estimate_trace`);
+* :mod:`~simpmd.cost.walk`: the walk over a program's equations, nested bodies included;
+* :mod:`~simpmd.cost.roofline`: FLOPs, HBM and ICI bytes per equation and their time
+  (:func:`roofline`, :func:`roofline_of`);
+* :mod:`~simpmd.cost.memory`: the bytes a device holds as its program runs;
+* :mod:`~simpmd.cost.algorithms`: collective algorithms played message by message.
+
+``simpmd.cost.X`` names what these modules define, as when they were one file.
+"""
+from . import algorithms, memory
+from .hardware import (HARDWARE, NCCL_TESTS_H100, SLICE_SHAPES, Hardware, MeasuredFit,
+                       hardware_preset)
+from .network import (COLLECTIVE_OF, COLLECTIVES, COST_MODELS, NCCL_TESTS, CallEstimate,
+                      CollectiveCost, Estimate, FullyConnected, GroupAxis, Ring, Torus, Torus2D,
+                      Torus3D, TraceEstimate, busbw_factor, collective_of, estimate,
+                      estimate_trace, nccl_size, step_time, time_run)
+from .network import _columnar_log, _estimate_on, _hardware_of, _positions  # noqa: F401 (viz, tests)
+from .roofline import (EquationCost, Roofline, ici_bytes, live_equations, peak_bytes, roofline,
+                       roofline_of)
+from .walk import JAX_ROWS, JAX_UNARY, MATMULS, NESTED, NO_COST
