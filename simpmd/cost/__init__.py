@@ -7,6 +7,8 @@ A package of modules, each one concern, none importing JAX:
 * :mod:`~simpmd.cost.network`: topologies (:class:`Torus`, :class:`FullyConnected`), the
   time of each collective algorithm on them (:func:`estimate`), of a message-level run
   (:func:`time_run`) and of every collective of a trace (:func:`estimate_trace`);
+* :mod:`~simpmd.cost.cluster`: collectives over devices in several nodes (GPU nodes on
+  InfiniBand, TPU slices on DCN), :class:`Cluster`;
 * :mod:`~simpmd.cost.walk`: the walk over a program's equations, nested bodies included;
 * :mod:`~simpmd.cost.roofline`: FLOPs, HBM and ICI bytes per equation and their time
   (:func:`roofline`, :func:`roofline_of`);
@@ -16,6 +18,7 @@ A package of modules, each one concern, none importing JAX:
 ``simpmd.cost.X`` names what these modules define, as when they were one file.
 """
 from . import algorithms, memory
+from .cluster import Cluster
 from .hardware import (HARDWARE, NCCL_TESTS_H100, SLICE_SHAPES, Hardware, MeasuredFit,
                        hardware_preset)
 from .network import (COLLECTIVE_OF, COLLECTIVES, COST_MODELS, NCCL_TESTS, CallEstimate,

@@ -7,7 +7,7 @@ may carry :class:`MeasuredFit` s: collectives fitted to published nccl-tests run
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 import math
 
 import numpy as np
@@ -110,6 +110,10 @@ _H100_MEASURED = (
 
 # -- hardware presets -------------------------------------------------------------------
 
+# A path a chip lacks runs as the next slower one XLA would convert it to.
+_SLOWER_PATH = {"fp8": "bf16", "int8": "bf16", "fp16": "bf16", "bf16": "fp32", "tf32": "fp32",
+                "fp64": "fp32"}
+
 @dataclass(frozen=True)
 class Hardware:
     """One accelerator and its interconnect, with every number's source in ``citations``.
@@ -132,6 +136,20 @@ class Hardware:
     aliases: tuple = ()            # other names learners use, e.g. the book's "TPU v4p"
     peak_fp32_flops: float | None = None   # FLOP/s, dense, exact float32 (see peak_flops)
     measured: tuple = ()           # (collective, MeasuredFit) pairs: fits to published runs
+    # The network between nodes (GPU: InfiniBand, one NIC per GPU) or slices (TPU: DCN),
+    # see simpmd.cost.cluster; None: not modelled (a group must fit one node).
+    scale_out_bandwidth: float | None = None   # bytes/s per device, one direction
+    scale_out_latency: float = 0.0             # s per step across the network
+    pod_size: int | None = None    # TPU: the most chips one ICI slice holds
+    # What the chip really does with a program (simpmd.cost.predict): (path, FLOP/s) of the
+    # matrix units per operand precision ("bf16", "fp16", "tf32", "fp32", "fp8", "int8"),
+    # the fraction of those that large matmuls and of HBM bandwidth that streaming kernels
+    # sustain, and the time floors of a kernel and of a call from Python.
+    matmul_peaks: tuple = ()
+    matmul_efficiency: tuple = ()  # (path, fraction); a path not listed uses "bf16"'s
+    memory_efficiency: float | None = None
+    kernel_launch_s: float = 0.0
+    dispatch_s: float = 0.0
 
     def peak_flops(self, dtype) -> float:
         """Peak FLOP/s for arithmetic in ``dtype``.
@@ -146,6 +164,51 @@ class Hardware:
         if name in ("bfloat16", "float16") or name.startswith("float8"):
             return self.peak_bf16_flops
         return self.peak_fp32_flops if self.peak_fp32_flops else self.peak_bf16_flops
+
+    @property
+    def platform(self) -> str:
+        """``'tpu'``, ``'gpu'`` or ``'cpu'``: how XLA runs a dot's precision on it."""
+        if self.torus_rank is not None:
+            return "tpu"
+        return "cpu" if self.name == "CPU" else "gpu"
+
+    def matmul_peak(self, path: str) -> float:
+        """Peak FLOP/s of the matrix units on ``path`` (see :func:`simpmd.cost.predict.dot_path`):
+        ``'bf16x3'`` is three bf16 passes, a third of the bf16 rate."""
+        base, _, passes = path.partition("x")
+        peaks = self.matmul_paths
+        while base not in peaks and base in _SLOWER_PATH:
+            base = _SLOWER_PATH[base]
+        return peaks.get(base, self.vector_flops) / int(passes or 1)
+
+    @property
+    def matmul_paths(self) -> dict:
+        """path -> peak FLOP/s: the preset's table, or one made of its bf16 and fp32 peaks."""
+        if self.matmul_peaks:
+            return dict(self.matmul_peaks)
+        return {"bf16": self.peak_bf16_flops, "fp16": self.peak_bf16_flops,
+                "fp32": self.peak_fp32_flops or self.peak_bf16_flops}
+
+    def has_path(self, path: str) -> bool:
+        """Whether the matrix units take ``path``'s operands natively (a T4 has no bf16)."""
+        return path in self.matmul_paths
+
+    def sustained_matmul_flops(self, path: str) -> float:
+        """The FLOP/s large matmuls on ``path`` sustain: the peak times the preset's
+        published fraction (1 where none is known)."""
+        fractions = dict(self.matmul_efficiency)
+        base = path.split("x")[0]
+        return self.matmul_peak(path) * fractions.get(base, fractions.get("bf16", 1.0))
+
+    @property
+    def sustained_hbm_bandwidth(self) -> float:
+        """The HBM bytes/s streaming kernels sustain (the peak where no fraction is known)."""
+        return self.hbm_bandwidth * (self.memory_efficiency or 1.0)
+
+    @property
+    def vector_flops(self) -> float:
+        """FLOP/s of the elementwise units (a GPU's CUDA cores: its FP32 rate)."""
+        return self.peak_fp32_flops or self.peak_bf16_flops
 
     @property
     def critical_intensity(self) -> float:
@@ -163,17 +226,15 @@ class Hardware:
 
         TPU: a count becomes the standard slice shape (16 -> 4x4 on v5e, 2x2x4 on v4), and
         wraparound follows the slice rules of the scaling book (see ``wraparound_for``).
-        GPU: one NVLink switch, at most ``node_size`` devices.
+        GPU: one NVLink switch, at most ``node_size`` devices. More devices than one node
+        (GPU) or one pod (TPU, a count) hold become a :meth:`cluster` of whole nodes.
         """
         from .network import FullyConnected, Torus    # network.py imports this module
+        n = int(shape) if np.ndim(shape) == 0 else math.prod(shape)
+        most = self.node_size if self.torus_rank is None else self.pod_size
+        if most is not None and n > most and (self.torus_rank is None or np.ndim(shape) == 0):
+            return self.cluster(-(-n // most))
         if self.torus_rank is None:
-            n = int(shape) if np.ndim(shape) == 0 else math.prod(shape)
-            if self.node_size is not None and n > self.node_size:
-                raise ValueError(
-                    f"{self.name}: {n} devices span more than one NVLink node of "
-                    f"{self.node_size}; simpmd models one node only (the network between "
-                    f"nodes is not modelled). Pass topology=FullyConnected({n}, ...) to "
-                    f"pretend that one switch joins them all.")
             return FullyConnected(n, link_bandwidth=self.link_bandwidth,
                                   hop_latency=self.hop_latency, links=self.links_per_device,
                                   name=self.name, measured=dict(self.measured))
@@ -184,6 +245,24 @@ class Hardware:
                 else tuple(int(d) for d in shape))
         return Torus(dims, self.wraparound_for(dims), link_bandwidth=self.link_bandwidth,
                      hop_latency=self.hop_latency, name=self.name)
+
+    def cluster(self, nodes: int, node=None):
+        """``nodes`` GPU nodes (or TPU slices) of this hardware on its network between
+        nodes: a :class:`~simpmd.cost.cluster.Cluster`. ``node`` is one node's device
+        count or shape (default: a full node of ``node_size``, or a full TPU pod)."""
+        from .cluster import Cluster
+        if self.scale_out_bandwidth is None:
+            raise ValueError(
+                f"{self.name}: no network between nodes is modelled for this preset (a "
+                f"group must fit one node of {self.node_size or self.pod_size}); build a "
+                f"simpmd.cost.Cluster(node, nodes, scale_out_bandwidth=..., "
+                f"scale_out_latency=...) to give one")
+        size = node if node is not None else (self.node_size or self.pod_size)
+        inner = self.topology(size)
+        network = "InfiniBand" if self.torus_rank is None else "DCN"
+        return Cluster(inner, nodes, scale_out_bandwidth=self.scale_out_bandwidth,
+                       scale_out_latency=self.scale_out_latency, name=self.name,
+                       network=network)
 
     def wraparound_for(self, dims) -> tuple:
         """Which axes of a slice have wraparound links.
@@ -210,6 +289,14 @@ class Hardware:
             lines.append(f"  peak fp32        {self.peak_fp32_flops / 1e12:.3g} TFLOP/s")
         for op, fit in self.measured:
             lines.append(f"  measured {op:14s} {fit}")
+        if self.scale_out_bandwidth:
+            lines.append(f"  between nodes    {self.scale_out_bandwidth / 1e9:g} GB/s per device, "
+                         f"{self.scale_out_latency * 1e6:g} us per step")
+        for path, flops in self.matmul_peaks:
+            lines.append(f"  matmul {path:5s}     {flops / 1e12:g} TFLOP/s peak, sustained "
+                         f"{self.sustained_matmul_flops(path) / 1e12:.4g}")
+        if self.memory_efficiency:
+            lines.append(f"  HBM sustained    {self.sustained_hbm_bandwidth / 1e12:.4g} TB/s")
         return "\n".join(lines + ["  sources:"] + [f"    - {c}" for c in self.citations])
 
 
@@ -256,6 +343,18 @@ _FP32_TPU = ("float32 rate: bf16 rate / 6, JAX's lax.Precision docstring: HIGHES
 _B200 = ("NVIDIA HGX B200 / DGX B200 datasheet: fifth-generation NVLink 1.8 TB/s per GPU (both "
          "directions together, 18 links), HBM3e 8 TB/s per GPU; BF16 2.25 PFLOPS dense per "
          "GPU (half the 4.5 PFLOPS sparse figure); FP32 600 TFLOPS per 8-GPU board, 75 per GPU")
+
+_A100_40GB = ("NVIDIA A100 Tensor Core GPU datasheet (SXM 40GB, the part Colab's A100 runtime "
+              "has): HBM2 1,555 GB/s; NVLink 600 GB/s; BF16 312, TF32 156, FP32 19.5 TFLOPS dense")
+_L4 = ("NVIDIA L4 Tensor Core GPU datasheet: FP32 30.3 TFLOPS; TF32 120, BF16/FP16 242, FP8 485 "
+       "TFLOPS with sparsity (half that dense: 60, 121, 242.5); GDDR6 300 GB/s; PCIe Gen4 x16 "
+       "64 GB/s (both directions together)")
+_T4 = ("NVIDIA T4 Tensor Core GPU datasheet: FP32 8.1 TFLOPS, mixed FP16/FP32 65 TFLOPS, INT8 "
+       "130 TOPS, GDDR6 320 GB/s, PCIe Gen3 x16 32 GB/s (both directions together); Turing "
+       "(sm_75) tensor cores take FP16 and INT8, neither bfloat16 nor TF32, so XLA runs a "
+       "bf16 or f32 dot at the FP32 rate")
+_PCIE_NODE = ("PCIe cards: up to 8 in one host, the devices joined through the host's PCIe "
+              "(an assumption: a cloud VM's count varies; no NVLink)")
 
 HARDWARE = {
     "TPU v2": Hardware(
@@ -315,6 +414,20 @@ HARDWARE = {
         "B200", "NVLink 5.0 + NVSwitch", link_bandwidth=50e9, links_per_device=18,
         hop_latency=1e-6, hbm_bandwidth=8e12, peak_bf16_flops=2.25e15, peak_fp32_flops=7.5e13, node_size=8,
         citations=(_B200, _NCCL_LATENCY), aliases=("NVIDIA B200",)),
+    "A100 40GB": Hardware(
+        "A100 40GB", "NVLink 3.0 + NVSwitch", link_bandwidth=25e9, links_per_device=12,
+        hop_latency=1e-6, hbm_bandwidth=1.555e12, peak_bf16_flops=3.12e14,
+        peak_fp32_flops=1.95e13, node_size=8,
+        citations=(_A100_40GB, _NCCL_LATENCY),
+        aliases=("A100-SXM4-40GB", "A100 40GB SXM", "NVIDIA A100-SXM4-40GB")),
+    "L4": Hardware(
+        "L4", "PCIe Gen4 x16", link_bandwidth=32e9, links_per_device=1, hop_latency=1e-6,
+        hbm_bandwidth=3e11, peak_bf16_flops=1.21e14, peak_fp32_flops=3.03e13, node_size=8,
+        citations=(_L4, _PCIE_NODE, _NCCL_LATENCY), aliases=("NVIDIA L4",)),
+    "T4": Hardware(
+        "T4", "PCIe Gen3 x16", link_bandwidth=16e9, links_per_device=1, hop_latency=1e-6,
+        hbm_bandwidth=3.2e11, peak_bf16_flops=8.1e12, peak_fp32_flops=8.1e12, node_size=8,
+        citations=(_T4, _PCIE_NODE, _NCCL_LATENCY), aliases=("Tesla T4", "NVIDIA T4")),
     "CPU": Hardware(
         "CPU", "toy: processes on one switch", link_bandwidth=1e10, links_per_device=1,
         hop_latency=1e-5, hbm_bandwidth=5e10, peak_bf16_flops=1e12, peak_fp32_flops=1e12,
@@ -322,6 +435,117 @@ HARDWARE = {
                    "10 GB/s, 10 us, 50 GB/s memory, 1 TFLOP/s",)),
 }
 
+
+# -- what each chip does with a program (simpmd.cost.predict) and between nodes -----------
+# Every number from a published source, none chosen from the measurements
+# tests/test_predictions_vs_measured.py holds (docs/benchmarks.md, "Predicted against
+# measured"). Where a preset has no source of its own, the note says whose number it takes.
+
+_MAMF = ("S. Bekman, 'Machine Learning Engineering', compute/accelerator/README.md, 'Maximum "
+         "Achievable Matmul FLOPS comparison table' (https://github.com/stas00/ml-engineering): "
+         "the best mean torch.matmul TFLOPS over a search of shapes; BF16: A100 SXM 271.2 of 312 "
+         "(86.9%), H100 SXM 794.5 of 989 (80.3%, 'H200 is the same'), B200 1745 of 2250 (77.6%); "
+         "FP8: H100 SXM 1402.6 of 1979 (70.9%), H200 1453.4 (73.4%), B200 3432.5 of 4500 (76.3%). "
+         "TF32 and FP32 dots take the BF16 fraction (no published figure found)")
+_MAMF_V5E = ("JAX docs, Pallas TPU 'Matrix Multiplication' guide (docs/pallas/tpu/matmul.ipynb, "
+             "https://docs.jax.dev/en/latest/pallas/tpu/matmul.html): XLA's bf16 8192^3 matmul on "
+             "a TPU v5e reaches 92.3% of the 197 TFLOP/s peak; the other TPUs take v5e's fraction "
+             "(no published figure found); 1024^3 timed from Python takes 119 us where the math "
+             "is 11 us: about 108 us to dispatch a call and wait for it")
+_HBM_H100 = ("HBM sustained: NVBench device-to-device copy on an 8 x H100 80GB HBM3 node, 2,903 "
+             "GB/s of 3,350 (86.7%), its best at a 13 MB transfer (Voltage Park and Georgia Tech, "
+             "github.com/ZiyanIshani/vpbenchmarking, results/stream_nvbench/"
+             "stream_nvbench_summary.md); the other NVIDIA presets take the H100's fraction (no "
+             "published figure of their own found); TPUs: peak (none found)")
+_LAUNCH_GPU = ("Kernel floor: 'about 4-6 us' for the CPU to submit one kernel through the driver "
+               "and runtime ('pegainfer (3): From Launch Overhead to CUDA Graph', "
+               "https://susun-blog.com/blog/pegainfer-3-cuda-graph, RTX 5070 Ti, CUDA 13.0): "
+               "simpmd charges a fused kernel at least 4 us")
+_DISPATCH_GPU = ("Call floor: JAX's dispatch benchmarks (https://github.com/jax-ml/jax/pull/4128): "
+                 "calling a trivial jitted function and waiting for its result took 31.5 us "
+                 "('jit_trivial'), the call alone 28.9 us")
+_IB_NDR = ("Between nodes: DGX H100, DGX H200 and DGX B200 datasheets, 8 single-port ConnectX-7 "
+           "400 Gb/s InfiniBand NICs per 8-GPU system, one per GPU: 50 GB/s per GPU each way "
+           "(NCCL's developers expect '46-48GB/s per NIC' of NDR in nccl-tests, "
+           "https://github.com/NVIDIA/nccl-tests/issues/290)")
+_IB_HDR = ("Between nodes: DGX A100 datasheet, 8 single-port ConnectX-6 200 Gb/s HDR InfiniBand "
+           "NICs for the compute fabric, one per GPU: 25 GB/s per GPU each way")
+_NET_STEP = ("A step across InfiniBand: 6.6 us, NCCL's tuning model for a ring step over the "
+             "network with its Simple protocol (NVIDIA/nccl src/graph/tuning.cc, hwLat[NET], in "
+             "the version read)")
+_DCN = ("Between slices (DCN): Cloud TPU docs 'TPU v5e' (https://cloud.google.com/tpu/docs/v5e), "
+        "2 x 100 Gbps NICs per host of 8 chips: 3.125 GB/s per chip each way; the Scaling Book "
+        "(Part 2, 'TPU Specs') puts DCN at about 2.5e10 bytes/s per host, whose 'host size' is "
+        "2x2x1 (4 chips) on v4p/v5p: 6.25 GB/s per chip; 10 us per step, an assumption (no "
+        "published figure found)")
+_POD = ("Pod sizes: Scaling Book Part 2 'TPU Specs' table: v3 32x32, v4p 16x16x16, v5p "
+        "16x20x28, v5e and v6e 16x16; v2 16x16 (Jouppi et al. 2020)")
+_PRECISION = ("Precision: jax.lax.Precision's docstring: on TPU a float32 dot at DEFAULT is one "
+              "bfloat16 pass, HIGH 3 passes, HIGHEST 6; on GPU DEFAULT and HIGH use TF32 where "
+              "the chip has it (A100, H100), HIGHEST float32")
+_PATHS_H100 = ("NVIDIA H100 and H200 datasheets (SXM): TF32 989 TFLOPS, FP8 3,958, INT8 3,958 "
+               "TOPS, all with sparsity (dense: half)")
+_PATHS_A100 = "NVIDIA A100 datasheet: TF32 156 TFLOPS dense, INT8 624 TOPS dense; no FP8"
+_PATHS_B200 = ("NVIDIA DGX B200 datasheet: FP8 training 72 PFLOPS and TF32 18 PFLOPS per 8 GPUs, "
+               "with sparsity: 4.5 and 1.1 PFLOPS dense per GPU")
+_PATHS_TPU = "int8: the Scaling Book's Part 2 table (FLOPs/s/chip int8); no fp8 on these chips"
+
+_HOPPER = (("bf16", 9.9e14), ("fp16", 9.9e14), ("tf32", 4.947e14), ("fp32", 6.7e13),
+           ("fp8", 1.979e15), ("int8", 1.979e15))
+_AMPERE = (("bf16", 3.12e14), ("fp16", 3.12e14), ("tf32", 1.56e14), ("fp32", 1.95e13),
+           ("int8", 6.24e14))
+_GPU_FLOORS = dict(kernel_launch_s=4e-6, dispatch_s=3.15e-5, memory_efficiency=0.867)
+_TPU_FLOORS = dict(kernel_launch_s=0.0, dispatch_s=1.08e-4, matmul_efficiency=(("bf16", 0.923),))
+
+
+def _tpu(bf16, int8, chips_per_host, pod):
+    return dict(matmul_peaks=(("bf16", bf16), ("fp16", bf16), ("int8", int8)), pod_size=pod,
+                scale_out_bandwidth=2.5e10 / chips_per_host, scale_out_latency=1e-5,
+                **_TPU_FLOORS)
+
+
+_MACHINE = {
+    "TPU v2": (_tpu(4.6e13, 4.6e13, 8, 256), (_PRECISION, _MAMF_V5E, _DCN, _POD)),
+    "TPU v3": (_tpu(1.4e14, 1.4e14, 8, 1024), (_PRECISION, _MAMF_V5E, _DCN, _POD, _PATHS_TPU)),
+    "TPU v4": (_tpu(2.75e14, 2.75e14, 4, 4096), (_PRECISION, _MAMF_V5E, _DCN, _POD, _PATHS_TPU)),
+    "TPU v5p": (_tpu(4.59e14, 9.18e14, 4, 8960), (_PRECISION, _MAMF_V5E, _DCN, _POD, _PATHS_TPU)),
+    "TPU v5e": (dict(_tpu(1.97e14, 3.94e14, 8, 256), scale_out_bandwidth=3.125e9),
+                (_PRECISION, _MAMF_V5E, _DCN, _POD, _PATHS_TPU)),
+    "TPU v6e": (_tpu(9.2e14, 1.84e15, 8, 256), (_PRECISION, _MAMF_V5E, _DCN, _POD, _PATHS_TPU)),
+    "A100": (dict(matmul_peaks=_AMPERE, matmul_efficiency=(("bf16", 0.869),),
+                  scale_out_bandwidth=2.5e10, scale_out_latency=6.6e-6, **_GPU_FLOORS),
+             (_PRECISION, _PATHS_A100, _MAMF, _HBM_H100, _LAUNCH_GPU, _DISPATCH_GPU, _IB_HDR,
+              _NET_STEP)),
+    "A100 40GB": (dict(matmul_peaks=_AMPERE, matmul_efficiency=(("bf16", 0.869),),
+                       scale_out_bandwidth=2.5e10, scale_out_latency=6.6e-6, **_GPU_FLOORS),
+                  (_PRECISION, _PATHS_A100, _MAMF, _HBM_H100, _LAUNCH_GPU, _DISPATCH_GPU,
+                   _IB_HDR, _NET_STEP)),
+    "H100": (dict(matmul_peaks=_HOPPER, matmul_efficiency=(("bf16", 0.803), ("fp8", 0.709)),
+                  scale_out_bandwidth=5e10, scale_out_latency=6.6e-6, **_GPU_FLOORS),
+             (_PRECISION, _PATHS_H100, _MAMF, _HBM_H100, _LAUNCH_GPU, _DISPATCH_GPU, _IB_NDR,
+              _NET_STEP)),
+    "H200": (dict(matmul_peaks=_HOPPER, matmul_efficiency=(("bf16", 0.803), ("fp8", 0.734)),
+                  scale_out_bandwidth=5e10, scale_out_latency=6.6e-6, **_GPU_FLOORS),
+             (_PRECISION, _PATHS_H100, _MAMF, _HBM_H100, _LAUNCH_GPU, _DISPATCH_GPU, _IB_NDR,
+              _NET_STEP)),
+    "B200": (dict(matmul_peaks=(("bf16", 2.25e15), ("fp16", 2.25e15), ("tf32", 1.1e15),
+                                ("fp32", 7.5e13), ("fp8", 4.5e15), ("int8", 4.5e15)),
+                  matmul_efficiency=(("bf16", 0.776), ("fp8", 0.763)),
+                  scale_out_bandwidth=5e10, scale_out_latency=6.6e-6, **_GPU_FLOORS),
+             (_PRECISION, _PATHS_B200, _MAMF, _HBM_H100, _LAUNCH_GPU, _DISPATCH_GPU, _IB_NDR,
+              _NET_STEP)),
+    "L4": (dict(matmul_peaks=(("bf16", 1.21e14), ("fp16", 1.21e14), ("tf32", 6.0e13),
+                              ("fp32", 3.03e13), ("fp8", 2.425e14), ("int8", 2.425e14)),
+                **_GPU_FLOORS),
+           (_PRECISION, _HBM_H100, _LAUNCH_GPU, _DISPATCH_GPU,
+            "L4, T4: no published matmul fraction found: their peaks")),
+    "T4": (dict(matmul_peaks=(("fp16", 6.5e13), ("fp32", 8.1e12), ("int8", 1.3e14)),
+                **_GPU_FLOORS),
+           (_PRECISION, _HBM_H100, _LAUNCH_GPU, _DISPATCH_GPU)),
+    "CPU": (dict(dispatch_s=1e-5), ("Toy call floor: 10 us, an invented round number",)),
+}
+HARDWARE = {name: replace(hw, citations=hw.citations + _MACHINE[name][1], **_MACHINE[name][0])
+            for name, hw in HARDWARE.items()}
 
 def _key(name: str) -> str:
     return "".join(ch for ch in str(name).lower() if ch.isalnum())

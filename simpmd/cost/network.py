@@ -747,6 +747,9 @@ def _estimate_on(collective, nbytes, axes, alpha, algorithm=None, perm=None,
 
 
 def _describe(topology) -> str:
+    if topology.kind == "cluster":
+        from .cluster import describe
+        return describe(topology)
     if topology.kind == "switch":
         return f"switch of {topology.size}"
     shape = "x".join(map(str, topology.dims))
@@ -761,7 +764,7 @@ def _describe(topology) -> str:
 def _resolve_topology(hardware: Hardware, topology, group_size):
     if topology is None:
         return hardware.topology(group_size if group_size is not None else 1)
-    if isinstance(topology, (Torus, FullyConnected)):
+    if getattr(topology, "kind", None) in ("torus", "switch", "cluster"):
         return topology
     return hardware.topology(topology)          # a device count or a shape
 
@@ -836,6 +839,9 @@ def _mesh_group(mesh, axis_name, hardware, topology):
     group_size = math.prod(sizes[i] for i in where)
     if isinstance(mesh, dict):
         topo = _resolve_topology(hardware, sizes if topology is None else topology, None)
+        if topo.kind == "cluster":         # the mesh laid over the nodes in device order
+            from .cluster import mesh_ids
+            return _mesh_members(mesh_ids(sizes), where, sizes, topo, group_size)
         if tuple(topo.dims) != sizes and topo.kind != "switch":
             raise ValueError(f"the mesh {dict(zip(mesh_names, sizes))} does not match the "
                              f"topology {topo}; give the mesh the slice's shape, or pass a "
@@ -844,12 +850,21 @@ def _mesh_group(mesh, axis_name, hardware, topology):
             return topo, topo.group_axes(group_size), group_size, None, ""
         return topo, topo.group_axes(group_size, tuple(where)), group_size, None, ""
     ids = np.vectorize(lambda d: int(getattr(d, "id", d)), otypes=[int])(mesh.devices)
-    index = tuple(slice(None) if i in where else 0 for i in range(len(sizes)))
-    # the members in the order of the names given: position = row-major over axis_name
-    kept = [i for i in range(len(sizes)) if i in where]
-    group = np.transpose(ids[index], [kept.index(i) for i in where]).reshape(-1).tolist()
     topo = (_resolve_topology(hardware, topology, None) if topology is not None
             else _platform_topology(hardware, _platform(), int(ids.max()) + 1))
+    return _mesh_members(ids, where, sizes, topo, group_size)
+
+
+def _mesh_members(ids, where, sizes, topo, group_size):
+    """(topology, group axes, size, device ids, note) of the first group over mesh axes
+    ``where`` of the device ids ``ids`` (the members in the order of the names given:
+    position = row-major over those axes). On a cluster the axes are left to
+    :func:`simpmd.cost.cluster.cluster_estimate` (None)."""
+    index = tuple(slice(None) if i in where else 0 for i in range(len(sizes)))
+    kept = [i for i in range(len(sizes)) if i in where]
+    group = np.transpose(ids[index], [kept.index(i) for i in where]).reshape(-1).tolist()
+    if topo.kind == "cluster":
+        return topo, None, group_size, group, ""
     axes, note = _group_on(topo, group)
     return topo, axes, group_size, group, note
 
@@ -857,7 +872,7 @@ def _mesh_group(mesh, axis_name, hardware, topology):
 def estimate(op: str, nbytes: float | None = None, group_size: int | None = None,
              hardware=None, topology=None, algorithm: str | None = None, axes=None,
              perm=None, *, array_nbytes: float | None = None, mesh=None,
-             axis_name=None) -> Estimate:
+             axis_name=None, devices=None) -> Estimate:
     """Estimated time of one collective over ``group_size`` devices.
 
     ``op`` is a collective (``'all_reduce'``, ``'all_gather'``, ``'reduce_scatter'``,
@@ -883,26 +898,30 @@ def estimate(op: str, nbytes: float | None = None, group_size: int | None = None
     all-reduce inside one 8-GPU node, and ``estimate("all_gather", array_nbytes=2**23,
     hardware="v5e", mesh={"X": 8, "Y": 4}, axis_name="Y")`` gathers an 8 MiB array along
     the 4-long axis of a v5e 8x4 slice.
+
+    **Across nodes.** A group larger than one GPU node (``node_size``, 8 on the DGX-style
+    presets) or one TPU pod spans several, joined by InfiniBand or DCN (a
+    :class:`~simpmd.cost.cluster.Cluster`; the preset's ``scale_out_bandwidth``): see
+    :mod:`simpmd.cost.cluster`. ``devices`` (ids on the topology, node-major: device d sits
+    in node d // node_size) says which devices form the group, e.g. ``devices=range(0, 64,
+    8)``, one GPU in each of 8 nodes; by default the first ``group_size`` devices, whole
+    nodes first. ``estimate("psum", 2**30, 64, hardware="H100")`` all-reduces 1 GiB over
+    8 DGX H100 nodes.
     """
     hw = _hardware_of(hardware)
     collective = collective_of(op)
-    note, devices = "", None
-    if mesh is not None:
-        if axes is not None or group_size is not None:
-            raise ValueError("give either mesh= and axis_name=, or group_size= and axes=, not both")
-        topo, group, group_size, devices, note = _mesh_group(mesh, axis_name, hw, topology)
-    else:
-        if axis_name is not None:
-            raise ValueError(f"axis_name={axis_name!r} needs mesh=: the mesh whose axes it names")
-        topo = _resolve_topology(hw, topology, group_size)
-        if group_size is None:
-            group_size = topo.size
-        group = topo.group_axes(int(group_size), axes)
+    topo, group, group_size, devices, note = _group_of(hw, group_size, topology, axes, mesh,
+                                                       axis_name, devices)
     if (nbytes is None) == (array_nbytes is None):
         raise ValueError("give the size once: nbytes= (what one device holds) or array_nbytes= "
                          "(the whole array, as the Scaling Book counts it)")
     if nbytes is None:
         nbytes = _per_device_bytes(collective, array_nbytes, max(int(group_size), 1))
+    if topo.kind == "cluster":
+        from .cluster import cluster_estimate
+        e = cluster_estimate(collective, nbytes, devices, topo, algorithm, perm,
+                             _label(hw, topology, topo), note)
+        return e if collective else replace(e, op=op)
     if perm is not None and devices is not None and not note and topo.kind != "switch":
         where = _positions(group, topo, devices)
         perm = [(where[s], where[d]) for s, d in perm]
@@ -912,9 +931,37 @@ def estimate(op: str, nbytes: float | None = None, group_size: int | None = None
     return e if collective else replace(e, op=op)
 
 
+def _group_of(hw, group_size, topology, axes, mesh, axis_name, devices):
+    """(topology, group axes, size, device ids, note) from :func:`estimate`'s ways of naming
+    a group: ``devices``, ``mesh`` with ``axis_name``, or ``group_size`` with ``axes``. On a
+    cluster the axes are None and the device ids say which nodes the group spans."""
+    if devices is not None:
+        if mesh is not None or axes is not None:
+            raise ValueError("give the group once: devices=, or mesh= and axis_name=, or "
+                             "group_size= and axes=")
+        devices = [int(d) for d in devices]
+        if group_size is not None and group_size != len(devices):
+            raise ValueError(f"group_size={group_size} but {len(devices)} devices are named")
+        topo = _resolve_topology(hw, topology if topology is not None else max(devices) + 1, None)
+        group, note = (None, "") if topo.kind == "cluster" else _group_on(topo, devices)
+        return topo, group, len(devices), devices, note
+    if mesh is not None:
+        if axes is not None or group_size is not None:
+            raise ValueError("give either mesh= and axis_name=, or group_size= and axes=, not both")
+        return _mesh_group(mesh, axis_name, hw, topology)
+    if axis_name is not None:
+        raise ValueError(f"axis_name={axis_name!r} needs mesh=: the mesh whose axes it names")
+    topo = _resolve_topology(hw, topology, group_size)
+    group_size = topo.size if group_size is None else group_size
+    if topo.kind == "cluster":
+        from .cluster import devices_of
+        return topo, None, group_size, devices_of(int(group_size), topo), ""
+    return topo, topo.group_axes(int(group_size), axes), group_size, None, ""
+
+
 def _label(hardware: Hardware, asked, topology) -> str:
     """The hardware name to print: a topology passed in speaks for itself."""
-    return topology.name if isinstance(asked, (Torus, FullyConnected)) else hardware.name
+    return topology.name if getattr(asked, "kind", None) else hardware.name
 
 
 def time_run(run, topology, hardware: str = "") -> Estimate:
@@ -1163,6 +1210,9 @@ def _pairs(op, params) -> list:
 
 def _estimate_group(topo, devices, collective, nbytes, pairs, label):
     """The estimate of one group (its device ids, in member order) on ``topo``."""
+    if topo.kind == "cluster":
+        from .cluster import cluster_estimate
+        return cluster_estimate(collective, nbytes, devices, topo, None, pairs or None, label)
     axes, note = _group_on(topo, devices)
     perm = None
     if collective == "collective_permute":
@@ -1282,6 +1332,9 @@ def _estimate_columnar(log, hw, topology, trace) -> TraceEstimate:
 def _by_shape(topo, devices) -> dict:
     """The rows of ``devices`` (groups x members) by the group's shape on the topology:
     groups that are translates of each other cost the same."""
+    if topo.kind == "cluster" and devices.max() < topo.size:
+        from .cluster import shape_key
+        return shape_key(topo, devices)
     if topo.kind == "switch" or devices.max() >= topo.size:
         return {("any", devices.shape[1]): np.arange(len(devices))}
     coords = np.stack(np.unravel_index(devices, topo.dims), axis=-1)      # groups x p x axes
@@ -1295,4 +1348,6 @@ def _by_shape(topo, devices) -> dict:
 
 
 def _link_of(topology) -> float:
+    if topology.kind == "cluster":
+        return topology.scale_out_bandwidth
     return topology.port_bandwidth if topology.kind == "switch" else topology.axis_bandwidth

@@ -25,6 +25,7 @@ import numpy as np
 
 from .hardware import Hardware
 from .network import _bytes, _hardware_of, _seconds, collective_of, estimate
+from .precision import eqn_path
 from .walk import (JAX_UNARY, MATMULS, NESTED, NO_COST, _axis_sizes, _equation_list, _is_var,
                    _nbytes, _primitive_name, _row, _size, _typed, _walk)
 
@@ -94,6 +95,34 @@ class Roofline:
     equations: list = field(default_factory=list)
     critical_intensity: float = 0.0
     peak_hbm_bytes: int = 0
+    context: tuple = ()          # (program, Hardware, axis sizes, topology): for predict()
+
+    def predict(self, *, overlap: bool = True, while_trips=None):
+        """What the program will take on the machine: fused bytes, sustained rates,
+        launch floors and overlapped collectives (:mod:`simpmd.cost.predict`)."""
+        from .predict import predict
+        if not self.context:
+            raise ValueError("this Roofline was built without its program: make it with "
+                             "cost.roofline_of(program, ...) or cost.roofline(fun, ...)")
+        program, hw, sizes, topology = self.context
+        return predict(program, hw, sizes, topology, overlap=overlap, while_trips=while_trips)
+
+    @property
+    def prediction(self):
+        """:meth:`predict` with collectives overlapped (computed once)."""
+        if "_prediction" not in self.__dict__:
+            self.__dict__["_prediction"] = self.predict()
+        return self.__dict__["_prediction"]
+
+    @property
+    def predicted_s(self) -> float:
+        """The model's time of one call of the program on the hardware, in seconds."""
+        return self.prediction.time_s
+
+    @property
+    def terms(self) -> dict:
+        """The predicted time's parts: compute, memory, exposed communication, launch."""
+        return self.prediction.terms
 
     @property
     def flops(self) -> int:
@@ -166,9 +195,21 @@ class Roofline:
 
     @property
     def bound(self) -> str:
+        """The largest term of the prediction (:attr:`terms`): what the program waits on."""
+        if self.context:
+            return self.prediction.bound
         parts = {"compute": self.compute_s, "memory": self.memory_s,
                  "communication": self.comms_s}
         return max(parts, key=parts.get)
+
+    def _predicted_text(self) -> str:
+        try:
+            p = self.prediction
+        except ValueError as exc:                  # a while_loop needs while_trips=
+            return f"predicted: {exc}"
+        parts = ", ".join(f"{k} {_seconds(t) if t else '0 s'}" for k, t in p.terms.items())
+        return (f"predicted {_seconds(p.time_s) if p.time_s else '0 s'} ({parts}), "
+                f"{p.bound}-bound")
 
     def __str__(self):
         lower, upper = self.time_s
@@ -179,8 +220,8 @@ class Roofline:
                  f"  compute {_seconds(self.compute_s) if self.compute_s else '0 s'}, memory "
                  f"{_seconds(self.memory_s) if self.memory_s else '0 s'}, comms "
                  f"{_seconds(self.comms_s) if self.comms_s else '0 s'}: "
-                 f"{_seconds(lower) if lower else '0 s'} to {_seconds(upper) if upper else '0 s'}, "
-                 f"{self.bound}-bound"]
+                 f"{_seconds(lower) if lower else '0 s'} to {_seconds(upper) if upper else '0 s'}",
+                 f"  {self._predicted_text()}"]
         rows = [e for e in self.equations if e.flops or e.bytes or e.comms_s or e.depth == 0
                 or e.primitive.startswith(("scan", "shard_map", "pjit", "jit"))]
         header = ("op", "shapes", "FLOPs", "bytes", "time", "bound")
@@ -198,8 +239,8 @@ class Roofline:
     def __repr__(self):
         lower, upper = self.time_s
         return (f"<Roofline on {self.hardware}: {self.flops:.4g} FLOPs, {_bytes(self.bytes)}, "
-                f"{_seconds(lower) if lower else '0 s'}..{_seconds(upper) if upper else '0 s'}, "
-                f"{self.bound}-bound>")
+                f"{_seconds(lower) if lower else '0 s'}..{_seconds(upper) if upper else '0 s'}; "
+                f"{self._predicted_text()}>")
 
 
 # -- bytes on the wire per mesh axis: jax.experimental.roofline's rules --------------------
@@ -337,9 +378,10 @@ def _equation_cost(eqn, name, hw, depth):
             f"simpmd.cost.NO_COST (costs nothing) or JAX_UNARY (one FLOP per element), or "
             f"give it a row: a silent 0 would hide its cost")
     dtype = _rate_dtype(eqn, name)
+    peak = (hw.matmul_peak(eqn_path(hw, eqn, ins)) if name in MATMULS and len(ins) > 1
+            else hw.peak_flops(dtype))                  # a dot as XLA runs its precision
     return EquationCost(name, _shapes_text(eqn), str(dtype), int(flops), int(nbytes),
-                        flops / hw.peak_flops(dtype) if flops else 0.0,
-                        nbytes / hw.hbm_bandwidth, depth=depth)
+                        flops / peak if flops else 0.0, nbytes / hw.hbm_bandwidth, depth=depth)
 
 
 def peak_bytes(program) -> int:
@@ -386,7 +428,8 @@ def roofline_of(program, hardware=None, axis_env=None, topology=None) -> Rooflin
     bodies = [e.params["jaxpr"] for e in eqns if _primitive_name(e) == "shard_map"]
     walked = bodies[-1] if bodies else program          # JAX's roofline reads the body
     peak = peak_bytes(walked) if hasattr(walked, "eqns") or hasattr(walked, "jaxpr") else 0
-    return Roofline(hw.name, rows, hw.critical_intensity, peak)
+    return Roofline(hw.name, rows, hw.critical_intensity, peak,
+                    (program, hw, _axis_sizes(axis_env), topology))
 
 
 def roofline(fun, *args, hardware=None, axis_env=None, topology=None, mesh=None,
