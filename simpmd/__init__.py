@@ -40,7 +40,8 @@ from . import numpy                                    # functions for bodies th
 from . import sharding                                 # jax.sharding's names, and jit's rules
 from . import course                                   # what the course notebooks share
 from . import debug                                    # debug.print, like jax.debug.print
-from .hosts import ProcessError, make_array_from_process_local_data, run_processes
+from .hosts import (ProcessError, make_array_from_callback, make_array_from_process_local_data,
+                    run_processes)
 from . import multihost_utils, mesh_utils, experimental    # jax.experimental's names
 from .jax.devices import JaxDevicesError, use_jax_devices
 from .jax.crosscheck import CrossCheckReport, crosscheck

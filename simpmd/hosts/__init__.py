@@ -21,7 +21,7 @@ from __future__ import annotations
 import sys
 
 from ..machine import devices as machine
-from .arrays import ProcessArray, make_array_from_process_local_data
+from .arrays import ProcessArray, make_array_from_callback, make_array_from_process_local_data
 from .crossing import collective_calls, device_hosts_text, hosts_table
 from .scheduler import ProcessError, Processes, install_stdout
 
@@ -100,5 +100,6 @@ def run_processes(main, num_processes: int | None = None, *, show: bool = True) 
 
 
 __all__ = ["ProcessArray", "ProcessError", "ProcessRun", "collective_calls",
-           "device_hosts_text", "hosts_table", "make_array_from_process_local_data",
+           "device_hosts_text", "hosts_table", "make_array_from_callback",
+           "make_array_from_process_local_data",
            "run_processes"]

@@ -16,6 +16,8 @@ and 0.12.0.1 on 4 processes x 2 CPU devices).
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..api.jit import ShardedArray, device_put, get_mesh, typeof
@@ -229,6 +231,13 @@ def _global_shape(sharding, local_shape, global_shape, process) -> tuple:
         global_shape = tuple(n * c for n, c in zip(local_shape, counts))
     global_shape = tuple(int(n) for n in global_shape)
     check_spec(sharding.spec, sharding.mesh, "the sharding", len(global_shape))
+    for d, size in enumerate(global_shape):
+        parts = math.prod(sharding.mesh.shape[a] for a in sharding.spec.axes_of(d))
+        if size % parts:
+            raise ValueError(
+                f"{sharding} implies that array axis {d} is partitioned {parts} times, but the "
+                f"dimension size is {size} (full shape: {global_shape}): JAX's "
+                f"IndivisibleError. Give each process data that splits evenly.")
     for d, (n, size) in enumerate(zip(local_shape, global_shape)):
         counts = [len(range(*sl.indices(size))) for sl in _held(sharding, global_shape, process, d)]
         held = sum(counts)
@@ -273,3 +282,31 @@ def _local_blocks(sharding, local, shape, process) -> dict:
                 cut.append(slice(at, at + block[dim]))
         blocks[k] = np.array(local[tuple(cut)])
     return blocks
+
+
+def make_array_from_callback(shape, sharding, data_callback, dtype=None):
+    """A global array whose every block ``data_callback(index)`` gives (``index`` a tuple
+    of slices into the global shape), like ``jax.make_array_from_callback``: in a process
+    of ``simpmd.run_processes`` only the blocks of its own devices are asked for (how a
+    checkpoint is read back, each host reading the pieces its devices hold)."""
+    sharding = _sharding(sharding, "make_array_from_callback")
+    shape = tuple(int(n) for n in shape)
+    check_spec(sharding.spec, sharding.mesh, "the sharding", len(shape))
+    mesh = sharding.mesh
+    host = machine.current_process()
+    rows = {}
+    for k, d in enumerate(mesh.devices.flat):
+        if host is None or d.process_index == host.index:
+            index = block_slices(sharding.spec, mesh, shape, mesh.coords_of(k))
+            block = np.asarray(data_callback(index))
+            rows[k] = block if dtype is None else block.astype(dtype)
+    first = np.asarray(next(iter(rows.values())))
+    value_dtype = dtypes.canonical(first.dtype)
+    layout = resolve(sharding.spec, all_explicit(mesh), len(shape), "make_array_from_callback")
+    explicit = explicit_axes(mesh)
+    typed = tuple(tuple(a for a in axes if a in explicit) for axes in layout)
+    aval = Aval(shape, value_dtype, sharding=Sharding(mesh, typed))
+    rows = {k: np.asarray(v, dtype=value_dtype) for k, v in rows.items()}
+    if host is None:
+        return ShardedArray(aval, np.stack([rows[k] for k in range(mesh.size)]), mesh, layout)
+    return ProcessArray(aval, mesh, layout, rows, host.index)

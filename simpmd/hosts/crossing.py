@@ -57,14 +57,15 @@ def calls_text(trace) -> str:
 def hosts_table(trace) -> str:
     """A table of a run's collective calls: which devices meet in each group, the hosts
     they are on, and whether the call crosses hosts (its data then leaves the host)."""
-    lines = ["collective     axes        groups (devices)          hosts of each group     crosses hosts",
-             "-------------  ----------  ------------------------  ----------------------  -------------"]
+    rows = [("collective", "axes", "groups (devices)", "hosts of each group", "crosses hosts")]
     for r in collective_calls(trace):
-        groups = " ".join("{" + id_ranges(g) + "}" for g in r["groups"])
-        hosts = " ".join("{" + id_ranges(h) + "}" for h in r["hosts"])
-        axes = ",".join(r["axes"])
-        lines.append(f"{r['op']:<13}  {axes:<10}  {groups:<24}  {hosts:<22}  "
-                     f"{'yes' if r['crosses'] else 'no'}")
+        rows.append((r["op"], ",".join(r["axes"]),
+                     " ".join("{" + id_ranges(g) + "}" for g in r["groups"]),
+                     " ".join("{" + id_ranges(h) + "}" for h in r["hosts"]),
+                     "yes" if r["crosses"] else "no"))
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
 

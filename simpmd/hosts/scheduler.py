@@ -298,12 +298,13 @@ def stranded_message(hosts, waiting) -> str:
     """Some processes wait at a computation that the others finished without calling."""
     call = waiting[0].waiting
     done = [h for h in hosts if h.state == "done"]
-    lines = [f"- {processes_text(waiting)} wait in {_call_text(call)} (their global "
+    verb, their = ("waits", "its") if len(waiting) == 1 else ("wait", "their")
+    lines = [f"- {processes_text(waiting)} {verb} in {_call_text(call)} ({their} global "
              f"computation number {waiting[0].steps})"]
     if done:
         steps = sorted({h.steps for h in done})
         lines.append(f"- {processes_text(done)} finished main after "
-                     f"{' or '.join(map(str, steps))} global computation(s), without calling it")
+                     f"{' or '.join(map(str, steps))} global computation(s), without launching it")
     return ("deadlock across processes: some processes wait for others that will never "
             "launch the same computation.\n" + "\n".join(lines) +
             "\nEvery process must launch the same computations in the same order. Real JAX "

@@ -447,7 +447,9 @@ def compare_outcomes(sim_row, real_row, hung_text=None) -> tuple:
         if b is None:
             found.append(f"process {p}: JAX never got here")
         elif ("error" in a) != ("error" in b):
-            found.append(f"process {p}: simpmd {_summary([a])}, JAX {_summary([b])}")
+            said = a if "error" in a else b
+            found.append(f"process {p}: simpmd {_summary([a])}, JAX {_summary([b])} "
+                         f"({said['error']}: {said['message'][:300]})")
         elif "error" in a and a["error"] != b["error"]:
             found.append(f"process {p}: simpmd raised {a['error']}, JAX {b['error']}")
         elif "result" in a:
