@@ -130,6 +130,9 @@ def check_fixed_report(main) -> Verdict:
     except Exception as exc:
         return say(False, f"it raised {error_summary(exc)}")
     printed = run.printed
+    if not any(text.strip() for text in printed) and all(r is None for r in run.results):
+        return say(False, "report_fixed printed nothing and returned nothing: is its body "
+                   "still the placeholder `...`?")
     if any(text.strip() for text in printed[1:]):
         return say(False, "processes 1-3 printed too: " + repr(printed[1]) + ". Print on "
                    "process 0 only (each host's log would otherwise repeat it).")
