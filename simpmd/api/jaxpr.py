@@ -24,7 +24,7 @@ def make_jaxpr(fun, static_argnums=(), axis_env=None, return_shape=False):
     static = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
 
     def traced(*args, **kwargs):
-        if hasattr(fun, "traced") and hasattr(fun, "fun"):     # a pmap or shard_map
+        if hasattr(fun, "traced") and hasattr(fun, "fun"):     # a pmap, shard_map or jit
             program = fun.traced(*args, **kwargs)
             if not return_shape:
                 return program

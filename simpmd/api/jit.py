@@ -41,6 +41,7 @@ from . import partition as R
 from . import tree
 from .grad import grad as _grad, value_and_grad as _value_and_grad
 from .jit_run import JitRun, MeshText, jit_p, per_device_program, reshard_p
+from . import shard_map_eqn  # noqa: F401  (the shard_map row)
 from .partition import Sharding, ShardingTypeError, all_explicit, count, dims_of, whole
 from .spmd import record_trace
 from .trace import Trace
@@ -96,8 +97,7 @@ class ShapedArray:
         return NamedSharding(s.mesh, s.spec) if s is not None else None
 
     def str_short(self) -> str:
-        short = self.aval.str_short()             # f32[8,32@model]{V:data}
-        return np.dtype(self.dtype).name + short[short.index("["):]
+        return R.type_text(self.aval)             # float32[8,32@model]{V:data}
 
     __str__ = str_short
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core import core as C, errors
+from ..core import core as C, errors, loops
 from . import tree
 from ..core import collectives as K
 from ..core.autodiff import backward
@@ -48,7 +48,6 @@ class JitRun(Run):
         self.manual = Run(self.all_devices, self.axes, abstract=abstract)   # blocks, by hand
         self.manual.log = self.log
         self.partial: dict = {}        # id(value) -> (value, pending sums, equation, phase)
-        self.residuals: dict = {}      # a jit equation's forward values, for its vjp
         self.program = [] if not abstract or lowering else None   # what each device runs
         self.names: dict = {}          # id(value) -> (value, its Var in that program)
 
@@ -79,9 +78,8 @@ class JitRun(Run):
                 f"simpmd.shard_map.")
         rule = getattr(prim, "sharding", None)
         if rule is None:
-            loop = " Loops run inside shard_map, under jit too." if prim.name in ("scan", "while") else ""
             raise ShardingTypeError(f"{prim.name} has no sharding rule in simpmd, so it cannot "
-                                    f"run under jit outside shard_map.{loop}")
+                                    f"run under jit outside shard_map.")
         avals = [aval_of(x) for x in args]
         out = prim.abstract(*avals, **params)
         outs = list(out) if prim.multiple_results else [out]
@@ -109,6 +107,9 @@ class JitRun(Run):
                 self.alias(new, old)
             return results
         return self._compute(prim, args, avals, out_avals, params)
+
+    def block_shape(self, aval) -> tuple:
+        return R.block_shape(aval.shape, dims_of(aval), self.mesh)
 
     def stack_of(self, x, aval):
         if isinstance(x, StackedValue):
@@ -340,46 +341,43 @@ def _cut_abstract(x, dimension, axes):
 
 
 shard_slice = Primitive(     # each device cuts its piece of its block: XLA's dynamic-slice
-    "dynamic_slice", _cut, _cut_abstract, needs_run=True,
+    "shard_slice", _cut, _cut_abstract, needs_run=True,
     cost=lambda ins, outs, **p: (0, sum(a.nbytes for a in (*ins, *outs))))
 
 
 # -- the rows jit adds: a jit equation, and reshard ---------------------------------------------
 
 
-def _jit_stacked(*args, jaxpr, name, ctx_mesh=None):
-    """The inner program on this run; its forward values are kept for its vjp."""
+def _jit_stacked(*args, jaxpr, name, ctx_mesh=None, _vjp=None):
+    """The inner program on this run."""
     run = context.run or C.plain
-    env: dict = {}
-    outs = eval_program(jaxpr, [], list(args), env)
-    stacks = [run.stack_of(o, aval_of(o)) for o in outs]
+    outs = eval_program(jaxpr, [], list(args))
     if hasattr(run, "returned_values"):
         run.returned_values = outs
-    if getattr(run, "residuals", None) is not None and stacks and stacks[0] is not None:
-        run.residuals[id(stacks[0])] = env
-    return stacks
+    return [run.stack_of(o, aval_of(o)) for o in outs]
 
 
-def _jit_vjp(cts, ins, outs, wants, jaxpr, name, ctx_mesh=None):
-    """The derivative of a jit equation: its program's equations sent backwards, from the
-    forward values its run kept (while tracing, the forward is traced again, inline)."""
-    run = context.run or C.plain
-    first = outs[0] if outs else None
-    key = id(first.stack) if isinstance(first, StackedValue) and first.stack is not None else None
-    env = getattr(run, "residuals", {}).pop(key, None) if key is not None else None
-    if env is None:
-        env = {}
-        eval_program(jaxpr, [], list(ins), env)
-    seeds = {v: c for v, c in zip(jaxpr.outvars, cts) if type(v) is Var and c is not None}
-    active = {v for v, w in zip(jaxpr.invars, wants) if w}
-    got = backward(jaxpr.eqns, env, seeds, set(active))
-    return [got.get(v) if w else None for v, w in zip(jaxpr.invars, wants)]
+def _jit_linearize(eqn, wants):
+    """The jit, cut as JAX's partial evaluation cuts a ``pjit``: the forward jit also
+    returns the residuals, and its derivative is a second jit of the same name."""
+    forward, backward, split = loops.split_call(eqn.params["jaxpr"], wants)
+    return Equation(eqn.primitive, dict(eqn.params, jaxpr=forward, _vjp=(backward, split)),
+                    eqn.invars, eqn.outvars + [Var(v.aval) for v in
+                                               forward.outvars[len(eqn.outvars):]],
+                    eqn.source, eqn.phase)
+
+
+def _jit_vjp(cts, ins, outs, wants, jaxpr, name, ctx_mesh=None, _vjp=None):
+    """The backward half of a linearized jit equation, as a jit equation of its own."""
+    backward, split = _vjp
+    return loops.split_vjp(cts, ins, outs, split, lambda operands: bind(
+        jit_p, *operands, jaxpr=backward, name=name, ctx_mesh=ctx_mesh))
 
 
 jit_p = Primitive(
-    "jit", _jit_stacked, lambda *avals, jaxpr, name, ctx_mesh=None: [aval_of(v) for v in jaxpr.outvars],
+    "jit", _jit_stacked, lambda *avals, jaxpr, **p: [aval_of(v) for v in jaxpr.outvars],
     vjp=_jit_vjp, multiple_results=True, needs_run=True, cost=lambda ins, outs, **p: (0, 0),
-    same_names=True, show=lambda p: [("name", p["name"])] + ([("ctx_mesh", p["ctx_mesh"])] if p.get("ctx_mesh") else [])
+    linearize=_jit_linearize, same_names=True, show=lambda p: [("name", p["name"])] + ([("ctx_mesh", p["ctx_mesh"])] if p.get("ctx_mesh") else [])
     + [("jaxpr", p["jaxpr"])])
 jit_p.sharding = lambda mesh, avals, jaxpr, **p: [dims_of(aval_of(v)) for v in jaxpr.outvars]
 
@@ -417,204 +415,3 @@ def per_device_program(run, outs=()):
         invars += [v for v in e.invars if type(v) is Var and v not in made and v not in invars]
     outvars = [run.var(o) for o in outs if isinstance(o, StackedValue)]
     return Program(invars, eqns, outvars, axis_env=tuple(run.mesh.shape.items()))
-
-
-# -- shard_map inside jit: a shard_map equation ----------------------------------------------------
-
-
-def shard_map_in_jit(mapped, args):
-    """A ``simpmd.shard_map`` called in a jit body: its body traced once on the mesh's
-    devices (each value one device's block, typed by the axes it varies over), one
-    ``shard_map`` equation of the jit program. JAX places the operands by ``in_specs``
-    first (a reshard where they are laid out otherwise)."""
-    run = context.run
-    if mapped.mesh != run.mesh:
-        raise ShardingTypeError(f"shard_map over {mapped.mesh!r} inside jit over {run.mesh!r}: "
-                                f"use the mesh of the jit's arrays (set_mesh).")
-    manual = tuple(a for a in run.mesh.axis_names if not mapped.axis_names or a in mapped.axis_names)
-    leaves, in_tree = tree.flatten(tuple(args))
-    specs = tree.broadcast_prefix(mapped.in_specs if isinstance(mapped.in_specs, tuple)
-                                  or len(args) != 1 else (mapped.in_specs,), tuple(args),
-                                  what="in_specs")
-    for spec in specs:
-        if set(spec.mesh_axes()) - set(manual):
-            raise ShardingTypeError(
-                f"shard_map in_specs argument must refer to an axis marked as manual "
-                f"({set(manual)}), got {spec!r} (JAX's words): the other axes belong to the "
-                f"compiler inside this body, and the arrays' types carry them.")
-    for x, spec in zip(leaves, specs):
-        _check_in_spec(spec, aval_of(x), run.mesh, manual)
-    body_avals = [_block_aval(aval_of(x), spec, run.mesh, mapped.check_vma, manual)
-                  for x, spec in zip(leaves, specs)]
-    out_tree = []
-
-    def flat(*xs):
-        out, treedef = tree.flatten(mapped.fun(*tree.unflatten(in_tree, list(xs))))
-        out_tree.append(treedef)
-        return out
-    program, consts = trace(flat, body_avals, _body_run(run, manual, mapped.check_vma, True))
-    out_specs = tree.broadcast_prefix(mapped.out_specs, tree.unflatten(
-        out_tree[0], [0] * len(program.outvars)), what="out_specs")
-    _check_replication(program, out_specs, mapped.check_vma)
-    outs = bind(shard_map_p, *consts, *leaves, jaxpr=program, shard_mesh=MeshText(run.mesh),
-                in_specs=tuple([PartitionSpec()] * len(consts) + list(specs)),
-                out_specs=tuple(out_specs), check_vma=mapped.check_vma, manual_axes=manual)
-    return tree.unflatten(out_tree[0], outs)
-
-
-def _check_in_spec(spec, aval, mesh, manual):
-    """JAX's shard_map inside jit takes its operands as their types lay them out over the
-    manual axes (jax 0.7 resharded them; later releases refuse)."""
-    if aval.sharding is None or not R.settings.shard_map_checks:
-        return
-    given = R.resolve(spec, all_explicit(mesh), aval.ndim, "in_specs")
-    have = [tuple(a for a in d if a in manual) for d in dims_of(aval)]
-    if [tuple(d) for d in given] != have:
-        raise ShardingTypeError(
-            f"in_specs passed to shard_map: {spec!r} does not match the specs of the input: "
-            f"{Sharding(mesh, have).spec!r} (JAX's words). Inside jit, shard_map takes its "
-            f"operands as they are laid out: reshard them to {spec!r} first.")
-
-
-def _body_run(run, manual, check_vma, abstract):
-    """The run of a shard_map body: by hand over every mesh axis (a plain run of blocks),
-    or over ``manual`` only, the others still typed by sharding (a jit run)."""
-    if set(manual) == set(run.mesh.axis_names):
-        body = Run(run.all_devices, run.axes, abstract=abstract, check_vma=check_vma,
-                   maps_a_mesh=True)
-    else:
-        body = JitRun(run.mesh, abstract=abstract, manual=manual, check_vma=check_vma)
-        body.program = run.program
-    body.log = run.log
-    if isinstance(body, JitRun):
-        body.manual.log = run.log
-    return body
-
-
-def _block_aval(aval, spec, mesh, check_vma, manual):
-    """One device's block of an operand: cut along ``spec`` (manual axes), still typed by
-    its sharding over the others."""
-    dims = R.resolve(spec, all_explicit(mesh), aval.ndim, "in_specs")
-    rest = [tuple(a for a in d if a not in manual) for d in dims_of(aval)]
-    sharding = Sharding(mesh, rest) if set(manual) != set(mesh.axis_names) else None
-    return Aval(R.block_shape(aval.shape, dims, mesh), aval.dtype, aval.weak_type,
-                vma=frozenset(a for d in dims for a in d) if check_vma else frozenset(),
-                sharding=sharding)
-
-
-def _check_replication(program, out_specs, check_vma):
-    for k, (v, spec) in enumerate(zip(program.outvars, out_specs)):
-        missing = sorted(aval_of(v).vma - set(spec.mesh_axes())) if check_vma else []
-        if missing:
-            raise errors.SimpmdError(
-                f"shard_map's out_specs {spec!r} for result {k} leaves out mesh axis "
-                f"{missing[0]!r}, over which its type says it varies: JAX refuses this too "
-                f"('out_specs which require replication which can't be statically "
-                f"inferred'). Reduce it over {missing[0]!r} (lax.psum) or name the axis in "
-                f"out_specs.")
-
-
-def _sm_global(aval, spec, mesh):
-    dims = R.resolve(spec, all_explicit(mesh), aval.ndim, "out_specs")
-    return Aval(tuple(n * count(mesh, d) for n, d in zip(aval.shape, dims)), aval.dtype,
-                aval.weak_type)
-
-
-def _sm_abstract(*avals, jaxpr, shard_mesh, in_specs, out_specs, check_vma, manual_axes):
-    return [_sm_global(aval_of(v), s, shard_mesh.mesh) for v, s in zip(jaxpr.outvars, out_specs)]
-
-
-def _sm_rule(mesh, avals, jaxpr, in_specs, out_specs, **params):
-    """A result's type: split over the Explicit axes its out_specs name (major), then over
-    those its type in the body had (minor)."""
-    explicit = set(R.explicit_axes(mesh))
-    return [tuple(tuple(a for a in d if a in explicit) + inner for d, inner in zip(
-        R.resolve(s, all_explicit(mesh), aval_of(v).ndim, "out_specs"), dims_of(aval_of(v))))
-        for v, s in zip(jaxpr.outvars, out_specs)]
-
-
-def _sm_stacked(*args, jaxpr, shard_mesh, in_specs, out_specs, check_vma, manual_axes):
-    """Each operand moved to its ``in_specs`` blocks, the body run on the blocks (its
-    collectives logged as the learner's), the results' blocks laid out as their types."""
-    run, mesh = context.run, context.run.mesh
-    blocks = []
-    for x, spec, var in zip(args, in_specs, jaxpr.constvars + jaxpr.invars):
-        a = aval_of(x)
-        want = [d + tuple(b for b in own if b not in manual_axes) for d, own in
-                zip(R.resolve(spec, all_explicit(mesh), a.ndim, "in_specs"), dims_of(a))]
-        v = run._block(x, a, want, "jit: shard_map")
-        blocks.append(StackedValue(var.aval, v.stack if isinstance(v, StackedValue) else
-                                   run.manual.stack_of(v, var.aval)))
-    body = _body_run(run, manual_axes, check_vma, run.abstract)
-    n = len(jaxpr.constvars)
-    with running(body):
-        outs = eval_program(jaxpr, blocks[:n], blocks[n:])
-        outs = [body.settle(o) if isinstance(body, JitRun) and isinstance(o, StackedValue)
-                else o for o in outs]
-    if run.program is not None and not isinstance(body, JitRun):
-        run.program.extend(jaxpr.eqns)
-    stacks = []
-    for o, spec, dims in zip(outs, out_specs, _sm_rule(mesh, [], jaxpr, in_specs, out_specs)):
-        a = aval_of(o)
-        have = [d + inner for d, inner in
-                zip(R.resolve(spec, all_explicit(mesh), a.ndim, "out_specs"), dims_of(a))]
-        local = StackedValue(Aval(R.block_shape(a.shape, dims_of(a), mesh), a.dtype, a.weak_type),
-                             body.stack_of(o, a) if not run.abstract else None)
-        if isinstance(body, JitRun):
-            body.alias(local, o)
-        elif run.program is not None:
-            run.names[id(local)] = (local, o_var(jaxpr, outs, o))
-        moved = run.move(local, _sm_global(a, spec, mesh).shape, have, dims, "jit: shard_map")
-        stacks.append(moved.stack)
-        run.returned_values.append(moved)
-    return stacks
-
-
-def o_var(jaxpr, outs, o):
-    """The body program's variable that result ``o`` came from."""
-    return jaxpr.outvars[[id(x) for x in outs].index(id(o))]
-
-
-def _sm_vjp(cts, ins, outs, wants, jaxpr, shard_mesh, in_specs, out_specs, check_vma,
-            manual_axes):
-    """The derivative of a shard_map is a shard_map: its body run again on the blocks,
-    then sent backwards (the cotangents arrive in out_specs' blocks, leave in in_specs')."""
-    run = context.run
-    cts = [ct if ct is not None else _zeros_like(o) for ct, o in zip(cts, outs)]
-    n, invars = len(ins), jaxpr.constvars + jaxpr.invars
-    wanted = [k for k, w in enumerate(wants) if w]
-
-    def flat(*xs):
-        env: dict = {}
-        k = len(jaxpr.constvars)
-        eval_program(jaxpr, list(xs[:k]), list(xs[k:n]), env)
-        seeds = {v: c for v, c in zip(jaxpr.outvars, xs[n:]) if type(v) is Var}
-        got = backward(jaxpr.eqns, env, seeds, {invars[k] for k in wanted})
-        return [got.get(invars[k], np.zeros(invars[k].aval.shape, invars[k].aval.dtype))
-                for k in wanted]
-    body = _body_run(run, manual_axes, check_vma, True)
-    program, _ = trace(flat, [v.aval for v in invars] + [aval_of(v) for v in jaxpr.outvars], body)
-    got = bind(shard_map_p, *ins, *cts, jaxpr=program, shard_mesh=shard_mesh,
-               in_specs=tuple(in_specs) + tuple(out_specs),
-               out_specs=tuple(in_specs[k] for k in wanted), check_vma=check_vma,
-               manual_axes=manual_axes)
-    out = [None] * n
-    for k, g in zip(wanted, got):
-        out[k] = g
-    return out
-
-
-def _zeros_like(x):
-    a = aval_of(x)
-    from ..core import primitives as P
-    return bind(P.broadcast_in_dim, np.zeros((), a.dtype), shape=a.shape, broadcast_dimensions=(),
-                sharding=a.sharding)
-
-
-shard_map_p = Primitive(
-    "shard_map", _sm_stacked, _sm_abstract, vjp=_sm_vjp, multiple_results=True, needs_run=True,
-    cost=lambda ins, outs, **p: (0, 0),
-    show=lambda p: [("check_vma", p["check_vma"]), ("in_specs", p["in_specs"]),
-                    ("jaxpr", p["jaxpr"]), ("manual_axes", p["manual_axes"]),
-                    ("mesh", p["shard_mesh"]), ("out_specs", p["out_specs"])])
-shard_map_p.sharding = _sm_rule

@@ -29,7 +29,7 @@ import math
 
 import numpy as np
 
-from ..core import errors
+from ..core import errors, loops
 from ..core import primitives as P
 from ..core.collectives import ppermute as _ppermute
 from ..core.core import PRIMITIVES
@@ -108,6 +108,12 @@ class Sharding:
 
     def __repr__(self):                 # as a parameter of an equation: the spec
         return repr(self.spec)
+
+
+def type_text(aval) -> str:
+    """A type as ``jax.typeof`` prints it: ``float32[16@data,32@model]``."""
+    short = aval.str_short()
+    return np.dtype(aval.dtype).name + short[short.index("["):]
 
 
 def dims_of(aval):
@@ -314,6 +320,9 @@ def _concatenate(mesh, avals, dimension):
     return [dims_of(meshed[0])]
 
 
+_WORD = {"slice": "slicing", "pad": "padding", "dynamic_slice": "dynamic_slice"}
+
+
 def _varying_shape(name):
     """slice, pad: the operand's layout, if each changed split dimension still divides."""
     def rule(mesh, avals, **params):
@@ -328,7 +337,7 @@ def _varying_shape(name):
         for d, (n, m, axes) in enumerate(zip(a.shape, out.shape, dims_of(a))):
             if n != m and axes and m % count(mesh, axes):
                 raise ShardingTypeError(
-                    f"{'slicing' if name == 'slice' else 'padding'} on sharded dims where out "
+                    f"{_WORD[name]} on sharded dims where out "
                     f"dim ({m}) is not divisible by mesh axes ({count(mesh, axes)}) with spec "
                     f"({','.join(axes)}) is not implemented (JAX's words). Dimension {d} of "
                     f"{spec_text(dims_of(a))} is split; reshard it whole first, or keep a "
@@ -555,6 +564,18 @@ def _branches(mesh, avals, branches, **params):
 def _body(mesh, avals, jaxpr, **params):
     """A checkpoint: its body's results, typed when the body was traced."""
     return [dims_of(a) for a in jaxpr.out_avals]
+
+
+def _scan(mesh, avals, jaxpr, num_carry, **params):
+    """A scan: the carry keeps the type it was traced with (the front end checks that the
+    body returns it unchanged, JAX's TypeError otherwise); the stacked ``ys`` add a
+    leading dimension, whole on every device."""
+    outs = jaxpr.out_avals
+    return [dims_of(a) for a in outs[:num_carry]] + [((),) + dims_of(a) for a in outs[num_carry:]]
+
+
+def _while(mesh, avals, body_jaxpr, **params):
+    return [dims_of(a) for a in body_jaxpr.out_avals]
 
 
 # -- the plans: how each device computes its block -------------------------------------------
@@ -832,6 +853,12 @@ def attach():
         "concatenate": (_concatenate, _whole_dims(lambda avals, p: [p["dimension"]])),
         "pad": (_varying_shape("pad"), _whole_dims(_changed)),
         "slice": (_varying_shape("slice"), _slice_plan),
+        "dynamic_slice": (_varying_shape("dynamic_slice"), _whole_dims(
+            lambda avals, p: [d for d, (n, k) in enumerate(zip(avals[0].shape, p["slice_sizes"]))
+                              if n != k])),
+        "dynamic_update_slice": (_first, _whole_dims(
+            lambda avals, p: [d for d, (n, k) in enumerate(zip(avals[0].shape, avals[1].shape))
+                              if n != k])),
         "iota": (_iota, computed_whole),
         "gather": (_gather, computed_whole), "sort": (_sort, _as_is),
         "numpy_call": (_numpy_call, None), "cond": (_branches, None),
@@ -846,6 +873,7 @@ def attach():
         rules[name] = (_scatter, computed_whole)
     for name, (rule, plan) in rules.items():
         PRIMITIVES[name].sharding, PRIMITIVES[name].partition = rule, plan
+    loops.scan.sharding, loops.while_.sharding = _scan, _while
 
 
 def rows_without_rules() -> list:

@@ -103,6 +103,8 @@ def _argnums(nums):
 class Pmapped:
     """A function mapped over simulated devices; ``.trace`` shows its last run."""
 
+    runs_over_devices = True      # eval_shape and make_jaxpr run it as it is
+
     def __init__(self, fun, axis_name, in_axes, out_axes, static_argnums, devices, axis_size,
                  eager):
         functools.update_wrapper(self, fun)

@@ -100,7 +100,7 @@ def eval_shape(fun, *args, **kwargs):
     ShapeDtypeStructs, computed on types alone (arrays among the arguments count by their
     type). ``fun`` may be a ``simpmd.pmap``- or ``shard_map``-ed function: its body then
     runs on every simulated device's types, and ``fun.trace`` logs its collectives."""
-    if hasattr(fun, "traced") and hasattr(fun, "fun"):          # a pmap or a shard_map
+    if getattr(fun, "runs_over_devices", False):          # a pmap or a shard_map
         return fun(*as_shapes(args), **as_shapes(kwargs))
     from .jaxpr import trace_function
     program, out_tree = trace_function(fun, args, kwargs, keep_weak=True)

@@ -99,6 +99,8 @@ def _spec_axes(spec) -> frozenset:
 class ShardMapped:
     """A function mapped over a mesh of simulated devices; ``.trace`` shows its last run."""
 
+    runs_over_devices = True      # eval_shape and make_jaxpr run it as it is
+
     def __init__(self, fun, *, mesh, in_specs, out_specs, axis_names, check_vma, eager):
         if not callable(fun):
             raise TypeError(f"shard_map needs a function as its first argument, got {fun!r}.")
@@ -182,9 +184,10 @@ class ShardMapped:
     # -- calling ---------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
         parent = context.run
-        if parent is not None and hasattr(parent, "mesh"):     # inside jit: an equation
-            from .jit_run import shard_map_in_jit
-            return shard_map_in_jit(self, args)
+        if parent is not None and (hasattr(parent, "mesh") or not (parent.axes or parent.eager)):
+            # inside jit, or under grad, eval_shape or make_jaxpr: one equation
+            from .shard_map_eqn import shard_map_equation
+            return shard_map_equation(self, args)
         if parent is not None:
             _refuse_nesting(parent)
         if bridge.inside_jax(args):

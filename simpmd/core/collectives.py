@@ -17,18 +17,28 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import errors
+from . import bridge, errors
 from .core import Aval, Primitive, aval_of, bind, context
 
 class Settings:
     """Rules that changed between JAX releases, taken from the running JAX by the JAX
-    bridge (``simpmd.jax``) when it is imported; without it, the newest JAX's rules.
+    bridge (``simpmd.jax``) once JAX's backend is up; without it, the newest JAX's rules.
 
     ``partial``: the reductions that accept a value varying over only some of their axes
     under ``shard_map(check_vma=True)``, making it vary over all of them first (``pvary``):
     jax 0.7.2 accepts psum, psum_scatter, pmax and pmin; 0.10.2 pmax and pmin; 0.12 none.
     """
-    partial: frozenset = frozenset()
+    _partial = None
+
+    @property
+    def partial(self) -> frozenset:
+        if self._partial is None and bridge.jax is not None:
+            self._partial = bridge.jax.followed_rules()
+        return frozenset() if self._partial is None else self._partial
+
+    @partial.setter
+    def partial(self, value):
+        self._partial = value
 
 settings = Settings()
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import core
+from . import core, dtypes
 from .core import Equation, Primitive, Program, Var, aval_of, backward_pass, bind, context
 from .program import eval_program, trace
 from .values import StackedValue
@@ -63,11 +63,12 @@ def _stacks(values):
 def _scan_stacked(*ops, jaxpr, length, reverse, num_consts, num_carry, **params):
     """The body once per iteration, over every device: row ``i`` of each ``xs`` in, row
     ``i`` of each ``ys`` out, the carry passed on."""
-    n_in = num_consts + num_carry
+    n_in, run = num_consts + num_carry, _run()
     consts, carry = list(ops[:num_consts]), list(ops[num_consts:n_in])
     xs = _stacks(ops[n_in:])
     x_avals = jaxpr.in_avals[n_in:]
-    ys = [np.zeros((_run().n, length) + a.shape, a.dtype) for a in jaxpr.out_avals[num_carry:]]
+    ys = [np.zeros((run.n, length) + run.block_shape(a), a.dtype)
+          for a in jaxpr.out_avals[num_carry:]]
     for step in range(length):
         i = length - 1 - step if reverse else step
         with iterating(i):
@@ -83,7 +84,7 @@ def _scan_abstract(*avals, jaxpr, length, num_carry, **params):
     return outs[:num_carry] + [a.update(shape=(length,) + a.shape) for a in outs[num_carry:]]
 
 def _float(v) -> bool:
-    return v.aval.dtype.kind in "fc"
+    return dtypes.inexact(v.aval.dtype)
 
 def _depends(program, active) -> list:
     """Which outputs of ``program`` depend on its inputs marked in ``active``."""
@@ -198,35 +199,67 @@ def _saveable(policy):
         return lambda e: False
     return lambda e: bool(policy(e.primitive, *[aval_of(v) for v in e.invars], **e.params))
 
-def _remat_linearize(eqn, wants):
+class Split:
+    """How a body run once was cut for a derivative: which of its inputs the backward
+    half reads (``used``), how many residuals the forward half adds to its results
+    (``n_saved``), which inputs are differentiated (``active``) and which results get a
+    cotangent (``with_ct``)."""
+
+    __slots__ = ("used", "n_saved", "active", "with_ct")
+
+    def __init__(self, used, n_saved, active, with_ct):
+        self.used, self.n_saved, self.active, self.with_ct = used, n_saved, active, with_ct
+
+
+def split_call(body, wants, saveable=None, every_input=False):
+    """A body that runs once (a checkpoint, a jit, a shard_map) cut for its derivative, as
+    JAX's partial evaluation cuts it: the forward half returns its results, then the
+    residuals; the backward half takes the inputs it reads (all of them with
+    ``every_input``), the residuals, then the results' cotangents, and returns the
+    differentiated inputs' cotangents. One strategy for every such row."""
     from .autodiff import linearize
-    p = eqn.params
-    body = p["jaxpr"]
     active = [w and _float(v) for w, v in zip(wants, body.invars)]
     body = linearize(body, [v for v, a in zip(body.invars, active) if a])
     with_ct = _depends(body, active)
-    joint, fwd, bwd, res = partial_eval(body, active, with_ct, saveable=_saveable(p["policy"]))
+    joint, fwd, bwd, res = partial_eval(body, active, with_ct, saveable=saveable)
     n_in, n_out = len(body.invars), len(body.outvars)
     primal, res = joint.invars[:n_in], dict(res)
     saved = [v for v in res if v not in primal]
+    used = list(range(n_in)) if every_input else [i for i, v in enumerate(primal) if v in res]
     forward = Program(primal, fwd, joint.outvars[:n_out] + saved, axis_env=body.axis_env)
-    backward = Program([res.get(v) or Var(v.aval) for v in primal] + [res[v] for v in saved]
-                       + joint.invars[n_in:], bwd, joint.outvars[n_out:],
-                       axis_env=body.axis_env)
-    return Equation(eqn.primitive, dict(p, jaxpr=forward, _vjp=(backward, len(saved), active,
-                                                              with_ct)),
-                    eqn.invars, eqn.outvars + [Var(v.aval) for v in saved], eqn.source, eqn.phase)
+    backward = Program([res.get(primal[i]) or Var(primal[i].aval) for i in used]
+                       + [res[v] for v in saved] + joint.invars[n_in:], bwd,
+                       joint.outvars[n_out:], axis_env=body.axis_env)
+    return forward, backward, Split(used, len(saved), active, with_ct)
+
+
+def split_vjp(cts, ins, outs, split, run_backward):
+    """The cotangents of a split row's inputs: ``run_backward(operands)`` binds its
+    backward half on the inputs it reads, the residuals and the results' cotangents."""
+    if not any(split.active):
+        return [None] * len(ins)
+    n_out = len(outs) - split.n_saved
+    ct = [cts[k] if cts[k] is not None else zeros(aval_of(outs[k]))
+          for k in range(n_out) if split.with_ct[k]]
+    got = iter(run_backward([ins[i] for i in split.used] + list(outs[n_out:]) + ct))
+    return [next(got) if a else None for a in split.active]
+
+
+def _remat_linearize(eqn, wants):
+    p = eqn.params
+    forward, backward, split = split_call(p["jaxpr"], wants, _saveable(p["policy"]),
+                                          every_input=True)
+    return Equation(eqn.primitive, dict(p, jaxpr=forward, _vjp=(backward, split)), eqn.invars,
+                    eqn.outvars + [Var(v.aval) for v in forward.outvars[len(eqn.outvars):]],
+                    eqn.source, eqn.phase)
 
 def _remat_vjp(cts, ins, outs, wants, *, jaxpr, _vjp=None, **params):
     """The backward half, as one ``remat2[differentiated=True]``: what the policy did not
     save is computed again there."""
-    backward, n_saved, active, with_ct = _vjp
-    n_out = len(outs) - n_saved
-    ct = [cts[k] if cts[k] is not None else zeros(aval_of(outs[k]))
-          for k in range(n_out) if with_ct[k]]
-    got = iter(bind(remat, *ins, *outs[n_out:], *ct, jaxpr=backward, differentiated=True,
-                    policy=params["policy"], prevent_cse=params["prevent_cse"]))
-    return [next(got) if a else None for a in active]
+    backward, split = _vjp
+    return split_vjp(cts, ins, outs, split, lambda operands: bind(
+        remat, *operands, jaxpr=backward, differentiated=True, policy=params["policy"],
+        prevent_cse=params["prevent_cse"]))
 
 remat = Primitive("remat2", _remat_stacked, lambda *avals, jaxpr, **p: jaxpr.out_avals,
                   vjp=_remat_vjp, multiple_results=True, needs_run=True,

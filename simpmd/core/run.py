@@ -148,6 +148,7 @@ class Run:
         if prim.name == "axis_index":
             return args
         axes = tuple(params.get("axes") or _names(params.get("axis_name")))
+        self.axis_size(axes, prim.op)           # an unknown name first: it says which
         out = []
         for x in args:
             missing = tuple(a for a in axes if a not in aval_of(x).vma)
@@ -190,6 +191,10 @@ class Run:
             results = prim.stacked(*stacks, **params)
         results = results if prim.multiple_results or isinstance(results, list) else [results]
         return [StackedValue(a, r) for a, r in zip(out_avals, results)]
+
+    def block_shape(self, aval) -> tuple:
+        """The shape of one device's value of type ``aval`` (its block, under jit)."""
+        return aval.shape
 
     def stack_of(self, x, aval):
         """Every device's value of an operand: a value's stack, or a constant shared by all."""

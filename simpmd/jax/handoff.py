@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..core import bridge
+from . import printing  # noqa: F401  (how the running JAX prints: simpmd's printer asks)
 from ..api import tree
 from ..core.core import context
 from ..api.shard_map import shard_map
@@ -111,6 +112,19 @@ def follow_rules(jax, device) -> frozenset:
         accepted.add(name)
     settings.partial = _followed = frozenset(accepted)
     return _followed
+
+
+def followed_rules():
+    """The running JAX's rules, once its backend is up (asking starts nothing), or None."""
+    jax = sys.modules.get("jax")
+    if _followed is not None or jax is None:
+        return _followed
+    try:
+        from jax._src import xla_bridge
+        started = xla_bridge.backends_are_initialized()
+    except Exception:                      # a JAX without that function: ask its devices
+        started = True
+    return follow_rules(jax, jax.devices()[0]) if started else None
 
 
 # -- nested simpmd.pmap inside a JAX trace -------------------------------------------------
