@@ -150,7 +150,9 @@ class ShardedArray:
 
     @property
     def sharding(self) -> NamedSharding:
-        return NamedSharding(self.mesh, Sharding(self.mesh, self.layout).spec)
+        s = self.aval.sharding
+        kinds = (s.unreduced, s.reduced) if s is not None else ()
+        return NamedSharding(self.mesh, Sharding(self.mesh, self.layout, *kinds).spec)
 
     def block(self, device_id: int) -> np.ndarray:
         """The block that simulated device ``device_id`` holds."""
@@ -173,6 +175,13 @@ class ShardedArray:
 
     def __array__(self, dtype=None, copy=None):
         from .shard_map import _join_blocks
+        if getattr(self.aval.sharding, "unreduced", None):
+            raise R.UnreducedValueError(
+                f"{typeof(self)} holds partial sums, one per device along "
+                f"{sorted(self.aval.sharding.unreduced)}: its value is their sum, which no "
+                f"device has yet (JAX refuses to fetch it too). reshard it to a sharding "
+                f"without unreduced axes first (that is the all-reduce), or read its "
+                f".addressable_shards.")
         whole_ = _join_blocks(np.asarray(self.stack), self.sharding.spec, self.mesh)
         return whole_ if dtype is None else whole_.astype(dtype)
 
@@ -190,6 +199,8 @@ class ShardedArray:
         return StackedValue(self.aval, stack)
 
     def __repr__(self):
+        if getattr(self.aval.sharding, "unreduced", None):
+            return f"ShardedArray(shape={self.shape}, type={typeof(self)})"
         body = np.array2string(np.asarray(self), separator=", ", prefix="ShardedArray(")
         return f"ShardedArray({body}, type={typeof(self)})"
 
@@ -270,8 +281,13 @@ def _placed(value, mesh, spec):
                 f"sharded array; pad the array or split that dimension over fewer devices.")
     explicit = R.explicit_axes(mesh)
     typed = tuple(tuple(a for a in axes if a in explicit) for axes in layout)
-    aval = Aval(value.shape, value.dtype, sharding=Sharding(mesh, typed))
-    return ShardedArray(aval, _stack_blocks(value, spec, mesh), mesh, layout)
+    unreduced, reduced = R.reductions_of(spec, mesh)
+    aval = Aval(value.shape, value.dtype, sharding=Sharding(mesh, typed, unreduced, reduced))
+    stack = _stack_blocks(value, spec, mesh)
+    if unreduced:           # as reshard places it: the value on the first device, zeros after
+        first = [all(mesh.coords_of(k)[a] == 0 for a in unreduced) for k in range(mesh.size)]
+        stack = np.where(np.reshape(first, (-1,) + (1,) * value.ndim), stack, 0)
+    return ShardedArray(aval, stack, mesh, layout)
 
 def device_put(x, sharding=None):
     """Place ``x`` on the mesh, like ``jax.device_put(x, sharding)``: a ``NamedSharding``,
@@ -315,7 +331,8 @@ def reshard(x, spec):
     if not isinstance(run, JitRun):
         raise ShardingTypeError("reshard moves an array between layouts of a mesh: call it "
                                 "under simpmd.jit, or on a simpmd.device_put array.")
-    dst = Sharding(run.mesh, R.resolve(spec, run.mesh, x.aval.ndim, "reshard"))
+    dst = Sharding(run.mesh, R.resolve(spec, run.mesh, x.aval.ndim, "reshard"),
+                   *R.reductions_of(spec, run.mesh))
     return bind(reshard_p, x, dst_sharding=dst)
 
 

@@ -1,0 +1,202 @@
+"""Unreduced and reduced types under jit: which operations accept them, what they make of
+them, and JAX's errors when they refuse.
+
+``f32[4,2]{U:X}`` is *unreduced* over ``X``: every device along ``X`` holds a partial sum
+(a full-shape block) and the array is their sum, a reduction not yet done, as a product
+over a dimension split on ``X`` leaves it with ``out_sharding=P(..., unreduced={'X'})``.
+Only linear operations make sense on it (the sum of partial sums of ``a + b`` is the sum
+of the partial sums' sums; the cosine of a sum is not the sum of cosines); ``reshard`` to
+an ordinary sharding does the reduction (an all-reduce, or a reduce-scatter).
+``f32[4,2]{R:X}`` is *reduced* over ``X``: replicated, as after the reduction, and its
+gradient comes out unreduced (JAX's cotangent map swaps the two), so that a replicated
+weight's gradient can be summed once, where the program says.
+
+JAX's rules grew between releases (checked on jax 0.7.2, 0.10.2 and 0.12.0.1, by running
+each operation on 2 and 4 CPU devices; a release in between takes the rule of the next
+checked one): 0.7.2 has rules for ``add`` and the product only; 0.10 adds transposes,
+sums, dtype casts, ``where``, concatenation and products with a reduced scalar, and gives
+reduced types their rules; 0.12 adds ``sub``, ``neg``, ``reshape``, division by a reduced
+value and names a nonlinear operation's refusal. :func:`types` follows the installed JAX
+(``partition.settings``), the newest without one.
+"""
+from __future__ import annotations
+
+from ..core import errors
+from .partition import ShardingTypeError, reductions_of, settings, type_text
+
+NO = (frozenset(), frozenset())
+BODIES = {"jit": "jaxpr", "scan": "jaxpr", "remat2": "jaxpr", "while": "body_jaxpr"}
+_FILE = "Please file an issue at https://github.com/jax-ml/jax/issues"
+KEEP_LINEAR = {"transpose": (0, 7, 2), "reduce_sum": (0, 7, 2), "convert_element_type": (0, 7, 2),
+               "select_n": (0, 7, 2), "concatenate": (0, 7, 2), "squeeze": (0, 7, 2),
+               "copy": (0, 7, 2), "neg": (0, 10, 2), "reshape": (0, 10, 2)}
+REDUCE_OTHER = {"reduce_max": "max", "reduce_min": "min", "argmax": "max", "argmin": "min"}
+# elementwise operations on one operand that keep a reduced type on every release
+UNARY = {"abs", "acos", "acosh", "asin", "asinh", "atan", "atanh", "cbrt", "ceil", "conj", "cos",
+         "cosh", "exp", "exp2", "expm1", "floor", "imag", "integer_pow", "is_finite", "log",
+         "log1p", "logistic", "neg", "not", "real", "round", "rsqrt", "sign", "sin", "sinh",
+         "sqrt", "square", "tan", "tanh", "convert_element_type", "copy"}
+
+
+def _u(aval):
+    return getattr(aval.sharding, "unreduced", frozenset())
+
+
+def _r(aval):
+    return getattr(aval.sharding, "reduced", frozenset())
+
+
+def _type(aval) -> str:
+    """A type as jax.typeof prints it: float32[4,4]{U:X}."""
+    return type_text(aval)
+
+
+def _fs(axes) -> str:
+    return "frozenset({" + ", ".join(repr(a) for a in sorted(axes)) + "})"
+
+
+class UnreducedRuleError(errors.SimpmdError, NotImplementedError):
+    """JAX has no rule for this operation on an unreduced value (its NotImplementedError)."""
+
+
+def _no_rule(name):
+    return UnreducedRuleError(f"unreduced rule for {name} is not implemented. {_FILE}")
+
+
+def types(name, avals, params, n_outs, mesh) -> list:
+    """(unreduced, reduced) axes of each result of operation ``name`` on ``avals``, or
+    JAX's error where it refuses them."""
+    if name == "reshard":
+        return [reductions_of(params["dst_sharding"], mesh)]
+    if name == "dot_general":
+        return [_dot(avals, params, mesh)]
+    if name in BODIES:                 # a body's results keep the types they were traced with
+        return [(_u(a), _r(a)) for a in params[BODIES[name]].out_avals]
+    arrays = [a for a in avals if a.sharding is not None]
+    if any(_u(a) for a in avals):
+        return [_unreduced(name, avals)] * n_outs
+    if any(_r(a) for a in arrays):
+        return [_reduced(name, avals, arrays)] * n_outs
+    return [NO] * n_outs
+
+
+def _dot(avals, params, mesh):
+    lhs, rhs = avals
+    if _u(lhs) or _u(rhs):
+        if settings.version <= (0, 7, 2):
+            return NO
+        raise ShardingTypeError(f"lhs or rhs passed to dot_general cannot be unreduced. Got "
+                                f"lhs=ShapedArray({_type(lhs)}) and rhs=ShapedArray({_type(rhs)})")
+    out = params.get("out_sharding")
+    if out is None:
+        return NO
+    unreduced, reduced = reductions_of(out, mesh, "out_sharding")
+    if not unreduced:
+        return frozenset(), reduced
+    (lc, _), _ = params["dimension_numbers"]
+    dims = lhs.sharding.dims if lhs.sharding is not None else ((),) * lhs.ndim
+    entries = tuple(dims[d] if len(dims[d]) != 1 else dims[d][0] for d in lc if dims[d])
+    axes = frozenset(a for d in lc for a in dims[d])
+    agree = unreduced == (frozenset(entries) if settings.version <= (0, 7, 2) else axes)
+    if not agree:
+        raise ShardingTypeError(
+            f"out_sharding's unreduced axes should be equal to the contracting specs. Got "
+            f"unreduced axes={_fs(unreduced)} and contracting spec={entries!r}")
+    return unreduced, reduced
+
+
+def _unreduced(name, avals):
+    """The rule for an operation one of whose operands is unreduced."""
+    v = settings.version
+    if name in ("add", "add_any") or (name == "sub" and v > (0, 10, 2)):
+        return _sum_of_partial_sums(name, avals)
+    if name == "mul" or name == "div":
+        return _scaled(name, avals)
+    if name in KEEP_LINEAR:
+        if v <= KEEP_LINEAR[name] and not (name == "reshape" and v > (0, 7, 2) and not avals[0].ndim):
+            if name == "reshape" and v > (0, 7, 2):
+                raise ValueError("Using pspec[...] is dangerous when PartitionSpec has "
+                                 "non-empty unreduced/reduced set. Please use "
+                                 "spec.partitions[...]")
+            raise _no_rule(name)
+        return next(_u(a) for a in avals if _u(a)), frozenset()
+    if name in REDUCE_OTHER:
+        if v > (0, 10, 2):
+            raise ValueError(f"Expected unreduced_kind=UnreducedKind.{REDUCE_OTHER[name]} but "
+                             f"got UnreducedKind.sum")
+        if v > (0, 7, 2):
+            raise ValueError("Using *pspec is dangerous when PartitionSpec has non-empty "
+                             "unreduced/reduced set. Please use *spec.partitions")
+        raise _no_rule(name)
+    if v > (0, 10, 2) and name in UNARY | {"max", "min", "pow", "atan2"}:
+        shown = next(a for a in avals if _u(a))
+        raise ShardingTypeError(f"{name} is a non-linear operation and cannot accept input "
+                                f"that is unreduced. Got {_type(shown)}")
+    raise _no_rule(name)
+
+
+def _sum_of_partial_sums(name, avals):
+    lhs, rhs = avals
+    if _u(lhs) == _u(rhs):
+        return _u(lhs), frozenset()
+    side, other = ("lhs", "rhs") if _u(lhs) else ("rhs", "lhs")
+    shown = "add" if name == "add_any" else name
+    raise ShardingTypeError(
+        f"{side} is unreduced while {other} is not. `{shown}` operation does not allow this "
+        f"because there will be implicit communication. Please reduce {side} via `reshard` "
+        f"before calling `{shown}`.")
+
+
+def _scaled(name, avals):
+    """A partial sum times (or over) a value that is the same everywhere: still a partial
+    sum, provided that value is reduced along the same axes (jax 0.10; division 0.12)."""
+    v = settings.version
+    if v <= (0, 7, 2) or (name == "div" and v <= (0, 10, 2)):
+        raise _no_rule(name)
+    lhs, rhs = avals
+    if name == "div":
+        if _r(rhs) >= _u(lhs) and not _u(rhs):
+            return _u(lhs), frozenset()
+        raise ValueError(f"Denominator should be reduced along the same axes numerator is "
+                         f"unreduced on. Got x=ShapedArray({_type(lhs)}), "
+                         f"y=ShapedArray({_type(rhs)})")
+    if _u(lhs) and _u(rhs):
+        raise ShardingTypeError(f"lhs and rhs to `mul` cannot be unreduced since mul is "
+                                f"bilinear. Got lhs={_fs(_u(lhs))}, rhs={_fs(_u(rhs))}")
+    scaled, scale, side = (lhs, rhs, "RHS") if _u(lhs) else (rhs, lhs, "LHS")
+    if _r(scale) >= _u(scaled):
+        return _u(scaled), frozenset()
+    other = "LHS" if side == "RHS" else "RHS"
+    raise ShardingTypeError(
+        f"{side} should be reduced along the same axes {other} is unreduced on. Got "
+        f"lhs={_type(lhs)} and rhs={_type(rhs)}")
+
+
+def _reduced(name, avals, arrays):
+    """The rule for an operation on reduced values (nothing unreduced): elementwise
+    operations of one operand keep the type on every release; from jax 0.10 so do those of
+    several operands that agree, and transposes and sums (and reshapes from 0.12)."""
+    v = settings.version
+    if name in UNARY or (v <= (0, 7, 2) and name in ("select_n", "concatenate")):
+        return frozenset(), _r(arrays[0])
+    if v <= (0, 7, 2) or name in ("dot_general",):
+        return NO
+    if name in REDUCE_OTHER and v <= (0, 10, 2):
+        raise ValueError("Using *pspec is dangerous when PartitionSpec has non-empty "
+                         "unreduced/reduced set. Please use *spec.partitions")
+    if name == "reshape" and v <= (0, 10, 2) and avals[0].ndim:      # (jax 0.10 indexes the
+        raise ValueError("Using pspec[...] is dangerous when PartitionSpec has non-empty "   # spec)
+                         "unreduced/reduced set. Please use spec.partitions[...]")
+    if name in ("transpose", "reduce_sum", "reshape", "squeeze") or len(arrays) == 1:
+        return frozenset(), _r(arrays[0])
+    sets = {_r(a) for a in arrays}
+    if len(sets - {frozenset()}) > 1:
+        raise ShardingTypeError(f"All inputs should be reduced across the same mesh axes. Got "
+                                f"specs: {{{', '.join(_fs(s) for s in sets)}}}")
+    reduced = next(iter(sets - {frozenset()}))
+    bare = next((a for a in arrays if not _r(a) and a.ndim), None)   # a scalar may join
+    if bare is not None:
+        raise ShardingTypeError(f"Inputs cannot be replicated on the same axes that another "
+                                f"input is reduced on. Got input type: {_type(bare)} and "
+                                f"reduced spec: {_fs(reduced)}")
+    return frozenset(), reduced
