@@ -127,3 +127,27 @@ def test_compute_bound_batch_accepts(capsys):
 def test_compute_bound_batch_rejects_with_hint(capsys, answer, hint):
     assert not L.check_compute_bound_batch(answer)
     verdict(capsys, False, hint)
+
+
+def test_rms_norm_bytes_by_hand_and_by_the_fusion(jax8):
+    """6RC + 8R + 4C by hand, and what simpmd's fusion of the lesson's RMSNorm moves."""
+    from simpmd.cost.fusion import fuse
+    from simpmd.jax.device_programs import find
+    R, C = L.RMS_R, L.RMS_C
+    assert L.rms_norm_bytes_expected() == 6 * R * C + 8 * R + 4 * C == 805_470_208
+    fn, args = find("RMSNorm 16384x8192 bf16").at(1)
+    program = jax8.make_jaxpr(fn)(*args)
+    assert sum(k.bytes for k in fuse(program.jaxpr.eqns, program.jaxpr.outvars)) == \
+        L.rms_norm_bytes_expected()
+
+
+def test_rms_norm_bytes_accepts_and_names_mistakes(capsys):
+    assert L.check_rms_norm_bytes(805_470_208)
+    verdict(capsys, True, "bytes")
+    R, C = L.RMS_R, L.RMS_C
+    for wrong, words in ((3 * 2 * R * C, "small values"), (4 * R * C + 4 * C, "read twice"),
+                         (805_470_208 * 8, "bits"), (805_470_208 / 2**20, "MiB")):
+        assert not L.check_rms_norm_bytes(wrong)
+        assert words in capsys.readouterr().out
+    assert not L.check_rms_norm_bytes(...)
+    assert "placeholder" in capsys.readouterr().out

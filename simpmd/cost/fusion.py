@@ -129,6 +129,7 @@ class Kernel:
     reads: dict = field(default_factory=dict)
     writes: dict = field(default_factory=dict)
     shape: tuple = ()              # a reduction's result shape, a matmul's output shape
+    itemsize: int = 0              # a matmul's output element size
 
     @property
     def bytes(self) -> int:
@@ -148,6 +149,7 @@ class _Fuser:
         self.eqns = [e if isinstance(e, Eqn) else Eqn(e) for e in eqns]
         self.kernels = []
         self.alias, self.made_by = {}, {}          # var -> var it views; var -> kernel
+        self.reduced = {}                          # value -> kernels reducing it
         self.readers = {}                          # var -> names of the equations reading it
         for eqn in self.eqns:
             for v in eqn.invars:
@@ -183,9 +185,12 @@ class _Fuser:
             self.kernels.append(Kernel("loop" if kind == "elementwise" else kind))
             out = _typed(eqn.outvars[0]) if eqn.outvars else None
             self.kernels[k].shape = tuple(out.shape) if out is not None else ()
+            self.kernels[k].itemsize = out.dtype.itemsize if out is not None else 0
         self.kernels[k].eqns.append(eqn)
         for o in eqn.outvars:
             self.made_by[o] = k
+        if kind == "reduction":
+            self.reduced.setdefault(self.root(eqn.invars[0]), []).append(k)
 
     def _view_into_dot(self, eqn):
         """A transpose only dot_generals read: XLA folds it into their dimension numbers."""
@@ -202,8 +207,9 @@ class _Fuser:
         if kernel.kind == "loop":
             return k
         if kernel.kind in ("matmul", "reduction") and out is not None and \
-                tuple(out.shape) == kernel.shape:
-            return k                               # an epilogue
+                tuple(out.shape) == kernel.shape and (kernel.kind == "reduction" or
+                                                      out.dtype.itemsize <= kernel.itemsize):
+            return k                               # an epilogue (a GEMM's never widens)
         return None
 
     def _reduction(self, eqn):
@@ -214,13 +220,9 @@ class _Fuser:
             self.kernels[k].shape = tuple(_typed(eqn.outvars[0]).shape)
             return k
         out = tuple(_typed(eqn.outvars[0]).shape)
-        for j in range(len(self.kernels) - 1, -1, -1):     # a sibling reading the same
-            kj = self.kernels[j]
-            if k is not None and j < k:
-                break
-            if kj.kind == "reduction" and kj.shape == out and any(
-                    self.root(e.invars[0]) is operand for e in kj.eqns
-                    if fusion_kind(e) == "reduction"):
+        for j in reversed(self.reduced.get(operand, ())):    # a sibling reducing the same
+            if (k is None or j >= k) and self.kernels[j].kind == "reduction" and \
+                    self.kernels[j].shape == out:
                 return j
         return None
 
@@ -233,16 +235,62 @@ class _Fuser:
         return fusion_kind(self.maker[v]) == "elementwise"
 
     def sources(self, v) -> frozenset:
-        """The stored values ``v`` is computed from (itself, if it is stored)."""
+        """The stored values a kernel that needs ``v`` reads: what ``v`` is computed from,
+        when reading those costs about what reading ``v`` would (XLA weighs duplicating a
+        producer against the bytes it saves); else ``v`` itself, stored."""
         v = self.root(v)
         if not _is_var(v):
             return frozenset()
         if v not in self.memo:
-            if not self._recomputable(v):
-                self.memo[v] = frozenset((v,))
-            else:
-                self.memo[v] = frozenset().union(*(self.sources(u) for u in self.maker[v].invars))
+            self.memo[v] = frozenset((v,))           # stored, unless recomputing is as cheap
+            if self._recomputable(v):
+                found = frozenset().union(*(self.sources(u) for u in self.maker[v].invars))
+                if sum(_nbytes(_typed(u)) for u in found) <= 1.25 * _nbytes(_typed(v)):
+                    self.memo[v] = found
         return self.memo[v]
+
+    def _merge_siblings(self):
+        """Reductions into the same shape that read a common value, the later not waiting
+        on the earlier: one kernel (XLA's multi-output fusion: layernorm's mean and mean
+        of squares in one pass)."""
+        kernels = self.kernels
+        made = {o: k for k, kern in enumerate(kernels) for e in kern.eqns for o in e.outvars}
+        direct = [{made[u] for u in kern.reads if u in made} for kern in kernels]
+
+        def waits_on(k, targets):
+            """Whether kernel k waits, through any chain of kernels, on one of ``targets``
+            (kernels come in an order where each waits only on earlier ones)."""
+            low, seen, todo = min(targets), set(), [k]
+            while todo:
+                for d in direct[todo.pop()]:
+                    if d in targets:
+                        return True
+                    if d >= low and d not in seen:
+                        seen.add(d)
+                        todo.append(d)
+            return False
+        gone, members, readers = set(), [{k} for k in range(len(kernels))], {}
+        for k, kern in enumerate(kernels):
+            if kern.kind != "reduction":
+                continue
+            candidates = sorted({j for u in kern.reads for j in readers.get(u, ())}, reverse=True)
+            for u in kern.reads:
+                readers.setdefault(u, []).append(k)
+            for j in candidates:
+                other = kernels[j]
+                if j in gone or other.shape != kern.shape or waits_on(k, members[j]):
+                    continue
+                kern.eqns[:0] = other.eqns
+                kern.reads = {**other.reads, **kern.reads}
+                members[k] |= members[j]
+                direct[k] |= direct[j]
+                gone.add(j)
+        self.kernels = [kern for n, kern in enumerate(kernels) if n not in gone]
+        for n, kern in enumerate(self.kernels):
+            inside = {o for e in kern.eqns for o in e.outvars}
+            kern.reads = {u: b for u, b in kern.reads.items() if u not in inside}
+            for o in inside:
+                self.made_by[o] = n
 
     def finish(self):
         """Each kernel's reads (stored values from outside it; a loop or reduction kernel
@@ -260,6 +308,7 @@ class _Fuser:
                     for u in found:
                         if self.made_by.get(u) != k:
                             kernel.reads[u] = _nbytes(_typed(u))
+        self._merge_siblings()
         needed = {self.root(v) for v in self.outvars} | {
             u for kernel in self.kernels for u in kernel.reads}
         for kernel in self.kernels:

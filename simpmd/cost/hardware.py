@@ -183,11 +183,11 @@ class Hardware:
 
     @property
     def matmul_paths(self) -> dict:
-        """path -> peak FLOP/s: the preset's table, or one made of its bf16 and fp32 peaks."""
-        if self.matmul_peaks:
-            return dict(self.matmul_peaks)
+        """path -> peak FLOP/s: bf16 (and fp16) at ``peak_bf16_flops``, fp32 at
+        ``peak_fp32_flops`` (so ``replace(hw, peak_bf16_flops=...)`` changes them), and
+        the preset's table of its other paths (TF32, FP8, int8; a T4's fp16)."""
         return {"bf16": self.peak_bf16_flops, "fp16": self.peak_bf16_flops,
-                "fp32": self.peak_fp32_flops or self.peak_bf16_flops}
+                "fp32": self.peak_fp32_flops or self.peak_bf16_flops, **dict(self.matmul_peaks)}
 
     def has_path(self, path: str) -> bool:
         """Whether the matrix units take ``path``'s operands natively (a T4 has no bf16)."""
@@ -490,28 +490,26 @@ _PATHS_B200 = ("NVIDIA DGX B200 datasheet: FP8 training 72 PFLOPS and TF32 18 PF
                "with sparsity: 4.5 and 1.1 PFLOPS dense per GPU")
 _PATHS_TPU = "int8: the Scaling Book's Part 2 table (FLOPs/s/chip int8); no fp8 on these chips"
 
-_HOPPER = (("bf16", 9.9e14), ("fp16", 9.9e14), ("tf32", 4.947e14), ("fp32", 6.7e13),
-           ("fp8", 1.979e15), ("int8", 1.979e15))
-_AMPERE = (("bf16", 3.12e14), ("fp16", 3.12e14), ("tf32", 1.56e14), ("fp32", 1.95e13),
-           ("int8", 6.24e14))
+_HOPPER = (("tf32", 4.947e14), ("fp8", 1.979e15), ("int8", 1.979e15))
+_AMPERE = (("tf32", 1.56e14), ("int8", 6.24e14))
 _GPU_FLOORS = dict(kernel_launch_s=4e-6, dispatch_s=3.15e-5, memory_efficiency=0.867)
 _TPU_FLOORS = dict(kernel_launch_s=0.0, dispatch_s=1.08e-4, matmul_efficiency=(("bf16", 0.923),))
 
 
-def _tpu(bf16, int8, chips_per_host, pod):
-    return dict(matmul_peaks=(("bf16", bf16), ("fp16", bf16), ("int8", int8)), pod_size=pod,
+def _tpu(int8, chips_per_host, pod):
+    return dict(matmul_peaks=(("int8", int8),), pod_size=pod,
                 scale_out_bandwidth=2.5e10 / chips_per_host, scale_out_latency=1e-5,
                 **_TPU_FLOORS)
 
 
 _MACHINE = {
-    "TPU v2": (_tpu(4.6e13, 4.6e13, 8, 256), (_PRECISION, _MAMF_V5E, _DCN, _POD)),
-    "TPU v3": (_tpu(1.4e14, 1.4e14, 8, 1024), (_PRECISION, _MAMF_V5E, _DCN, _POD, _PATHS_TPU)),
-    "TPU v4": (_tpu(2.75e14, 2.75e14, 4, 4096), (_PRECISION, _MAMF_V5E, _DCN, _POD, _PATHS_TPU)),
-    "TPU v5p": (_tpu(4.59e14, 9.18e14, 4, 8960), (_PRECISION, _MAMF_V5E, _DCN, _POD, _PATHS_TPU)),
-    "TPU v5e": (dict(_tpu(1.97e14, 3.94e14, 8, 256), scale_out_bandwidth=3.125e9),
+    "TPU v2": (_tpu(4.6e13, 8, 256), (_PRECISION, _MAMF_V5E, _DCN, _POD)),
+    "TPU v3": (_tpu(1.4e14, 8, 1024), (_PRECISION, _MAMF_V5E, _DCN, _POD, _PATHS_TPU)),
+    "TPU v4": (_tpu(2.75e14, 4, 4096), (_PRECISION, _MAMF_V5E, _DCN, _POD, _PATHS_TPU)),
+    "TPU v5p": (_tpu(9.18e14, 4, 8960), (_PRECISION, _MAMF_V5E, _DCN, _POD, _PATHS_TPU)),
+    "TPU v5e": (dict(_tpu(3.94e14, 8, 256), scale_out_bandwidth=3.125e9),
                 (_PRECISION, _MAMF_V5E, _DCN, _POD, _PATHS_TPU)),
-    "TPU v6e": (_tpu(9.2e14, 1.84e15, 8, 256), (_PRECISION, _MAMF_V5E, _DCN, _POD, _PATHS_TPU)),
+    "TPU v6e": (_tpu(1.84e15, 8, 256), (_PRECISION, _MAMF_V5E, _DCN, _POD, _PATHS_TPU)),
     "A100": (dict(matmul_peaks=_AMPERE, matmul_efficiency=(("bf16", 0.869),),
                   scale_out_bandwidth=2.5e10, scale_out_latency=6.6e-6, **_GPU_FLOORS),
              (_PRECISION, _PATHS_A100, _MAMF, _HBM_H100, _LAUNCH_GPU, _DISPATCH_GPU, _IB_HDR,
@@ -528,18 +526,16 @@ _MACHINE = {
                   scale_out_bandwidth=5e10, scale_out_latency=6.6e-6, **_GPU_FLOORS),
              (_PRECISION, _PATHS_H100, _MAMF, _HBM_H100, _LAUNCH_GPU, _DISPATCH_GPU, _IB_NDR,
               _NET_STEP)),
-    "B200": (dict(matmul_peaks=(("bf16", 2.25e15), ("fp16", 2.25e15), ("tf32", 1.1e15),
-                                ("fp32", 7.5e13), ("fp8", 4.5e15), ("int8", 4.5e15)),
+    "B200": (dict(matmul_peaks=(("tf32", 1.1e15), ("fp8", 4.5e15), ("int8", 4.5e15)),
                   matmul_efficiency=(("bf16", 0.776), ("fp8", 0.763)),
                   scale_out_bandwidth=5e10, scale_out_latency=6.6e-6, **_GPU_FLOORS),
              (_PRECISION, _PATHS_B200, _MAMF, _HBM_H100, _LAUNCH_GPU, _DISPATCH_GPU, _IB_NDR,
               _NET_STEP)),
-    "L4": (dict(matmul_peaks=(("bf16", 1.21e14), ("fp16", 1.21e14), ("tf32", 6.0e13),
-                              ("fp32", 3.03e13), ("fp8", 2.425e14), ("int8", 2.425e14)),
+    "L4": (dict(matmul_peaks=(("tf32", 6.0e13), ("fp8", 2.425e14), ("int8", 2.425e14)),
                 **_GPU_FLOORS),
            (_PRECISION, _HBM_H100, _LAUNCH_GPU, _DISPATCH_GPU,
             "L4, T4: no published matmul fraction found: their peaks")),
-    "T4": (dict(matmul_peaks=(("fp16", 6.5e13), ("fp32", 8.1e12), ("int8", 1.3e14)),
+    "T4": (dict(matmul_peaks=(("fp16", 6.5e13), ("int8", 1.3e14)),
                 **_GPU_FLOORS),
            (_PRECISION, _HBM_H100, _LAUNCH_GPU, _DISPATCH_GPU)),
     "CPU": (dict(dispatch_s=1e-5), ("Toy call floor: 10 us, an invented round number",)),
@@ -565,3 +561,23 @@ def hardware_preset(hardware) -> Hardware:
                          f"or pass a Hardware(...) of your own")
     return _BY_KEY[_key(hardware)]
 
+
+
+# What jax.devices()[0].device_kind says on each chip -> the preset (first match wins).
+_DEVICE_KINDS = (("h200", "H200"), ("h100", "H100"), ("h800", "H100"), ("b200", "B200"),
+                 ("a100", None), ("l4", "L4"), ("t4", "T4"), ("tpu v6 lite", "TPU v6e"),
+                 ("tpu v6e", "TPU v6e"), ("tpu v5 lite", "TPU v5e"), ("tpu v5e", "TPU v5e"),
+                 ("tpu v5p", "TPU v5p"), ("tpu v5", "TPU v5p"), ("tpu v4", "TPU v4"),
+                 ("tpu v3", "TPU v3"), ("tpu v2", "TPU v2"))
+
+
+def preset_for_device_kind(kind: str):
+    """The preset for a device's ``device_kind`` ("NVIDIA H100 80GB HBM3", "Tesla T4",
+    "TPU v5 lite"), or None when none matches (a CPU, a chip simpmd has no preset for)."""
+    text = str(kind).lower()
+    for key, name in _DEVICE_KINDS:
+        if key in text:
+            if key == "a100":
+                return "A100 40GB" if "40gb" in text.replace(" ", "") else "A100"
+            return name
+    return None

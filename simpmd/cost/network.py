@@ -973,6 +973,9 @@ def time_run(run, topology, hardware: str = "") -> Estimate:
     topology's device ids. This is how the tests check that the closed forms of
     :func:`estimate` are what the simulated algorithms actually cost.
     """
+    if topology.kind == "cluster":
+        raise ValueError("time_run replays messages on one node's topology (a Torus or a "
+                         "FullyConnected); for several nodes use estimate(..., devices=...)")
     latency_s = bandwidth_s = time_s = 0.0
     steps = 0
     for step in run.steps:

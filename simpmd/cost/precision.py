@@ -11,7 +11,7 @@ XLA does with it (``jax.lax.Precision``'s docstring):
   has them (A100, H100, H200, L4), else the FP32 units (T4); HIGH: 3 bf16 passes on a TPU,
   TF32 on a GPU; HIGHEST: 6 bf16 passes on a TPU, the FP32 units on a GPU;
 * 16-bit floats: the bf16/fp16 rate of the matrix units (a T4 has no bfloat16 tensor cores:
-  XLA computes bf16 dots there in float32);
+  XLA computes bf16 dots there in float32, and the T4 preset's bf16 rate is its FP32 one);
 * float8: the fp8 rate where the chip has it (H100, H200, L4, B200), else as bf16;
 * an algorithm preset names its path (``"BF16_BF16_F32_X6"``: six bf16 passes).
 
@@ -68,8 +68,7 @@ def dot_path(hw, lhs_dtype, rhs_dtype, precision=None, preferred_element_type=No
 
 
 def _sixteen_bit(hw, name: str) -> str:
-    path = "fp16" if name == "float16" else "bf16"
-    return path if hw.has_path(path) else "fp32"
+    return "fp16" if name == "float16" else "bf16"
 
 
 def _float32(hw, level: int) -> str:

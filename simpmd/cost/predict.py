@@ -24,6 +24,7 @@ time, and the largest names what bounds the program.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+import heapq
 import math
 
 from .fusion import Eqn, Kernel, fuse, ref
@@ -126,9 +127,8 @@ class _Flat:
     def add(self, program, sizes, scope=0):
         for eqn in _equation_list(program):
             name = _primitive_name(eqn)
-            key = next((CALLS[name] for n in (name,) if n in CALLS and CALLS[n] in eqn.params),
-                       None)
-            if key is not None:
+            key = CALLS.get(name)
+            if key is not None and key in eqn.params:
                 self._inline(eqn, name, key, sizes, scope)
             elif name in ("scan", "while", "cond"):
                 self._block(eqn, name, sizes, scope)
@@ -250,34 +250,61 @@ def _group_devices(eqn, sizes, hw, topology):
 
 def _schedule(kernels, flat: _Flat, made_by):
     """Start and end of each kernel: compute kernels one after another on the compute
-    stream, the next one ready taken first in program order; collectives on their own
-    stream as soon as their operands are (all on one stream when overlap is off)."""
+    stream, of those ready when it is free the first in program order; collectives on
+    their own stream in the order they become ready, each as soon as its operands are
+    (everything on the compute stream, in program order, when overlap is off)."""
+    n_k = len(kernels)
     deps = [{made_by[v] for v in k.reads if v in made_by} - {n} for n, k in enumerate(kernels)]
-    ends, rows = [None] * len(kernels), [None] * len(kernels)
+    users = [[] for _ in range(n_k)]
+    for n, d in enumerate(deps):
+        for m in d:
+            users[m].append(n)
+    timed = [_timed(k, flat) for k in kernels]
+    side = [bool(t.comm_s and not t.inner and flat.overlap) for t in timed]
+    queue = _Ready(side)
+    left = [len(d) for d in deps]
+    for n in range(n_k):
+        if not left[n]:
+            queue.add(0.0, n)
+    ends, rows = [0.0] * n_k, [None] * n_k
     free = {"compute": 0.0, "communication": 0.0}
-    waiting, ready = set(range(len(kernels))), []
-    while waiting or ready:
-        for n in sorted(waiting):
-            if all(ends[d] is not None for d in deps[n]):
-                waiting.discard(n)
-                ready.append((max((ends[d] for d in deps[n]), default=0.0), n))
-        at, n = _pick(ready, free)
-        row = _timed(kernels[n], flat)
-        stream = "communication" if row.comm_s and flat.overlap else "compute"
+    for _ in range(n_k):
+        at, n = queue.pop(free["compute"])
+        stream = "communication" if side[n] else "compute"
         start = max(at, free[stream])
-        ends[n] = free[stream] = start + row.end_s
-        rows[n] = KernelTime(**{**row.__dict__, "stream": stream, "start_s": start,
+        ends[n] = free[stream] = start + timed[n].end_s
+        rows[n] = KernelTime(**{**timed[n].__dict__, "stream": stream, "start_s": start,
                                 "end_s": ends[n]})
+        for m in users[n]:
+            left[m] -= 1
+            if not left[m]:
+                queue.add(max(ends[d] for d in deps[m]), m)
     return rows
 
 
-def _pick(ready, free):
-    """The next kernel to run: of those whose operands are ready by the time the compute
-    stream is free, the first in program order; else the one ready soonest."""
-    soon = [item for item in ready if item[0] <= free["compute"]] or [min(ready)]
-    item = min(soon, key=lambda it: it[1])
-    ready.remove(item)
-    return item
+class _Ready:
+    """Kernels whose operands are ready, by when: collectives first when ready before the
+    compute stream is next free (in time order); then compute kernels ready by then, in
+    program order; else whatever is ready soonest."""
+
+    def __init__(self, side):
+        self.side, self.comm, self.later, self.now = side, [], [], []
+
+    def add(self, at, n):
+        heapq.heappush(self.comm if self.side[n] else self.later, (at, n))
+
+    def pop(self, now):
+        while self.later and self.later[0][0] <= now:
+            at, n = heapq.heappop(self.later)
+            heapq.heappush(self.now, (n, at))
+        if self.comm and (self.comm[0][0] <= now or not (self.now or self.later)):
+            return heapq.heappop(self.comm)
+        if self.now:
+            n, at = heapq.heappop(self.now)
+            return at, n
+        if self.comm and self.comm[0][0] <= self.later[0][0]:
+            return heapq.heappop(self.comm)
+        return heapq.heappop(self.later)
 
 
 def _timed(kernel: Kernel, flat: _Flat) -> KernelTime:

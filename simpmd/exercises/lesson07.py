@@ -131,3 +131,41 @@ def check_compute_bound_batch(answer) -> bool:
     # within one row of the exact solution: 345 and 346 both pass
     return check_against_mistakes(answer, expected, mistakes, what="the batch size",
                                   unit="rows", rtol=1.0 / expected)
+
+
+# Exercise 4 -------------------------------------------------------------------------------
+# RMSNorm of x[R, C] (bfloat16) with a float32 weight w[C], run by XLA as two kernels
+# (section 5): one reads x and writes one float32 per row; the other reads x, those
+# values and w, and writes the bfloat16 result.
+
+RMS_R, RMS_C = 16384, 8192
+F32_BYTES = 4
+
+
+def rms_norm_bytes_expected(r: int = RMS_R, c: int = RMS_C) -> int:
+    """First kernel: 2RC read + 4R written; second: 2RC + 4R + 4C read, 2RC written.
+    6RC + 8R + 4C = 805,470,208 bytes."""
+    first = BF16_BYTES * r * c + F32_BYTES * r
+    second = BF16_BYTES * r * c + F32_BYTES * r + F32_BYTES * c + BF16_BYTES * r * c
+    return first + second
+
+
+def check_rms_norm_bytes(answer) -> bool:
+    """Exercise 4: the bytes the two fused kernels of RMSNorm read and write together."""
+    r, c = RMS_R, RMS_C
+    expected = rms_norm_bytes_expected()
+    x = BF16_BYTES * r * c
+    mistakes = [
+        (3 * x, "that counts x's three passes (read, read, write) but not the small values: "
+                "the first kernel writes one float32 per row, the second reads them and w"),
+        (2 * x + F32_BYTES * c, "that is one kernel reading x once and writing once; XLA "
+                                "needs every row's mean square before it can scale the row, "
+                                "so x is read twice"),
+        (3 * F32_BYTES * r * c + 2 * F32_BYTES * r + F32_BYTES * c,
+         "that counts x at 4 bytes per value: it is stored in bfloat16 (2 bytes); the float32 "
+         "copy lives only inside the kernels"),
+        (expected * 8, "that is bits: 1 byte is 8 bits"),
+        (expected / 2**20, "that is MiB: the question asks for bytes"),
+    ]
+    return check_against_mistakes(answer, expected, mistakes, what="the fused bytes",
+                                  unit="bytes", rtol=1e-6)

@@ -549,3 +549,53 @@ def draw_timeline(trace, hardware=None, *, compute=None, slowdown=None, topology
     fig.text(0.01, 0.005, tl.comm_model + "\n" + tl.compute_model, ha="left", va="bottom",
              fontsize=7.5, color=INK)
     return fig
+
+
+def draw_prediction(prediction, *, title=None, ax=None, most_labels: int = 12):
+    """Draw a :class:`simpmd.cost.predict.Prediction` of one device: its compute stream
+    (kernels, blue where compute-bound, green where memory-bound) and, below, its
+    collectives, which run beside the compute that does not need them (XLA's asynchronous
+    collectives); a gap in the compute row is communication nothing hid. Predict with
+    ``overlap=False`` to draw everything on one stream. Kernels are tagged
+    ``simpmd:kernel:<k>``, collectives ``simpmd:comm:<k>``; return the Figure."""
+    rows = prediction.kernels
+    end = max((k.end_s for k in rows), default=0.0) or 1e-9
+    unit, scale = _unit(end)
+    fig, ax = figure_and_axes(ax, 10.0, 2.6)
+    if ax.get_position().width > 0.9:
+        ax.set_position((0.17, 0.3, 0.8, 0.45))
+    ax.set_axis_on()
+    lane = {"compute": 0, "communication": 1}
+    memory = tint(OKABE_ITO[2], 0.7)
+    labelled = sorted(rows, key=lambda k: -k.time_s)[:most_labels]
+    for n, k in enumerate(rows):
+        color = (COLORS["comm"] if k.comm_s and not k.inner else
+                 memory if k.memory_s > k.compute_s else COLORS["compute"])
+        rect = Rectangle((k.start_s / scale, lane[k.stream] - 0.36), k.time_s / scale, 0.72,
+                         facecolor=color, edgecolor="white", linewidth=0.4, zorder=2)
+        tag(rect, "comm" if k.comm_s and not k.inner else "kernel", n)
+        ax.add_patch(rect)
+        if k in labelled and k.time_s / end > 0.05:
+            ax.text((k.start_s + k.end_s) / 2 / scale, lane[k.stream], k.name[:18],
+                    ha="center", va="center", fontsize=MIN_FONT, color=INK, zorder=3)
+    ax.set_xlim(0, end / scale * 1.01)
+    ax.set_ylim(1.6, -0.6)
+    ax.set_yticks([0, 1])
+    ax.set_yticklabels(["compute stream", "collectives"], fontsize=8.5)
+    ax.set_xlabel(f"time ({unit}), predicted; the call from Python adds "
+                  f"{_seconds(prediction.time_s - end) if prediction.time_s > end else '0 s'}",
+                  fontsize=8.5)
+    ax.tick_params(axis="x", labelsize=8)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    handles = [Patch(facecolor=COLORS["compute"], label="compute-bound kernel"),
+               Patch(facecolor=memory, label="memory-bound kernel"),
+               Patch(facecolor=COLORS["comm"], label="collective")]
+    ax.legend(handles=handles, loc="lower left", bbox_to_anchor=(0, 1.0), ncol=3, fontsize=8,
+              frameon=False)
+    terms = ", ".join(f"{name} {_seconds(t)}" for name, t in prediction.terms.items() if t)
+    fig.text(0.01, 0.995, title or f"predicted on {prediction.hardware}: "
+             f"{_seconds(prediction.time_s)} ({terms}); {prediction.bound}-bound"
+             f"{'' if prediction.overlap else ', collectives not overlapped'}",
+             ha="left", va="top", fontsize=10, fontweight="bold", color=INK)
+    return fig

@@ -1,0 +1,78 @@
+"""simpmd's predicted time of each program against jax.jit on this machine's accelerator.
+
+    python benchmarks/roofline_vs_device.py              # full sizes on a GPU or TPU
+    python benchmarks/roofline_vs_device.py --size 16    # dimensions / 16 (what a CPU runs)
+    python benchmarks/roofline_vs_device.py --only matmul --repeats 50
+
+The programs (simpmd.jax.device_programs): matmuls in bf16, fp8 and f32 at DEFAULT and
+HIGHEST precision at several sizes, elementwise work, GELU, a reduction, a transpose,
+RMSNorm, layernorm, softmax, attention, a SwiGLU MLP and a LLaMA-sized transformer layer,
+and gradients. Each is timed with jax.jit on the default accelerator (the median of
+--repeats calls from Python, each waited for, after one that compiles), and predicted with
+simpmd.cost (Roofline.predicted_s) for the preset that matches the device's kind. The table
+gives predicted, measured, their ratio and what the prediction says the program waits on;
+programs under 50 us are reported as launch-bound and left out of the geometric mean.
+Issue 36's target on an H100 or H200: every program within 0.67-1.5x, the geometric mean
+within 1.25x. No preset number was chosen from such timings (docs/benchmarks.md).
+
+On a CPU no preset matches: the script says so and prints what it measured. --preset names
+one to compare with anyway; --no-overlap turns off overlapping collectives with compute.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def run(size, repeats, only=None, preset=None, overlap=True, out=print):
+    """Time and predict every program (whose name contains ``only``); the rows."""
+    import jax
+    from simpmd.jax import device_programs as dp
+    device = dp.accelerator()
+    preset = preset or dp.preset_for(device)
+    out(f"device: {device.device_kind} ({device.platform}); jax {jax.__version__}; "
+        f"sizes divided by {size}")
+    out(f"preset: {preset}" if preset else
+        "preset: none matches this device (a CPU has no preset): measured times only")
+    rows = []
+    for program in dp.programs():
+        if only and only.lower() not in program.name.lower():
+            continue
+        fn, args = program.at(size)
+        try:
+            measured = dp.time_on(fn, args, device, repeats)
+        except Exception as exc:                 # e.g. fp8 on a chip without it
+            out(f"{program.name:52s} not run here: {type(exc).__name__}: {str(exc)[:80]}")
+            continue
+        p = dp.predict(fn, args, preset, overlap=overlap) if preset else None
+        rows.append(dp.Row(program.name, p.time_s if p else None, measured,
+                           p.bound if p else ""))
+    out(dp.table(rows, preset))
+    return rows
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", type=int, default=None,
+                        help="divide every dimension by this (default: 1 on an accelerator, "
+                             "16 on a CPU)")
+    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--only", default=None, help="programs whose name contains this")
+    parser.add_argument("--preset", default=None, help="compare with this preset")
+    parser.add_argument("--no-overlap", action="store_true")
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON too")
+    args = parser.parse_args(argv)
+    from simpmd.jax import device_programs as dp
+    on_cpu = dp.accelerator().platform == "cpu"
+    size = args.size or (16 if on_cpu else 1)
+    repeats = args.repeats or (3 if on_cpu else 20)
+    rows = run(size, repeats, args.only, args.preset, not args.no_overlap)
+    if args.json:
+        print(json.dumps([dict(name=r.name, predicted_s=r.predicted_s, measured_s=r.measured_s,
+                               bound=r.bound) for r in rows], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

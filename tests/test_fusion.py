@@ -1,0 +1,110 @@
+"""simpmd.cost.fusion: the kernels XLA would run and the HBM bytes each moves, against
+byte counts worked out by hand for small programs (real JAX's jaxprs and simpmd's own)."""
+import numpy as np
+import pytest
+
+import simpmd
+import simpmd.numpy as snp
+from simpmd.cost.fusion import fuse, fused_bytes
+
+R, C_ = 64, 32      # rows and columns of the small programs
+
+
+def kernels(jax, fn, *shapes):
+    program = jax.make_jaxpr(fn)(*[jax.ShapeDtypeStruct(s, d) for s, d in shapes])
+    return fuse(program.jaxpr.eqns, program.jaxpr.outvars)
+
+
+def total(ks):
+    return sum(k.bytes for k in ks)
+
+
+def test_elementwise_chain_is_one_pass(jax8):
+    jnp = jax8.numpy
+    ks = kernels(jax8, lambda x: 2 * x + 1, ((R, C_), jnp.bfloat16))
+    assert [k.kind for k in ks] == ["loop"]
+    assert total(ks) == 2 * R * C_ * 2              # read x, write the result, bf16
+
+
+def test_rms_norm_reads_x_twice(jax8):
+    """A reduction kernel (x, its square, the row sums) and an elementwise kernel that
+    recomputes x in float32 and applies the scale: 3 passes of bf16 x, the row sums
+    written once and read once, the weight read once."""
+    from simpmd.jax.device_programs import rms_norm
+    jnp = jax8.numpy
+    ks = kernels(jax8, rms_norm, ((R, C_), jnp.bfloat16), ((C_,), jnp.float32))
+    assert [k.kind for k in ks] == ["reduction", "loop"]
+    assert total(ks) == 3 * 2 * R * C_ + 2 * 4 * R + 4 * C_
+
+
+def test_softmax_is_three_kernels(jax8):
+    """Row max; exp(x - max) with its row sums; exp(x - max) / sum recomputed: x read three
+    times, the probabilities written once, each row vector written once and read where used."""
+    jnp = jax8.numpy
+    ks = kernels(jax8, lambda s: jax8.nn.softmax(s, -1), ((R, C_), jnp.float32))
+    assert [k.kind for k in ks] == ["reduction", "reduction", "loop"]
+    assert total(ks) == 4 * 4 * R * C_ + 5 * 4 * R
+
+
+def test_sibling_reductions_share_a_pass(jax8):
+    """mean(x) and mean(x * x) over the same rows: one kernel reads x once (XLA's
+    multi-output fusion)."""
+    jnp = jax8.numpy
+    ks = kernels(jax8, lambda x: (x.mean(-1), (x * x).mean(-1)), ((R, C_), jnp.float32))
+    assert len(ks) == 1 and total(ks) == 4 * R * C_ + 2 * 4 * R
+
+
+def test_matmul_epilogue(jax8):
+    """gelu(x @ w + b): one kernel reading x, w and the bias vector (never broadcast in
+    memory), writing the activation."""
+    jnp = jax8.numpy
+    B, D, F = 32, 64, 128
+    ks = kernels(jax8, lambda x, w, b: jax8.nn.gelu(x @ w + b), ((B, D), jnp.bfloat16),
+                 ((D, F), jnp.bfloat16), ((F,), jnp.bfloat16))
+    assert [k.kind for k in ks] == ["matmul"]
+    assert total(ks) == 2 * (B * D + D * F + F + B * F)
+
+
+def test_a_widening_cast_is_not_an_epilogue(jax8):
+    """The GEMM writes its own (bf16) result; a cast to float32 is a kernel of its own."""
+    jnp = jax8.numpy
+    B, D, F = 32, 64, 128
+    ks = kernels(jax8, lambda x, w: (x @ w).astype(jnp.float32), ((B, D), jnp.bfloat16),
+                 ((D, F), jnp.bfloat16))
+    assert [k.kind for k in ks] == ["matmul", "loop"]
+    assert total(ks) == 2 * (B * D + D * F + B * F) + (2 + 4) * B * F
+
+
+def test_a_transpose_into_a_dot_is_free(jax8):
+    jnp = jax8.numpy
+    B, D, F = 32, 64, 128
+    ks = kernels(jax8, lambda x, w: x @ w.T, ((B, D), jnp.bfloat16), ((F, D), jnp.bfloat16))
+    assert len(ks) == 1 and total(ks) == 2 * (B * D + F * D + B * F)
+    alone = kernels(jax8, lambda w: w.T, ((F, D), jnp.bfloat16))
+    assert total(alone) == 2 * 2 * F * D                   # a transpose on its own copies
+
+
+def test_simpmd_programs_fuse_alike():
+    program = simpmd.make_jaxpr(lambda x: (2 * x + 1, snp.sum(x * x, axis=-1)))(
+        np.ones((R, C_), np.float32))
+    ks = fuse(program.eqns, program.outvars)
+    # the sum of squares reads x; 2x + 1 reads x again and writes its result
+    assert total(ks) == 4 * R * C_ + 4 * R + 4 * R * C_ + 4 * R * C_
+    assert fused_bytes(program) == total(ks)
+
+
+def test_fusion_never_moves_more_than_every_equation_on_its_own(jax8):
+    """For every program the benchmark times (and their gradients), the fused kernels move
+    no more bytes than the equations one by one (JAX's unfused_hbm_bytes), and at least
+    what the program must read and write once."""
+    from simpmd import cost as C
+    from simpmd.jax.device_programs import programs
+    for program in programs():
+        fn, args = program.at(32)
+        jaxpr = jax8.make_jaxpr(fn)(*args)
+        r = C.roofline_of(jaxpr, hardware="H100")
+        p = r.prediction
+        io = sum(v.aval.size * v.aval.dtype.itemsize for v in jaxpr.jaxpr.invars) + sum(
+            v.aval.size * v.aval.dtype.itemsize for v in jaxpr.jaxpr.outvars)
+        # (JAX's unfused count has a transpose free; on its own it copies: io bytes)
+        assert io <= p.fused_bytes <= max(r.bytes, io), program.name
