@@ -294,3 +294,24 @@ def test_a_process_that_dies_is_reported_and_the_others_stopped(jax8):
             raise
     assert "process 0" in str(caught.value)
     assert launch_pids and all(_gone(pid) for pid in launch_pids)
+
+
+def test_collectives_across_hosts_cost_the_network_between_nodes():
+    """On 2 DGX H100 nodes (2 processes of 8), a psum over the axis that spans the hosts
+    is costed on InfiniBand (simpmd.cost's cluster), one over the axis inside them on
+    NVLink; each equals simpmd.cost.estimate of its group."""
+    from simpmd.cost import estimate, estimate_trace
+    simpmd.set_device_count(16, hardware="H100", processes="hardware")
+    grid = create_hybrid_device_mesh((1, 8), (2, 1), process_is_granule=True)
+    mesh = simpmd.Mesh(grid, ("data", "model"))
+    lax = simpmd.lax
+    f = simpmd.shard_map(lambda v: lax.psum(lax.psum(v, "model"), "data"), mesh=mesh,
+                         in_specs=P("data", "model"), out_specs=P())
+    f(simpmd.ShapeDtypeStruct((2 * 1024, 8 * 1024), np.float32))
+    calls = {c.axes: c for c in estimate_trace(f.trace).calls}      # ('model',), ('data',)
+    nbytes = 1024 * 1024 * 4                                         # each device's block
+    inside = estimate("psum", nbytes, hardware="H100", devices=list(range(8))).time_s
+    across = estimate("psum", nbytes, hardware="H100", devices=[0, 8]).time_s
+    assert calls[("model",)].time_s == pytest.approx(inside)
+    assert calls[("data",)].time_s == pytest.approx(across)
+    assert across > inside
