@@ -116,3 +116,50 @@ def test_check_against_mistakes_names_the_slip_then_falls_back_to_check(capsys):
     verdict(capsys, False, "one number")
     assert course.check_against_mistakes(10.4, 10, mistakes, what="q", unit="bytes", rtol=0.05)
     verdict(capsys, True)
+
+
+# -- near misses, and at most two slips named at once ------------------------------------------
+
+@pytest.mark.parametrize("answer, expected", [
+    (29.36e6, 29_360_128),          # 28 MiB, rounded to 4 figures
+    (117.44e6, 117_440_512),        # 112 MiB, rounded to 5 figures
+    (0.23, 7 / 31),                 # 0.2258 to two places: 1.9 % off, still a rounding
+    (1.004e6, 1e6),                 # within 1 %, not a rounding
+])
+def test_a_near_miss_says_so_instead_of_a_factor_of_1(capsys, answer, expected):
+    assert course.near_miss(answer, expected).startswith("close but not exact (did you round?)")
+    assert not course.check(answer, expected, what="q", unit="bytes")
+    out = verdict(capsys, False, "close but not exact (did you round?)")
+    assert "factor of 1" not in out
+
+
+@pytest.mark.parametrize("answer, expected", [(0.2, 7 / 31), (1.5e6, 1e6), (2e6, 1e6)])
+def test_far_answers_are_not_near_misses(answer, expected):
+    assert course.near_miss(answer, expected) is None
+
+
+def test_three_slips_are_not_named(capsys):
+    factors = [course.Factor("a", 2, {3: "hint A"}), course.Factor("b", 5, {7: "hint B"}),
+               course.Factor("c", 11, {13: "hint C"})]
+    assert not course.check_quantity(3 * 7 * 13, factors, what="q", unit="slots")
+    out = verdict(capsys, False, "off by a factor of")
+    assert "hint" not in out and "Also" not in out
+
+
+def test_two_slips_are_named_once_the_earliest_listed_first(capsys):
+    # 2 x 3 x 5 = 30, and 120 is a x 2 with b x 2 (b's second-listed slip) or a x 2 with
+    # c x 2 (c's first-listed slip): the combination of earlier-listed slips is named
+    factors = [course.Factor("a", 2, {4: "hint A"}), course.Factor("b", 3, {9: "B1", 6: "B2"}),
+               course.Factor("c", 5, {10: "hint C"})]
+    assert not course.check_quantity(120, factors, what="q", unit="slots")
+    out = verdict(capsys, False, "hint A. Also: hint C.")
+    assert "B2" not in out and "one of these" not in out
+
+
+def test_tied_pairs_of_slips_name_none(capsys):
+    # 30 -> 120 is a x 2 with b x 2, or a x 2 with c x 2 (each pair listed first): a tie
+    factors = [course.Factor("a", 2, {4: "hint A"}), course.Factor("b", 3, {6: "hint B"}),
+               course.Factor("c", 5, {10: "hint C"})]
+    assert not course.check_quantity(120, factors, what="q", unit="slots")
+    out = verdict(capsys, False)
+    assert "Also" not in out and "hint" not in out

@@ -20,6 +20,30 @@ def test_specs_right(capsys):
     assert "Correct" in said(capsys)
 
 
+def test_specs_accept_none_for_the_whole_w_and_say_p_is_the_usual_spelling(capsys):
+    assert ex.check_specs((P("i"), None), P())
+    out = said(capsys)
+    assert out.startswith("Correct") and "None works too" in out and "P()" in out
+
+
+def test_none_in_in_specs_passes_the_argument_whole_on_the_installed_jax():
+    """What the checker tells the learner about None, held to the JAX that runs the tests
+    (checked by hand on 0.7.2, 0.10.2 and 0.12.0.1): w with spec None reaches every device
+    whole, and the result equals the one with P()."""
+    jax = pytest.importorskip("jax")
+    devices = simpmd.use_jax_devices(8, verbose=False)
+    mesh = jax.sharding.Mesh(np.array(devices), ("i",))
+    x, w = np.arange(24.0, dtype=np.float32).reshape(8, 3), np.array([1, 0.5, -1], np.float32)
+    seen = []
+
+    def body(xb, wb):
+        seen.append(wb.shape)
+        return jax.lax.psum((xb * wb).sum(), "i")
+    run = jax.shard_map(body, mesh=mesh, in_specs=(jax.P("i"), None), out_specs=jax.P())
+    assert float(jax.jit(run)(x, w)) == float((x * w).sum())
+    assert seen == [(3,)]
+
+
 def test_specs_accept_jax_partition_specs():
     pytest.importorskip("jax")
     from jax.sharding import PartitionSpec
@@ -34,7 +58,7 @@ def test_specs_accept_jax_partition_specs():
     ((P("i"), P("i")), P(), "in_axes=None gives every device the whole"),
     ((P("i"), P()), P("i"), "out_axes=None returns ONE copy"),
     (("i", P()), P(), "P('i')"),
-    ((P("i"), None), P(), "static argument"),
+    ((None, P()), P(), "passes x whole to every device"),
     ((P("j"), P()), P(), "only axis is 'i'"),
     ((P("i"), P()), P(None, "i"), "along axis 1, like out_axes=1"),
     ((P("i"), P()), P("j"), "names no axis of this mesh"),
@@ -104,6 +128,14 @@ def test_centering_right(capsys):
      "rows [3] differ"),
     (sm(lambda r: r - lax.pmean(r, "j")), "raised"),
     (sm(lambda r: None), "returned None"),
+    (lambda x: x - x.mean(0), "plain Python function, not a simpmd.shard_map"),
+    (sm(lambda r: r - r.mean(0)), "mean of its own block"),
+    (simpmd.shard_map(lambda r: r - r.mean(0), mesh=MESH1, in_specs=P(), out_specs=P()),
+     "no collective ran"),
+    (3.0, "should be a simpmd.shard_map"),
+    # P(): every device has the whole x, so r - pmean(r) is zeros, for another reason
+    (simpmd.shard_map(lambda r: r - lax.pmean(r, "i"), mesh=MESH1, in_specs=P(), out_specs=P()),
+     "P() names no mesh axis"),
 ])
 def test_centering_wrong(centered, hint, capsys):
     assert not ex.check_centering(centered)

@@ -119,6 +119,10 @@ def test_megatron_placeholder(capsys):
     ("all gather", "all to all", "dynamic-slice"),        # what XLA writes for (c)
     ("lax.all_gather", "jax.lax.all_to_all", "slice"),
     ("all-gather", "all-to-all", "dynamic slice"),
+    ("all-gather", "all-to-all", "no"),                   # as short as 'nothing'
+    ("all-gather", "all-to-all", "No"),
+    ("all-gather", "all-to-all", "none needed"),
+    ("all-gather", "all-to-all", "no collective"),
 ])
 def test_reshard_collectives(capsys, a, b, c):
     assert ex.check_reshard_collectives({"a": a, "b": b, "c": c})
@@ -164,6 +168,15 @@ def test_fsdp_bytes_unit_slips(capsys, answer, hints):
     assert out.startswith("Not yet: ") and "9.54e-07" not in out
     for hint in hints:
         assert hint in out
+
+
+@pytest.mark.parametrize("answer", [29.36e6, 29_360_000, 2.936e7, 29_400_000])
+def test_fsdp_bytes_rounded_is_a_near_miss_not_a_factor_of_1(capsys, answer):
+    """28 MiB is 29,360,128 bytes: 29.36e6 is it rounded (to 4 figures), 29.4e6 to 3."""
+    assert 4096 * 4096 * 2 * 7 // 8 == 29_360_128
+    assert not ex.check_fsdp_gather_bytes(answer)
+    out = said(capsys)
+    assert "close but not exact (did you round?)" in out and "factor of 1" not in out
 
 
 def test_fsdp_bytes(capsys):

@@ -37,6 +37,8 @@ def test_bubble_right(capsys):
     (14 / 31, "the fraction stays the same"),
     (100 * 7 / 31, "percentage"),
     (0.5, "count the steps"),
+    (0.23, "close but not exact (did you round?)"),         # 7/31 = 0.2258 to two places
+    (0.225, "close but not exact (did you round?)"),        # within 1 %, not a rounding
 ])
 def test_bubble_wrong(answer, hint, capsys):
     assert not ex.check_bubble(answer)
@@ -172,6 +174,10 @@ def test_activations_held_right(capsys):
     ([32 - s for s in range(8)], [8, 7, 6, 5, 4, 3, 2, 1], "not only the first"),
     ([32] * 7, [8, 7, 6, 5, 4, 3, 2, 1], "give one per stage, 8"),
     ([32] * 8, "8..1", "list of 8 numbers"),
+    # the lock-step SPMD program of section 5: stage s keeps microbatch j from tick j+s to
+    # tick j+2(p-1)-s, 2(p-1-s)+1 inputs, in a buffer of 2p-1 slots on every stage
+    ([32] * 8, [15, 13, 11, 9, 7, 5, 3, 1], "lock-step SPMD program"),
+    ([32] * 8, [15] * 8, "buffer of the lock-step SPMD program"),
 ])
 def test_activations_held_wrong(gpipe, one_f_one_b, hint, capsys):
     assert not ex.check_activations_held(gpipe, one_f_one_b)
@@ -261,3 +267,22 @@ def test_a_ring_of_sends_moves_a_third_more_bytes_than_the_chain():
     chain(w, b, x), ring(w, b, x)
     sent = [sum(e.bytes_sent for e in f.trace.events if e.kind == "collective") for f in (chain, ring)]
     assert sent[1] * 3 == sent[0] * 4
+
+
+def test_the_lock_step_1f1b_program_gives_stage_0_its_first_backward_at_tick_6_holding_7():
+    """Lesson 13's reading of its chart, from the program's rule (stage s: forward of t - s,
+    backward of t - 2(p - 1) + s, the forward slot first): stage 0 runs forwards alone in
+    ticks 0 to 5, its first backward comes at tick 6 after that tick's forward, and it then
+    holds 2p - 1 = 7 inputs; ticks 6 and 7 run both, ticks 8 to 13 backwards only."""
+    p, m, s = 4, 8, 0
+    ticks = []
+    for t in range(m + 2 * (p - 1)):
+        f, b = t - s, t - 2 * (p - 1) + s
+        ticks.append(("F" if 0 <= f < m else "") + ("B" if 0 <= b < m else ""))
+    assert ticks == ["F"] * 6 + ["FB"] * 2 + ["B"] * 6
+    held, most = 0, 0
+    for work in ticks:
+        held += "F" in work
+        most = max(most, held)
+        held -= "B" in work
+    assert most == 2 * p - 1 == 7

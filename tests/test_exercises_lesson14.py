@@ -98,6 +98,49 @@ def test_ring_bytes_unit_slips(answer, hints, capsys):
     assert "9.54e-07" not in out
 
 
+@pytest.mark.parametrize("answer, hint", [
+    (3 * 7 * BLOCK, "Q stays where it is"),                  # Q, K and V around the ring
+    (2 * 6 * BLOCK, "7 shifts, not 6"),                      # n - 2 shifts
+])
+def test_ring_bytes_named_slips_beyond_a_bare_factor(answer, hint, capsys):
+    assert not ex.check_ring_bytes(answer)
+    out = verdict(capsys, False, hint)
+    assert "off by a factor" not in out
+
+
+def test_ring_bytes_with_grouped_query_attention():
+    """8 K/V heads of 128 (Llama 3-70B's GQA) instead of 32: a quarter of the bytes."""
+    assert ex.check_ring_bytes(2 * 7 * 4096 * 8 * 128 * 2, kv_heads=8)
+    assert not ex.check_ring_bytes(2 * 7 * BLOCK, kv_heads=8)
+
+
+def test_ulysses_bytes_with_grouped_query_attention(capsys):
+    """Q and the output with 32 heads, K and V with 8: 80 heads' worth of 4 all_to_alls."""
+    right = (32 + 8 + 8 + 32) * 7 / 8 * 4096 * 128 * 2
+    assert ex.check_ulysses_bytes(right, kv_heads=8)
+    verdict(capsys, True)
+    assert not ex.check_ulysses_bytes(4 * BLOCK * 7 / 8, kv_heads=8)
+    verdict(capsys, False, "K and V have 8 heads")
+    assert not ex.check_ulysses_bytes((32 + 8 + 8) * 7 / 8 * 4096 * 128 * 2, kv_heads=8)
+    verdict(capsys, False, "sequence split too")
+
+
+@pytest.mark.parametrize("answer", [14_680_064, 29_360_128, 58_720_256])
+def test_no_hint_lists_garbled_alternatives(answer, capsys):
+    """The answers a learner met with four alternatives, "Also: ... Also: ...": now at most
+    one combination of two slips, or none."""
+    ex.check_ulysses_bytes(answer)
+    ex.check_ring_bytes(answer)
+    for line in capsys.readouterr().out.splitlines():
+        assert line.count("Also") <= 1 and "(4)" not in line
+
+
+def test_ulysses_bytes_rounded_is_a_near_miss(capsys):
+    assert not ex.check_ulysses_bytes(117.44e6)              # 112 MiB = 117,440,512 bytes
+    out = verdict(capsys, False, "close but not exact (did you round?)")
+    assert "factor of 1" not in out
+
+
 def test_ulysses_bytes(capsys):
     assert ex.check_ulysses_bytes(4 * BLOCK * 7 / 8)          # 112 MiB
     verdict(capsys, True)
@@ -107,6 +150,8 @@ def test_ulysses_bytes(capsys):
     (3 * BLOCK * 7 / 8, "fourth all_to_all"),
     (4 * BLOCK, "sends (8 - 1)/8"),
     (4 * BLOCK * 7 / 8 * 2, "2 bytes per value"),
+    (BLOCK * 7 / 8, "4, not 1"),                             # one all_to_all
+    (4 * BLOCK * 7, "not 7 blocks"),
 ])
 def test_ulysses_bytes_wrong(answer, hint, capsys):
     assert not ex.check_ulysses_bytes(answer)
@@ -218,3 +263,22 @@ def test_keep_mask_right(capsys):
 def test_keep_mask_wrong(wrong, hint, capsys):
     assert not ex.check_keep_mask(wrong)
     verdict(capsys, False, hint)
+
+
+# -- the lesson's claims about causal ring attention, counted here ----------------------------
+
+def test_causal_pairs_total_136_and_the_zig_zag_order_gives_each_device_34():
+    """16 tokens on 4 devices: query i sees keys j <= i, 16 x 17 / 2 = 136 pairs in all
+    (8.5 blocks of 4 x 4); in the zig-zag order (chunks d and 7 - d of 2 tokens) every
+    device's queries see 34 of them, in the consecutive order 10, 26, 42 and 58."""
+    seq, n = 16, 4
+    chunks = np.arange(seq).reshape(2 * n, -1)
+    orders = {"consecutive": np.arange(seq),
+              "zig-zag": np.concatenate([np.r_[chunks[d], chunks[2 * n - 1 - d]] for d in range(n)])}
+    per_device = {}
+    for name, order in orders.items():
+        owned = order.reshape(n, -1)
+        per_device[name] = [sum(int(k <= i) for i in owned[d] for k in range(seq)) for d in range(n)]
+    assert sum(per_device["consecutive"]) == sum(per_device["zig-zag"]) == 136 == 16 * 17 // 2
+    assert per_device["zig-zag"] == [34] * 4
+    assert per_device["consecutive"] == [10, 26, 42, 58]

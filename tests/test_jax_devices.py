@@ -255,7 +255,7 @@ def test_jax_already_running_with_one_device_gives_the_restart_advice():
     """)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("JAX has only 1 CPU device(s) and no accelerator found; "
-                                 "8 devices are needed. JAX was already running")
+                                 "8 devices are needed.\nJAX was already running")
     assert "Restart the kernel" in out.stdout and "simpmd.use_jax_devices(8)` first" in out.stdout
 
 
@@ -270,3 +270,54 @@ def test_crosscheck_chooses_devices_itself_when_not_told():
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == [
         "simpmd: using 8 fake CPU devices for real JAX (no accelerator found)", "True 8 CPU"]
+
+
+# -- Colab's shape: one accelerator beside the CPU, lesson 1 compared as nbval compares it --------
+
+def _sanitized(text):
+    """``text`` with the replacements nbval makes before it compares (tests/nbval_sanitize.cfg)."""
+    import configparser
+    import re
+    parser = configparser.RawConfigParser()
+    parser.read(os.path.join(ROOT, "tests", "nbval_sanitize.cfg"))
+    for section in parser.sections():
+        text = re.sub(parser[section]["regex"], parser[section]["replace"], text)
+    return text
+
+
+def _lesson_1_cells(*markers):
+    import json
+    with open(os.path.join(ROOT, "notebooks", "01_devices_and_meshes.ipynb"), encoding="utf-8") as f:
+        cells = json.load(f)["cells"]
+    found = []
+    for marker in markers:
+        cell = next(c for c in cells if c["cell_type"] == "code" and marker in "".join(c["source"]))
+        stored = "".join("".join(o.get("text", "")) for o in cell["outputs"]
+                         if o.get("output_type") == "stream")
+        found.append(("".join(cell["source"]), stored))
+    return found
+
+
+@pytest.mark.parametrize("platform, kind", [("gpu", "Tesla T4"), ("tpu", "TPU v5 lite")])
+def test_lesson_1_reads_the_same_beside_one_accelerator(jax8, keep_choice, monkeypatch, capsys,
+                                                         platform, kind):
+    """On Colab (one GPU or one TPU v5e, the CPU made JAX's default with 8 fake devices),
+    lesson 1's cells that show what JAX found must compare equal to the stored CPU output
+    once sanitised: the accelerator is named only where the sanitiser replaces it."""
+    real = jax8.devices
+    accelerator = [SimpleNamespace(platform=platform, device_kind=kind, id=0, process_index=0)]
+    names = ("cuda", "gpu") if platform == "gpu" else ("tpu",)
+
+    def devices(backend=None):
+        if backend in names:
+            return accelerator
+        if backend in ("cuda", "gpu", "rocm", "tpu"):
+            raise RuntimeError(f"Unknown backend {backend}")
+        return real(backend) if backend else real()
+    monkeypatch.setattr(jax8, "devices", devices)
+    namespace = {"simpmd": simpmd}
+    for source, stored in _lesson_1_cells("accelerator_text", "use_jax_devices(16)"):
+        exec(source, namespace)
+        shown = capsys.readouterr().out
+        assert ("1 GPU" in shown or "1 TPU" in shown), shown        # it did see the accelerator
+        assert _sanitized(shown) == _sanitized(stored), (shown, stored)

@@ -170,6 +170,14 @@ def is_pmapped(answer) -> bool:
     return isinstance(answer, type(simpmd.pmap(lambda x: x)))
 
 
+def is_shard_mapped(answer) -> bool:
+    """Whether ``answer`` is what ``simpmd.shard_map(f, ...)`` returns."""
+    import simpmd
+    probe = simpmd.shard_map(lambda x: x, mesh=simpmd.make_mesh((1,), ("i",)),
+                             in_specs=simpmd.P(), out_specs=simpmd.P())
+    return isinstance(answer, type(probe))
+
+
 def is_placeholder(answer) -> bool:
     """True for the ``None`` / ``...`` an exercise cell starts with."""
     return answer is None or answer is Ellipsis
@@ -310,6 +318,41 @@ def factor_hint(answer: float, expected: float, unit: str | None, rtol: float = 
     return None
 
 
+# An answer this close to the expected one is a near miss, not a slip of some factor: a
+# factor printed to three figures would read "1".
+NEAR_MISS = 0.01
+
+
+def _round_significant(value: float, figures: int) -> float:
+    return float(f"{value:.{figures}g}")
+
+
+def near_miss(answer: float, expected: float) -> str | None:
+    """'close but not exact (did you round?) ...' for an answer that is the expected one
+    rounded (to a few significant figures, within 5 %) or that is within 1 % of it; else None.
+
+    A checker says this instead of "off by a factor of 1.00", which names no slip.
+    """
+    if expected == 0 or answer == expected or (answer > 0) != (expected > 0):
+        return None
+    off = abs(answer / expected - 1)
+    for figures in range(2, 7):
+        rounded = _round_significant(expected, figures)
+        if rounded != expected and off < 0.05 and math.isclose(answer, rounded, rel_tol=1e-9):
+            return (f"close but not exact (did you round?): {_fmt(answer)} is the answer rounded to "
+                    f"{figures} significant figures; give it exactly (write the calculation "
+                    f"itself, and Python keeps every digit)")
+    if off < NEAR_MISS:
+        return (f"close but not exact (did you round?): within {100 * off:.2g} % of the answer, "
+                f"but not equal to it; work it out without rounding the steps")
+    return None
+
+
+def off_by(answer: float, expected: float) -> str:
+    """'off by a factor of 1.5', or the near-miss sentence where that factor would read 1."""
+    return near_miss(answer, expected) or f"off by a factor of {answer / expected:.3g}"
+
+
 def _check_quantity(answer, expected, what, unit, rtol, atol):
     try:
         a = float(answer)
@@ -318,11 +361,14 @@ def _check_quantity(answer, expected, what, unit, rtol, atol):
     e = float(expected)
     if math.isclose(a, e, rel_tol=rtol, abs_tol=atol):
         return say(True, f"{what} = {a:g} {unit}.")
+    near = near_miss(a, e)
+    if near:
+        return say(False, f"{what} = {_fmt(a)} {unit} is {near}.")
     hint = factor_hint(a, e, unit, rtol=max(rtol, 1e-3))
     if hint:
         return say(False, f"{what} = {a:g} {unit} is {hint}.")
     return say(False, f"{what} = {a:g} {unit}, expected {e:g} {unit} "
-                f"(off by a factor of {a / e:.3g})." if e else f"{what} = {a:g}, expected 0.")
+                f"({off_by(a, e)})." if e else f"{what} = {a:g}, expected 0.")
 
 
 # -- quantities made of factors ------------------------------------------------------------
@@ -335,7 +381,9 @@ def _fmt(value: float) -> str:
 @dataclass
 class Factor:
     """One factor of a quantity: its right value, and wrong values a learner may use,
-    each with the hint that explains it."""
+    each with the hint that explains it, the most common slip first (when two
+    combinations of slips explain an answer equally well, the one made of slips listed
+    earlier is named)."""
 
     name: str
     right: float
@@ -352,15 +400,56 @@ def _unit_factor(unit: str) -> Factor:
     return Factor("unit", 1, wrong)
 
 
+# At most this many factors are named as wrong at once: an answer that needs three slips to
+# explain is more likely a slip the factors do not list, and a list of three hints misleads.
+MAX_SLIPS = 2
+
+
+def _explanations(a: float, factors) -> list[tuple[int, list[str]]]:
+    """``(rank, hints)`` of every combination of at most :data:`MAX_SLIPS` wrong factors
+    whose product is ``a``; ``rank`` adds up each slip's place in its factor's list."""
+    expected = math.prod(f.right for f in factors)
+    found = []
+    for count in range(1, MAX_SLIPS + 1):
+        for chosen in itertools.combinations(factors, count):
+            right = math.prod(f.right for f in chosen)
+            slips = [list(enumerate(f.wrong.items())) for f in chosen]
+            for combo in itertools.product(*slips):
+                value = expected / right * math.prod(v for _, (v, _) in combo)
+                if math.isclose(value, a, rel_tol=1e-6):
+                    found.append((sum(k for k, _ in combo), [h for _, (_, h) in combo]))
+    return found
+
+
+def _sentence(hint: str) -> str:
+    """A hint ending with a full stop, so that two of them read as two sentences."""
+    return hint if hint.rstrip().endswith((".", "!", "?")) else hint.rstrip() + "."
+
+
+def _best_explanation(explanations) -> list[str] | None:
+    """The hints to print: the explanation with the fewest slips; among several with one
+    slip each, all of them (a reader can tell which one they made); among several
+    combinations of two, the one of the earliest-listed slips, or none when that is a tie."""
+    fewest = min(len(h) for _, h in explanations)
+    simplest = [(r, h) for r, h in explanations if len(h) == fewest]
+    texts = list(dict.fromkeys(_sentence(h[0]) for _, h in simplest))
+    if fewest == 1:
+        return texts
+    best = min(r for r, _ in simplest)
+    chosen = list(dict.fromkeys(" Also: ".join(map(_sentence, h)) for r, h in simplest if r == best))
+    return chosen if len(chosen) == 1 else None
+
+
 def check_quantity(answer, factors, *, what: str, unit: str) -> Verdict:
     """Check a number that is a product of ``factors`` and name every factor that is off.
 
     The expected value is the product of the right values. If ``answer`` equals the
-    product with some factors replaced by their listed wrong values, the hints of exactly
-    those factors are printed (the explanation with the fewest wrong factors; all of them
-    when several fit equally well, as bits and a device count of 8 do). A quantity in
-    bytes also gets a factor for its unit (an answer in MiB, GB, ... or in bits), unless
-    ``factors`` has one named "unit". Otherwise :func:`check` compares the numbers and
+    product with one or two factors replaced by their listed wrong values, the hints of
+    exactly those factors are printed (the explanation with the fewest wrong factors; all
+    of them when several single slips fit equally well, as bits and a device count of 8
+    do; see :func:`_best_explanation`). A quantity in bytes also gets a factor for its
+    unit (an answer in MiB, GB, ... or in bits), unless ``factors`` has one named "unit".
+    Otherwise :func:`check` compares the numbers, says when the answer is a near miss, and
     looks for a factor that fits the unit on its own.
     """
     expected = math.prod(f.right for f in factors)
@@ -373,18 +462,12 @@ def check_quantity(answer, factors, *, what: str, unit: str) -> Verdict:
         return say(True, f"{what} = {_fmt(a)} {unit}.")
     if unit_kind(unit) == "bytes" and not any(f.name == "unit" for f in factors):
         factors = list(factors) + [_unit_factor(unit)]
-    explanations = []                      # the hints of each combination that gives `a`
-    choices = [[(f.right, None)] + list(f.wrong.items()) for f in factors]
-    for combo in itertools.product(*choices):
-        hints = [h for _, h in combo if h]
-        if hints and math.isclose(math.prod(v for v, _ in combo), a, rel_tol=1e-6):
-            explanations.append(hints)
-    if explanations:
-        fewest = min(len(h) for h in explanations)
-        simplest = list(dict.fromkeys(" Also: ".join(h) for h in explanations if len(h) == fewest))
+    explanations = _explanations(a, factors)
+    hints = _best_explanation(explanations) if explanations else None
+    if hints:
         head = f"{what} = {_fmt(a)} {unit}, but the answer is {_fmt(expected)} {unit}: "
-        if len(simplest) == 1:
-            return say(False, head + simplest[0])
+        if len(hints) == 1:
+            return say(False, head + hints[0])
         return say(False, head + "one of these explains the difference: "
-                   + " ".join(f"({i}) {h}" for i, h in enumerate(simplest, 1)))
+                   + " ".join(f"({i}) {h}" for i, h in enumerate(hints, 1)))
     return check(a, expected, what=what, unit=unit)

@@ -90,7 +90,11 @@ def check_batch(answer) -> Verdict:
     """Exercise 2: BATCH reshaped so that pmap gives each of 8 devices 4 consecutive examples."""
     if _placeholder(answer):
         return _say(False, "answer is still a placeholder; reshape `batch`.")
-    a = np.asarray(answer)
+    try:
+        a = np.asarray(answer, dtype=float)
+    except (TypeError, ValueError):
+        return _say(False, f"answer should be `batch` reshaped, an array of 32 x 3 numbers; "
+                    f"got {answer!r:.60}.")
     expected = _batch_expected()
     if a.shape != expected.shape:
         hint = {

@@ -10,7 +10,8 @@ import warnings
 
 import numpy as np
 
-from simpmd.course import Factor, Verdict, check_quantity, error_summary, is_pmapped, say as _say
+from simpmd.course import (Factor, Verdict, check_quantity, error_summary, is_pmapped,
+                           is_shard_mapped, say as _say)
 
 
 __all__ = ["check_specs", "check_block_shapes", "centering_data", "check_centering",
@@ -29,6 +30,14 @@ def _entries(spec):
     return tuple(parts)
 
 
+def _names(spec) -> set:
+    """The mesh axes a partition spec names, in any of its entries."""
+    names = set()
+    for entry in _entries(spec) or ():
+        names |= set(entry) if isinstance(entry, tuple) else {entry}
+    return names - {None}
+
+
 def _spec_text(entries) -> str:
     """``P('i')``, ``P(None, 'i')``, ``P()``: a spec's entries as the learner wrote them."""
     return "P(" + ", ".join(repr(e) for e in entries) + ")"
@@ -41,8 +50,8 @@ def _not_a_spec(name, value) -> str:
         return ("out_specs is None; a result that is the same on every device, returned once, "
                 "is P().")
     if value is None:
-        return (f"{name} is None. In in_specs None means 'pass through untouched' (a static "
-                f"argument); a whole, replicated argument is P().")
+        return (f"{name} is None, which passes x whole to every device (as P() would). x is "
+                f"mapped (in_axes=0): split its axis 0 over 'i', P('i').")
     return f"{name} should be a partition spec such as P('i') or P(), got {value!r}."
 
 
@@ -56,8 +65,15 @@ def check_specs(in_specs, out_specs) -> bool:
     if not isinstance(in_specs, (tuple, list)) or len(in_specs) != 2:
         return _say(False, "in_specs needs one spec per argument: a tuple of two, for x and w "
                     f"(got {in_specs!r}).")
-    problems = []
+    problems, notes = [], []
     x_spec, w_spec = in_specs
+    if w_spec is None:
+        # jax.shard_map (checked on 0.7.2, 0.10.2 and 0.12.0.1) and simpmd.shard_map pass an
+        # argument whose spec is None to every device whole, as a constant of the program
+        w_spec = _P()
+        notes.append("in_specs[1]=None works too: JAX and simpmd pass w whole to every device, "
+                     "as a constant of the program; P() says the same in the language of specs, "
+                     "and is what pmap's in_axes=None becomes.")
     want = {"in_specs[0] (x)": (x_spec, ("i",)), "in_specs[1] (w)": (w_spec, ()),
             "out_specs": (out_specs, ())}
     for name, (spec, expected) in want.items():
@@ -90,7 +106,12 @@ def check_specs(in_specs, out_specs) -> bool:
     if problems:
         return _say(False, " ".join(problems))
     return _say(True, "in_specs=(P('i'), P()), out_specs=P(): x split over 'i', w and the "
-                "result whole on every device.")
+                "result whole on every device." + "".join(" " + n for n in notes))
+
+
+def _P():
+    from simpmd import P
+    return P()
 
 
 # -- exercise 2: the block a body sees --------------------------------------------------------
@@ -172,14 +193,17 @@ def centering_data():
 
 
 def check_centering(centered) -> bool:
-    """``centered(x)`` on x of shape (8, 3) must return x minus its column means, (8, 3),
-    as ``pmap(lambda r: r - lax.pmean(r, 'i'), 'i')`` does."""
+    """``centered(x)`` on x of shape (8, 3) must be a ``simpmd.shard_map`` that returns x
+    minus its column means, (8, 3), as ``pmap(lambda r: r - lax.pmean(r, 'i'), 'i')`` does:
+    rows split over the devices, the mean a collective."""
     import simpmd
     if centered is None or centered is Ellipsis:
         return _say(False, "centered is still a placeholder; build it with simpmd.shard_map.")
     if is_pmapped(centered):
         return _say(False, "centered is a simpmd.pmap; the exercise is to write it with "
                     "simpmd.shard_map(..., mesh=mesh_i, in_specs=..., out_specs=...).")
+    if not is_shard_mapped(centered):
+        return _say(False, _not_shard_mapped(centered))
     x = centering_data()
     want = x - x.mean(axis=0)
     try:
@@ -194,37 +218,68 @@ def check_centering(centered) -> bool:
         return _say(False, "the body returned None; return the centered block.")
     got = np.asarray(out)
     if got.shape != want.shape:
-        if got.shape == (1, 3):
-            return _say(False, "the result has shape (1, 3), one device's block: out_specs "
-                        "P('i') concatenates the 8 blocks back into (8, 3).")
-        if got.shape == (3,):
-            return _say(False, "the result has shape (3,): inside shard_map each device's "
-                        "block is x[k:k+1], shape (1, 3); keep that axis, and concatenate "
-                        "with out_specs P('i').")
-        if got.shape == (8 * 8, 3):
-            return _say(False, "the result has shape (64, 3), 8 blocks of (8, 3): every device "
-                        "received the whole x. in_specs=P() names no mesh axis, so nothing is "
-                        "split and each device gets a full copy; out_specs=P('i') then joins "
-                        "8 whole copies. Split the rows over the devices: in_specs=P('i').")
-        return _say(False, f"the result has shape {got.shape}, expected {want.shape}.")
+        return _say(False, _shape_hint(got.shape, want.shape))
+    specs = centered.in_specs if isinstance(centered.in_specs, (tuple, list)) else (centered.in_specs,)
+    split = any("i" in _names(spec) for spec in specs)
+    collectives = [call[0].op for call in centered.trace.calls()]
     if np.allclose(got, 0.0, atol=1e-6) and not np.allclose(want, 0.0, atol=1e-6):
+        if split:
+            return _say(False, "every value is 0: each device subtracted the mean of its own "
+                        "block. With in_specs=P('i') a device's block is one row, shape (1, 3), "
+                        "whose mean over axis 0 is the row itself. The mean over the devices "
+                        "needs a collective: lax.pmean(r, 'i').")
         return _say(False, "every value is 0: each device subtracted the mean of copies that "
                     "were all the same. With in_specs=P() every device receives the whole x "
                     "(P() names no mesh axis, so nothing is split); give each device its own "
                     "row with in_specs=P('i').")
     if np.allclose(got, want, rtol=1e-5, atol=1e-5):
+        if not collectives:
+            return _say(False, "the values are right, but no collective ran: every device "
+                        "received the whole x (in_specs=P()) and centred all of it alone, the "
+                        "same work 8 times. Split the rows, in_specs=P('i'), and average over "
+                        "the devices with lax.pmean(r, 'i').")
         return _say(True, "every row is x minus the column means, as in the pmap version.")
+    return _say(False, _values_hint(got, x, want))
+
+
+def _not_shard_mapped(value) -> str:
+    """What to say of an answer that is not a simpmd.shard_map: a plain function, a JAX one."""
+    build = "simpmd.shard_map(center, mesh=mesh_i, in_specs=..., out_specs=...)"
+    module = getattr(type(value), "__module__", "") or ""
+    if callable(value) and module.startswith("jax"):
+        return (f"centered is a JAX function; build it with {build}, which the checker can run "
+                f"device by device (on_jax turns it into a jax.shard_map afterwards).")
+    if callable(value):
+        return (f"centered is a plain Python function, not a simpmd.shard_map: it runs once, on "
+                f"the whole array, with no devices and no collective. Wrap the pmap body: {build}.")
+    return f"centered should be a simpmd.shard_map, built as {build}; got {value!r:.60}."
+
+
+def _shape_hint(got, want) -> str:
+    if got == (1, 3):
+        return ("the result has shape (1, 3), one device's block: out_specs P('i') "
+                "concatenates the 8 blocks back into (8, 3).")
+    if got == (3,):
+        return ("the result has shape (3,): inside shard_map each device's block is "
+                "x[k:k+1], shape (1, 3); keep that axis, and concatenate with out_specs P('i').")
+    if got == (8 * 8, 3):
+        return ("the result has shape (64, 3), 8 blocks of (8, 3): every device received the "
+                "whole x. in_specs=P() names no mesh axis, so nothing is split and each device "
+                "gets a full copy; out_specs=P('i') then joins 8 whole copies. Split the rows "
+                "over the devices: in_specs=P('i').")
+    return f"the result has shape {got}, expected {want}."
+
+
+def _values_hint(got, x, want) -> str:
     if np.allclose(got, x - 8 * x.mean(axis=0), rtol=1e-5, atol=1e-5):
-        return _say(False, "you subtracted the column SUMS: psum adds over the 8 devices; "
-                    "pmean averages.")
+        return "you subtracted the column SUMS: psum adds over the 8 devices; pmean averages."
     if np.allclose(got, x, rtol=1e-5, atol=1e-5):
-        return _say(False, "the result is x unchanged: subtract the mean over 'i'.")
+        return "the result is x unchanged: subtract the mean over 'i'."
     if np.allclose(got, x - x.mean(axis=1, keepdims=True), rtol=1e-5, atol=1e-5):
-        return _say(False, "you subtracted each row's own mean (over its 3 values); the mean "
-                    "is over the devices, axis 'i': lax.pmean(block, 'i').")
+        return ("you subtracted each row's own mean (over its 3 values); the mean is over the "
+                "devices, axis 'i': lax.pmean(block, 'i').")
     bad = sorted({int(i) for i in np.argwhere(~np.isclose(got, want, rtol=1e-5, atol=1e-5))[:, 0]})
-    return _say(False, f"rows {bad} differ from x minus its column means (row k is device "
-                f"k's block).")
+    return f"rows {bad} differ from x minus its column means (row k is device k's block)."
 
 
 # -- exercise 4: bytes of a sharded array -------------------------------------------------------

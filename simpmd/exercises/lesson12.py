@@ -194,7 +194,8 @@ _KINDS = {"allgather": "all-gather", "alltoall": "all-to-all",
           "reducescatter": "reduce-scatter", "psumscatter": "reduce-scatter",
           "ppermute": "collective-permute", "permute": "collective-permute",
           "collectivepermute": "collective-permute",
-          "none": "none", "nothing": "none", "nocollective": "none", "nocommunication": "none",
+          "none": "none", "nothing": "none", "no": "none", "noneneeded": "none",
+          "nocollective": "none", "nocommunication": "none", "nocollectiveneeded": "none",
           "notraffic": "none", "slice": "none", "localslice": "none", "local": "none",
           "dynamicslice": "none", "noop": "none"}
 

@@ -12,7 +12,7 @@ import warnings
 
 import numpy as np
 
-from simpmd.course import Verdict, error_summary, is_placeholder, say as _say
+from simpmd.course import Verdict, error_summary, is_placeholder, near_miss, say as _say
 
 __all__ = ["check_bubble", "check_training_idle", "check_send_perm", "pipeline_data",
            "check_activations_held"]
@@ -55,6 +55,9 @@ def check_bubble(answer, p: int = BUBBLE_STAGES, m: int = BUBBLE_MICROBATCHES) -
     for wrong, hint in mistakes:
         if np.isclose(a, wrong, rtol=1e-3):
             return _say(False, f"{a:g}: {hint}.")
+    near = near_miss(a, want)
+    if near:
+        return _say(False, f"{a:g} is {near}.")
     return _say(False, f"{a:g} is not the bubble fraction: count the steps of the schedule "
                 f"(m+p-1) and those in which one stage has no microbatch.")
 
@@ -230,7 +233,8 @@ HELD_STAGES, HELD_MICROBATCHES = 8, 32
 def check_activations_held(gpipe, one_f_one_b, p: int = HELD_STAGES,
                            m: int = HELD_MICROBATCHES) -> Verdict:
     """The most microbatches whose activations each stage holds at once (forward done,
-    backward not yet), one number per stage, for GPipe and for 1F1B with ``p`` stages and
+    backward not yet), one number per stage, for GPipe and for Megatron's 1F1B schedule
+    (each stage waits for a backward before its next forward) with ``p`` stages and
     ``m`` microbatches."""
     ok = True
     want_g = [m] * p
@@ -252,30 +256,49 @@ def check_activations_held(gpipe, one_f_one_b, p: int = HELD_STAGES,
             _say(True, f"{name}: {got}.")
             continue
         ok = False
-        if name == "GPipe":
-            if got == want_1:
-                hint = ("that is 1F1B's profile. GPipe runs all m forwards before any backward, "
-                        f"so every stage holds all m = {m} microbatches at the turn")
-            elif got == [m - s for s in range(p)] or got == [m + s for s in range(p)]:
-                hint = (f"every stage, not only the first, runs all {m} forwards before its "
-                        f"first backward, so each peaks at {m}")
-            else:
-                hint = f"GPipe finishes all {m} forwards before the first backward"
-        else:
-            if got == [p - s - 1 for s in range(p)]:
-                hint = ("one short on every stage: after its p-s-1 warm-up forwards, stage s "
-                        "runs one more forward before its first backward, so it holds p-s "
-                        "(the last stage holds 1, not 0)")
-            elif got == list(reversed(want_1)):
-                hint = ("reversed: the FIRST stage holds most, since its warm-up lasts until "
-                        "its first microbatch has gone through all the later stages and back")
-            elif got == [p] * p:
-                hint = ("only stage 0 holds p; a later stage s waits fewer steps for its first "
-                        "gradient, p-s")
-            elif got == want_g:
-                hint = ("that is GPipe; 1F1B starts each backward as soon as its gradient "
-                        "arrives, so stage s never holds more than p-s, however large m is")
-            else:
-                hint = "count, for stage s, the forwards it runs before its first backward"
+        hint = (_gpipe_hint(got, p, m) if name == "GPipe" else _one_f_one_b_hint(got, p, m))
         _say(False, f"{name}: {got}, expected {want}: {hint}.")
     return Verdict(ok)
+
+
+def _lock_step(p, m):
+    """What the lesson's lock-step SPMD program keeps live on stage s: 2(p-1-s)+1 inputs
+    (at most m), and the buffer of 2p-1 slots every stage allocates."""
+    return [min(2 * (p - 1 - s) + 1, m) for s in range(p)], [2 * p - 1] * p
+
+
+def _gpipe_hint(got, p, m):
+    if got == [min(p - s, m) for s in range(p)]:
+        return ("that is 1F1B's profile. GPipe runs all m forwards before any backward, so "
+                f"every stage holds all m = {m} microbatches at the turn")
+    if got == [m - s for s in range(p)] or got == [m + s for s in range(p)]:
+        return (f"every stage, not only the first, runs all {m} forwards before its first "
+                f"backward, so each peaks at {m}")
+    return f"GPipe finishes all {m} forwards before the first backward"
+
+
+def _one_f_one_b_hint(got, p, m):
+    want = [min(p - s, m) for s in range(p)]
+    live, buffer = _lock_step(p, m)
+    if got == live:
+        return ("that is what the lock-step SPMD program of section 5 holds (stage s keeps "
+                "microbatch j's input from tick j+s to tick j+2(p-1)-s: 2(p-1-s)+1 of them). "
+                "The question is about Megatron's 1F1B schedule, the one `stage_orders` "
+                "lists, where stage s runs its next forward only after a backward: p-s")
+    if got == buffer:
+        return (f"that is the buffer of the lock-step SPMD program of section 5: {2 * p - 1} "
+                "slots on every stage, the most any stage needs. Megatron's 1F1B schedule "
+                "(`stage_orders`) holds p-s on stage s")
+    if got == [p - s - 1 for s in range(p)]:
+        return ("one short on every stage: after its p-s-1 warm-up forwards, stage s runs one "
+                "more forward before its first backward, so it holds p-s (the last stage "
+                "holds 1, not 0)")
+    if got == list(reversed(want)):
+        return ("reversed: the FIRST stage holds most, since its warm-up lasts until its first "
+                "microbatch has gone through all the later stages and back")
+    if got == [p] * p:
+        return "only stage 0 holds p; a later stage s waits fewer steps for its first gradient, p-s"
+    if got == [m] * p:
+        return ("that is GPipe; 1F1B starts each backward as soon as its gradient arrives, so "
+                "stage s never holds more than p-s, however large m is")
+    return "count, for stage s, the forwards it runs before its first backward"

@@ -103,34 +103,79 @@ def _block(seq, heads, head_dim, devices):
 
 
 def check_ring_bytes(answer, *, seq=32768, heads=32, head_dim=128, devices=8,
-                     bytes_per_value=2) -> Verdict:
-    """Bytes ONE device sends in a whole ring-attention pass (K and V, bf16)."""
-    tokens, width = _block(seq, heads, head_dim, devices)
+                     bytes_per_value=2, kv_heads=None) -> Verdict:
+    """Bytes ONE device sends in a whole ring-attention pass (K and V, bf16).
+
+    ``kv_heads`` (grouped-query attention) is the number of K/V heads, when it differs
+    from the ``heads`` of the queries: only K and V travel, so only it counts.
+    """
+    kv_heads = heads if kv_heads is None else kv_heads
+    tokens, width = _block(seq, kv_heads, head_dim, devices)
+    if kv_heads != heads:
+        width.wrong[heads * head_dim] = (f"only K and V travel, and with grouped-query "
+                                         f"attention they have {kv_heads} heads, not the "
+                                         f"{heads} of the queries")
+    n = devices
     factors = [
-        Factor("K and V", 2, {1: "both K and V travel the ring, not only K"}),
-        Factor("shifts", devices - 1, {devices: f"the block that arrives last is used where it "
-               f"lands: {devices} devices need {devices - 1} shifts, not {devices}"}),
+        Factor("K and V", 2, {1: "both K and V travel the ring, not only K",
+                              3: "Q stays where it is (each device keeps its queries); only "
+                                 "K and V travel: 2 blocks per shift, not 3"}),
+        Factor("shifts", n - 1, {
+            n: f"the block that arrives last is used where it lands: {n} devices need "
+               f"{n - 1} shifts, not {n}",
+            n - 2: f"each device must see the other {n - 1} blocks, and each shift brings one: "
+                   f"{n - 1} shifts, not {n - 2}"}),
         tokens, width,
-        Factor("bytes per value", bytes_per_value, {4: "bf16 takes 2 bytes per value, not 4",
-                                                    1: "bf16 takes 2 bytes per value, not 1"}),
+        Factor("bytes per value", bytes_per_value, _bytes_slips(bytes_per_value)),
     ]
     return check_quantity(answer, factors, what="bytes sent per device", unit="bytes")
 
 
+def _bytes_slips(right):
+    """The wrong bytes per value a learner may use, for bf16 (2) or float32 (4) values."""
+    if right == 4:
+        return {2: "float32 takes 4 bytes per value, not 2", 8: "float32 takes 4 bytes per value, not 8"}
+    return {4: "bf16 takes 2 bytes per value, not 4", 1: "bf16 takes 2 bytes per value, not 1"}
+
+
 def check_ulysses_bytes(answer, *, seq=32768, heads=32, head_dim=128, devices=8,
-                        bytes_per_value=2) -> Verdict:
+                        bytes_per_value=2, kv_heads=None) -> Verdict:
     """Bytes ONE device sends in DeepSpeed-Ulysses attention: all_to_alls of Q, K and V to
-    a head split, and of the output back to a sequence split (bf16)."""
-    tokens, width = _block(seq, heads, head_dim, devices)
+    a head split, and of the output back to a sequence split (bf16).
+
+    ``kv_heads`` (grouped-query attention): K and V have that many heads, Q and the output
+    ``heads``; the four all_to_alls then move 2 x heads + 2 x kv_heads heads' worth.
+    """
+    kv_heads = heads if kv_heads is None else kv_heads
+    tokens, _ = _block(seq, heads, head_dim, devices)
+    n = devices
+    if kv_heads == heads:
+        moved = Factor("all_to_alls", 4, {
+            3: "the output goes back to a sequence split too: that is a fourth all_to_all",
+            2: "Q, K and V each need an all_to_all in, and the output one back: 4 in all",
+            1: "Q, K and V each need an all_to_all to the head split, and the output one "
+               "back to the sequence split: 4, not 1"})
+        width = Factor("values per token", heads * head_dim, {
+            head_dim: "every head's values travel: multiply by heads as well as head_dim"})
+    else:
+        moved = Factor("heads moved", 2 * heads + 2 * kv_heads, {
+            4 * heads: f"K and V have {kv_heads} heads (grouped-query attention), not "
+                       f"{heads}: the all_to_alls move Q and the output with {heads} heads "
+                       f"each, K and V with {kv_heads}",
+            4 * kv_heads: f"Q and the output keep all {heads} heads; only K and V have "
+                          f"{kv_heads}",
+            heads + 2 * kv_heads: "the output goes back to a sequence split too: add its "
+                                  "all_to_all"})
+        width = Factor("values per head", head_dim)
     factors = [
-        Factor("all_to_alls", 4, {3: "the output goes back to a sequence split too: that is a "
-                                  "fourth all_to_all", 2: "Q, K and V each need an all_to_all "
-                                  "in, and the output one back: 4 in all"}),
-        Factor("share sent", (devices - 1) / devices, {1: f"a device keeps the 1/{devices} of "
-               f"its block that is its own: it sends ({devices} - 1)/{devices} of it"}),
+        moved,
+        Factor("share sent", (n - 1) / n, {
+            1: f"a device keeps the 1/{n} of its block that is its own: it sends "
+               f"({n} - 1)/{n} of it",
+            n - 1: f"each all_to_all sends {n - 1} pieces of 1/{n} of the block, one to each "
+                   f"other device: ({n} - 1)/{n} of one block, not {n - 1} blocks"}),
         tokens, width,
-        Factor("bytes per value", bytes_per_value, {4: "bf16 takes 2 bytes per value, not 4",
-                                                    1: "bf16 takes 2 bytes per value, not 1"}),
+        Factor("bytes per value", bytes_per_value, _bytes_slips(bytes_per_value)),
     ]
     return check_quantity(answer, factors, what="bytes sent per device", unit="bytes")
 

@@ -49,7 +49,10 @@ print(json.dumps(found))
 
 
 class JaxDevicesError(SimpmdError, RuntimeError):
-    """JAX cannot give the requested number of devices in this Python process."""
+    """JAX cannot give the requested number of devices in this Python process.
+
+    The message's first line says what JAX has (it depends on the machine: no accelerator,
+    or a GPU or TPU with too few devices); the lines after it say what to do."""
 
 
 def chosen_devices() -> list | None:
@@ -264,14 +267,14 @@ def use_jax_devices(n: int = 8, *, verbose: bool = True) -> list:
     except JaxDevicesError as exc:
         if started or started is None:
             raise JaxDevicesError(
-                f"{exc} JAX was already running in this Python process, and the number of "
+                f"{exc}\nJAX was already running in this Python process, and the number of "
                 f"fake CPU devices can only be chosen before JAX starts (its first "
                 f"computation or device query). Restart the kernel (Jupyter: Kernel > "
                 f"Restart; Colab: Runtime > Restart session), then run `import simpmd; "
                 f"simpmd.use_jax_devices({n})` first, before importing jax or anything that "
                 f"uses it.") from None
         raise JaxDevicesError(
-            f"{exc} XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r} was set before JAX started, "
+            f"{exc}\nXLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r} was set before JAX started, "
             f"but JAX still made fewer CPU devices: something else (JAX_NUM_CPU_DEVICES, "
             f"jax_platforms) may override it.") from None
     _chosen = devices

@@ -1,0 +1,260 @@
+"""Every exercise checker of lessons 2 to 14, swept with many plausible wrong answers.
+
+Whatever a learner types, a checker must say "Not yet" without raising, must never print a
+factor that reads 1 ("off by a factor of 1": a near miss is called one), and must never
+chain more than one "Also" (a hint made of three slips misleads more than it helps). The
+right answers are worked out here by hand; each named slip of a checker built on
+``check_against_mistakes`` or ``check_quantity`` is also made on purpose, one at a time,
+and must be answered with its own hint.
+"""
+import itertools
+import math
+import re
+
+import numpy as np
+import pytest
+
+from simpmd import course
+from simpmd.exercises import (lesson02, lesson03, lesson04, lesson05, lesson06, lesson07,
+                              lesson08, lesson09, lesson10, lesson11, lesson12, lesson13,
+                              lesson14)
+
+MIB = 2**20
+# One device's K (or V) block in lesson 14: 32768 / 8 tokens x 32 heads x 128 x 2 bytes
+BLOCK = 32768 // 8 * 32 * 128 * 2
+_I = 9.9e14 / 3.35e12                       # H100: bf16 peak / HBM bandwidth, FLOPs per byte
+_BUS = 2 * 7 / 8 * 64 * MIB                 # nccl-tests' bus bytes of a 64 MiB all-reduce
+
+# (checker, the right answer, worked out by hand)
+NUMERIC = {
+    "lesson04.check_ring_bytes": (lesson04.check_ring_bytes, 2 * 7 * 4096 * 2 / 8),       # 14336
+    "lesson05.check_grad_bytes": (lesson05.check_grad_bytes, 2 * 3 / 4 * 2_500_000 * 4),  # 15e6
+    "lesson06.check_ring_bytes": (lesson06.check_ring_bytes, 2 * 7 / 8 * 300e6 * 2),      # 1.05e9
+    # 14 steps of 1 us, and 2 x 7/8 of 600 MB at 450 GB/s
+    "lesson06.check_ring_time": (lesson06.check_ring_time, 14e-6 + 1.05e9 / 450e9),
+    # ring = tree: 14 a + 1.75 n / B = 6 a + 6 n / B, so n = 8 a B / 4.25
+    "lesson06.check_crossover": (lesson06.check_crossover, 8 * 1e-6 * 450e9 / 4.25),
+    "lesson07.check_busbw": (lesson07.check_busbw, _BUS / (42e-6 + _BUS / 425e9)),
+    # 8 hops, each one shard of V / 16 over a 45 GB/s link: V / 9e10
+    "lesson07.check_book_gather": (lesson07.check_book_gather, 2048 * 8192 * 2 / 9e10),
+    "lesson07.check_compute_bound_batch": (lesson07.check_compute_bound_batch,
+                                           _I * 4096**2 / (4096**2 - _I * 2 * 4096)),
+    # RMSNorm of bf16 x[16384, 8192] as two kernels: x read twice and written once (6RC),
+    # one float32 per row written and read (8R), the float32 weight read (4C)
+    "lesson07.check_rms_norm_bytes": (lesson07.check_rms_norm_bytes,
+                                      6 * 16384 * 8192 + 8 * 16384 + 4 * 8192),
+    "lesson09.check_weight_bytes": (lesson09.check_weight_bytes, 2 * 4096 * 16384 * 2 / 4),
+    "lesson09.check_psum_bytes": (lesson09.check_psum_bytes, 8192 / 2 * 4096 * 2 * 2 * 3 / 4),
+    "lesson11.check_sharded_bytes": (lesson11.check_sharded_bytes, 4096 / 2 * 8192 * 2),
+    "lesson12.check_fsdp_gather_bytes": (lesson12.check_fsdp_gather_bytes, 4096**2 * 2 * 7 / 8),
+    "lesson13.check_bubble": (lesson13.check_bubble, 7 / 31),
+    "lesson14.check_ring_bytes": (lesson14.check_ring_bytes, 2 * 7 * BLOCK),
+    "lesson14.check_ulysses_bytes": (lesson14.check_ulysses_bytes, 4 * 7 / 8 * BLOCK),
+    "lesson14.check_capacity": (lesson14.check_capacity, 80),
+}
+
+# Slips of scale and of counting, alone and two at a time
+_SLIPS = [2, 4, 8, 3, 7, 7 / 8, 8 / 7, 3 / 4, 4 / 3, 1.75, 1e3, 1e6, 1e9, 2**10, 2**20, 2**30,
+          1.024, 2**20 / 1e6, 2**30 / 1e9, 16, 32, 64, 128]
+_NEAR = [1 + d for d in (1e-5, 1e-4, 1e-3, 3e-3, 6e-3, 9.9e-3, 0.02, 0.04)]
+
+
+def wrong_answers(right):
+    """Several hundred numbers a learner might give instead of ``right``."""
+    factors = set(_SLIPS) | {1 / f for f in _SLIPS}
+    pairs = {a * b for a, b in itertools.combinations_with_replacement(sorted(factors), 2)}
+    out = {right * f for f in factors | pairs}
+    out |= {right * f for f in _NEAR} | {right / f for f in _NEAR}
+    out |= {float(f"{right:.{k}g}") for k in range(1, 7)}                # rounded
+    out |= {round(right, k) for k in range(0, 4)} | {right + 1, right - 1, -right, 0.0}
+    return sorted(v for v in out if not math.isclose(v, right, rel_tol=1e-6))
+
+
+_FACTOR = re.compile(r"factor of (?:about )?([0-9][0-9.e+-]*)")
+
+
+def assert_readable(out):
+    """The two properties every verdict keeps, whatever the answer."""
+    assert out.count("Also") <= 1, out
+    for match in _FACTOR.finditer(out):
+        text = match.group(1).rstrip(".")
+        try:
+            value = float(text)
+        except ValueError:
+            continue
+        assert abs(value - 1) >= 0.005, f"a factor that reads 1: {out}"
+
+
+@pytest.mark.parametrize("name", sorted(NUMERIC))
+def test_the_right_answer_is_accepted(name, capsys):
+    checker, right = NUMERIC[name]
+    assert checker(right), capsys.readouterr().out
+    assert capsys.readouterr().out.startswith("Correct: ")
+
+
+@pytest.mark.parametrize("name", sorted(NUMERIC))
+def test_plausible_wrong_numbers_get_readable_hints(name, capsys):
+    checker, right = NUMERIC[name]
+    answers = wrong_answers(right)
+    assert len(answers) > 300
+    for answer in answers:
+        verdict = checker(answer)
+        out = capsys.readouterr().out
+        if verdict:           # a checker with a tolerance (lesson 7: 7 %, or one row) may take it
+            assert math.isclose(answer, right, rel_tol=0.07), (answer, out)
+            continue
+        assert out.startswith("Not yet: "), (answer, out)
+        assert_readable(out)
+
+
+@pytest.mark.parametrize("name", sorted(NUMERIC))
+def test_near_misses_are_called_near_misses(name, capsys):
+    """Within 1 % of the answer, or the answer rounded: "close but not exact"."""
+    checker, right = NUMERIC[name]
+    for answer in [right * 1.004, right * 0.996, float(f"{right:.4g}")]:
+        if math.isclose(answer, right, rel_tol=1e-3):
+            continue          # some checkers accept 0.1 %: nothing to say then
+        if checker(answer):
+            continue
+        out = capsys.readouterr().out
+        assert "close but not exact (did you round?)" in out, (answer, out)
+
+
+# -- each named slip, made on purpose -------------------------------------------------------
+
+def _tables(checker, right, monkeypatch):
+    """The mistakes (or factors) a checker hands to the shared machinery, caught on the way."""
+    module = __import__(checker.__module__, fromlist=["_"])
+    caught = {}
+
+    def against(answer, expected, mistakes, **kw):
+        caught["mistakes"] = (expected, mistakes, kw)
+        return course.check_against_mistakes(answer, expected, mistakes, **kw)
+
+    def quantity(answer, factors, **kw):
+        caught["factors"] = (factors, kw)
+        return course.check_quantity(answer, factors, **kw)
+    if hasattr(module, "check_against_mistakes"):
+        monkeypatch.setattr(module, "check_against_mistakes", against)
+    if hasattr(module, "check_quantity"):
+        monkeypatch.setattr(module, "check_quantity", quantity)
+    checker(right)
+    return caught
+
+
+TABLED = [n for n in sorted(NUMERIC) if n != "lesson13.check_bubble"]
+
+
+@pytest.mark.parametrize("name", TABLED)
+def test_each_named_slip_is_refused_with_its_own_hint(name, capsys, monkeypatch):
+    checker, right = NUMERIC[name]
+    caught = _tables(checker, right, monkeypatch)
+    capsys.readouterr()
+    slips = []
+    if "mistakes" in caught:
+        expected, mistakes, _ = caught["mistakes"]
+        assert math.isclose(expected, right, rel_tol=1e-9)
+        slips = [(wrong, hint) for wrong, hint in mistakes]
+    else:
+        factors, _ = caught["factors"]
+        assert math.isclose(math.prod(f.right for f in factors), right, rel_tol=1e-9)
+        for f in factors:
+            for wrong, hint in f.wrong.items():
+                slips.append((right / f.right * wrong, hint))
+    assert slips, name
+    for wrong, hint in slips:
+        assert not checker(wrong)
+        out = capsys.readouterr().out
+        assert out.startswith("Not yet: ")
+        # the hint, as printed (sentence-case first letter, a full stop added)
+        core = hint.rstrip(".")[1:]
+        assert core in out, (wrong, hint, out)
+        assert_readable(out)
+
+
+# -- checkers whose answers are not numbers ---------------------------------------------------
+
+def _functions():
+    """Functions a learner might hand in that do the wrong thing, each in its own way."""
+    return [lambda *a, **k: None, lambda *a, **k: a[0], lambda *a, **k: a[0] * 0,
+            lambda *a, **k: a[0] * 2, lambda *a, **k: 1 / 0, lambda *a, **k: "text",
+            lambda *a, **k: np.zeros(3)]
+
+
+_STRUCTURES = [None, ..., 0, 3.5, "all-gather", "", [], (), {}, [0, 1], [(0, 1), (1, 0)],
+               ((1, 2), (3,), ()), {"a": "x"}, [[0, 1], [2, 3]], np.zeros((2, 4)), (0, 16)]
+
+STRUCTURED = {
+    "lesson02.check_shapes": (lesson02.check_shapes, _STRUCTURES),
+    "lesson02.check_batch": (lesson02.check_batch, _STRUCTURES + [np.zeros((8, 4, 3))]),
+    "lesson02.check_global_norm": (lesson02.check_global_norm, _functions()),
+    "lesson03.check_pytree_in_axes": (lesson03.check_pytree_in_axes,
+                                      _STRUCTURES + [({"w": 0, "b": 0}, 0), (None, 0)]),
+    "lesson03.check_other_axes": (lesson03.check_other_axes,
+                                  _STRUCTURES + [dict(in_axes=0, out_axes=0),
+                                                 dict(in_axes=1, out_axes=0)]),
+    "lesson03.check_static": (lesson03.check_static, _STRUCTURES + _functions()),
+    "lesson04.check_global_mean": (lesson04.check_global_mean, _functions()),
+    "lesson04.check_shift_left": (lesson04.check_shift_left,
+                                  _STRUCTURES + [[(j, (j + 1) % 8) for j in range(8)],
+                                                 [(j, j) for j in range(8)]]),
+    "lesson04.check_shapes": (lesson04.check_shapes,
+                              _STRUCTURES + [((4, 8, 16), (4, 128), (4, 2, 1)),
+                                             ((32, 16), (4, 128), (4, 2))]),
+    "lesson05.check_in_axes": (lesson05.check_in_axes, _STRUCTURES + [(0, 0), (0, None)]),
+    "lesson05.check_global_gradient": (lesson05.check_global_gradient, _functions()),
+    "lesson05.check_mean_gradient": (lesson05.check_mean_gradient, _functions()),
+    "lesson06.check_winners": (lesson06.check_winners,
+                               _STRUCTURES + [{"1 KiB": "ring", "1 GiB": "tree"},
+                                              {"1 KiB": "tree", "1 GiB": "tree"}]),
+    "lesson08.check_data_groups": (lesson08.check_data_groups,
+                                   _STRUCTURES + [[(0, 1), (2, 3), (4, 5), (6, 7)],
+                                                  [(0, 2, 4, 6)]]),
+    "lesson08.check_worked_example_2x4": (lesson08.check_worked_example_2x4,
+                                          _STRUCTURES + [np.full((2, 4), 7.0),
+                                                         np.full((2, 4), 28.0),
+                                                         np.full((2, 4), 14.0 * 1.004)]),
+    "lesson08.check_modern": (lesson08.check_modern, _functions()),
+    "lesson09.check_columns": (lesson09.check_columns, _STRUCTURES[:-1]  # (0, 16) is right
+                              + [(16, 32), (0, 8), (8, 16)]),
+    "lesson09.check_row_parallel": (lesson09.check_row_parallel, _functions()),
+    "lesson09.check_fsdp_backward": (lesson09.check_fsdp_backward, _functions()),
+    "lesson10.check_fixed_mixed": (lesson10.check_fixed_mixed, _functions()[:3]),
+    "lesson10.check_failed_run": (lesson10.check_failed_run,
+                                  _STRUCTURES + [{"failed_device": 3, "waiting": [0, 1],
+                                                  "collective": "psum"}]),
+    "lesson10.check_smooth": (lesson10.check_smooth, _functions()[:3]),
+    "lesson10.check_top_half_total": (lesson10.check_top_half_total, _functions()[:3]),
+    "lesson11.check_specs": (lambda a: lesson11.check_specs(*a),
+                             [(None, None), ((None, None), None), (("i", "i"), "i")]),
+    "lesson11.check_block_shapes": (lambda a: lesson11.check_block_shapes(*a),
+                                    [((8, 6), (16, 3), (4, 12)), ((16, 24),) * 3,
+                                     ((2, 4), (1,), (3,)), (None, "x", 5)]),
+    "lesson11.check_centering": (lesson11.check_centering, _STRUCTURES + _functions()),
+    "lesson12.check_result_type": (lesson12.check_result_type,
+                                   _STRUCTURES + ["float32[32@data]", "f32[16@data]",
+                                                  "float32[32]", "bfloat16[32@model]"]),
+    "lesson12.check_megatron": (lesson12.check_megatron, _functions()[:3]),
+    "lesson12.check_reshard_collectives": (lesson12.check_reshard_collectives,
+                                           _STRUCTURES + [{"a": "psum", "b": "x", "c": "y"},
+                                                          {"a": None, "b": 3, "c": "no"}]),
+    "lesson13.check_training_idle": (lesson13.check_training_idle, _functions()),
+    "lesson13.check_send_perm": (lesson13.check_send_perm,
+                                 _STRUCTURES + [[(0, 2), (2, 3)], [(3, 2), (2, 1), (1, 0)]]),
+    "lesson13.check_activations_held": (lambda a: lesson13.check_activations_held(*a),
+                                        [([32] * 8, [1] * 8), ([0] * 8, [0] * 8),
+                                         ([32] * 8, [16 - s for s in range(8)])]),
+    "lesson14.check_merge": (lesson14.check_merge, _functions()),
+    "lesson14.check_keep_mask": (lesson14.check_keep_mask, _functions()),
+}
+
+
+@pytest.mark.parametrize("name", sorted(STRUCTURED))
+def test_other_checkers_refuse_wrong_answers_readably(name, capsys):
+    checker, answers = STRUCTURED[name]
+    for answer in answers:
+        verdict = checker(answer)
+        out = capsys.readouterr().out
+        assert not verdict, (name, answer, out)
+        assert "Not yet" in out, (name, answer, out)
+        assert_readable(out)
