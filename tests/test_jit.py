@@ -332,7 +332,7 @@ def test_every_row_has_a_sharding_rule_but_collectives_and_calls():
     from simpmd.api import partition
     assert partition.rows_without_rules() == sorted([
         "all_gather", "all_to_all", "axis_index", "debug_callback", "shard_slice", "pmax",
-        "pmean", "pmin", "ppermute", "psum", "pvary", "reduce_scatter", "xla_pmap"])
+        "pmean", "pmin", "ppermute", "psum", "pvary", "reduce_scatter"])
 
 
 def test_a_collective_inside_jit_needs_shard_map(mesh):

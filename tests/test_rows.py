@@ -13,14 +13,14 @@ from simpmd.viz import collectives as drawings
 
 ROWS = sorted(core.PRIMITIVES)
 # Not differentiable, as in JAX: integer and boolean results, pmax/pmin (JAX has no rule),
-# the per-device NumPy tail, the nested pmap and the callbacks, and the step of a jit
+# the per-device NumPy tail and the callbacks, and the step of a jit
 # program's per-device form that each device slices its block with.
 NOT_DIFFERENTIABLE = {
     "eq", "ne", "lt", "le", "gt", "ge", "and", "or", "not", "xor", "shift_left",
     "shift_right_arithmetic", "shift_right_logical", "is_finite", "argmax", "argmin",
     "reduce_and", "reduce_or", "iota", "sort", "cumprod", "cummax", "cummin", "nextafter",
     "imag", "scatter-mul", "scatter-min", "scatter-max", "pmax", "pmin", "axis_index",
-    "numpy_call", "xla_pmap", "debug_callback", "shard_slice"}
+    "numpy_call", "debug_callback", "shard_slice"}
 
 
 @pytest.mark.parametrize("name", ROWS)

@@ -62,7 +62,7 @@ class JitRun(Run):
         """A collective over the manual axes of a shard_map(axis_names=...) body."""
         names = params.get("axes", params.get("axis_name"))
         names = names if isinstance(names, (tuple, list)) else (names,)
-        return (prim.collective or prim.name == "pvary") and bool(self.manual_axes) and \
+        return (prim.collective or getattr(prim, "by_axes", False)) and bool(self.manual_axes) and \
             set(names) <= set(self.manual_axes)
 
     def apply(self, prim, args, params):
@@ -70,7 +70,7 @@ class JitRun(Run):
             outs = super().apply(prim, args, params)
             self._record(prim, params, args, outs)
             return outs
-        if prim.collective or prim.name == "pvary":
+        if prim.collective or getattr(prim, "by_axes", False):
             raise errors.UnboundAxisError(
                 f"{prim.name} over {params.get('axes', params.get('axis_name'))} inside jit, "
                 f"outside shard_map: under jit the compiler writes the collectives, and a "
@@ -123,29 +123,30 @@ class JitRun(Run):
     def _compute(self, prim, args, avals, outs, params):
         """The equation's plan: operands moved to the layout it needs, the primitive on
         blocks, partial sums combined, results moved to the layout their type says."""
+        resolves = getattr(prim, "resolves_sums", False)         # reshard
         found = self._pending(args[0]) if args else None
-        if found is not None and not (prim.name == "reshard" or self._carries(prim, found, outs)):
+        if found is not None and not (resolves or self._carries(prim, found, outs)):
             found = None
-        if prim.name == "reshard":
+        if resolves:
             found = self._reducing(args[0], avals[0], outs[0], found)
         args = [x if (k == 0 and found) or not isinstance(x, StackedValue) else self.settle(x)
                 for k, x in enumerate(args)]
         plan = (getattr(prim, "partition", None) or R.computed_whole)(avals, outs, **params)
         cause = f"jit: {prim.name}"
-        resharding = found if prim.name == "reshard" else None
+        resharding = found if resolves else None
         values = [self._block(x, a, want, cause, scatter=resharding if k == 0 else None)
                   for k, (x, a, want) in enumerate(zip(args, avals, plan.ins))]
         results = values if plan.params is None else self._local(prim, values, plan.params)
         if plan.then is not None:
             results = [plan.then(self, r, cause) for r in results]
-        carried = list(found[1]) if found is not None and prim.name != "reshard" else []
+        carried = list(found[1]) if found is not None and not resolves else []
         out = []
         for r, layout, o in zip(results, plan.out, outs):
             r, layout, pending = self._combine(r, layout, plan.sums, o.sharding.dims, cause,
-                                               defer=prim.name == "dot_general")
+                                               defer=getattr(prim, "defers_sums", False))
             pending = [axes for axes in pending if not set(axes) <= o.sharding.unreduced]
             moved = self.move(r, o.shape, layout, o.sharding.dims, cause)
-            if prim.name == "reshard":
+            if resolves:
                 moved = self._unreducing(moved, avals[0], o, cause)
             value = StackedValue(o, moved.stack)
             self.alias(value, moved)
@@ -201,8 +202,8 @@ class JitRun(Run):
     def _carries(self, prim, found, outs):
         """A layout-only, linear primitive passes pending partial sums on (the transpose
         of a product's partial sums is the partial sums of its transpose)."""
-        if prim.name not in _CARRY or (prim.name == "convert_element_type"
-                                       and found[0].aval.dtype.kind + outs[0].dtype.kind != "ff"):
+        carries = getattr(prim, "carries_sums", None)
+        if carries is None or not carries(found[0].aval, outs[0]):
             return False
         used = {a for d in outs[0].sharding.dims for a in d}
         return not any(a in used for axes in found[1] for a in axes)
@@ -354,24 +355,22 @@ class JitRun(Run):
         as XLA's reduce-scatter creator finds them (an all-reduce, then a slice)."""
         layout, pending = list(layout), []
         used = {a for d in target for a in d}
-        for op, axes in sums:
+        for row, axes in sums:
             axes = tuple(axes)
-            d = next((d for d in range(len(target)) if op == "psum" and
+            d = next((d for d in range(len(target)) if row is K.psum and
                       target[d][:len(layout[d]) + len(axes)] == tuple(layout[d]) + axes), None)
             if d is not None:
                 r = self.insert(K.reduce_scatter, r, cause, scatter_dimension=d, axis_name=axes,
                                 axis_index_groups=None, axis_size=count(self.mesh, axes),
                                 tiled=True)
                 layout[d] = tuple(layout[d]) + axes
-            elif op == "psum" and defer and not used & set(axes):
+            elif row is K.psum and defer and not used & set(axes):
                 pending.append(axes)
             else:
-                r = self.insert(_ROWS[op], r, cause, axes=axes, axis_index_groups=None)
+                r = self.insert(row, r, cause, axes=axes, axis_index_groups=None)
         return r, tuple(layout), pending
 
 
-_ROWS = {"psum": K.psum, "pmax": K.pmax, "pmin": K.pmin}
-_CARRY = {"transpose", "copy", "reshape", "convert_element_type", "squeeze"}
 
 
 def _cut(x, dimension, axes):
@@ -438,6 +437,7 @@ def _reshard_vjp(ct, ins, outs, wants, dst_sharding):
 reshard_p = Primitive("reshard", lambda x, dst_sharding: x, lambda x, dst_sharding: x,
                       vjp=_reshard_vjp, cost=lambda ins, outs, **p: (0, 0), show=lambda p: {})
 reshard_p.sharding, reshard_p.partition = R.reshard_rule, R.reshard_plan
+reshard_p.resolves_sums = True       # pending partial sums end here: a reduce-scatter each
 
 
 class MeshText:

@@ -24,9 +24,10 @@ class Settings:
     """Rules that changed between JAX releases, taken from the running JAX by the JAX
     bridge (``simpmd.jax``) once JAX's backend is up; without it, the newest JAX's rules.
 
-    ``partial``: the reductions that accept a value varying over only some of their axes
-    under ``shard_map(check_vma=True)``, making it vary over all of them first (``pvary``):
-    jax 0.7.2 accepts psum, psum_scatter, pmax and pmin; 0.10.2 pmax and pmin; 0.12 none.
+    ``partial``: the reduction rows that accept a value varying over only some of their
+    axes under ``shard_map(check_vma=True)``, making it vary over all of them first
+    (``pvary``): jax 0.7.2 accepts psum, psum_scatter, pmax and pmin; 0.10.2 pmax and pmin;
+    0.12 none.
     """
     _partial = None
 
@@ -172,7 +173,7 @@ def _vma_reducing(name, x, axes):
     """A reduction's input must vary over all of its axes or none (JAX's rule); the axes
     it varies over are gone from its result."""
     inside, outside = set(axes) & x.vma, set(axes) - x.vma
-    if inside and outside and name not in settings.partial:
+    if inside and outside and name not in {row.op for row in settings.partial}:
         raise errors.VmaError(
             f"{name} over {axes} of a value that varies over {sorted(inside)} but not over "
             f"{sorted(outside)}: under shard_map(check_vma=True) JAX's {name} needs the "
@@ -255,14 +256,20 @@ def _pmean_printed(eqn, name, typed, ins):
         lines.append(("div", {}, f"{name(total)} {divisor}", typed(out)))
     return lines
 
+# ``reduction``: it reduces over its axes (the vma rule above); ``unequal_groups``: its
+# axis_index_groups may have different sizes (as jax.lax's all-reduces allow).
 psum = _collective("psum", "psum", _psum, _reduce_abstract("psum"), _all_reduce_bytes,
-                   _psum_vjp, variadic=True, printed=_psum_printed)
+                   _psum_vjp, variadic=True, printed=_psum_printed, reduction=True,
+                   unequal_groups=True)
 pmean = _collective("pmean", "pmean", _pmean, _reduce_abstract("pmean"), _all_reduce_bytes,
-                    _pmean_vjp, variadic=True, printed=_pmean_printed)
+                    _pmean_vjp, variadic=True, printed=_pmean_printed, reduction=True,
+                    unequal_groups=True)
 pmax = _collective("pmax", "pmax", lambda g: g.max(axis=1, keepdims=True),
-                   _reduce_abstract("pmax"), _all_reduce_bytes, variadic=True)
+                   _reduce_abstract("pmax"), _all_reduce_bytes, variadic=True, reduction=True,
+                   unequal_groups=True)
 pmin = _collective("pmin", "pmin", lambda g: g.min(axis=1, keepdims=True),
-                   _reduce_abstract("pmin"), _all_reduce_bytes, variadic=True)
+                   _reduce_abstract("pmin"), _all_reduce_bytes, variadic=True, reduction=True,
+                   unequal_groups=True)
 
 def _gather_abstract(x, *, all_gather_dimension, axis_name, axis_index_groups=None,
                      axis_size, tiled):
@@ -307,7 +314,8 @@ reduce_scatter = _collective(
         all_gather, ct, all_gather_dimension=p["scatter_dimension"], axis_name=p["axis_name"],
         axis_index_groups=p["axis_index_groups"], axis_size=p["axis_size"],
         tiled=p["tiled"])] if wants[0] else [None],
-    lambda p: {"scatter_dimension": p["scatter_dimension"], "tiled": p["tiled"]})
+    lambda p: {"scatter_dimension": p["scatter_dimension"], "tiled": p["tiled"]},
+    reduction=True, probe_keywords={"tiled": True})
 
 def _a2a_abstract(x, *, split_axis, concat_axis, axis_name, axis_index_groups=None, tiled):
     axes = _axes({"axis_name": axis_name})
@@ -353,7 +361,8 @@ pvary = Primitive(          # no data moves: the value's type now says it varies
     "pvary", lambda x, axes, axis_index_groups=None: x, _pvary_abstract,
     vjp=lambda ct, ins, outs, wants, axes, axis_index_groups=None: [
         bind(psum, ct, axes=axes, axis_index_groups=None)[0]] if wants[0] else [None],
-    cost=lambda ins, outs, **p: (0, 0), show=lambda p: {"axes": p["axes"]})
+    cost=lambda ins, outs, **p: (0, 0), show=lambda p: {"axes": p["axes"]},
+    by_axes=True)             # (it names mesh axes, as a collective does)
 
 def _index_abstract(*, axis_name):
     axes = axis_name if isinstance(axis_name, tuple) else (axis_name,)
@@ -363,10 +372,9 @@ def _index_abstract(*, axis_name):
 axis_index = Primitive("axis_index", None, _index_abstract, cost=lambda ins, outs, **p: (0, 0),
                        collective=True, op="axis_index", math=None,
                        wire_bytes=lambda nbytes, p, member, **params: (0, 0),
-                       lax_params=lambda p: {})
+                       lax_params=lambda p: {}, by_position=True)   # each device's index
 
 from .primitives import div as _div  # noqa: E402  (pmean's derivative divides)
 
-REDUCTIONS = {"psum", "pmean", "pmax", "pmin", "reduce_scatter"}
 COLLECTIVES = {row.op: row for row in (psum, pmean, pmax, pmin, all_gather, reduce_scatter,
                                        all_to_all, ppermute)}

@@ -234,9 +234,7 @@ class backward_pass:
 
 def bind(prim, *args, **params):
     """Apply ``prim`` to ``args``: computed by the run on this thread, written down by the
-    recorders. Inside a real JAX trace (an argument is a JAX tracer) JAX applies it."""
-    if bridge.jax is not None and bridge.holds_jax_tracer(args):
-        return bridge.jax.bind(prim, args, params)
+    recorders. (Inside a real JAX trace the front ends call JAX's own functions instead.)"""
     run = context.run or plain
     args = run.prepare(prim, args, params)
     outs = run.apply(prim, args, params)

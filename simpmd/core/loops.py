@@ -300,7 +300,8 @@ def _joint(body, active, with_ct, accumulate):
             outs = eval_program(body, [], list(primals), env)
         finally:
             context.phase = phase
-        with backward_pass():
+        joint.forward = len(context.recorders[-1].eqns)   # (a body's own backward equations,
+        with backward_pass():                             # a grad inside it, are forward here)
             seed = {}
             for v, c in zip([v for v, w in zip(body.outvars, with_ct) if w], xs[n_in + len(acc_at):]):
                 if type(v) is Var:
@@ -332,8 +333,7 @@ def partial_eval(body, active, with_ct, accumulate=None, saveable=None):
     joint, avals = _joint(body, active, with_ct, accumulate or [False] * len(active))
     run = _run()
     program, _ = trace(joint, avals, run if run.abstract else run.tracing())
-    fwd = [e for e in program.eqns if e.phase != "backward"]
-    bwd = [e for e in program.eqns if e.phase == "backward"]
+    fwd, bwd = program.eqns[:joint.forward], program.eqns[joint.forward:]
     made = {v: e for e in fwd for v in e.outvars}
     kept = (lambda v: True) if saveable is None else (lambda v: v not in made or saveable(made[v]))
     grads = [v for v in program.outvars[len(body.outvars):] if type(v) is Var]

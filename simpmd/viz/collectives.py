@@ -384,51 +384,62 @@ def _plan(events, leaf, max_numbers, max_rows):
 
 
 def _draw_call(ax, plan, *, leaf, title, index=None):
-    groups, first, scale = plan["groups"], plan["first"], plan["scale"]
+    groups, first = plan["groups"], plan["first"]
     picture = DRAWING.get(first.op, _DEFAULT)
     p = len(first.group)
-    x_before, x_after = plan["x_before"], plan["x_after"]
     fs = float(np.clip(plan["row_h"] * 26, MIN_FONT + 0.5, 9.0))
     idle = _idle_members(first) if picture.link == "pairs" else set()
     centre, extent = {}, {}
     for e, top in zip(plan["shown"], plan["tops"]):
-        if e is None:
-            continue
-        cy = top - min(plan["row_h"] - ROW_PAD_IN, 2 * CELL_H_IN) / 2
-        centre[(e.step, e.member)] = cy
-        grey = e.member in idle
-        group_inputs = [m.inputs[leaf] for m in _members(groups, e) if len(m.inputs) > leaf]
-        for side, x0, vals, fn in (("before", x_before, e.inputs, picture.before),
-                                   ("after", x_after, e.outputs, picture.after)):
-            if len(vals) <= leaf:
-                continue
-            value = vals[leaf]
-            split = picture.split(e, value) if (side == "before" and picture.split) else None
-            w, h = _draw_value(ax, x0, top, value, fn(e, value, group_inputs), split,
-                               p, scale, e.member, picture.words[side == "after"])
-            box = Rectangle((x0, top - h), w, h, fill=grey, facecolor=(0.85, 0.85, 0.85, 0.7),
-                            edgecolor=INK, linewidth=0.9, zorder=5)
-            tag(box, side, e.program)
-            ax.add_patch(box)
-            extent[(side, e.step, e.member)] = (x0 + w, top - min(h, 2 * CELL_H_IN) / 2)
-        label_y = extent.get(("before", e.step, e.member), (0, cy))[1]
-        ax.text(x_before - 0.12, label_y, _row_label(e) + ("\n(idle)" if grey else ""), ha="right",
-                va="center", fontsize=fs, color=(0.55, 0.55, 0.55) if grey else INK)
+        if e is not None:
+            _draw_member(ax, plan, e, top, leaf, picture, p, idle, fs, centre, extent)
     gap_y = {}
     for e, top in zip(plan["shown"], plan["tops"]):
         if e is None:
             note = _elision_note(plan["elided"])
-            t = ax.text(x_before, top - 0.16, note, ha="left", va="center", fontsize=MIN_FONT + 1,
-                        color=INK, style="italic")
+            t = ax.text(plan["x_before"], top - 0.16, note, ha="left", va="center",
+                        fontsize=MIN_FONT + 1, color=INK, style="italic")
             tag(t, "elided", len(plan["elided"]))
             for m in plan["elided"]:
                 gap_y[(m.step, m.member)] = top - 0.16
-
     if picture.link == "pairs":
-        _draw_pairs(ax, groups, centre, gap_y, extent, p, x_before + plan["box"], x_after, fs)
+        _draw_pairs(ax, groups, centre, gap_y, extent, p, plan["x_before"] + plan["box"],
+                    plan["x_after"], fs)
     else:
         _draw_groups(ax, plan, centre, extent, picture.symbol, fs)
+    _call_words(ax, plan, leaf, picture, title, index, idle, p)
+    ax.set_xlim(0, plan["width"])
+    ax.set_ylim(-plan["height"], 0)
+    ax.set_axis_off()
 
+
+def _draw_member(ax, plan, e, top, leaf, picture, p, idle, fs, centre, extent):
+    """One member's row: its value before and after (boxed, grey when idle), labelled."""
+    cy = top - min(plan["row_h"] - ROW_PAD_IN, 2 * CELL_H_IN) / 2
+    centre[(e.step, e.member)] = cy
+    grey = e.member in idle
+    group_inputs = [m.inputs[leaf] for m in _members(plan["groups"], e) if len(m.inputs) > leaf]
+    for side, x0, vals, fn in (("before", plan["x_before"], e.inputs, picture.before),
+                               ("after", plan["x_after"], e.outputs, picture.after)):
+        if len(vals) <= leaf:
+            continue
+        value = vals[leaf]
+        split = picture.split(e, value) if (side == "before" and picture.split) else None
+        w, h = _draw_value(ax, x0, top, value, fn(e, value, group_inputs), split,
+                           p, plan["scale"], e.member, picture.words[side == "after"])
+        box = Rectangle((x0, top - h), w, h, fill=grey, facecolor=(0.85, 0.85, 0.85, 0.7),
+                        edgecolor=INK, linewidth=0.9, zorder=5)
+        tag(box, side, e.program)
+        ax.add_patch(box)
+        extent[(side, e.step, e.member)] = (x0 + w, top - min(h, 2 * CELL_H_IN) / 2)
+    label_y = extent.get(("before", e.step, e.member), (0, cy))[1]
+    ax.text(plan["x_before"] - 0.12, label_y, _row_label(e) + ("\n(idle)" if grey else ""),
+            ha="right", va="center", fontsize=fs, color=(0.55, 0.55, 0.55) if grey else INK)
+
+
+def _call_words(ax, plan, leaf, picture, title, index, idle, p):
+    """The call's title, its caption, and the 'before' and 'after' headings."""
+    groups, first = plan["groups"], plan["first"]
     axes = first.axes[0] if len(first.axes) == 1 else tuple(first.axes)
     params = ", ".join(f"{k}={v}" for k, v in first.params.items() if v not in (False, None)
                        and k not in ("perm", "axis_index_groups", "inserted"))
@@ -453,15 +464,13 @@ def _draw_call(ax, plan, *, leaf, title, index=None):
             fontsize=10.5, color=INK, fontweight="bold")
     ax.text(0.12, -0.42, "\n".join(textwrap.wrap(caption, chars)), ha="left", va="top",
             fontsize=8.5, color=INK)
-    for x0, side, word in ((x_before, "inputs", "before"), (x_after, "outputs", "after")):
+    for x0, side, word in ((plan["x_before"], "inputs", "before"),
+                           (plan["x_after"], "outputs", "after")):
         vals = [getattr(e, side)[leaf] for e in plan["shown"] if e is not None
                 and len(getattr(e, side)) > leaf]
         shape = dtype_shape(vals[0]) if vals else "nothing"
         ax.text(x0, -HEADER_IN + 0.05, f"{word}: {shape} on each", ha="left", va="bottom",
                 fontsize=9, color=INK)
-    ax.set_xlim(0, plan["width"])
-    ax.set_ylim(-plan["height"], 0)
-    ax.set_axis_off()
 
 
 def _members(groups, e):
