@@ -33,6 +33,7 @@ from . import reductions
 from .partition import Sharding, ShardingTypeError, all_explicit, count, dims_of
 
 R.attach()
+reductions.attach()
 
 
 class JitRun(Run):
@@ -85,7 +86,7 @@ class JitRun(Run):
         out = prim.abstract(*avals, **params)
         outs = list(out) if prim.multiple_results else [out]
         layouts = rule(self.mesh, avals, **params)
-        kinds = reductions.types(prim.name, avals, params, len(outs), self.mesh)
+        kinds = reductions.types(prim, avals, params, len(outs), self.mesh)
         outs = [o.update(vma=o.vma if self.manual_axes else frozenset(),
                          sharding=Sharding(self.mesh, d, *k))
                 for o, d, k in zip(outs, layouts, kinds)]
@@ -438,6 +439,8 @@ reshard_p = Primitive("reshard", lambda x, dst_sharding: x, lambda x, dst_shardi
                       vjp=_reshard_vjp, cost=lambda ins, outs, **p: (0, 0), show=lambda p: {})
 reshard_p.sharding, reshard_p.partition = R.reshard_rule, R.reshard_plan
 reshard_p.resolves_sums = True       # pending partial sums end here: a reduce-scatter each
+reshard_p.unreduced_rule = "reshard"   # its destination says what is unreduced or reduced
+jit_p.unreduced_rule, jit_p.unreduced_body = "body", "jaxpr"
 
 
 class MeshText:

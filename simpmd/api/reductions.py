@@ -25,17 +25,43 @@ from ..core import errors
 from .partition import ShardingTypeError, reductions_of, settings, type_text
 
 NO = (frozenset(), frozenset())
-BODIES = {"jit": "jaxpr", "scan": "jaxpr", "remat2": "jaxpr", "while": "body_jaxpr"}
 _FILE = "Please file an issue at https://github.com/jax-ml/jax/issues"
-KEEP_LINEAR = {"transpose": (0, 7, 2), "reduce_sum": (0, 7, 2), "convert_element_type": (0, 7, 2),
-               "select_n": (0, 7, 2), "concatenate": (0, 7, 2), "squeeze": (0, 7, 2),
-               "copy": (0, 7, 2), "neg": (0, 10, 2), "reshape": (0, 10, 2)}
-REDUCE_OTHER = {"reduce_max": "max", "reduce_min": "min", "argmax": "max", "argmin": "min"}
-# elementwise operations on one operand that keep a reduced type on every release
-UNARY = {"abs", "acos", "acosh", "asin", "asinh", "atan", "atanh", "cbrt", "ceil", "conj", "cos",
-         "cosh", "exp", "exp2", "expm1", "floor", "imag", "integer_pow", "is_finite", "log",
-         "log1p", "logistic", "neg", "not", "real", "round", "rsqrt", "sign", "sin", "sinh",
-         "sqrt", "square", "tan", "tanh", "convert_element_type", "copy"}
+
+
+def attach():
+    """Give the core's rows their columns for unreduced and reduced operands:
+    ``unreduced_rule`` (how the row treats them: 'sum', 'scaled', 'linear', 'extreme', 'unary',
+    'product', 'reshard' or 'body'), ``unreduced_since`` (for 'linear': the last JAX
+    release that had no rule for it) and ``unreduced_body`` (for 'body': which parameter
+    holds the program whose results' types the row's are)."""
+    from ..core import loops, primitives as P
+    from ..core.core import PRIMITIVES
+    for row in PRIMITIVES.values():
+        if getattr(row, "elementwise", False) and getattr(row, "unreduced_rule", None) is None:
+            row.unreduced_rule = "unary" if _one_operand(row) else None
+    for row in (P.add, P.add_any, P.sub):
+        row.unreduced_rule = "sum"
+    P.sub.unreduced_since = (0, 10, 2)
+    P.mul.unreduced_rule = P.div.unreduced_rule = "scaled"
+    for row, since in ((P.transpose, (0, 7, 2)), (P.reduce_sum, (0, 7, 2)),
+                       (P.convert_element_type, (0, 7, 2)), (P.select_n, (0, 7, 2)),
+                       (P.concatenate, (0, 7, 2)), (P.squeeze, (0, 7, 2)), (P.copy, (0, 7, 2)),
+                       (P.neg, (0, 10, 2)), (P.reshape, (0, 10, 2))):
+        row.unreduced_rule, row.unreduced_since = "linear", since
+    for row, kind in ((P.reduce_max, "max"), (P.reduce_min, "min"), (P.argmax, "max"),
+                      (P.argmin, "min")):
+        row.unreduced_rule, row.unreduced_kind = "extreme", kind
+    P.dot_general.unreduced_rule = "product"
+    for row, body in ((loops.scan, "jaxpr"), (loops.remat, "jaxpr"), (loops.while_, "body_jaxpr")):
+        row.unreduced_rule, row.unreduced_body = "body", body
+
+
+def _one_operand(row) -> bool:
+    """Elementwise rows of one operand (their reduced type is kept on every release)."""
+    return row.name in {"abs", "acos", "acosh", "asin", "asinh", "atan", "atanh", "cbrt", "ceil",
+                        "conj", "cos", "cosh", "exp", "exp2", "expm1", "floor", "imag",
+                        "integer_pow", "is_finite", "log", "log1p", "logistic", "not", "real",
+                        "round", "rsqrt", "sign", "sin", "sinh", "sqrt", "square", "tan", "tanh"}
 
 
 def _u(aval):
@@ -63,20 +89,21 @@ def _no_rule(name):
     return UnreducedRuleError(f"unreduced rule for {name} is not implemented. {_FILE}")
 
 
-def types(name, avals, params, n_outs, mesh) -> list:
-    """(unreduced, reduced) axes of each result of operation ``name`` on ``avals``, or
-    JAX's error where it refuses them."""
-    if name == "reshard":
+def types(prim, avals, params, n_outs, mesh) -> list:
+    """(unreduced, reduced) axes of each result of ``prim`` on ``avals``, or JAX's error
+    where it refuses them."""
+    kind = getattr(prim, "unreduced_rule", None)
+    if kind == "reshard":
         return [reductions_of(params["dst_sharding"], mesh)]
-    if name == "dot_general":
+    if kind == "product":
         return [_dot(avals, params, mesh)]
-    if name in BODIES:                 # a body's results keep the types they were traced with
-        return [(_u(a), _r(a)) for a in params[BODIES[name]].out_avals]
+    if kind == "body":                 # a body's results keep the types they were traced with
+        return [(_u(a), _r(a)) for a in params[prim.unreduced_body].out_avals]
     arrays = [a for a in avals if a.sharding is not None]
     if any(_u(a) for a in avals):
-        return [_unreduced(name, avals)] * n_outs
+        return [_unreduced(prim, avals)] * n_outs
     if any(_r(a) for a in arrays):
-        return [_reduced(name, avals, arrays)] * n_outs
+        return [_reduced(prim, avals, arrays)] * n_outs
     return [NO] * n_outs
 
 
@@ -105,30 +132,31 @@ def _dot(avals, params, mesh):
     return unreduced, reduced
 
 
-def _unreduced(name, avals):
+def _unreduced(prim, avals):
     """The rule for an operation one of whose operands is unreduced."""
-    v = settings.version
-    if name in ("add", "add_any") or (name == "sub" and v > (0, 10, 2)):
+    v, name, kind = settings.version, prim.name, getattr(prim, "unreduced_rule", None)
+    since = getattr(prim, "unreduced_since", None)
+    if kind == "sum" and (since is None or v > since):
         return _sum_of_partial_sums(name, avals)
-    if name == "mul" or name == "div":
+    if kind == "scaled":
         return _scaled(name, avals)
-    if name in KEEP_LINEAR:
-        if v <= KEEP_LINEAR[name] and not (name == "reshape" and v > (0, 7, 2) and not avals[0].ndim):
+    if kind == "linear":
+        if v <= since and not (name == "reshape" and v > (0, 7, 2) and not avals[0].ndim):
             if name == "reshape" and v > (0, 7, 2):
                 raise ValueError("Using pspec[...] is dangerous when PartitionSpec has "
                                  "non-empty unreduced/reduced set. Please use "
                                  "spec.partitions[...]")
             raise _no_rule(name)
         return next(_u(a) for a in avals if _u(a)), frozenset()
-    if name in REDUCE_OTHER:
+    if kind == "extreme":
         if v > (0, 10, 2):
-            raise ValueError(f"Expected unreduced_kind=UnreducedKind.{REDUCE_OTHER[name]} but "
+            raise ValueError(f"Expected unreduced_kind=UnreducedKind.{prim.unreduced_kind} but "
                              f"got UnreducedKind.sum")
         if v > (0, 7, 2):
             raise ValueError("Using *pspec is dangerous when PartitionSpec has non-empty "
                              "unreduced/reduced set. Please use *spec.partitions")
         raise _no_rule(name)
-    if v > (0, 10, 2) and name in UNARY | {"max", "min", "pow", "atan2"}:
+    if v > (0, 10, 2) and (kind == "unary" or getattr(prim, "elementwise", False)):
         shown = next(a for a in avals if _u(a))
         raise ShardingTypeError(f"{name} is a non-linear operation and cannot accept input "
                                 f"that is unreduced. Got {_type(shown)}")
@@ -172,22 +200,23 @@ def _scaled(name, avals):
         f"lhs={_type(lhs)} and rhs={_type(rhs)}")
 
 
-def _reduced(name, avals, arrays):
+def _reduced(prim, avals, arrays):
     """The rule for an operation on reduced values (nothing unreduced): elementwise
     operations of one operand keep the type on every release; from jax 0.10 so do those of
     several operands that agree, and transposes and sums (and reshapes from 0.12)."""
-    v = settings.version
-    if name in UNARY or (v <= (0, 7, 2) and name in ("select_n", "concatenate")):
+    v, name, kind = settings.version, prim.name, getattr(prim, "unreduced_rule", None)
+    if kind == "unary" or name in ("convert_element_type", "copy", "neg") or (
+            v <= (0, 7, 2) and name in ("select_n", "concatenate")):
         return frozenset(), _r(arrays[0])
-    if v <= (0, 7, 2) or name in ("dot_general",):
+    if v <= (0, 7, 2) or kind == "product":
         return NO
-    if name in REDUCE_OTHER and v <= (0, 10, 2):
+    if kind == "extreme" and v <= (0, 10, 2):
         raise ValueError("Using *pspec is dangerous when PartitionSpec has non-empty "
                          "unreduced/reduced set. Please use *spec.partitions")
     if name == "reshape" and v <= (0, 10, 2) and avals[0].ndim:      # (jax 0.10 indexes the
         raise ValueError("Using pspec[...] is dangerous when PartitionSpec has non-empty "   # spec)
                          "unreduced/reduced set. Please use spec.partitions[...]")
-    if name in ("transpose", "reduce_sum", "reshape", "squeeze") or len(arrays) == 1:
+    if kind == "linear" or len(arrays) == 1:
         return frozenset(), _r(arrays[0])
     sets = {_r(a) for a in arrays}
     if len(sets - {frozenset()}) > 1:
