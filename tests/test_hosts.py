@@ -315,3 +315,16 @@ def test_collectives_across_hosts_cost_the_network_between_nodes():
     assert calls[("model",)].time_s == pytest.approx(inside)
     assert calls[("data",)].time_s == pytest.approx(across)
     assert across > inside
+
+
+def test_the_drawing_frames_each_host_and_says_which_axes_cross():
+    pytest.importorskip("matplotlib")
+    from simpmd.viz import crossing_axes, draw_hosts, tagged
+    simpmd.set_device_count(8, processes=4)
+    mesh = simpmd.make_mesh((4, 2), ("hosts", "chips"))
+    assert crossing_axes(mesh) == {"hosts": True, "chips": False}
+    fig = draw_hosts(mesh, "hosts")
+    frames = [a.get_gid() for a in tagged(fig, "host")]
+    assert sorted(frames) == [f"simpmd:host:{p}" for p in range(4)]
+    assert "crosses hosts" in fig.axes[0].texts[-1].get_text() or any(
+        "crosses hosts" in t.get_text() for t in fig.axes[0].texts)

@@ -22,7 +22,7 @@ import sys
 
 from ..machine import devices as machine
 from .arrays import ProcessArray, make_array_from_callback, make_array_from_process_local_data
-from .crossing import collective_calls, device_hosts_text, hosts_table
+from .crossing import collective_calls, hosts_table
 from .scheduler import ProcessError, Processes, install_stdout
 
 
@@ -100,6 +100,6 @@ def run_processes(main, num_processes: int | None = None, *, show: bool = True) 
 
 
 __all__ = ["ProcessArray", "ProcessError", "ProcessRun", "collective_calls",
-           "device_hosts_text", "hosts_table", "make_array_from_callback",
+           "hosts_table", "make_array_from_callback",
            "make_array_from_process_local_data",
            "run_processes"]

@@ -22,7 +22,7 @@ from ..api.shard_map import MeshArray
 from ..machine import devices as machine
 from ..machine.mesh import Mesh, NamedSharding, PartitionSpec
 from . import arrays
-from .scheduler import Call, _Raised, device_text, where_called
+from .scheduler import Call, _Raised, where_called
 
 
 @contextlib.contextmanager
@@ -302,12 +302,3 @@ def unequal(values) -> list:
         else:
             out.append("")
     return out
-
-
-def processes_of(devices) -> str:
-    """'devices 0-3 on processes 0-1' for messages."""
-    devices = list(devices)
-    hosts = sorted({d.process_index for d in devices})
-    from ..core.errors import id_ranges
-    return f"{device_text(d.id for d in devices)} on process{'es' if len(hosts) > 1 else ''} " \
-           f"{id_ranges(hosts)}"

@@ -67,14 +67,3 @@ def hosts_table(trace) -> str:
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
-
-
-def device_hosts_text(mesh) -> str:
-    """The mesh as a grid of device ids, each with the process that drives it: 'd2/p1'."""
-    grid = mesh.devices
-    cells = [[f"{d.id}/p{d.process_index}" for d in row] for row in grid.reshape(grid.shape[0], -1)]
-    width = max(len(c) for row in cells for c in row)
-    names = " x ".join(f"{n}={s}" for n, s in mesh.shape.items())
-    lines = [f"mesh {names}: device/process"]
-    lines += ["  " + "  ".join(c.rjust(width) for c in row) for row in cells]
-    return "\n".join(lines)

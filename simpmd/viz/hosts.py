@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.patches import FancyBboxPatch
 
-from .canvas import INK, tag, tagged
+from .canvas import tag, tagged
 from .mesh import BOX, _device_grid, draw_mesh, mesh_groups
 
 HOST_FILL = (0.90, 0.90, 0.93)
