@@ -25,8 +25,8 @@ from .machine.mesh import (AxisType, Mesh, NamedSharding, P, PartitionSpec, Shar
 from .api.pmap import pmap
 from .api.shard_map import shard_map
 from .api.spmd import last_trace
-from .api.jaxpr import make_jaxpr
-from .api.shapes import ShapeDtypeStruct, eval_shape      # shapes without values, as in JAX
+from .api.jaxpr import eval_shape, make_jaxpr           # shapes without values, as in JAX
+from .api.shapes import ShapeDtypeStruct
 from . import eager                                    # eager=True: one program per device
 from . import viz                                      # pictures; matplotlib loads on first drawing
 from .viz import text as _text                         # a trace as text (print(trace))

@@ -20,6 +20,7 @@ import types
 
 import numpy as np
 
+from ..core import primitives as P
 from ..core import bridge
 from . import tree
 from ..core import core as core_mod
@@ -50,7 +51,7 @@ nothing_saveable.jax_made = ("nothing_saveable", ())
 
 def _dots(no_batch_dims):
     def policy(prim, *avals, **params):
-        if prim.name != "dot_general":
+        if prim is not P.dot_general:
             return False
         (_, _), (lhs_batch, rhs_batch) = params["dimension_numbers"]
         return not no_batch_dims or (not lhs_batch and not rhs_batch)
@@ -68,7 +69,7 @@ dots_with_no_batch_dims_saveable.__doc__ = "Keep the matrix products that have n
 
 def _named(keep, names, label):
     def policy(prim, *_, **params):
-        return prim.name == "name" and keep(params["name"] in names)
+        return prim is loops.name_p and keep(params["name"] in names)
     policy.__qualname__ = f"{label}.<locals>.policy"
     policy.jax_made = (label, tuple(names))
     return policy

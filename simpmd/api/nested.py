@@ -129,6 +129,6 @@ def _pmap_vjp(cts, ins, outs, wants, _vjp=None, **params):
 
 xla_pmap = Primitive("xla_pmap", _pmap_stacked, _pmap_abstract, multiple_results=True,
                      needs_run=True, cost=lambda ins, outs, **p: (0, 0), vjp=_pmap_vjp,
-                     linearize=_pmap_linearize,
+                     linearize=_pmap_linearize, unlogged="nested pmaps",
                      show=lambda p: {k: p[k] for k in ("axis_name", "axis_size", "call_jaxpr",
                                                        "name")})

@@ -17,18 +17,20 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core import errors, loops
+from ..core import core, errors, loops
 from ..core import collectives as K
 from ..core import primitives as P
 from ..core.core import Aval, Equation, Primitive, Var, aval_of, bind, context, running
 from ..core.program import eval_program, trace
 from ..core.run import Run
 from ..core.values import StackedValue
-from ..machine.mesh import PartitionSpec
+from ..machine.mesh import PartitionSpec, join_blocks
 from . import partition as R
 from . import tree
 from .jit_run import JitRun, MeshText
 from .partition import Sharding, ShardingTypeError, all_explicit, count, dims_of, whole
+from .spmd import record_trace
+from .trace import Trace
 
 
 def shard_map_equation(mapped, args):
@@ -206,7 +208,6 @@ def _operand_blocks(run, x, spec, var, manual_axes):
 
 
 def _plain():
-    from ..core import core
     return core.plain
 
 
@@ -214,7 +215,6 @@ def _entering(run, args, params):
     """A shard_map on a run of one device and no axes (plain NumPy under ``grad``, a jit of
     NumPy arguments): the operands, whole, placed on the shard_map's mesh as JAX places
     them; the body run there; the results brought back whole."""
-    from .jit import ShardedArray
     mesh = params["shard_mesh"].mesh
     inner = JitRun(mesh)
     if isinstance(run, JitRun):               # its collectives join the jit's log
@@ -228,17 +228,13 @@ def _entering(run, args, params):
     inner.returned_values = []
     with running(inner):
         stacks = _sm_stacked(*values, **params)
-    avals = _sm_abstract(jaxpr=params["jaxpr"], shard_mesh=params["shard_mesh"],
-                         out_specs=params["out_specs"])
     dims = _sm_rule(mesh, [], params["jaxpr"], params["in_specs"], params["out_specs"],
                     params["shard_mesh"])
     out = []
-    for a, d, s in zip(avals, dims, stacks):
-        value = np.asarray(ShardedArray(a.update(sharding=Sharding(mesh, d)), s, mesh))
+    for d, s in zip(dims, stacks):
+        value = join_blocks(np.asarray(s), Sharding(mesh, d).spec, mesh)
         out.append(np.broadcast_to(value, (run.n,) + value.shape))
     if not isinstance(run, JitRun):
-        from .spmd import record_trace
-        from .trace import Trace
         record_trace(Trace(log=inner.log, devices=inner.devices))
     return out
 

@@ -18,6 +18,7 @@ from ..core import dtypes, errors
 from ..core import primitives as P
 from ..core.core import Aval, aval_of, bind, context
 from ..core.values import StackedValue
+from .jit_run import call_in_body
 
 
 def refused_numpy(name, args):
@@ -144,16 +145,12 @@ def jnp_jit(name):
     ``make_jaxpr`` prints it; its Python-number arguments are weak-typed operands."""
     def wrap(fn):
         fn.__name__ = fn.__qualname__ = name
-        made = []
 
         def call(*args):
             run = context.run
             if run is None or run.eager or not any(is_value(a) for a in args):
                 return fn(*args)
-            if not made:
-                from .jit import jit
-                made.append(jit(fn))
-            return made[0](*args)
+            return call_in_body(fn, args)
         call.__name__ = name
         return call
     return wrap

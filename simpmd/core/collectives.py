@@ -257,19 +257,20 @@ def _pmean_printed(eqn, name, typed, ins):
     return lines
 
 # ``reduction``: it reduces over its axes (the vma rule above); ``unequal_groups``: its
-# axis_index_groups may have different sizes (as jax.lax's all-reduces allow).
+# axis_index_groups may have different sizes (as jax.lax's all-reduces allow); ``hlo``:
+# the kind of collective XLA's compiled program calls it.
 psum = _collective("psum", "psum", _psum, _reduce_abstract("psum"), _all_reduce_bytes,
                    _psum_vjp, variadic=True, printed=_psum_printed, reduction=True,
-                   unequal_groups=True)
+                   unequal_groups=True, hlo="all-reduce")
 pmean = _collective("pmean", "pmean", _pmean, _reduce_abstract("pmean"), _all_reduce_bytes,
                     _pmean_vjp, variadic=True, printed=_pmean_printed, reduction=True,
-                    unequal_groups=True)
+                    unequal_groups=True, hlo="all-reduce")
 pmax = _collective("pmax", "pmax", lambda g: g.max(axis=1, keepdims=True),
                    _reduce_abstract("pmax"), _all_reduce_bytes, variadic=True, reduction=True,
-                   unequal_groups=True)
+                   unequal_groups=True, hlo="all-reduce")
 pmin = _collective("pmin", "pmin", lambda g: g.min(axis=1, keepdims=True),
                    _reduce_abstract("pmin"), _all_reduce_bytes, variadic=True, reduction=True,
-                   unequal_groups=True)
+                   unequal_groups=True, hlo="all-reduce")
 
 def _gather_abstract(x, *, all_gather_dimension, axis_name, axis_index_groups=None,
                      axis_size, tiled):
@@ -289,7 +290,7 @@ all_gather = _collective(
         reduce_scatter, ct, scatter_dimension=p["all_gather_dimension"],
         axis_name=p["axis_name"], axis_index_groups=p["axis_index_groups"],
         axis_size=p["axis_size"], tiled=p["tiled"])] if wants[0] else [None],
-    lambda p: {"axis": p["all_gather_dimension"], "tiled": p["tiled"]})
+    lambda p: {"axis": p["all_gather_dimension"], "tiled": p["tiled"]}, hlo="all-gather")
 
 def _scatter_abstract(x, *, scatter_dimension, axis_name, axis_index_groups=None, axis_size,
                       tiled):
@@ -315,7 +316,7 @@ reduce_scatter = _collective(
         axis_index_groups=p["axis_index_groups"], axis_size=p["axis_size"],
         tiled=p["tiled"])] if wants[0] else [None],
     lambda p: {"scatter_dimension": p["scatter_dimension"], "tiled": p["tiled"]},
-    reduction=True, probe_keywords={"tiled": True})
+    reduction=True, probe_keywords={"tiled": True}, hlo="reduce-scatter")
 
 def _a2a_abstract(x, *, split_axis, concat_axis, axis_name, axis_index_groups=None, tiled):
     axes = _axes({"axis_name": axis_name})
@@ -338,7 +339,7 @@ all_to_all = _collective(
         axis_name=p["axis_name"], axis_index_groups=p["axis_index_groups"],
         tiled=p["tiled"])] if wants[0] else [None],
     lambda p: {"split_axis": p["split_axis"], "concat_axis": p["concat_axis"],
-               "tiled": p["tiled"]})
+               "tiled": p["tiled"]}, hlo="all-to-all")
 
 def _ppermute_abstract(*xs, axis_name, perm):
     check_perm(perm, group_size(tuple(axis_name)), tuple(axis_name))
@@ -352,7 +353,7 @@ def _ppermute_vjp(cts, ins, outs, wants, axis_name, perm):
 
 ppermute = _collective("ppermute", "ppermute", _ppermute, _ppermute_abstract, _permute_bytes,
                        _ppermute_vjp, lambda p: {"perm": p["perm"]}, variadic=True,
-                       same_bytes=False)
+                       same_bytes=False, hlo="collective-permute")
 
 def _pvary_abstract(x, *, axes, axis_index_groups=None):
     return _typed(x, x.vma | set(axes))

@@ -24,9 +24,12 @@ log. (``cond``, and any primitive that holds a program, could use the same two s
 """
 from __future__ import annotations
 
+import collections
+
 import numpy as np
 
-from . import core, dtypes
+from . import core
+from .autodiff import NotDifferentiableError, backward, differentiable, linearize
 from .core import Equation, Primitive, Program, Var, aval_of, backward_pass, bind, context
 from .program import eval_program, trace
 from .values import StackedValue
@@ -83,23 +86,19 @@ def _scan_abstract(*avals, jaxpr, length, num_carry, **params):
     outs = jaxpr.out_avals
     return outs[:num_carry] + [a.update(shape=(length,) + a.shape) for a in outs[num_carry:]]
 
-def _float(v) -> bool:
-    return dtypes.inexact(v.aval.dtype)
-
 def _depends(program, active) -> list:
     """Which outputs of ``program`` depend on its inputs marked in ``active``."""
     live = {v for v, a in zip(program.invars, active) if a}
     for e in program.eqns:
         if any(type(v) is Var and v in live for v in e.invars):
-            live.update(v for v in e.outvars if _float(v))
-    return [type(v) is Var and v in live and _float(v) for v in program.outvars]
+            live.update(v for v in e.outvars if differentiable(v))
+    return [type(v) is Var and v in live and differentiable(v) for v in program.outvars]
 
 def _scan_linearize(eqn, wants):
     """The scan, rewritten to also stack its residuals; its backward body in ``_vjp``."""
-    from .autodiff import linearize
     p = eqn.params
     body, nc, nk = p["jaxpr"], p["num_consts"], p["num_carry"]
-    active = [w and _float(v) for w, v in zip(wants, body.invars)]
+    active = [w and differentiable(v) for w, v in zip(wants, body.invars)]
     while True:                 # a carry that a differentiated value reaches is differentiated
         reached = _depends(body, active)
         grow = [nc + k for k in range(nk) if reached[k] and not active[nc + k]]
@@ -176,7 +175,6 @@ def _while_stacked(*ops, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts, _so
     return _stacks(carry)
 
 def _while_vjp(*args, **params):
-    from .autodiff import NotDifferentiableError
     raise NotDifferentiableError(
         "Reverse-mode differentiation does not work for lax.while_loop or lax.fori_loop with "
         "dynamic start/stop values. Try using lax.scan, or using fori_loop with static "
@@ -199,16 +197,10 @@ def _saveable(policy):
         return lambda e: False
     return lambda e: bool(policy(e.primitive, *[aval_of(v) for v in e.invars], **e.params))
 
-class Split:
-    """How a body run once was cut for a derivative: which of its inputs the backward
-    half reads (``used``), how many residuals the forward half adds to its results
-    (``n_saved``), which inputs are differentiated (``active``) and which results get a
-    cotangent (``with_ct``)."""
-
-    __slots__ = ("used", "n_saved", "active", "with_ct")
-
-    def __init__(self, used, n_saved, active, with_ct):
-        self.used, self.n_saved, self.active, self.with_ct = used, n_saved, active, with_ct
+# How a body run once was cut for a derivative: which of its inputs the backward half reads,
+# how many residuals the forward half adds, which inputs are differentiated, which results
+# get a cotangent.
+Split = collections.namedtuple("Split", "used n_saved active with_ct")
 
 
 def split_call(body, wants, saveable=None, every_input=False):
@@ -217,8 +209,7 @@ def split_call(body, wants, saveable=None, every_input=False):
     residuals; the backward half takes the inputs it reads (all of them with
     ``every_input``), the residuals, then the results' cotangents, and returns the
     differentiated inputs' cotangents. One strategy for every such row."""
-    from .autodiff import linearize
-    active = [w and _float(v) for w, v in zip(wants, body.invars)]
+    active = [w and differentiable(v) for w, v in zip(wants, body.invars)]
     body = linearize(body, [v for v, a in zip(body.invars, active) if a])
     with_ct = _depends(body, active)
     joint, fwd, bwd, res = partial_eval(body, active, with_ct, saveable=saveable)
@@ -288,7 +279,6 @@ def _like(x, aval):
 def _joint(body, active, with_ct, accumulate):
     """The function of (primals, accumulators, output cotangents) that runs ``body``
     forward, then backward: (outputs, cotangents of the active inputs)."""
-    from .autodiff import backward
     n_in = len(body.invars)
     acc_at = [i for i in range(n_in) if active[i] and accumulate[i]]
 

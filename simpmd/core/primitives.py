@@ -770,5 +770,5 @@ def _call_abstract(*xs, fn, kwargs, name):
     return Aval(out.shape, dtypes.canonical(out.dtype), False, _vma(xs))
 
 numpy_call = Primitive("numpy_call", _call_stacked, _call_abstract, cost=_elementwise_cost,
-                       show=lambda p: {"fn": f"numpy.{p['name']}"})
+                       show=lambda p: {"fn": f"numpy.{p['name']}"}, named=lambda p: f"numpy.{p['name']}")
 

@@ -25,7 +25,8 @@ from ..api.partition import Sharding, all_explicit, explicit_axes, resolve
 from ..core import dtypes
 from ..core.core import Aval
 from ..machine.array import Shard
-from ..machine.mesh import NamedSharding, PartitionSpec, block_slices, check_spec, replica_id
+from ..machine.mesh import (NamedSharding, PartitionSpec, block_slices, check_spec, join_blocks,
+                            replica_id)
 from ..machine import devices as machine
 
 NOT_ADDRESSABLE = (
@@ -84,9 +85,8 @@ class ProcessArray(ShardedArray):
 
     def __array__(self, dtype=None, copy=None):
         if self.is_fully_addressable:
-            from ..api.shard_map import _join_blocks
             stack = np.stack([self._blocks[k] for k in range(self.mesh.size)])
-            value = _join_blocks(stack, self.sharding.spec, self.mesh)
+            value = join_blocks(stack, self.sharding.spec, self.mesh)
         elif self.is_fully_replicated and self._blocks:
             value = np.array(next(iter(self._blocks.values())))     # a local copy of the whole
         else:

@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from ..core import collectives as K
 from ..core import errors
 from ..api import tree
 from ..machine.array import Array
@@ -53,14 +54,14 @@ from ..api.pmap import Pmapped, pmap as simpmd_pmap
 from ..api.shard_map import ShardMapped
 from ..api.jit import Jitted
 
-# Collective parameters that jax < 0.11 cannot lower when negative (0.10 may abort the process).
-# simpmd's names (trace events) and JAX's primitive names (jaxprs) both appear here.
-NEGATIVE_AXIS_CRASHES = {
-    "all_to_all": ("split_axis", "concat_axis"),
-    "psum_scatter": ("scatter_dimension",),
-    "reduce_scatter": ("scatter_dimension",),
-    "pswapaxes": ("axis",),
-}
+# Collective parameters that jax < 0.11 cannot lower when negative (0.10 may abort the
+# process): a column of the rows (their lax keywords), read under the rows' names, simpmd's
+# and lax's (trace events, and JAX's jaxprs, which name reduce_scatter so too).
+K.all_to_all.jax_negative_axes = ("split_axis", "concat_axis")
+K.reduce_scatter.jax_negative_axes = ("scatter_dimension",)
+NEGATIVE_AXIS_CRASHES = {name: row.jax_negative_axes for row in (K.all_to_all, K.reduce_scatter)
+                         for name in (row.name, row.op)}
+NEGATIVE_AXIS_CRASHES["pswapaxes"] = ("axis",)      # (jax's own primitive; simpmd's is all_to_all)
 FIXED_IN = (0, 11)
 # The JAX releases the course is tested on (scripts/test_matrix.sh), for notes about bugs
 # that all of them share.
@@ -770,7 +771,7 @@ def _crosscheck_jit(jitted, args, rtol, atol) -> CrossCheckReport:
         out = jitted(*args)
         sim.outputs = _to_numpy(out)
         sim_types = [str(J.typeof(y)) for y in tree.flatten(out)[0]]
-        kinds = {k for k in J.collective_counts(jitted.trace)}
+        kinds = set(jitted.trace.collective_counts())
     except Exception as exc:
         sim.error = exc
     try:

@@ -400,3 +400,43 @@ class NamedSharding:
 
     def __repr__(self):
         return f"NamedSharding(mesh={self.mesh!r}, spec={self.spec!r})"
+
+
+# -- an array's blocks on a mesh ----------------------------------------------------------
+
+def _split_shape(shape, spec, mesh):
+    """``shape`` with each split dimension cut into (its mesh axes..., block): the axis
+    positions by mesh axis name, and the positions of the block dimensions."""
+    sizes, cut, position, blocks = mesh.shape, [], {}, []
+    for d, size in enumerate(shape):
+        names = spec.axes_of(d)
+        for name in names:
+            position[name] = len(cut)
+            cut.append(sizes[name])
+        blocks.append(len(cut))
+        cut.append(size // math.prod(sizes[n] for n in names))
+    return cut, position, blocks
+
+
+def stack_blocks(value, spec, mesh):
+    """Every device's block of ``value``, stacked in the mesh's row-major device order."""
+    cut, position, blocks = _split_shape(value.shape, spec, mesh)
+    v = value.reshape(cut + [1] * (len(mesh.axis_names) - len(position)))
+    free = iter(range(len(cut), v.ndim))
+    order = [position[n] if n in position else next(free) for n in mesh.axis_names] + blocks
+    v = np.broadcast_to(v.transpose(order), tuple(mesh.shape.values()) + tuple(cut[b] for b in blocks))
+    return v.reshape((mesh.size,) + v.shape[len(mesh.axis_names):])
+
+
+def join_blocks(stack, spec, mesh):
+    """The global array whose blocks ``stack`` holds (the first copy of each block)."""
+    grid = stack.reshape(tuple(mesh.shape.values()) + stack.shape[1:])
+    used = spec.mesh_axes()
+    names = [n for n in mesh.axis_names if n in used]
+    grid = grid[tuple(slice(None) if n in used else 0 for n in mesh.axis_names)]
+    order, shape = [], []
+    for d, size in enumerate(stack.shape[1:]):
+        axes = spec.axes_of(d)
+        order += [names.index(n) for n in axes] + [len(names) + d]
+        shape.append(size * math.prod(mesh.shape[n] for n in axes))
+    return np.array(grid.transpose(order).reshape(shape))

@@ -28,7 +28,7 @@ _WHERE = {
     "mesh_groups": "mesh",
     "draw_collective": "collectives",
     "draw_trace": "collectives",
-    "DRAWING": "collectives",
+    "drawing_of": "collectives",
     "draw_algorithm_step": "algorithms",
     "draw_algorithm": "algorithms",
     "animate_algorithm": "algorithms",

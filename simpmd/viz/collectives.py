@@ -8,8 +8,8 @@ are drawn as rows x columns grids. Cells are coloured by the device their data c
 carry their numbers where the numbers fit. Between the columns, each group is a band: its
 members exchange data among themselves; how (ring, tree) is what ``viz.draw_algorithm`` shows.
 
-What to colour, and how to link the two sides, is one row per collective in
-:data:`DRAWING`, as the math is one row of ``simpmd.core.collectives.MATH``.
+What to colour, and how to link the two sides, is a column of each collective's row
+(``drawing``, set here), as its math is (``simpmd.core.collectives``).
 """
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ import numpy as np
 from matplotlib.collections import LineCollection
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle
 
+from ..core import collectives as K
 from .text import needs_values
 from .canvas import (INK, MIN_FONT, SUM, ZERO, device_color, dtype_shape, face_color,
                      elide, figure_and_axes, new_figure, number, tag)
@@ -114,28 +115,33 @@ class Picture:
 
 
 _REDUCE = "colour = {who}; grey, hatched = combined from the whole group"
-DRAWING = {
-    "psum": Picture(_own, _summed, "group", "sum", "everyone's values are added; " + _REDUCE),
-    "pmean": Picture(_own, _summed, "group", "mean", "everyone's values are averaged; " + _REDUCE),
-    "pmax": Picture(_own, _winner, "group", "max",
-                    "elementwise maximum; colour = the {who} whose value won"),
-    "pmin": Picture(_own, _winner, "group", "min",
-                    "elementwise minimum; colour = the {who} whose value won"),
-    "all_gather": Picture(_own, _gathered, "group", "gather",
-                          "colour = the {who} a block came from: everyone ends with every block"),
-    "psum_scatter": Picture(_scattered_by_destination, _own, "group", "sum + split",
-                            "colour = the {who} a block is summed onto: block i of every "
-                            "device is added and lands on {who} i", words=("to", "from")),
-    "all_to_all": Picture(_own, _joined_by_source, "group", "all-to-all",
-                          "colour = the {who} a block came from: block i of {who} j goes to "
-                          "{who} i (a transpose)", split=_split_blocks),
-    "pswapaxes": Picture(_own, _joined_by_source, "group", "swap",
-                         "colour = the {who} a block came from: block i of {who} j goes to "
-                         "{who} i", split=_split_blocks),
-    "ppermute": Picture(_own, _permuted, "pairs", "",
-                        "colour = the {who} the value came from; white = nobody sent (zeros)"),
-    "pshuffle": Picture(_own, _shuffled, "pairs", "", "colour = the {who} the value came from"),
-}
+_BLOCKS = "colour = the {who} a block came from: block i of {who} j goes to {who} i"
+# The drawing of each collective, a column of its row (set here, where drawings live).
+K.psum.drawing = Picture(_own, _summed, "group", "sum", "everyone's values are added; " + _REDUCE)
+K.pmean.drawing = Picture(_own, _summed, "group", "mean",
+                          "everyone's values are averaged; " + _REDUCE)
+K.pmax.drawing = Picture(_own, _winner, "group", "max",
+                         "elementwise maximum; colour = the {who} whose value won")
+K.pmin.drawing = Picture(_own, _winner, "group", "min",
+                         "elementwise minimum; colour = the {who} whose value won")
+K.all_gather.drawing = Picture(
+    _own, _gathered, "group", "gather",
+    "colour = the {who} a block came from: everyone ends with every block")
+K.reduce_scatter.drawing = Picture(
+    _scattered_by_destination, _own, "group", "sum + split",
+    "colour = the {who} a block is summed onto: block i of every device is added and lands "
+    "on {who} i", words=("to", "from"))
+K.all_to_all.drawing = Picture(_own, _joined_by_source, "group", "all-to-all",
+                               _BLOCKS + " (a transpose)", split=_split_blocks)
+K.ppermute.drawing = Picture(_own, _permuted, "pairs", "",
+                             "colour = the {who} the value came from; white = nobody sent (zeros)")
+
+
+def drawing_of(op):
+    """The drawing of the collective whose lax name is ``op`` (its row's column)."""
+    return getattr(K.COLLECTIVES.get(op), "drawing", _DEFAULT)
+
+
 _DEFAULT = Picture(_own, _own, "group", "?", "colour = {who}")
 
 
@@ -385,7 +391,7 @@ def _plan(events, leaf, max_numbers, max_rows):
 
 def _draw_call(ax, plan, *, leaf, title, index=None):
     groups, first = plan["groups"], plan["first"]
-    picture = DRAWING.get(first.op, _DEFAULT)
+    picture = drawing_of(first.op)
     p = len(first.group)
     fs = float(np.clip(plan["row_h"] * 26, MIN_FONT + 0.5, 9.0))
     idle = _idle_members(first) if picture.link == "pairs" else set()
@@ -516,8 +522,6 @@ def _draw_pairs(ax, groups, centre, gap_y, extent, p, x_from, x_to, fs):
 
 
 def _pairs_of(e):
-    if e.op == "pshuffle":
-        return [(src, dst) for dst, src in enumerate(e.params.get("perm", ()))]
     return list(e.params.get("perm", ()))
 
 
