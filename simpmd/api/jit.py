@@ -36,6 +36,7 @@ from ..core import bridge, dtypes, loops
 from ..core.core import Aval, aval_of, bind, context, running
 from ..core.program import cached, eval_program, store, trace
 from ..core.values import StackedValue
+from ..machine import devices as machine
 from ..machine.mesh import (AxisType, Mesh, NamedSharding, PartitionSpec, axis_types_of,
                             check_spec, join_blocks, stack_blocks)
 from . import partition as R
@@ -301,8 +302,8 @@ def device_put(x, sharding=None):
         if x.mesh == mesh:
             return reshard(x, NamedSharding(mesh, spec))
         x = np.asarray(x)
-    if _processes.intercepts():                    # one process of simpmd.run_processes
-        return _processes.placed_on_mesh(x, NamedSharding(mesh, spec))
+    if machine.intercepts():                    # one process of simpmd.run_processes
+        return machine.hosts.placed_on_mesh(x, NamedSharding(mesh, spec))
     return _placed(x, mesh, spec)
 
 
@@ -370,8 +371,8 @@ def _results(run, out):
 def on_mesh(fn, args, kwargs=None):
     """``fn(*args, **kwargs)`` run at once on the mesh of its sharded arguments (or of
     ``set_mesh``): JAX's op-by-op dispatch. Its collectives are ``simpmd.last_trace()``."""
-    if _processes.intercepts():                    # one process of simpmd.run_processes
-        return _processes.launch(_Operation(fn), args, kwargs or {})
+    if machine.intercepts():                    # one process of simpmd.run_processes
+        return machine.hosts.launch(_Operation(fn), args, kwargs or {})
     leaves, treedef = tree.flatten((tuple(args), dict(kwargs or {})))
     mesh = _mesh_of(leaves)
     run = JitRun(mesh)
@@ -409,21 +410,6 @@ class _Operation:
         return on_mesh(self.fun, args, kwargs)
 
 
-class _Processes:
-    """simpmd.run_processes' hand-off (``simpmd/hosts/calls.py``), imported on first use:
-    a call made by one simulated process joins the others'."""
-
-    def intercepts(self) -> bool:
-        from ..machine.devices import current_process
-        host = current_process()
-        return host is not None and not host.executing
-
-    def __getattr__(self, name):
-        from ..hosts import calls
-        return getattr(calls, name)
-
-
-_processes = _Processes()
 
 
 # -- jit ---------------------------------------------------------------------------------------
@@ -466,8 +452,8 @@ class Jitted:
                            static_argnames=self.static_argnames)(*args, **kwargs)
         if context.run is not None:               # inside another body: one jit equation
             return call_in_body(self.fun, args, kwargs, self._statics())
-        if _processes.intercepts():                # one process of simpmd.run_processes
-            return _processes.launch(self, args, kwargs)
+        if machine.intercepts():                # one process of simpmd.run_processes
+            return machine.hosts.launch(self, args, kwargs)
         return self._run(args, kwargs)
 
     def _inputs(self, run, args, kwargs):

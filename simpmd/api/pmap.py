@@ -249,8 +249,8 @@ class Pmapped:
             self._check_nesting(run)
             if not run.eager:
                 return self._nested(args, kwargs)
-        from ..machine.devices import current_process
-        if current_process() is not None and not current_process().executing:
+        from ..machine.devices import intercepts
+        if intercepts():
             raise NotImplementedError(
                 "simpmd.pmap inside simpmd.run_processes is not simulated (in multi-process "
                 "JAX it maps over each process's local devices). Write the program as a "

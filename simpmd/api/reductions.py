@@ -30,38 +30,42 @@ _FILE = "Please file an issue at https://github.com/jax-ml/jax/issues"
 
 def attach():
     """Give the core's rows their columns for unreduced and reduced operands:
-    ``unreduced_rule`` (how the row treats them: 'sum', 'scaled', 'linear', 'extreme', 'unary',
-    'product', 'reshard' or 'body'), ``unreduced_since`` (for 'linear': the last JAX
-    release that had no rule for it) and ``unreduced_body`` (for 'body': which parameter
-    holds the program whose results' types the row's are)."""
+    ``unreduced_rule`` (how the row treats them: 'sum', 'scaled', 'linear', 'extreme',
+    'unary', 'product', 'reshard' or 'body'), ``unreduced_since`` (the last JAX release
+    without the rule), ``unreduced_kind`` (an extreme's: 'max' or 'min'),
+    ``unreduced_body`` (which parameter holds the program whose results' types a 'body'
+    row's are), ``keeps_reduced`` (its result stays reduced on every release;
+    ``keeps_reduced_since``: up to that release, then the rule of several operands),
+    ``spec_indexed`` (jax 0.10 indexed its operand's spec, and refused a reduced or
+    unreduced one), ``unreduced_word`` (the name JAX's message gives it) and ``divides``
+    (a quotient: its denominator, not its numerator, must be reduced)."""
     from ..core import loops, primitives as P
-    from ..core.core import PRIMITIVES
-    for row in PRIMITIVES.values():
-        if getattr(row, "elementwise", False) and getattr(row, "unreduced_rule", None) is None:
-            row.unreduced_rule = "unary" if _one_operand(row) else None
+    one_operand = (P.abs_, P.acos, P.acosh, P.asin, P.asinh, P.atan, P.atanh, P.cbrt, P.ceil,
+                   P.conj, P.cos, P.cosh, P.exp, P.exp2, P.expm1, P.floor, P.imag,
+                   P.integer_pow, P.is_finite, P.log, P.log1p, P.logistic, P.not_, P.real,
+                   P.round_, P.rsqrt, P.sign, P.sin, P.sinh, P.sqrt, P.square, P.tan, P.tanh)
+    for row in one_operand:
+        row.unreduced_rule, row.keeps_reduced = "unary", True
     for row in (P.add, P.add_any, P.sub):
         row.unreduced_rule = "sum"
-    P.sub.unreduced_since = (0, 10, 2)
+    P.sub.unreduced_since, P.add_any.unreduced_word = (0, 10, 2), "add"
     P.mul.unreduced_rule = P.div.unreduced_rule = "scaled"
+    P.div.unreduced_since, P.div.divides = (0, 10, 2), True
     for row, since in ((P.transpose, (0, 7, 2)), (P.reduce_sum, (0, 7, 2)),
                        (P.convert_element_type, (0, 7, 2)), (P.select_n, (0, 7, 2)),
                        (P.concatenate, (0, 7, 2)), (P.squeeze, (0, 7, 2)), (P.copy, (0, 7, 2)),
                        (P.neg, (0, 10, 2)), (P.reshape, (0, 10, 2))):
         row.unreduced_rule, row.unreduced_since = "linear", since
+    for row in (P.convert_element_type, P.copy, P.neg):
+        row.keeps_reduced = True
+    P.select_n.keeps_reduced_since = P.concatenate.keeps_reduced_since = (0, 7, 2)
+    P.reshape.spec_indexed = True
     for row, kind in ((P.reduce_max, "max"), (P.reduce_min, "min"), (P.argmax, "max"),
                       (P.argmin, "min")):
         row.unreduced_rule, row.unreduced_kind = "extreme", kind
     P.dot_general.unreduced_rule = "product"
     for row, body in ((loops.scan, "jaxpr"), (loops.remat, "jaxpr"), (loops.while_, "body_jaxpr")):
         row.unreduced_rule, row.unreduced_body = "body", body
-
-
-def _one_operand(row) -> bool:
-    """Elementwise rows of one operand (their reduced type is kept on every release)."""
-    return row.name in {"abs", "acos", "acosh", "asin", "asinh", "atan", "atanh", "cbrt", "ceil",
-                        "conj", "cos", "cosh", "exp", "exp2", "expm1", "floor", "imag",
-                        "integer_pow", "is_finite", "log", "log1p", "logistic", "not", "real",
-                        "round", "rsqrt", "sign", "sin", "sinh", "sqrt", "square", "tan", "tanh"}
 
 
 def _u(aval):
@@ -137,12 +141,13 @@ def _unreduced(prim, avals):
     v, name, kind = settings.version, prim.name, getattr(prim, "unreduced_rule", None)
     since = getattr(prim, "unreduced_since", None)
     if kind == "sum" and (since is None or v > since):
-        return _sum_of_partial_sums(name, avals)
+        return _sum_of_partial_sums(getattr(prim, "unreduced_word", name), avals)
     if kind == "scaled":
-        return _scaled(name, avals)
+        return _scaled(prim, avals)
     if kind == "linear":
-        if v <= since and not (name == "reshape" and v > (0, 7, 2) and not avals[0].ndim):
-            if name == "reshape" and v > (0, 7, 2):
+        indexed = getattr(prim, "spec_indexed", False) and v > (0, 7, 2)
+        if v <= since and not (indexed and not avals[0].ndim):
+            if indexed:
                 raise ValueError("Using pspec[...] is dangerous when PartitionSpec has "
                                  "non-empty unreduced/reduced set. Please use "
                                  "spec.partitions[...]")
@@ -168,21 +173,20 @@ def _sum_of_partial_sums(name, avals):
     if _u(lhs) == _u(rhs):
         return _u(lhs), frozenset()
     side, other = ("lhs", "rhs") if _u(lhs) else ("rhs", "lhs")
-    shown = "add" if name == "add_any" else name
     raise ShardingTypeError(
-        f"{side} is unreduced while {other} is not. `{shown}` operation does not allow this "
+        f"{side} is unreduced while {other} is not. `{name}` operation does not allow this "
         f"because there will be implicit communication. Please reduce {side} via `reshard` "
-        f"before calling `{shown}`.")
+        f"before calling `{name}`.")
 
 
-def _scaled(name, avals):
+def _scaled(prim, avals):
     """A partial sum times (or over) a value that is the same everywhere: still a partial
     sum, provided that value is reduced along the same axes (jax 0.10; division 0.12)."""
-    v = settings.version
-    if v <= (0, 7, 2) or (name == "div" and v <= (0, 10, 2)):
+    v, name = settings.version, prim.name
+    if v <= getattr(prim, "unreduced_since", (0, 7, 2)):
         raise _no_rule(name)
     lhs, rhs = avals
-    if name == "div":
+    if getattr(prim, "divides", False):                  # over a value reduced alike
         if _r(rhs) >= _u(lhs) and not _u(rhs):
             return _u(lhs), frozenset()
         raise ValueError(f"Denominator should be reduced along the same axes numerator is "
@@ -205,16 +209,15 @@ def _reduced(prim, avals, arrays):
     operations of one operand keep the type on every release; from jax 0.10 so do those of
     several operands that agree, and transposes and sums (and reshapes from 0.12)."""
     v, name, kind = settings.version, prim.name, getattr(prim, "unreduced_rule", None)
-    if kind == "unary" or name in ("convert_element_type", "copy", "neg") or (
-            v <= (0, 7, 2) and name in ("select_n", "concatenate")):
+    if getattr(prim, "keeps_reduced", False) or v <= getattr(prim, "keeps_reduced_since", ()):
         return frozenset(), _r(arrays[0])
     if v <= (0, 7, 2) or kind == "product":
         return NO
     if kind == "extreme" and v <= (0, 10, 2):
         raise ValueError("Using *pspec is dangerous when PartitionSpec has non-empty "
                          "unreduced/reduced set. Please use *spec.partitions")
-    if name == "reshape" and v <= (0, 10, 2) and avals[0].ndim:      # (jax 0.10 indexes the
-        raise ValueError("Using pspec[...] is dangerous when PartitionSpec has non-empty "   # spec)
+    if getattr(prim, "spec_indexed", False) and v <= (0, 10, 2) and avals[0].ndim:
+        raise ValueError("Using pspec[...] is dangerous when PartitionSpec has non-empty "
                          "unreduced/reduced set. Please use spec.partitions[...]")
     if kind == "linear" or len(arrays) == 1:
         return frozenset(), _r(arrays[0])

@@ -24,6 +24,9 @@ from ..machine import devices as machine
 from .arrays import ProcessArray, make_array_from_callback, make_array_from_process_local_data
 from .crossing import collective_calls, hosts_table
 from .scheduler import ProcessError, Processes, install_stdout
+from . import calls
+
+machine.hosts = calls               # the front ends hand a process's calls to it
 
 
 class ProcessRun:

@@ -40,12 +40,6 @@ def passing_through():
         host.executing = False
 
 
-def intercepts() -> bool:
-    """True when a front end's call is a simulated process's, to be handed to :func:`launch`."""
-    host = machine.current_process()
-    return host is not None and not host.executing
-
-
 def _function_of(fn):
     """The learner's Python function under jit, shard_map and functools.partial wrappers."""
     seen = 0

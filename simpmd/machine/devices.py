@@ -187,6 +187,18 @@ def current_process():
     return getattr(_process, "host", None)
 
 
+# How a simulated process's call of jit, shard_map or device_put joins the other processes':
+# simpmd.hosts registers its calls module here when imported (the front ends sit below it).
+hosts = None
+
+
+def intercepts() -> bool:
+    """True when a front end's call is a simulated process's own, to hand to ``hosts``
+    (a rendezvous running the computation for every process passes through)."""
+    host = current_process()
+    return host is not None and not host.executing
+
+
 def process_index() -> int:
     """Which process this is, like ``jax.process_index()``: 0 outside ``run_processes``."""
     host = current_process()
