@@ -86,3 +86,16 @@ def test_llama_step_quick_runs_and_agrees_with_jax_roofline():
     assert row["same_flops"] and row["same_ici_bytes"]
     assert row["simpmd_s"] > 0 and row["jax_s"] > 0 and row["ratio"] > 0
     assert 0 < row["compute_s"] < row["step_s_modelled"]
+
+
+def test_plan_sweep_quick_runs_and_reuse_changes_nothing():
+    """benchmarks/plan_sweep.py --quick: it finishes, the 70B estimate on 8,192 chips gives
+    a step, and the sweep that reuses gives what independent estimates give."""
+    pytest.importorskip("ml_dtypes", reason="the step is in bfloat16, which ml_dtypes (jaxlib's) brings")
+    result = subprocess.run([sys.executable, str(BENCHMARKS / "plan_sweep.py"), "--quick", "--json"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    import json
+    row = json.loads(result.stdout)
+    assert row["step_s"] > 0 and 0 < row["mfu"] < 1 and row["ran"] > 0
+    assert row["same_results"]

@@ -591,12 +591,19 @@ def test_estimate_trace_of_a_real_run():
 
 # -- teaching material stays pure -----------------------------------------------------------
 
-@pytest.mark.parametrize("module", sorted(p.name for p in pathlib.Path(C.__file__).parent.glob("*.py")
-                                           if p.name != "memory.py"))   # dce of a JAX jaxpr
+@pytest.mark.parametrize("module", sorted(p.name for p in pathlib.Path(C.__file__).parent.glob("*.py")))
 def test_no_jax_import(module):
-    source = (pathlib.Path(C.__file__).parent / module).read_text()
+    """The cost model is NumPy alone; the one import of JAX is JAX's own dead-code removal,
+    in walk.py, run on a jaxpr that JAX made (so JAX is there)."""
+    tree = ast.parse((pathlib.Path(C.__file__).parent / module).read_text())
+    allowed = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and (module, node.name) == ("walk.py", "_jax_dce"):
+            allowed |= {id(n) for n in ast.walk(node)}
     imported = set()
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(tree):
+        if id(node) in allowed:
+            continue
         if isinstance(node, ast.Import):
             imported |= {a.name.split(".")[0] for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module:

@@ -652,11 +652,30 @@ def _resolve(indexer, arrays):
     return tuple(arrays[i[1]] if isinstance(i, tuple) and i and i[0] == "array" else i
                  for i in indexer)
 
+def _kept_dims(indexer, ndim) -> list:
+    """The dimensions an index keeps whole (``:`` or left out), when it has no ``None``
+    or ``...``; else None."""
+    if any(i is None or i is Ellipsis for i in indexer):
+        return None
+    return [d for d in range(ndim) if d >= len(indexer) or indexer[d] == slice(None)]
+
 def _gather_abstract(x, *arrays, indexer, mode=None):
-    probe = np.broadcast_to(np.zeros((), x.dtype), x.shape)
+    # A probe with the kept dimensions emptied: NumPy gives the result's shape without
+    # allocating it (the result of a lookup can be gigabytes), then those sizes go back.
+    kept = _kept_dims(indexer, len(x.shape)) if isinstance(indexer, tuple) else None
+    empty = [0 if kept and d in kept else n for d, n in enumerate(x.shape)]
+    probe = np.broadcast_to(np.zeros((), x.dtype), tuple(empty) if kept else x.shape)
     fakes = [np.zeros(a.shape, a.dtype) for a in arrays]
     try:
         shape = probe[_resolve(indexer, fakes)].shape
+        if kept:
+            zeros = [k for k, n in enumerate(shape) if n == 0]
+            if len(zeros) == len(kept):
+                shape = tuple(x.shape[kept[zeros.index(k)]] if k in zeros else n
+                              for k, n in enumerate(shape))
+            else:                             # an index of size 0 too: look again, whole
+                shape = np.broadcast_to(np.zeros((), x.dtype), x.shape)[
+                    _resolve(indexer, fakes)].shape
     except IndexError as exc:
         raise IndexError(f"index {indexer} does not fit a value of shape {x.shape}: {exc}") from None
     return Aval(shape, x.dtype, x.weak_type, _vma((x,) + arrays))

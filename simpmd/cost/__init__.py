@@ -9,7 +9,9 @@ A package of modules, each one concern, none importing JAX:
   (:func:`time_run`) and of every collective of a trace (:func:`estimate_trace`);
 * :mod:`~simpmd.cost.cluster`: collectives over devices in several nodes (GPU nodes on
   InfiniBand, TPU slices on DCN), :class:`Cluster`;
-* :mod:`~simpmd.cost.walk`: the walk over a program's equations, nested bodies included;
+* :mod:`~simpmd.cost.rows`: the cost model's columns of each primitive's row;
+* :mod:`~simpmd.cost.walk`: the one walk over a program that every analysis shares (what
+  a loop, a cond, a checkpoint count), and the counts of a run on values (:func:`taken_in`);
 * :mod:`~simpmd.cost.roofline`: FLOPs, HBM and ICI bytes per equation and their time
   (:func:`roofline`, :func:`roofline_of`);
 * :mod:`~simpmd.cost.memory`: the bytes a device holds as its program runs;
@@ -21,11 +23,11 @@ from . import algorithms, memory
 from .cluster import Cluster
 from .hardware import (HARDWARE, NCCL_TESTS_H100, SLICE_SHAPES, Hardware, MeasuredFit,
                        hardware_preset)
-from .network import (COLLECTIVE_OF, COLLECTIVES, COST_MODELS, NCCL_TESTS, CallEstimate,
+from .network import (COLLECTIVES, COST_MODELS, NCCL_TESTS, CallEstimate,
                       CollectiveCost, Estimate, FullyConnected, GroupAxis, Ring, Torus, Torus2D,
                       Torus3D, TraceEstimate, busbw_factor, collective_of, estimate,
                       estimate_trace, nccl_size, step_time, time_run)
 from .network import _columnar_log, _estimate_on, _hardware_of, _positions  # noqa: F401 (viz, tests)
-from .roofline import (EquationCost, Roofline, ici_bytes, live_equations, peak_bytes, roofline,
-                       roofline_of)
-from .walk import JAX_ROWS, JAX_UNARY, MATMULS, NESTED, NO_COST
+from .roofline import EquationCost, Roofline, ici_bytes, peak_bytes, roofline, roofline_of
+from .walk import JAX_UNARY, NESTED, NO_COST, Taken, live_equations, taken_in
+from . import rows, walk                  # the modules (simpmd.cost.walk.walk walks)

@@ -8,7 +8,11 @@ equation; the largest is the memory the device needs. In a gradient step the val
 stay live longest are the forward pass's *residuals*, read again by the backward pass
 (activations, mostly: a scan stacks one set per iteration); ``simpmd.checkpoint`` keeps
 fewer of them and computes the rest again. The program is the one a device runs (the body
-of a ``pmap`` or ``shard_map``), so every shape is one device's.
+of a ``pmap`` or ``shard_map``), so every shape is one device's. It is read as every cost
+analysis reads it (:mod:`simpmd.cost.walk`): equations nothing reads left out; a nested
+body's values on top of what is live around it, a loop's body once (its values live for
+one iteration at a time), a cond's branch the one the device takes (on values) or the
+costliest (on shapes).
 
 ``jax.experimental.roofline`` reports a ``peak_hbm_bytes`` from a walk of the same kind,
 with four differences, which :func:`peak_memory` can take on (``like_jax=True``) to
@@ -19,9 +23,10 @@ reproduce its number:
   old parameters until it returns);
 * it counts an equation's bytes after the equation has freed its dead inputs; here an
   equation's inputs and results are live together while it runs;
-* it walks a nested program (a scan's body, a checkpoint, a jit) on its own, as if nothing
-  outside it were live, and a result nothing reads is never freed; here a body's own
-  values come on top of what is live around it, and an unread result is dropped at once;
+* it walks a nested program under ``jaxpr`` or ``call_jaxpr`` (a scan's body, a
+  checkpoint, a jit) on its own, as if nothing outside it were live, and never a cond's
+  branches or a while loop's body; a result nothing reads is never freed; here a body's
+  own values come on top of what is live around it, and an unread result is dropped at once;
 * it counts the result of ``pvary`` (a value's type made varying, under
   ``shard_map(check_vma=True)``) as new bytes; here it is the same buffer, as on hardware.
 
@@ -35,41 +40,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
+from .rows import column
+from .walk import (Walker, _is_var, _primitive_name, _row, axes_in, flops_and_bytes, nested,
+                   traced, var_bytes, walk)
 
 __all__ = ["Memory", "peak_memory", "memory", "flops"]
-
-BODIES = ("jaxpr", "call_jaxpr", "cond_jaxpr", "body_jaxpr", "branches")
-ALIASES = ("pvary", "name")       # a new type, or a name, for the same bytes: no copy
-
-
-def _nbytes(v) -> int:
-    aval = getattr(v, "aval", v)
-    try:
-        width = np.dtype(aval.dtype).itemsize
-    except TypeError:                          # e.g. a PRNG key type
-        width = getattr(aval.dtype, "itemsize", 0)
-    return int(np.prod(aval.shape, dtype=np.int64)) * int(width)
-
-
-def _is_var(v) -> bool:
-    return not hasattr(v, "val") and not hasattr(v, "value")
-
-
-def _bodies(eqn) -> list:
-    found = []
-    for key in BODIES:
-        value = eqn.params.get(key)
-        for p in (value if isinstance(value, tuple) else (value,)):
-            inner = getattr(p, "jaxpr", p)
-            if hasattr(inner, "eqns"):
-                found.append(inner)
-    return found
-
-
-def _name(eqn) -> str:
-    prim = eqn.primitive
-    return prim if isinstance(prim, str) else prim.name
 
 
 @dataclass
@@ -98,133 +73,135 @@ class Memory:
                 f"equation {self.at}: {self.equation}")
 
 
-def _live_equations(program) -> list:
-    """The equations whose results are read (dead code removed, as jax's roofline does)."""
-    used, kept = {v for v in program.outvars if _is_var(v)}, []
-    for e in reversed(list(program.eqns)):
-        if not e.outvars or any(v in used for v in e.outvars):
-            kept.append(e)
-            used.update(v for v in e.invars if _is_var(v))
-    return kept[::-1]
+def _same_buffer(eqn) -> bool:
+    return column(_row(eqn), "same_buffer")
 
 
-def _walk(program, like_jax, depth=0):
-    """(peak, at, live Vars at the peak, timeline) of one program."""
-    inner_prog = getattr(program, "jaxpr", program)
-    eqns = _live_equations(inner_prog) if like_jax else list(inner_prog.eqns)
-    args = [v for v in list(inner_prog.constvars) + list(inner_prog.invars) if _is_var(v)]
+def _bodies(eqn, like_jax, walker, sizes) -> list:
+    """The programs ``eqn`` runs, as this walk counts them: JAX's roofline walks the one
+    under ``jaxpr`` or ``call_jaxpr``; simpmd every body a device runs (a while loop's
+    predicate and body; a cond's branch the device takes, or on shapes the costliest)."""
+    if like_jax:
+        inner = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
+        return [inner] if hasattr(getattr(inner, "jaxpr", inner), "eqns") else []
+    kind, bodies = nested(eqn)
+    if kind == "branches" or (walker.taken is not None and bodies):
+        return [b for b, _ in walker.bodies(eqn, axes_in(eqn, sizes))]
+    return bodies
+
+
+def _last_uses(eqns, inner, like_jax) -> tuple:
+    """(index of each variable's last reader, the results that alias their operand)."""
     last = {}
     for k, e in enumerate(eqns):
         for v in e.invars:
             if _is_var(v):
                 last[v] = k
-    for v in inner_prog.outvars:
+    for v in inner.outvars:
         if _is_var(v):
             last[v] = len(eqns)
     alias = set()
     for e in reversed(eqns if not like_jax else []):     # an alias keeps its source alive
-        if _name(e) in ALIASES and _is_var(e.invars[0]):
+        if _same_buffer(e) and _is_var(e.invars[0]):
             alias.update(e.outvars)
             last[e.invars[0]] = max(last.get(e.invars[0], -1), last.get(e.outvars[0], -1))
-    live = {v: _nbytes(v) for v in args}
-    peak, at, at_live, timeline = sum(live.values()), -1, dict(live), []
+    return last, alias
+
+
+def _body_peak(eqn, like_jax, walker, sizes) -> int:
+    """What ``eqn``'s bodies need: like JAX, the largest peak of one on its own; else the
+    most any of them adds to what is live around it (its own values, not its inputs)."""
+    extra = 0
+    for body in _bodies(eqn, like_jax, walker, sizes):
+        p = _liveness(body, like_jax, walker, axes_in(eqn, sizes))[0]
+        inner = walker.live(body)
+        extra = max(extra, p if like_jax else p - sum(
+            var_bytes(v) for v in list(inner.invars) + list(inner.constvars) if _is_var(v)))
+    return extra
+
+
+def _liveness(program, like_jax, walker, sizes):
+    """(peak, the equation running at it, timeline) of one program."""
+    inner = walker.live(program)
+    eqns = inner.eqns
+    args = [v for v in list(inner.constvars) + list(inner.invars) if _is_var(v)]
+    last, alias = _last_uses(eqns, inner, like_jax)
+    live = {v: var_bytes(v) for v in args}
+    current = sum(live.values())
+    peak, at, timeline = current, -1, []
     for k, e in enumerate(eqns):
         for v in e.outvars:
-            live[v] = 0 if v in alias else _nbytes(v)
-        extra = 0
-        for body in _bodies(e):
-            p, _, _, _ = _walk(body, like_jax, depth + 1)
-            if like_jax:                      # a nested program on its own
-                if p > peak:
-                    peak, at, at_live = p, k, {}
-            else:                             # its own values, on top of what is live here
-                body_args = getattr(body, "jaxpr", body)
-                extra = max(extra, p - sum(_nbytes(v) for v in list(body_args.invars)
-                                           + list(body_args.constvars) if _is_var(v)))
+            live[v] = 0 if v in alias else var_bytes(v)
+            current += live[v]
+        extra = _body_peak(e, like_jax, walker, sizes)
+        if like_jax and extra > peak:           # a nested program on its own
+            peak, at = extra, k
         if not like_jax:
-            total = sum(live.values()) + extra
-            timeline.append(total)
-            if total > peak:
-                peak, at, at_live = total, k, dict(live)
+            timeline.append(current + extra)
+            if current + extra > peak:
+                peak, at = current + extra, k
         for v in e.invars:
-            if _is_var(v) and last.get(v) == k and (like_jax or v not in args):
-                live.pop(v, None)
-        if not like_jax:
-            for v in e.outvars:
-                if v not in last:             # nothing reads it
-                    live.pop(v, None)
+            if _is_var(v) and last.get(v) == k and (like_jax or v not in args) and v in live:
+                current -= live.pop(v)
+        if like_jax:
+            timeline.append(current)
+            if current > peak:
+                peak, at = current, k
         else:
-            total = sum(live.values())
-            timeline.append(total)
-            if total > peak:
-                peak, at, at_live = total, k, dict(live)
-    return peak, at, at_live, timeline
+            for v in e.outvars:
+                if v not in last and v in live:       # nothing reads it
+                    current -= live.pop(v)
+    return peak, at, timeline
 
 
-def _jax_dead_code_removed(program):
-    """A jaxpr of real JAX without the equations nothing needs, loops' bodies included, by
-    JAX's own rules, as ``roofline`` removes them before its walk."""
-    inner = getattr(program, "jaxpr", program)
-    if not type(inner).__module__.startswith("jax"):
-        return program
-    from jax._src.interpreters.partial_eval import dce_jaxpr
-    return dce_jaxpr(inner, [True] * len(inner.outvars))[0]
-
-
-def peak_memory(program, like_jax=False) -> Memory:
+def peak_memory(program, like_jax=False, *, while_trips=None, taken=None, device=None,
+                walker=None) -> Memory:
     """The liveness walk of ``program`` (a simpmd program, or a jaxpr from
     ``jax.make_jaxpr``): see the module's docstring. ``like_jax=True`` takes on
-    ``jax.experimental.roofline``'s definition of ``peak_hbm_bytes`` (for a jaxpr of real
-    JAX, after JAX's own dead-code removal; for simpmd's program, after removing the
-    equations whose results nothing reads, loop bodies left whole)."""
-    program = _jax_dead_code_removed(program) if like_jax else program
+    ``jax.experimental.roofline``'s definition of ``peak_hbm_bytes``. ``while_trips``,
+    ``taken`` and ``device`` say what values decide, as for the roofline
+    (:func:`simpmd.cost.walk.walk`); or ``walker``, a walk of it already made."""
+    walker = walker or Walker(program, while_trips=while_trips, taken=taken, device=device)
+    peak, at, timeline = _liveness(program, like_jax, walker, walker.sizes)
     inner = getattr(program, "jaxpr", program)
-    peak, at, live, timeline = _walk(program, like_jax)
     args = [v for v in list(inner.constvars) + list(inner.invars) if _is_var(v)]
-    eqns = list(inner.eqns)
+    eqns = walker.live(program).eqns
     forward = {v for e in eqns if getattr(e, "phase", "forward") == "forward" for v in e.outvars}
     read_back = {v for e in eqns if getattr(e, "phase", "forward") != "forward"
                  for v in e.invars if _is_var(v)}
     alias_of = set()
     for e in reversed(eqns):
-        if _name(e) in ALIASES and e.outvars[0] in read_back:
+        if _same_buffer(e) and e.outvars[0] in read_back:
             read_back.add(e.invars[0])
             alias_of.add(e.outvars[0])
-    return Memory(peak=peak, arguments=sum(_nbytes(v) for v in args),
-                  residuals=sum(_nbytes(v) for v in forward & read_back if v not in alias_of),
+    return Memory(peak=peak, arguments=sum(var_bytes(v) for v in args),
+                  residuals=sum(var_bytes(v) for v in forward & read_back if v not in alias_of),
                   at=at, equation=_describe(eqns[at]) if 0 <= at < len(eqns) else "",
                   timeline=timeline)
 
 
 def _describe(eqn) -> str:
     outs = " ".join(f"{getattr(v, 'aval', v).str_short()}" for v in eqn.outvars)
-    return f"{outs} = {_name(eqn)}" if outs else _name(eqn)
+    return f"{outs} = {_primitive_name(eqn)}" if outs else _primitive_name(eqn)
 
 
-def memory(fun, *args, axis_env=None, like_jax=False) -> Memory:
-    """The memory one device needs to run ``fun(*args)``: ``fun`` is traced with
-    ``simpmd.make_jaxpr`` (a pmapped or shard_mapped function: its body, as each device
-    runs it; otherwise inside a map over ``axis_env``), and its program walked."""
-    from ..api.jaxpr import make_jaxpr
-    program = make_jaxpr(fun, axis_env=axis_env)(*args)
-    return peak_memory(program, like_jax)
+def memory(fun, *args, axis_env=None, like_jax=False, while_trips=None) -> Memory:
+    """The memory one device needs to run ``fun(*args)``: ``fun`` traced as the roofline
+    traces it (a pmapped or shard_mapped function: its body, as each device runs it;
+    otherwise inside a map over ``axis_env``; on arrays, what values decide counted on a
+    run), and its program walked."""
+    program, _, taken = traced(fun, args, axis_env)
+    return peak_memory(program, like_jax, while_trips=while_trips, taken=taken)
 
 
-def flops(program, phase=None) -> int:
-    """The FLOPs one device computes running ``program``, from each row's cost column (a
-    scan's body counted once per iteration; a while loop's body once, since its number of
-    iterations is not in the program), or only those of the equations of ``phase``
-    ('recompute': what a checkpoint computes again in the backward pass)."""
+def flops(program, phase=None, *, while_trips=None, taken=None, device=None) -> int:
+    """The FLOPs one device computes running ``program``, from each row's cost column,
+    walked as the roofline walks it (a loop's body once per iteration, a while loop's
+    ``while_trips`` times on shapes, a cond's costliest branch on shapes), or only those
+    of the equations of ``phase`` ('recompute': what a checkpoint computes again in the
+    backward pass)."""
     total = 0
-    for eqn in getattr(program, "jaxpr", program).eqns:
-        bodies = _bodies(eqn)
-        if bodies:
-            times = eqn.params.get("length", 1)
-            total += times * max(flops(b, phase) for b in bodies) if eqn.params.get(
-                "branches") else times * sum(flops(b, phase) for b in bodies)
-        elif phase is None or eqn.phase == phase:
-            cost = getattr(eqn.primitive, "cost", None)
-            if cost is not None:
-                total += cost([v.aval for v in eqn.invars], [v.aval for v in eqn.outvars],
-                              **eqn.params)[0]
+    for v in walk(program, while_trips=while_trips, taken=taken, device=device):
+        if not v.body and (phase is None or v.phase == phase):
+            total += flops_and_bytes(v.eqn, v.row, v.name)[0] * v.times
     return int(total)

@@ -60,29 +60,7 @@ import math
 import numpy as np
 
 from .hardware import Hardware, MeasuredFit, hardware_preset
-
-
-# -- the names: jax.lax collectives -> the collective they perform -----------------------
-
-COLLECTIVE_OF = {
-    "psum": "all_reduce", "pmean": "all_reduce", "pmax": "all_reduce", "pmin": "all_reduce",
-    "all_gather": "all_gather",
-    "psum_scatter": "reduce_scatter",
-    "all_to_all": "all_to_all", "pswapaxes": "all_to_all",
-    "ppermute": "collective_permute", "pshuffle": "collective_permute",
-    "axis_index": None, "axis_size": None,          # no communication at all
-}
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "collective_permute")
-
-
-def collective_of(op: str):
-    """The collective a ``lax`` op performs (``'psum'`` -> ``'all_reduce'``), or None if none."""
-    if op in COLLECTIVES:
-        return op
-    if op not in COLLECTIVE_OF:
-        raise ValueError(f"unknown collective {op!r}; expected one of {sorted(COLLECTIVES)} "
-                         f"or a jax.lax name such as {sorted(COLLECTIVE_OF)}")
-    return COLLECTIVE_OF[op]
+from .rows import COLLECTIVES, collective_of  # noqa: F401 (the families, by each row's column)
 
 
 # -- nccl-tests conventions: which size S, which bus-bandwidth factor --------------------
@@ -1201,13 +1179,11 @@ def _positions(axes, topology, devices) -> list:
 
 
 def _perm_of(event) -> list:
-    """The (source, destination) member pairs of a ppermute or pshuffle."""
+    """The (source, destination) member pairs of a permute (lax.pshuffle binds one too)."""
     return _pairs(event.op, event.params)
 
 
 def _pairs(op, params) -> list:
-    if op == "pshuffle":
-        return [(int(s), d) for d, s in enumerate(params.get("perm", ()))]
     return [(int(s), int(d)) for s, d in params.get("perm", ())]
 
 
@@ -1325,7 +1301,7 @@ def _estimate_columnar(log, hw, topology, trace) -> TraceEstimate:
                     slowest = known
             set_times.append(times)
         sent = max(_log_bytes(r, m.shape[1])(pos)[0] for m in f["sets"] for pos in
-                   range(m.shape[1] if f["op"] in ("ppermute", "pshuffle") else 1))
+                   range(m.shape[1] if collective == "collective_permute" else 1))
         calls.append(CallEstimate(r.step, (len(r.run.axes), f["call"]), f["op"], tuple(f["axes"]),
                                   f["source"][0], f["phase"], slowest, np.concatenate(set_times),
                                   int(sent), r, set_times))

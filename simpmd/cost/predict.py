@@ -173,6 +173,8 @@ class _Flat:
         self.blocks[id(eqn)] = (sub, trips)
 
     def _trips(self, eqn):
+        if callable(self.while_trips):       # the walk's count (simpmd.cost.walk.Walker.trips)
+            return int(self.while_trips(eqn))
         if self.while_trips is None:
             raise ValueError(
                 "a while_loop's trip count is not known from shapes: pass while_trips=N (the "
@@ -225,7 +227,7 @@ def _collective_s(eqn, flat: _Flat) -> float:
     op = getattr(row, "op", None) if row is not None else _primitive_name(eqn)
     devices = _group_devices(eqn, sizes, flat.hw, flat.topology)
     if devices is None:
-        return _collective_cost(eqn, op, sizes, flat.hw, flat.topology)[2]
+        return _collective_cost(eqn, row, sizes, flat.hw, flat.topology)[2]
     nbytes = sum(a.nbytes for a in map(_typed, eqn.invars) if a is not None)
     return estimate(op, nbytes, devices=devices, hardware=flat.hw).time_s
 

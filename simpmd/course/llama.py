@@ -1,4 +1,4 @@
-"""A LLaMA-3-shaped training step, written once for simpmd and for JAX (lesson 15).
+"""A LLaMA-3-shaped training step, written once for simpmd and for JAX (benchmarks/llama_step.py).
 
 The model is the one the Scaling Book's "Training LLaMA 3 on TPUs" plans (J. Austin et al.,
 "How to Scale Your Model", 2025, https://jax-ml.github.io/scaling-book/applied-training/):
@@ -19,8 +19,13 @@ One training step runs inside ``shard_map`` over a mesh with axes ``('fsdp', 'tp
 
 The functions use ``simpmd.numpy`` and ``simpmd.lax``, so the same step runs on simpmd's
 simulated devices and inside ``jax.shard_map`` (where they call jax.numpy and jax.lax).
-The layers are a Python loop (``lax.scan`` is not in simpmd yet): the program has
-``layers`` copies of the layer's equations.
+The layers are a Python loop on purpose: the program has ``layers`` copies of the layer's
+equations, so that ``jax.experimental.roofline``, which counts a loop's body once, counts
+the whole step as simpmd does (the benchmark compares the two). Nothing is recomputed and
+every gathered weight is kept for the backward pass. The planner, :mod:`simpmd.plan`,
+builds the step a training run uses: the layers a ``lax.scan`` with ``simpmd.checkpoint``,
+FSDP gathering the weights again in the backward pass, float32 master weights, pipelines
+(lesson 15).
 """
 from __future__ import annotations
 
@@ -215,7 +220,8 @@ def train_step(cfg: Config):
     """``step(params, opt, tokens, targets) -> (params, opt, loss)`` for one device, to be
     shard_mapped: the loss's gradient (FSDP's reduce-scatters, TP's psums), then an Adam
     update of this device's shard, with ``opt = {'m': ..., 'v': ...}`` in float32 (the
-    book's 8 bytes of optimizer state per parameter)."""
+    book's 8 bytes of optimizer state per parameter; no float32 master weights, which
+    simpmd.plan's step keeps)."""
     def step(params, opt, tokens, targets):
         value, grads = _value_and_grad(cfg, params, tokens, targets)
         flat_p, flat_g = _leaves(params), _leaves(grads)

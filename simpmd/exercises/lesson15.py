@@ -3,14 +3,45 @@
 Each check prints what is right or what is off and returns a Verdict, so that a reference
 solution can ``assert`` it. Expected values are closed forms written out factor by factor
 from the numbers each exercise gives (a model's config, a chip's datasheet numbers, a
-schedule), never from the lesson's simulation or its solutions.
+schedule), never from the lesson's simulation or its solutions. Each slip a learner may
+make is the same closed form with one input changed (or two: the hint then names both).
 """
 from __future__ import annotations
 
-from simpmd.course import Factor, Verdict, check_against_mistakes, check_quantity
+import itertools
+import math
 
-__all__ = ["LLAMA3_8B", "check_param_count", "check_memory_per_chip", "check_training_days",
-           "check_h100_tokens", "NEMO"]
+from simpmd.course import Verdict, check_against_mistakes, is_placeholder, say
+
+__all__ = ["LLAMA3_8B", "NEMO", "check_param_count", "check_state_per_chip",
+           "check_training_days", "check_bubble"]
+
+
+def _check_slips(answer, closed_form, right: dict, slips, *, what, unit, rtol):
+    """Check ``answer`` against ``closed_form(**right)``; each slip ``(name, changes,
+    hint)`` is the closed form with ``changes`` applied. An answer one slip explains gets
+    that slip's hint; one that two slips of different inputs explain gets both (the
+    first such pair listed); otherwise the unit hints of :func:`check`."""
+    expected = closed_form(**right)
+    found = {1: [], 2: []}
+    for count in (1, 2):
+        for combo in itertools.combinations(slips, count):
+            if len({name for name, _, _ in combo}) < count:
+                continue
+            value = closed_form(**{**right, **{k: v for _, changes, _ in combo
+                                                for k, v in changes.items()}})
+            if not math.isclose(value, expected, rel_tol=rtol):
+                found[count].append((value, ". Also: ".join(hint for _, _, hint in combo)))
+    try:
+        a = float(answer)
+    except (TypeError, ValueError):
+        a = None
+    mistakes = []
+    if a is not None:
+        ones = [m for m in found[1] if math.isclose(a, m[0], rel_tol=rtol)]
+        twos = [m for m in found[2] if math.isclose(a, m[0], rel_tol=rtol)]
+        mistakes = ones or twos[:1]
+    return check_against_mistakes(answer, expected, mistakes, what=what, unit=unit, rtol=rtol)
 
 
 # -- exercise 1: LLaMA 3-8B's parameters ------------------------------------------------------
@@ -22,105 +53,149 @@ LLAMA3_8B = dict(layers=32, d_model=4096, ffw=14336, heads=32, kv_heads=8, head_
                  vocab=128256)
 
 
-def _params(layers, d_model, ffw, heads, kv_heads, head_dim, vocab, norms=True):
+def _params(layers, d_model, ffw, heads, kv_heads, head_dim, vocab, norms=True, vocabs=2,
+            mlp=3):
     D = d_model
     attention = 2 * D * heads * head_dim + 2 * D * kv_heads * head_dim
-    per_layer = attention + 3 * D * ffw + (2 * D if norms else 0)
-    return layers * per_layer + 2 * vocab * D + (D if norms else 0)
+    per_layer = attention + mlp * D * ffw + (2 * D if norms else 0)
+    return layers * per_layer + vocabs * vocab * D + (D if norms else 0)
 
 
-def check_param_count(answer) -> Verdict:
+def check_param_count(answer):
     """Exercise 1: LLaMA 3-8B's parameter count (norms' scales counted or not: 0.003%)."""
     c = LLAMA3_8B
-    expected = _params(**c)
-    no_gqa = dict(c, kv_heads=c["heads"])
-    mistakes = [
-        (_params(**no_gqa), "that gives the keys and values as many heads as the queries "
-                            "(32); LLaMA 3 uses grouped-query attention with 8 key/value heads"),
-        (expected - c["vocab"] * c["d_model"], "that counts one embedding matrix; LLaMA 3's "
-                                               "input embedding and output projection are two"),
-        (expected - c["layers"] * c["d_model"] * c["ffw"], "that counts two MLP matrices per "
-                                                           "layer; the gated MLP has three "
-                                                           "(gate, up and down)"),
-        (expected - 2 * c["vocab"] * c["d_model"], "that leaves out both vocabulary matrices"),
+    slips = [
+        ("kv_heads", dict(kv_heads=c["heads"]), "that gives the keys and values as many heads "
+         "as the queries (32); LLaMA 3 uses grouped-query attention with 8 key/value heads"),
+        ("vocabs", dict(vocabs=1), "that counts one embedding matrix; LLaMA 3's input "
+         "embedding and output projection are two"),
+        ("vocabs", dict(vocabs=0), "that leaves out both vocabulary matrices"),
+        ("mlp", dict(mlp=2), "that counts two MLP matrices per layer; the gated MLP has three "
+         "(gate, up and down)"),
     ]
-    return check_against_mistakes(answer, expected, mistakes, what="the parameter count",
-                                  unit="parameters", rtol=1e-4)
+    return _check_slips(answer, _params, c, slips, what="the parameter count",
+                        unit="parameters", rtol=1e-4)
 
 
 # -- exercise 2: weights and optimizer state per chip -----------------------------------------
 
-def check_memory_per_chip(answer, params: int, chips: int = 8192) -> Verdict:
-    """Exercise 2: bytes of bf16 weights plus float32 Adam state (m and v) on one chip, when
-    FSDP x TP split every weight over all ``chips``."""
-    factors = [
-        Factor("parameters", params),
-        Factor("bytes per parameter", 2 + 4 + 4, {
-            2: "that counts the bf16 weights alone; Adam keeps two float32 moments, m and v, "
-               "4 bytes each: 2 + 4 + 4 bytes per parameter",
-            2 + 4: "that counts one of Adam's two moments; m and v are 4 bytes each",
-            4 + 4 + 4: "that stores the weights in float32; the step keeps them in bfloat16 "
-                       "(2 bytes)",
-            8: "that counts the optimizer state alone; the weights (2 bytes each) are on the "
-               "chip too"}),
-        Factor("chips", 1 / chips, {
-            1: "that is the whole model's state; FSDP and TP split every weight and its "
-               "state over all the chips",
-            1 / (chips // 4): "that divides by the FSDP groups' size only; the weights are "
-                              "split over 'tp' too (P('fsdp', 'tp'))"}),
+def _state(params, norms, split, bytes_per_param, norms_whole=True):
+    matrices = params - norms
+    held = matrices / split + (norms if norms_whole else norms / split)
+    return bytes_per_param * held
+
+
+def check_state_per_chip(answer, params: int, norms: int, split: int = 4096):
+    """Exercise 2: bytes of weights and optimizer state one chip holds between steps: every
+    weight matrix split over ``split`` chips (FSDP x TP), the norms' ``norms`` scales whole
+    on every chip, 14 bytes per parameter (bf16 weights, fp32 masters, Adam's m and v)."""
+    right = dict(params=params, norms=norms, split=split, bytes_per_param=2 + 4 + 4 + 4)
+    slips = [
+        ("bytes", dict(bytes_per_param=2 + 4 + 4), "that counts the bf16 weights and Adam's "
+         "two float32 moments (the book's 10 bytes); mixed-precision training also keeps a "
+         "float32 master copy of every weight, which the update changes and the bf16 weights "
+         "are cast from: 2 + 4 + 4 + 4 bytes"),
+        ("bytes", dict(bytes_per_param=2 + 4 + 4 + 4 + 2), "that adds the gradients' 2 "
+         "bytes: the step makes them and uses them up; between steps a chip holds weights, "
+         "masters and moments: 14 bytes"),
+        ("bytes", dict(bytes_per_param=2 + 4 + 4 + 4 + 4), "that adds float32 gradients "
+         "(Megatron's 18 bytes hold them during the step); between steps a chip holds "
+         "weights, masters and moments: 14 bytes"),
+        ("bytes", dict(bytes_per_param=4 + 4 + 4), "that leaves out the bf16 weights (or "
+         "keeps the weights in float32 only): the step computes with a bf16 copy and updates "
+         "a float32 master, 2 + 4 + 4 + 4 bytes"),
+        ("bytes", dict(bytes_per_param=2), "that counts the bf16 weights alone; the masters "
+         "and Adam's moments are 12 bytes more"),
+        ("split", dict(split=2 * split), f"that divides by all {2 * split:,} chips; each of "
+         f"the two slices holds a whole copy of the model (data parallelism over DCN): the "
+         f"weights are split over the {split:,} chips of one slice"),
+        ("split", dict(split=split // 4), "that divides by the FSDP axis only; tensor "
+         "parallelism splits each matrix 4 ways too"),
+        ("split", dict(split=1), "that is the whole model's state; FSDP and TP split every "
+         "weight matrix over the chips"),
+        ("norms", dict(norms_whole=False), "that splits the norms' scales too; the plan "
+         "holds them whole on every chip (their specs name no mesh axis)"),
+        ("params", dict(params=70.4e9), "that uses the book's rounded 70.4e9; use the exact "
+         "count, `total`"),
     ]
-    return check_quantity(answer, factors, what="the bytes per chip", unit="bytes")
+    return _check_slips(answer, _state, right, slips, what="the bytes per chip",
+                        unit="bytes", rtol=1e-6)
 
 
 # -- exercise 3: how many days --------------------------------------------------------------
-V5P_PEAK = 4.59e14       # bf16 FLOP/s per TPU v5p chip (the Scaling Book's table)
+V5P_PEAK = 4.59e14       # bf16 FLOP/s per TPU v5p chip (Cloud TPU docs, the Scaling Book)
 
 
-def check_training_days(answer, flops_per_token: float, tokens: float = 15e12,
-                        chips: int = 8960, mfu: float = 0.4) -> Verdict:
-    """Exercise 3: days to train on ``tokens`` at ``mfu`` of the chips' peak."""
-    expected = tokens * flops_per_token / (chips * V5P_PEAK * mfu) / 86400
-    mistakes = [(expected * mfu, "that assumes every chip runs at its peak; at 40% MFU the "
-                                 "chips do 0.4 of it, so it takes 1 / 0.4 as long"),
-                (expected * 86400, "that is in seconds; the question asks for days"),
-                (expected * 24, "that is in hours; the question asks for days"),
-                (expected * chips, "that is one chip's time; the work is split over all chips")]
-    return check_against_mistakes(answer, expected, mistakes, what="the training time",
-                                  unit="days", rtol=0.01)
+def _days(tokens, per_token, chips, peak, mfu, unit_s=86400):
+    return tokens * per_token / (chips * peak * mfu) / unit_s
 
 
-# -- exercise 4: the H100 prediction ----------------------------------------------------------
-# NVIDIA NeMo's performance summary (docs/source/performance/performance_summary.md, NeMo
-# 24.07, DGX-H100, FP8): LLAMA2-70B on 64 GPUs, global batch 128, micro-batch 1, sequences
-# of 4096 tokens, TP 4, PP 4, VP 20 (virtual stages per GPU), 1707 tokens/s/GPU measured.
+def check_training_days(answer, flops_per_token: float, params: float | None = None,
+                        tokens: float = 15e12, chips: int = 8960, mfu: float = 0.4):
+    """Exercise 3: days to train on ``tokens`` at ``mfu`` of the chips' peak, with
+    ``flops_per_token`` (PaLM's 6N + 12LHQT) for a model of ``params`` parameters."""
+    right = dict(tokens=tokens, per_token=flops_per_token, chips=chips, peak=V5P_PEAK, mfu=mfu)
+    slips = [
+        ("mfu", dict(mfu=1.0), f"that assumes every chip runs at its peak; at {mfu:.0%} MFU "
+         f"the chips do {mfu} of it, so it takes 1 / {mfu} as long"),
+        ("unit", dict(unit_s=1), "that is in seconds; the question asks for days"),
+        ("unit", dict(unit_s=3600), "that is in hours; the question asks for days"),
+        ("chips", dict(chips=1), "that is one chip's time; the work is split over all chips"),
+        ("chips", dict(chips=8192), f"that uses 8,192 chips (the planned two slices); the "
+         f"question is the book's, on {chips:,} chips"),
+    ]
+    if params is not None:
+        slips.append(("per_token", dict(per_token=6 * params), "that uses 6 x the "
+                      "parameters per token; PaLM's count (per_token) adds attention's "
+                      "12 L H Q T, 11% more at 8,192 tokens"))
+    return _check_slips(answer, _days, right, slips, what="the training time", unit="days",
+                        rtol=0.01)
+
+
+# -- exercise 4: the bubble of NeMo's schedule ----------------------------------------------
+# NVIDIA NeMo's performance summary (docs/source/performance/performance_summary.md at
+# commit 8e3d65dcfe, NeMo 24.07, DGX-H100, FP8): LLAMA2-70B on 64 GPUs, global batch 128,
+# micro-batch 1, sequences of 4096 tokens, TP 4, PP 4, VP 20 (virtual stages per GPU),
+# 1728 tokens/s/GPU measured.
 
 NEMO = dict(gpus=64, global_batch=128, micro_batch=1, sequence=4096, tp=4, pp=4, vp=20,
-            tokens_per_s_per_gpu=1707, model_tflops_per_gpu=759)
+            layers=80, tokens_per_s_per_gpu=1728)
 
 
-def check_h100_tokens(answer, stage_seconds: float) -> Verdict:
-    """Exercise 4: tokens per second per GPU when one micro-batch takes ``stage_seconds``
-    on each pipeline stage, with the interleaved schedule's bubble."""
+def _bubble(gpus, global_batch, micro_batch, tp, pp, vp, per_gpu=False, gpipe=False,
+            useful=False):
+    replicas = gpus // (tp * pp) if not per_gpu else gpus
+    m = global_batch // (micro_batch * replicas)
+    if gpipe:
+        return (pp - 1) / (m + pp - 1)
+    return (pp - 1) / (m * vp) if useful else (pp - 1) / (m * vp + pp - 1)
+
+
+def check_bubble(answer):
+    """Exercise 4: the fraction of the interleaved schedule's ticks that are its bubble:
+    ``pp - 1`` of ``m * vp + pp - 1``, with ``m`` micro-batches per pipeline replica."""
+    if is_placeholder(answer):
+        say(False, "the bubble's share of the ticks is still a placeholder; give a fraction "
+                   "between 0 and 1.")
+        return Verdict(False)
     n = NEMO
-    per_replica = n["tp"] * n["pp"]                        # GPUs that share each micro-batch
-    replicas = n["gpus"] // per_replica
-    m = n["global_batch"] // (n["micro_batch"] * replicas)  # micro-batches per replica
-    p, v = n["pp"], n["vp"]
-    tokens = n["micro_batch"] * n["sequence"]
-    bubble = (p - 1) / (m * v)
-    expected = tokens * (1 - bubble) / (stage_seconds * per_replica)
-    mistakes = [
-        (tokens / (stage_seconds * per_replica), "that leaves out the pipeline bubble: "
-         "(p - 1) / (m v) of the time with the interleaved schedule"),
-        (tokens * (1 - (p - 1) / (m + p - 1)) / (stage_seconds * per_replica),
-         "that is GPipe's bubble, (p - 1) / (m + p - 1); the interleaved schedule, with v = "
-         "20 virtual stages per GPU, has (p - 1) / (m v)"),
-        (tokens * (1 - bubble) / stage_seconds, "that is a whole pipeline replica's rate; "
-         "it has TP x PP = 16 GPUs"),
-        (tokens * (1 - bubble) / (stage_seconds * n["tp"]), "that divides by the TP group "
-         "only; a micro-batch passes through PP = 4 stages of 4 GPUs each"),
-        (tokens * (1 - bubble) / (stage_seconds * n["gpus"]), "that divides one replica's "
-         "rate by all 64 GPUs; the 4 replicas work on their micro-batches at once"),
+    right = {k: n[k] for k in ("gpus", "global_batch", "micro_batch", "tp", "pp", "vp")}
+    slips = [
+        ("m", dict(gpus=n["tp"] * n["pp"]), f"that runs all {n['global_batch']} "
+         f"micro-batches through one replica; the {n['gpus']} GPUs make "
+         f"{n['gpus'] // (n['tp'] * n['pp'])} replicas of TP {n['tp']} x PP {n['pp']}, "
+         f"each with a quarter of the batch"),
+        ("m", dict(per_gpu=True), f"that divides the batch by all {n['gpus']} GPUs; the "
+         f"{n['tp'] * n['pp']} GPUs of a replica (TP x PP) share each micro-batch"),
+        ("vp", dict(vp=n["layers"]), f"v = {n['layers']} counts the layers; v is the "
+         f"virtual stages each GPU holds (VP = {n['vp']})"),
+        ("vp", dict(vp=1), "that is the bubble without interleaving; with v virtual stages "
+         "per GPU there are m v + p - 1 ticks, and still p - 1 of them idle"),
+        ("form", dict(gpipe=True), "that is GPipe's bubble, (p - 1) / (m + p - 1); the "
+         "interleaved schedule's ticks are m v + p - 1"),
+        ("form", dict(useful=True), "that is the bubble over the useful ticks, (p - 1) / "
+         "(m v) (Narayanan et al.'s ratio); the question asks for its share of all m v + "
+         "p - 1 ticks"),
     ]
-    return check_against_mistakes(answer, expected, mistakes, what="the tokens per second "
-                                  "per GPU", unit="tokens/s", rtol=1e-3)
+    return _check_slips(answer, _bubble, right, slips, what="the bubble's share",
+                        unit="of the ticks", rtol=1e-6)

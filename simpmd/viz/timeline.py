@@ -83,6 +83,7 @@ class Timeline:
     totals: dict | None = None      # kind -> seconds per device, in the order of ``devices``
     watched: frozenset | None = None
     remodel: object = None          # watch -> Timeline, for devices not watched
+    roofline: object = None         # the Roofline its compute came from, if it did
 
     def of(self, device: int) -> list:
         if self.watched is not None and device not in self.watched:
@@ -152,15 +153,16 @@ class _StepTimes(dict):
         return super().get(step, default)
 
 
-def _roofline_segments(trace, hardware, fused=False):
+def _roofline_segments(trace, hardware, fused=False, while_trips=None):
     """(seconds of each compute segment, the Roofline) from the program ``trace`` ran, or
     None when there is none (an eager run) or it does not line up with the log."""
     program = getattr(trace, "program", None)
     if program is None:
         return None
     try:
-        from .. import cost
-        r = cost.roofline_of(program, hardware, getattr(program, "axis_env", None))
+        from .. import cost           # on values, the branches and trips each device ran
+        r = cost.roofline_of(program, hardware, getattr(program, "axis_env", None),
+                             taken=cost.taken_in(trace), while_trips=while_trips)
     except (ImportError, ValueError, KeyError):
         return None
     segs = r.segments(fused)
@@ -276,7 +278,7 @@ def _returned_bytes(record):
 
 
 def model_timeline(trace, hardware=None, *, compute=None, slowdown=None, topology=None,
-                   idle=None, watch=None, fused=False) -> Timeline:
+                   idle=None, watch=None, fused=False, while_trips=None) -> Timeline:
     """Model the run of ``trace`` on ``hardware``; return a :class:`Timeline` of segments.
 
     ``hardware`` defaults to the platform's (``simpmd.set_device_count(n, hardware=...)``),
@@ -293,7 +295,8 @@ def model_timeline(trace, hardware=None, *, compute=None, slowdown=None, topolog
     on ``device`` does no useful work; that segment becomes an 'idle' one. ``fused``: the
     roofline's segments count the matrix products alone, the elementwise work taken as
     fused into them (what XLA does, and what the Scaling Book's 6 x parameters x tokens
-    counts); by default every equation counts on its own.
+    counts); by default every equation counts on its own. ``while_trips``: how many times
+    a while loop runs, for a run on shapes alone (as for ``simpmd.cost.roofline``).
 
     A run with a columnar log (no nested pmap) is modelled call by call with every
     device's clock at once; past 64 devices only the segments of the devices in
@@ -302,8 +305,8 @@ def model_timeline(trace, hardware=None, *, compute=None, slowdown=None, topolog
     times, hbm, comm_label, hbm_label, hardware_name = _comm_times(trace, hardware, topology)
     estimate = getattr(times, "estimate", None)
     slowdown = dict(slowdown or {})
-    roofline = (_roofline_segments(trace, getattr(times, "machine", hardware_name), fused)
-                if compute is None else None)
+    roofline = (_roofline_segments(trace, getattr(times, "machine", hardware_name), fused,
+                                   while_trips) if compute is None else None)
     if roofline is not None:
         segs, r = roofline
         compute_label = (f"compute: roofline of the traced program on {r.hardware}, "
@@ -322,8 +325,10 @@ def model_timeline(trace, hardware=None, *, compute=None, slowdown=None, topolog
     if idle is None and not callable(compute):
         log = _columnar(trace)
         if log is not None:
-            return _model_columnar(log, estimate, roofline, compute, slowdown, watch, hbm,
-                                   (comm_label, compute_label, hardware_name))
+            timeline = _model_columnar(log, estimate, roofline, compute, slowdown, watch, hbm,
+                                       (comm_label, compute_label, hardware_name))
+            timeline.roofline = roofline[1] if roofline is not None else None
+            return timeline
 
     def compute_seconds(program, k, event, nbytes, width):
         if roofline is not None:
@@ -381,7 +386,8 @@ def model_timeline(trace, hardware=None, *, compute=None, slowdown=None, topolog
             done_programs.add(e.program)
             run_compute(e.program, _spans(e), None, returned.get(e.program, 0))
     end = max(clock.values(), default=0.0)
-    return Timeline(segments, devices, end, comm_label, compute_label, hardware_name)
+    return Timeline(segments, devices, end, comm_label, compute_label, hardware_name,
+                    roofline=roofline[1] if roofline is not None else None)
 
 
 def _spans(e):

@@ -1,0 +1,244 @@
+"""One device's share of a decoder layer, of the embedding and of the loss, for any layout.
+
+Written with :mod:`simpmd.numpy` and :mod:`simpmd.lax`, so the same functions run on
+simpmd's simulated devices (on values, or on shapes at a real model's size) and inside a
+real ``jax.shard_map``. They run inside ``shard_map`` over a mesh with the axes of
+:data:`~simpmd.plan.layout.AXES`; an axis of size 1 adds no collective.
+
+Tensor parallelism is Megatron's (Shoeybi et al. 2019, arXiv:1909.08053): the query, key
+and value projections and the MLP's input matrix are split by columns (heads, hidden
+units), the output projections by rows, so each block needs one all-reduce of its output
+forward and, as the transpose of using a replicated input on every chip, one backward:
+four collectives per layer. With sequence parallelism (Korthikanti et al. 2022,
+arXiv:2205.05198) the tokens outside the blocks are split over ``tp`` too and each
+all-reduce becomes an all-gather before the block and a reduce-scatter after it. FSDP
+gathers each weight just before use (``all_gather``), in the forward pass and again in
+the backward pass, whose transpose reduce-scatters its gradient. Context parallelism
+splits each sequence over ``cp``; attention gathers every chip's keys and values.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import lax
+from .. import numpy as snp
+from ..api.checkpoint import checkpoint, checkpoint_policies
+from ..core import bridge
+from ..core.core import aval_of
+from .attention import flash_attention, materialized_attention
+
+
+@dataclass(frozen=True)
+class Shard:
+    """What one device's functions need to know: the model, the axes' sizes, and how the
+    layer runs (``recompute``, ``sequence_parallel``, ``flash``: a fused attention kernel)."""
+
+    model: object
+    sizes: dict
+    recompute: str = "none"
+    sequence_parallel: bool = False
+    flash: bool = True
+
+    def size(self, axis: str) -> int:
+        return self.sizes.get(axis, 1)
+
+    def activation_axes(self) -> tuple:
+        """The mesh axes activations vary over: all of them, but ``tp`` where each block's
+        all-reduce leaves the tokens whole on every tensor-parallel device."""
+        whole = self.size("tp") > 1 and not self.sequence_parallel
+        return tuple(a for a in self.sizes if not (whole and a == "tp"))
+
+
+def vary(x, axes):
+    """``x`` typed as varying over each of ``axes`` (``lax.pcast`` of the ones it does not
+    vary over yet, as JAX refuses a cast to an axis it already varies over)."""
+    if bridge.inside_jax(x):
+        import jax
+        typed = jax.typeof(x)          # jax 0.7: .vma; from 0.10: .manual_axis_type.varying
+        have = getattr(typed, "vma", None)
+        if have is None:
+            have = typed.manual_axis_type.varying
+    else:
+        have = aval_of(x).vma
+    missing = tuple(a for a in axes if a not in have)
+    return lax.pcast(x, missing, to="varying") if missing else x
+
+
+# -- collectives that vanish on an axis of size 1 ---------------------------------------------
+
+def gather_weight(s: Shard, w, axis: int):
+    """FSDP: the whole of this device's tensor-parallel slice of ``w``, just in time."""
+    return lax.all_gather(w, "fsdp", axis=axis, tiled=True) if s.size("fsdp") > 1 else w
+
+
+def into_block(s: Shard, h):
+    """Tokens entering a tensor-parallel block: sequence parallelism gathers them (and
+    :func:`layers` gathers them again in the backward pass rather than keep the whole,
+    Megatron's choice, Korthikanti et al. 2022, section 4.2.2)."""
+    if s.size("tp") > 1 and s.sequence_parallel:
+        return lax.all_gather(h, "tp", axis=1, tiled=True)
+    return h
+
+
+def out_of_block(s: Shard, y):
+    """A block's partial sums over ``tp``: all-reduced, or reduce-scattered over tokens."""
+    if s.size("tp") == 1:
+        return y
+    if s.sequence_parallel:
+        return lax.psum_scatter(y, "tp", scatter_dimension=1, tiled=True)
+    return lax.psum(y, "tp")
+
+
+# -- the layer --------------------------------------------------------------------------------
+
+def _rms_norm(x, scale):
+    x32 = x.astype(snp.float32)
+    var = (x32 * x32).mean(axis=-1, keepdims=True)
+    return (x32 * (1.0 / snp.sqrt(var + 1e-5))).astype(x.dtype) * scale.astype(x.dtype)
+
+
+def _swiglu(u):
+    half = u.shape[-1] // 2
+    gate, up = u[..., :half], u[..., half:]
+    return gate * (1.0 / (1.0 + snp.exp(-gate))) * up
+
+
+def _gelu(u):                                 # GELU, tanh form
+    return 0.5 * u * (1.0 + snp.tanh(0.7978845608 * (u + 0.044715 * u * u * u)))
+
+
+# A fused kernel keeps its input for the backward pass and computes its intermediates
+# again there (Megatron's fused bias-GELU and norm kernels; XLA's fusions): ``checkpoint``
+# says the same, so only the input is a residual.
+rms_norm = checkpoint(_rms_norm)
+swiglu = checkpoint(_swiglu)
+gelu = checkpoint(_gelu)
+
+
+def attention_block(s: Shard, x, w):
+    """Norm, the fused query/key/value projection, attention over this device's heads,
+    the output projection and its collective."""
+    m = s.model
+    h = into_block(s, rms_norm(x, w["attn_norm"]))
+    b, t, _ = h.shape
+    qkv = h @ gather_weight(s, w["wqkv"], 0)
+    nq, nkv = m.heads // s.size("tp"), m.kv_heads // s.size("tp")
+    q = qkv[..., :nq * m.head_dim].reshape(b, t, nq, m.head_dim)
+    k = qkv[..., nq * m.head_dim:(nq + nkv) * m.head_dim].reshape(b, t, nkv, m.head_dim)
+    v = qkv[..., (nq + nkv) * m.head_dim:].reshape(b, t, nkv, m.head_dim)
+    offset = None
+    if s.size("cp") > 1:
+        k = lax.all_gather(k, "cp", axis=1, tiled=True)
+        v = lax.all_gather(v, "cp", axis=1, tiled=True)
+        offset = lax.axis_index("cp") * t
+    if s.flash:
+        o = flash_attention(q, k, v, q_offset=offset)
+    else:
+        o = materialized_attention(q, k, v, True, offset)
+    y = o.reshape(b, t, nq * m.head_dim) @ gather_weight(s, w["wo"], 1)
+    return x + out_of_block(s, y)
+
+
+def mlp_block(s: Shard, x, w):
+    """Norm, the MLP's input matrix (gate and up side by side when gated), SwiGLU or
+    GELU, the output matrix and its collective."""
+    h = into_block(s, rms_norm(x, w["mlp_norm"]))
+    u = h @ gather_weight(s, w["w_in"], 0)
+    u = swiglu(u) if s.model.gated_mlp else gelu(u)
+    return x + out_of_block(s, u @ gather_weight(s, w["w_out"], 1))
+
+
+def layer(s: Shard, x, w):
+    return mlp_block(s, attention_block(s, x, w), w)
+
+
+REGATHERED = frozenset({"all_gather", "gather", "dynamic_slice"})
+
+
+def keep_all_but_gathers(prim, *avals, **params) -> bool:
+    """A checkpoint policy (JAX's signature): keep every value for the backward pass but
+    what a gather made, which the backward pass gathers again: FSDP's weights (the
+    book's FSDP gathers in both passes), the tokens sequence parallelism gathers
+    (Megatron's choice, Korthikanti et al. 2022, section 4.2.2) and a virtual stage's
+    weights picked out of the stage's."""
+    return getattr(prim, "name", "") not in REGATHERED
+
+
+REDUCED = frozenset({"psum", "psum2", "psum_invariant", "psum_scatter", "reduce_scatter"})
+
+
+def keep_products(prim, *avals, **params) -> bool:
+    """A checkpoint policy: keep the weights' products (``dot_general`` without batch
+    axes, JAX's ``dots_with_no_batch_dims_saveable``) and their sums over ``tp`` (the
+    all-reduce or reduce-scatter after a row-split product, which GSPMD counts as part of
+    the product); compute everything else again in the backward pass."""
+    name = getattr(prim, "name", "")
+    return name in REDUCED or checkpoint_policies.dots_with_no_batch_dims_saveable(
+        prim, *avals, **params)
+
+
+POLICIES = {"none": keep_all_but_gathers, "selective": keep_products, "full": None}
+
+
+def layers(s: Shard, x, stacked, virtual=None):
+    """The layers whose weights are stacked along the first axis of each of ``stacked``'s
+    arrays, as one ``lax.scan``, each layer a ``checkpoint`` whose policy is what
+    ``recompute`` keeps for the backward pass: ``"none"``, all but what
+    :func:`keep_all_but_gathers` gathers again; ``"selective"``, what
+    :func:`keep_products` keeps (the attention's scores, softmax and output, the norms
+    and activations are computed again: Korthikanti et al.'s selective recomputation, and
+    MaxText's 'minimal'); ``"full"``, only the layer's input.
+    ``virtual``: the index of a virtual stage, whose layers are ``stacked[k][virtual]``."""
+    def one(h, w):
+        return layer(s, h, w), None
+
+    def picked(h, i):
+        w = {k: ws[virtual, i] for k, ws in stacked.items()}
+        return one(h, w)
+    body = one if virtual is None else picked
+    xs = stacked if virtual is None else snp.arange(next(iter(stacked.values())).shape[1])
+    return lax.scan(checkpoint(body, policy=POLICIES[s.recompute]), x, xs)[0]
+
+
+def checkpointed_layer(s: Shard):
+    """``layer(x, w)`` under the checkpoint that :func:`layers` puts around each layer."""
+    return checkpoint(lambda x, w: layer(s, x, w), policy=POLICIES[s.recompute])
+
+
+# -- embedding and loss -----------------------------------------------------------------------
+
+def embed(s: Shard, table, tokens):
+    """Vocabulary-parallel lookup (Megatron's): each ``tp`` device holds V / tp rows and
+    looks up the tokens in its range; a psum over ``tp`` (a reduce-scatter over tokens,
+    with sequence parallelism) completes every embedding."""
+    table = gather_weight(s, table, 1)
+    if s.size("tp") == 1:
+        return table[tokens]
+    rows = table.shape[0]
+    local = tokens - lax.axis_index("tp") * rows
+    inside = (local >= 0) & (local < rows)
+    found = table[snp.clip(local, 0, rows - 1)]
+    return out_of_block(s, snp.where(inside[..., None], found, 0.0).astype(table.dtype))
+
+
+def token_losses(s: Shard, x, params, targets):
+    """The summed next-token loss of this device's tokens ``x`` [b, t, D], with the
+    vocabulary split over ``tp``: each device's log-sum-exp of its slice combined with a
+    psum (a production kernel subtracts the global maximum first)."""
+    h = into_block(s, rms_norm(x, params["final_norm"]))
+    if "head" in params:
+        logits = h @ gather_weight(s, params["head"], 0)
+    else:                                      # tied: the embedding table, transposed
+        logits = snp.einsum("btd,vd->btv", h, gather_weight(s, params["embed"], 1))
+    logits = logits.astype(snp.float32)
+    rows = logits.shape[-1]
+    local_max = logits.max(axis=-1, keepdims=True)
+    total = (snp.exp(local_max[..., 0]) * snp.exp(logits - local_max).sum(axis=-1))
+    local = targets - (lax.axis_index("tp") * rows if s.size("tp") > 1 else 0)
+    hit = local[..., None] == np.arange(rows, dtype=np.int32)
+    target = snp.where(hit, logits, 0.0).sum(axis=-1)
+    if s.size("tp") > 1:
+        total, target = lax.psum(total, "tp"), lax.psum(target, "tp")
+    return (snp.log(total) - target).sum()

@@ -1,0 +1,227 @@
+"""A whole training step as one SPMD program: the pipeline, the gradients, the optimizer.
+
+:func:`train_step` is the function one device runs inside ``shard_map`` over the
+layout's mesh (axes ``pp, dp, fsdp, cp, tp``); :func:`specs` and :func:`arguments` give
+its inputs' shardings and shapes. Every device holds its pipeline stage's layers stacked
+as ``[vp, layers per virtual stage, ...]`` and runs the same program:
+
+* **The pipeline, as SPMD** (the circular schedule of GSPMD and MaxText): a ``lax.scan``
+  over ``microbatches * vp + pp - 1`` ticks. At each tick every stage runs one virtual
+  stage's layers (a ``scan`` over them, with ``checkpoint`` as ``recompute`` says) on
+  the micro-batch in front of it and ``ppermute`` s the result to the next stage; the
+  first stage takes a new micro-batch, or one coming round from the last stage for its
+  next virtual stage. The first ``pp - 1`` ticks of the last stage, and the last of the
+  first, work on nothing: that is the pipeline's bubble, ``(pp - 1) / (microbatches *
+  vp)`` of the useful ticks, the same as Megatron's interleaved schedule (Narayanan et
+  al. 2021, arXiv:2104.04473). With ``pp = 1`` the ticks are the micro-batches, whose
+  gradients the scan's backward pass accumulates.
+* **Gradients**: ``simpmd.grad`` of the summed loss. The weights are cast to vary over
+  the axes they are replicated on before the gradient is taken, so that each gradient is
+  reduced once per step, in float32, after the backward pass (Megatron's data-parallel
+  all-reduce, or a reduce-scatter with the distributed optimizer), not once per use.
+* **The optimizer**: Adam on float32 master weights and moments (mixed-precision
+  training: Micikevicius et al. 2018, arXiv:1710.03740), the bfloat16 weights cast from
+  the updated masters.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import lax
+from .. import numpy as snp
+from ..machine.mesh import PartitionSpec as P
+from . import layers as L
+from .layout import AXES
+
+LAYER_SPLIT = {"attn_norm": (None, None), "mlp_norm": (None, None), "wqkv": ("fsdp", "tp"),
+               "wo": ("tp", "fsdp"), "w_in": ("fsdp", "tp"), "w_out": ("tp", "fsdp")}
+OTHER_SPLIT = {"embed": ("tp", "fsdp"), "head": ("fsdp", "tp"), "final_norm": (None,)}
+
+
+def param_shapes(model, layout) -> dict:
+    """Every weight's global shape; the layers stacked ``[pp, vp, layers per virtual
+    stage, ...]``."""
+    per = model.layers // (layout.pp * layout.vp)
+    lead = (layout.pp, layout.vp, per)
+    shapes = {k: lead + s for k, s in model.layer_shapes().items()}
+    shapes.update(model.other_shapes())
+    return shapes
+
+
+def _split(key, optimizer_state, layout):
+    """A weight's PartitionSpec; the optimizer's state is split over ``dp`` too with the
+    distributed optimizer (along the dimension FSDP splits)."""
+    if key in LAYER_SPLIT:
+        dims = ("pp", None, None) + LAYER_SPLIT[key][:1 if key.endswith("norm") else 2]
+    else:
+        dims = OTHER_SPLIT[key]
+    if optimizer_state and layout.distributed_optimizer:
+        fsdp_dim = dims.index("fsdp") if "fsdp" in dims else len(dims) - 1
+        dims = tuple(("fsdp", "dp") if d == "fsdp" else ("dp",) if i == fsdp_dim and d is None
+                     else d for i, d in enumerate(dims))
+    return P(*dims)
+
+
+def specs(model, layout):
+    """``(in_specs, out_specs)`` of :func:`train_step` for ``shard_map``."""
+    keys = param_shapes(model, layout)
+    state = {k: _split(k, True, layout) for k in keys}
+    weights = state if layout.distributed_optimizer else {k: _split(k, False, layout)
+                                                           for k in keys}
+    batch = P(None, ("dp", "fsdp"), "cp")
+    ins = (weights, {"master": state, "mu": state, "nu": state}, batch, batch)
+    return ins, (weights, {"master": state, "mu": state, "nu": state}, P())
+
+
+def arguments(model, layout, struct, dtype="bfloat16"):
+    """The step's arguments as ``struct(shape, dtype)`` (``simpmd.ShapeDtypeStruct``):
+    weights in ``dtype``, masters and moments in float32, tokens and targets as int32
+    ``[micro-batches, sequences, seq]``."""
+    shapes = param_shapes(model, layout)
+    weights = {k: struct(s, dtype) for k, s in shapes.items()}
+    state = lambda: {k: struct(s, "float32") for k, s in shapes.items()}
+    batch = struct((layout.microbatches, layout.replicas * layout.microbatch, model.seq),
+                   "int32")
+    return weights, {"master": state(), "mu": state(), "nu": state()}, batch, batch
+
+
+# -- the pipeline -----------------------------------------------------------------------------
+
+def _stage_ticks(s, lay, stacked, x0):
+    """The circular pipeline over ``pp`` stages: outputs [m, b, t, D] of the last virtual
+    stage (right on the last stage; every stage computes them, as SPMD does)."""
+    m, pp, vp = lay.microbatches, lay.pp, lay.vp
+    if pp == 1:
+        chunk = {k: w[0] for k, w in stacked.items()}
+        return lax.scan(lambda c, x: (c, L.layers(s, x, chunk)), None, x0)[1]
+    stage = lax.axis_index("pp")
+    ring = [(j, (j + 1) % pp) for j in range(pp)]
+    only = {k: w[0] for k, w in stacked.items()} if vp == 1 else None
+
+    def tick(carry, t):
+        state, loop = carry                # loop: on the first stage, what came round
+        back = (t - pp) % m                # from the last; on the last, its outputs
+        loop = loop.at[back].set(snp.where(stage == 0, state, loop[back]))
+        g = t - stage                                    # this stage's step of its work
+        r, i = snp.clip(g // m, 0, vp - 1), g % m        # virtual stage, micro-batch
+        first = snp.where(r == 0, x0[i], loop[i])
+        x = snp.where(stage == 0, first, state)
+        y = L.layers(s, x, only) if vp == 1 else L.layers(s, x, stacked, virtual=r)
+        loop = loop.at[i].set(snp.where(stage == pp - 1, y, loop[i]))
+        return (lax.ppermute(y, "pp", ring), loop), None
+
+    start = L.vary(snp.zeros_like(x0[0]), s.activation_axes())
+    loop = L.vary(snp.zeros_like(x0), s.activation_axes())
+    (_, loop), _ = lax.scan(tick, (start, loop), snp.arange(m * vp + pp - 1))
+    return loop
+
+
+def loss(s, lay, params, tokens, targets):
+    """This device's share of the step's mean loss: embeddings, the pipeline, the head's
+    loss for each micro-batch (a ``scan``), on the last stage."""
+    x0 = lax.scan(lambda c, tok: (c, L.embed(s, params["embed"], tok)), None, tokens)[1]
+    x0 = L.vary(x0, s.activation_axes())
+    stacked = {k: w[0] for k, w in params.items() if k in LAYER_SPLIT}
+    ys = _stage_ticks(s, lay, stacked, x0)
+    head = {k: params[k] for k in ("final_norm", "head", "embed") if k in params}
+    summed = tuple(a for a in AXES if not (a == "tp" and s.size("tp") > 1))
+    total = lax.scan(lambda c, yt: (c + L.token_losses(s, yt[0], head, yt[1]), None),
+                     L.vary(snp.zeros((), snp.float32), summed), (ys, targets))[0]
+    if lay.pp > 1:
+        total = lax.psum(snp.where(lax.axis_index("pp") == lay.pp - 1, total, 0.0), "pp")
+    return total / (lay.global_batch * s.model.seq)
+
+
+# -- gradients and the optimizer ----------------------------------------------------------
+
+def _replicated(spec, lay, smallest=2) -> tuple:
+    """The mesh axes (of ``smallest`` devices or more) a weight with ``spec`` is held
+    whole on."""
+    named = {a for d in spec for a in ((d,) if isinstance(d, str) else (d or ()))}
+    return tuple(a for a in AXES if a not in named and lay.shape[a] >= smallest)
+
+
+def _reduce(g, spec, lay):
+    """A weight's float32 gradient summed over the ranks that share the weight: a
+    reduce-scatter over ``dp`` with the distributed optimizer, an all-reduce otherwise."""
+    axes = _replicated(spec, lay, 1)          # size-1 axes too, to make the type invariant
+    g = g.astype(snp.float32)
+    if lay.distributed_optimizer and "dp" in axes:
+        dims = [d for d in spec] + [None] * (g.ndim - len(spec))
+        dim = dims.index("fsdp") if "fsdp" in dims else g.ndim - 1
+        g = lax.psum_scatter(g, "dp", scatter_dimension=dim, tiled=True)
+        axes = tuple(a for a in axes if a != "dp")
+    return lax.psum(g, axes) if axes else g
+
+
+def _adam(master, mu, nu, g, lr=1e-4, b1=0.9, b2=0.95, eps=1e-8):
+    mu = b1 * mu + (1 - b1) * g
+    nu = b2 * nu + (1 - b2) * g * g
+    return master - lr * mu / (snp.sqrt(nu) + eps), mu, nu
+
+
+def train_step(model, layout, flash=True):
+    """``step(params, opt, tokens, targets) -> (params, opt, loss)``: one device's training
+    step, to be ``shard_map`` ped with :func:`specs`. With the distributed optimizer each
+    data-parallel rank holds a slice of the weights too, as Megatron's does between steps,
+    and gathers them over ``dp`` as the step begins."""
+    from ..api.grad import value_and_grad
+    s = L.Shard(model, layout.shape, layout.recompute, layout.sequence_parallel, flash)
+    whole = {k: _split(k, False, layout) for k in param_shapes(model, layout)}
+
+    def step(params, opt, tokens, targets):
+        if layout.distributed_optimizer and layout.dp > 1:   # this rank's slice, gathered
+            params = {k: lax.all_gather(w, "dp", axis=_fsdp_dim(whole[k], w.ndim), tiled=True)
+                      if "dp" in _replicated(whole[k], layout) else w for k, w in params.items()}
+        varying = {k: L.vary(w, _replicated(whole[k], layout, 1)) for k, w in params.items()}
+        value, grads = value_and_grad(lambda p: loss(s, layout, p, tokens, targets))(varying)
+        new, state = {}, {"master": {}, "mu": {}, "nu": {}}
+        for k in sorted(params):
+            g = _reduce(grads[k], whole[k], layout)
+            master, mu, nu = _adam(opt["master"][k], opt["mu"][k], opt["nu"][k], g)
+            new[k] = master.astype(params[k].dtype)
+            state["master"][k], state["mu"][k], state["nu"][k] = master, mu, nu
+        summed = tuple(a for a in AXES if a not in ("tp", "pp") or layout.shape[a] == 1)
+        return new, state, lax.psum(value, summed)
+    return step
+
+
+def _fsdp_dim(spec, ndim) -> int:
+    dims = [d for d in spec] + [None] * (ndim - len(spec))
+    return dims.index("fsdp") if "fsdp" in dims else ndim - 1
+
+
+def layer_step(model, layout, flash=True):
+    """``step(weights, x) -> (gradients, dx, y)`` for one device: one decoder layer, under
+    its checkpoint, forward and backward on activations ``x`` (its loss the sum of its
+    output ``y``, which is returned too, as the next layer would read it), without the
+    loop around it: what the step's scan repeats, written out so that a roofline that
+    counts a loop's body once (``jax.experimental.roofline``) counts what simpmd counts."""
+    from ..api.grad import grad
+    s = L.Shard(model, layout.shape, layout.recompute, layout.sequence_parallel, flash)
+    one = {k: P(*_split(k, False, layout)[3:]) for k in LAYER_SPLIT}   # one layer's split
+    run = L.checkpointed_layer(s)
+
+    def step(weights, x):
+        w = {k: L.vary(v[0, 0, 0], _replicated(one[k], layout, 1)) for k, v in weights.items()}
+        x = L.vary(x, s.activation_axes())
+        def loss(w, x):
+            y = run(x, w)
+            return y.astype(snp.float32).sum(), y
+        (grads, dx), y = grad(loss, argnums=(0, 1), has_aux=True)(w, x)
+        return {k: _reduce(g, one[k], layout) for k, g in grads.items()}, dx, y
+    return step
+
+
+def layer_specs(model, layout):
+    """``(in_specs, out_specs)`` and the global shapes (weights, ``x``) of
+    :func:`layer_step`, for one layer's weights and ``microbatch`` sequences per rank."""
+    one = type(model)(**{**model.__dict__, "layers": layout.pp * layout.vp})
+    shapes = {k: v for k, v in param_shapes(one, layout).items() if k in LAYER_SPLIT}
+    weights = {k: _split(k, False, layout) for k in shapes}
+    tokens = "tp" if layout.sequence_parallel and layout.tp > 1 else None
+    ranks = ("pp", "dp", "fsdp") + (("tp",) if layout.tp == 1 else ())  # x varies over all
+    x = P(ranks, ("cp", tokens) if tokens else "cp")                     # but a whole tp
+    outs = ({k: P(*[d for d in spec][3:]) for k, spec in weights.items()}, x, x)
+    x_shape = (layout.pp * layout.replicas * layout.microbatch, model.seq, model.d_model)
+    return (weights, x), outs, (shapes, x_shape)

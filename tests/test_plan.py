@@ -1,0 +1,472 @@
+"""simpmd.plan: the step it builds computes what one device computes, on simpmd and on real
+JAX; its schedule and memory walk give hand-worked answers on small programs; layouts that
+cannot run are refused naming the limit.
+
+Expectations are computed here independently: a one-device step of the same model (the
+reference every layout must agree with), NumPy attention, sums of kernel times written
+out from the preset's rates.
+"""
+from __future__ import annotations
+
+import importlib.util
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+import simpmd
+from simpmd import lax, plan
+from simpmd.cost import hardware_preset
+from simpmd.plan import attention as A, liveness, schedule as S, step as St
+from simpmd.plan.simulate import trace_step
+
+S_ = simpmd.ShapeDtypeStruct
+# plan.estimate's steps are in bfloat16, which ml_dtypes (jaxlib's) brings
+needs_bf16 = pytest.mark.skipif(importlib.util.find_spec("ml_dtypes") is None,
+                                reason="the planner's steps are in bfloat16 (ml_dtypes)")
+TINY = plan.Transformer(layers=4, d_model=32, heads=4, kv_heads=2, d_ff=48, vocab=64, seq=16,
+                        gated_mlp=True)
+ONE = plan.Layout(global_batch=8, microbatch=2)
+
+
+# -- the model's counts ---------------------------------------------------------------------
+
+def test_llama3_70b_parameters_and_flops_by_hand():
+    m = plan.LLAMA3_70B
+    layer = 2 * 8192 * 8192 + 2 * 8192 * 1024 + 3 * 8192 * 28672 + 2 * 8192
+    total = 80 * layer + 2 * 128256 * 8192 + 8192
+    assert m.params == total == 70_553_706_496
+    assert m.flops_per_token() == 6 * total + 12 * 80 * 64 * 128 * 8192
+
+
+# -- values: every layout computes the one-device step ------------------------------------
+
+def _weights(model, layout, seed=0):
+    rng = np.random.default_rng(seed)
+    shapes = St.param_shapes(model, layout)
+    return {k: np.ones(s, np.float32) if k.endswith("norm") else
+            (rng.normal(size=s) / math.sqrt(s[-2])).astype(np.float32)
+            for k, s in shapes.items()}
+
+
+def _laid_out(value, key, model, layout):
+    """A one-device weight (layers stacked [1, 1, L, ...]) as ``layout`` holds it: virtual
+    stage r * pp + s on stage s, and the fused matrices' columns grouped by tensor-parallel
+    rank (each rank's queries, keys and values; gate and up side by side)."""
+    if key not in St.LAYER_SPLIT:
+        return value
+    flat = value[0, 0]
+    if key in ("wqkv", "w_in") and layout.tp > 1:
+        hd, tp = model.head_dim, layout.tp
+        parts = ([model.heads * hd, model.kv_heads * hd, model.kv_heads * hd] if key == "wqkv"
+                 else [model.d_ff, model.d_ff])
+        pieces = np.split(flat, np.cumsum(parts)[:-1], axis=-1)
+        flat = np.concatenate([np.split(p, tp, axis=-1)[r] for r in range(tp) for p in pieces],
+                              axis=-1)
+    per = model.layers // (layout.pp * layout.vp)
+    out = np.empty((layout.pp, layout.vp, per) + flat.shape[1:], flat.dtype)
+    for s in range(layout.pp):
+        for r in range(layout.vp):
+            j = r * layout.pp + s
+            out[s, r] = flat[j * per:(j + 1) * per]
+    return out
+
+
+def _batch(layout, model=TINY, seed=1):
+    rng = np.random.default_rng(seed)
+    shape = (layout.microbatches, layout.replicas * layout.microbatch, model.seq)
+    flat = rng.integers(0, model.vocab, (2,) + (layout.global_batch, model.seq))
+    return [t.reshape(shape).astype(np.int32) for t in flat]
+
+
+def _run(layout, weights, model=TINY, flash=True):
+    simpmd.set_device_count(layout.chips)
+    mesh = simpmd.make_mesh(tuple(layout.shape.values()), tuple(layout.shape))
+    ins, outs = St.specs(model, layout)
+    opt = {"master": {k: w.copy() for k, w in weights.items()},
+           "mu": {k: np.zeros_like(w) for k, w in weights.items()},
+           "nu": {k: np.zeros_like(w) for k, w in weights.items()}}
+    step = simpmd.shard_map(St.train_step(model, layout, flash), mesh=mesh, in_specs=ins,
+                            out_specs=outs)
+    return step(weights, opt, *_batch(layout, model))
+
+
+@pytest.fixture(scope="module")
+def reference():
+    weights = _weights(TINY, ONE)
+    return weights, {flash: _run(ONE, weights, flash=flash) for flash in (True, False)}
+
+
+LAYOUTS = [
+    plan.Layout(pp=2, vp=2, global_batch=8, microbatch=2),
+    plan.Layout(dp=2, tp=2, pp=2, global_batch=8),
+    plan.Layout(fsdp=2, tp=2, sequence_parallel=True, global_batch=8, microbatch=2),
+    plan.Layout(cp=2, tp=2, global_batch=8, microbatch=2, recompute="selective"),
+    plan.Layout(dp=2, tp=2, pp=2, vp=2, global_batch=8, recompute="full",
+                distributed_optimizer=True),
+]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=str)
+@pytest.mark.parametrize("flash", [True, False], ids=["fused attention", "scores kept"])
+def test_every_layout_computes_the_one_device_step(reference, layout, flash):
+    """The loss, and Adam's first moment (the gradient times 1 - b1), equal the one-device
+    step's for the same weights and tokens."""
+    weights, outputs = reference
+    _, opt, loss = outputs[flash]
+    laid = {k: _laid_out(w, k, TINY, layout) for k, w in weights.items()}
+    _, got_opt, got_loss = _run(layout, laid, flash=flash)
+    assert float(got_loss) == pytest.approx(float(loss), rel=1e-5)
+    for k in weights:
+        np.testing.assert_allclose(np.asarray(got_opt["mu"][k]),
+                                   _laid_out(np.asarray(opt["mu"][k]), k, TINY, layout),
+                                   rtol=2e-4, atol=2e-7, err_msg=k)
+
+
+def test_the_step_runs_on_real_jax_with_the_same_results(jax8, reference):
+    """The same step function under jax.shard_map on 8 CPU devices (pipeline, tensor and
+    sequence parallelism, the distributed optimizer): JAX's loss and moments are simpmd's."""
+    from jax.sharding import Mesh
+    from test_shapes import jax_specs
+    layout = plan.Layout(dp=2, tp=2, pp=2, vp=2, global_batch=8, sequence_parallel=True,
+                         distributed_optimizer=True)
+    weights = {k: _laid_out(w, k, TINY, layout) for k, w in reference[0].items()}
+    ours = _run(layout, weights)
+    devices = np.array(jax8.devices()[:8]).reshape(tuple(layout.shape.values()))
+    ins, outs = St.specs(TINY, layout)
+    opt = {"master": weights, "mu": {k: np.zeros_like(w) for k, w in weights.items()},
+           "nu": {k: np.zeros_like(w) for k, w in weights.items()}}
+    theirs = jax8.jit(jax8.shard_map(St.train_step(TINY, layout), mesh=Mesh(devices, AXES_OF(layout)),
+                                     in_specs=jax_specs(ins), out_specs=jax_specs(outs)))(
+        weights, opt, *_batch(layout))
+    assert float(theirs[2]) == pytest.approx(float(ours[2]), rel=1e-5)
+    for k in weights:
+        np.testing.assert_allclose(np.asarray(theirs[1]["mu"][k]), np.asarray(ours[1]["mu"][k]),
+                                   rtol=2e-4, atol=2e-7, err_msg=k)
+
+
+def AXES_OF(layout):
+    return tuple(layout.shape)
+
+
+# -- fused attention ------------------------------------------------------------------------
+
+def _numpy_attention(q, k, v, offset=0):
+    g = q.shape[2] // k.shape[2]
+    k, v = np.repeat(k, g, axis=2), np.repeat(v, g, axis=2)
+    s = np.einsum("btnh,bsnh->bnts", q, k) / math.sqrt(q.shape[-1])
+    seen = (offset + np.arange(q.shape[1]))[:, None] >= np.arange(k.shape[1])[None]
+    s = np.where(seen, s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return np.einsum("bnts,bsnh->btnh", p / p.sum(-1, keepdims=True), v)
+
+
+@pytest.mark.parametrize("offset", [None, 4])
+def test_flash_attention_values_and_gradients(offset):
+    """Forward against NumPy; gradients against the scores-kept form's (finite-difference
+    checked elsewhere, and a different program)."""
+    rng = np.random.default_rng(0)
+    q = rng.normal(size=(2, 4, 4, 8)).astype(np.float32)
+    k, v = (rng.normal(size=(2, 8 if offset else 4, 2, 8)).astype(np.float32) for _ in "kv")
+    simpmd.set_device_count(1)
+
+    def loss(attend):
+        def f(q, k, v):
+            return (attend(q, k, v, True, offset) ** 2).sum()
+        return simpmd.shard_map(simpmd.value_and_grad(f, argnums=(0, 1, 2)),
+                                mesh=simpmd.make_mesh((1,), ("i",)),
+                                in_specs=(simpmd.P(),) * 3, out_specs=simpmd.P())(q, k, v)
+    (value, grads), (value2, grads2) = loss(A.flash_attention), loss(A.materialized_attention)
+    expected = (_numpy_attention(q, k, v, offset or 0) ** 2).sum()
+    assert float(value) == pytest.approx(expected, rel=1e-5)
+    assert float(value2) == pytest.approx(expected, rel=1e-5)
+    for a, b in zip(grads, grads2):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
+
+
+def test_flash_attention_cost_is_the_kernels():
+    """Forward: 2 products over the causal blocks, reading Q, K, V and writing O; backward:
+    5 products (QK^T again, dP, dV, dQ, dK)."""
+    q, k = simpmd.core.core.Aval((1, 4096, 8, 128), "float16"), \
+        simpmd.core.core.Aval((1, 4096, 2, 128), "float16")
+    blocks = 4096 // 128
+    full = 2 * 8 * 4096 * 4096 * 128
+    flops, nbytes = A.flash_attention_p.cost([q, k, k], [q], causal=True, scale=1.0)
+    assert flops == int(2 * full * (blocks + 1) / (2 * blocks))
+    assert nbytes == 2 * (2 * q.size + 2 * k.size)
+    assert A.flash_attention_bwd.cost([q, k, k, q, q], [q, k, k], causal=False, scale=1.0)[0] \
+        == 5 * full
+
+
+# -- the schedule --------------------------------------------------------------------------
+
+H100 = hardware_preset("H100")
+
+
+def _costing(sizes):
+    return S.Costing(H100, "bf16", sizes, H100.topology(math.prod(sizes.values())))
+
+
+def _program(f, *shapes, axes=(("tp", 2),)):
+    """float16 (bfloat16's size and rate on the presets, and NumPy's own type)."""
+    return simpmd.make_jaxpr(f, axis_env=list(axes))(*[S_(s, "float16") for s in shapes])
+
+
+def _matmul_s(m, k, n):
+    return max(2 * m * k * n / H100.sustained_matmul_flops("bf16"),
+               2 * (m * k + k * n + m * n) / H100.sustained_hbm_bandwidth, H100.kernel_launch_s)
+
+
+def test_a_collective_whose_result_is_needed_next_is_exposed():
+    costing = _costing({"tp": 2})
+    program = _program(lambda x, w: lax.psum(x @ w, "tp") @ w, (4096, 4096), (4096, 4096))
+    streams, tally = S.schedule(program, costing)
+    psum = costing.collective_s("psum", ("tp",), 4096 * 4096 * 2)
+    assert psum > 0
+    assert tally.compute == pytest.approx(2 * _matmul_s(4096, 4096, 4096))
+    assert tally.communication == pytest.approx(psum)
+    assert streams.compute == pytest.approx(tally.total)
+
+
+def test_a_collective_beside_independent_work_overlaps_it():
+    """psum(x @ w) is not needed by the next product: the step takes the longer of the two
+    streams, not their sum."""
+    costing = _costing({"tp": 2})
+    program = _program(lambda x, w: (lax.psum(x @ w, "tp"), x @ w @ w), (4096, 4096),
+                       (4096, 4096))
+    streams, tally = S.schedule(program, costing)
+    psum = costing.collective_s("psum", ("tp",), 4096 * 4096 * 2)
+    one = _matmul_s(4096, 4096, 4096)
+    assert tally.communication == 0
+    assert max(streams.compute, *streams.comm.values()) == pytest.approx(max(3 * one, one + psum))
+
+
+def test_a_loop_gathers_the_next_weights_during_this_iteration():
+    """A scan whose all_gather reads only its xs (FSDP's weights): after the first
+    iteration the gather of the next overlaps the product of this one."""
+    costing = _costing({"fsdp": 8})
+
+    def f(x, ws):
+        return lax.scan(lambda h, w: (h @ lax.all_gather(w, "fsdp", axis=0, tiled=True), None),
+                        x, ws)[0]
+    program = _program(f, (8192, 4096), (6, 512, 4096), axes=(("fsdp", 8),))
+    streams, tally = S.schedule(program, costing)
+    gather = costing.collective_s("all_gather", ("fsdp",), 512 * 4096 * 2)
+    one = _matmul_s(8192, 4096, 4096)
+    period = max(gather, one)
+    assert streams.compute == pytest.approx(gather + one + 5 * period)
+    assert tally.compute == pytest.approx(6 * one)
+
+
+def test_a_fused_run_moves_what_enters_and_what_leaves():
+    """x * 2 + 1 then tanh: one pass, reading x and writing the result."""
+    costing = _costing({"tp": 2})
+    program = _program(lambda x: simpmd.numpy.tanh(x * 2.0 + 1.0), (4096, 4096))
+    _, tally = S.schedule(program, costing)
+    assert tally.memory == pytest.approx(2 * 4096 * 4096 * 2 / H100.sustained_hbm_bandwidth)
+
+
+def test_the_pipeline_bubble_is_its_idle_ticks():
+    costing = _costing({"tp": 2})
+    costing.pipeline_ticks, costing.bubble_ticks = 7, 3
+
+    def f(x, w):
+        return lax.scan(lambda h, _: (h @ w, None), x, None, length=7)[0]
+    _, tally = S.schedule(_program(f, (4096, 4096), (4096, 4096)), costing)
+    assert tally.bubble == pytest.approx(3 * _matmul_s(4096, 4096, 4096))
+    assert tally.compute == pytest.approx(4 * _matmul_s(4096, 4096, 4096))
+
+
+# -- memory -----------------------------------------------------------------------------
+
+def test_a_fused_chain_holds_only_its_input_and_result():
+    program = _program(lambda x: simpmd.numpy.tanh(x * 2.0 + 1.0), (1024, 1024))
+    assert liveness.peak(program, keep_arguments=True) == 2 * 1024 * 1024 * 2
+
+
+def test_a_product_is_held_until_its_last_reader():
+    """y = x @ w is read last by the third product. Each value is 1024 x 1024 bf16 (a
+    unit): x, w and y are live at the first product (x, donated, is freed after it), w,
+    y and z at the second (w freed after it), y, z and the result at the third: 3 units;
+    keeping the arguments, x stays: 4."""
+    program = _program(lambda x, w: (lambda y: (y @ w) @ y)(x @ w), (1024, 1024), (1024, 1024))
+    unit = 1024 * 1024 * 2
+    assert liveness.peak(program) == 3 * unit
+    assert liveness.peak(program, keep_arguments=True) == 5 * unit
+
+
+@needs_bf16
+def test_the_in_flight_memory_of_the_interleaved_schedule():
+    """Korthikanti et al. 2022, Table 5's 175B layout with selective recomputation and
+    sequence parallelism: the peak includes the weights and optimizer state of a stage
+    (16 bytes per parameter here: bf16 weights and gradients, fp32 masters and moments)
+    and less than the 80 GB of an A100."""
+    m = plan.Transformer(96, 12288, 96, 49152, 51200, 2048, tied_embeddings=True)
+    layout = plan.Layout(tp=8, pp=8, vp=3, global_batch=64, recompute="selective",
+                         sequence_parallel=True)
+    result = plan.estimate(m, layout, hardware="A100", precision="fp16", flash=False)
+    per_device = 96 * 12 * 12288 ** 2 / 64
+    assert 16 * per_device < result.peak_bytes < 80e9
+
+
+# -- what cannot run --------------------------------------------------------------------------
+
+@needs_bf16
+@pytest.mark.parametrize("layout, chips, words", [
+    (plan.Layout(tp=3), 3, "heads = 4 do not split over tp = 3"),
+    (plan.Layout(pp=3), 3, "layers = 4 do not split into pp x vp"),
+    (plan.Layout(dp=2, microbatch=3, global_batch=8), 2, "global_batch = 8"),
+    (plan.Layout(cp=3), 3, "seq = 16 tokens do not split over cp = 3"),
+    (plan.Layout(tp=2), 4, "4 chips, but the layout's axes make"),
+    (plan.Layout(pp=2, vp=2, global_batch=1), 2, "fewer than pp = 2"),
+])
+def test_what_cannot_run_is_refused_naming_the_limit(layout, chips, words):
+    with pytest.raises(plan.LayoutError, match=words.replace("(", r"\(")):
+        plan.estimate(TINY, layout, hardware="H100", chips=chips)
+
+
+@needs_bf16
+def test_memory_over_the_chips_hbm_is_refused():
+    big = plan.Transformer(48, 6144, 64, 24576, 51200, 2048)
+    with pytest.raises(plan.LayoutError, match="over the 80 GB of HBM a H100 has"):
+        plan.estimate(big, plan.Layout(global_batch=1), hardware="H100")
+    assert not plan.estimate(big, plan.Layout(global_batch=1), hardware="H100",
+                             check_memory=False).fits
+
+
+@needs_bf16
+def test_a_tpu_slice_must_be_one_google_documents():
+    layout = plan.Layout(fsdp=2048, tp=4, global_batch=2048)
+    with pytest.raises(plan.LayoutError, match="16x16x24"):
+        plan.estimate(plan.LLAMA3_70B, layout, hardware="TPU v5p")
+    two = plan.estimate(plan.LLAMA3_70B, plan.Layout(dp=2, fsdp=1024, tp=4, global_batch=2048,
+                                                     recompute="full", sequence_parallel=True),
+                        hardware="TPU v5p", slices=2)
+    assert two.chips == 8192 and two.step_s > 0
+
+
+@needs_bf16
+def test_the_breakdown_adds_up_and_mfu_follows_palm():
+    layout = plan.Layout(tp=2, pp=2, vp=2, dp=2, global_batch=16, sequence_parallel=True)
+    result = plan.estimate(TINY, layout, hardware="H100")
+    assert sum(result.breakdown.values()) == pytest.approx(result.step_s)
+    peak = H100.matmul_peak("bf16")                  # the preset's dense bf16 peak
+    assert result.mfu == pytest.approx(TINY.flops_per_token() * 16 * 16 / result.step_s
+                                       / 8 / peak)
+
+
+# -- lesson 15's claims, held to the planner --------------------------------------------------
+
+def _lesson(seq):
+    from dataclasses import replace
+    return replace(plan.LLAMA3_70B, seq=seq)
+
+
+@needs_bf16
+def test_lesson15_one_layer_counts_equal_jax_roofline(jax8):
+    """Section 3: one layer of the chosen layout, forward and backward, as the step's scan
+    repeats it: FLOPs, HBM bytes and ICI bytes per axis equal jax.experimental.roofline's."""
+    pytest.importorskip("absl")
+    from jax.experimental import roofline as jr
+    from jax.sharding import AbstractMesh, AxisType
+    from test_shapes import jax_specs
+    model = _lesson(2048)
+    layout = plan.Layout(dp=2, fsdp=1024, tp=4, global_batch=2048, recompute="selective",
+                         sequence_parallel=True)
+    ins, outs, (weights, x) = St.layer_specs(model, layout)
+    step = St.layer_step(model, layout, flash=False)
+    mesh = AbstractMesh(tuple(layout.shape.values()), tuple(layout.shape),
+                        axis_types=(AxisType.Auto,) * 5)
+    _, theirs = jr.roofline(step, mesh=mesh, in_specs=jax_specs(ins), out_specs=jax_specs(outs))(
+        {k: jax8.ShapeDtypeStruct(s, "bfloat16") for k, s in weights.items()},
+        jax8.ShapeDtypeStruct(x, "bfloat16"))
+    simpmd.set_device_count(layout.chips)
+    ours = simpmd.cost.roofline(step, {k: S_(s, "bfloat16") for k, s in weights.items()},
+                                S_(x, "bfloat16"), in_specs=ins, out_specs=outs,
+                                mesh=simpmd.make_mesh(tuple(layout.shape.values()),
+                                                      tuple(layout.shape)))
+    assert (ours.flops, ours.hbm_bytes) == (theirs.flops, theirs.hbm_bytes)
+    assert ours.ici_bytes == dict(theirs.ici_bytes)
+
+
+@needs_bf16
+def test_lesson15_memory_and_the_crossover():
+    """Sections 4 and 6: at 512 tokens per chip every recomputation fits in a v5p's 95 GB,
+    keeping less the more it recomputes; pure FSDP turns compute-bound near the book's 850
+    tokens per chip, and FSDP 1024 x TP 4 is communication-bound at 512."""
+    model = _lesson(2048)
+    base = plan.Layout(dp=2, fsdp=1024, tp=4, global_batch=2048, sequence_parallel=True)
+    peaks = [plan.estimate(model, replace(base, recompute=r), hardware="TPU v5p",
+                           slices=2).peak_bytes for r in ("none", "selective", "full")]
+    assert peaks[0] > peaks[1] > peaks[2] and peaks[0] < 95e9
+    pieces = _lesson(512)
+    fsdp = plan.estimate(pieces, plan.Layout(dp=2, fsdp=4096, global_batch=8192),
+                         hardware="TPU v5p", slices=2, memory=False)
+    assert 700 < 512 * fsdp.communication_s / fsdp.products_s < 900
+    mixed = plan.estimate(pieces, plan.Layout(dp=2, fsdp=1024, tp=4, global_batch=8192,
+                                              microbatch=4, sequence_parallel=True),
+                          hardware="TPU v5p", slices=2, memory=False)
+    assert mixed.communication_s > mixed.products_s
+
+
+@needs_bf16
+def test_lesson15_selective_stops_fitting_at_8192_tokens_per_chip():
+    """Section 7's plot: selective recomputation fits at 4,096 tokens per chip, not 8,192."""
+    pieces = _lesson(512)
+    fits = [plan.estimate(pieces, plan.Layout(dp=2, fsdp=1024, tp=4, global_batch=n,
+                                              microbatch=n // 2048, recompute="selective",
+                                              sequence_parallel=True),
+                          hardware="TPU v5p", slices=2, check_memory=False).fits
+            for n in (4096 * 16, 8192 * 16)]
+    assert fits == [True, False]
+
+
+# -- the collectives of a layer -----------------------------------------------------------
+
+def _layer_collectives(layout, model=TINY):
+    ins, outs, (weights, x) = St.layer_specs(model, layout)
+    simpmd.set_device_count(layout.chips)
+    mesh = simpmd.make_mesh(tuple(layout.shape.values()), tuple(layout.shape))
+    step = simpmd.shard_map(St.layer_step(model, layout), mesh=mesh, in_specs=ins,
+                            out_specs=outs)
+    step({k: S_(s, "float32") for k, s in weights.items()}, S_(x, "float32"))
+    return _collectives(step.trace.program)
+
+
+def _collectives(program):
+    """(name, axes) of every collective of a program, nested bodies (checkpoints) included."""
+    found = []
+    for e in program.eqns:
+        if getattr(e.primitive, "collective", False):
+            axes = e.params.get("axes", e.params.get("axis_name", ()))
+            found.append((e.primitive.name, (axes,) if isinstance(axes, str) else tuple(axes)))
+        for key in ("jaxpr", "call_jaxpr"):
+            if key in e.params:
+                found += _collectives(getattr(e.params[key], "jaxpr", e.params[key]))
+    return found
+
+
+def test_megatron_tensor_parallelism_has_four_collectives_per_layer():
+    """Two all-reduces forward (after attention, after the MLP) and two backward (the
+    gradients of the replicated inputs of the column-split products), besides the
+    once-a-step reduction of the norms' gradients."""
+    calls = _layer_collectives(plan.Layout(tp=2))
+    assert calls.count(("psum", ("tp",))) == 4
+
+
+def test_sequence_parallelism_gathers_and_scatters_and_gathers_again():
+    """An all-gather before each block and a reduce-scatter after it, forward; backward the
+    transposes (a reduce-scatter and an all-gather each) and the gathers again (the tokens
+    are not kept): 4 + 6 per layer instead of 4 all-reduces."""
+    calls = [name for name, axes in _layer_collectives(plan.Layout(tp=2, sequence_parallel=True))
+             if axes == ("tp",)]
+    assert sorted(calls) == ["all_gather"] * 6 + ["reduce_scatter"] * 4
+
+
+def test_fsdp_gathers_each_weight_in_both_passes():
+    """Four matrices per layer: each gathered forward and again backward, its gradient
+    reduce-scattered once."""
+    calls = _layer_collectives(plan.Layout(fsdp=2))
+    assert calls.count(("all_gather", ("fsdp",))) == 8
+    assert calls.count(("reduce_scatter", ("fsdp",))) == 4
