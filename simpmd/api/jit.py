@@ -36,6 +36,7 @@ from ..core import bridge, dtypes, loops
 from ..core.core import Aval, aval_of, bind, context, running
 from ..core.program import cached, eval_program, store, trace
 from ..core.values import StackedValue
+from ..machine import devices as machine
 from ..machine.mesh import (AxisType, Mesh, NamedSharding, PartitionSpec, axis_types_of,
                             check_spec, join_blocks, stack_blocks)
 from . import partition as R
@@ -145,7 +146,9 @@ class ShardedArray:
 
     @property
     def sharding(self) -> NamedSharding:
-        return NamedSharding(self.mesh, Sharding(self.mesh, self.layout).spec)
+        s = self.aval.sharding
+        kinds = (s.unreduced, s.reduced) if s is not None else ()
+        return NamedSharding(self.mesh, Sharding(self.mesh, self.layout, *kinds).spec)
 
     def block(self, device_id: int) -> np.ndarray:
         """The block that simulated device ``device_id`` holds."""
@@ -167,6 +170,13 @@ class ShardedArray:
         return set(self.mesh.devices.flat)
 
     def __array__(self, dtype=None, copy=None):
+        if getattr(self.aval.sharding, "unreduced", None):
+            raise R.UnreducedValueError(
+                f"{typeof(self)} holds partial sums, one per device along "
+                f"{sorted(self.aval.sharding.unreduced)}: its value is their sum, which no "
+                f"device has yet (JAX refuses to fetch it too). reshard it to a sharding "
+                f"without unreduced axes first (that is the all-reduce), or read its "
+                f".addressable_shards.")
         whole_ = join_blocks(np.asarray(self.stack), self.sharding.spec, self.mesh)
         return whole_ if dtype is None else whole_.astype(dtype)
 
@@ -183,6 +193,8 @@ class ShardedArray:
         return StackedValue(self.aval, stack)
 
     def __repr__(self):
+        if getattr(self.aval.sharding, "unreduced", None):
+            return f"ShardedArray(shape={self.shape}, type={typeof(self)})"
         body = np.array2string(np.asarray(self), separator=", ", prefix="ShardedArray(")
         return f"ShardedArray({body}, type={typeof(self)})"
 
@@ -260,8 +272,13 @@ def _placed(value, mesh, spec):
                 f"sharded array; pad the array or split that dimension over fewer devices.")
     explicit = R.explicit_axes(mesh)
     typed = tuple(tuple(a for a in axes if a in explicit) for axes in layout)
-    aval = Aval(value.shape, value.dtype, sharding=Sharding(mesh, typed))
-    return ShardedArray(aval, stack_blocks(value, spec, mesh), mesh, layout)
+    unreduced, reduced = R.reductions_of(spec, mesh)
+    aval = Aval(value.shape, value.dtype, sharding=Sharding(mesh, typed, unreduced, reduced))
+    stack = stack_blocks(value, spec, mesh)
+    if unreduced:           # as reshard places it: the value on the first device, zeros after
+        first = [all(mesh.coords_of(k)[a] == 0 for a in unreduced) for k in range(mesh.size)]
+        stack = np.where(np.reshape(first, (-1,) + (1,) * value.ndim), stack, 0)
+    return ShardedArray(aval, stack, mesh, layout)
 
 def device_put(x, sharding=None):
     """Place ``x`` on the mesh, like ``jax.device_put(x, sharding)``: a ``NamedSharding``,
@@ -285,6 +302,8 @@ def device_put(x, sharding=None):
         if x.mesh == mesh:
             return reshard(x, NamedSharding(mesh, spec))
         x = np.asarray(x)
+    if machine.intercepts():                    # one process of simpmd.run_processes
+        return machine.hosts.placed_on_mesh(x, NamedSharding(mesh, spec))
     return _placed(x, mesh, spec)
 
 
@@ -303,7 +322,8 @@ def reshard(x, spec):
     if not isinstance(run, JitRun):
         raise ShardingTypeError("reshard moves an array between layouts of a mesh: call it "
                                 "under simpmd.jit, or on a simpmd.device_put array.")
-    dst = Sharding(run.mesh, R.resolve(spec, run.mesh, x.aval.ndim, "reshard"))
+    dst = Sharding(run.mesh, R.resolve(spec, run.mesh, x.aval.ndim, "reshard"),
+                   *R.reductions_of(spec, run.mesh))
     return bind(reshard_p, x, dst_sharding=dst)
 
 
@@ -351,6 +371,8 @@ def _results(run, out):
 def on_mesh(fn, args, kwargs=None):
     """``fn(*args, **kwargs)`` run at once on the mesh of its sharded arguments (or of
     ``set_mesh``): JAX's op-by-op dispatch. Its collectives are ``simpmd.last_trace()``."""
+    if machine.intercepts():                    # one process of simpmd.run_processes
+        return machine.hosts.launch(_Operation(fn), args, kwargs or {})
     leaves, treedef = tree.flatten((tuple(args), dict(kwargs or {})))
     mesh = _mesh_of(leaves)
     run = JitRun(mesh)
@@ -376,6 +398,18 @@ def _trace_of(run, outs=()):
             f"each device holding whole copies along them, and no collective over them is "
             f"shown). Read XLA's choice from jax.jit(f).lower(...).compile().as_text()."]
     return trace_
+
+
+class _Operation:
+    """An operation run outside jit (``x + 1``), as simpmd.run_processes names it."""
+
+    def __init__(self, fn):
+        self.fun = fn
+
+    def __call__(self, *args, **kwargs):
+        return on_mesh(self.fun, args, kwargs)
+
+
 
 
 # -- jit ---------------------------------------------------------------------------------------
@@ -418,6 +452,8 @@ class Jitted:
                            static_argnames=self.static_argnames)(*args, **kwargs)
         if context.run is not None:               # inside another body: one jit equation
             return call_in_body(self.fun, args, kwargs, self._statics())
+        if machine.intercepts():                # one process of simpmd.run_processes
+            return machine.hosts.launch(self, args, kwargs)
         return self._run(args, kwargs)
 
     def _inputs(self, run, args, kwargs):

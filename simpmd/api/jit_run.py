@@ -29,9 +29,11 @@ from ..core.run import Run
 from ..core.values import StackedValue
 from ..machine.mesh import PartitionSpec, axis_types_of
 from . import partition as R
+from . import reductions
 from .partition import Sharding, ShardingTypeError, all_explicit, count, dims_of
 
 R.attach()
+reductions.attach()
 
 
 class JitRun(Run):
@@ -84,8 +86,10 @@ class JitRun(Run):
         out = prim.abstract(*avals, **params)
         outs = list(out) if prim.multiple_results else [out]
         layouts = rule(self.mesh, avals, **params)
+        kinds = reductions.types(prim, avals, params, len(outs), self.mesh)
         outs = [o.update(vma=o.vma if self.manual_axes else frozenset(),
-                         sharding=Sharding(self.mesh, d)) for o, d in zip(outs, layouts)]
+                         sharding=Sharding(self.mesh, d, *k))
+                for o, d, k in zip(outs, layouts, kinds)]
         for o in outs:
             R.check_layout(self.mesh, o.shape, o.sharding.dims, prim.name)
         traced = self.abstract or any(isinstance(x, StackedValue) and x.stack is None for x in args)
@@ -125,6 +129,8 @@ class JitRun(Run):
         found = self._pending(args[0]) if args else None
         if found is not None and not (resolves or self._carries(prim, found, outs)):
             found = None
+        if resolves:
+            found = self._reducing(args[0], avals[0], outs[0], found)
         args = [x if (k == 0 and found) or not isinstance(x, StackedValue) else self.settle(x)
                 for k, x in enumerate(args)]
         plan = (getattr(prim, "partition", None) or R.computed_whole)(avals, outs, **params)
@@ -140,7 +146,10 @@ class JitRun(Run):
         for r, layout, o in zip(results, plan.out, outs):
             r, layout, pending = self._combine(r, layout, plan.sums, o.sharding.dims, cause,
                                                defer=getattr(prim, "defers_sums", False))
+            pending = [axes for axes in pending if not set(axes) <= o.sharding.unreduced]
             moved = self.move(r, o.shape, layout, o.sharding.dims, cause)
+            if resolves:
+                moved = self._unreducing(moved, avals[0], o, cause)
             value = StackedValue(o, moved.stack)
             self.alias(value, moved)
             if pending or carried:
@@ -148,6 +157,45 @@ class JitRun(Run):
                     found[2:] if carried else (context.eqn, context.phase))
             out.append(value)
         return out
+
+    def _reducing(self, x, aval, out, found):
+        """A reshard from unreduced: the axes it leaves are summed, as pending sums are (a
+        reduce-scatter where the new layout splits a dimension over them)."""
+        leaving = getattr(aval.sharding, "unreduced", frozenset()) - out.sharding.unreduced
+        if not leaving or not isinstance(x, StackedValue):
+            return found
+        axes = tuple(a for a in self.mesh.axis_names if a in leaving)
+        return (x, [axes], context.eqn, context.phase)
+
+    def _unreducing(self, v, aval, out, cause):
+        """A reshard to unreduced: the value becomes partial sums over the new axes. As
+        JAX does it (0.10 on), a dimension that was split over them keeps each device's
+        block in its place, zeros elsewhere; a replicated value stays on the first device
+        along them, zeros on the others. No communication."""
+        new = out.sharding.unreduced - getattr(aval.sharding, "unreduced", frozenset())
+        if not new or self.abstract or v.stack is None:
+            return v
+        src = dims_of(aval)
+        stack = np.array(v.stack)
+        sizes = dict(self.mesh.shape)
+        keep = np.ones(len(stack), dtype=bool)
+        for k in range(len(stack)):
+            coords = self.mesh.coords_of(k)
+            for d, axes in enumerate(src):
+                split = [a for a in axes if a in new]
+                if split:
+                    pos = 0
+                    for a in axes:
+                        pos = pos * sizes[a] + coords[a]
+                    n = aval.shape[d] // R.count(self.mesh, axes)
+                    index = [slice(None)] * stack.ndim
+                    index[d + 1] = np.r_[0:pos * n, (pos + 1) * n:aval.shape[d]]
+                    stack[(k, *index[1:])] = 0
+            alone = [a for a in new if not any(a in axes for axes in src)]
+            if any(coords[a] for a in alone):
+                keep[k] = False
+        stack[~keep] = 0
+        return StackedValue(v.aval, stack)
 
     def _pending(self, x):
         found = self.partial.get(id(x)) if isinstance(x, StackedValue) else None
@@ -359,7 +407,8 @@ jit_p.sharding = lambda mesh, avals, jaxpr, **p: [dims_of(aval_of(v)) for v in j
 
 
 def _reshard_vjp(ct, ins, outs, wants, dst_sharding):
-    back = aval_of(ins[0]).sharding or PartitionSpec()
+    back = aval_of(ins[0]).sharding
+    back = back.cotangent() if back is not None else PartitionSpec()   # reduced <-> unreduced
     return [bind(reshard_p, ct, dst_sharding=back) if wants[0] else None]
 
 
@@ -367,6 +416,8 @@ reshard_p = Primitive("reshard", lambda x, dst_sharding: x, lambda x, dst_shardi
                       vjp=_reshard_vjp, cost=lambda ins, outs, **p: (0, 0), show=lambda p: {})
 reshard_p.sharding, reshard_p.partition = R.reshard_rule, R.reshard_plan
 reshard_p.resolves_sums = True       # pending partial sums end here: a reduce-scatter each
+reshard_p.unreduced_rule = "reshard"   # its destination says what is unreduced or reduced
+jit_p.unreduced_rule, jit_p.unreduced_body = "body", "jaxpr"
 
 
 # -- a jitted function called inside another body: one jit equation ------------------------------

@@ -40,6 +40,10 @@ class ShardingTypeError(errors.SimpmdError, TypeError):
     """An operation whose result's sharding JAX's rules refuse (JAX's ``ShardingTypeError``)."""
 
 
+class UnreducedValueError(errors.SimpmdError, NotImplementedError):
+    """An unreduced array asked for its value (JAX refuses too, from jax 0.10)."""
+
+
 class Settings:
     """The rules that changed between JAX releases, as the installed JAX has them (read
     from its package metadata; JAX is not imported), or the newest without one. Checked
@@ -81,41 +85,79 @@ settings = Settings()
 
 
 class Sharding:
-    """The sharding in a value's type: its mesh, and per dimension the Explicit mesh axes
-    that split it (JAX's ``NamedSharding`` in an aval). Prints in JAX's notation."""
+    """The sharding in a value's type: its mesh, per dimension the Explicit mesh axes that
+    split it, and the mesh axes it is unreduced or reduced over (JAX's ``NamedSharding``
+    in an aval). Prints in JAX's notation: ``f32[8@X,4]``, ``f32[4,2]{U:X}``."""
 
-    __slots__ = ("mesh", "dims")
+    __slots__ = ("mesh", "dims", "unreduced", "reduced")
 
-    def __init__(self, mesh, dims):
+    def __init__(self, mesh, dims, unreduced=frozenset(), reduced=frozenset()):
         self.mesh, self.dims = mesh, tuple(tuple(d) for d in dims)
+        self.unreduced, self.reduced = frozenset(unreduced), frozenset(reduced)
 
     def dim_suffix(self, k) -> str:
         axes = self.dims[k]
         return "" if not axes else "@" + (axes[0] if len(axes) == 1 else f"({','.join(axes)})")
 
+    def suffix(self) -> str:
+        """``{U:X}``, ``{R:(X,Y)}``, ``{U:X, R:Y}``: what the type says beyond its dims."""
+        parts = []
+        for letter, axes in (("U", self.unreduced), ("R", self.reduced)):
+            if axes:
+                names = sorted(axes, key=self.mesh.axis_names.index)
+                parts.append(f"{letter}:" + (names[0] if len(names) == 1 else f"({','.join(names)})"))
+        return "{" + ", ".join(parts) + "}" if parts else ""
+
     def transpose(self, permutation) -> "Sharding":
         """The sharding of the value with its dimensions in ``permutation``'s order."""
-        return Sharding(self.mesh, [self.dims[p] for p in permutation])
+        return Sharding(self.mesh, [self.dims[p] for p in permutation], self.unreduced,
+                        self.reduced)
+
+    def cotangent(self) -> "Sharding":
+        """The type of this value's gradient: reduced and unreduced swap (JAX's cotangent
+        map; jax 0.7.2 kept them as they were)."""
+        if settings.version <= (0, 7, 2):
+            return Sharding(self.mesh, self.dims)
+        return Sharding(self.mesh, self.dims, self.reduced, self.unreduced)
 
     @property
     def spec(self):
         from ..machine.mesh import PartitionSpec
-        return PartitionSpec(*[None if not a else (a[0] if len(a) == 1 else a) for a in self.dims])
+        return PartitionSpec(*[None if not a else (a[0] if len(a) == 1 else a) for a in self.dims],
+                             unreduced=self.unreduced, reduced=self.reduced)
 
     def __eq__(self, other):
-        return isinstance(other, Sharding) and (self.mesh, self.dims) == (other.mesh, other.dims)
+        return isinstance(other, Sharding) and (self.mesh, self.dims, self.unreduced, self.reduced) \
+            == (other.mesh, other.dims, other.unreduced, other.reduced)
 
     def __hash__(self):
-        return hash(self.dims)
+        return hash((self.dims, self.unreduced, self.reduced))
 
     def __repr__(self):                 # as a parameter of an equation: the spec
         return repr(self.spec)
 
 
 def type_text(aval) -> str:
-    """A type as ``jax.typeof`` prints it: ``float32[16@data,32@model]``."""
+    """A type as ``jax.typeof`` prints it: ``float32[16@data,32@model]``, ``~float32[]``
+    for a weak type."""
     short = aval.str_short()
-    return np.dtype(aval.dtype).name + short[short.index("["):]
+    weak = "~" if getattr(aval, "weak_type", False) else ""
+    return weak + np.dtype(aval.dtype).name + short[short.index("["):]
+
+
+def reductions_of(spec, mesh, what="reshard") -> tuple:
+    """The (unreduced, reduced) axes a ``P(...)``/``NamedSharding``/:class:`Sharding` names,
+    checked against the mesh (JAX's words when an axis is not there)."""
+    if isinstance(spec, Sharding):
+        return spec.unreduced, spec.reduced
+    inner = getattr(spec, "spec", spec)
+    found = (getattr(inner, "unreduced", frozenset()), getattr(inner, "reduced", frozenset()))
+    for word, axes in zip(("Unreduced", "Reduced"), found):
+        missing = sorted(a for a in axes if a not in mesh.axis_names)
+        if missing:
+            raise ValueError(f"{word} axes {', '.join(missing)} is not found in "
+                             f"mesh.axis_names={tuple(mesh.axis_names)}. Got pspec={inner!r}")
+    return frozenset(found[0]), frozenset(found[1])
 
 
 def dims_of(aval):

@@ -249,6 +249,12 @@ class Pmapped:
             self._check_nesting(run)
             if not run.eager:
                 return self._nested(args, kwargs)
+        from ..machine.devices import intercepts
+        if intercepts():
+            raise NotImplementedError(
+                "simpmd.pmap inside simpmd.run_processes is not simulated (in multi-process "
+                "JAX it maps over each process's local devices). Write the program as a "
+                "jit or shard_map over a mesh of every process's devices.")
         return self._call(args, kwargs)
 
     def _signature(self, args, kwargs, devices):

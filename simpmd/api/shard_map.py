@@ -32,6 +32,7 @@ from ..core.collectives import pvary
 from ..core.core import Aval, Var, bind, context
 from ..core.run import Run
 from ..machine.array import HostArray, Shard
+from ..machine import devices as machine
 from ..machine.mesh import (Mesh, NamedSharding, PartitionSpec, ShardingError, block_counts,
                              block_slices, check_spec, join_blocks, replica_id, slices_text,
                              stack_blocks)
@@ -194,6 +195,8 @@ class ShardMapped:
         if bridge.inside_jax(args):
             # Inside a real JAX trace (jax.jit, a cross-check): this is jax.shard_map's job.
             return bridge.jax.shard_map_on_jax(self)(*args)
+        if machine.intercepts():                   # one process of simpmd.run_processes
+            return machine.hosts.launch(self, args, kwargs)
         if self.axis_names and self.axis_names != set(self.mesh.axis_names):
             raise ShardingError(
                 f"axis_names={set(self.axis_names)} asks for a body that is manual over only "

@@ -598,9 +598,10 @@ def einsum(subscripts, *operands, out_sharding=None, **kwargs):
     got = batch + [c for c in sa if c not in sb] + [c for c in sb if c not in sa]
     mesh = getattr(context.run, "mesh", None)
     if out_sharding is not None and mesh is not None:    # the product's dims: `got`'s order
-        from .partition import resolve, Sharding
+        from .partition import reductions_of, resolve, Sharding
         layout = resolve(out_sharding, mesh, len(out))
-        out_sharding = Sharding(mesh, [layout[out.index(c)] for c in got])
+        out_sharding = Sharding(mesh, [layout[out.index(c)] for c in got],
+                                *reductions_of(out_sharding, mesh, "out_sharding"))
     y = bind(P.dot_general, a, b, dimension_numbers=dims, preferred_element_type=aval_of(a).dtype,
              out_sharding=out_sharding)
     return transpose(y, [got.index(c) for c in out])

@@ -62,7 +62,7 @@ class Aval:
         dims = [str(d) for d in self.shape]
         if self.sharding is not None:
             dims = [d + self.sharding.dim_suffix(k) for k, d in enumerate(dims)]
-        text = f"{dtypes.short_name(self.dtype)}[{','.join(dims)}]"
+        text = f"{dtypes.short_name(self.dtype)}[{','.join(dims)}]{getattr(self.sharding, 'suffix', str)()}"
         if self.vma:
             axes = sorted(self.vma, key=str)
             text += "{V:" + (axes[0] if len(axes) == 1 else "(" + ",".join(axes) + ")") + "}"

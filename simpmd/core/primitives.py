@@ -627,7 +627,7 @@ def _dot_vjp(ct, ins, outs, wants, dimension_numbers, precision=None,
         y_rest = [d for d in range(y.ndim) if d not in yb and d not in y_free]
         placed = list(xb) + x_free + [xc[list(yc).index(d)] for d in y_rest]
         prod = bind(dot_general, ct, y_val, dimension_numbers=dims, preferred_element_type=x.dtype,
-                    out_sharding=x.sharding and x.sharding.transpose(placed))
+                    out_sharding=x.sharding and x.sharding.cotangent().transpose(placed))
         perm = tuple(int(i) for i in np.argsort(placed))
         return bind(transpose, prod, permutation=perm) if perm != tuple(range(len(perm))) else prod
     return [one(lhs, rhs, lc, rc, lb, rb, True) if wants[0] else None,

@@ -44,6 +44,8 @@ _WHERE = {
     "dispatch_matrix": "dispatch",
     "draw_permute_steps": "dispatch",
     "permute_steps": "dispatch",
+    "draw_hosts": "hosts",
+    "crossing_axes": "hosts",
 }
 
 __all__ = sorted(_WHERE)
