@@ -18,14 +18,15 @@ from .api.trace import Trace
 from .api.checkpoint import checkpoint, checkpoint_name, checkpoint_policies, remat
 from .machine.array import Array, Shard
 from .machine.devices import (SimDevice, Platform, device_count, devices, local_device_count,
-                               local_devices, platform, set_device_count)
+                               local_devices, platform, process_count, process_index,
+                               set_device_count)
 from .machine.mesh import (AxisType, Mesh, NamedSharding, P, PartitionSpec, ShardingError,
                             make_mesh)
 from .api.pmap import pmap
 from .api.shard_map import shard_map
 from .api.spmd import last_trace
-from .api.jaxpr import make_jaxpr
-from .api.shapes import ShapeDtypeStruct, eval_shape      # shapes without values, as in JAX
+from .api.jaxpr import eval_shape, make_jaxpr           # shapes without values, as in JAX
+from .api.shapes import ShapeDtypeStruct
 from . import eager                                    # eager=True: one program per device
 from . import viz                                      # pictures; matplotlib loads on first drawing
 from .viz import text as _text                         # a trace as text (print(trace))
@@ -39,5 +40,8 @@ from . import numpy                                    # functions for bodies th
 from . import sharding                                 # jax.sharding's names, and jit's rules
 from . import course                                   # what the course notebooks share
 from . import debug                                    # debug.print, like jax.debug.print
+from .hosts import (ProcessError, make_array_from_callback, make_array_from_process_local_data,
+                    run_processes)
+from . import multihost_utils, mesh_utils, experimental    # jax.experimental's names
 from .jax.devices import JaxDevicesError, use_jax_devices
 from .jax.crosscheck import CrossCheckReport, crosscheck

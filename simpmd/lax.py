@@ -343,17 +343,20 @@ def _traced_body(flat, avals):
 
 
 def _type_text(aval) -> str:
-    """How JAX's messages write a type: float32[3]{V:i}."""
-    text = f"{aval.dtype.name}[{','.join(map(str, aval.shape))}]"
-    if aval.vma:
-        axes = sorted(aval.vma, key=str)
-        text += "{V:" + (axes[0] if len(axes) == 1 else "(" + ",".join(axes) + ")") + "}"
-    return text
+    """How JAX's messages write a type: float32[3]{V:i}, float32[8@a,4]."""
+    short = aval.str_short()
+    return aval.dtype.name + short[short.index("["):]
+
+
+def _layout(aval):
+    return aval.sharding.dims if aval.sharding is not None else ((),) * aval.ndim
 
 
 def _same_type(a, b) -> bool:
-    """JAX's typematch: shape, dtype and vma (a weak type matches its strong one)."""
-    return a.shape == b.shape and a.dtype == b.dtype and a.vma == b.vma
+    """JAX's typematch: shape, dtype, vma and sharding (a weak type matches its strong
+    one)."""
+    return a.shape == b.shape and a.dtype == b.dtype and a.vma == b.vma and \
+        _layout(a) == _layout(b)
 
 
 def _carry_name(fun) -> str:
@@ -381,7 +384,9 @@ def _check_carry(what, fun, init_tree, out_tree, in_avals, out_avals):
             continue
         why = [w for w, bad in (("the dtypes do not match", a.dtype != b.dtype),
                                 ("the shapes do not match", a.shape != b.shape),
-                                ("the varying manual axes do not match", a.vma != b.vma)) if bad]
+                                ("the varying manual axes do not match", a.vma != b.vma),
+                                ("the shardings do not match", _layout(a) != _layout(b)))
+               if bad]
         where = f"the input carry component {name}{path}" if path else f"the input carry {name}"
         diffs.append(f"{where} has type {_type_text(a)} but the corresponding output carry "
                      f"component has type {_type_text(b)}, so {' and '.join(why)}")
@@ -488,7 +493,7 @@ def scan(f, init, xs=None, length=None, reverse=False, unroll=1, _split_transpos
         ys, y_tree = tree.flatten(out[1])
         out_trees.append((carry_tree, y_tree))
         return carry + ys
-    x_avals = [aval_of(x).update(shape=aval_of(x).shape[1:]) for x in x_leaves]
+    x_avals = [_row_type(aval_of(x)) for x in x_leaves]
     program, lifted, init_leaves = _carried(flat, init_leaves, x_avals, f, "scan body",
                                             init_tree, out_trees)
     body, consts, kept, ys_forwarded = _forwarded(program, lifted, init_leaves, n)
@@ -501,6 +506,22 @@ def scan(f, init, xs=None, length=None, reverse=False, unroll=1, _split_transpos
     carry_tree, y_tree = out_trees[-1]
     return (tree.unflatten(carry_tree, _results(carry_out)),
             tree.unflatten(y_tree, _results(ys)))
+
+
+def _row_type(aval):
+    """The type of one row of a scanned array: under jit its leading dimension must be
+    whole on every device (JAX's rule), and the row keeps the others' sharding."""
+    sharding = aval.sharding
+    if sharding is None:
+        return aval.update(shape=aval.shape[1:])
+    if sharding.dims[0]:
+        raise ValueError(
+            f"0th dimension of all xs should be replicated. Got {sharding.spec!r} (JAX's "
+            f"words): scan hands each iteration one row of xs, so the dimension it scans "
+            f"over must be whole on every device. reshard it first, e.g. "
+            f"simpmd.reshard(xs, P(None, ...)).")
+    return aval.update(shape=aval.shape[1:], sharding=type(sharding)(sharding.mesh,
+                                                                      sharding.dims[1:]))
 
 
 def _forwarded(program, lifted, init, n):
@@ -621,31 +642,19 @@ def pvary(x, axis_name):
 # -- how make_jaxpr prints a loop: as the installed JAX does --------------------------------
 
 
-@functools.lru_cache(maxsize=None)
-def jax_format() -> tuple:
-    """The installed JAX's version, whose printed form simpmd's ``make_jaxpr`` follows
-    (read without importing JAX); the newest form when JAX is not installed."""
-    text = getattr(sys.modules.get("jax"), "__version__", None)
-    if text is None:
-        try:
-            from importlib.metadata import version
-            text = version("jax")
-        except Exception:
-            return (99,)
-    return tuple(int(p) for p in re.findall(r"\d+", text)[:3])
-
-
 def _tuple_text(items) -> str:
     return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
 
 
 def _scan_shown(params) -> dict:
-    """jax 0.7: _split_transpose, linear, num_carry, num_consts; 0.8-0.10: num_carry and
-    num_consts; 0.11 on: ft_in and ft_out, the flat trees of its inputs and outputs."""
+    """As the running JAX prints them: ft_in and ft_out, the flat trees of its inputs and
+    outputs (jax 0.11 on); num_carry and num_consts (0.8-0.10); those with
+    _split_transpose and linear (0.7)."""
+    from .api.printer import forms
     body, nc, nk = params["jaxpr"], params["num_consts"], params["num_carry"]
     shown = {k: params[k] for k in ("jaxpr", "length", "reverse", "unroll")}
-    version = jax_format()
-    if version >= (0, 11):
+    form = forms().scan_form()
+    if form == "ft":
         n_x, n_y = len(body.invars) - nc - nk, len(body.outvars) - nk
         forwarded = params.get("_ys_forwarded") or ()
         ys = [f"RightsOnly({'Left' if f else 'Right'}(None))" for f in forwarded]
@@ -655,7 +664,7 @@ def _scan_shown(params) -> dict:
                      ft_out=_tuple_text([_tuple_text(["None"] * nk), _tuple_text(ys)]))
         return shown
     shown.update(num_carry=nk, num_consts=nc)
-    if version < (0, 8):
+    if form == "linear":
         shown.update(_split_transpose=False, linear=(False,) * len(body.invars))
     return shown
 

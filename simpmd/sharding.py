@@ -8,7 +8,8 @@ reads from a ``simpmd.jit`` run.
 ``rules_table()`` prints, one line per operation, how its result's sharding follows from
 its operands' and what that costs in communication.
 """
-from .api.jit import ShapedArray, collective_counts, get_mesh, reshard, set_mesh
+from .api.jit import ShapedArray, get_mesh, reshard, set_mesh
+from .api.trace import collective_counts
 from .api.partition import Sharding, ShardingTypeError
 from .machine.mesh import AxisType, Mesh, NamedSharding, P, PartitionSpec
 

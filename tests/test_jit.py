@@ -328,19 +328,12 @@ def test_roofline_and_timeline_of_a_jit_function(mesh):
     assert MLP.trace.draw_timeline("TPU v5e") is not None
 
 
-def test_every_row_has_a_sharding_rule_but_collectives_calls_and_loops():
+def test_every_row_has_a_sharding_rule_but_collectives_and_calls():
     from simpmd.api import partition
-    assert partition.rows_without_rules() == sorted([
-        "all_gather", "all_to_all", "axis_index", "debug_callback", "dynamic_slice", "pmax",
-        "pmean", "pmin", "ppermute", "psum", "pvary", "reduce_scatter", "scan", "while",
-        "xla_pmap"])
-
-
-def test_a_loop_under_jit_outside_shard_map_is_refused_with_the_way_out(mesh):
-    x = simpmd.device_put(arange(8, 4), P("data"))
-    step = simpmd.jit(lambda x: simpmd.lax.fori_loop(0, 3, lambda i, c: c * 2.0, x))
-    with pytest.raises(simpmd.ShardingTypeError, match="Loops run inside shard_map"):
-        step(x)
+    planner = {"flash_attention", "flash_attention_bwd"}   # (simpmd.plan's, once it is imported)
+    assert [n for n in partition.rows_without_rules() if n not in planner] == sorted([
+        "all_gather", "all_to_all", "axis_index", "debug_callback", "shard_slice", "pmax",
+        "pmean", "pmin", "ppermute", "psum", "pvary", "reduce_scatter"])
 
 
 def test_a_collective_inside_jit_needs_shard_map(mesh):

@@ -120,17 +120,67 @@ print(bridge.eager.__name__, bridge.jax.__name__, simpmd.shard_map.on_jax.__name
     assert result.stdout.split() == ["simpmd.eager.scheduler", "simpmd.jax.handoff", "shard_map_on_jax"]
 
 
-def test_no_function_of_the_core_is_longer_than_60_lines():
-    """The core is read in an afternoon: every function fits on a screen or two."""
+def test_no_function_of_the_package_is_longer_than_60_lines():
+    """The package is read in an afternoon or two: every function fits on a screen."""
     import ast
     long = []
-    for path in sorted((ROOT / "simpmd" / "core").glob("*.py")):
+    for path in sorted((ROOT / "simpmd").rglob("*.py")):
+        module = path.relative_to(ROOT / "simpmd").as_posix()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 lines = node.end_lineno - node.lineno + 1
                 if lines > 60:
-                    long.append(f"{path.name}:{node.lineno} {node.name} ({lines} lines)")
+                    long.append(f"{module}:{node.lineno} {node.name} ({lines} lines)")
     assert not long, "functions over 60 lines: " + ", ".join(long)
+
+
+def _package_imports() -> dict:
+    """simpmd's modules and the simpmd modules each imports, at the top or inside a
+    function. An import of the package itself (``import simpmd``, as the course does to
+    reach the public names) is not an edge: the package only gathers its modules' names."""
+    import ast
+    paths = {}
+    for path in (ROOT / "simpmd").rglob("*.py"):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        paths[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {}
+    for module, path in paths.items():
+        package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = (".".join(package[:len(package) - node.level + 1] + [node.module or ""])
+                        if node.level else node.module or "").rstrip(".")
+                targets |= {f"{base}.{a.name}" if f"{base}.{a.name}" in paths else base
+                            for a in node.names}
+            elif isinstance(node, ast.Import):
+                targets |= {a.name for a in node.names}
+        graph[module] = {t for t in targets if t in paths and t not in (module, "simpmd")}
+    return graph
+
+
+# simpmd/cost/'s modules (issue 36's package) still import each other in places
+# (cluster, hardware and network; predict and roofline): the lead has been told.
+CIRCLES_IN_COST = "simpmd.cost."
+
+
+def test_the_package_reads_top_down_without_import_circles():
+    graph = _package_imports()
+    assert "simpmd.api.jit_run" in graph["simpmd.api.jit"]       # the walk sees imports,
+    assert "simpmd.api.jit_run" in graph["simpmd.api.jaxpr"]     # inside functions too
+    circles = set()
+    for start in graph:
+        if start.startswith(CIRCLES_IN_COST):
+            continue
+        stack = [(start, [start])]
+        while stack:
+            node, path = stack.pop()
+            for nxt in graph[node]:
+                if nxt == start:
+                    circles.add(" -> ".join(path + [start]))
+                elif nxt not in path:
+                    stack.append((nxt, path + [nxt]))
+    assert not circles, "modules that import each other:\n" + "\n".join(sorted(circles)[:10])
 
 
 def test_the_core_fits_in_3000_lines():
@@ -142,8 +192,9 @@ def test_the_core_fits_in_3000_lines():
 
 
 def test_the_core_sees_a_jax_tracer_in_a_nested_argument():
-    """bind hands an operation to JAX when any argument, however nested, is a JAX tracer
-    (the core walks tuples, lists and dicts itself: pytrees live outside it)."""
+    """The front ends hand a call to JAX when any argument, however nested, is a JAX tracer
+    (bridge.inside_jax; the core walks tuples, lists and dicts itself: pytrees live outside
+    it)."""
     jax = pytest.importorskip("jax")
     from simpmd.core import bridge
     seen = []

@@ -206,13 +206,13 @@ def test_the_numbers_drawn_are_the_numbers_in_the_trace():
 
 def test_provenance_colours_follow_the_collective():
     """all_gather: block j of every result is coloured like device j; ppermute: like its sender."""
-    from simpmd.viz.collectives import DRAWING
+    from simpmd.viz.collectives import drawing_of
     e = next(e for e in run_1d("all_gather", n=1).events if e.kind == "collective")
-    assert DRAWING["all_gather"].after(e, e.outputs[0]).ravel().tolist() == list(range(8))
+    assert drawing_of("all_gather").after(e, e.outputs[0]).ravel().tolist() == list(range(8))
     e = next(e for e in run_1d("ppermute", n=1).events if e.kind == "collective" and e.member == 3)
-    assert DRAWING["ppermute"].after(e, e.outputs[0]).ravel().tolist() == [2]
+    assert drawing_of("ppermute").after(e, e.outputs[0]).ravel().tolist() == [2]
     e = next(e for e in run_1d("all_to_all").events if e.kind == "collective" and e.member == 0)
-    assert DRAWING["all_to_all"].after(e, e.outputs[0]).ravel().tolist() == list(range(8))
+    assert drawing_of("all_to_all").after(e, e.outputs[0]).ravel().tolist() == list(range(8))
 
 
 def test_draw_collective_choosing_and_errors():
@@ -628,14 +628,14 @@ def test_values_are_drawn_to_scale_and_2d_values_as_grids():
 
 
 def test_pmax_and_pmin_colour_each_element_by_the_device_that_won():
-    from simpmd.viz.collectives import DRAWING
+    from simpmd.viz.collectives import drawing_of
     x = np.array([[5.0, 0.0], [1.0, 9.0], [7.0, 2.0], [0.0, 1.0]])
     for op, expected in (("pmax", [2, 1]), ("pmin", [3, 0])):
         f = simpmd.pmap(BODIES[op], axis_name="i")
         f(x)
         e = next(e for e in f.trace.events if e.kind == "collective")
         ins = [m.inputs[0] for m in f.trace.collectives()[0]]
-        assert DRAWING[op].after(e, e.outputs[0], ins).tolist() == expected
+        assert drawing_of(op).after(e, e.outputs[0], ins).tolist() == expected
 
 
 def test_grouped_legends_say_colour_is_the_position_in_the_group():

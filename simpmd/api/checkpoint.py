@@ -44,15 +44,19 @@ def nothing_saveable(*_, **__) -> bool:
     return False
 
 
+everything_saveable.jax_made = ("everything_saveable", ())
+nothing_saveable.jax_made = ("nothing_saveable", ())
+
+
 def _dots(no_batch_dims):
     def policy(prim, *avals, **params):
-        if prim.name != "dot_general":
+        if prim.name != "dot_general":           # (JAX calls it with its own primitives)
             return False
         (_, _), (lhs_batch, rhs_batch) = params["dimension_numbers"]
         return not no_batch_dims or (not lhs_batch and not rhs_batch)
     policy.__name__ = policy.__qualname__ = ("dots_with_no_batch_dims_saveable" if no_batch_dims
                                              else "dots_saveable")
-    policy.jax_010 = f"DotsSaveable(only_if_no_batch_dims={no_batch_dims})"
+    policy.jax_made = (policy.__name__, ())
     return policy
 
 
@@ -66,9 +70,7 @@ def _named(keep, names, label):
     def policy(prim, *_, **params):
         return prim.name == "name" and keep(params["name"] in names)
     policy.__qualname__ = f"{label}.<locals>.policy"
-    policy.jax_010 = (f"SaveOnlyTheseNames(saveable_names={frozenset(names)!r})"
-                      if label == "save_only_these_names" else
-                      f"SaveAnyNamesButThese(names={frozenset(names)!r})")
+    policy.jax_made = (label, tuple(names))
     return policy
 
 
@@ -162,13 +164,15 @@ remat = checkpoint
 
 
 def _policy_text(policy) -> str:
-    """A policy as the installed JAX prints it in a jaxpr."""
-    from ..lax import jax_format
+    """A policy as the running JAX prints it in a jaxpr (the newest JAX's way without one)."""
+    from .printer import forms
     if policy is None:
         return "None"
-    if (0, 10) <= jax_format() < (0, 11) and hasattr(policy, "jax_010"):
-        return policy.jax_010
-    address = "0xXXXXXXXXXXXX" if jax_format() >= (0, 11) else hex(id(policy))
+    made = getattr(policy, "jax_made", None)
+    shown = forms().policy_text(made) if made is not None else None
+    if shown is not None:
+        return shown
+    address = "0xXXXXXXXXXXXX" if forms().masks_addresses() else hex(id(policy))
     return f"<function {policy.__qualname__} at {address}>"
 
 

@@ -4,8 +4,6 @@ core's reverse mode (``simpmd/core/autodiff.py``).
 """
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 
 from ..core import bridge, dtypes
@@ -35,19 +33,8 @@ def _check_input(leaf, a):
             f"integer-valued inputs, convert them to float first (as JAX says).")
 
 
-class _Differentiating(threading.local):     # per thread: eager devices run on their own
-    depth = 0
-
-
-_differentiating = _Differentiating()
-
-
 def _value_and_grad(fun, argnums, has_aux, args, kwargs):
     many, nums = _check_argnums(argnums, len(args))
-    if _differentiating.depth:
-        raise NotDifferentiableError(
-            "simpmd.grad was called inside a function another simpmd.grad is "
-            "differentiating: simpmd.grad does not nest. Use jax.grad for higher derivatives.")
     flat = [tree.flatten(args[a]) for a in nums]
     leaves = [leaf for ls, _ in flat for leaf in ls]
     for a, (ls, _) in zip(nums, flat):
@@ -70,11 +57,7 @@ def _value_and_grad(fun, argnums, has_aux, args, kwargs):
         aux_leaves, shape["aux"] = tree.flatten(aux)
         return [out] + aux_leaves
 
-    _differentiating.depth += 1
-    try:
-        outs, cts = value_and_vjp(flat_fun, leaves)
-    finally:
-        _differentiating.depth -= 1
+    outs, cts = value_and_vjp(flat_fun, leaves)
     grads, it = [], iter(cts)
     for (ls, treedef) in flat:
         gs = []

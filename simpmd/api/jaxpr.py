@@ -1,4 +1,5 @@
-"""``simpmd.make_jaxpr``: the program a function traces to, printed in JAX's notation."""
+"""``simpmd.make_jaxpr`` and ``simpmd.eval_shape``: the program a function traces to, printed in
+JAX's notation, and the types of its results, computed without values."""
 from __future__ import annotations
 
 import numpy as np
@@ -24,7 +25,7 @@ def make_jaxpr(fun, static_argnums=(), axis_env=None, return_shape=False):
     static = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
 
     def traced(*args, **kwargs):
-        if hasattr(fun, "traced") and hasattr(fun, "fun"):     # a pmap or shard_map
+        if hasattr(fun, "traced") and hasattr(fun, "fun"):     # a pmap, shard_map or jit
             program = fun.traced(*args, **kwargs)
             if not return_shape:
                 return program
@@ -79,3 +80,14 @@ def _aval(x, keep_weak=False):
         return Aval(x.shape, dtypes.canonical(x.dtype))       # a value of another engine
     aval = aval_of(x)
     return aval if keep_weak else aval.update(weak_type=False)
+
+
+def eval_shape(fun, *args, **kwargs):
+    """``jax.eval_shape``: the shapes and dtypes ``fun(*args, **kwargs)`` would return, as
+    ShapeDtypeStructs, computed on types alone (arrays among the arguments count by their
+    type). ``fun`` may be a ``simpmd.pmap``- or ``shard_map``-ed function: its body then
+    runs on every simulated device's types, and ``fun.trace`` logs its collectives."""
+    if getattr(fun, "runs_over_devices", False):          # a pmap or a shard_map
+        return fun(*as_shapes(args), **as_shapes(kwargs))
+    program, out_tree = trace_function(fun, args, kwargs, keep_weak=True)
+    return tree.unflatten(out_tree, [struct_of(a) for a in program.out_avals])

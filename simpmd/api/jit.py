@@ -36,11 +36,16 @@ from ..core import bridge, dtypes, loops
 from ..core.core import Aval, aval_of, bind, context, running
 from ..core.program import cached, eval_program, store, trace
 from ..core.values import StackedValue
-from ..machine.mesh import AxisType, Mesh, NamedSharding, PartitionSpec, axis_types_of
+from ..machine import devices as machine
+from ..machine.mesh import (AxisType, Mesh, NamedSharding, PartitionSpec, axis_types_of,
+                            check_spec, join_blocks, stack_blocks)
 from . import partition as R
 from . import tree
 from .grad import grad as _grad, value_and_grad as _value_and_grad
-from .jit_run import JitRun, MeshText, jit_p, per_device_program, reshard_p
+from . import spelling
+from .jit_run import (JitRun, arg_aval, call_in_body, per_device_program, reshard_p,
+                      split_static, traced_call)
+from . import shard_map_eqn  # noqa: F401  (the shard_map row)
 from .partition import Sharding, ShardingTypeError, all_explicit, count, dims_of, whole
 from .spmd import record_trace
 from .trace import Trace
@@ -96,8 +101,7 @@ class ShapedArray:
         return NamedSharding(s.mesh, s.spec) if s is not None else None
 
     def str_short(self) -> str:
-        short = self.aval.str_short()             # f32[8,32@model]{V:data}
-        return np.dtype(self.dtype).name + short[short.index("["):]
+        return R.type_text(self.aval)             # float32[8,32@model]{V:data}
 
     __str__ = str_short
 
@@ -118,15 +122,7 @@ def typeof(x) -> ShapedArray:
         return jax.typeof(x)
     if isinstance(x, (ShardedArray, StackedValue)):
         return ShapedArray(x.aval)
-    return ShapedArray(_arg_aval(x))
-
-
-def _arg_aval(x):
-    """The type JAX gives a plain argument (64-bit numbers as 32-bit, without x64)."""
-    if dtypes.is_weak_scalar(x):
-        return aval_of(x)
-    a = np.asarray(x)
-    return Aval(a.shape, dtypes.canonical(a.dtype))
+    return ShapedArray(arg_aval(x))
 
 
 class ShardedArray:
@@ -150,7 +146,9 @@ class ShardedArray:
 
     @property
     def sharding(self) -> NamedSharding:
-        return NamedSharding(self.mesh, Sharding(self.mesh, self.layout).spec)
+        s = self.aval.sharding
+        kinds = (s.unreduced, s.reduced) if s is not None else ()
+        return NamedSharding(self.mesh, Sharding(self.mesh, self.layout, *kinds).spec)
 
     def block(self, device_id: int) -> np.ndarray:
         """The block that simulated device ``device_id`` holds."""
@@ -172,8 +170,14 @@ class ShardedArray:
         return set(self.mesh.devices.flat)
 
     def __array__(self, dtype=None, copy=None):
-        from .shard_map import _join_blocks
-        whole_ = _join_blocks(np.asarray(self.stack), self.sharding.spec, self.mesh)
+        if getattr(self.aval.sharding, "unreduced", None):
+            raise R.UnreducedValueError(
+                f"{typeof(self)} holds partial sums, one per device along "
+                f"{sorted(self.aval.sharding.unreduced)}: its value is their sum, which no "
+                f"device has yet (JAX refuses to fetch it too). reshard it to a sharding "
+                f"without unreduced axes first (that is the all-reduce), or read its "
+                f".addressable_shards.")
+        whole_ = join_blocks(np.asarray(self.stack), self.sharding.spec, self.mesh)
         return whole_ if dtype is None else whole_.astype(dtype)
 
     def value_in(self, run) -> StackedValue:
@@ -184,12 +188,13 @@ class ShardedArray:
                                     f"{run.mesh!r}; device_put it onto one mesh first.")
         stack = self.stack
         if self.layout != dims_of(self.aval):
-            from .shard_map import _stack_blocks
-            stack = _stack_blocks(np.asarray(self), Sharding(self.mesh, dims_of(self.aval)).spec,
+            stack = stack_blocks(np.asarray(self), Sharding(self.mesh, dims_of(self.aval)).spec,
                                   self.mesh)
         return StackedValue(self.aval, stack)
 
     def __repr__(self):
+        if getattr(self.aval.sharding, "unreduced", None):
+            return f"ShardedArray(shape={self.shape}, type={typeof(self)})"
         body = np.array2string(np.asarray(self), separator=", ", prefix="ShardedArray(")
         return f"ShardedArray({body}, type={typeof(self)})"
 
@@ -216,11 +221,10 @@ class ShardedArray:
 def _install_operators():
     """Each operator and method of a traced value, run on the mesh at once (JAX runs each
     operation outside jit as a small program of its own)."""
-    from .spelling import Spelled
     skip = {"__setitem__", "__len__", "__iter__", "__array_ufunc__", "__array_function__",
             "T", "real", "imag", "at", "__dict__", "__weakref__", "__module__", "__doc__",
             "__qualname__"}
-    for name, method in vars(Spelled).items():
+    for name, method in vars(spelling.Spelled).items():
         if name in skip or not callable(method):
             continue
 
@@ -256,8 +260,6 @@ def _refuse_eager_slice(x, index):
 
 def _placed(value, mesh, spec):
     """A NumPy value as a ShardedArray laid out by ``spec`` on ``mesh`` (no traffic)."""
-    from ..machine.mesh import check_spec
-    from .shard_map import _stack_blocks
     value = np.asarray(value)
     value = value.astype(dtypes.canonical(value.dtype), copy=False)
     check_spec(spec, mesh, f"the spec for an array of shape {value.shape}", value.ndim)
@@ -270,8 +272,13 @@ def _placed(value, mesh, spec):
                 f"sharded array; pad the array or split that dimension over fewer devices.")
     explicit = R.explicit_axes(mesh)
     typed = tuple(tuple(a for a in axes if a in explicit) for axes in layout)
-    aval = Aval(value.shape, value.dtype, sharding=Sharding(mesh, typed))
-    return ShardedArray(aval, _stack_blocks(value, spec, mesh), mesh, layout)
+    unreduced, reduced = R.reductions_of(spec, mesh)
+    aval = Aval(value.shape, value.dtype, sharding=Sharding(mesh, typed, unreduced, reduced))
+    stack = stack_blocks(value, spec, mesh)
+    if unreduced:           # as reshard places it: the value on the first device, zeros after
+        first = [all(mesh.coords_of(k)[a] == 0 for a in unreduced) for k in range(mesh.size)]
+        stack = np.where(np.reshape(first, (-1,) + (1,) * value.ndim), stack, 0)
+    return ShardedArray(aval, stack, mesh, layout)
 
 def device_put(x, sharding=None):
     """Place ``x`` on the mesh, like ``jax.device_put(x, sharding)``: a ``NamedSharding``,
@@ -295,6 +302,8 @@ def device_put(x, sharding=None):
         if x.mesh == mesh:
             return reshard(x, NamedSharding(mesh, spec))
         x = np.asarray(x)
+    if machine.intercepts():                    # one process of simpmd.run_processes
+        return machine.hosts.placed_on_mesh(x, NamedSharding(mesh, spec))
     return _placed(x, mesh, spec)
 
 
@@ -313,7 +322,8 @@ def reshard(x, spec):
     if not isinstance(run, JitRun):
         raise ShardingTypeError("reshard moves an array between layouts of a mesh: call it "
                                 "under simpmd.jit, or on a simpmd.device_put array.")
-    dst = Sharding(run.mesh, R.resolve(spec, run.mesh, x.aval.ndim, "reshard"))
+    dst = Sharding(run.mesh, R.resolve(spec, run.mesh, x.aval.ndim, "reshard"),
+                   *R.reductions_of(spec, run.mesh))
     return bind(reshard_p, x, dst_sharding=dst)
 
 
@@ -340,7 +350,7 @@ def _mesh_of(leaves):
 def _replicated(run, x):
     """A NumPy array or a number given to a jitted function (or to an operation outside
     jit): an array on the mesh, whole on every device, as JAX places it."""
-    aval = _arg_aval(x).update(sharding=Sharding(run.mesh, whole(np.ndim(x))))
+    aval = arg_aval(x).update(sharding=Sharding(run.mesh, whole(np.ndim(x))))
     value = np.asarray(x, dtype=aval.dtype)
     return StackedValue(aval, np.broadcast_to(value, (run.n,) + value.shape))
 
@@ -361,6 +371,8 @@ def _results(run, out):
 def on_mesh(fn, args, kwargs=None):
     """``fn(*args, **kwargs)`` run at once on the mesh of its sharded arguments (or of
     ``set_mesh``): JAX's op-by-op dispatch. Its collectives are ``simpmd.last_trace()``."""
+    if machine.intercepts():                    # one process of simpmd.run_processes
+        return machine.hosts.launch(_Operation(fn), args, kwargs or {})
     leaves, treedef = tree.flatten((tuple(args), dict(kwargs or {})))
     mesh = _mesh_of(leaves)
     run = JitRun(mesh)
@@ -388,6 +400,18 @@ def _trace_of(run, outs=()):
     return trace_
 
 
+class _Operation:
+    """An operation run outside jit (``x + 1``), as simpmd.run_processes names it."""
+
+    def __init__(self, fn):
+        self.fun = fn
+
+    def __call__(self, *args, **kwargs):
+        return on_mesh(self.fun, args, kwargs)
+
+
+
+
 # -- jit ---------------------------------------------------------------------------------------
 
 
@@ -412,42 +436,13 @@ class Jitted:
         return self if obj is None else functools.partial(self, obj)
 
     # -- the program of a signature ----------------------------------------------------------
-    def _split(self, args, kwargs):
-        n = len(args)
-        static = {a % n for a in self.static_argnums} if n else set()
-        fixed = tuple((k, args[k]) for k in sorted(static))
-        fixed += tuple((k, kwargs[k]) for k in sorted(kwargs) if k in self.static_argnames)
-        dynamic = ([a for k, a in enumerate(args) if k not in static],
-                   {k: v for k, v in kwargs.items() if k not in self.static_argnames})
-        leaves, treedef = tree.flatten(dynamic)
-        return fixed, leaves, treedef, static
+    def _statics(self):
+        return self.static_argnums, self.static_argnames
 
     def _program(self, run, args, kwargs, leaves=None):
         """(program, results' tree, dynamic leaves) for this call, traced on ``run``'s grid
         the first time this signature is seen."""
-        fixed, found, treedef, static = self._split(args, kwargs)
-        leaves = found if leaves is None else leaves
-        avals = tuple(aval_of(x) if isinstance(x, StackedValue) else _arg_aval(x) for x in leaves)
-        where = (type(run).__name__, run.axes, run.check_vma, getattr(run, "mesh", None))
-        key = ("jit", fixed, treedef, avals, where)
-        entry = cached(self.fun, key)
-        if entry is None:
-            out_trees = []
-
-            def flat(*xs):
-                dyn, kw = tree.unflatten(treedef, list(xs))
-                it = iter(dyn)
-                full = [args[k] if k in static else next(it) for k in range(len(args))]
-                kw = dict(kw, **{k: v for k, v in kwargs.items() if k in self.static_argnames})
-                out, out_tree = tree.flatten(self.fun(*full, **kw))
-                out_trees.append(out_tree)
-                return out
-            program, lifted = trace(flat, list(avals), run.tracing())
-            if lifted:        # it closed over an enclosing body's values: JAX passes them first
-                return loops.closed(program), out_trees[0], list(lifted) + list(leaves)
-            entry = (program, out_trees[0])
-            store(self.fun, key, entry)
-        return entry[0], entry[1], leaves
+        return traced_call(self.fun, run, args, kwargs, self._statics(), leaves)
 
     # -- calling -----------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
@@ -455,17 +450,14 @@ class Jitted:
             import jax
             return jax.jit(self.fun, static_argnums=self.static_argnums,
                            static_argnames=self.static_argnames)(*args, **kwargs)
-        run = context.run
-        if run is not None:                        # inside another body: one jit equation
-            program, out_tree, leaves = self._program(run, args, kwargs)
-            mesh = getattr(run, "mesh", None)
-            outs = bind(jit_p, *leaves, jaxpr=program, name=getattr(self.fun, "__name__", "fun"),
-                        ctx_mesh=MeshText(mesh) if mesh is not None and mesh.axis_names else None)
-            return tree.unflatten(out_tree, outs)
+        if context.run is not None:               # inside another body: one jit equation
+            return call_in_body(self.fun, args, kwargs, self._statics())
+        if machine.intercepts():                # one process of simpmd.run_processes
+            return machine.hosts.launch(self, args, kwargs)
         return self._run(args, kwargs)
 
     def _inputs(self, run, args, kwargs):
-        _, leaves, _, _ = self._split(args, kwargs)
+        _, leaves, _, _ = split_static(args, kwargs, self._statics())
         return [x.value_in(run) if isinstance(x, ShardedArray) else _replicated(run, x)
                 for x in leaves]
 
@@ -508,7 +500,7 @@ class Jitted:
 
     def _with(self, args, kwargs, leaves):
         """Call this function with the dynamic leaves of ``(args, kwargs)`` replaced."""
-        _, _, treedef, static = self._split(args, kwargs)
+        _, _, treedef, static = split_static(args, kwargs, self._statics())
         dyn, kw = tree.unflatten(treedef, list(leaves))
         it = iter(dyn)
         full = [args[k] if k in static else next(it) for k in range(len(args))]
@@ -548,7 +540,6 @@ class Lowered:
         jitted, args, kwargs = self.jitted, self.args, self.kwargs
         mesh = _mesh_of(tree.flatten((args, kwargs))[0])
         run = JitRun(mesh, abstract=True, lowering=True)
-        run.program = []
         inputs = [StackedValue(x.aval) for x in jitted._inputs(JitRun(mesh), args, kwargs)]
         program, _, _ = jitted._program(run, args, kwargs, inputs)
         with running(run):
@@ -572,7 +563,7 @@ class Compiled:
         return str(self.program)
 
     def collective_counts(self) -> dict:
-        return collective_counts(self.trace)
+        return self.trace.collective_counts()
 
 
 def jit(fun=None, /, *, static_argnums=(), static_argnames=(), donate_argnums=(), **kwargs):
@@ -582,23 +573,6 @@ def jit(fun=None, /, *, static_argnums=(), static_argnames=(), donate_argnums=()
     if fun is None:
         return lambda f: Jitted(f, static_argnums, static_argnames, donate_argnums)
     return Jitted(fun, static_argnums, static_argnames, donate_argnums)
-
-
-# -- what the trace of a jit run says, by HLO kind -----------------------------------------------
-
-HLO_NAME = {"psum": "all-reduce", "pmax": "all-reduce", "pmin": "all-reduce", "pmean": "all-reduce",
-            "psum_scatter": "reduce-scatter", "all_gather": "all-gather",
-            "all_to_all": "all-to-all", "ppermute": "collective-permute"}
-
-
-def collective_counts(trace_) -> dict:
-    """How many collectives of each HLO kind a run did (one per call, all its groups
-    together), e.g. ``{'all-reduce': 1}``: the numbers to hold beside XLA's HLO."""
-    counts: dict = {}
-    for call in trace_.calls():
-        kind = HLO_NAME[call[0].op]
-        counts[kind] = counts.get(kind, 0) + 1
-    return dict(sorted(counts.items()))
 
 
 # -- grad of sharded arrays, and simpmd.numpy's functions on them --------------------------------
@@ -627,7 +601,6 @@ def _on_their_mesh(inner):
 def call_numpy(name, fn, args, kwargs):
     """``simpmd.numpy.<name>`` on sharded arrays, or with ``out_sharding=`` on NumPy
     arrays while a mesh is set: the operation run on the mesh at once."""
-    from . import spelling
     spelled = spelling.FUNCTIONS.get(name)
     if spelled is None:
         return on_mesh(lambda *a, **k: spelling.numpy_function(fn, a, k), args, kwargs)

@@ -19,19 +19,21 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core import core as C, errors
+from ..core import core as C, dtypes, errors, loops
 from . import tree
 from ..core import collectives as K
 from ..core.autodiff import backward
 from ..core.core import Aval, Primitive, Var, aval_of, bind, context, running
-from ..core.program import Equation, eval_program, trace
+from ..core.program import Equation, Recorder, cached, eval_program, store, trace
 from ..core.run import Run
 from ..core.values import StackedValue
 from ..machine.mesh import PartitionSpec, axis_types_of
 from . import partition as R
+from . import reductions
 from .partition import Sharding, ShardingTypeError, all_explicit, count, dims_of
 
 R.attach()
+reductions.attach()
 
 
 class JitRun(Run):
@@ -48,9 +50,8 @@ class JitRun(Run):
         self.manual = Run(self.all_devices, self.axes, abstract=abstract)   # blocks, by hand
         self.manual.log = self.log
         self.partial: dict = {}        # id(value) -> (value, pending sums, equation, phase)
-        self.residuals: dict = {}      # a jit equation's forward values, for its vjp
-        self.program = [] if not abstract or lowering else None   # what each device runs
-        self.names: dict = {}          # id(value) -> (value, its Var in that program)
+        # what each device runs, written down by the core's recorder as it runs
+        self.blocks = Recorder(open_inputs=True) if not abstract or lowering else None
 
     def tracing(self) -> "JitRun":
         return JitRun(self.mesh, abstract=True, manual=self.manual_axes, check_vma=self.check_vma)
@@ -62,7 +63,7 @@ class JitRun(Run):
         """A collective over the manual axes of a shard_map(axis_names=...) body."""
         names = params.get("axes", params.get("axis_name"))
         names = names if isinstance(names, (tuple, list)) else (names,)
-        return (prim.collective or prim.name == "pvary") and bool(self.manual_axes) and \
+        return (prim.collective or getattr(prim, "by_axes", False)) and bool(self.manual_axes) and \
             set(names) <= set(self.manual_axes)
 
     def apply(self, prim, args, params):
@@ -70,7 +71,7 @@ class JitRun(Run):
             outs = super().apply(prim, args, params)
             self._record(prim, params, args, outs)
             return outs
-        if prim.collective or prim.name == "pvary":
+        if prim.collective or getattr(prim, "by_axes", False):
             raise errors.UnboundAxisError(
                 f"{prim.name} over {params.get('axes', params.get('axis_name'))} inside jit, "
                 f"outside shard_map: under jit the compiler writes the collectives, and a "
@@ -79,15 +80,16 @@ class JitRun(Run):
                 f"simpmd.shard_map.")
         rule = getattr(prim, "sharding", None)
         if rule is None:
-            loop = " Loops run inside shard_map, under jit too." if prim.name in ("scan", "while") else ""
             raise ShardingTypeError(f"{prim.name} has no sharding rule in simpmd, so it cannot "
-                                    f"run under jit outside shard_map.{loop}")
+                                    f"run under jit outside shard_map.")
         avals = [aval_of(x) for x in args]
         out = prim.abstract(*avals, **params)
         outs = list(out) if prim.multiple_results else [out]
         layouts = rule(self.mesh, avals, **params)
+        kinds = reductions.types(prim, avals, params, len(outs), self.mesh)
         outs = [o.update(vma=o.vma if self.manual_axes else frozenset(),
-                         sharding=Sharding(self.mesh, d)) for o, d in zip(outs, layouts)]
+                         sharding=Sharding(self.mesh, d, *k))
+                for o, d, k in zip(outs, layouts, kinds)]
         for o in outs:
             R.check_layout(self.mesh, o.shape, o.sharding.dims, prim.name)
         traced = self.abstract or any(isinstance(x, StackedValue) and x.stack is None for x in args)
@@ -103,12 +105,16 @@ class JitRun(Run):
             self._record(prim, params, args, outs)
             return outs
         if getattr(prim, "needs_run", False):         # it runs programs of its own, here
-            self.returned_values = []
-            results = [StackedValue(o, s) for o, s in zip(out_avals, prim.stacked(*args, **params))]
-            for new, old in zip(results, self.returned_values):
-                self.alias(new, old)
+            results = []
+            for o, r in zip(out_avals, prim.stacked(*args, **params)):
+                body = isinstance(r, StackedValue)          # a body's result: its blocks
+                results.append(StackedValue(o, self.stack_of(r, o) if body else r))
+                self.alias(results[-1], r)
             return results
         return self._compute(prim, args, avals, out_avals, params)
+
+    def block_shape(self, aval) -> tuple:
+        return R.block_shape(aval.shape, dims_of(aval), self.mesh)
 
     def stack_of(self, x, aval):
         if isinstance(x, StackedValue):
@@ -119,25 +125,31 @@ class JitRun(Run):
     def _compute(self, prim, args, avals, outs, params):
         """The equation's plan: operands moved to the layout it needs, the primitive on
         blocks, partial sums combined, results moved to the layout their type says."""
+        resolves = getattr(prim, "resolves_sums", False)         # reshard
         found = self._pending(args[0]) if args else None
-        if found is not None and not (prim.name == "reshard" or self._carries(prim, found, outs)):
+        if found is not None and not (resolves or self._carries(prim, found, outs)):
             found = None
+        if resolves:
+            found = self._reducing(args[0], avals[0], outs[0], found)
         args = [x if (k == 0 and found) or not isinstance(x, StackedValue) else self.settle(x)
                 for k, x in enumerate(args)]
         plan = (getattr(prim, "partition", None) or R.computed_whole)(avals, outs, **params)
         cause = f"jit: {prim.name}"
-        resharding = found if prim.name == "reshard" else None
+        resharding = found if resolves else None
         values = [self._block(x, a, want, cause, scatter=resharding if k == 0 else None)
                   for k, (x, a, want) in enumerate(zip(args, avals, plan.ins))]
         results = values if plan.params is None else self._local(prim, values, plan.params)
         if plan.then is not None:
             results = [plan.then(self, r, cause) for r in results]
-        carried = list(found[1]) if found is not None and prim.name != "reshard" else []
+        carried = list(found[1]) if found is not None and not resolves else []
         out = []
         for r, layout, o in zip(results, plan.out, outs):
             r, layout, pending = self._combine(r, layout, plan.sums, o.sharding.dims, cause,
-                                               defer=prim.name == "dot_general")
+                                               defer=getattr(prim, "defers_sums", False))
+            pending = [axes for axes in pending if not set(axes) <= o.sharding.unreduced]
             moved = self.move(r, o.shape, layout, o.sharding.dims, cause)
+            if resolves:
+                moved = self._unreducing(moved, avals[0], o, cause)
             value = StackedValue(o, moved.stack)
             self.alias(value, moved)
             if pending or carried:
@@ -146,6 +158,45 @@ class JitRun(Run):
             out.append(value)
         return out
 
+    def _reducing(self, x, aval, out, found):
+        """A reshard from unreduced: the axes it leaves are summed, as pending sums are (a
+        reduce-scatter where the new layout splits a dimension over them)."""
+        leaving = getattr(aval.sharding, "unreduced", frozenset()) - out.sharding.unreduced
+        if not leaving or not isinstance(x, StackedValue):
+            return found
+        axes = tuple(a for a in self.mesh.axis_names if a in leaving)
+        return (x, [axes], context.eqn, context.phase)
+
+    def _unreducing(self, v, aval, out, cause):
+        """A reshard to unreduced: the value becomes partial sums over the new axes. As
+        JAX does it (0.10 on), a dimension that was split over them keeps each device's
+        block in its place, zeros elsewhere; a replicated value stays on the first device
+        along them, zeros on the others. No communication."""
+        new = out.sharding.unreduced - getattr(aval.sharding, "unreduced", frozenset())
+        if not new or self.abstract or v.stack is None:
+            return v
+        src = dims_of(aval)
+        stack = np.array(v.stack)
+        sizes = dict(self.mesh.shape)
+        keep = np.ones(len(stack), dtype=bool)
+        for k in range(len(stack)):
+            coords = self.mesh.coords_of(k)
+            for d, axes in enumerate(src):
+                split = [a for a in axes if a in new]
+                if split:
+                    pos = 0
+                    for a in axes:
+                        pos = pos * sizes[a] + coords[a]
+                    n = aval.shape[d] // R.count(self.mesh, axes)
+                    index = [slice(None)] * stack.ndim
+                    index[d + 1] = np.r_[0:pos * n, (pos + 1) * n:aval.shape[d]]
+                    stack[(k, *index[1:])] = 0
+            alone = [a for a in new if not any(a in axes for axes in src)]
+            if any(coords[a] for a in alone):
+                keep[k] = False
+        stack[~keep] = 0
+        return StackedValue(v.aval, stack)
+
     def _pending(self, x):
         found = self.partial.get(id(x)) if isinstance(x, StackedValue) else None
         return found if found is not None and found[0] is x else None
@@ -153,8 +204,8 @@ class JitRun(Run):
     def _carries(self, prim, found, outs):
         """A layout-only, linear primitive passes pending partial sums on (the transpose
         of a product's partial sums is the partial sums of its transpose)."""
-        if prim.name not in _CARRY or (prim.name == "convert_element_type"
-                                       and found[0].aval.dtype.kind + outs[0].dtype.kind != "ff"):
+        carries = getattr(prim, "carries_sums", None)
+        if carries is None or not carries(found[0].aval, outs[0]):
             return False
         used = {a for d in outs[0].sharding.dims for a in d}
         return not any(a in used for axes in found[1] for a in axes)
@@ -226,33 +277,13 @@ class JitRun(Run):
     def _record(self, prim, params, ins, outs):
         """One step of the per-device program (what ``lower(...).compile()`` shows, and
         what the roofline and the timeline cost)."""
-        if self.program is not None:
-            invars = [self.var(x) for x in ins]
-            outvars = []
-            for o in outs:
-                outvars.append(Var(aval_of(o)))
-                self.names[id(o)] = (o, outvars[-1])
-            self.program.append(Equation(prim, params, invars, outvars, C.caller_source(),
-                                         context.phase))
-
-    def var(self, x):
-        """The per-device program's variable of block ``x`` (a literal for a constant)."""
-        from ..core.core import Lit
-        if not isinstance(x, StackedValue):
-            return Lit(x)
-        found = self.names.get(id(x))
-        if found is None or found[0] is not x:
-            found = self.names[id(x)] = (x, Var(aval_of(x)))
-        return found[1]
+        if self.blocks is not None:
+            self.blocks.record(prim, params, ins, outs)
 
     def alias(self, new, old):
         """``new`` holds the same blocks as ``old`` (a value and its blocks' view)."""
-        if self.program is None or not isinstance(new, StackedValue):
-            return
-        found = self.names.get(id(old))
-        if found is None or found[0] is not old:          # first seen: typed by its blocks
-            found = self.names[id(old)] = (old, Var(aval_of(new)))
-        self.names[id(new)] = (new, found[1])
+        if self.blocks is not None and isinstance(new, StackedValue) and isinstance(old, StackedValue):
+            self.blocks.alias(new, old)
 
     def insert(self, row, value, cause, **params):
         """Run the collective ``row`` on blocks, logged as inserted by jit for ``cause``."""
@@ -306,24 +337,22 @@ class JitRun(Run):
         as XLA's reduce-scatter creator finds them (an all-reduce, then a slice)."""
         layout, pending = list(layout), []
         used = {a for d in target for a in d}
-        for op, axes in sums:
+        for row, axes in sums:
             axes = tuple(axes)
-            d = next((d for d in range(len(target)) if op == "psum" and
+            d = next((d for d in range(len(target)) if row is K.psum and
                       target[d][:len(layout[d]) + len(axes)] == tuple(layout[d]) + axes), None)
             if d is not None:
                 r = self.insert(K.reduce_scatter, r, cause, scatter_dimension=d, axis_name=axes,
                                 axis_index_groups=None, axis_size=count(self.mesh, axes),
                                 tiled=True)
                 layout[d] = tuple(layout[d]) + axes
-            elif op == "psum" and defer and not used & set(axes):
+            elif row is K.psum and defer and not used & set(axes):
                 pending.append(axes)
             else:
-                r = self.insert(_ROWS[op], r, cause, axes=axes, axis_index_groups=None)
+                r = self.insert(row, r, cause, axes=axes, axis_index_groups=None)
         return r, tuple(layout), pending
 
 
-_ROWS = {"psum": K.psum, "pmax": K.pmax, "pmin": K.pmin}
-_CARRY = {"transpose", "copy", "reshape", "convert_element_type", "squeeze"}
 
 
 def _cut(x, dimension, axes):
@@ -340,58 +369,120 @@ def _cut_abstract(x, dimension, axes):
 
 
 shard_slice = Primitive(     # each device cuts its piece of its block: XLA's dynamic-slice
-    "dynamic_slice", _cut, _cut_abstract, needs_run=True,
+    "shard_slice", _cut, _cut_abstract, needs_run=True,
     cost=lambda ins, outs, **p: (0, sum(a.nbytes for a in (*ins, *outs))))
 
 
 # -- the rows jit adds: a jit equation, and reshard ---------------------------------------------
 
 
-def _jit_stacked(*args, jaxpr, name, ctx_mesh=None):
-    """The inner program on this run; its forward values are kept for its vjp."""
-    run = context.run or C.plain
-    env: dict = {}
-    outs = eval_program(jaxpr, [], list(args), env)
-    stacks = [run.stack_of(o, aval_of(o)) for o in outs]
-    if hasattr(run, "returned_values"):
-        run.returned_values = outs
-    if getattr(run, "residuals", None) is not None and stacks and stacks[0] is not None:
-        run.residuals[id(stacks[0])] = env
-    return stacks
+def _jit_stacked(*args, jaxpr, name, ctx_mesh=None, _vjp=None):
+    """The inner program on this run: its results (values, whose blocks a jit run keeps)."""
+    return eval_program(jaxpr, [], list(args))
 
 
-def _jit_vjp(cts, ins, outs, wants, jaxpr, name, ctx_mesh=None):
-    """The derivative of a jit equation: its program's equations sent backwards, from the
-    forward values its run kept (while tracing, the forward is traced again, inline)."""
-    run = context.run or C.plain
-    first = outs[0] if outs else None
-    key = id(first.stack) if isinstance(first, StackedValue) and first.stack is not None else None
-    env = getattr(run, "residuals", {}).pop(key, None) if key is not None else None
-    if env is None:
-        env = {}
-        eval_program(jaxpr, [], list(ins), env)
-    seeds = {v: c for v, c in zip(jaxpr.outvars, cts) if type(v) is Var and c is not None}
-    active = {v for v, w in zip(jaxpr.invars, wants) if w}
-    got = backward(jaxpr.eqns, env, seeds, set(active))
-    return [got.get(v) if w else None for v, w in zip(jaxpr.invars, wants)]
+def _jit_linearize(eqn, wants):
+    """The jit, cut as JAX's partial evaluation cuts a ``pjit``: the forward jit also
+    returns the residuals, and its derivative is a second jit of the same name."""
+    forward, backward, split = loops.split_call(eqn.params["jaxpr"], wants)
+    return Equation(eqn.primitive, dict(eqn.params, jaxpr=forward, _vjp=(backward, split)),
+                    eqn.invars, eqn.outvars + [Var(v.aval) for v in
+                                               forward.outvars[len(eqn.outvars):]],
+                    eqn.source, eqn.phase)
+
+
+def _jit_vjp(cts, ins, outs, wants, jaxpr, name, ctx_mesh=None, _vjp=None):
+    """The backward half of a linearized jit equation, as a jit equation of its own."""
+    backward, split = _vjp
+    return loops.split_vjp(cts, ins, outs, split, lambda operands: bind(
+        jit_p, *operands, jaxpr=backward, name=name, ctx_mesh=ctx_mesh))
 
 
 jit_p = Primitive(
-    "jit", _jit_stacked, lambda *avals, jaxpr, name, ctx_mesh=None: [aval_of(v) for v in jaxpr.outvars],
+    "jit", _jit_stacked, lambda *avals, jaxpr, **p: [aval_of(v) for v in jaxpr.outvars],
     vjp=_jit_vjp, multiple_results=True, needs_run=True, cost=lambda ins, outs, **p: (0, 0),
-    same_names=True, show=lambda p: [("name", p["name"])] + ([("ctx_mesh", p["ctx_mesh"])] if p.get("ctx_mesh") else [])
+    linearize=_jit_linearize, same_names=True, show=lambda p: [("name", p["name"])] + ([("ctx_mesh", p["ctx_mesh"])] if p.get("ctx_mesh") else [])
     + [("jaxpr", p["jaxpr"])])
 jit_p.sharding = lambda mesh, avals, jaxpr, **p: [dims_of(aval_of(v)) for v in jaxpr.outvars]
 
 
 def _reshard_vjp(ct, ins, outs, wants, dst_sharding):
-    back = aval_of(ins[0]).sharding or PartitionSpec()
+    back = aval_of(ins[0]).sharding
+    back = back.cotangent() if back is not None else PartitionSpec()   # reduced <-> unreduced
     return [bind(reshard_p, ct, dst_sharding=back) if wants[0] else None]
 
 
 reshard_p = Primitive("reshard", lambda x, dst_sharding: x, lambda x, dst_sharding: x,
                       vjp=_reshard_vjp, cost=lambda ins, outs, **p: (0, 0), show=lambda p: {})
 reshard_p.sharding, reshard_p.partition = R.reshard_rule, R.reshard_plan
+reshard_p.resolves_sums = True       # pending partial sums end here: a reduce-scatter each
+reshard_p.unreduced_rule = "reshard"   # its destination says what is unreduced or reduced
+jit_p.unreduced_rule, jit_p.unreduced_body = "body", "jaxpr"
+
+
+# -- a jitted function called inside another body: one jit equation ------------------------------
+
+
+def arg_aval(x):
+    """The type JAX gives a plain argument (64-bit numbers as 32-bit, without x64)."""
+    if dtypes.is_weak_scalar(x):
+        return aval_of(x)
+    a = np.asarray(x)
+    return Aval(a.shape, dtypes.canonical(a.dtype))
+
+
+def split_static(args, kwargs, statics):
+    """(the static arguments, as a key), the dynamic leaves, their tree, and the static
+    positions, for ``statics`` = (static_argnums, static_argnames)."""
+    argnums, argnames = statics
+    n = len(args)
+    static = {a % n for a in argnums} if n else set()
+    fixed = tuple((k, args[k]) for k in sorted(static))
+    fixed += tuple((k, kwargs[k]) for k in sorted(kwargs) if k in argnames)
+    dynamic = ([a for k, a in enumerate(args) if k not in static],
+               {k: v for k, v in kwargs.items() if k not in argnames})
+    leaves, treedef = tree.flatten(dynamic)
+    return fixed, leaves, treedef, static
+
+
+def traced_call(fun, run, args, kwargs, statics=((), ()), leaves=None):
+    """(program, results' tree, dynamic leaves) for ``fun(*args, **kwargs)``, traced on
+    ``run``'s grid the first time its signature (the static arguments, the leaves' types,
+    the run) is seen; values it closes over become its first inputs, as JAX passes them."""
+    fixed, found, treedef, static = split_static(args, kwargs, statics)
+    leaves = found if leaves is None else leaves
+    avals = tuple(aval_of(x) if isinstance(x, StackedValue) else arg_aval(x) for x in leaves)
+    where = (type(run).__name__, run.axes, run.check_vma, getattr(run, "mesh", None))
+    key = ("jit", fixed, treedef, avals, where)
+    entry = cached(fun, key)
+    if entry is not None:
+        return entry[0], entry[1], leaves
+    out_trees = []
+
+    def flat(*xs):
+        dyn, kw = tree.unflatten(treedef, list(xs))
+        it = iter(dyn)
+        full = [args[k] if k in static else next(it) for k in range(len(args))]
+        kw = dict(kw, **{k: v for k, v in kwargs.items() if k in statics[1]})
+        out, out_tree = tree.flatten(fun(*full, **kw))
+        out_trees.append(out_tree)
+        return out
+    program, lifted = trace(flat, list(avals), run.tracing())
+    if lifted:        # it closed over an enclosing body's values: JAX passes them first
+        return loops.closed(program), out_trees[0], list(lifted) + list(leaves)
+    store(fun, key, (program, out_trees[0]))
+    return program, out_trees[0], leaves
+
+
+def call_in_body(fun, args, kwargs=None, statics=((), ()), name=None):
+    """``fun`` called inside another body (jit's, or a jnp function JAX jits): one ``jit``
+    equation, named ``name`` (the function's own by default)."""
+    run = context.run
+    program, out_tree, leaves = traced_call(fun, run, args, kwargs or {}, statics)
+    mesh = getattr(run, "mesh", None)
+    outs = bind(jit_p, *leaves, jaxpr=program, name=name or getattr(fun, "__name__", "fun"),
+                ctx_mesh=MeshText(mesh) if mesh is not None and mesh.axis_names else None)
+    return tree.unflatten(out_tree, outs)
 
 
 class MeshText:
@@ -410,211 +501,11 @@ def per_device_program(run, outs=()):
     """What each device of ``run`` ran, as a program: its inputs are the blocks no step
     made, its results the blocks of ``outs``."""
     from ..core.core import Program
-    eqns = run.program or []
+    eqns = run.blocks.eqns if run.blocks is not None else []
     made = {v for e in eqns for v in e.outvars}
     invars = []
     for e in eqns:
         invars += [v for v in e.invars if type(v) is Var and v not in made and v not in invars]
-    outvars = [run.var(o) for o in outs if isinstance(o, StackedValue)]
+    outvars = [run.blocks.var_of(o) for o in outs if isinstance(o, StackedValue)] \
+        if run.blocks is not None else []
     return Program(invars, eqns, outvars, axis_env=tuple(run.mesh.shape.items()))
-
-
-# -- shard_map inside jit: a shard_map equation ----------------------------------------------------
-
-
-def shard_map_in_jit(mapped, args):
-    """A ``simpmd.shard_map`` called in a jit body: its body traced once on the mesh's
-    devices (each value one device's block, typed by the axes it varies over), one
-    ``shard_map`` equation of the jit program. JAX places the operands by ``in_specs``
-    first (a reshard where they are laid out otherwise)."""
-    run = context.run
-    if mapped.mesh != run.mesh:
-        raise ShardingTypeError(f"shard_map over {mapped.mesh!r} inside jit over {run.mesh!r}: "
-                                f"use the mesh of the jit's arrays (set_mesh).")
-    manual = tuple(a for a in run.mesh.axis_names if not mapped.axis_names or a in mapped.axis_names)
-    leaves, in_tree = tree.flatten(tuple(args))
-    specs = tree.broadcast_prefix(mapped.in_specs if isinstance(mapped.in_specs, tuple)
-                                  or len(args) != 1 else (mapped.in_specs,), tuple(args),
-                                  what="in_specs")
-    for spec in specs:
-        if set(spec.mesh_axes()) - set(manual):
-            raise ShardingTypeError(
-                f"shard_map in_specs argument must refer to an axis marked as manual "
-                f"({set(manual)}), got {spec!r} (JAX's words): the other axes belong to the "
-                f"compiler inside this body, and the arrays' types carry them.")
-    for x, spec in zip(leaves, specs):
-        _check_in_spec(spec, aval_of(x), run.mesh, manual)
-    body_avals = [_block_aval(aval_of(x), spec, run.mesh, mapped.check_vma, manual)
-                  for x, spec in zip(leaves, specs)]
-    out_tree = []
-
-    def flat(*xs):
-        out, treedef = tree.flatten(mapped.fun(*tree.unflatten(in_tree, list(xs))))
-        out_tree.append(treedef)
-        return out
-    program, consts = trace(flat, body_avals, _body_run(run, manual, mapped.check_vma, True))
-    out_specs = tree.broadcast_prefix(mapped.out_specs, tree.unflatten(
-        out_tree[0], [0] * len(program.outvars)), what="out_specs")
-    _check_replication(program, out_specs, mapped.check_vma)
-    outs = bind(shard_map_p, *consts, *leaves, jaxpr=program, shard_mesh=MeshText(run.mesh),
-                in_specs=tuple([PartitionSpec()] * len(consts) + list(specs)),
-                out_specs=tuple(out_specs), check_vma=mapped.check_vma, manual_axes=manual)
-    return tree.unflatten(out_tree[0], outs)
-
-
-def _check_in_spec(spec, aval, mesh, manual):
-    """JAX's shard_map inside jit takes its operands as their types lay them out over the
-    manual axes (jax 0.7 resharded them; later releases refuse)."""
-    if aval.sharding is None or not R.settings.shard_map_checks:
-        return
-    given = R.resolve(spec, all_explicit(mesh), aval.ndim, "in_specs")
-    have = [tuple(a for a in d if a in manual) for d in dims_of(aval)]
-    if [tuple(d) for d in given] != have:
-        raise ShardingTypeError(
-            f"in_specs passed to shard_map: {spec!r} does not match the specs of the input: "
-            f"{Sharding(mesh, have).spec!r} (JAX's words). Inside jit, shard_map takes its "
-            f"operands as they are laid out: reshard them to {spec!r} first.")
-
-
-def _body_run(run, manual, check_vma, abstract):
-    """The run of a shard_map body: by hand over every mesh axis (a plain run of blocks),
-    or over ``manual`` only, the others still typed by sharding (a jit run)."""
-    if set(manual) == set(run.mesh.axis_names):
-        body = Run(run.all_devices, run.axes, abstract=abstract, check_vma=check_vma,
-                   maps_a_mesh=True)
-    else:
-        body = JitRun(run.mesh, abstract=abstract, manual=manual, check_vma=check_vma)
-        body.program = run.program
-    body.log = run.log
-    if isinstance(body, JitRun):
-        body.manual.log = run.log
-    return body
-
-
-def _block_aval(aval, spec, mesh, check_vma, manual):
-    """One device's block of an operand: cut along ``spec`` (manual axes), still typed by
-    its sharding over the others."""
-    dims = R.resolve(spec, all_explicit(mesh), aval.ndim, "in_specs")
-    rest = [tuple(a for a in d if a not in manual) for d in dims_of(aval)]
-    sharding = Sharding(mesh, rest) if set(manual) != set(mesh.axis_names) else None
-    return Aval(R.block_shape(aval.shape, dims, mesh), aval.dtype, aval.weak_type,
-                vma=frozenset(a for d in dims for a in d) if check_vma else frozenset(),
-                sharding=sharding)
-
-
-def _check_replication(program, out_specs, check_vma):
-    for k, (v, spec) in enumerate(zip(program.outvars, out_specs)):
-        missing = sorted(aval_of(v).vma - set(spec.mesh_axes())) if check_vma else []
-        if missing:
-            raise errors.SimpmdError(
-                f"shard_map's out_specs {spec!r} for result {k} leaves out mesh axis "
-                f"{missing[0]!r}, over which its type says it varies: JAX refuses this too "
-                f"('out_specs which require replication which can't be statically "
-                f"inferred'). Reduce it over {missing[0]!r} (lax.psum) or name the axis in "
-                f"out_specs.")
-
-
-def _sm_global(aval, spec, mesh):
-    dims = R.resolve(spec, all_explicit(mesh), aval.ndim, "out_specs")
-    return Aval(tuple(n * count(mesh, d) for n, d in zip(aval.shape, dims)), aval.dtype,
-                aval.weak_type)
-
-
-def _sm_abstract(*avals, jaxpr, shard_mesh, in_specs, out_specs, check_vma, manual_axes):
-    return [_sm_global(aval_of(v), s, shard_mesh.mesh) for v, s in zip(jaxpr.outvars, out_specs)]
-
-
-def _sm_rule(mesh, avals, jaxpr, in_specs, out_specs, **params):
-    """A result's type: split over the Explicit axes its out_specs name (major), then over
-    those its type in the body had (minor)."""
-    explicit = set(R.explicit_axes(mesh))
-    return [tuple(tuple(a for a in d if a in explicit) + inner for d, inner in zip(
-        R.resolve(s, all_explicit(mesh), aval_of(v).ndim, "out_specs"), dims_of(aval_of(v))))
-        for v, s in zip(jaxpr.outvars, out_specs)]
-
-
-def _sm_stacked(*args, jaxpr, shard_mesh, in_specs, out_specs, check_vma, manual_axes):
-    """Each operand moved to its ``in_specs`` blocks, the body run on the blocks (its
-    collectives logged as the learner's), the results' blocks laid out as their types."""
-    run, mesh = context.run, context.run.mesh
-    blocks = []
-    for x, spec, var in zip(args, in_specs, jaxpr.constvars + jaxpr.invars):
-        a = aval_of(x)
-        want = [d + tuple(b for b in own if b not in manual_axes) for d, own in
-                zip(R.resolve(spec, all_explicit(mesh), a.ndim, "in_specs"), dims_of(a))]
-        v = run._block(x, a, want, "jit: shard_map")
-        blocks.append(StackedValue(var.aval, v.stack if isinstance(v, StackedValue) else
-                                   run.manual.stack_of(v, var.aval)))
-    body = _body_run(run, manual_axes, check_vma, run.abstract)
-    n = len(jaxpr.constvars)
-    with running(body):
-        outs = eval_program(jaxpr, blocks[:n], blocks[n:])
-        outs = [body.settle(o) if isinstance(body, JitRun) and isinstance(o, StackedValue)
-                else o for o in outs]
-    if run.program is not None and not isinstance(body, JitRun):
-        run.program.extend(jaxpr.eqns)
-    stacks = []
-    for o, spec, dims in zip(outs, out_specs, _sm_rule(mesh, [], jaxpr, in_specs, out_specs)):
-        a = aval_of(o)
-        have = [d + inner for d, inner in
-                zip(R.resolve(spec, all_explicit(mesh), a.ndim, "out_specs"), dims_of(a))]
-        local = StackedValue(Aval(R.block_shape(a.shape, dims_of(a), mesh), a.dtype, a.weak_type),
-                             body.stack_of(o, a) if not run.abstract else None)
-        if isinstance(body, JitRun):
-            body.alias(local, o)
-        elif run.program is not None:
-            run.names[id(local)] = (local, o_var(jaxpr, outs, o))
-        moved = run.move(local, _sm_global(a, spec, mesh).shape, have, dims, "jit: shard_map")
-        stacks.append(moved.stack)
-        run.returned_values.append(moved)
-    return stacks
-
-
-def o_var(jaxpr, outs, o):
-    """The body program's variable that result ``o`` came from."""
-    return jaxpr.outvars[[id(x) for x in outs].index(id(o))]
-
-
-def _sm_vjp(cts, ins, outs, wants, jaxpr, shard_mesh, in_specs, out_specs, check_vma,
-            manual_axes):
-    """The derivative of a shard_map is a shard_map: its body run again on the blocks,
-    then sent backwards (the cotangents arrive in out_specs' blocks, leave in in_specs')."""
-    run = context.run
-    cts = [ct if ct is not None else _zeros_like(o) for ct, o in zip(cts, outs)]
-    n, invars = len(ins), jaxpr.constvars + jaxpr.invars
-    wanted = [k for k, w in enumerate(wants) if w]
-
-    def flat(*xs):
-        env: dict = {}
-        k = len(jaxpr.constvars)
-        eval_program(jaxpr, list(xs[:k]), list(xs[k:n]), env)
-        seeds = {v: c for v, c in zip(jaxpr.outvars, xs[n:]) if type(v) is Var}
-        got = backward(jaxpr.eqns, env, seeds, {invars[k] for k in wanted})
-        return [got.get(invars[k], np.zeros(invars[k].aval.shape, invars[k].aval.dtype))
-                for k in wanted]
-    body = _body_run(run, manual_axes, check_vma, True)
-    program, _ = trace(flat, [v.aval for v in invars] + [aval_of(v) for v in jaxpr.outvars], body)
-    got = bind(shard_map_p, *ins, *cts, jaxpr=program, shard_mesh=shard_mesh,
-               in_specs=tuple(in_specs) + tuple(out_specs),
-               out_specs=tuple(in_specs[k] for k in wanted), check_vma=check_vma,
-               manual_axes=manual_axes)
-    out = [None] * n
-    for k, g in zip(wanted, got):
-        out[k] = g
-    return out
-
-
-def _zeros_like(x):
-    a = aval_of(x)
-    from ..core import primitives as P
-    return bind(P.broadcast_in_dim, np.zeros((), a.dtype), shape=a.shape, broadcast_dimensions=(),
-                sharding=a.sharding)
-
-
-shard_map_p = Primitive(
-    "shard_map", _sm_stacked, _sm_abstract, vjp=_sm_vjp, multiple_results=True, needs_run=True,
-    cost=lambda ins, outs, **p: (0, 0),
-    show=lambda p: [("check_vma", p["check_vma"]), ("in_specs", p["in_specs"]),
-                    ("jaxpr", p["jaxpr"]), ("manual_axes", p["manual_axes"]),
-                    ("mesh", p["shard_mesh"]), ("out_specs", p["out_specs"])])
-shard_map_p.sharding = _sm_rule

@@ -29,7 +29,8 @@ import math
 
 import numpy as np
 
-from ..core import errors
+from ..core import collectives as K
+from ..core import control, errors, loops
 from ..core import primitives as P
 from ..core.collectives import ppermute as _ppermute
 from ..core.core import PRIMITIVES
@@ -37,6 +38,10 @@ from ..core.core import PRIMITIVES
 
 class ShardingTypeError(errors.SimpmdError, TypeError):
     """An operation whose result's sharding JAX's rules refuse (JAX's ``ShardingTypeError``)."""
+
+
+class UnreducedValueError(errors.SimpmdError, NotImplementedError):
+    """An unreduced array asked for its value (JAX refuses too, from jax 0.10)."""
 
 
 class Settings:
@@ -53,7 +58,8 @@ class Settings:
     split first dim). ``strided_slice``: ``x[::k]`` of a split dim is a slice that keeps
     the split (0.10; 0.7 indexed with a gather, which refused it). ``shard_map_checks``:
     inside jit, shard_map refuses operands laid out otherwise than its in_specs (0.10;
-    0.7 moved them).
+    0.7 moved them). ``single_element``: a slice down to one element is replicated, whatever
+    the operand's split (0.12; before, refused like any slice a split does not divide).
     """
 
     def __init__(self, version=None):
@@ -67,7 +73,7 @@ class Settings:
 
     def follow(self, version):
         self.version = tuple(version)
-        self.batch_alike = self.version > (0, 10, 2)
+        self.batch_alike = self.single_element = self.version > (0, 10, 2)
         self.matmul_batch = self.reshape_spread = self.strided_slice = self.version > (0, 7, 2)
         self.shard_map_checks = self.version > (0, 7, 2)
 
@@ -79,35 +85,79 @@ settings = Settings()
 
 
 class Sharding:
-    """The sharding in a value's type: its mesh, and per dimension the Explicit mesh axes
-    that split it (JAX's ``NamedSharding`` in an aval). Prints in JAX's notation."""
+    """The sharding in a value's type: its mesh, per dimension the Explicit mesh axes that
+    split it, and the mesh axes it is unreduced or reduced over (JAX's ``NamedSharding``
+    in an aval). Prints in JAX's notation: ``f32[8@X,4]``, ``f32[4,2]{U:X}``."""
 
-    __slots__ = ("mesh", "dims")
+    __slots__ = ("mesh", "dims", "unreduced", "reduced")
 
-    def __init__(self, mesh, dims):
+    def __init__(self, mesh, dims, unreduced=frozenset(), reduced=frozenset()):
         self.mesh, self.dims = mesh, tuple(tuple(d) for d in dims)
+        self.unreduced, self.reduced = frozenset(unreduced), frozenset(reduced)
 
     def dim_suffix(self, k) -> str:
         axes = self.dims[k]
         return "" if not axes else "@" + (axes[0] if len(axes) == 1 else f"({','.join(axes)})")
 
+    def suffix(self) -> str:
+        """``{U:X}``, ``{R:(X,Y)}``, ``{U:X, R:Y}``: what the type says beyond its dims."""
+        parts = []
+        for letter, axes in (("U", self.unreduced), ("R", self.reduced)):
+            if axes:
+                names = sorted(axes, key=self.mesh.axis_names.index)
+                parts.append(f"{letter}:" + (names[0] if len(names) == 1 else f"({','.join(names)})"))
+        return "{" + ", ".join(parts) + "}" if parts else ""
+
     def transpose(self, permutation) -> "Sharding":
         """The sharding of the value with its dimensions in ``permutation``'s order."""
-        return Sharding(self.mesh, [self.dims[p] for p in permutation])
+        return Sharding(self.mesh, [self.dims[p] for p in permutation], self.unreduced,
+                        self.reduced)
+
+    def cotangent(self) -> "Sharding":
+        """The type of this value's gradient: reduced and unreduced swap (JAX's cotangent
+        map; jax 0.7.2 kept them as they were)."""
+        if settings.version <= (0, 7, 2):
+            return Sharding(self.mesh, self.dims)
+        return Sharding(self.mesh, self.dims, self.reduced, self.unreduced)
 
     @property
     def spec(self):
         from ..machine.mesh import PartitionSpec
-        return PartitionSpec(*[None if not a else (a[0] if len(a) == 1 else a) for a in self.dims])
+        return PartitionSpec(*[None if not a else (a[0] if len(a) == 1 else a) for a in self.dims],
+                             unreduced=self.unreduced, reduced=self.reduced)
 
     def __eq__(self, other):
-        return isinstance(other, Sharding) and (self.mesh, self.dims) == (other.mesh, other.dims)
+        return isinstance(other, Sharding) and (self.mesh, self.dims, self.unreduced, self.reduced) \
+            == (other.mesh, other.dims, other.unreduced, other.reduced)
 
     def __hash__(self):
-        return hash(self.dims)
+        return hash((self.dims, self.unreduced, self.reduced))
 
     def __repr__(self):                 # as a parameter of an equation: the spec
         return repr(self.spec)
+
+
+def type_text(aval) -> str:
+    """A type as ``jax.typeof`` prints it: ``float32[16@data,32@model]``, ``~float32[]``
+    for a weak type."""
+    short = aval.str_short()
+    weak = "~" if getattr(aval, "weak_type", False) else ""
+    return weak + np.dtype(aval.dtype).name + short[short.index("["):]
+
+
+def reductions_of(spec, mesh, what="reshard") -> tuple:
+    """The (unreduced, reduced) axes a ``P(...)``/``NamedSharding``/:class:`Sharding` names,
+    checked against the mesh (JAX's words when an axis is not there)."""
+    if isinstance(spec, Sharding):
+        return spec.unreduced, spec.reduced
+    inner = getattr(spec, "spec", spec)
+    found = (getattr(inner, "unreduced", frozenset()), getattr(inner, "reduced", frozenset()))
+    for word, axes in zip(("Unreduced", "Reduced"), found):
+        missing = sorted(a for a in axes if a not in mesh.axis_names)
+        if missing:
+            raise ValueError(f"{word} axes {', '.join(missing)} is not found in "
+                             f"mesh.axis_names={tuple(mesh.axis_names)}. Got pspec={inner!r}")
+    return frozenset(found[0]), frozenset(found[1])
 
 
 def dims_of(aval):
@@ -314,7 +364,7 @@ def _concatenate(mesh, avals, dimension):
     return [dims_of(meshed[0])]
 
 
-def _varying_shape(name):
+def _varying_shape(row, word):
     """slice, pad: the operand's layout, if each changed split dimension still divides."""
     def rule(mesh, avals, **params):
         a = avals[0]
@@ -324,11 +374,13 @@ def _varying_shape(name):
                 "Use `.at[...].get(out_sharding=)` to provide output PartitionSpec for the "
                 "gather indexing (JAX's words): this JAX indexes x[::k] with a gather, which "
                 "refuses a split dimension; reshard it whole first.")
-        out = PRIMITIVES[name].abstract(*avals, **params)
+        out = row.abstract(*avals, **params)
+        if settings.single_element and all(m == 1 for m in out.shape):
+            return [whole(len(out.shape))]          # one element: on every device
         for d, (n, m, axes) in enumerate(zip(a.shape, out.shape, dims_of(a))):
             if n != m and axes and m % count(mesh, axes):
                 raise ShardingTypeError(
-                    f"{'slicing' if name == 'slice' else 'padding'} on sharded dims where out "
+                    f"{word} on sharded dims where out "
                     f"dim ({m}) is not divisible by mesh axes ({count(mesh, axes)}) with spec "
                     f"({','.join(axes)}) is not implemented (JAX's words). Dimension {d} of "
                     f"{spec_text(dims_of(a))} is split; reshard it whole first, or keep a "
@@ -557,6 +609,18 @@ def _body(mesh, avals, jaxpr, **params):
     return [dims_of(a) for a in jaxpr.out_avals]
 
 
+def _scan(mesh, avals, jaxpr, num_carry, **params):
+    """A scan: the carry keeps the type it was traced with (the front end checks that the
+    body returns it unchanged, JAX's TypeError otherwise); the stacked ``ys`` add a
+    leading dimension, whole on every device."""
+    outs = jaxpr.out_avals
+    return [dims_of(a) for a in outs[:num_carry]] + [((),) + dims_of(a) for a in outs[num_carry:]]
+
+
+def _while(mesh, avals, body_jaxpr, **params):
+    return [dims_of(a) for a in body_jaxpr.out_avals]
+
+
 # -- the plans: how each device computes its block -------------------------------------------
 
 
@@ -594,18 +658,17 @@ def _as_is(avals, outs, **params):
     return Plan([dims_of(a) for a in avals], params, [dims_of(o) for o in outs])
 
 
-_COMBINE = {"reduce_sum": "psum", "reduce_max": "pmax", "reduce_min": "pmin",
-            "reduce_and": "pmin", "reduce_or": "pmax"}
-
-
-def _reduce_plan(name):
+def _reduce_plan(combine):
+    """Each device reduces its block; ``combine`` (the row's collective, a column) adds the
+    partial results up across the axes that split a reduced dim (without one, as for
+    argmax, the reduced dims are made whole first)."""
     def plan(avals, outs, axes, **params):
         d = dims_of(avals[0])
-        if name not in _COMBINE:                     # reduce_prod, argmax: the dims whole
+        if combine is None:
             ins = tuple(() if k in axes else s for k, s in enumerate(d))
             return Plan([ins], _local(dict(params, axes=axes)),
                         [tuple(s for k, s in enumerate(ins) if k not in axes)])
-        sums = [(_COMBINE[name], d[k]) for k in axes if d[k]]
+        sums = [(combine, d[k]) for k in axes if d[k]]
         return Plan([d], _local(dict(params, axes=axes)),
                     [tuple(s for k, s in enumerate(d) if k not in axes)], sums)
     return plan
@@ -639,7 +702,7 @@ def _dot_plan(avals, outs, dimension_numbers, **params):
     for k, j in enumerate(keep_r):
         rw[j] = layout[len(lb) + len(keep_l) + k]
     return Plan([tuple(lw), tuple(rw)], _local(dict(params, dimension_numbers=dimension_numbers)),
-                [tuple(layout)], [("psum", c) for c in contract if c])
+                [tuple(layout)], [(K.psum, c) for c in contract if c])
 
 
 def _groups(old, new):
@@ -813,39 +876,69 @@ def reshard_plan(avals, outs, **params):
     return Plan([dims_of(outs[0])], None, [dims_of(outs[0])])
 
 
-# -- attaching the columns -----------------------------------------------------------------------
+# -- attaching the columns: by the row, as JAX registers its rules -----------------------------
 
-ELEMENTWISE = sorted(n for n, p in PRIMITIVES.items() if getattr(p, "elementwise", False))
+
+def _rule(rows, sharding, partition, **columns):
+    """Give each of ``rows`` its ``sharding`` and ``partition`` columns (and ``columns``)."""
+    for row in rows:
+        row.sharding, row.partition = sharding, partition
+        for key, value in columns.items():
+            setattr(row, key, value)
+
+
+def _sliced(avals, params):
+    return [d for d, (n, k) in enumerate(zip(avals[0].shape, params["slice_sizes"])) if n != k]
+
+
+def _updated(avals, params):
+    return [d for d, (n, k) in enumerate(zip(avals[0].shape, avals[1].shape)) if n != k]
 
 
 def attach():
-    """Give every row of the core its ``sharding`` and ``partition`` columns."""
-    rules = {name: (_broadcasting(name), _elementwise_plan) for name in ELEMENTWISE}
-    rules.update({
-        "convert_element_type": (_convert, _elementwise_plan),
-        "select_n": (_select, _elementwise_plan), "clamp": (_clamp, _elementwise_plan),
-        "dot_general": (_dot_general, _dot_plan),
-        "reshape": (_reshape, _reshape_plan),
-        "broadcast_in_dim": (_broadcast_in_dim, _bid_plan),
-        "transpose": (_transpose, _as_is), "squeeze": (_squeeze, _as_is),
-        "rev": (_first, _whole_dims(_changed)),
-        "concatenate": (_concatenate, _whole_dims(lambda avals, p: [p["dimension"]])),
-        "pad": (_varying_shape("pad"), _whole_dims(_changed)),
-        "slice": (_varying_shape("slice"), _slice_plan),
-        "iota": (_iota, computed_whole),
-        "gather": (_gather, computed_whole), "sort": (_sort, _as_is),
-        "numpy_call": (_numpy_call, None), "cond": (_branches, None),
-        "remat2": (_body, None), "name": (_first, _as_is),
-    })
-    for name in ("reduce_sum", "reduce_max", "reduce_min", "reduce_and", "reduce_or",
-                 "reduce_prod", "argmax", "argmin"):
-        rules[name] = (_reduce, _reduce_plan(name))
-    for name in ("cumsum", "cumprod", "cummax", "cummin"):
-        rules[name] = (_cumulative, _as_is)
-    for name in ("scatter", "scatter-add", "scatter-mul", "scatter-min", "scatter-max"):
-        rules[name] = (_scatter, computed_whole)
-    for name, (rule, plan) in rules.items():
-        PRIMITIVES[name].sharding, PRIMITIVES[name].partition = rule, plan
+    """Give every row of the core its ``sharding`` and ``partition`` columns, and jit's own:
+    ``combine`` (the collective that adds up a reduction's partial results, which its plan
+    uses), ``defers_sums``
+    (a product's partial sums wait for their next use), ``carries_sums(in, out)`` (a
+    layout-only, linear row passes pending partial sums on)."""
+    from .nested import xla_pmap
+    for row in PRIMITIVES.values():
+        if getattr(row, "elementwise", False):
+            _rule([row], _broadcasting(row.name), _elementwise_plan)
+    _rule([P.convert_element_type], _convert, _elementwise_plan,
+          carries_sums=lambda a, o: a.dtype.kind + o.dtype.kind == "ff")
+    _rule([P.select_n], _select, _elementwise_plan)
+    _rule([P.clamp], _clamp, _elementwise_plan)
+    _rule([P.dot_general], _dot_general, _dot_plan, defers_sums=True)
+    _rule([P.reshape], _reshape, _reshape_plan, carries_sums=lambda a, o: True)
+    _rule([P.broadcast_in_dim], _broadcast_in_dim, _bid_plan)
+    _rule([P.transpose], _transpose, _as_is, carries_sums=lambda a, o: True)
+    _rule([P.squeeze], _squeeze, _as_is, carries_sums=lambda a, o: True)
+    P.copy.carries_sums = lambda a, o: True
+    _rule([P.rev], _first, _whole_dims(_changed))
+    _rule([P.concatenate], _concatenate, _whole_dims(lambda avals, p: [p["dimension"]]))
+    _rule([P.pad], _varying_shape(P.pad, "padding"), _whole_dims(_changed))
+    _rule([P.slice_], _varying_shape(P.slice_, "slicing"), _slice_plan)
+    _rule([P.dynamic_slice], _varying_shape(P.dynamic_slice, "dynamic_slice"),
+          _whole_dims(_sliced))
+    _rule([P.dynamic_update_slice], _first, _whole_dims(_updated))
+    _rule([P.iota], _iota, computed_whole)
+    _rule([P.gather], _gather, computed_whole)
+    _rule([P.sort], _sort, _as_is)
+    _rule([P.numpy_call], _numpy_call, None)
+    _rule([control.cond], _branches, None)
+    _rule([loops.remat], _body, None)
+    _rule([loops.name_p], _first, _as_is)
+    for row, combine in ((P.reduce_sum, K.psum), (P.reduce_max, K.pmax), (P.reduce_min, K.pmin),
+                         (P.reduce_and, K.pmin), (P.reduce_or, K.pmax), (P.reduce_prod, None),
+                         (P.argmax, None), (P.argmin, None)):
+        _rule([row], _reduce, _reduce_plan(combine), combine=combine)
+    _rule([P.cumsum, P.cumprod, P.cummax, P.cummin], _cumulative, _as_is)
+    _rule([P.scatter, P.scatter_add, P.scatter_mul, P.scatter_min, P.scatter_max], _scatter,
+          computed_whole)
+    loops.scan.sharding, loops.while_.sharding = _scan, _while
+    xla_pmap.sharding = lambda mesh, avals, call_jaxpr, **p: [   # its results come back whole
+        whole(a.ndim) for a in xla_pmap.abstract(*avals, call_jaxpr=call_jaxpr, **p)]
 
 
 def rows_without_rules() -> list:

@@ -103,6 +103,8 @@ def _argnums(nums):
 class Pmapped:
     """A function mapped over simulated devices; ``.trace`` shows its last run."""
 
+    runs_over_devices = True      # eval_shape and make_jaxpr run it as it is
+
     def __init__(self, fun, axis_name, in_axes, out_axes, static_argnums, devices, axis_size,
                  eager):
         functools.update_wrapper(self, fun)
@@ -123,6 +125,33 @@ class Pmapped:
     # -- splitting ----------------------------------------------------------------------
     def _split(self, args, kwargs, max_devices):
         """Per-leaf mapped axes and the mapped size, with errors a learner can act on."""
+        static = self._static(args)
+        per_arg = self._per_arg_axes(len(args))
+        leaves_by_arg, axes_by_arg, paths_by_arg, defs = [], [], [], []
+        for i, a in enumerate(args):
+            leaves, td = tree.flatten(a)
+            defs.append(td)
+            if i in static:
+                leaves_by_arg.append(None); axes_by_arg.append(None); paths_by_arg.append(None)
+                continue
+            axes_by_arg.append(tree.broadcast_prefix(per_arg[i], a, what=f"in_axes[{i}]"))
+            leaves_by_arg.append(leaves)
+            paths_by_arg.append([self._arg_name(i) + p for p in tree.leaf_paths(a)])
+        kw_leaves, kw_def = tree.flatten(kwargs)
+        kw_paths = tree.leaf_paths(kwargs, "kwargs")
+        mapped, arrays = [], []          # (path, shape, axis) of every mapped leaf
+        for leaves, axes, paths in zip(leaves_by_arg + [kw_leaves],
+                                       axes_by_arg + [[0] * len(kw_leaves)],
+                                       paths_by_arg + [kw_paths]):
+            arrays.append(None if leaves is None else [
+                self._mapped_leaf(leaf, ax, path, mapped) for leaf, ax, path in
+                zip(leaves, axes, paths)])
+        size = self._mapped_size(mapped, max_devices)
+        return static, defs, kw_def, arrays, paths_by_arg + [kw_paths], size
+
+    def _static(self, args) -> set:
+        """The positions of the static arguments, each checked hashable (JAX compiles once
+        per value)."""
         n_args = len(args)
         _check_static_positions(self.static_argnums, n_args,
                                 f"pmap of {getattr(self.fun, '__name__', 'the function')}")
@@ -136,66 +165,48 @@ class Pmapped:
                     f"its value of type {type(args[a]).__name__} is not hashable. Static "
                     f"arguments must be hashable (JAX compiles once per value): pass a tuple "
                     f"instead of a list, or make it a regular (traced) argument.") from None
-        if isinstance(self.in_axes, (tuple, list)):
-            if len(self.in_axes) != n_args:
-                raise ValueError(
-                    f"in_axes has {len(self.in_axes)} entries but the function was called with "
-                    f"{n_args} positional arguments; give one entry (int or None) per argument.")
-            per_arg = list(self.in_axes)
-        else:
-            per_arg = [self.in_axes] * n_args
-        leaves_by_arg, axes_by_arg, paths_by_arg, defs = [], [], [], []
-        for i, a in enumerate(args):
-            leaves, td = tree.flatten(a)
-            defs.append(td)
-            if i in static:
-                leaves_by_arg.append(None); axes_by_arg.append(None); paths_by_arg.append(None)
-                continue
-            axes = tree.broadcast_prefix(per_arg[i], a, what=f"in_axes[{i}]")
-            leaves_by_arg.append(leaves)
-            axes_by_arg.append(axes)
-            paths_by_arg.append([self._arg_name(i) + p for p in tree.leaf_paths(a)])
-        kw_leaves, kw_def = tree.flatten(kwargs)
-        kw_paths = tree.leaf_paths(kwargs, "kwargs")
+        return static
 
-        mapped = []             # (path, shape, axis) of every mapped leaf
-        arrays = []
-        for leaves, axes, paths in zip(leaves_by_arg + [kw_leaves], axes_by_arg + [[0] * len(kw_leaves)],
-                                       paths_by_arg + [kw_paths]):
-            if leaves is None:
-                arrays.append(None)
-                continue
-            conv = []
-            for leaf, ax, path in zip(leaves, axes, paths):
-                value = leaf.aval if isinstance(leaf, StackedValue) else value_or_shape(leaf)
-                if ax is not None:
-                    if not isinstance(ax, (int, np.integer)):
-                        raise TypeError(f"in_axes entry for {path} is {ax!r}; use an int or None.")
-                    if isinstance(leaf, (str, bytes)) or value.dtype.kind in "OUS":
-                        raise TypeError(
-                            f"{path} is a {type(leaf).__name__} ({leaf!r}), not an array, so "
-                            f"it cannot be split across devices or traced. Pass Python "
-                            f"settings like this as static arguments: "
-                            f"static_broadcasted_argnums=({path_position(path, self)},).")
-                    if value.ndim == 0:
-                        raise errors.MappedAxisError(
-                            f"{path} is a scalar (shape ()), so it has no axis {ax} to split "
-                            f"across devices. Real JAX refuses it too, with a message that does "
-                            f"not name the argument (its words change between releases). To "
-                            f"give every device the same value, mark it in_axes=None (e.g. "
-                            f"in_axes=(None, 0)); if Python code decides on it (an `if`, a "
-                            f"loop count), make it static instead "
-                            f"(static_broadcasted_argnums); to give each device its own "
-                            f"value, pass an array with one entry per device.")
-                    if not -value.ndim <= ax < value.ndim:
-                        raise errors.MappedAxisError(
-                            f"{path} has shape {value.shape}, which has no axis {ax} to map "
-                            f"(in_axes must be in {-value.ndim}..{value.ndim - 1}).")
-                    ax = ax % value.ndim
-                    mapped.append((path, value.shape, ax))
-                conv.append((value, ax))
-            arrays.append(conv)
+    def _per_arg_axes(self, n_args) -> list:
+        if not isinstance(self.in_axes, (tuple, list)):
+            return [self.in_axes] * n_args
+        if len(self.in_axes) != n_args:
+            raise ValueError(
+                f"in_axes has {len(self.in_axes)} entries but the function was called with "
+                f"{n_args} positional arguments; give one entry (int or None) per argument.")
+        return list(self.in_axes)
 
+    def _mapped_leaf(self, leaf, ax, path, mapped):
+        """(value or type, axis) of one argument leaf, its axis checked; a mapped leaf's
+        (path, shape, axis) is added to ``mapped``."""
+        value = leaf.aval if isinstance(leaf, StackedValue) else value_or_shape(leaf)
+        if ax is None:
+            return value, ax
+        if not isinstance(ax, (int, np.integer)):
+            raise TypeError(f"in_axes entry for {path} is {ax!r}; use an int or None.")
+        if isinstance(leaf, (str, bytes)) or value.dtype.kind in "OUS":
+            raise TypeError(
+                f"{path} is a {type(leaf).__name__} ({leaf!r}), not an array, so it cannot be "
+                f"split across devices or traced. Pass Python settings like this as static "
+                f"arguments: static_broadcasted_argnums=({path_position(path, self)},).")
+        if value.ndim == 0:
+            raise errors.MappedAxisError(
+                f"{path} is a scalar (shape ()), so it has no axis {ax} to split across "
+                f"devices. Real JAX refuses it too, with a message that does not name the "
+                f"argument (its words change between releases). To give every device the same "
+                f"value, mark it in_axes=None (e.g. in_axes=(None, 0)); if Python code decides "
+                f"on it (an `if`, a loop count), make it static instead "
+                f"(static_broadcasted_argnums); to give each device its own value, pass an "
+                f"array with one entry per device.")
+        if not -value.ndim <= ax < value.ndim:
+            raise errors.MappedAxisError(
+                f"{path} has shape {value.shape}, which has no axis {ax} to map (in_axes must "
+                f"be in {-value.ndim}..{value.ndim - 1}).")
+        mapped.append((path, value.shape, ax % value.ndim))
+        return value, ax % value.ndim
+
+    def _mapped_size(self, mapped, max_devices) -> int:
+        """The size every mapped leaf agrees on (or ``axis_size``), at most the devices."""
         sizes = {shape[ax] for _, shape, ax in mapped}
         if len(sizes) > 1:
             listing = "\n".join(f"  {path}: shape {shape}, in_axes {ax} -> size {shape[ax]}"
@@ -217,22 +228,8 @@ class Pmapped:
             raise errors.MappedAxisError(
                 "pmap requires at least one argument with a mapped axis (in_axes not None), "
                 "or axis_size=n to say how many devices to use.")
-        if size > max_devices:
-            count = device_count()
-            raise errors.MappedAxisError(
-                f"the mapped axis has size {size}, but only {max_devices} simulated devices are "
-                f"available ({count} on the platform). pmap runs one shard per device, so the "
-                f"mapped size can be at most the device count. Call "
-                f"simpmd.set_device_count({size}), or reshape the data to "
-                f"({max_devices}, -1, ...) so each device takes several rows.")
-        if size == 0:
-            zero = [f"{path} (shape {shape}, in_axes {ax})" for path, shape, ax in mapped]
-            raise errors.MappedAxisError(
-                f"the mapped axis has size 0: {', '.join(zero) or 'axis_size=0'} gives no "
-                f"device anything to run. pmap runs one shard per device, so the mapped axis "
-                f"needs at least one entry: pass an array with one entry per device along the "
-                f"mapped axis (e.g. shape ({device_count()}, ...)).")
-        return static, defs, kw_def, arrays, paths_by_arg + [kw_paths], size
+        _check_size(size, max_devices, mapped)
+        return size
 
     def mapped_size(self, *args, **kwargs) -> int:
         """How many devices a call with these arguments maps over (checking them as a
@@ -246,10 +243,18 @@ class Pmapped:
             # Inside a real JAX trace (jax.pmap of a nested simpmd program): today's JAX
             # spells the inner pmap jax.vmap with the same axis name.
             return bridge.jax.pmap_inside_jax(self, args, kwargs)
+        if run is not None and not run.axes and not run.eager:
+            return self._nested(args, kwargs, self._device_list())  # under jit, grad, a loop
         if run is not None:
             self._check_nesting(run)
             if not run.eager:
                 return self._nested(args, kwargs)
+        from ..machine.devices import intercepts
+        if intercepts():
+            raise NotImplementedError(
+                "simpmd.pmap inside simpmd.run_processes is not simulated (in multi-process "
+                "JAX it maps over each process's local devices). Write the program as a "
+                "jit or shard_map over a mesh of every process's devices.")
         return self._call(args, kwargs)
 
     def _signature(self, args, kwargs, devices):
@@ -317,11 +322,13 @@ class Pmapped:
         self._remember(cache, remember)
         return traced.program
 
-    def _nested(self, args, kwargs):
+    def _nested(self, args, kwargs, devices=None):
         """A pmap called in a body being traced: one ``xla_pmap`` equation of the outer
         program, whose own body is traced once into a program of its own (the outer
-        body's values it reads become inputs of both: closure conversion)."""
-        static, defs, kw_def, arrays, paths, size = self._split(args, kwargs, 1 << 30)
+        body's values it reads become inputs of both: closure conversion). ``devices``:
+        its own, where the body around it maps no axis."""
+        static, defs, kw_def, arrays, paths, size = self._split(
+            args, kwargs, 1 << 30 if devices is None else len(devices))
         dynamic = [i for i in range(len(args)) if i not in static]
         leaves, treedef = tree.flatten(([args[i] for i in dynamic], kwargs))
         axes = [ax for conv in arrays if conv is not None for _, ax in conv]
@@ -346,7 +353,8 @@ class Pmapped:
                             for ax, a in zip(wanted, program.out_avals)]
             return log.out_axes
         outs = nested.nested_pmap(body, leaves, axes, out_axes, self.axis_name, size,
-                                  getattr(self.fun, "__name__", "fun"), log)
+                                  getattr(self.fun, "__name__", "fun"), log,
+                                  None if devices is None else devices[:size])
         log.outputs(out_def[0])
         return tree.unflatten(out_def[0], outs)
 
@@ -435,6 +443,23 @@ class Pmapped:
             else:
                 out.append(Array(s, run.devices, ax, _grid_layout(run, s, ax), self.axis_name))
         return tree.unflatten(treedef, out)
+
+
+def _check_size(size, max_devices, mapped):
+    if size > max_devices:
+        raise errors.MappedAxisError(
+            f"the mapped axis has size {size}, but only {max_devices} simulated devices are "
+            f"available ({device_count()} on the platform). pmap runs one shard per device, "
+            f"so the mapped size can be at most the device count. Call "
+            f"simpmd.set_device_count({size}), or reshape the data to "
+            f"({max_devices}, -1, ...) so each device takes several rows.")
+    if size == 0:
+        zero = [f"{path} (shape {shape}, in_axes {ax})" for path, shape, ax in mapped]
+        raise errors.MappedAxisError(
+            f"the mapped axis has size 0: {', '.join(zero) or 'axis_size=0'} gives no "
+            f"device anything to run. pmap runs one shard per device, so the mapped axis "
+            f"needs at least one entry: pass an array with one entry per device along the "
+            f"mapped axis (e.g. shape ({device_count()}, ...)).")
 
 
 def _device_key(given, devices):

@@ -5,11 +5,35 @@ JAX's, equation by equation. The core's :class:`~simpmd.core.core.Program` print
 from __future__ import annotations
 
 import itertools
+import sys
 
 import numpy as np
 
 from ..core import bridge, dtypes
-from ..core.core import Program, Var
+from ..core import collectives as K
+from ..core import primitives as P
+from ..core.core import Aval, Program, Var
+
+
+class NewestForms:
+    """How the newest JAX prints where releases differ (when no JAX is running)."""
+
+    scan_form = staticmethod(lambda: "ft")
+    hoists_long_bodies = staticmethod(lambda: True)
+    masks_addresses = staticmethod(lambda: True)
+    normalizes_slice_starts = staticmethod(lambda: True)
+    shows_default_params = staticmethod(lambda: False)
+    drops_unused = staticmethod(lambda: "top")
+    guards_zero_divisor = staticmethod(lambda: True)
+    policy_text = staticmethod(lambda made: None)
+
+
+def forms():
+    """The printed forms of the running JAX (``simpmd.jax.printing``, which prints tiny
+    programs on it), or the newest ones when JAX is not imported."""
+    if "jax" in sys.modules and bridge.jax is not None:
+        return bridge.jax.printing
+    return NewestForms
 
 
 def _names():
@@ -45,8 +69,9 @@ def _literal(v, like) -> str:
     """A constant operand: a weak Python number in the dtype it meets (``like``)."""
     value = np.asarray(v.value)
     if value.ndim == 0:
-        dtype = like if v.aval.weak_type and like is not None and like.kind != "b" else v.aval.dtype
-        return f"{value.astype(dtype)[()]}:{dtypes.short_name(dtype)}[]"
+        dtype = like if v.aval.weak_type and like is not None and \
+            like.kind == v.aval.dtype.kind else v.aval.dtype
+        return f"{str(value.astype(dtype)[()])}:{dtypes.short_name(dtype)}[]"   # (str: shortest)
     return f"<{v.aval.str_short()} constant>"
 
 
@@ -72,20 +97,20 @@ def _same_names(eqn, names, name):
                 names[i] = name(o)
 
 
-def _shared(program, version) -> dict:
+def _shared(program, hoists_long) -> dict:
     """The nested programs JAX prints once, before the program, as ``let name = {...} in``
     (``core.pp_toplevel_jaxpr``): those used more than once, and from jax 0.10.2 on those
-    of more than 10 equations. Named by the equation's ``name`` (``<lambda>`` as
+    of more than 10 equations where the running JAX does so. Named by the equation's ``name`` (``<lambda>`` as
     ``lambda``), else ``jaxpr``, numbered when a name repeats."""
     counts, labels, todo = {}, {}, [program]
     while todo:
         prog = todo.pop(0)
         counts[prog] = counts.get(prog, 0) + 1 + (
-            prog is not program and len(prog.eqns) > 10 and version >= (0, 10, 2))
+            prog is not program and len(prog.eqns) > 10 and hoists_long)
         for eqn in prog.eqns:
-            inner = [v for v in eqn.params.values() if isinstance(v, Program)]
-            inner += [p for v in eqn.params.values() if isinstance(v, tuple)
-                      for p in v if isinstance(p, Program)]
+            shown = [v for k, v in eqn.params.items() if not k.startswith("_")]
+            inner = [v for v in shown if isinstance(v, Program)]
+            inner += [p for v in shown if isinstance(v, tuple) for p in v if isinstance(p, Program)]
             todo += inner
             if isinstance(eqn.params.get("name"), str):
                 for p in inner:
@@ -105,17 +130,16 @@ def pretty(program, width=80) -> str:
     """The program as ``jax.make_jaxpr`` prints a jaxpr: variables named in order of
     appearance, nested programs included (on one line where they fit, or printed first
     when shared), and an equation's result that nothing reads shown as ``_``."""
-    from ..lax import jax_format
-    names, shared = {None: _names()}, _shared(program, jax_format())
+    names, shared = {None: _names()}, _shared(program, forms().hoists_long_bodies())
     out = [_skeleton(p, width, names, shared, f"let {label} = ", " in")
            for p, label in shared.items()]
-    return "\n".join(out + [_skeleton(program, width, names, shared)])
+    return "\n".join(out + [_skeleton(program, width, names, shared, top=True)])
 
 
-def _skeleton(program, width, names, shared, before="", after="") -> str:
+def _skeleton(program, width, names, shared, before="", after="", top=False) -> str:
     """``{ lambda consts; ins. let eqns in outs }``: on one line if it fits, else one
     equation a line."""
-    rows = _rows(program, width, names, shared)
+    rows = _rows(program, width, names, shared, top)
     flat = _flat(rows, program)
     if flat is not None and len(before + flat + after) <= width:
         return before + flat + after
@@ -130,7 +154,7 @@ def _flat(rows, program):
     return f"{rows[0]} {'; '.join(r.strip() for r in rows[1:-1])} {rows[-1].strip()}"
 
 
-def _rows(program, width, names, shared) -> list:
+def _rows(program, width, names, shared, top=False) -> list:
     def name(v):
         if v not in names:
             names[v] = next(names[None])
@@ -155,16 +179,20 @@ def _rows(program, width, names, shared) -> list:
         pad, head = " " * indent, f"{outs} = " if outs else ""
         pairs = params if isinstance(params, list) else sorted(params.items())   # (or in order)
         shown = " ".join(f"{k}={_param_text(v, indent + 4, nested, width)}" for k, v in pairs)
-        one = f"{pad}{head}{prim_name}{f'[{shown}]' if shown else ''} {ins}".rstrip()
+        one = f"{pad}{head}{prim_name}{f'[{shown}]' if shown else ''} {ins}"   # (no operands:
+        # a trailing space, as JAX prints one)
         if (len(one) <= width and "\n" not in one) or not shown:
             return [one]
         return ([f"{pad}{head}{prim_name}["]
                 + [f"{pad}  {k}=" + _param_text(
                     v, indent + 2, lambda p, i, key=k + "=": nested(p, i, key), width)
                    for k, v in pairs]
-                + [f"{pad}] {ins}".rstrip()])
+                + [f"{pad}] {ins}"])
 
     read = {v for e in program.eqns for v in e.invars} | set(program.outvars)
+    mode = forms().drops_unused()                # which programs print the unused as '_'
+    if not (mode == "all" or mode == "top" and top):
+        read |= {v for e in program.eqns for v in e.outvars}
 
     def result(v):
         return typed(v) if v in read else f"_:{v.aval.str_short()}"
@@ -187,4 +215,42 @@ def _rows(program, width, names, shared) -> list:
     return "\n".join(lines).split("\n")         # one row per printed line
 
 
+# -- rows JAX prints as other equations: a column of theirs, set here -----------------------
+
+
+def _psum_name(eqn):
+    """JAX names the psum of a vma-typed value (shard_map with check_vma) psum_invariant."""
+    return "psum_invariant" if any(getattr(v.aval, "vma", ()) for v in eqn.invars) else "psum"
+
+
+def _psum_printed(eqn, name, typed, ins):
+    params = {k: v for k, v in eqn.params.items() if not k.startswith("_")}
+    return [(_psum_name(eqn), params, ins, " ".join(typed(v) for v in eqn.outvars))]
+
+
+def _pmean_printed(eqn, name, typed, ins):
+    """JAX has no pmean primitive: it sums (psum), then divides by the group's size."""
+    sums = [Var(v.aval) for v in eqn.outvars]
+    params = {k: v for k, v in eqn.params.items() if not k.startswith("_")}
+    lines = [(_psum_name(eqn), params, ins, " ".join(typed(v) for v in sums))]
+    for total, out in zip(sums, eqn.outvars):
+        divisor = f"{out.aval.dtype.type(eqn.params['_size'])}:{out.aval.str_short().split('[')[0]}[]"
+        if out.aval.vma:                  # the divisor is made to vary as the sum does
+            varying = Var(Aval((), out.aval.dtype, vma=out.aval.vma))
+            lines.append(("pvary", {"axes": tuple(sorted(out.aval.vma))}, divisor, typed(varying)))
+            divisor = name(varying)
+        lines.append(("div", {}, f"{name(total)} {divisor}", typed(out)))
+    return lines
+
+
+K.psum.printed, K.pmean.printed = _psum_printed, _pmean_printed
+
+
+def _broadcast_shown(params, short=P.broadcast_in_dim.show):
+    """broadcast_in_dim's parameters: all of them where the running JAX prints its
+    defaults too (``shape``, ``sharding=None``), else only those JAX shows."""
+    return params if forms().shows_default_params() else short(params)
+
+
+P.broadcast_in_dim.show = _broadcast_shown
 bridge.printer = pretty

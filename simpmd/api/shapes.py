@@ -93,15 +93,3 @@ def as_shapes(args):
             return x
         return ShapeDtypeStruct(np.shape(x), dtypes.canonical(np.dtype(x.dtype)))
     return tree.tree_map(one, args)
-
-
-def eval_shape(fun, *args, **kwargs):
-    """``jax.eval_shape``: the shapes and dtypes ``fun(*args, **kwargs)`` would return, as
-    ShapeDtypeStructs, computed on types alone (arrays among the arguments count by their
-    type). ``fun`` may be a ``simpmd.pmap``- or ``shard_map``-ed function: its body then
-    runs on every simulated device's types, and ``fun.trace`` logs its collectives."""
-    if hasattr(fun, "traced") and hasattr(fun, "fun"):          # a pmap or a shard_map
-        return fun(*as_shapes(args), **as_shapes(kwargs))
-    from .jaxpr import trace_function
-    program, out_tree = trace_function(fun, args, kwargs, keep_weak=True)
-    return tree.unflatten(out_tree, [struct_of(a) for a in program.out_avals])

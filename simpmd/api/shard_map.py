@@ -32,9 +32,12 @@ from ..core.collectives import pvary
 from ..core.core import Aval, Var, bind, context
 from ..core.run import Run
 from ..machine.array import HostArray, Shard
+from ..machine import devices as machine
 from ..machine.mesh import (Mesh, NamedSharding, PartitionSpec, ShardingError, block_counts,
-                             block_slices, check_spec, replica_id, slices_text)
+                             block_slices, check_spec, join_blocks, replica_id, slices_text,
+                             stack_blocks)
 from . import spmd
+from .shard_map_eqn import shard_map_equation
 from .shapes import aval_of_shape, is_shape, struct_of
 from .spmd import Piece, positional_names, value_or_shape
 from ..viz.text import summarize
@@ -98,6 +101,8 @@ def _spec_axes(spec) -> frozenset:
 
 class ShardMapped:
     """A function mapped over a mesh of simulated devices; ``.trace`` shows its last run."""
+
+    runs_over_devices = True      # eval_shape and make_jaxpr run it as it is
 
     def __init__(self, fun, *, mesh, in_specs, out_specs, axis_names, check_vma, eager):
         if not callable(fun):
@@ -182,14 +187,16 @@ class ShardMapped:
     # -- calling ---------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
         parent = context.run
-        if parent is not None and hasattr(parent, "mesh"):     # inside jit: an equation
-            from .jit_run import shard_map_in_jit
-            return shard_map_in_jit(self, args)
+        if parent is not None and (hasattr(parent, "mesh") or not (parent.axes or parent.eager)):
+            # inside jit, or under grad, eval_shape or make_jaxpr: one equation
+            return shard_map_equation(self, args)
         if parent is not None:
             _refuse_nesting(parent)
         if bridge.inside_jax(args):
             # Inside a real JAX trace (jax.jit, a cross-check): this is jax.shard_map's job.
             return bridge.jax.shard_map_on_jax(self)(*args)
+        if machine.intercepts():                   # one process of simpmd.run_processes
+            return machine.hosts.launch(self, args, kwargs)
         if self.axis_names and self.axis_names != set(self.mesh.axis_names):
             raise ShardingError(
                 f"axis_names={set(self.axis_names)} asks for a body that is manual over only "
@@ -221,7 +228,7 @@ class ShardMapped:
                 aval = aval_of_shape(value)
                 aval = aval.update(shape=[n // c for n, c in zip(aval.shape, counts)])
                 return Piece(None, detail, _spec_axes(spec), aval)
-            return Piece(_stack_blocks(value, spec, mesh), detail, _spec_axes(spec))
+            return Piece(stack_blocks(value, spec, mesh), detail, _spec_axes(spec))
         inputs = [value if spec is None else piece(path, value, spec)
                   for path, value, spec in leaves]
 
@@ -284,7 +291,7 @@ class ShardMapped:
             elif not _replicated(stack, spec, mesh):
                 where = [run.where(k) for k in range(run.n)]
                 self._check_replicated(where, list(stack), coords, spec, name, first.ndim)
-            whole = _join_blocks(stack, spec, mesh)
+            whole = join_blocks(stack, spec, mesh)
             run.returned(stack, lambda k, name=name, shape=whole.shape, spec=spec: _block_detail(
                 name, shape, spec, block_slices(spec, mesh, shape, coords[k]), "into"))
             out_leaves.append(MeshArray(whole, NamedSharding(mesh, spec)))
@@ -403,7 +410,7 @@ def _why(program, var, axis):
         if not varying or spreads:      # a gather, a permute, axis_index: varying by type
             return eqn.primitive.name, eqn.source[0], eqn.source[1]
         # follow a real input before one that a pvary only retyped
-        varying.sort(key=lambda v: v in made and made[v].primitive.name == "pvary")
+        varying.sort(key=lambda v: v in made and made[v].primitive is pvary)
         var = varying[0]
     return None
 
@@ -432,44 +439,6 @@ def _suggest(spec, free, ndim) -> str:
     axes = " and ".join(repr(n) for n in free)
     return f"name {axes} in out_specs (e.g. {PartitionSpec(*entries)!r})"
 
-
-
-def _split_shape(shape, spec, mesh):
-    """``shape`` with each split dimension cut into (its mesh axes..., block): the axis
-    positions by mesh axis name, and the positions of the block dimensions."""
-    sizes, cut, position, blocks = mesh.shape, [], {}, []
-    for d, size in enumerate(shape):
-        names = spec.axes_of(d)
-        for name in names:
-            position[name] = len(cut)
-            cut.append(sizes[name])
-        blocks.append(len(cut))
-        cut.append(size // math.prod(sizes[n] for n in names))
-    return cut, position, blocks
-
-
-def _stack_blocks(value, spec, mesh):
-    """Every device's block of ``value``, stacked in the mesh's row-major device order."""
-    cut, position, blocks = _split_shape(value.shape, spec, mesh)
-    v = value.reshape(cut + [1] * (len(mesh.axis_names) - len(position)))
-    free = iter(range(len(cut), v.ndim))
-    order = [position[n] if n in position else next(free) for n in mesh.axis_names] + blocks
-    v = np.broadcast_to(v.transpose(order), tuple(mesh.shape.values()) + tuple(cut[b] for b in blocks))
-    return v.reshape((mesh.size,) + v.shape[len(mesh.axis_names):])
-
-
-def _join_blocks(stack, spec, mesh):
-    """The global array whose blocks ``stack`` holds (the first copy of each block)."""
-    grid = stack.reshape(tuple(mesh.shape.values()) + stack.shape[1:])
-    used = spec.mesh_axes()
-    names = [n for n in mesh.axis_names if n in used]
-    grid = grid[tuple(slice(None) if n in used else 0 for n in mesh.axis_names)]
-    order, shape = [], []
-    for d, size in enumerate(stack.shape[1:]):
-        axes = spec.axes_of(d)
-        order += [names.index(n) for n in axes] + [len(names) + d]
-        shape.append(size * math.prod(mesh.shape[n] for n in axes))
-    return np.array(grid.transpose(order).reshape(shape))
 
 
 def _replicated(stack, spec, mesh) -> bool:

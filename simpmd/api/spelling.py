@@ -18,6 +18,7 @@ from ..core import dtypes, errors
 from ..core import primitives as P
 from ..core.core import Aval, aval_of, bind, context
 from ..core.values import StackedValue
+from .jit_run import call_in_body
 
 
 def refused_numpy(name, args):
@@ -68,13 +69,23 @@ def promoted(*xs, to_float=False, ranks=True):
     (unless ``ranks`` is False: a matrix product has its own rules for them)."""
     dtype, weak = dtypes.promote(*[_typed(x) for x in xs])
     if to_float and dtype.kind in "biu":
-        dtype, weak = dtypes.default("f"), weak
-    xs = [convert(x, dtype, weak and dtypes.is_weak_scalar(x)) if _typed(x) != (dtype, weak) or
-          not is_value(x) else x for x in xs]
+        dtype, weak = dtypes.default("f"), False
+    xs = [_as_type(x, dtype, weak) for x in xs]
     if not ranks:
         return xs
     rank = max(np.ndim(x) if not is_value(x) else x.aval.ndim for x in xs)
     return [_to_rank(x, rank) for x in xs]
+
+
+def _as_type(x, dtype, weak):
+    """An operand in the operation's dtype, as jnp promotes it: a value converted (weakly
+    typed where the result is, as ``axis_index(...) * 0.01`` is), a Python number kept a
+    weak literal of the result's kind, any other constant a NumPy array."""
+    if is_value(x):
+        return x if _typed(x) == (dtype, weak) else convert(x, dtype, weak)
+    if weak and dtypes.is_weak_scalar(x):
+        return {"f": float, "c": complex, "b": bool}.get(dtype.kind, int)(x)
+    return np.asarray(x, dtype=dtype)
 
 
 def _to_rank(x, rank):
@@ -124,20 +135,87 @@ FLOAT_UNARY = {"exp": P.exp, "exp2": P.exp2, "log": P.log, "log1p": P.log1p, "ex
 globals().update({name: unary(prim, to_float=True) for name, prim in FLOAT_UNARY.items()})
 
 
+# -- jnp's functions that JAX itself jits: one ``jit`` equation each, named as JAX names it --
+
+
+def jnp_jit(name):
+    """Decorate a spelling that ``jax.numpy`` wraps in ``jax.jit`` (``remainder``,
+    ``clip``, ``where``, ...): called on a traced value it is one ``jit`` equation named
+    ``name``, whose body (traced once per signature) does what jnp's does, as
+    ``make_jaxpr`` prints it; its Python-number arguments are weak-typed operands."""
+    def wrap(fn):
+        fn.__name__ = fn.__qualname__ = name
+
+        def call(*args):
+            run = context.run
+            if run is None or run.eager or not any(is_value(a) for a in args):
+                return fn(*args)
+            return call_in_body(fn, args)
+        call.__name__ = name
+        return call
+    return wrap
+
+
+def _like(x, value):
+    """A constant of ``x``'s dtype (jnp's ``_constant_like``): a strong literal."""
+    return np.asarray(value, dtype=aval_of(x).dtype)
+
+
+@jnp_jit("_where")
+def _where(condition, x, y):
+    x, y = promoted(x, y)
+    condition = convert(condition, np.bool_)
+    shaped = (condition, x, y) if aval_of(condition).ndim else (x, y)   # (a scalar
+    rank = max(aval_of(v).ndim for v in shaped)        # condition selects without broadcasting)
+    shaped = [_to_rank(v, rank) for v in shaped]
+    shape = np.broadcast_shapes(*(aval_of(v).shape for v in shaped))
+    layout = _broadcast_layout(*shaped)              # under jit: where jnp puts them
+    shaped = [broadcast_to(v, shape, out_sharding=layout) for v in shaped]
+    condition, x, y = shaped if len(shaped) == 3 else [condition] + shaped
+    return bind(P.select_n, condition, y, x)
+
+
+@jnp_jit("floor_divide")
 def floor_divide(a, b):
     a, b = promoted(a, b)
-    if dtypes.inexact(aval_of(a).dtype):
-        return bind(P.floor, bind(P.div, a, b))
-    q = bind(P.div, a, b)                          # rounds towards zero; floor it
-    fix = bind(P.and_, bind(P.ne, bind(P.rem, a, b), 0),
-               bind(P.ne, bind(P.lt, a, 0), bind(P.lt, b, 0)))
-    return bind(P.select_n, fix, q, bind(P.sub, q, 1))
+    if aval_of(a).dtype.kind == "u":
+        return bind(P.div, a, b)
+    if aval_of(a).dtype.kind in "bi":
+        quotient = bind(P.div, a, b)
+        fix = bind(P.and_, bind(P.ne, bind(P.sign, a), bind(P.sign, b)),
+                   bind(P.ne, bind(P.rem, a, b), _like(a, 0)))
+        return _where(fix, bind(P.sub, quotient, _like(a, 1)), quotient)
+    return _float_divmod(a, b)[0]
 
 
+def _float_divmod(a, b):
+    """jnp's float floor division (CPython's float_divmod): the quotient and the modulus."""
+    from .printer import forms
+    mod = bind(P.rem, a, b)
+    if forms().guards_zero_divisor():           # (the running JAX's body; jax 0.7 had none)
+        div = bind(P.div, _where(bind(P.eq, b, _like(b, 0)), a, bind(P.sub, a, mod)), b)
+    else:
+        div = bind(P.div, bind(P.sub, a, mod), b)
+    ind = bind(P.and_, bind(P.ne, mod, _like(mod, 0)),
+               bind(P.ne, bind(P.sign, b), bind(P.sign, mod)))
+    mod = bind(P.select_n, ind, mod, bind(P.add, mod, b))
+    div = bind(P.select_n, ind, div, bind(P.sub, div, _like(div, 1)))
+    return bind(P.round_, div, rounding_method=0), mod
+
+
+@jnp_jit("remainder")
 def remainder(a, b):
     a, b = promoted(a, b)
+    if aval_of(b).dtype.kind in "iu":
+        zero, ones = bind(P.eq, b, _like(b, 0)), _like(b, 1)   # (lax._ones: a broadcast)
+        if aval_of(b).ndim:
+            ones = bind(P.broadcast_in_dim, ones, shape=aval_of(b).shape, broadcast_dimensions=(),
+                        sharding=None)
+        b = _where(zero, ones, b)
     r = bind(P.rem, a, b)                          # the sign of the dividend; give it b's
-    fix = bind(P.and_, bind(P.ne, r, 0), bind(P.ne, bind(P.lt, r, 0), bind(P.lt, b, 0)))
+    nonzero = bind(P.ne, r, _like(r, 0))
+    fix = bind(P.and_, bind(P.ne, bind(P.lt, r, _like(r, 0)), bind(P.lt, b, _like(b, 0))),
+               nonzero)
     return bind(P.select_n, fix, r, bind(P.add, r, b))
 
 
@@ -155,12 +233,21 @@ def logical_not(x):
 def round_(x, decimals=0):
     if decimals:
         factor = 10.0 ** decimals
-        return true_divide(bind(P.round_, multiply(x, factor), rounding_method=1), factor)
+        return true_divide(_round(multiply(x, factor)), factor)
+    return _round(x)
+
+
+@jnp_jit("round")
+def _round(x):
     return bind(P.round_, x, rounding_method=1)
 
 
 def clip(x, a_min=None, a_max=None, **kwargs):
-    a_min, a_max = kwargs.get("min", a_min), kwargs.get("max", a_max)
+    return _clip(x, kwargs.get("min", a_min), kwargs.get("max", a_max))
+
+
+@jnp_jit("clip")
+def _clip(x, a_min, a_max):
     if a_min is not None:
         x = maximum(a_min, x)
     if a_max is not None:
@@ -172,14 +259,7 @@ def where(condition, x=None, y=None):
     if x is None or y is None:
         raise TypeError("where(condition) alone gives data-dependent shapes, which a traced "
                         "body cannot have (JAX refuses it too); pass where(condition, x, y).")
-    x, y = promoted(x, y)
-    rank = max(np.ndim(condition) if not is_value(condition) else condition.aval.ndim,
-               aval_of(x).ndim, aval_of(y).ndim)
-    condition = _to_rank(convert(condition, np.bool_), rank)
-    shape = np.broadcast_shapes(*(aval_of(v).shape for v in (condition, x, y)))
-    layout = _broadcast_layout(condition, x, y)      # under jit: where jnp puts them
-    condition, x, y = (broadcast_to(v, shape, out_sharding=layout) for v in (condition, x, y))
-    return bind(P.select_n, condition, y, x)
+    return _where(condition, x, y)
 
 
 def _broadcast_layout(*xs):
@@ -518,9 +598,10 @@ def einsum(subscripts, *operands, out_sharding=None, **kwargs):
     got = batch + [c for c in sa if c not in sb] + [c for c in sb if c not in sa]
     mesh = getattr(context.run, "mesh", None)
     if out_sharding is not None and mesh is not None:    # the product's dims: `got`'s order
-        from .partition import resolve, Sharding
+        from .partition import reductions_of, resolve, Sharding
         layout = resolve(out_sharding, mesh, len(out))
-        out_sharding = Sharding(mesh, [layout[out.index(c)] for c in got])
+        out_sharding = Sharding(mesh, [layout[out.index(c)] for c in got],
+                                *reductions_of(out_sharding, mesh, "out_sharding"))
     y = bind(P.dot_general, a, b, dimension_numbers=dims, preferred_element_type=aval_of(a).dtype,
              out_sharding=out_sharding)
     return transpose(y, [got.index(c) for c in out])
@@ -537,6 +618,9 @@ def getitem(x, index):
     """``x[index]``: slices, reversals and squeezes for basic indexing (as jnp does), one
     gather for indexing with arrays."""
     index = index if isinstance(index, tuple) else (index,)
+    if any(_traced_int(i) for i in index) and all(
+            _traced_int(i) or _basic(i) and getattr(i, "step", None) in (None, 1) for i in index):
+        return _dynamic_index(x, index)
     if not all(_basic(i) for i in index):
         return _gather(x, index)
     index = _expand_ellipsis(index, x.aval.ndim)
@@ -584,10 +668,55 @@ def getitem(x, index):
     return x
 
 
+def _traced_int(i) -> bool:
+    return is_value(i) and not i.aval.shape and i.aval.dtype.kind in "iu"
+
+
+def _dynamic_index(x, index):
+    """``x[i]`` with a traced integer ``i``, as jnp indexes it: each start normalized (a
+    negative one counts from the end), one ``dynamic_slice``, the indexed dims squeezed.
+    (Whether a slice's start is normalized too is the running JAX's choice.)"""
+    from .printer import forms
+    every = forms().normalizes_slice_starts()
+    index = _expand_ellipsis(index, x.aval.ndim)
+    starts, sizes, squeezed, new_axes, d = [], [], [], [], 0
+    for i in index:
+        if i is None:
+            new_axes.append(d - len(squeezed) + len(new_axes))
+            continue
+        n = x.aval.shape[d]
+        if isinstance(i, slice):
+            picked = range(*i.indices(n))
+            starts.append(_normalized(picked.start if picked else 0, n) if every else
+                          (picked.start if picked else 0))
+            sizes.append(len(picked))
+        else:
+            if not is_value(i) and not -n <= i < n:
+                raise IndexError(f"index {i} is out of bounds for axis {d} with size {n}")
+            starts.append(_normalized(i if is_value(i) else int(i), n))
+            sizes.append(1)
+            squeezed.append(d)
+        d += 1
+    for n in x.aval.shape[d:]:
+        starts.append(_normalized(0, n) if every else 0)
+        sizes.append(n)
+    x = bind(P.dynamic_slice, x, *starts, slice_sizes=tuple(sizes))
+    if squeezed:
+        x = bind(P.squeeze, x, dimensions=tuple(squeezed))
+    for axis in new_axes:
+        x = expand_dims(x, axis)
+    return x
+
+
+def _normalized(i, n):
+    """``i`` counted from the start: ``i + n`` where it is negative."""
+    return bind(P.select_n, bind(P.lt, i, 0), i, bind(P.add, i, n))
+
+
 def _expand_ellipsis(index, ndim):
     used = sum(1 for i in index if i is not None and i is not Ellipsis)
-    if Ellipsis in index:
-        k = index.index(Ellipsis)
+    k = next((k for k, i in enumerate(index) if i is Ellipsis), None)   # (not ==: values)
+    if k is not None:
         return index[:k] + (slice(None),) * (ndim - used) + index[k + 1:]
     return index
 

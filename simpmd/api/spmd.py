@@ -167,8 +167,8 @@ def _trace_of(grid, program, shapes_only):
     trace_ = Trace(log=grid.log, devices=grid.devices)
     trace_.program, trace_.shapes_only = program, shapes_only
     if shapes_only and program is not None:     # what a run on types cannot log
-        trace_.unlogged = sorted({e.primitive.name for e in program.eqns
-                                  if e.primitive.name in ("cond", "xla_pmap")})
+        trace_.unlogged = sorted({e.primitive.unlogged for e in program.eqns   # the rows'
+                                  if getattr(e.primitive, "unlogged", None)})   # own words
     return trace_
 
 

@@ -27,7 +27,7 @@ from .core import Var, aval_of, backward_pass, bind, context
 from .program import eval_program, trace
 from .values import StackedValue
 
-__all__ = ["value_and_vjp", "NotDifferentiableError", "backward", "linearize"]
+__all__ = ["value_and_vjp", "NotDifferentiableError", "backward", "linearize", "differentiable"]
 
 class NotDifferentiableError(errors.SimpmdError, NotImplementedError):
     """An operation on a value being differentiated has no derivative rule here."""
@@ -44,11 +44,11 @@ def _no_rule(eqn) -> NotDifferentiableError:
             f"Differentiation rule for {eqn.primitive.op!r} not implemented (as in JAX, which "
             f"raises NotImplementedError for grad of lax.{eqn.primitive.op}){line}. To take a "
             f"maximum that gradients flow through, all_gather the values and use .max() on them.")
-    if name == "numpy_call":
-        name = f"numpy.{eqn.params['name']}"
+    name = getattr(eqn.primitive, "named", lambda params: name)(eqn.params)
     return NotDifferentiableError(f"simpmd.grad has no derivative rule for {name!r}{line}. {_INSTEAD}")
 
-def _float(var) -> bool:
+def differentiable(var) -> bool:
+    """A variable a cotangent can reach: floating or complex (bfloat16 included)."""
     return dtypes.inexact(var.aval.dtype)
 
 def backward(eqns, env, cts, active):
@@ -59,7 +59,7 @@ def backward(eqns, env, cts, active):
     flows = []
     for eqn in eqns:                   # which equations the inputs flow through
         if any(type(v) is Var and v in active for v in eqn.invars):
-            outs = [v for v in eqn.outvars if _float(v)]
+            outs = [v for v in eqn.outvars if differentiable(v)]
             if outs:
                 active.update(outs)
                 flows.append(eqn)
@@ -101,7 +101,7 @@ def linearize(program, active):
         if any(wants):
             rule = getattr(eqn.primitive, "linearize", None)
             eqn = eqn if rule is None else rule(eqn, wants)
-            active.update(v for v in eqn.outvars if _float(v))
+            active.update(v for v in eqn.outvars if differentiable(v))
         eqns.append(eqn)
     return core.Program(program.invars, eqns, program.outvars, program.in_tree,
                         program.out_tree, program.constvars, program.axis_env)
@@ -121,7 +121,7 @@ def value_and_vjp(flat_fun, leaves):
         leaves = [x if isinstance(x, StackedValue) else
                   StackedValue(aval_of(x), run.stack_of(x, aval_of(x))) for x in leaves]
     program, consts = trace(flat_fun, [aval_of(x) for x in leaves], run.tracing())
-    active = {v for v in program.invars if _float(v)}
+    active = {v for v in program.invars if differentiable(v)}
     program = linearize(program, active)
     env = {}
     outs = eval_program(program, consts, leaves, env)   # the forward, on this run

@@ -17,18 +17,29 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import errors
+from . import bridge, errors
 from .core import Aval, Primitive, aval_of, bind, context
 
 class Settings:
     """Rules that changed between JAX releases, taken from the running JAX by the JAX
-    bridge (``simpmd.jax``) when it is imported; without it, the newest JAX's rules.
+    bridge (``simpmd.jax``) once JAX's backend is up; without it, the newest JAX's rules.
 
-    ``partial``: the reductions that accept a value varying over only some of their axes
-    under ``shard_map(check_vma=True)``, making it vary over all of them first (``pvary``):
-    jax 0.7.2 accepts psum, psum_scatter, pmax and pmin; 0.10.2 pmax and pmin; 0.12 none.
+    ``partial``: the reduction rows that accept a value varying over only some of their
+    axes under ``shard_map(check_vma=True)``, making it vary over all of them first
+    (``pvary``): jax 0.7.2 accepts psum, psum_scatter, pmax and pmin; 0.10.2 pmax and pmin;
+    0.12 none.
     """
-    partial: frozenset = frozenset()
+    _partial = None
+
+    @property
+    def partial(self) -> frozenset:
+        if self._partial is None and bridge.jax is not None:
+            self._partial = bridge.jax.followed_rules()
+        return frozenset() if self._partial is None else self._partial
+
+    @partial.setter
+    def partial(self, value):
+        self._partial = value
 
 settings = Settings()
 
@@ -162,7 +173,7 @@ def _vma_reducing(name, x, axes):
     """A reduction's input must vary over all of its axes or none (JAX's rule); the axes
     it varies over are gone from its result."""
     inside, outside = set(axes) & x.vma, set(axes) - x.vma
-    if inside and outside and name not in settings.partial:
+    if inside and outside and name not in {row.op for row in settings.partial}:
         raise errors.VmaError(
             f"{name} over {axes} of a value that varies over {sorted(inside)} but not over "
             f"{sorted(outside)}: under shard_map(check_vma=True) JAX's {name} needs the "
@@ -222,37 +233,21 @@ def _collective(name, op, math, abstract, wire, vjp=None, lax_params=None, varia
                      wire_bytes=wire, multiple_results=variadic, cost=_no_flops,
                      lax_params=lax_params or (lambda params: {}), **columns)
 
-def _psum_name(eqn):
-    """JAX names the psum of a vma-typed value (shard_map with check_vma) psum_invariant."""
-    return "psum_invariant" if any(getattr(v.aval, "vma", ()) for v in eqn.invars) else "psum"
-
-def _psum_printed(eqn, name, typed, ins):
-    params = {k: v for k, v in eqn.params.items() if not k.startswith("_")}
-    return [(_psum_name(eqn), params, ins, " ".join(typed(v) for v in eqn.outvars))]
-
-def _pmean_printed(eqn, name, typed, ins):
-    """JAX has no pmean primitive: it sums (psum), then divides by the group's size."""
-    from .core import Var
-    sums = [Var(v.aval) for v in eqn.outvars]
-    params = {k: v for k, v in eqn.params.items() if not k.startswith("_")}
-    lines = [(_psum_name(eqn), params, ins, " ".join(typed(v) for v in sums))]
-    for total, out in zip(sums, eqn.outvars):
-        divisor = f"{out.aval.dtype.type(eqn.params['_size'])}:{out.aval.str_short().split('[')[0]}[]"
-        if out.aval.vma:                  # the divisor is made to vary as the sum does
-            varying = Var(Aval((), out.aval.dtype, vma=out.aval.vma))
-            lines.append(("pvary", {"axes": tuple(sorted(out.aval.vma))}, divisor, typed(varying)))
-            divisor = name(varying)
-        lines.append(("div", {}, f"{name(total)} {divisor}", typed(out)))
-    return lines
-
+# ``reduction``: it reduces over its axes (the vma rule above); ``unequal_groups``: its
+# axis_index_groups may have different sizes (as jax.lax's all-reduces allow); ``hlo``:
+# the kind of collective XLA's compiled program calls it.
 psum = _collective("psum", "psum", _psum, _reduce_abstract("psum"), _all_reduce_bytes,
-                   _psum_vjp, variadic=True, printed=_psum_printed)
+                   _psum_vjp, variadic=True, reduction=True,
+                   unequal_groups=True, hlo="all-reduce")
 pmean = _collective("pmean", "pmean", _pmean, _reduce_abstract("pmean"), _all_reduce_bytes,
-                    _pmean_vjp, variadic=True, printed=_pmean_printed)
+                    _pmean_vjp, variadic=True, reduction=True,
+                    unequal_groups=True, hlo="all-reduce")
 pmax = _collective("pmax", "pmax", lambda g: g.max(axis=1, keepdims=True),
-                   _reduce_abstract("pmax"), _all_reduce_bytes, variadic=True)
+                   _reduce_abstract("pmax"), _all_reduce_bytes, variadic=True, reduction=True,
+                   unequal_groups=True, hlo="all-reduce")
 pmin = _collective("pmin", "pmin", lambda g: g.min(axis=1, keepdims=True),
-                   _reduce_abstract("pmin"), _all_reduce_bytes, variadic=True)
+                   _reduce_abstract("pmin"), _all_reduce_bytes, variadic=True, reduction=True,
+                   unequal_groups=True, hlo="all-reduce")
 
 def _gather_abstract(x, *, all_gather_dimension, axis_name, axis_index_groups=None,
                      axis_size, tiled):
@@ -272,7 +267,7 @@ all_gather = _collective(
         reduce_scatter, ct, scatter_dimension=p["all_gather_dimension"],
         axis_name=p["axis_name"], axis_index_groups=p["axis_index_groups"],
         axis_size=p["axis_size"], tiled=p["tiled"])] if wants[0] else [None],
-    lambda p: {"axis": p["all_gather_dimension"], "tiled": p["tiled"]})
+    lambda p: {"axis": p["all_gather_dimension"], "tiled": p["tiled"]}, hlo="all-gather")
 
 def _scatter_abstract(x, *, scatter_dimension, axis_name, axis_index_groups=None, axis_size,
                       tiled):
@@ -297,7 +292,8 @@ reduce_scatter = _collective(
         all_gather, ct, all_gather_dimension=p["scatter_dimension"], axis_name=p["axis_name"],
         axis_index_groups=p["axis_index_groups"], axis_size=p["axis_size"],
         tiled=p["tiled"])] if wants[0] else [None],
-    lambda p: {"scatter_dimension": p["scatter_dimension"], "tiled": p["tiled"]})
+    lambda p: {"scatter_dimension": p["scatter_dimension"], "tiled": p["tiled"]},
+    reduction=True, probe_keywords={"tiled": True}, hlo="reduce-scatter")
 
 def _a2a_abstract(x, *, split_axis, concat_axis, axis_name, axis_index_groups=None, tiled):
     axes = _axes({"axis_name": axis_name})
@@ -320,7 +316,7 @@ all_to_all = _collective(
         axis_name=p["axis_name"], axis_index_groups=p["axis_index_groups"],
         tiled=p["tiled"])] if wants[0] else [None],
     lambda p: {"split_axis": p["split_axis"], "concat_axis": p["concat_axis"],
-               "tiled": p["tiled"]})
+               "tiled": p["tiled"]}, hlo="all-to-all")
 
 def _ppermute_abstract(*xs, axis_name, perm):
     check_perm(perm, group_size(tuple(axis_name)), tuple(axis_name))
@@ -334,7 +330,7 @@ def _ppermute_vjp(cts, ins, outs, wants, axis_name, perm):
 
 ppermute = _collective("ppermute", "ppermute", _ppermute, _ppermute_abstract, _permute_bytes,
                        _ppermute_vjp, lambda p: {"perm": p["perm"]}, variadic=True,
-                       same_bytes=False)
+                       same_bytes=False, hlo="collective-permute")
 
 def _pvary_abstract(x, *, axes, axis_index_groups=None):
     return _typed(x, x.vma | set(axes))
@@ -343,7 +339,8 @@ pvary = Primitive(          # no data moves: the value's type now says it varies
     "pvary", lambda x, axes, axis_index_groups=None: x, _pvary_abstract,
     vjp=lambda ct, ins, outs, wants, axes, axis_index_groups=None: [
         bind(psum, ct, axes=axes, axis_index_groups=None)[0]] if wants[0] else [None],
-    cost=lambda ins, outs, **p: (0, 0), show=lambda p: {"axes": p["axes"]})
+    cost=lambda ins, outs, **p: (0, 0), show=lambda p: {"axes": p["axes"]},
+    by_axes=True)             # (it names mesh axes, as a collective does)
 
 def _index_abstract(*, axis_name):
     axes = axis_name if isinstance(axis_name, tuple) else (axis_name,)
@@ -353,10 +350,9 @@ def _index_abstract(*, axis_name):
 axis_index = Primitive("axis_index", None, _index_abstract, cost=lambda ins, outs, **p: (0, 0),
                        collective=True, op="axis_index", math=None,
                        wire_bytes=lambda nbytes, p, member, **params: (0, 0),
-                       lax_params=lambda p: {})
+                       lax_params=lambda p: {}, by_position=True)   # each device's index
 
 from .primitives import div as _div  # noqa: E402  (pmean's derivative divides)
 
-REDUCTIONS = {"psum", "pmean", "pmax", "pmin", "reduce_scatter"}
 COLLECTIVES = {row.op: row for row in (psum, pmean, pmax, pmin, all_gather, reduce_scatter,
                                        all_to_all, ppermute)}

@@ -93,4 +93,5 @@ def _cond_vjp(cts, ins, outs, wants, branches, _what, _source):
     return out
 
 cond = Primitive("cond", _cond_stacked, _cond_abstract, vjp=_cond_vjp, multiple_results=True,
-                 needs_run=True, cost=lambda ins, outs, **p: (0, 0))
+                 needs_run=True, cost=lambda ins, outs, **p: (0, 0),   # (on shapes alone, not
+                 unlogged="lax.cond branches (which branch a device takes depends on values)")

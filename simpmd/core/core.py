@@ -62,7 +62,7 @@ class Aval:
         dims = [str(d) for d in self.shape]
         if self.sharding is not None:
             dims = [d + self.sharding.dim_suffix(k) for k, d in enumerate(dims)]
-        text = f"{dtypes.short_name(self.dtype)}[{','.join(dims)}]"
+        text = f"{dtypes.short_name(self.dtype)}[{','.join(dims)}]{getattr(self.sharding, 'suffix', str)()}"
         if self.vma:
             axes = sorted(self.vma, key=str)
             text += "{V:" + (axes[0] if len(axes) == 1 else "(" + ",".join(axes) + ")") + "}"
@@ -233,9 +233,7 @@ class backward_pass:
 
 def bind(prim, *args, **params):
     """Apply ``prim`` to ``args``: computed by the run on this thread, written down by the
-    recorders. Inside a real JAX trace (an argument is a JAX tracer) JAX applies it."""
-    if bridge.jax is not None and bridge.holds_jax_tracer(args):
-        return bridge.jax.bind(prim, args, params)
+    recorders. (Inside a real JAX trace the front ends call JAX's own functions instead.)"""
     run = context.run or plain
     args = run.prepare(prim, args, params)
     outs = run.apply(prim, args, params)

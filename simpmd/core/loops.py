@@ -20,13 +20,18 @@ forward pass runs, so a ``scan`` stacks its residuals over the iterations, as JA
 its ``vjp`` is then a ``scan`` in reverse of the backward half, collectives and all. A
 checkpoint keeps only the residuals its policy saves and computes the others again in the
 backward pass: those equations are marked 'recompute', and so are their collectives in the
-log. (``cond``, and any primitive that holds a program, could use the same two steps.)
+log. Every row that runs its body once (a checkpoint, ``jit``, ``shard_map``, a pmap)
+is cut by :func:`split_call` and differentiated by :func:`split_vjp`. (``cond`` still
+runs its branches again in its derivative.)
 """
 from __future__ import annotations
 
+import collections
+
 import numpy as np
 
-from . import core, dtypes
+from . import core
+from .autodiff import NotDifferentiableError, backward, differentiable, linearize
 from .core import Equation, Primitive, Program, Var, aval_of, backward_pass, bind, context
 from .program import eval_program, trace
 from .values import StackedValue
@@ -63,11 +68,12 @@ def _stacks(values):
 def _scan_stacked(*ops, jaxpr, length, reverse, num_consts, num_carry, **params):
     """The body once per iteration, over every device: row ``i`` of each ``xs`` in, row
     ``i`` of each ``ys`` out, the carry passed on."""
-    n_in = num_consts + num_carry
+    n_in, run = num_consts + num_carry, _run()
     consts, carry = list(ops[:num_consts]), list(ops[num_consts:n_in])
     xs = _stacks(ops[n_in:])
     x_avals = jaxpr.in_avals[n_in:]
-    ys = [np.zeros((_run().n, length) + a.shape, a.dtype) for a in jaxpr.out_avals[num_carry:]]
+    ys = [np.zeros((run.n, length) + run.block_shape(a), a.dtype)
+          for a in jaxpr.out_avals[num_carry:]]
     for step in range(length):
         i = length - 1 - step if reverse else step
         with iterating(i):
@@ -82,23 +88,19 @@ def _scan_abstract(*avals, jaxpr, length, num_carry, **params):
     outs = jaxpr.out_avals
     return outs[:num_carry] + [a.update(shape=(length,) + a.shape) for a in outs[num_carry:]]
 
-def _float(v) -> bool:
-    return dtypes.inexact(v.aval.dtype)          # bfloat16 and float8 are kind V
-
 def _depends(program, active) -> list:
     """Which outputs of ``program`` depend on its inputs marked in ``active``."""
     live = {v for v, a in zip(program.invars, active) if a}
     for e in program.eqns:
         if any(type(v) is Var and v in live for v in e.invars):
-            live.update(v for v in e.outvars if _float(v))
-    return [type(v) is Var and v in live and _float(v) for v in program.outvars]
+            live.update(v for v in e.outvars if differentiable(v))
+    return [type(v) is Var and v in live and differentiable(v) for v in program.outvars]
 
 def _scan_linearize(eqn, wants):
     """The scan, rewritten to also stack its residuals; its backward body in ``_vjp``."""
-    from .autodiff import linearize
     p = eqn.params
     body, nc, nk = p["jaxpr"], p["num_consts"], p["num_carry"]
-    active = [w and _float(v) for w, v in zip(wants, body.invars)]
+    active = [w and differentiable(v) for w, v in zip(wants, body.invars)]
     while True:                 # a carry that a differentiated value reaches is differentiated
         reached = _depends(body, active)
         grow = [nc + k for k in range(nk) if reached[k] and not active[nc + k]]
@@ -175,7 +177,6 @@ def _while_stacked(*ops, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts, _so
     return _stacks(carry)
 
 def _while_vjp(*args, **params):
-    from .autodiff import NotDifferentiableError
     raise NotDifferentiableError(
         "Reverse-mode differentiation does not work for lax.while_loop or lax.fori_loop with "
         "dynamic start/stop values. Try using lax.scan, or using fori_loop with static "
@@ -198,35 +199,60 @@ def _saveable(policy):
         return lambda e: False
     return lambda e: bool(policy(e.primitive, *[aval_of(v) for v in e.invars], **e.params))
 
-def _remat_linearize(eqn, wants):
-    from .autodiff import linearize
-    p = eqn.params
-    body = p["jaxpr"]
-    active = [w and _float(v) for w, v in zip(wants, body.invars)]
+# How a body run once was cut for a derivative: which of its inputs the backward half reads,
+# how many residuals the forward half adds, which inputs are differentiated, which results
+# get a cotangent.
+Split = collections.namedtuple("Split", "used n_saved active with_ct")
+
+
+def split_call(body, wants, saveable=None, every_input=False):
+    """A body that runs once (a checkpoint, a jit, a shard_map) cut for its derivative, as
+    JAX's partial evaluation cuts it: the forward half returns its results, then the
+    residuals; the backward half takes the inputs it reads (all of them with
+    ``every_input``), the residuals, then the results' cotangents, and returns the
+    differentiated inputs' cotangents. One strategy for every such row."""
+    active = [w and differentiable(v) for w, v in zip(wants, body.invars)]
     body = linearize(body, [v for v, a in zip(body.invars, active) if a])
     with_ct = _depends(body, active)
-    joint, fwd, bwd, res = partial_eval(body, active, with_ct, saveable=_saveable(p["policy"]))
+    joint, fwd, bwd, res = partial_eval(body, active, with_ct, saveable=saveable)
     n_in, n_out = len(body.invars), len(body.outvars)
     primal, res = joint.invars[:n_in], dict(res)
     saved = [v for v in res if v not in primal]
+    used = list(range(n_in)) if every_input else [i for i, v in enumerate(primal) if v in res]
     forward = Program(primal, fwd, joint.outvars[:n_out] + saved, axis_env=body.axis_env)
-    backward = Program([res.get(v) or Var(v.aval) for v in primal] + [res[v] for v in saved]
-                       + joint.invars[n_in:], bwd, joint.outvars[n_out:],
-                       axis_env=body.axis_env)
-    return Equation(eqn.primitive, dict(p, jaxpr=forward, _vjp=(backward, len(saved), active,
-                                                              with_ct)),
-                    eqn.invars, eqn.outvars + [Var(v.aval) for v in saved], eqn.source, eqn.phase)
+    backward = Program([res.get(primal[i]) or Var(primal[i].aval) for i in used]
+                       + [res[v] for v in saved] + joint.invars[n_in:], bwd,
+                       joint.outvars[n_out:], axis_env=body.axis_env)
+    return forward, backward, Split(used, len(saved), active, with_ct)
+
+
+def split_vjp(cts, ins, outs, split, run_backward):
+    """The cotangents of a split row's inputs: ``run_backward(operands)`` binds its
+    backward half on the inputs it reads, the residuals and the results' cotangents."""
+    if not any(split.active):
+        return [None] * len(ins)
+    n_out = len(outs) - split.n_saved
+    ct = [cts[k] if cts[k] is not None else zeros(aval_of(outs[k]))
+          for k in range(n_out) if split.with_ct[k]]
+    got = iter(run_backward([ins[i] for i in split.used] + list(outs[n_out:]) + ct))
+    return [next(got) if a else None for a in split.active]
+
+
+def _remat_linearize(eqn, wants):
+    p = eqn.params
+    forward, backward, split = split_call(p["jaxpr"], wants, _saveable(p["policy"]),
+                                          every_input=True)
+    return Equation(eqn.primitive, dict(p, jaxpr=forward, _vjp=(backward, split)), eqn.invars,
+                    eqn.outvars + [Var(v.aval) for v in forward.outvars[len(eqn.outvars):]],
+                    eqn.source, eqn.phase)
 
 def _remat_vjp(cts, ins, outs, wants, *, jaxpr, _vjp=None, **params):
     """The backward half, as one ``remat2[differentiated=True]``: what the policy did not
     save is computed again there."""
-    backward, n_saved, active, with_ct = _vjp
-    n_out = len(outs) - n_saved
-    ct = [cts[k] if cts[k] is not None else zeros(aval_of(outs[k]))
-          for k in range(n_out) if with_ct[k]]
-    got = iter(bind(remat, *ins, *outs[n_out:], *ct, jaxpr=backward, differentiated=True,
-                    policy=params["policy"], prevent_cse=params["prevent_cse"]))
-    return [next(got) if a else None for a in active]
+    backward, split = _vjp
+    return split_vjp(cts, ins, outs, split, lambda operands: bind(
+        remat, *operands, jaxpr=backward, differentiated=True, policy=params["policy"],
+        prevent_cse=params["prevent_cse"]))
 
 remat = Primitive("remat2", _remat_stacked, lambda *avals, jaxpr, **p: jaxpr.out_avals,
                   vjp=_remat_vjp, multiple_results=True, needs_run=True,
@@ -255,7 +281,6 @@ def _like(x, aval):
 def _joint(body, active, with_ct, accumulate):
     """The function of (primals, accumulators, output cotangents) that runs ``body``
     forward, then backward: (outputs, cotangents of the active inputs)."""
-    from .autodiff import backward
     n_in = len(body.invars)
     acc_at = [i for i in range(n_in) if active[i] and accumulate[i]]
 
@@ -267,7 +292,8 @@ def _joint(body, active, with_ct, accumulate):
             outs = eval_program(body, [], list(primals), env)
         finally:
             context.phase = phase
-        with backward_pass():
+        joint.forward = len(context.recorders[-1].eqns)   # (a body's own backward equations,
+        with backward_pass():                             # a grad inside it, are forward here)
             seed = {}
             for v, c in zip([v for v, w in zip(body.outvars, with_ct) if w], xs[n_in + len(acc_at):]):
                 if type(v) is Var:
@@ -299,8 +325,7 @@ def partial_eval(body, active, with_ct, accumulate=None, saveable=None):
     joint, avals = _joint(body, active, with_ct, accumulate or [False] * len(active))
     run = _run()
     program, _ = trace(joint, avals, run if run.abstract else run.tracing())
-    fwd = [e for e in program.eqns if e.phase != "backward"]
-    bwd = [e for e in program.eqns if e.phase == "backward"]
+    fwd, bwd = program.eqns[:joint.forward], program.eqns[joint.forward:]
     made = {v: e for e in fwd for v in e.outvars}
     kept = (lambda v: True) if saveable is None else (lambda v: v not in made or saveable(made[v]))
     grads = [v for v in program.outvars[len(body.outvars):] if type(v) is Var]

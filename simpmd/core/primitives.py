@@ -514,6 +514,46 @@ def _slice_vjp(ct, ins, outs, wants, start_indices, limit_indices, strides=None)
 
 slice_ = Primitive("slice", _slice_stacked, _slice_abstract, vjp=_slice_vjp, cost=_layout_cost)
 
+# -- dynamic slices: a window whose start is a value (``x[i]`` with a traced ``i``) -----------
+
+def _window(x, starts, sizes):
+    """Each device's window: its starts clamped into range, as XLA clamps them."""
+    at = [np.clip(np.broadcast_to(np.asarray(s).reshape(-1), x.shape[:1]), 0, n - k)
+          for s, n, k in zip(starts, x.shape[1:], sizes)]
+    return [(k,) + tuple(slice(a[k], a[k] + m) for a, m in zip(at, sizes))
+            for k in range(x.shape[0])]
+
+def _dslice_stacked(x, *starts, slice_sizes):
+    return np.stack([x[w] for w in _window(x, starts, slice_sizes)])
+
+def _dslice_vjp(ct, ins, outs, wants, slice_sizes):
+    x = aval_of(ins[0])
+    zero = bind(broadcast_in_dim, np.zeros((), x.dtype), shape=x.shape, broadcast_dimensions=(),
+                sharding=x.sharding)
+    return [bind(dynamic_update_slice, zero, ct, *ins[1:]) if wants[0] else None] + \
+        [None] * (len(ins) - 1)
+
+def _dupdate_stacked(x, v, *starts):
+    out = np.array(x, copy=True)
+    for w in _window(out, starts, v.shape[1:]):
+        out[w] = v[w[0]]
+    return out
+
+def _dupdate_vjp(ct, ins, outs, wants):
+    v, starts = aval_of(ins[1]), ins[2:]
+    hole = bind(broadcast_in_dim, np.zeros((), v.dtype), shape=v.shape, broadcast_dimensions=(),
+                sharding=None)
+    return [bind(dynamic_update_slice, ct, hole, *starts) if wants[0] else None,
+            bind(dynamic_slice, ct, *starts, slice_sizes=v.shape) if wants[1] else None] + \
+        [None] * len(starts)
+
+dynamic_slice = Primitive(
+    "dynamic_slice", _dslice_stacked, lambda x, *starts, slice_sizes: x.update(
+        shape=slice_sizes, vma=_vma((x,) + starts)), vjp=_dslice_vjp, cost=_layout_cost)
+dynamic_update_slice = Primitive(
+    "dynamic_update_slice", _dupdate_stacked, lambda x, v, *starts: x.update(
+        vma=_vma((x, v) + starts)), vjp=_dupdate_vjp, cost=_layout_cost, show=lambda p: {})
+
 iota = Primitive(        # no operand: one device's value, which every device shares
     "iota", lambda *, dtype, shape, dimension, sharding=None: np.arange(
         shape[dimension], dtype=dtype).reshape(
@@ -587,7 +627,7 @@ def _dot_vjp(ct, ins, outs, wants, dimension_numbers, precision=None,
         y_rest = [d for d in range(y.ndim) if d not in yb and d not in y_free]
         placed = list(xb) + x_free + [xc[list(yc).index(d)] for d in y_rest]
         prod = bind(dot_general, ct, y_val, dimension_numbers=dims, preferred_element_type=x.dtype,
-                    out_sharding=x.sharding and x.sharding.transpose(placed))
+                    out_sharding=x.sharding and x.sharding.cotangent().transpose(placed))
         perm = tuple(int(i) for i in np.argsort(placed))
         return bind(transpose, prod, permutation=perm) if perm != tuple(range(len(perm))) else prod
     return [one(lhs, rhs, lc, rc, lb, rb, True) if wants[0] else None,
@@ -748,5 +788,5 @@ def _call_abstract(*xs, fn, kwargs, name):
     return Aval(out.shape, dtypes.canonical(out.dtype), False, _vma(xs))
 
 numpy_call = Primitive("numpy_call", _call_stacked, _call_abstract, cost=_elementwise_cost,
-                       show=lambda p: {"fn": f"numpy.{p['name']}"})
+                       show=lambda p: {"fn": f"numpy.{p['name']}"}, named=lambda p: f"numpy.{p['name']}")
 

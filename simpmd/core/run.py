@@ -113,12 +113,13 @@ class Run:
             grid = grid * self.axes[d][1] + np.arange(self.axes[d][1], dtype=np.int32).reshape(shape)
         return grid.reshape(self.n)
 
-    def groups(self, axis_names, axis_index_groups, op):
-        """The devices of every group, as arrays of shape (number of groups, group size);
-        groups of unequal sizes (``axis_index_groups``) come as one array per size."""
-        size = self.axis_size(axis_names, op)
+    def groups(self, axis_names, axis_index_groups, prim):
+        """The devices of every group of collective ``prim``, as arrays of shape (number of
+        groups, group size); groups of unequal sizes (``axis_index_groups``) come as one
+        array per size."""
+        size = self.axis_size(axis_names, prim.op)
         if axis_index_groups is not None:
-            check_groups(axis_index_groups, size, op, self.where(0), axis_names)
+            check_groups(axis_index_groups, size, prim, self.where(0), axis_names)
         return _groups(self.axes, tuple(axis_names), axis_index_groups)
 
     # -- computing ----------------------------------------------------------------------------
@@ -144,15 +145,16 @@ class Run:
         """A collective's operand is made to vary over its axes first; a reduction's that
         varies over some of them only if the running JAX allows it (the type rule refuses
         it otherwise)."""
-        from .collectives import REDUCTIONS, pvary, settings
-        if prim.name == "axis_index":
+        from .collectives import pvary, settings
+        if getattr(prim, "by_position", False):
             return args
         axes = tuple(params.get("axes") or _names(params.get("axis_name")))
+        self.axis_size(axes, prim.op)           # an unknown name first: it says which
         out = []
         for x in args:
             missing = tuple(a for a in axes if a not in aval_of(x).vma)
-            if missing and (len(missing) == len(axes) or prim.name not in REDUCTIONS
-                            or prim.op in settings.partial):
+            if missing and (len(missing) == len(axes) or not getattr(prim, "reduction", False)
+                            or prim in settings.partial):
                 x = core.bind(pvary, x, axes=missing)
             out.append(x)
         return out
@@ -175,8 +177,9 @@ class Run:
         """``prim``'s values for every device, its result types known (from the abstract
         evaluation, or, replaying a program, from its equation)."""
         if getattr(prim, "needs_run", False):     # it runs programs: it gets the values
-            results = prim.stacked(*args, **params)
-            return [StackedValue(a, r) for a, r in zip(out_avals, results)]
+            results = prim.stacked(*args, **params)   # (stacks, or its body's values)
+            return [StackedValue(a, self.stack_of(r, a) if isinstance(r, StackedValue) else r)
+                    for a, r in zip(out_avals, results)]
         stacks = [self.stack_of(x, a) for x, a in zip(args, avals)]
         if prim.collective:
             results = self.collective(prim, stacks, params, avals, out_avals)
@@ -191,6 +194,10 @@ class Run:
         results = results if prim.multiple_results or isinstance(results, list) else [results]
         return [StackedValue(a, r) for a, r in zip(out_avals, results)]
 
+    def block_shape(self, aval) -> tuple:
+        """The shape of one device's value of type ``aval`` (its block, under jit)."""
+        return aval.shape
+
     def stack_of(self, x, aval):
         """Every device's value of an operand: a value's stack, or a constant shared by all."""
         if isinstance(x, StackedValue):
@@ -202,9 +209,9 @@ class Run:
         """Run ``prim`` for every group at once; log it; the outputs, stacked (None when
         the run has types only)."""
         axes = tuple(params.get("axes") or _names(params.get("axis_name")))
-        if prim.name == "axis_index":
+        if getattr(prim, "by_position", False):
             return [np.asarray(self.positions(axes))] if stacks is not None else None
-        sets = self.groups(axes, params.get("axis_index_groups"), prim.op)
+        sets = self.groups(axes, params.get("axis_index_groups"), prim)
         logged = self._taking_branch(sets, prim.op, axes) if self.branches else sets
         outputs = None
         if stacks is not None:
@@ -272,9 +279,13 @@ class Run:
         return Run(self.all_devices, self.axes, abstract=True, check_vma=self.check_vma,
                    maps_a_mesh=self.maps_a_mesh)
 
-    def nest(self, inner_axes, abstract=None) -> "Run":
-        """The run of a pmap called inside this body: this grid with ``inner_axes`` below."""
+    def nest(self, inner_axes, abstract=None, devices=None) -> "Run":
+        """The run of a pmap called inside this body: this grid with ``inner_axes`` below
+        (over ``devices``, a pmap's own, where this body maps no axis)."""
         size = math.prod(s for _, s in inner_axes)
+        if devices is not None:
+            return Run(devices, tuple(inner_axes), check_vma=self.check_vma,
+                       abstract=self.abstract if abstract is None else abstract)
         if self.inner is not None and self.inner.n != self.n * size:
             raise errors.MappedAxisError(
                 f"two pmaps nested in one body map different sizes ({self.inner.n // self.n} "
@@ -335,15 +346,15 @@ def _every_device(members):
 
 _ORDERED: dict = {}
 
-def check_groups(groups, size, op, where, axis_names):
-    flat = sorted(i for g in groups for i in g)
+def check_groups(groups, size, prim, where, axis_names):
+    op, flat = prim.op, sorted(i for g in groups for i in g)
     if flat != list(range(size)):
         raise errors.CollectiveArgumentError(
             f"{op} over {axis_names} on {where}: axis_index_groups={groups} must use every "
             f"index of axis {axis_names} (size {size}) exactly once; it covers {flat}. List "
             f"each index 0..{size - 1} in exactly one group.")
     sizes = {len(g) for g in groups}
-    if len(sizes) > 1 and op not in ("psum", "pmean", "pmax", "pmin"):
+    if len(sizes) > 1 and not getattr(prim, "unequal_groups", False):
         raise errors.CollectiveArgumentError(
             f"{op} over {axis_names} on {where}: axis_index_groups={groups} has groups of sizes "
             f"{sorted(len(g) for g in groups)}; {op} needs groups of equal size. Split the "

@@ -61,8 +61,8 @@ for _rows, _kind in (
         ((P.reshape, P.squeeze, P.copy, C.pvary, L.name_p), "view"),
         ((P.broadcast_in_dim,), "broadcast"),
         ((P.convert_element_type, P.select_n, P.clamp, P.transpose, P.slice_, P.pad, P.rev,
-          P.concatenate, P.gather, P.iota, PRIMITIVES["dynamic_slice"]) + tuple(
-              PRIMITIVES[n] for n in ("shard_slice",) if n in PRIMITIVES), "elementwise"),
+          P.concatenate, P.gather, P.iota, P.dynamic_slice, PRIMITIVES["shard_slice"]),
+         "elementwise"),
         ((P.reduce_sum, P.reduce_max, P.reduce_min, P.reduce_prod, P.reduce_and, P.reduce_or,
           P.argmax, P.argmin), "reduction"),
         ((P.dot_general,), "matmul"),

@@ -157,8 +157,8 @@ class Task(Run):
     def collective(self, prim, stacks, params, avals, out_avals):
         """Join the collective with this device's operands; wait for the group."""
         axes = tuple(params.get("axes") or _names(params.get("axis_name")))
-        if prim.name == "axis_index":
-            return [np.asarray([self.position(axes, "axis_index")[0]], dtype=np.int32)]
+        if getattr(prim, "by_position", False):          # axis_index: this device's index
+            return [np.asarray([self.position(axes, prim.op)[0]], dtype=np.int32)]
         values = [s[0] for s in stacks]
         outs = self.sim.collective(self, prim, axes, values, params)
         return [np.asarray(o)[None] for o in outs]
@@ -367,7 +367,7 @@ class Simulation:
         index, size = task.position(axis_names, op)
         group_id, member, p = None, index, size
         if groups is not None:
-            check_groups(groups, size, op, task.where(), axis_names)
+            check_groups(groups, size, prim, task.where(), axis_names)
             group_id, member = _find_group(groups, index)
             p = len(groups[group_id])
         rest = tuple((n, i) for n, i, _ in task.coords if n not in axis_names)

@@ -220,6 +220,27 @@ def fsdp_gradients(devices: int = 4, rows: int = 8, cols: int = 3):
     return rng.integers(-4, 5, size=(devices, rows, cols)).astype(np.float32)
 
 
+def _fsdp_shape(got, total, sizes):
+    """The verdict on a result of the wrong shape (None when it is right)."""
+    n, rows, cols, k = sizes
+    if got.shape == (n, rows, cols):
+        if all(np.allclose(got[d], total) for d in range(n)):
+            return _say(False, f"every device holds the whole summed gradient ({rows} rows): "
+                        f"that is psum, an all-reduce. In FSDP each device keeps only the "
+                        f"gradient of its own shard, {k} rows: psum_scatter(..., tiled=True) "
+                        f"sums and splits in one collective, and sends half the bytes.")
+        return _say(False, f"each device returned {rows} rows; it should keep only its own "
+                    f"{k} rows of the summed gradient (shape ({k}, {cols})).")
+    if got.shape != (n, k, cols):
+        hint = ""
+        if got.shape == (n, cols) or got.shape == (n, 1, cols):
+            hint = (" A psum_scatter without tiled=True wants the scattered axis to have "
+                    f"exactly {n} entries and drops it; use tiled=True to keep blocks of rows.")
+        return _say(False, f"the result has shape {got.shape[1:]} on each device; expected "
+                    f"({k}, {cols}): device d's {k} rows of the summed gradient.{hint}")
+    return None
+
+
 def check_fsdp_backward(fn) -> Verdict:
     """Run ``fn(g_full)`` on 4 simulated devices along 'data': every device passes its
     gradient of the whole weight matrix and must keep the sum over the devices of its own
@@ -240,21 +261,9 @@ def check_fsdp_backward(fn) -> Verdict:
     if out is None:
         return _say(False, "fsdp_backward returned None; return this device's gradient shard.")
     got = np.asarray(out)
-    if got.shape == (n, rows, cols):
-        if all(np.allclose(got[d], total) for d in range(n)):
-            return _say(False, f"every device holds the whole summed gradient ({rows} rows): "
-                        f"that is psum, an all-reduce. In FSDP each device keeps only the "
-                        f"gradient of its own shard, {k} rows: psum_scatter(..., tiled=True) "
-                        f"sums and splits in one collective, and sends half the bytes.")
-        return _say(False, f"each device returned {rows} rows; it should keep only its own "
-                    f"{k} rows of the summed gradient (shape ({k}, {cols})).")
-    if got.shape != (n, k, cols):
-        hint = ""
-        if got.shape == (n, cols) or got.shape == (n, 1, cols):
-            hint = (" A psum_scatter without tiled=True wants the scattered axis to have "
-                    f"exactly {n} entries and drops it; use tiled=True to keep blocks of rows.")
-        return _say(False, f"the result has shape {got.shape[1:]} on each device; expected "
-                    f"({k}, {cols}): device d's {k} rows of the summed gradient.{hint}")
+    wrong_shape = _fsdp_shape(got, total, (n, rows, cols, k))
+    if wrong_shape is not None:
+        return wrong_shape
     ops = _collectives_of(run.trace)
     if np.allclose(got, want) and "psum_scatter" not in ops:
         used = ", ".join(sorted(ops)) or "no collective"

@@ -116,6 +116,41 @@ _USE_SIMPMD_NUMPY = ("under simpmd.jit write the layer with simpmd.numpy, whose 
                      "out_sharding=P('data', None))")
 
 
+def _megatron_error(e, used) -> Verdict:
+    """The hint for a layer that raised under jit."""
+    if "jax.numpy" in used or "valid JAX type" in str(e):
+        return _say(False, "the layer calls jax.numpy (jnp), whose functions take JAX "
+                    f"arrays, not simpmd's sharded ones; {_USE_SIMPMD_NUMPY}.")
+    if "numpy" in used:
+        return _say(False, "the layer calls a NumPy function (np.tanh, np.matmul), which "
+                    "jit refuses on a traced array, as JAX does, and NumPy has no "
+                    f"out_sharding; {_USE_SIMPMD_NUMPY}.")
+    if "out_sharding" in str(e):
+        return _say(False, "the second product sums over the dim split on "
+                    "'model' on both sides, so JAX asks where the sum goes. Pass "
+                    "out_sharding=P('data', None) to snp.matmul.")
+    return _say(False, f"the layer raised {error_summary(e, first_sentence=True)}")
+
+
+def _megatron_traffic(calls) -> Verdict:
+    """The hint for the right values reached with more collectives than the one psum."""
+    ops = [op for op, _ in calls]
+    by = [why.removeprefix("jit: ") for _, why in calls]
+    if by[0] in ("dot_general", "matmul") and "reshard" in by:
+        return _say(False, f"the right values, but jit inserted {ops}: the product left "
+                    f"each device a slice of the sum ({ops[0]}), and the reshard of the "
+                    f"output gathered it again ({ops[by.index('reshard')]}). Ask for the "
+                    f"layout in the product itself, out_sharding=P('data', None): one "
+                    f"all-reduce (psum) over 'model'.")
+    if by[:1] == ["reshard"]:
+        return _say(False, f"the right values, but jit inserted {ops}: a reshard moved an "
+                    f"input (x, W1 or W2) before the products. The given splits need no "
+                    f"reshard: only the second product's partial sums meet, in one "
+                    f"all-reduce (psum) over 'model'.")
+    return _say(False, f"the right values, but jit inserted {ops}: the layer needs one "
+                f"all-reduce (psum) over 'model' and nothing else.")
+
+
 def check_megatron(layer) -> Verdict:
     """``layer(x, w1, w2)`` under ``simpmd.jit``, with x split P('data', None), W1 split
     P(None, 'model') and W2 split P('model', None) on the 2x4 mesh: it must compute
@@ -135,18 +170,7 @@ def check_megatron(layer) -> Verdict:
         try:
             y = jitted(*args)
         except Exception as e:                  # noqa: BLE001 - the hint names it
-            if "jax.numpy" in used or "valid JAX type" in str(e):
-                return _say(False, "the layer calls jax.numpy (jnp), whose functions take JAX "
-                            f"arrays, not simpmd's sharded ones; {_USE_SIMPMD_NUMPY}.")
-            if "numpy" in used:
-                return _say(False, "the layer calls a NumPy function (np.tanh, np.matmul), which "
-                            "jit refuses on a traced array, as JAX does, and NumPy has no "
-                            f"out_sharding; {_USE_SIMPMD_NUMPY}.")
-            if "out_sharding" in str(e):
-                return _say(False, "the second product sums over the dim split on "
-                            "'model' on both sides, so JAX asks where the sum goes. Pass "
-                            "out_sharding=P('data', None) to snp.matmul.")
-            return _say(False, f"the layer raised {error_summary(e, first_sentence=True)}")
+            return _megatron_error(e, used)
     if y is None or not hasattr(y, "shape"):
         return _say(False, "layer returns nothing; return the layer's output.")
     if tuple(y.shape) != (16, 8):
@@ -165,21 +189,7 @@ def check_megatron(layer) -> Verdict:
         return _say(False, f"the result is {kind}: ask for rows split over 'data', whole "
                     f"columns (out_sharding=P('data', None)), as the Megatron layer returns.")
     if [op for op, _ in calls] != ["psum"]:
-        ops = [op for op, _ in calls]
-        by = [why.removeprefix("jit: ") for _, why in calls]
-        if by[0] in ("dot_general", "matmul") and "reshard" in by:
-            return _say(False, f"the right values, but jit inserted {ops}: the product left "
-                        f"each device a slice of the sum ({ops[0]}), and the reshard of the "
-                        f"output gathered it again ({ops[by.index('reshard')]}). Ask for the "
-                        f"layout in the product itself, out_sharding=P('data', None): one "
-                        f"all-reduce (psum) over 'model'.")
-        if by[:1] == ["reshard"]:
-            return _say(False, f"the right values, but jit inserted {ops}: a reshard moved an "
-                        f"input (x, W1 or W2) before the products. The given splits need no "
-                        f"reshard: only the second product's partial sums meet, in one "
-                        f"all-reduce (psum) over 'model'.")
-        return _say(False, f"the right values, but jit inserted {ops}: the layer needs one "
-                    f"all-reduce (psum) over 'model' and nothing else.")
+        return _megatron_traffic(calls)
     return _say(True, "x @ W1 is float32[16@data,32@model] with no traffic, tanh is "
                 "local, and the second product's partial sums meet in one all-reduce over 'model'.")
 

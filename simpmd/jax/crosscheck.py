@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from ..core import collectives as K
 from ..core import errors
 from ..api import tree
 from ..machine.array import Array
@@ -53,14 +54,14 @@ from ..api.pmap import Pmapped, pmap as simpmd_pmap
 from ..api.shard_map import ShardMapped
 from ..api.jit import Jitted
 
-# Collective parameters that jax < 0.11 cannot lower when negative (0.10 may abort the process).
-# simpmd's names (trace events) and JAX's primitive names (jaxprs) both appear here.
-NEGATIVE_AXIS_CRASHES = {
-    "all_to_all": ("split_axis", "concat_axis"),
-    "psum_scatter": ("scatter_dimension",),
-    "reduce_scatter": ("scatter_dimension",),
-    "pswapaxes": ("axis",),
-}
+# Collective parameters that jax < 0.11 cannot lower when negative (0.10 may abort the
+# process): a column of the rows (their lax keywords), read under the rows' names, simpmd's
+# and lax's (trace events, and JAX's jaxprs, which name reduce_scatter so too).
+K.all_to_all.jax_negative_axes = ("split_axis", "concat_axis")
+K.reduce_scatter.jax_negative_axes = ("scatter_dimension",)
+NEGATIVE_AXIS_CRASHES = {name: row.jax_negative_axes for row in (K.all_to_all, K.reduce_scatter)
+                         for name in (row.name, row.op)}
+NEGATIVE_AXIS_CRASHES["pswapaxes"] = ("axis",)      # (jax's own primitive; simpmd's is all_to_all)
 FIXED_IN = (0, 11)
 # The JAX releases the course is tested on (scripts/test_matrix.sh), for notes about bugs
 # that all of them share.
@@ -560,8 +561,43 @@ def crosscheck(fun, *args, axis_name=None, in_axes=0, out_axes=0, static_broadca
     name = getattr(fun, "__name__", type(fun).__name__)
     static, _ = _static_split(static_broadcasted_argnums, len(args))
     notes: list[str] = []
+    sim, trace, size, grid = _pmap_on_simpmd(fun, args, axis_name, in_axes, out_axes,
+                                             static_broadcasted_argnums)
+    runs = [sim]
+    first = EngineRun("jax.pmap")
+    runs.append(first)
+    devices = _jax_devices_for(sim, first, grid, size, rtol, atol)
+    if devices is None:
+        return _logged(CrossCheckReport(name, runs, notes))
+    import jax
+    guard = jax_version(jax) < FIXED_IN
+    # Known crashes: negative collective axes reach an old JAX counted from the front.
+    found = _negative_axes_in_trace(trace) if guard else []
+    if found:
+        notes.append(f"On this JAX ({jax.__version__}): negative collective axes fail to "
+                     f"compile (fixed in jax 0.{FIXED_IN[1]}), so crosscheck gave JAX the same "
+                     f"axes counted from the front: {', '.join(found)}.")
+    axes_from_front = (lambda: _collective_axes_from_front(jax)) if found else contextlib.nullcontext
+    # Negative in_axes/out_axes reach JAX as the same axes counted from the front.
+    jax_in_axes, jax_out_axes = _axes_for_jax(jax, in_axes, out_axes, args, static, sim, notes)
+    jax_args = tuple(a if i in static else tree.tree_map(_plain_leaf, a) for i, a in enumerate(args))
+    inner = _pmap_on_jax(jax, first, fun, jax_args, axis_name, (jax_in_axes, jax_out_axes),
+                         static_broadcasted_argnums, devices, size, guard, axes_from_front)
+    nested = bool(inner) or grid is not None
+    if nested:         # also as jax.shard_map over a 2-D mesh
+        _note_vmap(first, inner, grid, notes)
+        with axes_from_front():
+            runs.append(_run_on_mesh(jax, fun, jax_args, axis_name, jax_in_axes, out_axes, static,
+                                     grid, inner, size, sim, notes, guard, use_jax_devices,
+                                     device_count))
+    _compare_pmap_runs(runs, out_axes, grid if nested else None, axis_name, nested, rtol, atol,
+                       notes, trace)
+    return _logged(CrossCheckReport(name, runs, notes))
 
-    # 1. simpmd, first: its trace shows what the program does before JAX compiles it.
+
+def _pmap_on_simpmd(fun, args, axis_name, in_axes, out_axes, static_broadcasted_argnums):
+    """simpmd first (its trace shows what the program does before JAX compiles it): the
+    run, its trace, the mapped size, and a nested program's grid of axes."""
     mapped = simpmd_pmap(fun, axis_name, in_axes=in_axes, out_axes=out_axes,
                          static_broadcasted_argnums=static_broadcasted_argnums)
     sim = EngineRun("simpmd.pmap", verdict="reference")
@@ -580,15 +616,12 @@ def crosscheck(fun, *args, axis_name=None, in_axes=0, out_axes=0, static_broadca
         sim.devices = f"{grid[0][1]}x{grid[1][1]} simulated"
     elif sim_count or size:
         sim.devices = f"{sim_count or size} simulated"
-    runs = [sim]
+    return sim, trace, size, grid
 
-    def report():
-        return _logged(CrossCheckReport(name, runs, notes))
 
-    # 2. JAX and its devices.
+def _jax_devices_for(sim, first, grid, size, rtol, atol):
+    """The JAX devices to run on, or None (``first`` then says why JAX did not run)."""
     needed = (grid[0][1] * grid[1][1]) if grid else (size or 1)
-    first = EngineRun("jax.pmap")
-    runs.append(first)
     devices = chosen_devices()
     try:
         if "jax" not in sys.modules or devices is None or len(devices) < needed:
@@ -596,7 +629,7 @@ def crosscheck(fun, *args, axis_name=None, in_axes=0, out_axes=0, static_broadca
     except ImportError as exc:
         first.not_run = f"jax is not installed ({exc})"
         _compare(sim, first, [], str, rtol, atol, set())
-        return report()
+        return None
     except JaxDevicesError as exc:
         # The outer pmap may still fit on the devices there are (a mesh needs more).
         devices = chosen_devices() or []
@@ -605,31 +638,20 @@ def crosscheck(fun, *args, axis_name=None, in_axes=0, out_axes=0, static_broadca
         if len(devices) < (size or 1) and (sim.error is None or not devices):
             first.not_run = str(exc)
             _compare(sim, first, [], str, rtol, atol, set())
-            return report()
-    import jax
-    version = jax_version(jax)
-    guard = version < FIXED_IN
+            return None
+    return devices
 
-    # 3. Known crashes: negative collective axes reach an old JAX counted from the front.
-    found = _negative_axes_in_trace(trace) if guard else []
-    if found:
-        notes.append(f"On this JAX ({jax.__version__}): negative collective axes fail to "
-                     f"compile (fixed in jax 0.{FIXED_IN[1]}), so crosscheck gave JAX the same "
-                     f"axes counted from the front: {', '.join(found)}.")
-    axes_from_front = (lambda: _collective_axes_from_front(jax)) if found else contextlib.nullcontext
 
-    # 4. Negative in_axes/out_axes reach JAX as the same axes counted from the front.
-    jax_in_axes, jax_out_axes = _axes_for_jax(jax, in_axes, out_axes, args, static, sim, notes)
-
-    jax_args = tuple(a if i in static else tree.tree_map(_plain_leaf, a) for i, a in enumerate(args))
+def _pmap_on_jax(jax, first, fun, jax_args, axis_name, axes, static_broadcasted_argnums,
+                 devices, size, guard, axes_from_front):
+    """jax.pmap, nested simpmd.pmap calls as jax.vmap; returns those inner calls."""
+    static, _ = _static_split(static_broadcasted_argnums, len(jax_args))
     pmap_devices = list(devices[:size]) if size else None
-    program = jax.pmap(fun, axis_name, in_axes=jax_in_axes, out_axes=jax_out_axes,
+    program = jax.pmap(fun, axis_name, in_axes=axes[0], out_axes=axes[1],
                        static_broadcasted_argnums=static_broadcasted_argnums,
                        devices=pmap_devices,
                        backend=None if pmap_devices else getattr(devices[0], "platform", None))
     first.devices = _device_text(pmap_devices or devices)
-
-    # 5. jax.pmap (with nested simpmd.pmap calls as jax.vmap).
     with axes_from_front(), translating(Translation("vmap")) as vmap_translation:
         try:
             first.outputs, bad = _dry_trace_then_run(jax, program, jax_args, guard, static)
@@ -637,39 +659,32 @@ def crosscheck(fun, *args, axis_name=None, in_axes=0, out_axes=0, static_broadca
                 first.not_run = _crash_reason(jax, bad)
         except Exception as exc:
             first.error = exc
-    inner = sorted({c for c in vmap_translation.calls}, key=repr)
-    nested = bool(inner) or grid is not None
-    if nested:
-        first.engine = "jax.pmap + jax.vmap"
-        first.optional = True
-        inner_name = inner[0][0] if inner else grid[1][0]
-        note = _once("nested pmap as vmap", (
-            f"nested pmap: today's JAX no longer runs a jax.pmap inside "
-            f"another, so the inner simpmd.pmap(..., axis_name={inner_name!r}) ran as "
-            f"jax.vmap(..., axis_name={inner_name!r}) inside the outer jax.pmap (as JAX's "
-            f"pmap migration guide suggests)."))
-        if note:
-            notes.append(note)
+    return sorted({c for c in vmap_translation.calls}, key=repr)
 
-    # 6. Nested: also as jax.shard_map over a 2-D mesh.
-    if nested:
-        with axes_from_front():
-            runs.append(_run_on_mesh(jax, fun, jax_args, axis_name, jax_in_axes, out_axes, static,
-                                     grid, inner, size, sim, notes, guard, use_jax_devices,
-                                     device_count))
 
-    # 7. Compare.
-    leaf_axes = []
+def _note_vmap(first, inner, grid, notes):
+    first.engine = "jax.pmap + jax.vmap"
+    first.optional = True
+    inner_name = inner[0][0] if inner else grid[1][0]
+    note = _once("nested pmap as vmap", (
+        f"nested pmap: today's JAX no longer runs a jax.pmap inside "
+        f"another, so the inner simpmd.pmap(..., axis_name={inner_name!r}) ran as "
+        f"jax.vmap(..., axis_name={inner_name!r}) inside the outer jax.pmap (as JAX's "
+        f"pmap migration guide suggests)."))
+    if note:
+        notes.append(note)
+
+
+def _compare_pmap_runs(runs, out_axes, grid, axis_name, nested, rtol, atol, notes, trace):
+    """Each JAX run against simpmd's, shard by shard, and the notes that explain them."""
+    sim, leaf_axes = runs[0], []
     if sim.outputs is not None:
         try:
             leaf_axes = _leaf_out_axes(out_axes, sim.outputs)
         except Exception:
             leaf_axes = [None] * len(tree.flatten(sim.outputs)[0])
-    if nested:
-        outer = grid[0][0] if grid else axis_name
-        shard_label = (lambda i: f"{outer}={i}")
-    else:
-        shard_label = (lambda i: f"device {i}")
+    outer = grid[0][0] if grid else axis_name
+    shard_label = (lambda i: f"{outer}={i}") if nested else (lambda i: f"device {i}")
     widths: set = set()
     for r in runs[1:]:
         _compare(sim, r, leaf_axes, shard_label, rtol, atol, widths)
@@ -686,7 +701,6 @@ def crosscheck(fun, *args, axis_name=None, in_axes=0, out_axes=0, static_broadca
         notes.append("pmean with axis_index_groups of unequal sizes: JAX divides every "
                      "group's sum by the size of the first group (a known JAX bug, seen on "
                      f"jax {CHECKED_VERSIONS}); simpmd divides by each group's own size.")
-    return report()
 
 
 def _crosscheck_shard_map(program, args, rtol, atol) -> CrossCheckReport:
@@ -757,7 +771,7 @@ def _crosscheck_jit(jitted, args, rtol, atol) -> CrossCheckReport:
         out = jitted(*args)
         sim.outputs = _to_numpy(out)
         sim_types = [str(J.typeof(y)) for y in tree.flatten(out)[0]]
-        kinds = {k for k in J.collective_counts(jitted.trace)}
+        kinds = set(jitted.trace.collective_counts())
     except Exception as exc:
         sim.error = exc
     try:
@@ -857,24 +871,10 @@ def _run_on_mesh(jax, fun, args, axis_name, in_axes, out_axes, static, grid, inn
     """The nested program as one jax.shard_map over a (outer, inner) mesh of devices."""
     run = EngineRun("jax.shard_map", optional=True)
     shard_map, check_kw = find_shard_map(jax)
-    sizes = {s for _, s in inner}
-    names = {n for n, _ in inner}
-    if grid is not None:
-        (outer_name, outer_size), (inner_name, inner_size) = grid
-    elif len(names) == 1 and len(sizes) == 1 and size:
-        outer_name, outer_size = axis_name, size
-        inner_name, inner_size = next(iter(names)), next(iter(sizes))
-    else:
-        run.not_run = "the nesting is not one outer and one inner axis of fixed sizes"
+    axes = _mesh_axes(run, jax, shard_map, grid, inner, axis_name, size)
+    if axes is None:
         return run
-    if shard_map is None:
-        run.not_run = f"this jax ({jax.__version__}) has no shard_map"
-        return run
-    if len(names) > 1 or len(sizes) > 1:
-        run.not_run = "the body maps more than one inner axis; the mesh has two axes"
-        return run
-    outer_name = "outer" if outer_name is None else outer_name
-    inner_name = "inner" if inner_name is None else inner_name
+    (outer_name, outer_size), (inner_name, inner_size) = axes
     count = outer_size * inner_size
     devices = chosen_devices() or []
     if len(devices) < count:
@@ -883,62 +883,21 @@ def _run_on_mesh(jax, fun, args, axis_name, in_axes, out_axes, static, grid, inn
         except JaxDevicesError:
             run.not_run = f"the {outer_size}x{inner_size} mesh needs {count} JAX devices"
             return run
-    from jax.sharding import Mesh, PartitionSpec as P
-    import jax.numpy as jnp
+    from jax.sharding import Mesh
     mesh = Mesh(np.array(devices[:count], dtype=object).reshape(outer_size, inner_size),
                 (outer_name, inner_name))
     run.devices = f"{outer_size}x{inner_size} {_device_text(devices[:1]).split(' ', 1)[1]} mesh"
-
-    # Inputs: every leaf of every non-static argument, split along its outer mapped axis.
-    per_arg = _per_arg_axes(in_axes, len(args))
-    flat, specs, axes, defs = [], [], [], []
-    for i, a in enumerate(args):
-        if i in static:
-            defs.append(None)
-            continue
-        leaves, td = tree.flatten(a)
-        defs.append((td, len(leaves)))
-        for leaf, ax in zip(leaves, tree.broadcast_prefix(per_arg[i], a)):
-            if ax is None:
-                flat.append(jnp.asarray(leaf))
-                specs.append(P())
-                axes.append(None)
-            else:
-                k = int(ax) % np.ndim(leaf)
-                flat.append(np.asarray(leaf))
-                specs.append(P(*([None] * k), outer_name))
-                axes.append(k)
-    # Outputs: one spec per leaf, from simpmd's result, or one for all if out_axes is plain.
-    if sim.outputs is not None:
-        out_leaf_axes = _leaf_out_axes(out_axes, sim.outputs)
-        out_specs = tuple(P() if k is None else P(*([None] * k), outer_name) for k in out_leaf_axes)
-    elif out_axes is None or (isinstance(out_axes, int) and out_axes >= 0):
-        out_leaf_axes = None
-        out_specs = P() if out_axes is None else P(*([None] * out_axes), outer_name)
-    else:
+    flat, specs, in_leaf_axes, defs = _mesh_inputs(args, in_axes, static, outer_name)
+    placed = _mesh_out_specs(sim, out_axes, outer_name)
+    if placed is None:
         run.not_run = "needs simpmd's result to place pytree or negative out_axes"
         return run
+    out_leaf_axes, out_specs = placed
     out_def = {}
-
-    def body(*blocks):
-        it = iter(zip(blocks, axes))
-        full = []
-        for i, a in enumerate(args):
-            if defs[i] is None:
-                full.append(a)
-                continue
-            td, n = defs[i]
-            full.append(tree.unflatten(td, [b if k is None else jnp.squeeze(b, k)
-                                            for b, k in itertools.islice(it, n)]))
-        leaves, td = tree.flatten(fun(*full))
-        out_def["treedef"] = td
-        ks = out_leaf_axes or [None if out_axes is None else out_axes] * len(leaves)
-        return tuple(jnp.asarray(v) if k is None else jnp.expand_dims(jnp.asarray(v), k)
-                     for v, k in zip(leaves, ks))
-
+    body = _mesh_body(fun, args, defs, in_leaf_axes, out_leaf_axes, out_axes, out_def)
     kw = {check_kw: False} if check_kw else {}
     program = shard_map(body, mesh=mesh, in_specs=tuple(specs), out_specs=out_specs, **kw)
-    translation = Translation("shard_map", inner_name=grid[1][0] if grid else next(iter(names)),
+    translation = Translation("shard_map", inner_name=grid[1][0] if grid else inner[0][0],
                               inner_size=inner_size, mesh_axis=inner_name)
     with translating(translation):
         try:
@@ -959,3 +918,82 @@ def _run_on_mesh(jax, fun, args, axis_name, in_axes, out_axes, static, grid, inn
     if note:
         notes.append(note)
     return run
+
+
+def _mesh_axes(run, jax, shard_map, grid, inner, axis_name, size):
+    """((outer name, size), (inner name, size)) of the 2-D mesh, or None (``run`` then
+    says why it cannot run)."""
+    sizes, names = {s for _, s in inner}, {n for n, _ in inner}
+    if grid is not None:
+        (outer_name, outer_size), (inner_name, inner_size) = grid
+    elif len(names) == 1 and len(sizes) == 1 and size:
+        outer_name, outer_size = axis_name, size
+        inner_name, inner_size = next(iter(names)), next(iter(sizes))
+    else:
+        run.not_run = "the nesting is not one outer and one inner axis of fixed sizes"
+        return None
+    if shard_map is None:
+        run.not_run = f"this jax ({jax.__version__}) has no shard_map"
+        return None
+    if len(names) > 1 or len(sizes) > 1:
+        run.not_run = "the body maps more than one inner axis; the mesh has two axes"
+        return None
+    return (("outer" if outer_name is None else outer_name, outer_size),
+            ("inner" if inner_name is None else inner_name, inner_size))
+
+
+def _mesh_inputs(args, in_axes, static, outer_name):
+    """Every leaf of every non-static argument, split along its outer mapped axis: the
+    leaves, their specs, their mapped axes, and each argument's (treedef, leaf count)."""
+    from jax.sharding import PartitionSpec as P
+    import jax.numpy as jnp
+    per_arg = _per_arg_axes(in_axes, len(args))
+    flat, specs, axes, defs = [], [], [], []
+    for i, a in enumerate(args):
+        if i in static:
+            defs.append(None)
+            continue
+        leaves, td = tree.flatten(a)
+        defs.append((td, len(leaves)))
+        for leaf, ax in zip(leaves, tree.broadcast_prefix(per_arg[i], a)):
+            k = None if ax is None else int(ax) % np.ndim(leaf)
+            flat.append(jnp.asarray(leaf) if k is None else np.asarray(leaf))
+            specs.append(P() if k is None else P(*([None] * k), outer_name))
+            axes.append(k)
+    return flat, specs, axes, defs
+
+
+def _mesh_out_specs(sim, out_axes, outer_name):
+    """(each output leaf's axis or None, out_specs): one spec per leaf from simpmd's
+    result, or one for all if out_axes is plain; None when neither can say."""
+    from jax.sharding import PartitionSpec as P
+    if sim.outputs is not None:
+        leaf_axes = _leaf_out_axes(out_axes, sim.outputs)
+        return leaf_axes, tuple(P() if k is None else P(*([None] * k), outer_name)
+                                for k in leaf_axes)
+    if out_axes is None or (isinstance(out_axes, int) and out_axes >= 0):
+        return None, P() if out_axes is None else P(*([None] * out_axes), outer_name)
+    return None
+
+
+def _mesh_body(fun, args, defs, in_leaf_axes, out_leaf_axes, out_axes, out_def):
+    """The shard_map body: each block without its outer axis, the function, each result
+    given the axis back."""
+    import jax.numpy as jnp
+
+    def body(*blocks):
+        it = iter(zip(blocks, in_leaf_axes))
+        full = []
+        for i, a in enumerate(args):
+            if defs[i] is None:
+                full.append(a)
+                continue
+            td, n = defs[i]
+            full.append(tree.unflatten(td, [b if k is None else jnp.squeeze(b, k)
+                                            for b, k in itertools.islice(it, n)]))
+        leaves, td = tree.flatten(fun(*full))
+        out_def["treedef"] = td
+        ks = out_leaf_axes or [None if out_axes is None else out_axes] * len(leaves)
+        return tuple(jnp.asarray(v) if k is None else jnp.expand_dims(jnp.asarray(v), k)
+                     for v, k in zip(leaves, ks))
+    return body

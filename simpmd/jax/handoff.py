@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..core import bridge
+from . import printing  # noqa: F401  (how the running JAX prints: simpmd's printer asks)
 from ..api import tree
 from ..core.core import context
 from ..api.shard_map import shard_map
@@ -85,32 +86,45 @@ _followed = None
 
 
 def follow_rules(jax, device) -> frozenset:
-    """Which reductions the running JAX accepts on a value that varies over only some of
-    their axes under ``shard_map(check_vma=True)`` (it makes the value vary over all of
-    them first): found by tracing each on JAX, never from a stored version number, and
-    given to simpmd's rows (``collectives.settings.partial``). Asked once per process."""
+    """Which reduction rows the running JAX accepts on a value that varies over only some
+    of their axes under ``shard_map(check_vma=True)`` (it makes the value vary over all of
+    them first): found by tracing each row's lax function on JAX, never from a stored
+    version number, and given to the rows (``collectives.settings.partial``). Asked once
+    per process."""
     global _followed
     if _followed is not None:
         return _followed
     from jax.sharding import Mesh, PartitionSpec as JP
     from ..core.collectives import settings
+    from ..core.core import PRIMITIVES
     mesh = Mesh(np.array([device]).reshape(1, 1), ("a", "b"))
     shard_map, check = find_shard_map(jax)
-    probes = {"psum": (jax.lax.psum, JP()), "pmean": (jax.lax.pmean, JP()),
-              "pmax": (jax.lax.pmax, JP()), "pmin": (jax.lax.pmin, JP()),
-              "psum_scatter": (lambda x, axes: jax.lax.psum_scatter(x, axes, tiled=True),
-                               JP(("a", "b")))}
     accepted = set()
-    for name, (op, out_spec) in probes.items():
-        body = shard_map(lambda x, op=op: op(x, ("a", "b")), mesh=mesh, in_specs=JP("a"),
-                         out_specs=out_spec, **{check or "check_vma": True})
+    for row in (r for r in PRIMITIVES.values() if getattr(r, "reduction", False)):
+        op, keywords = getattr(jax.lax, row.op), getattr(row, "probe_keywords", {})
+        body = shard_map(lambda x, op=op, kw=keywords: op(x, ("a", "b"), **kw), mesh=mesh,
+                         in_specs=JP("a"), out_specs=JP(("a", "b")),
+                         **{check or "check_vma": True})
         try:
             jax.make_jaxpr(body)(np.ones(2, np.float32))
         except Exception:              # refused by its type, as simpmd refuses it
             continue
-        accepted.add(name)
+        accepted.add(row)
     settings.partial = _followed = frozenset(accepted)
     return _followed
+
+
+def followed_rules():
+    """The running JAX's rules, once its backend is up (asking starts nothing), or None."""
+    jax = sys.modules.get("jax")
+    if _followed is not None or jax is None:
+        return _followed
+    try:
+        from jax._src import xla_bridge
+        started = xla_bridge.backends_are_initialized()
+    except Exception:                      # a JAX without that function: ask its devices
+        started = True
+    return follow_rules(jax, jax.devices()[0]) if started else None
 
 
 # -- nested simpmd.pmap inside a JAX trace -------------------------------------------------

@@ -153,7 +153,7 @@ def compare(fun, *args, mesh, in_specs, name: str | None = None, rtol=1e-4, atol
     if sim_out is not None:
         report.sim_types = [str(J.typeof(y)) for y in sim_leaves]
         if jit:
-            report.sim_collectives = J.collective_counts(jitted.trace)
+            report.sim_collectives = jitted.trace.collective_counts()
     ok, lacking = jax_has_explicit_axes()
     if not ok:
         report.skipped = f"this JAX ({jax.__version__}) lacks {lacking}"

@@ -2,15 +2,20 @@
 
 A learner asks ``jax.devices()`` what hardware they have; ``simpmd.devices()`` answers
 the same question for the simulated machine. The platform also records what hardware
-the simulated devices stand for (a label the cost model reads) and how they are wired
+the simulated devices stand for (a label the cost model reads), how they are wired
 (a physical topology such as a 4x4 torus), so that the same program can be costed on
-a TPU slice or on a GPU node.
+a TPU slice or on a GPU node, and which process (host) each device belongs to: one
+process by default, as a single Python process sees every device; several with
+``set_device_count(n, processes=...)``, as on a TPU pod slice or a GPU cluster, where
+``simpmd.run_processes`` runs one program per process (``simpmd/hosts/``).
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 import itertools
 import math
+import threading
 
 import numpy as np
 
@@ -27,6 +32,7 @@ class SimDevice:
     hardware: str = DEFAULT_HARDWARE
     coords: tuple[int, ...] = ()          # position in the physical topology
     platform: str = "sim"
+    process_index: int = 0                # the host whose process drives it, as jax.Device's
 
     def __repr__(self) -> str:
         return f"SimDevice(id={self.id})"
@@ -34,6 +40,10 @@ class SimDevice:
     @property
     def device_kind(self) -> str:         # jax.Device has the same attribute
         return self.hardware
+
+    @property
+    def slice_index(self) -> int:         # one slice, as JAX's CPU devices report
+        return 0
 
 
 _generations = itertools.count()       # each platform made gets a number of its own
@@ -50,7 +60,16 @@ class Platform:
 
     def __repr__(self) -> str:
         shape = "x".join(map(str, self.topology))
-        return f"Platform({len(self.devices)} x {self.hardware!r}, topology {shape})"
+        hosts = f", {self.process_count} processes" if self.process_count > 1 else ""
+        return f"Platform({len(self.devices)} x {self.hardware!r}, topology {shape}{hosts})"
+
+    @property
+    def process_count(self) -> int:
+        return self.devices[-1].process_index + 1
+
+    def process_devices(self, index: int) -> list:
+        """The devices process ``index`` drives (its ``jax.local_devices()``)."""
+        return [d for d in self.devices if d.process_index == index]
 
     def device_grid(self) -> np.ndarray:
         """The devices as an object array shaped like the physical topology."""
@@ -59,7 +78,46 @@ class Platform:
         return grid.reshape(self.topology)
 
 
-def _make_platform(count: int, hardware: str, topology) -> Platform:
+# Devices per host where the hardware fixes it, for ``processes="hardware"``:
+# TPU v4 and v5p VMs hold 4 chips (https://cloud.google.com/tpu/docs/v4,
+# https://cloud.google.com/tpu/docs/v5p); multi-host v5e slices are built of 8-chip hosts
+# (the slice table of https://cloud.google.com/tpu/docs/v5e: 16 chips on 2 hosts, 256 on
+# 32; smaller VMs of 1 or 4 chips exist too); a DGX or HGX H100 or A100 node holds 8 GPUs
+# (https://docs.nvidia.com/dgx/dgxh100-user-guide/introduction-to-dgxh100.html).
+DEVICES_PER_HOST = {"TPU v4": 4, "TPU v5p": 4, "TPU v5e": 8, "H100": 8, "H200": 8, "A100": 8}
+
+
+def _process_sizes(count: int, hardware: str, processes) -> int:
+    """How many devices each process drives, from ``processes`` (None: one process for
+    all; an int: that many equal processes; "hardware": the host size of ``hardware``)."""
+    if processes is None:
+        return count
+    if processes == "hardware":
+        if hardware not in DEVICES_PER_HOST:
+            raise ValueError(
+                f"processes='hardware': no host size is known for {hardware!r} (known: "
+                f"{', '.join(DEVICES_PER_HOST)}); give the number of processes instead.")
+        per = min(DEVICES_PER_HOST[hardware], count)
+    elif isinstance(processes, (int, np.integer)) and not isinstance(processes, bool):
+        if not 1 <= processes <= count:
+            raise ValueError(f"processes={processes}: a platform of {count} devices can have "
+                             f"1 to {count} processes.")
+        if count % int(processes):
+            raise ValueError(
+                f"{count} devices do not split evenly into {processes} processes; every host "
+                f"of a slice or cluster drives the same number of devices.")
+        per = count // int(processes)
+    else:
+        raise TypeError(f"processes must be None, an int or 'hardware', got {processes!r}")
+    if count % per:
+        raise ValueError(
+            f"{count} devices do not split evenly into processes of {per}; every host of a "
+            f"slice or cluster drives the same number of devices. Choose a device count "
+            f"that {per} divides, or another number of processes.")
+    return per
+
+
+def _make_platform(count: int, hardware: str, topology, processes=None) -> Platform:
     if isinstance(count, bool) or not isinstance(count, (int, np.integer)):
         raise TypeError(f"set_device_count expects an int, got {count!r}")
     if not 1 <= count <= MAX_DEVICE_COUNT:
@@ -69,23 +127,30 @@ def _make_platform(count: int, hardware: str, topology) -> Platform:
         raise ValueError(
             f"topology {topology} holds {math.prod(topology)} devices, but the platform has "
             f"{count}; choose a shape whose sizes multiply to {count}")
+    per = _process_sizes(count, hardware, processes)
     coords = list(np.ndindex(*topology))
-    devices = tuple(SimDevice(i, hardware, tuple(int(c) for c in coords[i])) for i in range(count))
+    devices = tuple(SimDevice(i, hardware, tuple(int(c) for c in coords[i]), process_index=i // per)
+                    for i in range(count))
     return Platform(devices, hardware, topology)
 
 
 _platform = _make_platform(DEFAULT_DEVICE_COUNT, DEFAULT_HARDWARE, None)
 
 
-def set_device_count(n: int, *, hardware: str | None = None, topology=None) -> Platform:
-    """Choose how many simulated devices exist (1 to 65536), what they stand for and their wiring.
+def set_device_count(n: int, *, hardware: str | None = None, topology=None,
+                     processes=None) -> Platform:
+    """Choose how many simulated devices exist (1 to 65536), what they stand for, their
+    wiring, and the processes (hosts) that drive them.
 
     ``hardware`` is a label such as ``"TPU v4"`` or ``"H100"`` that the cost model looks up;
     it keeps its previous value when omitted. ``topology`` is the physical shape (row-major
     device ids), e.g. ``(4, 4)`` for a 4x4 torus; by default the devices form a ring.
+    ``processes`` is None (one process drives every device: the default), a number of
+    processes (devices split among them in id order), or ``"hardware"`` (as many devices per
+    process as one host of that hardware holds: 4 TPU v4 chips, 8 H100s).
     """
     global _platform
-    _platform = _make_platform(n, hardware or _platform.hardware, topology)
+    _platform = _make_platform(n, hardware or _platform.hardware, topology, processes)
     return _platform
 
 
@@ -94,14 +159,62 @@ def platform() -> Platform:
     return _platform
 
 
+@contextlib.contextmanager
+def platform_for(count: int, *, processes=None, hardware: str | None = None):
+    """A platform of ``count`` devices for the length of a ``with`` block; the previous
+    one is put back after it."""
+    global _platform
+    before = _platform
+    set_device_count(count, hardware=hardware, processes=processes)
+    try:
+        yield _platform
+    finally:
+        _platform = before
+
+
 def devices() -> list[SimDevice]:
     """All simulated devices, like ``jax.devices()``."""
     return list(_platform.devices)
 
 
+# Which simulated process the calling thread runs as (simpmd.run_processes sets it).
+_process = threading.local()
+
+
+def current_process():
+    """The simulated process (a ``simpmd.hosts`` process) the caller runs in, or None
+    outside ``simpmd.run_processes``."""
+    return getattr(_process, "host", None)
+
+
+# How a simulated process's call of jit, shard_map or device_put joins the other processes':
+# simpmd.hosts registers its calls module here when imported (the front ends sit below it).
+hosts = None
+
+
+def intercepts() -> bool:
+    """True when a front end's call is a simulated process's own, to hand to ``hosts``
+    (a rendezvous running the computation for every process passes through)."""
+    host = current_process()
+    return host is not None and not host.executing
+
+
+def process_index() -> int:
+    """Which process this is, like ``jax.process_index()``: 0 outside ``run_processes``."""
+    host = current_process()
+    return 0 if host is None else host.index
+
+
+def process_count() -> int:
+    """How many processes drive the devices, like ``jax.process_count()``."""
+    return _platform.process_count
+
+
 def local_devices() -> list[SimDevice]:
-    """Same as :func:`devices`: a simulation has a single host."""
-    return list(_platform.devices)
+    """The devices this process drives, like ``jax.local_devices()``. Outside
+    ``simpmd.run_processes`` simpmd looks from above and sees every device."""
+    host = current_process()
+    return list(_platform.devices) if host is None else list(host.devices)
 
 
 def device_count() -> int:
@@ -109,4 +222,6 @@ def device_count() -> int:
     return len(_platform.devices)
 
 
-local_device_count = device_count
+def local_device_count() -> int:
+    """How many devices this process drives, like ``jax.local_device_count()``."""
+    return len(local_devices())

@@ -175,12 +175,15 @@ class PartitionSpec:
 
     One entry per leading dimension: ``None`` (kept whole), a mesh axis name, or a tuple of
     names (split over their product, row-major). Dimensions past the last entry are kept
-    whole; mesh axes the spec never names replicate the array.
+    whole; mesh axes the spec never names replicate the array. ``unreduced={'x'}``: every
+    device along ``x`` holds a partial sum, the array being their sum (a reduction not yet
+    done); ``reduced={'x'}``: replicated along ``x``, with unreduced gradients (JAX's
+    "Autodiff and sharding", https://docs.jax.dev/en/latest/301/sharding-ad.html).
     """
 
-    __slots__ = ("_partitions",)
+    __slots__ = ("_partitions", "unreduced", "reduced")
 
-    def __init__(self, *partitions):
+    def __init__(self, *partitions, unreduced=frozenset(), reduced=frozenset()):
         parts = []
         for p in partitions:
             if isinstance(p, list):
@@ -195,6 +198,17 @@ class PartitionSpec:
                                     f"axis names only (no None, no nested tuples).")
             parts.append(p)
         self._partitions = tuple(parts)
+        self.unreduced, self.reduced = _axis_set(unreduced, "unreduced"), _axis_set(reduced, "reduced")
+        named = {n for p in parts if p is not None for n in (p if isinstance(p, tuple) else (p,))}
+        for word, axes in (("unreduced", self.unreduced), ("reduced", self.reduced)):
+            if named & axes:
+                raise ValueError(
+                    f"partitions cannot overlap with {word} axes passed to PartitionSpec. Got "
+                    f"partitions: {self._partitions} and {word} axes: {_fs(axes)}")
+        if self.unreduced & self.reduced:
+            raise ValueError(
+                f"`unreduced` and `reduced` argument to PartitionSpec cannot overlap. Got "
+                f"unreduced: {_fs(self.unreduced)} and reduced: {_fs(self.reduced)}")
 
     def __len__(self):
         return len(self._partitions)
@@ -206,17 +220,21 @@ class PartitionSpec:
         return self._partitions[i]
 
     def __eq__(self, other):
-        return isinstance(other, PartitionSpec) and self._partitions == other._partitions
+        return (isinstance(other, PartitionSpec) and self._partitions == other._partitions
+                and (self.unreduced, self.reduced) == (other.unreduced, other.reduced))
 
     def __hash__(self):
         parts = list(self._partitions)
         while parts and parts[-1] is None:     # as in JAX: P('a') and P('a', None) hash alike
             parts.pop()
-        return hash(("PartitionSpec", tuple(parts)))
+        return hash(("PartitionSpec", tuple(parts), self.unreduced, self.reduced))
 
     def __repr__(self):
-        inner = ", ".join(repr(p) for p in self._partitions)
-        return f"P({inner}{',' if len(self._partitions) == 1 else ''})"
+        inner = [repr(p) for p in self._partitions]
+        sets = [f"{word}={{{', '.join(repr(a) for a in sorted(axes))}}}"
+                for word, axes in (("unreduced", self.unreduced), ("reduced", self.reduced)) if axes]
+        comma = "," if len(self._partitions) == 1 and not sets else ""
+        return f"P({', '.join(inner + sets)}{comma})"
 
     def axes_of(self, dim: int) -> tuple:
         """The mesh axis names dimension ``dim`` is split over (``()`` if kept whole)."""
@@ -233,6 +251,19 @@ class PartitionSpec:
 P = PartitionSpec
 
 
+def _axis_set(axes, word) -> frozenset:
+    """JAX takes the axes of ``unreduced=``/``reduced=`` as a set only."""
+    if not isinstance(axes, (set, frozenset)):
+        raise TypeError(f"{word} argument of PartitionSpec should of type `frozenset` or `set`. "
+                        f"Got type {type(axes)}")
+    return frozenset(axes)
+
+
+def _fs(axes) -> str:
+    """A frozenset as JAX prints it in its messages: frozenset({'x'})."""
+    return "frozenset({" + ", ".join(repr(a) for a in sorted(axes)) + "})"
+
+
 def check_spec(spec, mesh: Mesh, what: str, ndim: int | None = None) -> None:
     """Raise a teaching error if ``spec`` cannot describe an array of rank ``ndim`` on ``mesh``."""
     if not isinstance(spec, PartitionSpec):
@@ -243,6 +274,11 @@ def check_spec(spec, mesh: Mesh, what: str, ndim: int | None = None) -> None:
             hint = " This looks like JAX's PartitionSpec; use simpmd.P with a simpmd mesh."
         raise TypeError(f"{what} must be a simpmd.P(...) partition spec, got {spec!r}.{hint}")
     used = spec.mesh_axes()
+    for word, axes in (("Unreduced", spec.unreduced), ("Reduced", spec.reduced)):
+        missing = sorted(a for a in axes if a not in mesh.axis_names)
+        if missing:
+            raise ShardingError(f"{word} axes {', '.join(missing)} is not found in "
+                                f"mesh.axis_names={mesh.axis_names}. Got pspec={spec!r}")
     unknown = [n for n in used if n not in mesh.axis_names]
     if unknown:
         axes = ", ".join(f"{n!r} (size {s})" for n, s in mesh.shape.items())
@@ -364,3 +400,43 @@ class NamedSharding:
 
     def __repr__(self):
         return f"NamedSharding(mesh={self.mesh!r}, spec={self.spec!r})"
+
+
+# -- an array's blocks on a mesh ----------------------------------------------------------
+
+def _split_shape(shape, spec, mesh):
+    """``shape`` with each split dimension cut into (its mesh axes..., block): the axis
+    positions by mesh axis name, and the positions of the block dimensions."""
+    sizes, cut, position, blocks = mesh.shape, [], {}, []
+    for d, size in enumerate(shape):
+        names = spec.axes_of(d)
+        for name in names:
+            position[name] = len(cut)
+            cut.append(sizes[name])
+        blocks.append(len(cut))
+        cut.append(size // math.prod(sizes[n] for n in names))
+    return cut, position, blocks
+
+
+def stack_blocks(value, spec, mesh):
+    """Every device's block of ``value``, stacked in the mesh's row-major device order."""
+    cut, position, blocks = _split_shape(value.shape, spec, mesh)
+    v = value.reshape(cut + [1] * (len(mesh.axis_names) - len(position)))
+    free = iter(range(len(cut), v.ndim))
+    order = [position[n] if n in position else next(free) for n in mesh.axis_names] + blocks
+    v = np.broadcast_to(v.transpose(order), tuple(mesh.shape.values()) + tuple(cut[b] for b in blocks))
+    return v.reshape((mesh.size,) + v.shape[len(mesh.axis_names):])
+
+
+def join_blocks(stack, spec, mesh):
+    """The global array whose blocks ``stack`` holds (the first copy of each block)."""
+    grid = stack.reshape(tuple(mesh.shape.values()) + stack.shape[1:])
+    used = spec.mesh_axes()
+    names = [n for n in mesh.axis_names if n in used]
+    grid = grid[tuple(slice(None) if n in used else 0 for n in mesh.axis_names)]
+    order, shape = [], []
+    for d, size in enumerate(stack.shape[1:]):
+        axes = spec.axes_of(d)
+        order += [names.index(n) for n in axes] + [len(names) + d]
+        shape.append(size * math.prod(mesh.shape[n] for n in axes))
+    return np.array(grid.transpose(order).reshape(shape))

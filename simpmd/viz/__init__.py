@@ -28,7 +28,7 @@ _WHERE = {
     "mesh_groups": "mesh",
     "draw_collective": "collectives",
     "draw_trace": "collectives",
-    "DRAWING": "collectives",
+    "drawing_of": "collectives",
     "draw_algorithm_step": "algorithms",
     "draw_algorithm": "algorithms",
     "animate_algorithm": "algorithms",
@@ -44,6 +44,8 @@ _WHERE = {
     "dispatch_matrix": "dispatch",
     "draw_permute_steps": "dispatch",
     "permute_steps": "dispatch",
+    "draw_hosts": "hosts",
+    "crossing_axes": "hosts",
 }
 
 __all__ = sorted(_WHERE)

@@ -232,53 +232,14 @@ def _busy(run, t):
 
 def _draw_frame(ax, run, t, held, segs, show):
     centres, w, h, limits, kind = _layout(run, len(segs))
-    p = run.num_devices
-    n = max((b for _, b in segs), default=0)
     busy = _busy(run, t)
-    fs = MIN_FONT + 0.5
-    slots, elided = _ring_slots(p) if kind == "ring" else (list(centres), [])
+    slots, elided = _ring_slots(run.num_devices) if kind == "ring" else (list(centres), [])
     if elided:
         _draw_gap(ax, centres[elided[0]], elided, math.hypot(*centres[0]))
     for i in (d for d in slots if d is not None):
-        cx, cy = centres[i]
-        x0, y0 = cx - w / 2, cy - h / 2
         idle = i not in busy
-        box = Rectangle((x0, y0), w, h, fill=False, edgecolor=(0.6, 0.6, 0.6) if idle else INK,
-                        linewidth=1.0, zorder=3)
-        tag(box, "device", i)
-        ax.add_patch(box)
-        state = np.asarray(run.states[t][i]).ravel()
-        for s, (a, b) in enumerate(segs):
-            frac = len(held[t][i][s]) / p
-            face = tint(_piece_color(s, len(segs)), 0.15 + 0.85 * frac) if frac else (1, 1, 1)
-            if idle:
-                face = tint(face, 0.45)
-            cell = Rectangle((x0 + w * a / n, y0), w * (b - a) / n, h, facecolor=face,
-                             edgecolor="white", linewidth=0.5, zorder=2,
-                             hatch=_piece_hatch(s, len(segs)) or None)
-            ax.add_patch(cell)
-            text = _cell_text(held[t][i][s], p, state[a], show)
-            if text and _fits(text, w * (b - a) / n):
-                strong = frac == 1 and max(_piece_color(s, len(segs))) < 0.75
-                ax.text(x0 + w * (a + b) / (2 * n), cy, text, ha="center", va="center",
-                        fontsize=MIN_FONT, color="white" if strong else INK, zorder=4)
-        label = f"device {i}" if len(slots) <= 16 else str(i)
-        colour = (0.6, 0.6, 0.6) if idle else INK
-        if kind == "tree":               # at the left: arrows attach at the top and bottom
-            ax.text(x0 - 0.05, cy, label, ha="right", va="center", fontsize=MIN_FONT, color=colour)
-        elif kind == "grid":             # above, at the left: the arrows attach right of it
-            ax.text(x0, y0 + h + 0.03, label, ha="left", va="bottom", fontsize=MIN_FONT,
-                    color=colour)
-        elif len(slots) > 8 and abs(cx) > 1.2 * abs(cy):   # a crowded ring's sides: outside
-            ax.text(x0 - 0.05 if cx < 0 else x0 + w + 0.05, cy, label, va="center",
-                    ha="right" if cx < 0 else "left", fontsize=MIN_FONT, color=colour)
-        else:                            # at the outer end, clear of the arrows that arrive
-            below = cy < -1e-9
-            side = "left" if cx < -1e-9 else ("right" if cx > 1e-9 else "center")
-            lx = {"left": x0, "right": x0 + w, "center": cx}[side]
-            ax.text(lx, y0 - 0.03 if below else y0 + h + 0.03, label, ha=side,
-                    va="top" if below else "bottom", fontsize=MIN_FONT, color=colour)
-
+        _draw_buffer(ax, run, t, i, centres[i], (w, h), held, segs, show, idle)
+        _device_label(ax, i, centres[i], (w, h), kind, len(slots), idle)
     if kind == "tree":                   # the tree itself, faint, in every frame
         for child, up in _tree(run).items():
             (cx, cy), (ux, uy) = centres[child], centres[up]
@@ -303,6 +264,55 @@ def _draw_frame(ax, run, t, held, segs, show):
     ax.set_ylim(y0 - FOOT_IN, y1 + HEAD_IN)
     ax.set_aspect("equal", adjustable="box")
     ax.set_axis_off()
+
+
+def _draw_buffer(ax, run, t, i, centre, size, held, segs, show, idle):
+    """Device ``i``'s buffer at step ``t``: a box of pieces, each as full as the share of
+    the devices' data it holds (faded when the device is idle this step)."""
+    (cx, cy), (w, h), p = centre, size, run.num_devices
+    n = max((b for _, b in segs), default=0)
+    x0, y0 = cx - w / 2, cy - h / 2
+    box = Rectangle((x0, y0), w, h, fill=False, edgecolor=(0.6, 0.6, 0.6) if idle else INK,
+                    linewidth=1.0, zorder=3)
+    tag(box, "device", i)
+    ax.add_patch(box)
+    state = np.asarray(run.states[t][i]).ravel()
+    for s, (a, b) in enumerate(segs):
+        frac = len(held[t][i][s]) / p
+        face = tint(_piece_color(s, len(segs)), 0.15 + 0.85 * frac) if frac else (1, 1, 1)
+        if idle:
+            face = tint(face, 0.45)
+        cell = Rectangle((x0 + w * a / n, y0), w * (b - a) / n, h, facecolor=face,
+                         edgecolor="white", linewidth=0.5, zorder=2,
+                         hatch=_piece_hatch(s, len(segs)) or None)
+        ax.add_patch(cell)
+        text = _cell_text(held[t][i][s], p, state[a], show)
+        if text and _fits(text, w * (b - a) / n):
+            strong = frac == 1 and max(_piece_color(s, len(segs))) < 0.75
+            ax.text(x0 + w * (a + b) / (2 * n), cy, text, ha="center", va="center",
+                    fontsize=MIN_FONT, color="white" if strong else INK, zorder=4)
+
+
+def _device_label(ax, i, centre, size, kind, n_slots, idle):
+    """A device's name, where the arrows of its layout do not arrive."""
+    (cx, cy), (w, h) = centre, size
+    x0, y0 = cx - w / 2, cy - h / 2
+    label = f"device {i}" if n_slots <= 16 else str(i)
+    colour = (0.6, 0.6, 0.6) if idle else INK
+    if kind == "tree":               # at the left: arrows attach at the top and bottom
+        ax.text(x0 - 0.05, cy, label, ha="right", va="center", fontsize=MIN_FONT, color=colour)
+    elif kind == "grid":             # above, at the left: the arrows attach right of it
+        ax.text(x0, y0 + h + 0.03, label, ha="left", va="bottom", fontsize=MIN_FONT,
+                color=colour)
+    elif n_slots > 8 and abs(cx) > 1.2 * abs(cy):   # a crowded ring's sides: outside
+        ax.text(x0 - 0.05 if cx < 0 else x0 + w + 0.05, cy, label, va="center",
+                ha="right" if cx < 0 else "left", fontsize=MIN_FONT, color=colour)
+    else:                            # at the outer end, clear of the arrows that arrive
+        below = cy < -1e-9
+        side = "left" if cx < -1e-9 else ("right" if cx > 1e-9 else "center")
+        lx = {"left": x0, "right": x0 + w, "center": cx}[side]
+        ax.text(lx, y0 - 0.03 if below else y0 + h + 0.03, label, ha=side,
+                va="top" if below else "bottom", fontsize=MIN_FONT, color=colour)
 
 
 def _piece_key(ax, segs, x_right, y_top, room=np.inf):

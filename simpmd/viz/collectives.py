@@ -8,8 +8,8 @@ are drawn as rows x columns grids. Cells are coloured by the device their data c
 carry their numbers where the numbers fit. Between the columns, each group is a band: its
 members exchange data among themselves; how (ring, tree) is what ``viz.draw_algorithm`` shows.
 
-What to colour, and how to link the two sides, is one row per collective in
-:data:`DRAWING`, as the math is one row of ``simpmd.core.collectives.MATH``.
+What to colour, and how to link the two sides, is a column of each collective's row
+(``drawing``, set here), as its math is (``simpmd.core.collectives``).
 """
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ import numpy as np
 from matplotlib.collections import LineCollection
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle
 
+from ..core import collectives as K
 from .text import needs_values
 from .canvas import (INK, MIN_FONT, SUM, ZERO, device_color, dtype_shape, face_color,
                      elide, figure_and_axes, new_figure, number, tag)
@@ -114,28 +115,33 @@ class Picture:
 
 
 _REDUCE = "colour = {who}; grey, hatched = combined from the whole group"
-DRAWING = {
-    "psum": Picture(_own, _summed, "group", "sum", "everyone's values are added; " + _REDUCE),
-    "pmean": Picture(_own, _summed, "group", "mean", "everyone's values are averaged; " + _REDUCE),
-    "pmax": Picture(_own, _winner, "group", "max",
-                    "elementwise maximum; colour = the {who} whose value won"),
-    "pmin": Picture(_own, _winner, "group", "min",
-                    "elementwise minimum; colour = the {who} whose value won"),
-    "all_gather": Picture(_own, _gathered, "group", "gather",
-                          "colour = the {who} a block came from: everyone ends with every block"),
-    "psum_scatter": Picture(_scattered_by_destination, _own, "group", "sum + split",
-                            "colour = the {who} a block is summed onto: block i of every "
-                            "device is added and lands on {who} i", words=("to", "from")),
-    "all_to_all": Picture(_own, _joined_by_source, "group", "all-to-all",
-                          "colour = the {who} a block came from: block i of {who} j goes to "
-                          "{who} i (a transpose)", split=_split_blocks),
-    "pswapaxes": Picture(_own, _joined_by_source, "group", "swap",
-                         "colour = the {who} a block came from: block i of {who} j goes to "
-                         "{who} i", split=_split_blocks),
-    "ppermute": Picture(_own, _permuted, "pairs", "",
-                        "colour = the {who} the value came from; white = nobody sent (zeros)"),
-    "pshuffle": Picture(_own, _shuffled, "pairs", "", "colour = the {who} the value came from"),
-}
+_BLOCKS = "colour = the {who} a block came from: block i of {who} j goes to {who} i"
+# The drawing of each collective, a column of its row (set here, where drawings live).
+K.psum.drawing = Picture(_own, _summed, "group", "sum", "everyone's values are added; " + _REDUCE)
+K.pmean.drawing = Picture(_own, _summed, "group", "mean",
+                          "everyone's values are averaged; " + _REDUCE)
+K.pmax.drawing = Picture(_own, _winner, "group", "max",
+                         "elementwise maximum; colour = the {who} whose value won")
+K.pmin.drawing = Picture(_own, _winner, "group", "min",
+                         "elementwise minimum; colour = the {who} whose value won")
+K.all_gather.drawing = Picture(
+    _own, _gathered, "group", "gather",
+    "colour = the {who} a block came from: everyone ends with every block")
+K.reduce_scatter.drawing = Picture(
+    _scattered_by_destination, _own, "group", "sum + split",
+    "colour = the {who} a block is summed onto: block i of every device is added and lands "
+    "on {who} i", words=("to", "from"))
+K.all_to_all.drawing = Picture(_own, _joined_by_source, "group", "all-to-all",
+                               _BLOCKS + " (a transpose)", split=_split_blocks)
+K.ppermute.drawing = Picture(_own, _permuted, "pairs", "",
+                             "colour = the {who} the value came from; white = nobody sent (zeros)")
+
+
+def drawing_of(op):
+    """The drawing of the collective whose lax name is ``op`` (its row's column)."""
+    return getattr(K.COLLECTIVES.get(op), "drawing", _DEFAULT)
+
+
 _DEFAULT = Picture(_own, _own, "group", "?", "colour = {who}")
 
 
@@ -384,51 +390,62 @@ def _plan(events, leaf, max_numbers, max_rows):
 
 
 def _draw_call(ax, plan, *, leaf, title, index=None):
-    groups, first, scale = plan["groups"], plan["first"], plan["scale"]
-    picture = DRAWING.get(first.op, _DEFAULT)
+    groups, first = plan["groups"], plan["first"]
+    picture = drawing_of(first.op)
     p = len(first.group)
-    x_before, x_after = plan["x_before"], plan["x_after"]
     fs = float(np.clip(plan["row_h"] * 26, MIN_FONT + 0.5, 9.0))
     idle = _idle_members(first) if picture.link == "pairs" else set()
     centre, extent = {}, {}
     for e, top in zip(plan["shown"], plan["tops"]):
-        if e is None:
-            continue
-        cy = top - min(plan["row_h"] - ROW_PAD_IN, 2 * CELL_H_IN) / 2
-        centre[(e.step, e.member)] = cy
-        grey = e.member in idle
-        group_inputs = [m.inputs[leaf] for m in _members(groups, e) if len(m.inputs) > leaf]
-        for side, x0, vals, fn in (("before", x_before, e.inputs, picture.before),
-                                   ("after", x_after, e.outputs, picture.after)):
-            if len(vals) <= leaf:
-                continue
-            value = vals[leaf]
-            split = picture.split(e, value) if (side == "before" and picture.split) else None
-            w, h = _draw_value(ax, x0, top, value, fn(e, value, group_inputs), split,
-                               p, scale, e.member, picture.words[side == "after"])
-            box = Rectangle((x0, top - h), w, h, fill=grey, facecolor=(0.85, 0.85, 0.85, 0.7),
-                            edgecolor=INK, linewidth=0.9, zorder=5)
-            tag(box, side, e.program)
-            ax.add_patch(box)
-            extent[(side, e.step, e.member)] = (x0 + w, top - min(h, 2 * CELL_H_IN) / 2)
-        label_y = extent.get(("before", e.step, e.member), (0, cy))[1]
-        ax.text(x_before - 0.12, label_y, _row_label(e) + ("\n(idle)" if grey else ""), ha="right",
-                va="center", fontsize=fs, color=(0.55, 0.55, 0.55) if grey else INK)
+        if e is not None:
+            _draw_member(ax, plan, e, top, leaf, picture, p, idle, fs, centre, extent)
     gap_y = {}
     for e, top in zip(plan["shown"], plan["tops"]):
         if e is None:
             note = _elision_note(plan["elided"])
-            t = ax.text(x_before, top - 0.16, note, ha="left", va="center", fontsize=MIN_FONT + 1,
-                        color=INK, style="italic")
+            t = ax.text(plan["x_before"], top - 0.16, note, ha="left", va="center",
+                        fontsize=MIN_FONT + 1, color=INK, style="italic")
             tag(t, "elided", len(plan["elided"]))
             for m in plan["elided"]:
                 gap_y[(m.step, m.member)] = top - 0.16
-
     if picture.link == "pairs":
-        _draw_pairs(ax, groups, centre, gap_y, extent, p, x_before + plan["box"], x_after, fs)
+        _draw_pairs(ax, groups, centre, gap_y, extent, p, plan["x_before"] + plan["box"],
+                    plan["x_after"], fs)
     else:
         _draw_groups(ax, plan, centre, extent, picture.symbol, fs)
+    _call_words(ax, plan, leaf, picture, title, index, idle, p)
+    ax.set_xlim(0, plan["width"])
+    ax.set_ylim(-plan["height"], 0)
+    ax.set_axis_off()
 
+
+def _draw_member(ax, plan, e, top, leaf, picture, p, idle, fs, centre, extent):
+    """One member's row: its value before and after (boxed, grey when idle), labelled."""
+    cy = top - min(plan["row_h"] - ROW_PAD_IN, 2 * CELL_H_IN) / 2
+    centre[(e.step, e.member)] = cy
+    grey = e.member in idle
+    group_inputs = [m.inputs[leaf] for m in _members(plan["groups"], e) if len(m.inputs) > leaf]
+    for side, x0, vals, fn in (("before", plan["x_before"], e.inputs, picture.before),
+                               ("after", plan["x_after"], e.outputs, picture.after)):
+        if len(vals) <= leaf:
+            continue
+        value = vals[leaf]
+        split = picture.split(e, value) if (side == "before" and picture.split) else None
+        w, h = _draw_value(ax, x0, top, value, fn(e, value, group_inputs), split,
+                           p, plan["scale"], e.member, picture.words[side == "after"])
+        box = Rectangle((x0, top - h), w, h, fill=grey, facecolor=(0.85, 0.85, 0.85, 0.7),
+                        edgecolor=INK, linewidth=0.9, zorder=5)
+        tag(box, side, e.program)
+        ax.add_patch(box)
+        extent[(side, e.step, e.member)] = (x0 + w, top - min(h, 2 * CELL_H_IN) / 2)
+    label_y = extent.get(("before", e.step, e.member), (0, cy))[1]
+    ax.text(plan["x_before"] - 0.12, label_y, _row_label(e) + ("\n(idle)" if grey else ""),
+            ha="right", va="center", fontsize=fs, color=(0.55, 0.55, 0.55) if grey else INK)
+
+
+def _call_words(ax, plan, leaf, picture, title, index, idle, p):
+    """The call's title, its caption, and the 'before' and 'after' headings."""
+    groups, first = plan["groups"], plan["first"]
     axes = first.axes[0] if len(first.axes) == 1 else tuple(first.axes)
     params = ", ".join(f"{k}={v}" for k, v in first.params.items() if v not in (False, None)
                        and k not in ("perm", "axis_index_groups", "inserted"))
@@ -453,15 +470,13 @@ def _draw_call(ax, plan, *, leaf, title, index=None):
             fontsize=10.5, color=INK, fontweight="bold")
     ax.text(0.12, -0.42, "\n".join(textwrap.wrap(caption, chars)), ha="left", va="top",
             fontsize=8.5, color=INK)
-    for x0, side, word in ((x_before, "inputs", "before"), (x_after, "outputs", "after")):
+    for x0, side, word in ((plan["x_before"], "inputs", "before"),
+                           (plan["x_after"], "outputs", "after")):
         vals = [getattr(e, side)[leaf] for e in plan["shown"] if e is not None
                 and len(getattr(e, side)) > leaf]
         shape = dtype_shape(vals[0]) if vals else "nothing"
         ax.text(x0, -HEADER_IN + 0.05, f"{word}: {shape} on each", ha="left", va="bottom",
                 fontsize=9, color=INK)
-    ax.set_xlim(0, plan["width"])
-    ax.set_ylim(-plan["height"], 0)
-    ax.set_axis_off()
 
 
 def _members(groups, e):
@@ -507,8 +522,6 @@ def _draw_pairs(ax, groups, centre, gap_y, extent, p, x_from, x_to, fs):
 
 
 def _pairs_of(e):
-    if e.op == "pshuffle":
-        return [(src, dst) for dst, src in enumerate(e.params.get("perm", ()))]
     return list(e.params.get("perm", ()))
 
 

@@ -105,61 +105,53 @@ def draw_dispatch(trace, call="all_to_all", *, leaf: int = 0, group: int = 0, em
                          f"({p})")
     texts = [[_listing(chunk, empty, max_values) for chunk in row] for row in matrix]
     widest = max(len(t) for row in texts for t, _ in row)
+    backs = None
     if held_back is not None:
         backs = [_listing(np.asarray(list(h)), None, max_values) for h in held_back]
         widest = max(widest, *(len(t) for t, _ in backs))
-    cell_w = float(np.clip(0.09 * widest + 0.35, 0.7, 2.6))
-    cell_h = 0.42
-    label_w, head_h = 1.0, 0.7
-    ncols = p + (1 if held_back is not None else 0)
-    width = label_w + ncols * cell_w + 0.2
+    cell_w, cell_h, label_w, head_h = float(np.clip(0.09 * widest + 0.35, 0.7, 2.6)), 0.42, 1.0, 0.7
+    width = label_w + (p + (1 if backs is not None else 0)) * cell_w + 0.2
     height = head_h + p * cell_h + 0.15
     fig, ax = figure_and_axes(ax, width, height)
     ax.set_xlim(0, width)
     ax.set_ylim(0, height)
     ax.set_axis_off()
     fs = max(MIN_FONT, 8.0)
-    first = members[0]
     sender_word, receiver_word = labels
-    heading = title or (f"{first.op}({', '.join(map(repr, first.axes))}): row = the {sender_word} "
-                        f"that sends, column = the {receiver_word} that receives")
+    heading = title or (f"{members[0].op}({', '.join(map(repr, members[0].axes))}): row = the "
+                        f"{sender_word} that sends, column = the {receiver_word} that receives")
     ax.text(0.05, height - 0.12, textwrap.fill(heading, int(width * 14)), fontsize=fs + 1,
             va="top", color=INK)
     top = height - head_h
-    for d in range(p):
-        x = label_w + d * cell_w
-        ax.text(x + cell_w / 2, top + 0.08, f"to {receiver_word} {d}", ha="center", va="bottom",
+    heads = [f"to {receiver_word} {d}" for d in range(p)] + (["not sent"] if backs else [])
+    for d, head in enumerate(heads):
+        ax.text(label_w + d * cell_w + cell_w / 2, top + 0.08, head, ha="center", va="bottom",
                 fontsize=fs, color=INK)
-    if held_back is not None:
-        x = label_w + p * cell_w
-        ax.text(x + cell_w / 2, top + 0.08, "not sent", ha="center", va="bottom", fontsize=fs,
-                color=INK)
     for s, e in enumerate(members):
         y = top - (s + 1) * cell_h
-        name = _row_label(e).replace("device", sender_word)
-        ax.text(label_w - 0.08, y + cell_h / 2, name, ha="right", va="center", fontsize=fs,
-                color=INK)
+        ax.text(label_w - 0.08, y + cell_h / 2, _row_label(e).replace("device", sender_word),
+                ha="right", va="center", fontsize=fs, color=INK)
         for d in range(p):
-            text, count = texts[s][d]
-            face = face_color(s, p) if count else face_color(ZERO, p)
-            box = Rectangle((label_w + d * cell_w, y), cell_w, cell_h, facecolor=face,
-                            edgecolor=(0.35, 0.35, 0.35), lw=0.8)
-            ax.add_patch(box)
-            tag(box, "cell", f"{s}->{d}")
-            box.set_label(text)
-            ax.text(label_w + d * cell_w + cell_w / 2, y + cell_h / 2, text or "-",
-                    ha="center", va="center", fontsize=fs, color=INK)
-        if held_back is not None:
-            text, count = backs[s]
-            box = Rectangle((label_w + p * cell_w, y), cell_w, cell_h, facecolor=HELD_BACK_FACE,
-                            edgecolor=(0.35, 0.35, 0.35), lw=0.8, hatch="//" if count else None)
-            ax.add_patch(box)
-            tag(box, "held_back", s)
-            box.set_label(text)
-            ax.text(label_w + p * cell_w + cell_w / 2, y + cell_h / 2, text or "-",
-                    ha="center", va="center", fontsize=fs, color=INK,
-                    bbox=dict(facecolor=HELD_BACK_FACE, edgecolor="none", pad=0.5) if count else None)
+            _cell(ax, (label_w + d * cell_w, y, cell_w, cell_h), texts[s][d], fs,
+                  face_color(s, p) if texts[s][d][1] else face_color(ZERO, p), "cell", f"{s}->{d}")
+        if backs is not None:
+            _cell(ax, (label_w + p * cell_w, y, cell_w, cell_h), backs[s], fs, HELD_BACK_FACE,
+                  "held_back", s, held=True)
     return fig
+
+
+def _cell(ax, box_at, listing, fs, face, kind, key, held=False):
+    """One cell of the dispatch matrix: its box, tagged, and its listing of values (a
+    held-back cell hatched when it holds any)."""
+    (x, y, w, h), (text, count) = box_at, listing
+    box = Rectangle((x, y), w, h, facecolor=face, edgecolor=(0.35, 0.35, 0.35), lw=0.8,
+                    hatch="//" if held and count else None)
+    ax.add_patch(box)
+    tag(box, kind, key)
+    box.set_label(text)
+    ax.text(x + w / 2, y + h / 2, text or "-", ha="center", va="center", fontsize=fs,
+            color=INK, bbox=dict(facecolor=HELD_BACK_FACE, edgecolor="none", pad=0.5)
+            if held and count else None)
 
 
 # -- a chain of ppermutes -------------------------------------------------------------------
@@ -248,14 +240,17 @@ def draw_permute_steps(trace, op: str = "ppermute", *, leaf: int = 0, block_labe
             box.set_label(text)
             ax.text(x + cell_w / 2, row_y(r) + cell_h / 2, text, ha="center", va="center",
                     fontsize=fs, color=INK)
-        if k == 0:
-            continue
-        pairs = [(int(s), int(d)) for s, d in calls[k - 1][0].params.get("perm", ())]
-        x_from = label_w + (k - 1) * (cell_w + gap) + cell_w
-        for s, d in pairs:
-            arrow = FancyArrowPatch((x_from + 0.04, row_y(s) + cell_h / 2),
-                                    (x - 0.04, row_y(d) + cell_h / 2), arrowstyle="-|>",
-                                    mutation_scale=8, color=(0.4, 0.4, 0.4), lw=0.9)
-            ax.add_patch(arrow)
-            tag(arrow, "message", f"{k}:{s}->{d}")
+        if k:
+            _messages(ax, calls[k - 1][0], k, label_w + (k - 1) * (cell_w + gap) + cell_w, x,
+                      row_y, cell_h)
     return fig
+
+
+def _messages(ax, call, k, x_from, x_to, row_y, cell_h):
+    """The arrows of one ppermute call, each sender's row to its receiver's."""
+    for s, d in [(int(s), int(d)) for s, d in call.params.get("perm", ())]:
+        arrow = FancyArrowPatch((x_from + 0.04, row_y(s) + cell_h / 2),
+                                (x_to - 0.04, row_y(d) + cell_h / 2), arrowstyle="-|>",
+                                mutation_scale=8, color=(0.4, 0.4, 0.4), lw=0.9)
+        ax.add_patch(arrow)
+        tag(arrow, "message", f"{k}:{s}->{d}")

@@ -94,6 +94,47 @@ def draw_mesh(shape_or_devices, axis_names=None, highlight_axis=None, values=Non
     """
     ids, carried = _device_grid(shape_or_devices)
     shape = ids.shape
+    axis_names = _checked_names(axis_names, carried, shape, ids)
+    flat_ids = ids.ravel()
+    text = _value_text(values, flat_ids)
+    groups, n_groups = (None, 0)
+    if highlight_axis is not None:
+        groups, n_groups = mesh_groups(shape, highlight_axis, axis_names)
+    frame = _Frame(shape)
+    fig, ax = figure_and_axes(ax, frame.total_w * frame.scale, frame.total_h * frame.scale)
+    boxes = {}
+    for s, (lead, nr, nc) in enumerate(frame.slices):
+        ox, oy = frame.origin(s)
+        if lead:
+            label = ", ".join(f"{axis_names[k]}={i}" for k, i in enumerate(lead))
+            ax.text(ox + frame.slice_w / 2 - GAP / 2, oy + 0.85, label, ha="center",
+                    va="bottom", fontsize=frame.fs, color=INK, fontweight="bold")
+        for r in range(nr):
+            if frame.starts is not None and frame.starts[r] is None:
+                _elided_row(ax, frame, ox, oy, r)
+                continue
+            for c in range(nc):
+                flat = frame.position(lead, r, c)
+                if flat is not None:
+                    boxes[flat] = _device_box(ax, frame, ox + c * (BOX + GAP),
+                                              oy - r * (BOX + GAP) - BOX, int(flat_ids[flat]),
+                                              text.get(flat, "") if text else None,
+                                              None if groups is None else (int(groups[flat]), n_groups))
+        _axis_labels(ax, shape, axis_names, ox, oy, nr, nc, frame.fs, frame.starts, flat_ids)
+    if groups is not None:
+        _group_outlines(ax, groups, n_groups, boxes)
+    if title is None:
+        title = _mesh_title(shape, axis_names, ids.size, highlight_axis, n_groups)
+    ax.text(frame.margin_left - GAP, 0.2, title, ha="left", va="top",
+            fontsize=max(frame.fs * 1.05, 9.0), color=INK)
+    ax.set_xlim(0, frame.total_w)
+    ax.set_ylim(-frame.total_h + 0.5, 0.5)
+    ax.set_aspect("equal", adjustable="box")
+    ax.set_axis_off()
+    return fig
+
+
+def _checked_names(axis_names, carried, shape, ids) -> tuple:
     if axis_names is None:
         axis_names = carried or tuple(f"axis {k}" for k in range(len(shape)))
     axis_names = (axis_names,) if isinstance(axis_names, str) else tuple(axis_names)
@@ -102,97 +143,86 @@ def draw_mesh(shape_or_devices, axis_names=None, highlight_axis=None, values=Non
                          f"name(s) were given: {axis_names}; give one name per axis")
     if ids.size == 0:
         raise ValueError("draw_mesh: the mesh has no devices")
-    flat_ids = ids.ravel()
-    text = _value_text(values, flat_ids)
+    return axis_names
 
-    groups, n_groups = (None, 0)
+
+class _Frame:
+    """Where a mesh's 2-D slices go on the figure, and how large it is drawn."""
+
+    def __init__(self, shape):
+        self.shape, self.slices = shape, _slices(shape)
+        rows, cols = self.slices[0][1], self.slices[0][2]
+        self.slice_w, self.slice_h = cols * (BOX + GAP), rows * (BOX + GAP)
+        n = len(self.slices)
+        per_row = max(1, min(n, math.ceil(math.sqrt(n * self.slice_h / max(self.slice_w, 1e-9)))))
+        self.per_row = n if n <= 4 else per_row
+        self.gap_y = SLICE_GAP if len(shape) > 2 else 0
+        self.margin_left, self.margin_top = 1.3, 1.5
+        self.total_w = self.margin_left + self.per_row * (self.slice_w + SLICE_GAP)
+        self.total_h = (self.margin_top + math.ceil(n / self.per_row) * (self.slice_h + self.gap_y)
+                        + 0.9)
+        self.scale = min(0.85, 11.0 / self.total_w, 9.0 / self.total_h)
+        self.fs = float(np.clip(self.scale * 13 * BOX, MIN_FONT, 12))
+        wrapped = len(shape) == 1 and shape[0] > WRAP
+        self.starts = _wrapped_rows(shape[0])[0] if wrapped else None
+
+    def origin(self, s):
+        return (self.margin_left + (s % self.per_row) * (self.slice_w + SLICE_GAP),
+                -(self.margin_top + (s // self.per_row) * (self.slice_h + self.gap_y)))
+
+    def position(self, lead, r, c):
+        """The row-major index of the device drawn at row ``r``, column ``c`` of a slice
+        (None past the end of a wrapped 1-D mesh)."""
+        if self.starts is not None:
+            if self.starts[r] + c >= self.shape[0]:
+                return None
+            pos = (self.starts[r] + c,)
+        else:
+            pos = (*lead, r, c) if len(self.shape) > 1 else (c,)
+        return int(np.ravel_multi_index(pos, self.shape))
+
+
+def _elided_row(ax, frame, ox, oy, r):
+    skipped = _wrapped_rows(frame.shape[0])[1]
+    first, last = frame.starts[r - 1] + WRAP, frame.starts[r + 1] - 1
+    note = ax.text(ox, oy - r * (BOX + GAP) - BOX / 2,
+                   f"⋮   {skipped} rows not drawn: devices {first} to {last}",
+                   ha="left", va="center", fontsize=frame.fs, color=INK, style="italic")
+    tag(note, "elided", skipped * WRAP)
+
+
+def _device_box(ax, frame, x, y, device, words, group):
+    """One device's box at (x, y): its id, and ``words`` (what it holds) when given,
+    coloured by its ``group`` (index, count) when a collective's groups are shown."""
+    fs, face, edge = frame.fs, (0.96, 0.96, 0.96), INK
+    if group is not None:
+        face, edge = tint(device_color(*group), 0.35), device_color(*group)
+    box = Rectangle((x, y), BOX, BOX, facecolor=face, edgecolor=edge, linewidth=1.2)
+    tag(box, "device", device)
+    ax.add_patch(box)
+    if words is None:
+        ax.text(x + BOX / 2, y + BOX * 0.5, str(device), ha="center", va="center",
+                fontsize=fs * 1.2, fontweight="bold", color=INK)
+        return x, y
+    # the device small at the top, what it holds large below
+    ax.text(x + 0.06, y + BOX - 0.06, f"device {device}", ha="left", va="top",
+            fontsize=max(fs * 0.62, MIN_FONT), color=INK)
+    lines = words.count("\n") + 1
+    width = max((len(w) for w in words.split("\n")), default=1)
+    size = min(fs * 1.1, fs * 0.62 * 3 / lines, fs * 0.62 * 11 / max(width, 1))
+    ax.text(x + BOX / 2, y + BOX * 0.4, words, ha="center", va="center",
+            fontsize=max(size, MIN_FONT), color=INK, family="monospace", linespacing=1.1)
+    return x, y
+
+
+def _mesh_title(shape, axis_names, size, highlight_axis, n_groups) -> str:
+    dims = " x ".join(f"{n}={s}" for n, s in zip(axis_names, shape))
+    title = f"mesh {dims} ({size} devices)"
     if highlight_axis is not None:
-        groups, n_groups = mesh_groups(shape, highlight_axis, axis_names)
-
-    slices = _slices(shape)
-    rows, cols = slices[0][1], slices[0][2]
-    slice_w, slice_h = cols * (BOX + GAP), rows * (BOX + GAP)
-    per_row = max(1, min(len(slices), math.ceil(math.sqrt(len(slices) * slice_h / max(slice_w, 1e-9)))))
-    per_row = len(slices) if len(slices) <= 4 else per_row
-    n_slice_rows = math.ceil(len(slices) / per_row)
-    margin_left, margin_top = 1.3, 1.5
-    total_w = margin_left + per_row * (slice_w + SLICE_GAP)
-    total_h = margin_top + n_slice_rows * (slice_h + (SLICE_GAP if len(shape) > 2 else 0)) + 0.9
-    scale = min(0.85, 11.0 / total_w, 9.0 / total_h)
-    fig, ax = figure_and_axes(ax, total_w * scale, total_h * scale)
-    fs = float(np.clip(scale * 13 * BOX, MIN_FONT, 12))
-    wrapped = len(shape) == 1 and shape[0] > WRAP
-    starts = _wrapped_rows(shape[0])[0] if wrapped else None
-
-    boxes = {}
-    for s, (lead, nr, nc) in enumerate(slices):
-        ox = margin_left + (s % per_row) * (slice_w + SLICE_GAP)
-        oy = -(margin_top + (s // per_row) * (slice_h + (SLICE_GAP if len(shape) > 2 else 0)))
-        if lead:
-            label = ", ".join(f"{axis_names[k]}={i}" for k, i in enumerate(lead))
-            ax.text(ox + slice_w / 2 - GAP / 2, oy + 0.85, label, ha="center", va="bottom",
-                    fontsize=fs, color=INK, fontweight="bold")
-        for r in range(nr):
-            if wrapped and starts[r] is None:
-                skipped = _wrapped_rows(shape[0])[1]
-                first, last = starts[r - 1] + WRAP, starts[r + 1] - 1
-                note = ax.text(ox, oy - r * (BOX + GAP) - BOX / 2,
-                               f"⋮   {skipped} rows not drawn: devices {first} to {last}",
-                               ha="left", va="center", fontsize=fs, color=INK, style="italic")
-                tag(note, "elided", skipped * WRAP)
-                continue
-            for c in range(nc):
-                if wrapped:
-                    if starts[r] + c >= shape[0]:
-                        continue
-                    pos = (starts[r] + c,)
-                else:
-                    pos = (*lead, r, c) if len(shape) > 1 else (c,)
-                flat = int(np.ravel_multi_index(pos, shape))
-                x, y = ox + c * (BOX + GAP), oy - r * (BOX + GAP) - BOX
-                face = (0.96, 0.96, 0.96)
-                edge = INK
-                if groups is not None:
-                    g = int(groups[flat])
-                    face = tint(device_color(g, n_groups), 0.35)
-                    edge = device_color(g, n_groups)
-                box = Rectangle((x, y), BOX, BOX, facecolor=face, edgecolor=edge, linewidth=1.2)
-                tag(box, "device", int(flat_ids[flat]))
-                ax.add_patch(box)
-                boxes[flat] = (x, y)
-                if text:          # the device small at the top, what it holds large below
-                    ax.text(x + 0.06, y + BOX - 0.06, f"device {flat_ids[flat]}", ha="left",
-                            va="top", fontsize=max(fs * 0.62, MIN_FONT), color=INK)
-                else:
-                    ax.text(x + BOX / 2, y + BOX * 0.5, str(flat_ids[flat]), ha="center",
-                            va="center", fontsize=fs * 1.2, fontweight="bold", color=INK)
-                if text:
-                    words = text.get(flat, "")
-                    lines = words.count("\n") + 1
-                    width = max((len(w) for w in words.split("\n")), default=1)
-                    size = min(fs * 1.1, fs * 0.62 * 3 / lines, fs * 0.62 * 11 / max(width, 1))
-                    ax.text(x + BOX / 2, y + BOX * 0.4, words, ha="center", va="center",
-                            fontsize=max(size, MIN_FONT), color=INK, family="monospace",
-                            linespacing=1.1)
-        _axis_labels(ax, shape, axis_names, ox, oy, nr, nc, fs, starts, flat_ids)
-
-    if groups is not None:
-        _group_outlines(ax, groups, n_groups, boxes)
-
-    if title is None:
-        dims = " x ".join(f"{n}={s}" for n, s in zip(axis_names, shape))
-        title = f"mesh {dims} ({ids.size} devices)"
-        if highlight_axis is not None:
-            over = highlight_axis if isinstance(highlight_axis, str) else tuple(highlight_axis)
-            size = ids.size // n_groups
-            title += (f"\na collective over {over!r} runs in {n_groups} group{'s' if n_groups > 1 else ''} "
-                      f"of {size}")
-    ax.text(margin_left - GAP, 0.2, title, ha="left", va="top", fontsize=max(fs * 1.05, 9.0), color=INK)
-    ax.set_xlim(0, total_w)
-    ax.set_ylim(-total_h + 0.5, 0.5)
-    ax.set_aspect("equal", adjustable="box")
-    ax.set_axis_off()
-    return fig
+        over = highlight_axis if isinstance(highlight_axis, str) else tuple(highlight_axis)
+        title += (f"\na collective over {over!r} runs in {n_groups} group"
+                  f"{'s' if n_groups > 1 else ''} of {size // n_groups}")
+    return title
 
 
 def _value_text(values, flat_ids):

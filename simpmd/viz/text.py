@@ -125,9 +125,8 @@ def header(trace) -> str:
         head += ("\nSHAPES ONLY: run on ShapeDtypeStructs, so the log holds types and bytes, "
                  "not values.")
         if getattr(trace, "unlogged", None):
-            head += ("\nNOT LOGGED: the collectives inside " + " and ".join(
-                {"cond": "lax.cond branches (which branch a device takes depends on values)",
-                 "xla_pmap": "nested pmaps"}[n] for n in trace.unlogged) + ".")
+            head += ("\nNOT LOGGED: the collectives inside " + " and ".join(trace.unlogged)
+                     + ".")
     if trace.eager:
         head += ("\nEAGER RUN: Python control flow on values was allowed; real JAX cannot "
                  "run this program.")

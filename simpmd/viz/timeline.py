@@ -239,23 +239,8 @@ def _model_columnar(log, estimate, roofline, compute, slowdown, watch, hbm, labe
     for r in log.records:
         f = r.fields
         if r.kind == "collective" and f["sets"]:
-            rows = np.concatenate([m.ravel() for m in f["sets"]])
-            work(rows, sum(a.nbytes for a in f["avals"]))
-            step = r.step
-            for members, durations in zip(f["sets"], times[id(r)]):
-                start = clock[members].max(axis=1)
-                waits = start[:, None] - clock[members]
-                totals["wait"][members] += waits
-                totals["comm"][members] += durations[:, None]
-                for g, pos in zip(*np.nonzero(keep[members])):
-                    k = members[g, pos]
-                    if waits[g, pos] > 0:
-                        segments.append(Segment(ids[k], "wait", clock[k], start[g], run.label(k),
-                                                f"waits for {f['op']}", step + g))
-                    segments.append(Segment(ids[k], "comm", start[g], start[g] + durations[g],
-                                            run.label(k), f["op"], step + g))
-                clock[members] = (start + durations)[:, None]
-                step += len(members)
+            work(np.concatenate([m.ravel() for m in f["sets"]]), sum(a.nbytes for a in f["avals"]))
+            _columnar_call(r, times[id(r)], clock, totals, keep, segments, (ids, run.label))
         elif r.kind == "return" and not returned:
             returned = True
             work(np.arange(n), sum(_returned_bytes(x) for x in log.records if x.kind == "return"))
@@ -269,6 +254,26 @@ def _model_columnar(log, estimate, roofline, compute, slowdown, watch, hbm, labe
                     comm_label, compute_label, hardware_name,
                     {kind: seconds[order] for kind, seconds in totals.items()},
                     watched if n > 64 else None, remodel)
+
+
+def _columnar_call(r, set_times, clock, totals, keep, segments, naming):
+    """One collective call of a columnar log: each group starts when its last member
+    arrives; the others wait; every member's clock moves past the call."""
+    (ids, label), f, step = naming, r.fields, r.step
+    for members, durations in zip(f["sets"], set_times):
+        start = clock[members].max(axis=1)
+        waits = start[:, None] - clock[members]
+        totals["wait"][members] += waits
+        totals["comm"][members] += durations[:, None]
+        for g, pos in zip(*np.nonzero(keep[members])):
+            k = members[g, pos]
+            if waits[g, pos] > 0:
+                segments.append(Segment(ids[k], "wait", clock[k], start[g], label(k),
+                                        f"waits for {f['op']}", step + g))
+            segments.append(Segment(ids[k], "comm", start[g], start[g] + durations[g], label(k),
+                                    f["op"], step + g))
+        clock[members] = (start + durations)[:, None]
+        step += len(members)
 
 
 def _returned_bytes(record):
@@ -307,21 +312,7 @@ def model_timeline(trace, hardware=None, *, compute=None, slowdown=None, topolog
     slowdown = dict(slowdown or {})
     roofline = (_roofline_segments(trace, getattr(times, "machine", hardware_name), fused,
                                    while_trips) if compute is None else None)
-    if roofline is not None:
-        segs, r = roofline
-        compute_label = (f"compute: roofline of the traced program on {r.hardware}, "
-                         + (f"its matrix products ({r.flops:.3g} FLOPs, {r.hbm_bytes:.3g} B of "
-                            f"HBM traffic per device; the rest taken as fused into them)" if fused
-                            else f"every equation on its own ({r.unfused_flops:.3g} FLOPs, "
-                                 f"{r.bytes:.3g} B of HBM traffic per device)"))
-    elif compute is None:
-        compute_label = (f"compute: bytes each device writes for its next collective or "
-                         f"result / {hbm_label} (a lower bound)")
-    elif callable(compute):
-        compute_label = "compute: as given (compute=)"
-    else:
-        compute_label = f"compute: {_seconds(float(compute))} per segment (as given)"
-
+    compute_label = _compute_label(roofline, compute, fused, hbm_label)
     if idle is None and not callable(compute):
         log = _columnar(trace)
         if log is not None:
@@ -329,65 +320,90 @@ def model_timeline(trace, hardware=None, *, compute=None, slowdown=None, topolog
                                        (comm_label, compute_label, hardware_name))
             timeline.roofline = roofline[1] if roofline is not None else None
             return timeline
-
-    def compute_seconds(program, k, event, nbytes, width):
-        if roofline is not None:
-            return segs[k] if k < len(segs) else 0.0
-        if compute is None:
-            return nbytes / hbm / width
-        if callable(compute):
-            return float(compute(program, k, event))
-        return float(compute)
-
-    devices = sorted({e.device for e in trace.events if e.device is not None}
-                     | {d for e in trace.events for d in e.devices})
-    clock = {d: 0.0 for d in devices}
-    segments: list = []
-    count: dict = {}          # program -> compute segments so far
-    returned: dict = {}
+    clock = _EventClock(trace, roofline, compute, hbm, slowdown, idle)
     for e in trace.events:
-        if e.kind == "return":
-            returned[e.program] = returned.get(e.program, 0) + e.nbytes_out
-    by_step: dict = {}
-    for e in trace.events:
-        if e.kind == "collective":
-            by_step.setdefault(e.step, []).append(e)
-
-    def run_compute(program, spans, event, nbytes):
-        k = count.get(program, 0)
-        count[program] = k + 1
-        base = compute_seconds(program, k, event, nbytes, max(len(spans), 1))
-        for d in spans:
-            t = base * float(slowdown.get(d, 1.0))
-            kind = "idle" if idle is not None and idle(d, k) else "compute"
-            if t > 0:
-                segments.append(Segment(d, kind, clock[d], clock[d] + t, program))
-            clock[d] += t
-
-    done_steps, done_programs = set(), set()
-    for e in trace.events:
-        if e.kind == "collective" and e.step not in done_steps:
-            done_steps.add(e.step)
-            members = sorted(by_step[e.step], key=lambda m: m.member)
-            for m in members:
-                run_compute(m.program, _spans(m), m, m.nbytes_in)
-            spans = [d for m in members for d in _spans(m)]
-            start = max(clock[d] for d in spans)
-            duration = float(times.get(e.step, 0.0))
-            for m in members:
-                for d in _spans(m):
-                    if start > clock[d]:
-                        segments.append(Segment(d, "wait", clock[d], start, m.program,
-                                                f"waits for {m.op}", e.step))
-                    segments.append(Segment(d, "comm", start, start + duration, m.program,
-                                            m.op, e.step))
-                    clock[d] = start + duration
-        elif e.kind == "return" and e.program not in done_programs:
-            done_programs.add(e.program)
-            run_compute(e.program, _spans(e), None, returned.get(e.program, 0))
-    end = max(clock.values(), default=0.0)
-    return Timeline(segments, devices, end, comm_label, compute_label, hardware_name,
+        if e.kind == "collective" and e.step not in clock.done_steps:
+            clock.collective(e, float(times.get(e.step, 0.0)))
+        elif e.kind == "return" and e.program not in clock.done_programs:
+            clock.done_programs.add(e.program)
+            clock.run_compute(e.program, _spans(e), None, clock.returned.get(e.program, 0))
+    end = max(clock.clock.values(), default=0.0)
+    return Timeline(clock.segments, clock.devices, end, comm_label, compute_label, hardware_name,
                     roofline=roofline[1] if roofline is not None else None)
+
+
+def _compute_label(roofline, compute, fused, hbm_label) -> str:
+    """What the timeline's compute segments stand for."""
+    if roofline is not None:
+        r = roofline[1]
+        return (f"compute: roofline of the traced program on {r.hardware}, "
+                + (f"its matrix products ({r.flops:.3g} FLOPs, {r.hbm_bytes:.3g} B of "
+                   f"HBM traffic per device; the rest taken as fused into them)" if fused
+                   else f"every equation on its own ({r.unfused_flops:.3g} FLOPs, "
+                        f"{r.bytes:.3g} B of HBM traffic per device)"))
+    if compute is None:
+        return (f"compute: bytes each device writes for its next collective or result / "
+                f"{hbm_label} (a lower bound)")
+    if callable(compute):
+        return "compute: as given (compute=)"
+    return f"compute: {_seconds(float(compute))} per segment (as given)"
+
+
+class _EventClock:
+    """Each device's clock through a log read event by event (a nested pmap's, or with
+    ``idle`` or a ``compute`` function): compute segments between collectives, a wait
+    until the whole group arrives, then the collective."""
+
+    def __init__(self, trace, roofline, compute, hbm, slowdown, idle):
+        self.roofline, self.compute, self.hbm = roofline, compute, hbm
+        self.slowdown, self.idle = slowdown, idle
+        self.devices = sorted({e.device for e in trace.events if e.device is not None}
+                              | {d for e in trace.events for d in e.devices})
+        self.clock = {d: 0.0 for d in self.devices}
+        self.segments, self.count, self.returned, self.by_step = [], {}, {}, {}
+        for e in trace.events:
+            if e.kind == "return":
+                self.returned[e.program] = self.returned.get(e.program, 0) + e.nbytes_out
+            if e.kind == "collective":
+                self.by_step.setdefault(e.step, []).append(e)
+        self.done_steps, self.done_programs = set(), set()
+
+    def seconds(self, program, k, event, nbytes, width):
+        if self.roofline is not None:
+            segs = self.roofline[0]
+            return segs[k] if k < len(segs) else 0.0
+        if self.compute is None:
+            return nbytes / self.hbm / width
+        if callable(self.compute):
+            return float(self.compute(program, k, event))
+        return float(self.compute)
+
+    def run_compute(self, program, spans, event, nbytes):
+        k = self.count.get(program, 0)
+        self.count[program] = k + 1
+        base = self.seconds(program, k, event, nbytes, max(len(spans), 1))
+        for d in spans:
+            t = base * float(self.slowdown.get(d, 1.0))
+            kind = "idle" if self.idle is not None and self.idle(d, k) else "compute"
+            if t > 0:
+                self.segments.append(Segment(d, kind, self.clock[d], self.clock[d] + t, program))
+            self.clock[d] += t
+
+    def collective(self, e, duration):
+        """The members' compute up to collective ``e``, their waits, then the collective."""
+        self.done_steps.add(e.step)
+        members = sorted(self.by_step[e.step], key=lambda m: m.member)
+        for m in members:
+            self.run_compute(m.program, _spans(m), m, m.nbytes_in)
+        start = max(self.clock[d] for m in members for d in _spans(m))
+        for m in members:
+            for d in _spans(m):
+                if start > self.clock[d]:
+                    self.segments.append(Segment(d, "wait", self.clock[d], start, m.program,
+                                                 f"waits for {m.op}", e.step))
+                self.segments.append(Segment(d, "comm", start, start + duration, m.program,
+                                             m.op, e.step))
+                self.clock[d] = start + duration
 
 
 def _spans(e):
@@ -491,6 +507,29 @@ def draw_timeline(trace, hardware=None, *, compute=None, slowdown=None, topology
     ops = sorted({s.label for s in tl.segments if s.kind == "comm"})
     op_color = {op: OP_COLORS[k % len(OP_COLORS)] for k, op in enumerate(ops)}
     fs = font_size(row_in, largest=8.5)
+    _row_backs(ax, tl, rows, (begin, end, scale), fs)
+    visible = [s for s in tl.segments if s.device in row and s.stop >= begin and s.start <= end]
+    if len(visible) > MAX_PATCHES:
+        _draw_bars(ax, visible, row, op_color, scale)
+    elif visible:
+        _draw_segments(ax, tl, row, op_color, (begin, end, scale), fs, n)
+    ax.set_xlim(begin / scale, begin / scale + (end - begin) / scale * 1.01)
+    ax.set_ylim(n - 0.5, -0.5)
+    ax.set_yticks(range(n))
+    ax.set_yticklabels(["⋮" if isinstance(d, list) else f"device {d}" for d in rows], fontsize=fs)
+    ax.set_xlabel(f"time ({unit}), modelled" + ("" if window is None else
+                  f"; the run lasts {_seconds(tl.end)}, this is {_seconds(begin)} to "
+                  f"{_seconds(end)}"), fontsize=8.5)
+    ax.tick_params(axis="x", labelsize=8)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    _legend_and_title(fig, ax, tl, ops, op_color, title, waited)
+    return fig
+
+
+def _row_backs(ax, tl, rows, span, fs):
+    """Each drawn row's background, tagged by its device; a note where rows are elided."""
+    begin, end, scale = span
     across = blended_transform_factory(ax.transAxes, ax.transData)
     for k, d in enumerate(rows):
         if isinstance(d, list):
@@ -500,19 +539,20 @@ def draw_timeline(trace, hardware=None, *, compute=None, slowdown=None, topology
             tag(note, "elided", len(d))
             continue
         back = Rectangle((begin / scale, k - 0.5), (end - begin) / scale, 1.0,
-                         facecolor=(0.985, 0.985, 0.985),
-                         edgecolor="none", zorder=0)
+                         facecolor=(0.985, 0.985, 0.985), edgecolor="none", zorder=0)
         tag(back, "device", d)
         ax.add_patch(back)
-    visible = [s for s in tl.segments if s.device in row and s.stop >= begin and s.start <= end]
-    if len(visible) > MAX_PATCHES:
-        _draw_bars(ax, visible, row, op_color, scale)
-        visible = []
+
+
+def _draw_segments(ax, tl, row, op_color, span, fs, n):
+    """Every segment of the drawn rows within ``span`` (begin, end, time scale), one bar
+    each, tagged, with its label where it is wide enough."""
+    begin, end, scale = span
     counters: dict = {}
     for s in tl.segments:
         k = counters.get((s.kind, s.device), 0)
         counters[(s.kind, s.device)] = k + 1
-        if s.device not in row or not visible or s.stop < begin or s.start > end:
+        if s.device not in row or s.stop < begin or s.start > end:
             continue
         color = op_color.get(s.label, COLORS["comm"]) if s.kind == "comm" else COLORS[s.kind]
         edge = {"wait": (0.6, 0.6, 0.6), "idle": (0.45, 0.45, 0.45)}.get(s.kind, "white")
@@ -526,16 +566,9 @@ def draw_timeline(trace, hardware=None, *, compute=None, slowdown=None, topology
         if s.label and s.kind in ("comm", "compute") and n <= 16 and wide:
             ax.text((s.start + s.stop) / 2 / scale, row[s.device], s.label, ha="center",
                     va="center", fontsize=max(fs * 0.85, MIN_FONT), color=INK, zorder=3)
-    ax.set_xlim(begin / scale, begin / scale + (end - begin) / scale * 1.01)
-    ax.set_ylim(n - 0.5, -0.5)
-    ax.set_yticks(range(n))
-    ax.set_yticklabels(["⋮" if isinstance(d, list) else f"device {d}" for d in rows], fontsize=fs)
-    ax.set_xlabel(f"time ({unit}), modelled" + ("" if window is None else
-                  f"; the run lasts {_seconds(tl.end)}, this is {_seconds(begin)} to "
-                  f"{_seconds(end)}"), fontsize=8.5)
-    ax.tick_params(axis="x", labelsize=8)
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
+
+
+def _legend_and_title(fig, ax, tl, ops, op_color, title, waited):
     handles = [Patch(facecolor=COLORS["compute"], label="compute")]
     if any(s.kind == "idle" for s in tl.segments):
         handles.append(Patch(facecolor=COLORS["idle"], edgecolor=(0.45, 0.45, 0.45),
@@ -554,7 +587,6 @@ def draw_timeline(trace, hardware=None, *, compute=None, slowdown=None, topology
     fig.text(0.01, 0.995, title, ha="left", va="top", fontsize=10, fontweight="bold", color=INK)
     fig.text(0.01, 0.005, tl.comm_model + "\n" + tl.compute_model, ha="left", va="bottom",
              fontsize=7.5, color=INK)
-    return fig
 
 
 def draw_prediction(prediction, *, title=None, ax=None, most_labels: int = 12):

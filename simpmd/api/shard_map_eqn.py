@@ -1,0 +1,308 @@
+"""A ``shard_map`` called inside another body: one ``shard_map`` equation, as in JAX.
+
+Called at the top level, ``simpmd.shard_map`` runs its body at once (``shard_map.py``).
+Called where a body is being traced or run, it is one equation of that body's program,
+holding its own body, traced once on one device's blocks (each typed by the mesh axes it
+varies over): inside ``jit`` on the same mesh (manual over all axes, or over
+``axis_names``), and wherever no mesh is set up yet (plain NumPy differentiated by
+``grad``, a ``jit`` of NumPy arguments), where JAX places the operands on the
+shard_map's mesh, whole, and brings the results back.
+
+Its derivative is cut as JAX's partial evaluation cuts it (``loops.split_call``): the
+forward shard_map also returns the residuals, one block per device (each laid out over
+the axes it varies over, a scalar given a leading axis of 1), and the backward pass is a
+second shard_map that takes them with the results' cotangents.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..core import core, errors, loops
+from ..core import collectives as K
+from ..core import primitives as P
+from ..core.core import Aval, Equation, Primitive, Var, aval_of, bind, context, running
+from ..core.program import eval_program, trace
+from ..core.run import Run
+from ..core.values import StackedValue
+from ..machine.mesh import PartitionSpec, join_blocks
+from . import partition as R
+from . import tree
+from .jit_run import JitRun, MeshText
+from .partition import Sharding, ShardingTypeError, all_explicit, count, dims_of, whole
+from .spmd import record_trace
+from .trace import Trace
+
+
+def shard_map_equation(mapped, args):
+    """A ``simpmd.shard_map`` called in a body: its body traced once on the mesh's
+    devices, one ``shard_map`` equation of the enclosing program. JAX places the operands
+    by ``in_specs`` first (a reshard where they are laid out otherwise)."""
+    run, mesh = context.run, mapped.mesh
+    if run.axes and getattr(run, "mesh", None) != mesh:
+        raise ShardingTypeError(f"shard_map over {mesh!r} inside jit over {run.mesh!r}: "
+                                f"use the mesh of the jit's arrays (set_mesh).")
+    manual = tuple(a for a in mesh.axis_names if not mapped.axis_names or a in mapped.axis_names)
+    leaves, in_tree = tree.flatten(tuple(args))
+    specs = tree.broadcast_prefix(mapped.in_specs if isinstance(mapped.in_specs, tuple)
+                                  or len(args) != 1 else (mapped.in_specs,), tuple(args),
+                                  what="in_specs")
+    _check_in_specs(specs, leaves, mesh, manual)
+    body_avals = [_block_aval(aval_of(x), spec, mesh, mapped.check_vma, manual)
+                  for x, spec in zip(leaves, specs)]
+    out_tree = []
+
+    def flat(*xs):
+        out, treedef = tree.flatten(mapped._body(*tree.unflatten(in_tree, list(xs))))
+        out_tree.append(treedef)
+        return out
+    program, consts = trace(flat, body_avals, body_run(mesh, manual, mapped.check_vma, True))
+    out_specs = tree.broadcast_prefix(mapped.out_specs, tree.unflatten(
+        out_tree[0], [0] * len(program.outvars)), what="out_specs")
+    _check_replication(program, out_specs, mapped.check_vma)
+    outs = bind(shard_map_p, *consts, *leaves, jaxpr=loops.closed(program),
+                shard_mesh=MeshText(mesh), check_vma=mapped.check_vma, manual_axes=manual,
+                in_specs=tuple([PartitionSpec()] * len(consts) + list(specs)),
+                out_specs=tuple(out_specs))
+    return tree.unflatten(out_tree[0], outs)
+
+
+def _check_in_specs(specs, leaves, mesh, manual):
+    for spec in specs:
+        if set(spec.mesh_axes()) - set(manual):
+            raise ShardingTypeError(
+                f"shard_map in_specs argument must refer to an axis marked as manual "
+                f"({set(manual)}), got {spec!r} (JAX's words): the other axes belong to the "
+                f"compiler inside this body, and the arrays' types carry them.")
+    for x, spec in zip(leaves, specs):
+        _check_in_spec(spec, aval_of(x), mesh, manual)
+
+
+def _check_in_spec(spec, aval, mesh, manual):
+    """JAX's shard_map takes its operands as their types lay them out over the manual
+    Explicit axes (jax 0.7 resharded them; later releases refuse): a NumPy array is whole,
+    so an Explicit mesh refuses to split it, while on Auto axes the compiler places it."""
+    if not R.settings.shard_map_checks:
+        return
+    explicit = set(R.explicit_axes(mesh)) & set(manual)
+    given = [tuple(a for a in d if a in explicit)
+             for d in R.resolve(spec, all_explicit(mesh), aval.ndim, "in_specs")]
+    layout = dims_of(aval) if aval.sharding is not None and aval.sharding.mesh == mesh \
+        else whole(aval.ndim)
+    have = [tuple(a for a in d if a in explicit) for d in layout]
+    if given != have:
+        raise ShardingTypeError(
+            f"in_specs passed to shard_map: {spec!r} does not match the specs of the input: "
+            f"{Sharding(mesh, have).spec!r} for arg: {R.type_text(aval)} (JAX's words). "
+            f"shard_map takes its operands as their types lay them out over Explicit axes: "
+            f"reshard (or device_put) them to {spec!r} first.")
+
+
+def body_run(mesh, manual, check_vma, abstract, log=None, blocks=None):
+    """The run of a shard_map body: by hand over every mesh axis (a plain run of blocks),
+    or over ``manual`` only, the others still typed by sharding (a jit run)."""
+    if set(manual) == set(mesh.axis_names):
+        body = Run(list(mesh.devices.flat), tuple(mesh.shape.items()), abstract=abstract,
+                   check_vma=check_vma, maps_a_mesh=True)
+    else:
+        body = JitRun(mesh, abstract=abstract, manual=manual, check_vma=check_vma)
+        body.blocks = blocks
+        body.manual.log = log if log is not None else body.log
+    if log is not None:
+        body.log = log
+    return body
+
+
+def _block_aval(aval, spec, mesh, check_vma, manual):
+    """One device's block of an operand: cut along ``spec`` (manual axes), still typed by
+    its sharding over the others."""
+    dims = R.resolve(spec, all_explicit(mesh), aval.ndim, "in_specs")
+    own = dims_of(aval) if aval.sharding is not None and aval.sharding.mesh == mesh \
+        else whole(aval.ndim)
+    rest = [tuple(a for a in d if a not in manual) for d in own]
+    sharding = Sharding(mesh, rest) if set(manual) != set(mesh.axis_names) else None
+    return Aval(R.block_shape(aval.shape, dims, mesh), aval.dtype, aval.weak_type,
+                vma=frozenset(a for d in dims for a in d) if check_vma else frozenset(),
+                sharding=sharding)
+
+
+def _check_replication(program, out_specs, check_vma):
+    for k, (v, spec) in enumerate(zip(program.outvars, out_specs)):
+        missing = sorted(aval_of(v).vma - set(spec.mesh_axes())) if check_vma else []
+        if missing:
+            raise errors.SimpmdError(
+                f"shard_map's out_specs {spec!r} for result {k} leaves out mesh axis "
+                f"{missing[0]!r}, over which its type says it varies: JAX refuses this too "
+                f"('out_specs which require replication which can't be statically "
+                f"inferred'). Reduce it over {missing[0]!r} (lax.psum) or name the axis in "
+                f"out_specs.")
+
+
+# -- the row -------------------------------------------------------------------------------
+
+
+def _sm_global(aval, spec, mesh):
+    dims = R.resolve(spec, all_explicit(mesh), aval.ndim, "out_specs")
+    return Aval(tuple(n * count(mesh, d) for n, d in zip(aval.shape, dims)), aval.dtype,
+                aval.weak_type)
+
+
+def _sm_abstract(*avals, jaxpr, shard_mesh, out_specs, **params):
+    return [_sm_global(aval_of(v), s, shard_mesh.mesh) for v, s in zip(jaxpr.outvars, out_specs)]
+
+
+def _sm_rule(mesh, avals, jaxpr, in_specs, out_specs, shard_mesh, **params):
+    """A result's type: split over the Explicit axes its out_specs name (major), then over
+    those its type in the body had (minor); whole when the jit around it has no mesh."""
+    if mesh != shard_mesh.mesh:
+        return [whole(aval_of(v).ndim) for v in jaxpr.outvars]
+    explicit = set(R.explicit_axes(mesh))
+    return [tuple(tuple(a for a in d if a in explicit) + inner for d, inner in zip(
+        R.resolve(s, all_explicit(mesh), aval_of(v).ndim, "out_specs"), dims_of(aval_of(v))))
+        for v, s in zip(jaxpr.outvars, out_specs)]
+
+
+def _sm_stacked(*args, jaxpr, shard_mesh, in_specs, out_specs, check_vma, manual_axes,
+                _vjp=None):
+    """Each operand moved to its ``in_specs`` blocks, the body run on the blocks (its
+    collectives logged as the learner's), the results' blocks laid out as their types."""
+    run = context.run
+    params = dict(jaxpr=jaxpr, shard_mesh=shard_mesh, in_specs=in_specs, out_specs=out_specs,
+                  check_vma=check_vma, manual_axes=manual_axes)
+    if not (isinstance(run, JitRun) and run.mesh == shard_mesh.mesh):
+        return _entering(run or core.plain, args, params)
+    mesh = run.mesh
+    blocks = [_operand_blocks(run, x, spec, var, manual_axes)
+              for x, spec, var in zip(args, in_specs, jaxpr.invars)]
+    body = body_run(mesh, manual_axes, check_vma, run.abstract, run.log, run.blocks)
+    with running(body):
+        outs = eval_program(jaxpr, [], blocks)
+        outs = [body.settle(o) if isinstance(body, JitRun) and isinstance(o, StackedValue)
+                else o for o in outs]
+    if run.blocks is not None and not isinstance(body, JitRun):
+        run.blocks.eqns.extend(jaxpr.eqns)     # (a body by hand: its equations, on blocks)
+    results = []
+    for k, (o, spec, dims) in enumerate(zip(outs, out_specs, _sm_rule(mesh, [], jaxpr, in_specs,
+                                                                       out_specs, shard_mesh))):
+        a = aval_of(o)
+        have = [d + inner for d, inner in
+                zip(R.resolve(spec, all_explicit(mesh), a.ndim, "out_specs"), dims_of(a))]
+        local = StackedValue(Aval(R.block_shape(a.shape, dims_of(a), mesh), a.dtype, a.weak_type),
+                             body.stack_of(o, a) if not run.abstract else None)
+        if isinstance(body, JitRun):
+            body.alias(local, o)
+        elif run.blocks is not None:
+            run.blocks.vars[id(local)] = (jaxpr.outvars[k], local)
+        results.append(run.move(local, _sm_global(a, spec, mesh).shape, have, dims,
+                                "jit: shard_map"))
+    return results
+
+
+def _operand_blocks(run, x, spec, var, manual_axes):
+    """Operand ``x`` as the blocks its ``in_specs`` give each device (moved there first)."""
+    a = aval_of(x)
+    want = [d + tuple(b for b in own if b not in manual_axes) for d, own in
+            zip(R.resolve(spec, all_explicit(run.mesh), a.ndim, "in_specs"), dims_of(a))]
+    v = run._block(x, a, want, "jit: shard_map")
+    return StackedValue(var.aval, v.stack if isinstance(v, StackedValue) else
+                        run.manual.stack_of(v, var.aval))
+
+
+def _entering(run, args, params):
+    """A shard_map on a run of one device and no axes (plain NumPy under ``grad``, a jit of
+    NumPy arguments): the operands, whole, placed on the shard_map's mesh as JAX places
+    them; the body run there; the results brought back whole."""
+    mesh = params["shard_mesh"].mesh
+    inner = JitRun(mesh)
+    if isinstance(run, JitRun):               # its collectives join the jit's log
+        inner.log = inner.manual.log = run.log
+    values = []
+    for x in args:
+        a = aval_of(x)
+        stack = run.stack_of(x, a)[:1]
+        values.append(StackedValue(a.update(sharding=Sharding(mesh, whole(a.ndim))),
+                                   np.broadcast_to(stack, (inner.n,) + stack.shape[1:])))
+    with running(inner):
+        stacks = [v.stack for v in _sm_stacked(*values, **params)]
+    dims = _sm_rule(mesh, [], params["jaxpr"], params["in_specs"], params["out_specs"],
+                    params["shard_mesh"])
+    out = []
+    for d, s in zip(dims, stacks):
+        value = join_blocks(np.asarray(s), Sharding(mesh, d).spec, mesh)
+        out.append(np.broadcast_to(value, (run.n,) + value.shape))
+    if not isinstance(run, JitRun):
+        record_trace(Trace(log=inner.log, devices=inner.devices))
+    return out
+
+
+# -- its derivative ------------------------------------------------------------------------
+
+
+def _sm_linearize(eqn, wants):
+    """The shard_map cut in two: the forward one also returns the residuals, a block per
+    device laid out over the axes each varies over (every manual axis without
+    ``check_vma``), a scalar given a leading axis of 1, as JAX lays them out."""
+    p = eqn.params
+    mesh, manual = p["shard_mesh"].mesh, p["manual_axes"]
+    with running(body_run(mesh, manual, p["check_vma"], True)):
+        forward, backward, split = loops.split_call(p["jaxpr"], wants)
+    n_out, n_used = len(p["jaxpr"].outvars), len(split.used)
+    res_specs = []
+    for k, v in enumerate(forward.outvars[n_out:]):
+        axes = [a for a in manual if a in v.aval.vma or not p["check_vma"]]
+        res_specs.append(PartitionSpec(tuple(axes) if len(axes) > 1 else
+                                       axes[0] if axes else None))
+        if not v.aval.shape:
+            forward.outvars[n_out + k] = _leading_axis(forward, v)
+            backward.invars[n_used + k] = _without_leading_axis(backward, backward.invars[n_used + k])
+    if not p["check_vma"]:
+        _sum_unmentioned(backward, [s for s, a in zip(p["in_specs"], split.active) if a], manual)
+    bwd = dict(p, jaxpr=backward, in_specs=tuple(p["in_specs"][i] for i in split.used)
+               + tuple(res_specs) + tuple(s for s, w in zip(p["out_specs"], split.with_ct) if w),
+               out_specs=tuple(s for s, a in zip(p["in_specs"], split.active) if a))
+    outvars = [Var(_sm_global(v.aval, s, mesh)) for v, s in zip(forward.outvars[n_out:], res_specs)]
+    return Equation(eqn.primitive, dict(p, jaxpr=forward, out_specs=p["out_specs"] + tuple(res_specs),
+                                        _vjp=(bwd, split)),
+                    eqn.invars, eqn.outvars + outvars, eqn.source, eqn.phase)
+
+
+def _leading_axis(program, v):
+    out = Var(v.aval.update(shape=(1,)))
+    program.eqns.append(Equation(P.broadcast_in_dim, dict(
+        shape=(1,), broadcast_dimensions=(), sharding=None), [v], [out]))
+    return out
+
+
+def _without_leading_axis(program, v):
+    one = Var(v.aval.update(shape=(1,)))
+    program.eqns.insert(0, Equation(P.squeeze, dict(dimensions=(0,)), [one], [v],
+                                    phase="backward"))
+    return one
+
+
+def _sum_unmentioned(program, specs, manual):
+    """Without ``check_vma`` each device's cotangent of an input its in_specs replicate
+    over some axes is a part of the whole: JAX sums the parts over those axes."""
+    for k, (v, spec) in enumerate(zip(program.outvars, specs)):
+        axes = tuple(a for a in manual if a not in spec.mesh_axes())
+        if axes and type(v) is Var:
+            total = Var(v.aval)
+            program.eqns.append(Equation(K.psum, dict(axes=axes, axis_index_groups=None),
+                                         [v], [total], phase="backward"))
+            program.outvars[k] = total
+
+
+def _sm_vjp(cts, ins, outs, wants, _vjp=None, **params):
+    """The backward shard_map: the residuals and the cotangents arrive in their specs'
+    blocks, the inputs' cotangents leave in in_specs' blocks."""
+    bwd, split = _vjp
+    return loops.split_vjp(cts, ins, outs, split, lambda operands: bind(
+        shard_map_p, *operands, **bwd))
+
+
+shard_map_p = Primitive(
+    "shard_map", _sm_stacked, _sm_abstract, vjp=_sm_vjp, multiple_results=True, needs_run=True,
+    linearize=_sm_linearize, cost=lambda ins, outs, **p: (0, 0),
+    show=lambda p: [("check_vma", p["check_vma"]), ("in_specs", p["in_specs"]),
+                    ("jaxpr", p["jaxpr"]), ("manual_axes", p["manual_axes"]),
+                    ("mesh", p["shard_mesh"]), ("out_specs", p["out_specs"])])
+shard_map_p.sharding = _sm_rule
