@@ -34,6 +34,7 @@ intermediate values stay in registers. The rules here follow XLA's passes in out
   kernel that reads it reads the region it names (a loop fusion indexes its operand;
   XLA's dynamic-slice fusion passes cuBLAS an offset into the buffer); only where a loop
   or a collective reads it is it copied out;
+* a scalar computed from constants alone is folded away, as XLA's constant folding does;
 * collectives, sorts and cumulative sums run on their own, and so does a loop or a
   conditional (a *block*: its body is a program of its own kernels); a broadcast a block
   or a collective reads is written out, as their operands must be buffers.
@@ -194,6 +195,7 @@ class _Fuser:
         self.kernels, self.free = [], []           # kernels; equations in none (views)
         self.alias, self.made_by = {}, {}          # var -> var it views; var -> kernel
         self.within = {}                           # a slice read where it lies -> its source
+        self.constants = set()                     # scalars computed from constants alone
         self.reduced = {}                          # value -> kernels reducing it
         self.kinds = {id(e): fusion_kind(e) for e in self.eqns}
         self.users, self.finals = {}, {}           # var -> equations reading it
@@ -232,6 +234,9 @@ class _Fuser:
 
     def place(self, eqn):
         kind, name = self.kinds[id(eqn)], _primitive_name(eqn)
+        if kind == "elementwise" and self._folds(eqn, name):
+            self.free.append(eqn)
+            return
         if kind == "broadcast" and self.read_by(eqn.outvars[0]) & {"block", "collective"}:
             kind = "elementwise"                   # a buffer its reader needs
         if kind in ("view", "broadcast") or (name == "transpose" and self._into_dot(eqn)) \
@@ -280,6 +285,26 @@ class _Fuser:
                 if src is not None and self.kinds[id(src)] == "broadcast":
                     found.add(id(src))
         return found
+
+    def _constant(self, v) -> bool:
+        v = self.root(v)
+        return not _is_var(v) or v in self.constants
+
+    def _folds(self, eqn, name) -> bool:
+        """A scalar computed from constants alone is a constant (XLA's constant folding,
+        ``HloConstantFolding``); a select on a constant predicate is the case it picks
+        (``HandleSelect``: select(true, x, y) -> x), at no cost either way."""
+        out = _typed(eqn.outvars[0]) if len(eqn.outvars) == 1 else None
+        if out is None or tuple(out.shape) != ():
+            return False
+        if all(self._constant(v) for v in eqn.invars):
+            self.constants.add(eqn.outvars[0])
+            return True
+        if name == "select_n" and self._constant(eqn.invars[0]):
+            cases = [v for v in eqn.invars[1:] if not self._constant(v)]
+            self.alias[eqn.outvars[0]] = cases[0]
+            return True
+        return False
 
     def _new_kernel(self, eqn, kind) -> int:
         kernel = Kernel("loop" if kind == "elementwise" else kind)
