@@ -46,6 +46,22 @@ def test_a_collective_hides_behind_independent_compute(jax8):
     assert len(comm) == 1 and comm[0].start_s == 0.0       # issued at once, beside the matmul
 
 
+def test_collectives_start_in_the_order_their_operands_are_ready(jax8):
+    """psum(g) comes last in the program, but g is ready at once: it runs during the
+    product, before the psum of the product's result (as XLA's scheduler issues it)."""
+    lax = jax8.lax
+    program = jax8.make_jaxpr(lambda a, b, g: (lax.psum(a @ b, "i"), lax.psum(g, "i")),
+                              axis_env=[("i", 8)])(*abstract(jax8, (N, N), (N, N), (2**22,)))
+    first = C.estimate("psum", 2 * 2**22, 8, hardware="H100").time_s
+    second = C.estimate("psum", 2 * N * N, 8, hardware="H100").time_s
+    assert first < matmul_s()
+    p = C.roofline_of(program, hardware="H100", axis_env=[("i", 8)]).prediction
+    assert p.time_s == pytest.approx(matmul_s() + second + H100.dispatch_s)
+    starts = sorted((k.start_s, k.bytes) for k in p.kernels if k.stream == "communication")
+    assert starts[0] == (0.0, 2 * 2 * 2**22)             # g, read and written, first
+    assert starts[1][0] == pytest.approx(matmul_s())
+
+
 def test_what_waits_on_a_collective_is_not_hidden(jax8):
     lax = jax8.lax
     program = jax8.make_jaxpr(lambda x, w: lax.psum(x, "i") @ w, axis_env=[("i", 8)])(

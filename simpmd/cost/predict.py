@@ -35,6 +35,7 @@ call). The largest names what bounds the program.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+import heapq
 import math
 
 from .fusion import body_kernels
@@ -207,18 +208,35 @@ class _Predictor:
     # -- placing a body's kernels on the streams ----------------------------------------
 
     def run(self, body, streams, total, rows=None, depth=0):
-        """Every kernel of ``body`` on ``streams``, in order, adding to ``total``; the
-        equations of no kernel of their own (views, what readers compute again) count
-        their FLOPs."""
-        for kernel in body.kernels:
+        """Every kernel of ``body`` on ``streams``, adding to ``total``: compute kernels in
+        program order; collectives issued in the order their operands become ready (as
+        XLA's latency-hiding scheduler starts them as early as it can), each before the
+        first kernel that reads its result; the equations of no kernel of their own
+        (views, what readers compute again) count their FLOPs."""
+        pending, waiting = [], {}            # (ready, order, collective); result -> ready
+        for n, kernel in enumerate(body.kernels):
+            if kernel.kind == "collective" and self.overlap:
+                ready = self._ready(kernel, body, streams)
+                heapq.heappush(pending, (ready, n, kernel))
+                waiting.update((o, ready) for e in kernel.eqns for o in e.outvars)
+                continue
+            needed = [waiting[body.base(v)] for v in kernel.reads if body.base(v) in waiting]
+            self._issue(pending, body, streams, total, rows,
+                        max(needed + [streams.compute, self._ready(kernel, body, streams)]))
             if kernel.kind == "block":
                 self._place_block(kernel, body, streams, total, rows, depth)
             elif kernel.kind == "collective":
                 self._place_collective(kernel, body, streams, total, rows)
             else:
                 self._place_kernel(kernel, body, streams, total, rows)
+        self._issue(pending, body, streams, total, rows, float("inf"))
         total.flops += sum(self.eqn_flops(e) for e in body.free) + sum(
             self.eqn_flops(e) for k in body.dropped for e in k.eqns)
+
+    def _issue(self, pending, body, streams, total, rows, by):
+        """The pending collectives ready by ``by``, in the order they became ready."""
+        while pending and pending[0][0] <= by:
+            self._place_collective(heapq.heappop(pending)[2], body, streams, total, rows)
 
     def _ready(self, kernel, body, streams) -> float:
         return max([streams.at(body, v) for v in kernel.reads] or [0.0])
