@@ -10,7 +10,11 @@ intermediate values stay in registers. The rules here follow XLA's passes in out
   operand produced last (*loop fusion*);
 * a **broadcast** is not materialised: each consumer reads the small value it broadcasts;
   ``reshape`` and ``squeeze`` are views, and so is a ``transpose`` that only dot_generals
-  read (XLA folds it into the dot's dimension numbers);
+  read (XLA folds it into the dot's dimension numbers); a ``transpose`` that alone reads a
+  product's result, swapping its operands' free axes, is the product with its operands
+  swapped, writing that layout (XLA's ``HandleTranspose``: transpose(dot(a, b)) ->
+  dot(b, a); cuBLAS's transposed-operand flags, as Megatron-LM computes each weight
+  gradient in the weight's own layout);
 * a **reduction** joins the elementwise kernel that produces its operand (*input fusion*),
   or a reduction that already reads the same operand into the same shape (*multi-output
   fusion*: a layernorm's mean and mean of squares in one pass); an elementwise consumer of
@@ -239,6 +243,12 @@ class _Fuser:
             return
         if kind == "broadcast" and self.read_by(eqn.outvars[0]) & {"block", "collective"}:
             kind = "elementwise"                   # a buffer its reader needs
+        if name == "transpose" and self._out_of_dot(eqn):
+            k = self.producer(eqn.invars[0])       # the product writes the transposed layout
+            self.kernels[k].eqns.append(eqn)
+            self.kernels[k].shape = tuple(_typed(eqn.outvars[0]).shape)
+            self.made_by[eqn.outvars[0]] = k
+            return
         if kind in ("view", "broadcast") or (name == "transpose" and self._into_dot(eqn)) \
                 or id(eqn) in self.folded:
             for o, i in zip(eqn.outvars, eqn.invars):
@@ -326,6 +336,30 @@ class _Fuser:
         """A transpose or a slice only matmuls read: part of their operand load."""
         kinds = set().union(*map(self.read_by, eqn.outvars))
         return kinds == {"matmul"}
+
+    def _out_of_dot(self, eqn) -> bool:
+        """A transpose that alone reads a product's result and puts the right operand's
+        free axes before the left's (batch axes first): the product computed with its
+        operands swapped gives that layout at once (XLA's algebraic simplifier,
+        ``HandleTranspose``: transpose(dot(a, b)) -> dot(b, a) when the dot has no other
+        user; cuBLAS's transposed-operand flags, as Megatron-LM computes a weight gradient
+        in the weight's layout)."""
+        v = eqn.invars[0]
+        k = self.producer(v) if _is_var(v) and self.root(v) is v else None
+        if k is None or self.kernels[k].kind != "matmul" or len(self.users.get(v, ())) != 1 \
+                or v in self.outvars:
+            return False
+        dot = next((e for e in self.kernels[k].eqns if v in e.outvars), None)
+        if dot is None or _primitive_name(dot) != "dot_general":
+            return False
+        (lc, rc), (lb, _) = dot.params["dimension_numbers"]
+        nb = len(lb)
+        nl = len(_typed(dot.invars[0]).shape) - len(lc) - nb
+        nr = len(_typed(dot.invars[1]).shape) - len(rc) - nb
+        perm = [int(d) for d in eqn.params["permutation"]]
+        return (sorted(perm[:nb]) == list(range(nb))
+                and perm[nb:nb + nr] == list(range(nb + nl, nb + nl + nr))
+                and perm[nb + nr:] == list(range(nb, nb + nl)))
 
     def _accumulation(self, eqn, name):
         """An addition into the result of a matmul, a scatter or (autodiff's ``add_any``)
