@@ -39,9 +39,11 @@ intermediate values stay in registers. The rules here follow XLA's passes in out
   XLA's dynamic-slice fusion passes cuBLAS an offset into the buffer); only where a loop
   or a collective reads it is it copied out;
 * a scalar computed from constants alone is folded away, as XLA's constant folding does;
-* collectives, sorts and cumulative sums run on their own, and so does a loop or a
-  conditional (a *block*: its body is a program of its own kernels); a broadcast a block
-  or a collective reads is written out, as their operands must be buffers.
+* collectives, sorts and cumulative sums run on their own, writing every result they
+  return, and so does an operation a framework runs as a kernel of its own (a row's
+  ``fusion`` rule of its parameters says which) and a loop or a conditional (a *block*:
+  its body is a program of its own kernels); a broadcast a block or a collective reads
+  is written out, as their operands must be buffers.
 
 A kernel joins only the latest of its operands' kernels, so kernels stay in an order in
 which each reads only what earlier ones wrote. The counts are per device, as the roofline's.
@@ -91,7 +93,9 @@ ACCUMULATING = frozenset({"matmul", "in_place", "block"})
 def fusion_kind(eqn) -> str:
     """``'view'``, ``'broadcast'``, ``'elementwise'``, ``'reduction'``, ``'matmul'``,
     ``'collective'``, ``'in_place'``, ``'block'`` (a loop or a conditional) or
-    ``'opaque'``: how XLA's fusion treats this equation."""
+    ``'opaque'``: how XLA's fusion treats this equation (a row's ``fusion`` column, or
+    its rule of the equation's parameters: a framework that runs it as a kernel of its
+    own, as PyTorch runs ``torch.nn.Dropout``)."""
     name = _primitive_name(eqn)
     row = _row(eqn, name)
     if nested(eqn)[0] in ("repeat", "until", "branches"):
@@ -100,8 +104,8 @@ def fusion_kind(eqn) -> str:
         return "matmul"
     if row is not None and getattr(row, "collective", False):
         return "view" if getattr(row, "op", None) in (None, "axis_index") else "collective"
-    if row is not None and getattr(row, "fusion", None):
-        return row.fusion
+    if row is not None and getattr(row, "fusion", None):     # a kind, or a rule of the
+        return row.fusion(eqn.params) if callable(row.fusion) else row.fusion   # parameters
     if row is not None and getattr(row, "elementwise", False):
         return "elementwise"
     if name in JAX_IN_PLACE:
@@ -512,9 +516,9 @@ class _Fuser:
         self._merge_siblings()
         needed = {self.root(v) for v in self.outvars} | {
             u for kernel in self.kernels for u in kernel.reads}
-        for kernel in self.kernels:
+        for kernel in self.kernels:                # (a kernel of its own writes all it returns)
             kernel.writes = {o: _nbytes(_typed(o)) for e in kernel.eqns for o in e.outvars
-                             if o in needed}
+                             if o in needed or kernel.kind == "opaque"}
         self.dropped = [kern for kern in self.kernels if not kern.writes and kern.kind == "loop"]
         return [kern for kern in self.kernels if kern.writes or kern.kind != "loop"]
 

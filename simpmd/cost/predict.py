@@ -315,8 +315,9 @@ class _Predictor:
         for e in kernel.eqns + kernel.redo:
             f = self.eqn_flops(e)
             if column(_row(e.eqn), "matmul"):
-                p = self._path(e)
-                path, compute = path or p, compute + f / hw.sustained_matmul_flops(p)
+                p, v = self._path(e), self._vector_flops(e)
+                path = path or p
+                compute += (f - v) / hw.sustained_matmul_flops(p) + v / hw.vector_flops
                 again = again or body.phase.get(id(e)) == "recompute"
             else:
                 compute += f / hw.vector_flops
@@ -329,6 +330,14 @@ class _Predictor:
                                             work + launch, compute, memory, 0.0, launch,
                                             flops, kernel.bytes, path, term=term)
         return self.times[id(kernel)]
+
+    def _vector_flops(self, e) -> float:
+        """Of a matmul row's FLOPs, those on the vector units (its ``vector_flops`` column)."""
+        rule = column(_row(e.eqn), "vector_flops")
+        if rule is None:
+            return 0.0
+        ins = [a for a in map(_typed, e.eqn.invars) if a is not None]
+        return float(rule(ins, [_typed(v) for v in e.eqn.outvars], **e.params))
 
     def _collective(self, e, body) -> tuple:
         """(seconds, mesh axes) of one collective: :func:`estimate` for its group (device

@@ -28,18 +28,27 @@ from ..api.checkpoint import checkpoint, checkpoint_policies
 from ..core import bridge
 from ..core.core import aval_of
 from .attention import flash_attention, materialized_attention
+from .dropout import dropout, dropout_p
 
 
 @dataclass(frozen=True)
 class Shard:
     """What one device's functions need to know: the model, the axes' sizes, and how the
-    layer runs (``recompute``, ``sequence_parallel``, ``flash``: a fused attention kernel)."""
+    layer runs (``recompute``, ``sequence_parallel``, ``flash``: a fused attention kernel;
+    ``framework``: ``"xla"`` or ``"megatron"``, whose kernels differ where PyTorch runs an
+    operation on its own)."""
 
     model: object
     sizes: dict
     recompute: str = "none"
     sequence_parallel: bool = False
     flash: bool = True
+    framework: str = "xla"
+
+    @property
+    def eager(self) -> bool:
+        """PyTorch's eager kernels (Megatron-LM), not XLA's fusion."""
+        return self.framework == "megatron"
 
     def size(self, axis: str) -> int:
         return self.sizes.get(axis, 1)
@@ -91,6 +100,12 @@ def out_of_block(s: Shard, y):
     return lax.psum(y, "tp")
 
 
+def residual(s: Shard, x, y, seed: int):
+    """The residual stream ``x`` plus a block's output ``y`` after its dropout (Megatron-LM's
+    fused bias-dropout-add: one kernel, as XLA fuses it too)."""
+    return x + dropout(y, s.model.hidden_dropout, seed)
+
+
 # -- the layer --------------------------------------------------------------------------------
 
 def _rms_norm(x, scale):
@@ -134,11 +149,12 @@ def attention_block(s: Shard, x, w):
         v = lax.all_gather(v, "cp", axis=1, tiled=True)
         offset = lax.axis_index("cp") * t
     if s.flash:
-        o = flash_attention(q, k, v, q_offset=offset)
+        o = flash_attention(q, k, v, q_offset=offset, dropout=m.attention_dropout, seed=1)
     else:
-        o = materialized_attention(q, k, v, True, offset)
+        o = materialized_attention(q, k, v, True, offset, dropout=m.attention_dropout, seed=1,
+                                   own_kernel=s.eager)
     y = o.reshape(b, t, nq * m.head_dim) @ gather_weight(s, w["wo"], 1)
-    return x + out_of_block(s, y)
+    return residual(s, x, out_of_block(s, y), seed=2)
 
 
 def mlp_block(s: Shard, x, w):
@@ -147,7 +163,7 @@ def mlp_block(s: Shard, x, w):
     h = into_block(s, rms_norm(x, w["mlp_norm"]))
     u = h @ gather_weight(s, w["w_in"], 0)
     u = swiglu(u) if s.model.gated_mlp else gelu(u)
-    return x + out_of_block(s, u @ gather_weight(s, w["w_out"], 1))
+    return residual(s, x, out_of_block(s, u @ gather_weight(s, w["w_out"], 1)), seed=3)
 
 
 def layer(s: Shard, x, w):
@@ -179,7 +195,23 @@ def keep_products(prim, *avals, **params) -> bool:
         prim, *avals, **params)
 
 
+def keep_products_and_masks(prim, *avals, **params) -> bool:
+    """Megatron-LM's selective recomputation: :func:`keep_products`, and the residual
+    dropouts' masks, which it keeps (it recomputes only the attention's core: Korthikanti
+    et al. 2022, section 5, whose activation memory keeps the ``s b h`` masks)."""
+    return (prim is dropout_p and params.get("site") == "hidden") or keep_products(
+        prim, *avals, **params)
+
+
 POLICIES = {"none": keep_all_but_gathers, "selective": keep_products, "full": None}
+
+
+def policy(s: Shard):
+    """The checkpoint policy of each layer: :data:`POLICIES`'s, Megatron-LM's selective
+    recomputation keeping its masks."""
+    if s.recompute == "selective" and s.eager:
+        return keep_products_and_masks
+    return POLICIES[s.recompute]
 
 
 def layers(s: Shard, x, stacked, virtual=None):
@@ -199,12 +231,12 @@ def layers(s: Shard, x, stacked, virtual=None):
         return one(h, w)
     body = one if virtual is None else picked
     xs = stacked if virtual is None else snp.arange(next(iter(stacked.values())).shape[1])
-    return lax.scan(checkpoint(body, policy=POLICIES[s.recompute]), x, xs)[0]
+    return lax.scan(checkpoint(body, policy=policy(s)), x, xs)[0]
 
 
 def checkpointed_layer(s: Shard):
     """``layer(x, w)`` under the checkpoint that :func:`layers` puts around each layer."""
-    return checkpoint(lambda x, w: layer(s, x, w), policy=POLICIES[s.recompute])
+    return checkpoint(lambda x, w: layer(s, x, w), policy=policy(s))
 
 
 # -- embedding and loss -----------------------------------------------------------------------
@@ -212,15 +244,18 @@ def checkpointed_layer(s: Shard):
 def embed(s: Shard, table, tokens):
     """Vocabulary-parallel lookup (Megatron's): each ``tp`` device holds V / tp rows and
     looks up the tokens in its range; a psum over ``tp`` (a reduce-scatter over tokens,
-    with sequence parallelism) completes every embedding."""
+    with sequence parallelism) completes every embedding; then the embedding's dropout
+    (Megatron-LM's ``torch.nn.Dropout`` at ``--hidden-dropout``)."""
     table = gather_weight(s, table, 1)
     if s.size("tp") == 1:
-        return table[tokens]
-    rows = table.shape[0]
-    local = tokens - lax.axis_index("tp") * rows
-    inside = (local >= 0) & (local < rows)
-    found = table[snp.clip(local, 0, rows - 1)]
-    return out_of_block(s, snp.where(inside[..., None], found, 0.0).astype(table.dtype))
+        found = table[tokens]
+    else:
+        rows = table.shape[0]
+        local = tokens - lax.axis_index("tp") * rows
+        inside = (local >= 0) & (local < rows)
+        found = table[snp.clip(local, 0, rows - 1)]
+        found = out_of_block(s, snp.where(inside[..., None], found, 0.0).astype(table.dtype))
+    return dropout(found, s.model.hidden_dropout, 0, own_kernel=s.eager)
 
 
 def token_losses(s: Shard, x, params, targets):

@@ -141,7 +141,7 @@ def machine(hw, chips: int, slices: int = 1):
     return hw.topology(shape) if slices == 1 else hw.cluster(slices, shape)
 
 
-def trace_step(model, layout, hw_name: str, flash=True):
+def trace_step(model, layout, hw_name: str, flash=True, framework="xla"):
     """The step run on shapes over the layout's mesh: its per-device program."""
     platform = _devices._make_platform(layout.chips, hw_name, None)
     grid = np.empty(layout.chips, dtype=object)
@@ -151,7 +151,7 @@ def trace_step(model, layout, hw_name: str, flash=True):
     saved = _devices._platform
     try:
         _devices._platform = platform
-        run = shard_map(St.train_step(model, layout, flash), mesh=mesh, in_specs=ins,
+        run = shard_map(St.train_step(model, layout, flash, framework), mesh=mesh, in_specs=ins,
                         out_specs=outs)
         run(*St.arguments(model, layout, ShapeDtypeStruct))
     finally:
@@ -180,21 +180,21 @@ class Reuse:
             self.machines[key] = machine(hw, chips, slices)
         return self.machines[key]
 
-    def program(self, model, layout, hw_name, flash):
-        key = (model, layout, hw_name, flash)
+    def program(self, model, layout, hw_name, flash, framework):
+        key = (model, layout, hw_name, flash, framework)
         if key not in self.programs:
-            self.programs[key] = trace_step(model, layout, hw_name, flash)
+            self.programs[key] = trace_step(*key)
         return self.programs[key]
 
     def peak(self, model, layout, hw_name, flash, framework):
-        key = (model, in_flight(layout), hw_name, flash)
-        if key + (framework,) not in self.peaks:
+        key = (model, in_flight(layout), hw_name, flash, framework)
+        if key not in self.peaks:
             program = self.program(*key)
             megatron = framework == "megatron"
-            self.peaks[key + (framework,)] = peak_memory(
+            self.peaks[key] = peak_memory(
                 program, fused=True, donate=True, accumulation_fusion=megatron,
                 walker=Walker(program, layout.shape, whole_recompute=megatron)).peak
-        return self.peaks[key + (framework,)]
+        return self.peaks[key]
 
 
 def sweep(model, layouts, hardware="H100", precision: str = "bf16", **options) -> list:
@@ -238,7 +238,8 @@ def estimate(model, layout: Layout, hardware="H100", chips: int | None = None,
         raise LayoutError(f"{hw.name} has no FP8 matrix units; use precision='bf16'")
     reuse = reuse or Reuse()
     ticks = layout.microbatches * layout.vp + layout.pp - 1      # step.py's pipeline loop
-    program, megatron = reuse.program(model, layout, hw.name, flash), framework == "megatron"
+    program = reuse.program(model, layout, hw.name, flash, framework)
+    megatron = framework == "megatron"
     p = predict(program, hw, topology=reuse.machine(hw, layout.chips, slices),
                 walker=Walker(program, layout.shape, whole_recompute=megatron),
                 precision=PATHS[precision], pipeline=(ticks, layout.pp - 1),

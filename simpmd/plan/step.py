@@ -160,13 +160,15 @@ def _adam(master, mu, nu, g, lr=1e-4, b1=0.9, b2=0.95, eps=1e-8):
     return master - lr * mu / (snp.sqrt(nu) + eps), mu, nu
 
 
-def train_step(model, layout, flash=True):
+def train_step(model, layout, flash=True, framework="xla"):
     """``step(params, opt, tokens, targets) -> (params, opt, loss)``: one device's training
     step, to be ``shard_map`` ped with :func:`specs`. With the distributed optimizer each
     data-parallel rank holds a slice of the weights too, as Megatron's does between steps,
-    and gathers them over ``dp`` as the step begins."""
+    and gathers them over ``dp`` as the step begins. ``framework``: what runs it
+    (``plan.estimate``'s: the kernels PyTorch runs on their own)."""
     from ..api.grad import value_and_grad
-    s = L.Shard(model, layout.shape, layout.recompute, layout.sequence_parallel, flash)
+    s = L.Shard(model, layout.shape, layout.recompute, layout.sequence_parallel, flash,
+                framework)
     whole = {k: _split(k, False, layout) for k in param_shapes(model, layout)}
 
     def step(params, opt, tokens, targets):
@@ -191,14 +193,15 @@ def _fsdp_dim(spec, ndim) -> int:
     return dims.index("fsdp") if "fsdp" in dims else ndim - 1
 
 
-def layer_step(model, layout, flash=True):
+def layer_step(model, layout, flash=True, framework="xla"):
     """``step(weights, x) -> (gradients, dx, y)`` for one device: one decoder layer, under
     its checkpoint, forward and backward on activations ``x`` (its loss the sum of its
     output ``y``, which is returned too, as the next layer would read it), without the
     loop around it: what the step's scan repeats, written out so that a roofline that
     counts a loop's body once (``jax.experimental.roofline``) counts what simpmd counts."""
     from ..api.grad import grad
-    s = L.Shard(model, layout.shape, layout.recompute, layout.sequence_parallel, flash)
+    s = L.Shard(model, layout.shape, layout.recompute, layout.sequence_parallel, flash,
+                framework)
     one = {k: P(*_split(k, False, layout)[3:]) for k in LAYER_SPLIT}   # one layer's split
     run = L.checkpointed_layer(s)
 
