@@ -27,6 +27,7 @@ from .. import numpy as snp
 from ..api.checkpoint import checkpoint, checkpoint_policies
 from ..core import bridge
 from ..core.core import aval_of
+from ..cost import fusion as _fusion  # noqa: F401 (sets the rows' fusion column, read below)
 from .attention import flash_attention, materialized_attention
 from .dropout import dropout, dropout_p
 
@@ -178,8 +179,10 @@ def keep_all_but_gathers(prim, *avals, **params) -> bool:
     what a gather made, which the backward pass gathers again: FSDP's weights (the
     book's FSDP gathers in both passes), the tokens sequence parallelism gathers
     (Megatron's choice, Korthikanti et al. 2022, section 4.2.2) and a virtual stage's
-    weights picked out of the stage's."""
-    return getattr(prim, "name", "") not in REGATHERED
+    weights picked out of the stage's; nor a view (a reshape, a squeeze: the cost model's
+    ``fusion`` column), which is its operand's buffer: computing it again is free, and
+    keeping it would keep a copy of each weight a view picks, once per micro-batch."""
+    return getattr(prim, "name", "") not in REGATHERED and getattr(prim, "fusion", "") != "view"
 
 
 REDUCED = frozenset({"psum", "psum2", "psum_invariant", "psum_scatter", "reduce_scatter"})
