@@ -279,6 +279,7 @@ def test_dropout_kernels_are_the_frameworks():
     assert len(ks) == 1 and ks[0].bytes == (2 + 2 + 2 + 1) * math.prod(shape)
 
 
+@needs_bf16
 def test_fused_attention_dropout_keeps_no_mask_and_pays_the_generator():
     """With dropout the kernel moves the same bytes (no mask) and computes RNG_OPS more per
     computed probability, on the vector units: the prediction grows by those over the

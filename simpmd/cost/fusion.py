@@ -9,7 +9,9 @@ intermediate values stay in registers. The rules here follow XLA's passes in out
   and layout moves such as ``transpose``, ``slice``, ``pad``) join the kernel of the
   operand produced last (*loop fusion*);
 * a **broadcast** is not materialised: each consumer reads the small value it broadcasts;
-  ``reshape`` and ``squeeze`` are views, and so is a ``transpose`` that only dot_generals
+  ``reshape`` and ``squeeze`` are views (a view may keep other buffers alive as long as
+  its readers run, as an FP8 value read by a GEMM keeps its transposed copy for the weight
+  gradient's: its row's ``keeps`` column), and so is a ``transpose`` that only dot_generals
   read (XLA folds it into the dot's dimension numbers); a ``transpose`` that alone reads a
   product's result, swapping its operands' free axes, is the product with its operands
   swapped, writing that layout (XLA's ``HandleTranspose``: transpose(dot(a, b)) ->
@@ -204,6 +206,7 @@ class _Fuser:
         self.alias, self.made_by = {}, {}          # var -> var it views; var -> kernel
         self.within = {}                           # a slice read where it lies -> its source
         self.constants = set()                     # scalars computed from constants alone
+        self.kept = {}                             # a view -> buffers its readers also keep
         self.reduced = {}                          # value -> kernels reducing it
         self.kinds = {id(e): fusion_kind(e) for e in self.eqns}
         self.users, self.finals = {}, {}           # var -> equations reading it
@@ -257,6 +260,10 @@ class _Fuser:
                 or id(eqn) in self.folded:
             for o, i in zip(eqn.outvars, eqn.invars):
                 self.alias[o] = i                  # read where it is, at its own size
+            keeps = getattr(_row(eqn), "keeps", None)
+            if keeps is not None:                  # ... with buffers its readers also need
+                self.kept[eqn.outvars[0]] = [self.root(v) for v in keeps(eqn.params, eqn.invars)
+                                             if _is_var(v)]
             self.free.append(eqn)
             return
         if name in SLICES and name != "transpose":
@@ -494,6 +501,9 @@ class _Fuser:
         into their consumers)."""
         for v in eqn.invars:
             r = self.root(v)
+            for u in self._kept_along(v):          # kept alive by the read, not read
+                if self.made_by.get(u) != k:
+                    kernel.reads.setdefault(u, 0)
             if not _is_var(r) or self.made_by.get(r) == k:
                 continue
             found, chain = (self.sources(r) if kernel.kind in ("loop", "reduction")
@@ -503,6 +513,14 @@ class _Fuser:
                     kernel.reads[u] = _nbytes(_typed(u))
             kernel.redo += [e for e in chain if self.made_by.get(e.outvars[0]) != k
                             and e not in kernel.redo]
+
+    def _kept_along(self, v) -> list:
+        """The buffers the views on the way from ``v`` to what it reads keep alive."""
+        found = []
+        while _is_var(v) and v in self.alias:
+            found += self.kept.get(v, [])
+            v = self.alias[v]
+        return found
 
     def finish(self):
         """Each kernel's reads (stored values from outside it) and writes (values another
