@@ -16,9 +16,9 @@ full work for ``n`` blocks of 128 queries (FlashAttention-2's block size on A100
 H100), about half. With ``dropout`` the kernel drops probabilities as it computes them and
 keeps no mask: its backward pass draws the same mask again from the generator's state
 (Dao et al. 2022, section 3.1), each pass paying the generator's integer work on the
-vector units beside the products (:data:`RNG_OPS`). :func:`materialized_attention` is the other way, what Megatron ran
-before fused kernels (Korthikanti et al. 2022): the scores are a product, a softmax and a
-product, kept for the backward pass unless recomputed.
+vector units beside the products (:data:`RNG_OPS`). :func:`materialized_attention` is the
+other way, what Megatron ran before fused kernels (Korthikanti et al. 2022): the scores are
+a product, a softmax and a product, kept for the backward pass unless recomputed.
 """
 from __future__ import annotations
 

@@ -220,8 +220,9 @@ def estimate(model, layout: Layout, hardware="H100", chips: int | None = None,
     ``hardware``, its matrix products in ``precision`` ("bf16", "fp16" or "fp8": the
     layers' linear products in FP8 as Transformer Engine runs them, :mod:`.fp8`, attention
     and the head in bf16; weights, gradients and Adam's moments are kept as mixed
-    precision keeps them, float32 masters and moments). ``slices``: TPU slices joined by DCN. ``flash``: attention as one fused
-    kernel (False: the scores kept, as before fused kernels). ``framework``: what runs the
+    precision keeps them, float32 masters and moments). ``slices``: TPU slices joined by
+    DCN. ``flash``: attention as one fused kernel (False: the scores kept, as before fused
+    kernels). ``framework``: what runs the
     step, ``"xla"`` (JAX: a checkpoint recomputes what the backward pass reads; the
     gradients of a loop over micro-batches or pipeline ticks are added to their
     accumulators when it ends) or ``"megatron"`` (Megatron-LM on PyTorch: full
