@@ -25,7 +25,9 @@ same rule (lesson 12 compares them).
 """
 from __future__ import annotations
 
+import contextlib
 import math
+import sys
 
 import numpy as np
 
@@ -45,10 +47,10 @@ class UnreducedValueError(errors.SimpmdError, NotImplementedError):
 
 
 class Settings:
-    """The rules that changed between JAX releases, as the installed JAX has them (read
-    from its package metadata; JAX is not imported), or the newest without one. Checked
-    on jax 0.7.2, 0.10.2 and 0.12.0.1; a release in between takes the rule of the next
-    checked one.
+    """The rules that changed between JAX releases. With JAX imported, each is asked of the
+    running JAX the first time it matters (:mod:`simpmd.jax.rules` traces a tiny program on
+    it, once per process); without JAX, or inside :meth:`newest`, they are the newest
+    JAX's (jax 0.12).
 
     ``batch_alike``: dot_general's batch dims must be split alike on both operands (0.12;
     before, a whole dim agreed with a split one). ``matmul_batch``: ``jnp.matmul`` refuses
@@ -59,23 +61,61 @@ class Settings:
     the split (0.10; 0.7 indexed with a gather, which refused it). ``shard_map_checks``:
     inside jit, shard_map refuses operands laid out otherwise than its in_specs (0.10;
     0.7 moved them). ``single_element``: a slice down to one element is replicated, whatever
-    the operand's split (0.12; before, refused like any slice a split does not divide).
+    the operand's split (0.11; before, refused like any slice a split does not divide).
+    ``cotangent_swaps``: a reduced operand's gradient is unreduced (0.10; 0.7 kept it
+    plain). :meth:`ask` takes the rules of unreduced and reduced operands too
+    (``simpmd.api.reductions``).
     """
 
-    def __init__(self, version=None):
-        if version is None:
-            try:
-                from importlib.metadata import version as installed
-                version = tuple(int(p) for p in installed("jax").split(".")[:3] if p.isdigit())
-            except Exception:                      # no JAX: the newest rules
-                version = (99,)
-        self.follow(version)
+    NEWEST = dict(batch_alike=True, matmul_batch=True, reshape_spread=True, strided_slice=True,
+                  shard_map_checks=True, single_element=True, cotangent_swaps=True,
+                  contraction_sets="axes")
 
-    def follow(self, version):
-        self.version = tuple(version)
-        self.batch_alike = self.single_element = self.version > (0, 10, 2)
-        self.matmul_batch = self.reshape_spread = self.strided_slice = self.version > (0, 7, 2)
-        self.shard_map_checks = self.version > (0, 7, 2)
+    def __init__(self):
+        self.pinned = False
+
+    def ask(self, question, *args):
+        """The running JAX's answer to ``question`` (a function of simpmd.jax.rules), or
+        the newest JAX's. ``on_operand(row, start)``'s newest answers are a column of the
+        row (``unreduced_newest``)."""
+        from ..core import bridge
+        if not self.pinned and "jax" in sys.modules and bridge.jax is not None:
+            try:
+                return getattr(bridge.jax.rules, question)(*args)
+            except bridge.jax.rules.Unavailable:       # a JAX too old to trace the probes
+                pass
+        if question == "on_operand":
+            row, start = args
+            return row.unreduced_newest[start == "reduced"]
+        return self.NEWEST[question]
+
+    @contextlib.contextmanager
+    def newest(self):
+        """The newest JAX's rules inside the block, whatever JAX is running."""
+        before, self.pinned = self.pinned, True
+        try:
+            yield self
+        finally:
+            self.pinned = before
+
+    batch_alike = property(lambda self: self.ask("batch_alike"))
+    matmul_batch = property(lambda self: self.ask("matmul_batch"))
+    reshape_spread = property(lambda self: self.ask("reshape_spread"))
+    strided_slice = property(lambda self: self.ask("strided_slice"))
+    shard_map_checks = property(lambda self: self.ask("shard_map_checks"))
+    single_element = property(lambda self: self.ask("single_element"))
+    cotangent_swaps = property(lambda self: self.ask("cotangent_swaps"))
+
+    @property
+    def version(self) -> tuple:
+        """The installed JAX's release from its package metadata (JAX is not imported), or
+        (99,) without one: only for the multi-process rules, which one process cannot
+        probe (``simpmd.hosts``)."""
+        try:
+            from importlib.metadata import version as installed
+            return tuple(int(p) for p in installed("jax").split(".")[:3] if p.isdigit())
+        except Exception:
+            return (99,)
 
 
 settings = Settings()
@@ -116,7 +156,7 @@ class Sharding:
     def cotangent(self) -> "Sharding":
         """The type of this value's gradient: reduced and unreduced swap (JAX's cotangent
         map; jax 0.7.2 kept them as they were)."""
-        if settings.version <= (0, 7, 2):
+        if not settings.cotangent_swaps:
             return Sharding(self.mesh, self.dims)
         return Sharding(self.mesh, self.dims, self.reduced, self.unreduced)
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from ..core import bridge
 from . import printing  # noqa: F401  (how the running JAX prints: simpmd's printer asks)
+from . import rules  # noqa: F401  (which sharding rules the running JAX follows: jit asks)
 from ..api import tree
 from ..core.core import context
 from ..api.shard_map import shard_map
