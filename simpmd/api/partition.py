@@ -26,6 +26,7 @@ same rule (lesson 12 compares them).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import math
 import sys
 
@@ -63,13 +64,14 @@ class Settings:
     0.7 moved them). ``single_element``: a slice down to one element is replicated, whatever
     the operand's split (0.11; before, refused like any slice a split does not divide).
     ``cotangent_swaps``: a reduced operand's gradient is unreduced (0.10; 0.7 kept it
-    plain). :meth:`ask` takes the rules of unreduced and reduced operands too
+    plain). ``spec_rank_checked``: ``out_sharding=``/``reshard`` refuse a spec with more
+    entries than the value has dimensions (0.11; before, trailing ``None`` entries passed). :meth:`ask` takes the rules of unreduced and reduced operands too
     (``simpmd.api.reductions``).
     """
 
     NEWEST = dict(batch_alike=True, matmul_batch=True, reshape_spread=True, strided_slice=True,
                   shard_map_checks=True, single_element=True, cotangent_swaps=True,
-                  contraction_sets="axes")
+                  spec_rank_checked=True, contraction_sets="axes")
 
     def __init__(self):
         self.pinned = False
@@ -105,6 +107,7 @@ class Settings:
     shard_map_checks = property(lambda self: self.ask("shard_map_checks"))
     single_element = property(lambda self: self.ask("single_element"))
     cotangent_swaps = property(lambda self: self.ask("cotangent_swaps"))
+    spec_rank_checked = property(lambda self: self.ask("spec_rank_checked"))
 
     @property
     def version(self) -> tuple:
@@ -119,6 +122,48 @@ class Settings:
 
 
 settings = Settings()
+
+
+# -- the mesh that P(...) refers to: set_mesh ----------------------------------------------------
+
+_MESH: contextvars.ContextVar = contextvars.ContextVar("simpmd_mesh", default=None)
+
+
+class set_mesh:
+    """Make ``mesh`` the one that ``P(...)`` refers to, like ``jax.set_mesh``: called alone
+    it sets the mesh until changed; ``with simpmd.set_mesh(mesh):`` puts the previous one
+    back at the end of the block."""
+
+    def __init__(self, mesh):
+        from ..machine.mesh import Mesh
+        if not isinstance(mesh, Mesh):
+            raise TypeError(f"set_mesh takes a simpmd Mesh (simpmd.make_mesh(...)), got {mesh!r}")
+        self.mesh, self._token = mesh, _MESH.set(mesh)
+
+    def __enter__(self):
+        return self.mesh
+
+    def __exit__(self, *exc):
+        _MESH.reset(self._token)
+        return False
+
+
+def get_mesh():
+    """The mesh set by :class:`set_mesh`, or None."""
+    return _MESH.get()
+
+
+def check_placed(spec, what="out_sharding"):
+    """A bare ``P(...)`` a program passes (``out_sharding=``, ``reshard``, ``device_put``)
+    names axes of the mesh set by ``set_mesh``; without one JAX refuses it, even where the
+    operands' mesh would do (a ``NamedSharding`` carries its own mesh)."""
+    from ..machine.mesh import PartitionSpec, ShardingError
+    if isinstance(spec, PartitionSpec) and get_mesh() is None:
+        raise ShardingError(
+            f"Using PartitionSpec when you are not under a mesh context is not allowed. Please "
+            f"pass a NamedSharding instance or enter into a mesh context via `jax.set_mesh` "
+            f"(JAX's words, for {what}={spec!r}): call simpmd.set_mesh(mesh) first (or "
+            f"`with simpmd.set_mesh(mesh):`), or pass simpmd.NamedSharding(mesh, {spec!r}).")
 
 
 # -- the type ------------------------------------------------------------------------------
@@ -237,6 +282,20 @@ class all_explicit:
         return repr(self.mesh)
 
 
+def _within_rank(parts, ndim, spec, what):
+    """A spec's entries for a value of rank ``ndim``: more entries than dimensions are
+    refused, or, where the running JAX lets them pass (jax 0.10 and before), trailing
+    ``None`` entries are dropped (others fail an assertion there)."""
+    from ..machine.mesh import ShardingError
+    if settings.spec_rank_checked or what in ("device_put", "in_specs", "out_specs") \
+            or any(p is not None for p in parts[ndim:]):
+        raise ShardingError(
+            f"Length of sharding.spec ({len(parts)}) must be equal to aval's ndim ({ndim}) "
+            f"(JAX's words): {what}={spec!r} has {len(parts)} entries for a value of rank "
+            f"{ndim}; give one per dimension (trailing ones may be left out).")
+    return parts[:ndim]
+
+
 def resolve(spec, mesh, ndim, what="out_sharding"):
     """A ``P(...)``, ``NamedSharding`` or :class:`Sharding` as a layout of ``ndim`` dims."""
     if spec is None:
@@ -246,8 +305,7 @@ def resolve(spec, mesh, ndim, what="out_sharding"):
     inner = getattr(spec, "spec", spec)
     parts = list(inner) if inner is not None else []
     if len(parts) > ndim:
-        raise ShardingTypeError(f"{what}={inner!r} has {len(parts)} entries for a value of rank "
-                                f"{ndim}; give at most one per dimension.")
+        parts = _within_rank(parts, ndim, inner, what)
     dims = tuple(() if p is None else (tuple(p) if isinstance(p, (tuple, list)) else (p,))
                  for p in parts + [None] * (ndim - len(parts)))
     explicit = explicit_axes(mesh)

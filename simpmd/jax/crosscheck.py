@@ -768,7 +768,8 @@ def _crosscheck_jit(jitted, args, rtol, atol) -> CrossCheckReport:
     other, notes, widths = EngineRun("jax.jit"), [], set()
     sim_types = kinds = None
     try:
-        out = jitted(*args)
+        with J.set_mesh(mesh):                  # as the JAX run below, under jax.set_mesh
+            out = jitted(*args)
         sim.outputs = _to_numpy(out)
         sim_types = [str(J.typeof(y)) for y in tree.flatten(out)[0]]
         kinds = set(jitted.trace.collective_counts())

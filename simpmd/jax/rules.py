@@ -132,6 +132,16 @@ def cotangent_swaps() -> bool:
     return bool(spec is not None and getattr(spec, "unreduced", None))
 
 
+@functools.lru_cache(maxsize=None)
+def spec_rank_checked() -> bool:
+    """Whether ``reshard`` refuses a spec with more entries than the value has dimensions
+    (or lets trailing ``None`` entries pass)."""
+    jax = _jax()
+    reshard = getattr(jax, "reshard", None) or jax.sharding.reshard
+    P = jax.sharding.PartitionSpec
+    return _refuses(lambda a: reshard(a, P(None, None, None)), typed((4, 4)))
+
+
 # -- unreduced and reduced values ------------------------------------------------------------
 
 def _start(start, shape):
