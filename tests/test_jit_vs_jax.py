@@ -158,7 +158,8 @@ def test_fsdp_step_gathers_forward_and_reduce_scatters_backward(how):
     step = {"jit": simpmd.jit(simpmd.value_and_grad(fsdp_loss)),
             "top level": simpmd.value_and_grad(fsdp_loss),
             "grad of jit": simpmd.value_and_grad(simpmd.jit(fsdp_loss))}[how]
-    loss, g = step(w, x)
+    with simpmd.set_mesh(MESH):                   # reshard's P() names the mesh's axes
+        loss, g = step(w, x)
     with jax.set_mesh(jmesh):
         jloss, jg = jax.jit(jax.value_and_grad(fsdp_loss))(jw, jx)
     assert str(simpmd.typeof(g)) == str(jax.typeof(jg)) == "float32[16@(data,model),8]"
@@ -179,7 +180,8 @@ def megatron_loss(x, w1, w2):
 def test_megatron_gradients_and_their_all_reduces():
     specs = [P("data", None), P(None, "model"), P("model", None)]
     sim, real, jmesh = on_both(data((16, 8), (8, 32), (32, 8)), specs)
-    grads = simpmd.jit(simpmd.grad(megatron_loss, argnums=(0, 1, 2)))(*sim)
+    with simpmd.set_mesh(MESH):                   # out_sharding's P names the mesh's axes
+        grads = simpmd.jit(simpmd.grad(megatron_loss, argnums=(0, 1, 2)))(*sim)
     trace = simpmd.last_trace()
     with jax.set_mesh(jmesh):
         jgrads = jax.jit(jax.grad(megatron_loss, argnums=(0, 1, 2)))(*real)
