@@ -29,7 +29,7 @@ def main():
     for run in published.runs():
         est = plan.estimate(run.model, run.layout, hardware=run.hardware,
                             precision=run.precision, flash=run.flash, slices=run.slices,
-                            check_memory=False)
+                            framework=run.framework, check_memory=False)
         ratio = est.step_s / run.measured_s
         errors.append(abs(math.log(ratio)))
         parts = ", ".join(f"{k} {v / est.step_s:.0%}" for k, v in est.breakdown.items()
@@ -61,7 +61,8 @@ def memory_table():
         if size not in FIGURE_1 or "selective" not in run.name:
             continue
         est = plan.estimate(run.model, run.layout, hardware=run.hardware,
-                            precision=run.precision, flash=run.flash, check_memory=False)
+                            precision=run.precision, flash=run.flash, framework=run.framework,
+                            check_memory=False)
         weights, acts = FIGURE_1[size]
         peak = est.peak_bytes / 2**30
         print(f"| {run.name} | {weights:.1f} | {acts:.1f} | {weights + acts:.1f} | {peak:.1f} | "

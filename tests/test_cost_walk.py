@@ -1,5 +1,6 @@
 """One walk over a program (simpmd/cost/walk.py): what a cond, a loop and a checkpoint
-count, the same for the roofline, memory's FLOPs and liveness, and the timelines.
+count, the same for the roofline, memory's FLOPs and liveness, the timelines and the
+prediction (and the planner's steps, which it costs).
 
 Expectations: FLOPs counted by hand (2 m n k per matrix product, times the iterations or
 branches a NumPy re-enactment of the program runs), and jax.experimental.roofline on the
@@ -259,14 +260,18 @@ def _random_program(seed, grad):
     return simpmd.pmap(f, axis_name="i", in_axes=(None, 0)), products, blocks
 
 
-def _three_flops(f, args, while_trips=None):
-    """(the roofline's FLOPs, memory's, the timeline's) of f on args, and the roofline."""
+def _four_flops(f, args, while_trips=None):
+    """(the roofline's FLOPs, memory's, the timeline's, the prediction's: what its kernels
+    compute, each equation once per run) of f on args, and the roofline."""
     r = C.roofline(f, *args, while_trips=while_trips)
     f(*args)
     taken = C.taken_in(f.trace)
     mem = flops(f.trace.program, taken=taken, while_trips=while_trips)
     line = viz.model_timeline(f.trace, "TPU v5e", while_trips=while_trips).roofline
-    return (r.unfused_flops, mem, line.unfused_flops), r
+    predicted = C.predict.predict(f.trace.program, "TPU v5e", taken=taken,
+                                  while_trips=while_trips).flops
+    return (r.unfused_flops, mem, line.unfused_flops, round(r.prediction.flops),
+            round(predicted)), r
 
 
 @pytest.mark.parametrize("grad", [False, True])
@@ -277,8 +282,8 @@ def test_random_programs_cost_the_same_flops_in_every_analysis(seed, grad):
     w = (rng.standard_normal((3, K, K)) * 0.3).astype(np.float32)
     shift = rng.choice([-0.3, 0.3], size=(D, 1, 1))        # each device's conds differ
     x = (rng.standard_normal((D, M, K)) + shift).astype(np.float32)
-    on_values, r = _three_flops(f, (w, x))
-    on_shapes, s = _three_flops(f, _shapes(w, x), while_trips=2)
+    on_values, r = _four_flops(f, (w, x))
+    on_shapes, s = _four_flops(f, _shapes(w, x), while_trips=2)
     assert len(set(on_values)) == 1 and len(set(on_shapes)) == 1, blocks
     assert on_values[0] <= on_shapes[0]        # the costliest branch bounds the one taken
     if not grad:
@@ -286,6 +291,53 @@ def test_random_programs_cost_the_same_flops_in_every_analysis(seed, grad):
         assert r.flops == busiest * 2 * M * K * K, blocks
         costliest = products(w, x[0], costliest=True)      # every cond: its matmul branch
         assert s.flops == costliest * 2 * M * K * K, blocks
+
+
+def test_the_planners_step_computes_the_flops_the_walk_counts():
+    """plan.estimate's prediction of a step (a pipeline of ticks, layers in a scan under
+    checkpoint, tensor and sequence parallelism, Adam) computes what memory.flops counts on
+    the same program, and its recomputation what the walk marks 'recompute'."""
+    pytest.importorskip("ml_dtypes", reason="the planner's steps are in bfloat16")
+    from simpmd import plan
+    from simpmd.plan.simulate import trace_step
+    model = plan.Transformer(layers=4, d_model=32, heads=4, kv_heads=2, d_ff=48, vocab=64,
+                             seq=16, gated_mlp=True)
+    layout = plan.Layout(tp=2, pp=2, vp=2, dp=2, global_batch=16, sequence_parallel=True,
+                         recompute="full")
+    est = plan.estimate(model, layout, hardware="H100", memory=False)
+    program = trace_step(model, layout, "H100")
+    assert est.flops == flops(program) > 0
+    again = C.predict.predict(program, "H100", layout.shape)
+    assert again.flops == est.flops and flops(program, "recompute") > 0
+    eager = plan.estimate(model, layout, hardware="H100", memory=False, framework="megatron")
+    assert eager.flops == _walked(program, whole_recompute=True) > est.flops
+
+
+def _walked(program, phase=None, **options):
+    walker = C.walk.Walker(program, **options)
+    return sum(C.walk.flops_and_bytes(v.eqn, v.row, v.name)[0] * v.times
+               for v in walker.visits() if not v.body and (phase is None or v.phase == phase))
+
+
+def test_a_checkpoint_run_again_whole_as_an_eager_framework_does():
+    """sin(x @ w) @ w under a checkpoint that saves nothing: XLA's backward pass recomputes
+    x @ w and its sine (what the derivatives read), not the last product, whose result only
+    the loss reads; PyTorch's checkpoint (whole_recompute) runs all of it again. The
+    prediction computes what the walk counts, either way."""
+    n = 64
+    w, x = np.full((n, n), 0.01, np.float32), np.full((n, n), 0.02, np.float32)
+
+    def loss(w, x):
+        return simpmd.checkpoint(lambda x: snp.sin(x @ w) @ w)(x).sum()
+    program = simpmd.make_jaxpr(simpmd.grad(loss))(*_shapes(w, x))
+    xla, eager = _walked(program, "recompute"), _walked(program, "recompute",
+                                                        whole_recompute=True)
+    assert xla == 2 * n ** 3 + n * n                  # x @ w and its sine (one per element)
+    assert eager == xla + 2 * n ** 3                  # and the last product
+    for whole in (False, True):
+        walker = C.walk.Walker(program, whole_recompute=whole)
+        assert C.predict.predict(program, "H100", walker=walker).flops == _walked(
+            program, whole_recompute=whole)
 
 
 # -- the cost columns live on the rows ----------------------------------------------------------

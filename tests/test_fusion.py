@@ -108,3 +108,31 @@ def test_fusion_never_moves_more_than_every_equation_on_its_own(jax8):
             v.aval.size * v.aval.dtype.itemsize for v in jaxpr.jaxpr.outvars)
         # (JAX's unfused count has a transpose free; on its own it copies: io bytes)
         assert io <= p.fused_bytes <= max(r.bytes, io), program.name
+
+
+def _in_order(ks):
+    """Whether each kernel reads only what earlier kernels wrote (what a compute stream
+    running them in order needs)."""
+    made = {o: n for n, k in enumerate(ks) for e in k.eqns for o in e.outvars}
+    return all(made.get(v, -1) < n for n, k in enumerate(ks) for v in k.reads)
+
+
+def test_kernels_come_in_an_order_each_can_run_in(jax8):
+    """Two row sums of x, one read by a product before the other is taken: XLA could compute
+    them in one pass only by delaying the product's input; they stay two kernels, in order."""
+    jnp = jax8.numpy
+
+    def f(x, w):
+        a = x.sum(-1)
+        return jnp.outer(a, a) @ w, (x * x).sum(-1)
+    ks = kernels(jax8, f, ((R, C_), jnp.float32), ((R, C_), jnp.float32))
+    assert _in_order(ks)
+    assert sum(k.kind == "reduction" for k in ks) == 2
+
+
+def test_the_kernels_of_every_timed_program_come_in_order(jax8):
+    from simpmd.jax.device_programs import programs
+    for program in programs():
+        fn, args = program.at(32)
+        jaxpr = jax8.make_jaxpr(fn)(*args)
+        assert _in_order(fuse(jaxpr.jaxpr.eqns, jaxpr.jaxpr.outvars)), program.name

@@ -32,7 +32,8 @@ MISSES = {
 
 def predicted(run):
     return plan.estimate(run.model, run.layout, hardware=run.hardware, precision=run.precision,
-                         flash=run.flash, slices=run.slices, check_memory=False,
+                         flash=run.flash, slices=run.slices, framework=run.framework,
+                         check_memory=False,
                          memory=False).step_s
 
 

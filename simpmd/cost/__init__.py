@@ -15,11 +15,15 @@ A package of modules, each one concern, none importing JAX:
 * :mod:`~simpmd.cost.roofline`: FLOPs, HBM and ICI bytes per equation and their time
   (:func:`roofline`, :func:`roofline_of`);
 * :mod:`~simpmd.cost.memory`: the bytes a device holds as its program runs;
+* :mod:`~simpmd.cost.fusion`: the kernels XLA makes of a program's equations;
+* :mod:`~simpmd.cost.predict`: the one predictor of a program's time, its kernels on a
+  device's streams (:func:`~simpmd.cost.predict.predict`; ``Roofline.predicted_s``, the
+  timelines' ``draw_prediction`` and ``simpmd.plan`` use it);
 * :mod:`~simpmd.cost.algorithms`: collective algorithms played message by message.
 
 ``simpmd.cost.X`` names what these modules define, as when they were one file.
 """
-from . import algorithms, memory
+from . import algorithms, fusion, memory, predict
 from .cluster import Cluster
 from .hardware import (HARDWARE, NCCL_TESTS_H100, SLICE_SHAPES, Hardware, MeasuredFit,
                        hardware_preset)

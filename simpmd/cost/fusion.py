@@ -17,10 +17,33 @@ intermediate values stay in registers. The rules here follow XLA's passes in out
   the reduced shape joins it too (*reduction epilogue*);
 * a **matmul** starts its own kernel, and elementwise consumers of its result's shape join
   it (*epilogue*: a bias, a residual add, an activation, a cast);
-* collectives, sorts, scatters and cumulative sums run on their own.
+* a **scatter** (or ``dynamic_update_slice``) updates its operand in place, moving the
+  bytes of its updates; an addition into the result of a scatter is folded into it (XLA's
+  algebraic simplifier rewrites ``A + scatter(0, i, u)`` as ``scatter(A, i, u)``:
+  ``AlgebraicSimplifierVisitor::HandleAdd`` in openxla/xla's
+  ``xla/hlo/transforms/simplifiers/algebraic_simplifier.cc``, commit 0057bb15e6);
+* an **accumulation** (an addition of a matmul's result into a value of its shape) is
+  done in place by the GEMM, which adds into its output buffer (cuBLAS's ``beta = 1``);
+  with ``accumulation_fusion``, as Megatron-LM's gradient-accumulation fusion adds each
+  weight gradient into its buffer inside the GEMM that computes it
+  (``--gradient-accumulation-fusion``, Megatron-LM's ``arguments.py``), so is autodiff's
+  ``add_any`` of a loop's result (the loop's gradients added where they are computed),
+  and a loop whose accumulator starts at zero and is then added into another starts
+  from that one (no zeros are written);
+* a **slice** (``slice``, ``dynamic_slice``, ``gather``) is read where it lies: the
+  kernel that reads it reads the region it names (a loop fusion indexes its operand;
+  XLA's dynamic-slice fusion passes cuBLAS an offset into the buffer); only where a loop
+  or a collective reads it is it copied out;
+* a scalar computed from constants alone is folded away, as XLA's constant folding does;
+* collectives, sorts and cumulative sums run on their own, and so does a loop or a
+  conditional (a *block*: its body is a program of its own kernels); a broadcast a block
+  or a collective reads is written out, as their operands must be buffers.
 
 A kernel joins only the latest of its operands' kernels, so kernels stay in an order in
 which each reads only what earlier ones wrote. The counts are per device, as the roofline's.
+:func:`body_kernels` gives the kernels of one body of a program, its calls inlined as XLA
+inlines them, for the prediction (:mod:`simpmd.cost.predict`) and the memory walk
+(:mod:`simpmd.cost.memory`).
 """
 from __future__ import annotations
 
@@ -30,7 +53,9 @@ from ..core import collectives as C
 from ..core import loops as L
 from ..core import primitives as P
 from ..core.core import PRIMITIVES
-from .walk import JAX_UNARY, MATMULS, NO_COST, _is_var, _nbytes, _primitive_name, _row, _typed
+from .rows import column
+from .walk import (JAX_UNARY, NO_COST, _is_var, _nbytes, _primitive_name, _row, _typed,
+                   axes_in, flops_and_bytes, nested, scan_split)
 
 # The fusion column of each row, set on the row object: how XLA's fusion treats it.
 for _rows, _kind in (
@@ -42,8 +67,9 @@ for _rows, _kind in (
         ((P.reduce_sum, P.reduce_max, P.reduce_min, P.reduce_prod, P.reduce_and, P.reduce_or,
           P.argmax, P.argmin), "reduction"),
         ((P.dot_general,), "matmul"),
-        ((P.sort, P.cumsum, P.cumprod, P.cummax, P.cummin, P.numpy_call) +
-         tuple(r for n, r in PRIMITIVES.items() if n.startswith("scatter")), "opaque")):
+        ((P.sort, P.cumsum, P.cumprod, P.cummax, P.cummin, P.numpy_call), "opaque"),
+        (tuple(r for n, r in PRIMITIVES.items() if n.startswith("scatter")
+               or n == "dynamic_update_slice"), "in_place")):
     for _row_obj in _rows:
         _row_obj.fusion = _kind
 
@@ -51,23 +77,31 @@ for _rows, _kind in (
 JAX_VIEWS = frozenset("""expand_dims bitcast_convert_type stop_gradient pcast
     sharding_constraint device_put optimization_barrier mesh_cast reshard copy_p
     random_wrap random_unwrap axis_index axis_size""".split())
-JAX_ELEMENTWISE = JAX_UNARY | frozenset("""reduce_precision dynamic_update_slice
+JAX_ELEMENTWISE = JAX_UNARY | frozenset("""reduce_precision
     threefry2x32 random_bits erf_inv population_count clz""".split())
+JAX_IN_PLACE = frozenset("dynamic_update_slice scatter scatter-add scatter_add".split())
+SLICES = frozenset({"slice", "dynamic_slice", "shard_slice", "gather", "transpose"})
+ACCUMULATING = frozenset({"matmul", "in_place", "block"})
 
 
 def fusion_kind(eqn) -> str:
     """``'view'``, ``'broadcast'``, ``'elementwise'``, ``'reduction'``, ``'matmul'``,
-    ``'collective'`` or ``'opaque'``: how XLA's fusion treats this equation."""
+    ``'collective'``, ``'in_place'``, ``'block'`` (a loop or a conditional) or
+    ``'opaque'``: how XLA's fusion treats this equation."""
     name = _primitive_name(eqn)
     row = _row(eqn, name)
+    if nested(eqn)[0] in ("repeat", "until", "branches"):
+        return "block"
+    if column(row, "matmul"):
+        return "matmul"
     if row is not None and getattr(row, "collective", False):
         return "view" if getattr(row, "op", None) in (None, "axis_index") else "collective"
     if row is not None and getattr(row, "fusion", None):
         return row.fusion
     if row is not None and getattr(row, "elementwise", False):
         return "elementwise"
-    if name in MATMULS:
-        return "matmul"
+    if name in JAX_IN_PLACE:
+        return "in_place"
     if name in JAX_VIEWS or (name in NO_COST and name not in ("while", "split")):
         return "view"
     if name in JAX_ELEMENTWISE:
@@ -121,9 +155,12 @@ class Eqn:
 class Kernel:
     """One kernel XLA would launch: its equations, what it reads and writes in HBM.
 
-    ``kind`` is ``'loop'`` (elementwise), ``'reduction'``, ``'matmul'``, ``'collective'``
-    or ``'opaque'``; ``reads`` and ``writes`` map each value read from or written to HBM
-    to its bytes (a value read twice by the kernel counts once)."""
+    ``kind`` is ``'loop'`` (elementwise), ``'reduction'``, ``'matmul'``, ``'collective'``,
+    ``'in_place'``, ``'block'`` (a loop or a conditional) or ``'opaque'``; ``reads`` and
+    ``writes`` map each value read from or written to HBM to its bytes (a value read twice
+    by the kernel counts once). ``in_place`` maps a result to the value whose buffer it
+    updates; ``redo`` lists the equations of other kernels it computes again rather than
+    read their results (cheap elementwise producers)."""
 
     kind: str
     eqns: list = field(default_factory=list)
@@ -131,32 +168,43 @@ class Kernel:
     writes: dict = field(default_factory=dict)
     shape: tuple = ()              # a reduction's result shape, a matmul's output shape
     itemsize: int = 0              # a matmul's output element size
+    in_place: dict = field(default_factory=dict)
+    own_bytes: int | None = None   # an in-place update's bytes (its updates, not the buffer)
+    redo: list = field(default_factory=list)
 
     @property
     def bytes(self) -> int:
+        if self.own_bytes is not None:
+            return self.own_bytes
         return sum(self.reads.values()) + sum(self.writes.values())
 
     @property
     def name(self) -> str:
         names = [_primitive_name(e) for e in self.eqns]
-        lead = next((n for n in names if n in MATMULS), names[0] if names else self.kind)
+        lead = next((n for e, n in zip(self.eqns, names) if column(_row(e, n), "matmul")),
+                    names[0] if names else self.kind)
         return lead if len(names) == 1 else f"{lead}+{len(names) - 1}"
 
 
 class _Fuser:
     """The state of one pass over a flat list of equations."""
 
-    def __init__(self, eqns, outvars):
+    def __init__(self, eqns, outvars, accumulation_fusion=False):
         self.eqns = [e if isinstance(e, Eqn) else Eqn(e) for e in eqns]
-        self.kernels = []
+        self.accumulation_fusion = accumulation_fusion
+        self.kernels, self.free = [], []           # kernels; equations in none (views)
         self.alias, self.made_by = {}, {}          # var -> var it views; var -> kernel
+        self.within = {}                           # a slice read where it lies -> its source
+        self.constants = set()                     # scalars computed from constants alone
         self.reduced = {}                          # value -> kernels reducing it
-        self.readers = {}                          # var -> names of the equations reading it
+        self.kinds = {id(e): fusion_kind(e) for e in self.eqns}
+        self.users, self.finals = {}, {}           # var -> equations reading it
         for eqn in self.eqns:
             for v in eqn.invars:
                 if _is_var(v):
-                    self.readers.setdefault(v, []).append(_primitive_name(eqn))
+                    self.users.setdefault(v, []).append(eqn)
         self.outvars = [ref(v) for v in outvars if _is_var(v)]
+        self.folded = self._zero_starts() if accumulation_fusion else set()
 
     def root(self, v):
         while _is_var(v) and v in self.alias:
@@ -173,32 +221,134 @@ class _Fuser:
         found = [k for k in found if k is not None]
         return max(found) if found else None
 
+    def read_by(self, v) -> frozenset:
+        """How the equations that finally read ``v`` fuse (through views of it)."""
+        if v not in self.finals:
+            kinds = set()
+            for e in self.users.get(v, ()):
+                kind = self.kinds[id(e)]
+                kinds |= (set().union(*map(self.read_by, e.outvars)) if kind == "view"
+                          else {kind})
+            self.finals[v] = frozenset(kinds)
+        return self.finals[v]
+
     def place(self, eqn):
-        kind = fusion_kind(eqn)
-        if kind in ("view", "broadcast") or (kind == "elementwise" and self._view_into_dot(eqn)):
+        kind, name = self.kinds[id(eqn)], _primitive_name(eqn)
+        if kind == "elementwise" and self._folds(eqn, name):
+            self.free.append(eqn)
+            return
+        if kind == "broadcast" and self.read_by(eqn.outvars[0]) & {"block", "collective"}:
+            kind = "elementwise"                   # a buffer its reader needs
+        if kind in ("view", "broadcast") or (name == "transpose" and self._into_dot(eqn)) \
+                or id(eqn) in self.folded:
             for o, i in zip(eqn.outvars, eqn.invars):
                 self.alias[o] = i                  # read where it is, at its own size
+            self.free.append(eqn)
             return
-        k = {"elementwise": self._elementwise, "reduction": self._reduction}.get(
-            kind, lambda e: None)(eqn)
+        if name in SLICES and name != "transpose":
+            if self.read_by(eqn.outvars[0]) & {"block", "collective"}:
+                kind = "copy"                      # a buffer its reader needs
+            else:                                  # its readers read the region it names
+                self.within[eqn.outvars[0]] = self.root(eqn.invars[0])
+                self.free.append(eqn)
+                return
+        k = None
+        if kind == "elementwise":
+            k = self._accumulation(eqn, name)
+            k = self._elementwise(eqn) if k is None else k
+        elif kind == "reduction":
+            k = self._reduction(eqn)
         if k is None:
-            k = len(self.kernels)
-            self.kernels.append(Kernel("loop" if kind == "elementwise" else kind))
-            out = _typed(eqn.outvars[0]) if eqn.outvars else None
-            self.kernels[k].shape = tuple(out.shape) if out is not None else ()
-            self.kernels[k].itemsize = out.dtype.itemsize if out is not None else 0
+            k = self._new_kernel(eqn, kind)
         self.kernels[k].eqns.append(eqn)
         for o in eqn.outvars:
             self.made_by[o] = k
         if kind == "reduction":
             self.reduced.setdefault(self.root(eqn.invars[0]), []).append(k)
 
-    def _view_into_dot(self, eqn):
-        """A transpose only dot_generals read: XLA folds it into their dimension numbers."""
-        if _primitive_name(eqn) != "transpose":
+    def _zero_starts(self) -> set:
+        """The broadcasts that start a scan's carry whose result only an ``add_any`` reads
+        (an accumulator added into another when the loop ends): ids of their equations."""
+        makers = {o: e for e in self.eqns for o in e.outvars}
+        found = set()
+        for e in self.eqns:
+            if nested(e)[0] != "repeat":
+                continue
+            consts, carry = scan_split(e.eqn)
+            for j in range(consts, consts + carry):
+                readers = self.users.get(e.outvars[j - consts], [])
+                if len(readers) != 1 or _primitive_name(readers[0]) != "add_any":
+                    continue
+                src = makers.get(e.invars[j])
+                while src is not None and self.kinds[id(src)] == "view":
+                    src = makers.get(src.invars[0])
+                if src is not None and self.kinds[id(src)] == "broadcast":
+                    found.add(id(src))
+        return found
+
+    def _constant(self, v) -> bool:
+        v = self.root(v)
+        return not _is_var(v) or v in self.constants
+
+    def _folds(self, eqn, name) -> bool:
+        """A scalar computed from constants alone is a constant (XLA's constant folding,
+        ``HloConstantFolding``); a select on a constant predicate is the case it picks
+        (``HandleSelect``: select(true, x, y) -> x), at no cost either way."""
+        out = _typed(eqn.outvars[0]) if len(eqn.outvars) == 1 else None
+        if out is None or tuple(out.shape) != ():
             return False
-        readers = [n for o in eqn.outvars for n in self.readers.get(o, ())]
-        return bool(readers) and all(n in MATMULS for n in readers)
+        if all(self._constant(v) for v in eqn.invars):
+            self.constants.add(eqn.outvars[0])
+            return True
+        if name == "select_n" and self._constant(eqn.invars[0]):
+            cases = [v for v in eqn.invars[1:] if not self._constant(v)]
+            self.alias[eqn.outvars[0]] = cases[0]
+            return True
+        return False
+
+    def _new_kernel(self, eqn, kind) -> int:
+        kernel = Kernel("loop" if kind == "elementwise" else kind)
+        out = _typed(eqn.outvars[0]) if eqn.outvars else None
+        kernel.shape = tuple(out.shape) if out is not None else ()
+        kernel.itemsize = out.dtype.itemsize if out is not None else 0
+        if kind == "copy":                         # read the region, write it out
+            kernel.own_bytes = 2 * _nbytes(out)
+        if kind == "in_place":                     # the updates' bytes, as the row counts
+            update = _nbytes(_typed(eqn.invars[1])) if len(eqn.invars) > 1 else 0
+            kernel.own_bytes = flops_and_bytes(eqn.eqn)[1] or 2 * update
+            buffer = self.root(eqn.invars[0])
+            if _is_var(buffer) and _nbytes(_typed(buffer)) == _nbytes(out):
+                kernel.in_place[eqn.outvars[0]] = buffer
+        self.kernels.append(kernel)
+        return len(self.kernels) - 1
+
+    def _into_dot(self, eqn):
+        """A transpose or a slice only matmuls read: part of their operand load."""
+        kinds = set().union(*map(self.read_by, eqn.outvars))
+        return kinds == {"matmul"}
+
+    def _accumulation(self, eqn, name):
+        """An addition into the result of a matmul, a scatter or (autodiff's ``add_any``)
+        a loop, of that result's shape: done in place by its producer."""
+        if name not in ("add", "add_any"):
+            return None
+        out, found = _typed(eqn.outvars[0]), []
+        for i, v in enumerate(eqn.invars):
+            k, a = self.producer(v), _typed(self.root(v))
+            if k is None or a is None or out is None or (tuple(a.shape), a.dtype) != (
+                    tuple(out.shape), out.dtype):
+                continue
+            kind = self.kernels[k].kind
+            if kind in ACCUMULATING and (kind != "block" or (
+                    name == "add_any" and self.accumulation_fusion)):
+                found.append((k, i))
+        if not found or max(found)[0] != self.latest(eqn):
+            return None
+        k, i = max(found)
+        other = self.root(eqn.invars[1 - i]) if len(eqn.invars) == 2 else None
+        if _is_var(other):
+            self.kernels[k].in_place[eqn.outvars[0]] = other
+        return k
 
     def _elementwise(self, eqn):
         k = self.latest(eqn)
@@ -233,26 +383,30 @@ class _Fuser:
         k = self.made_by.get(v)
         if k is None or self.kernels[k].kind not in ("loop", "reduction"):
             return False
-        return fusion_kind(self.maker[v]) == "elementwise"
+        return self.kinds[id(self.maker[v])] == "elementwise"
 
-    def sources(self, v) -> frozenset:
-        """The stored values a kernel that needs ``v`` reads: what ``v`` is computed from,
-        when reading those costs about what reading ``v`` would (XLA weighs duplicating a
-        producer against the bytes it saves); else ``v`` itself, stored."""
+    def sources(self, v) -> tuple:
+        """(the stored values a kernel that needs ``v`` reads, the equations it runs again
+        to make ``v`` from them): what ``v`` is computed from, when reading those costs
+        about what reading ``v`` would (XLA weighs duplicating a producer against the bytes
+        it saves); else ``v`` itself, stored."""
         v = self.root(v)
         if not _is_var(v):
-            return frozenset()
+            return frozenset(), ()
         if v not in self.memo:
-            self.memo[v] = frozenset((v,))           # stored, unless recomputing is as cheap
+            self.memo[v] = (frozenset((v,)), ())     # stored, unless recomputing is as cheap
             if self._recomputable(v):
-                found = frozenset().union(*(self.sources(u) for u in self.maker[v].invars))
+                parts = [self.sources(u) for u in self.maker[v].invars]
+                found = frozenset().union(*(p[0] for p in parts))
                 if sum(_nbytes(_typed(u)) for u in found) <= 1.25 * _nbytes(_typed(v)):
-                    self.memo[v] = found
+                    chain = tuple(dict.fromkeys(e for p in parts for e in p[1]))
+                    self.memo[v] = (found, chain + (self.maker[v],))
         return self.memo[v]
 
     def _merge_siblings(self):
         """Reductions into the same shape that read a common value, the later not waiting
-        on the earlier: one kernel (XLA's multi-output fusion: layernorm's mean and mean
+        on the earlier and no kernel between them reading the earlier's results: one
+        kernel, where the later is (XLA's multi-output fusion: layernorm's mean and mean
         of squares in one pass)."""
         kernels = self.kernels
         made = {o: k for k, kern in enumerate(kernels) for e in kern.eqns for o in e.outvars}
@@ -279,9 +433,11 @@ class _Fuser:
                 readers.setdefault(u, []).append(k)
             for j in candidates:
                 other = kernels[j]
-                if j in gone or other.shape != kern.shape or waits_on(k, members[j]):
-                    continue
+                if j in gone or other.shape != kern.shape or waits_on(k, members[j]) or any(
+                        direct[m] & members[j] for m in range(j + 1, k) if m not in gone):
+                    continue                       # (a kernel between them reads j's)
                 kern.eqns[:0] = other.eqns
+                kern.redo[:0] = other.redo
                 kern.reads = {**other.reads, **kern.reads}
                 members[k] |= members[j]
                 direct[k] |= direct[j]
@@ -290,32 +446,44 @@ class _Fuser:
         for n, kern in enumerate(self.kernels):
             inside = {o for e in kern.eqns for o in e.outvars}
             kern.reads = {u: b for u, b in kern.reads.items() if u not in inside}
+            kern.redo = [e for e in kern.redo if e.outvars[0] not in inside]
             for o in inside:
                 self.made_by[o] = n
 
-    def finish(self):
-        """Each kernel's reads (stored values from outside it; a loop or reduction kernel
+    def _read(self, k, kernel, eqn):
+        """Record what ``eqn`` of kernel ``k`` reads from HBM (a loop or reduction kernel
         recomputes the elementwise values of others, as XLA duplicates cheap producers
-        into their consumers) and writes (values another kernel reads, or results)."""
+        into their consumers)."""
+        for v in eqn.invars:
+            r = self.root(v)
+            if not _is_var(r) or self.made_by.get(r) == k:
+                continue
+            found, chain = (self.sources(r) if kernel.kind in ("loop", "reduction")
+                            else ((r,), ()))
+            for u in found:
+                if self.made_by.get(u) != k:
+                    kernel.reads[u] = _nbytes(_typed(u))
+            kernel.redo += [e for e in chain if self.made_by.get(e.outvars[0]) != k
+                            and e not in kernel.redo]
+
+    def finish(self):
+        """Each kernel's reads (stored values from outside it) and writes (values another
+        kernel reads, or results); loop kernels nothing reads from are left out (their
+        readers compute them again: :attr:`dropped`)."""
         self.maker = {o: e for kernel in self.kernels for e in kernel.eqns for o in e.outvars}
         self.memo = {}
         for k, kernel in enumerate(self.kernels):
             for eqn in kernel.eqns:
-                for v in eqn.invars:
-                    r = self.root(v)
-                    if not _is_var(r) or self.made_by.get(r) == k:
-                        continue
-                    found = self.sources(r) if kernel.kind in ("loop", "reduction") else {r}
-                    for u in found:
-                        if self.made_by.get(u) != k:
-                            kernel.reads[u] = _nbytes(_typed(u))
+                self._read(k, kernel, eqn)
         self._merge_siblings()
         needed = {self.root(v) for v in self.outvars} | {
             u for kernel in self.kernels for u in kernel.reads}
         for kernel in self.kernels:
             kernel.writes = {o: _nbytes(_typed(o)) for e in kernel.eqns for o in e.outvars
                              if o in needed}
+        self.dropped = [kern for kern in self.kernels if not kern.writes and kern.kind == "loop"]
         return [kern for kern in self.kernels if kern.writes or kern.kind != "loop"]
+
 
 def fuse(eqns, outvars=()) -> list:
     """The kernels XLA would run for ``eqns`` (a flat list: no nested bodies), in an order
@@ -331,3 +499,103 @@ def fused_bytes(program) -> int:
     """The HBM bytes ``program`` (a jaxpr without nested bodies) moves once fused."""
     inner = getattr(program, "jaxpr", program)
     return sum(k.bytes for k in fuse(inner.eqns, inner.outvars))
+
+
+# -- the kernels of one body of a program ------------------------------------------------------
+
+@dataclass
+class Body:
+    """The kernels of one body of a program as one device runs it (:func:`body_kernels`):
+    ``kernels`` in the order they run; ``dropped``, loop kernels whose readers compute them
+    again; ``free``, the equations in no kernel (views, slices read where they lie);
+    ``invars``/``constvars``/``outvars`` the body's inputs and results as Refs; ``alias``
+    and ``within``, each view's and slice's source; ``sizes`` and ``phase``, each
+    equation's mesh axes in scope and its pass (by ``id`` of its :class:`Eqn`)."""
+
+    kernels: list
+    dropped: list
+    free: list
+    invars: list
+    constvars: list
+    outvars: list
+    alias: dict
+    within: dict
+    sizes: dict
+    phase: dict
+
+    def base(self, v):
+        """The stored value ``v`` is, or lies in (a view's, a slice's source)."""
+        while _is_var(v):
+            if v in self.alias:
+                v = self.alias[v]
+            elif v in self.within:
+                v = self.within[v]
+            else:
+                break
+        return v
+
+
+class _Flat:
+    """A body's live equations as one device runs them: calls inlined (XLA inlines them),
+    a loop or a conditional one equation (a block), each read through the walk."""
+
+    def __init__(self, walker):
+        self.walker, self.eqns, self.alias, self.sizes, self.phase = walker, [], {}, {}, {}
+        self.scopes = 0
+
+    def resolve(self, v):
+        while _is_var(v) and v in self.alias:
+            v = self.alias[v]
+        return v
+
+    def add(self, program, sizes, scope, phase):
+        for eqn in self.walker.live(program).eqns:
+            here = phase if getattr(eqn, "phase", "forward") == "forward" else eqn.phase
+            if nested(eqn)[0] == "call":
+                self._inline(eqn, sizes, scope, here)
+                continue
+            e = Eqn(eqn, self.resolve, scope)
+            self.eqns.append(e)
+            self.sizes[id(e)], self.phase[id(e)] = sizes, here
+
+    def _inline(self, eqn, sizes, scope, phase):
+        """A call's body in place: its inputs are the caller's values, its results the
+        caller's (a shard_map's or a pmap's body reads one device's shards: its own)."""
+        body = self.walker.bodies(eqn, sizes)[0][0]
+        inner = getattr(body, "jaxpr", body)
+        self.scopes += 1
+        here, params = self.scopes, eqn.params
+        if not (("mesh" in params or "shard_mesh" in params) or "axis_size" in params):
+            for i, o in zip(inner.invars, eqn.invars):
+                self.alias[ref(i, here)] = self.resolve(ref(o, scope))
+        self.add(body, axes_in(eqn, sizes), here, phase)
+        for o, i in zip(eqn.outvars, self.walker.live(body).outvars):
+            self.alias[ref(o, scope)] = self.resolve(ref(i, here))
+
+
+def body_kernels(program, walker, sizes=None, phase="forward",
+                 accumulation_fusion=False) -> Body:
+    """The kernels one device runs for ``program`` (one body: a loop's or a conditional's
+    equations are a block, whose own body is walked on its own), read through ``walker``
+    (:class:`simpmd.cost.walk.Walker`: dead code left out, what a call runs);
+    ``accumulation_fusion``: gradients added in place where they are computed."""
+    flat = _Flat(walker)
+    flat.add(program, dict(sizes or {}), 0, phase)
+    inner = getattr(program, "jaxpr", program)
+    if hasattr(inner, "outvars"):
+        outs = [flat.resolve(ref(v)) for v in inner.outvars]
+    else:                                          # a list of equations: every result
+        outs = [o for e in flat.eqns for o in e.outvars]
+    stored = [v for v in outs if _is_var(v)]
+    if walker.whole:                               # an eager re-run writes every result
+        read = {v for e in flat.eqns for v in e.invars}
+        stored += [o for e in flat.eqns if flat.phase[id(e)] == "recompute"
+                   for o in e.outvars if o not in read]
+    fuser = _Fuser(flat.eqns, stored, accumulation_fusion)
+    for eqn in fuser.eqns:
+        fuser.place(eqn)
+    kernels = fuser.finish()
+    return Body(kernels, fuser.dropped, fuser.free,
+                [ref(v) for v in getattr(inner, "invars", ())],
+                [ref(v) for v in getattr(inner, "constvars", ())], outs, fuser.alias,
+                fuser.within, flat.sizes, flat.phase)

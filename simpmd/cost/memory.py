@@ -31,15 +31,23 @@ reproduce its number:
   ``shard_map(check_vma=True)``) as new bytes; here it is the same buffer, as on hardware.
 
 Neither is what XLA allocates: XLA fuses elementwise chains (their intermediates never
-reach memory), updates buffers in place, and may recompute or offload on its own. And
-simpmd's backward pass keeps the values its derivative rules read (the input of ``sin``),
-where JAX keeps what its linearization computed (``cos`` of it): different values, of the
-same size.
+reach memory), updates buffers in place, and may recompute or offload on its own. With
+``fused=True`` the same walk goes kernel by kernel instead, the kernels the prediction
+runs (:func:`simpmd.cost.fusion.body_kernels`): a value is memory only if a kernel writes
+it to HBM, from the kernel that writes it to the last that reads it (a fused chain's
+intermediates are none; a value its readers compute again is held as its sources); a
+kernel's inputs and results are live together while it runs; a scatter, or a gradient
+added into its accumulator, updates the buffer in place. ``donate=True`` frees each
+argument after its last use, as a training step that donates its old weights and
+optimizer state does. And simpmd's backward pass keeps the values its derivative rules
+read (the input of ``sin``), where JAX keeps what its linearization computed (``cos`` of
+it): different values, of the same size.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .fusion import body_kernels
 from .rows import column
 from .walk import (Walker, _is_var, _primitive_name, _row, axes_in, flops_and_bytes, nested,
                    traced, var_bytes, walk)
@@ -120,7 +128,7 @@ def _body_peak(eqn, like_jax, walker, sizes) -> int:
     return extra
 
 
-def _liveness(program, like_jax, walker, sizes):
+def _liveness(program, like_jax, walker, sizes, donate=False):
     """(peak, the equation running at it, timeline) of one program."""
     inner = walker.live(program)
     eqns = inner.eqns
@@ -141,7 +149,8 @@ def _liveness(program, like_jax, walker, sizes):
             if current + extra > peak:
                 peak, at = current + extra, k
         for v in e.invars:
-            if _is_var(v) and last.get(v) == k and (like_jax or v not in args) and v in live:
+            if _is_var(v) and last.get(v) == k and (like_jax or donate or v not in args) \
+                    and v in live:
                 current -= live.pop(v)
         if like_jax:
             timeline.append(current)
@@ -154,18 +163,77 @@ def _liveness(program, like_jax, walker, sizes):
     return peak, at, timeline
 
 
-def peak_memory(program, like_jax=False, *, while_trips=None, taken=None, device=None,
+def _kernel_liveness(program, walker, sizes, donate, bodies, accumulation_fusion,
+                     results_elsewhere=False) -> tuple:
+    """(peak, most bytes of its own values at once, the index of the kernel at the peak,
+    timeline, the body's kernels) of one body walked kernel by kernel (see the module's
+    docstring); ``bodies`` caches each body's kernels; with ``results_elsewhere`` (a loop's
+    or a branch's body) its results go to buffers its caller holds."""
+    if id(program) not in bodies:
+        bodies[id(program)] = body_kernels(program, walker, sizes,
+                                           accumulation_fusion=accumulation_fusion)
+    body = bodies[id(program)]
+    args = set(body.constvars) | set(body.invars)
+    results = {body.base(v) for v in body.outvars} if results_elsewhere else set()
+    last = {}
+    for k, kernel in enumerate(body.kernels):
+        for v in kernel.reads:
+            last[body.base(v)] = k
+    for v in body.outvars:
+        if _is_var(v):
+            last[body.base(v)] = len(body.kernels)
+    live = {a: var_bytes(a.var) for a in args}
+    held = top = given = sum(live.values())            # given: the arguments still held
+    own_top, at, timeline, owner = 0, -1, [], {}
+    for k, kernel in enumerate(body.kernels):
+        for v, nbytes in kernel.writes.items():
+            base = owner.get(kernel.in_place.get(v), kernel.in_place.get(v))
+            if base in live and last.get(base, -1) <= k and (donate or base not in args):
+                owner[v], last[base] = base, max(last[base], last.get(v, -1))
+            elif v not in results:                  # updated in place, or a new buffer
+                live[v] = nbytes
+                held += nbytes
+        extra = (_blocks_own(kernel, body, walker, bodies, accumulation_fusion)
+                 if kernel.kind == "block" else 0)
+        timeline.append(held + extra)
+        own_top = max(own_top, held + extra - given)
+        if held + extra > top:
+            top, at = held + extra, k
+        for v in [v for v in live if last.get(v, -1) <= k and (donate or v not in args)]:
+            nbytes = live.pop(v)
+            held, given = held - nbytes, given - (nbytes if v in args else 0)
+    return top, own_top, at, timeline, body
+
+
+def _blocks_own(kernel, body, walker, bodies, accumulation_fusion) -> int:
+    """The most bytes a loop's or a conditional's bodies hold of their own at once."""
+    e = kernel.eqns[0]
+    sizes = axes_in(e.eqn, body.sizes[id(e)])
+    return max((_kernel_liveness(b, walker, sizes, False, bodies, accumulation_fusion, True)[1]
+                for b, _ in walker.bodies(e.eqn, sizes)), default=0)
+
+
+def peak_memory(program, like_jax=False, *, fused=False, donate=False,
+                accumulation_fusion=False, while_trips=None, taken=None, device=None,
                 walker=None) -> Memory:
     """The liveness walk of ``program`` (a simpmd program, or a jaxpr from
     ``jax.make_jaxpr``): see the module's docstring. ``like_jax=True`` takes on
-    ``jax.experimental.roofline``'s definition of ``peak_hbm_bytes``. ``while_trips``,
-    ``taken`` and ``device`` say what values decide, as for the roofline
+    ``jax.experimental.roofline``'s definition of ``peak_hbm_bytes``; ``fused=True`` walks
+    the kernels XLA would run (``accumulation_fusion``: as the prediction forms them), and
+    ``donate=True`` frees each argument after its last use.
+    ``while_trips``, ``taken`` and ``device`` say what values decide, as for the roofline
     (:func:`simpmd.cost.walk.walk`); or ``walker``, a walk of it already made."""
     walker = walker or Walker(program, while_trips=while_trips, taken=taken, device=device)
-    peak, at, timeline = _liveness(program, like_jax, walker, walker.sizes)
+    eqns = walker.live(program).eqns
+    if fused:
+        peak, _, at, timeline, body = _kernel_liveness(program, walker, walker.sizes, donate,
+                                                       {}, accumulation_fusion)
+        where = body.kernels[at].name if at >= 0 else ""
+    else:
+        peak, at, timeline = _liveness(program, like_jax, walker, walker.sizes, donate)
+        where = _describe(eqns[at]) if 0 <= at < len(eqns) else ""
     inner = getattr(program, "jaxpr", program)
     args = [v for v in list(inner.constvars) + list(inner.invars) if _is_var(v)]
-    eqns = walker.live(program).eqns
     forward = {v for e in eqns if getattr(e, "phase", "forward") == "forward" for v in e.outvars}
     read_back = {v for e in eqns if getattr(e, "phase", "forward") != "forward"
                  for v in e.invars if _is_var(v)}
@@ -176,8 +244,7 @@ def peak_memory(program, like_jax=False, *, while_trips=None, taken=None, device
             alias_of.add(e.outvars[0])
     return Memory(peak=peak, arguments=sum(var_bytes(v) for v in args),
                   residuals=sum(var_bytes(v) for v in forward & read_back if v not in alias_of),
-                  at=at, equation=_describe(eqns[at]) if 0 <= at < len(eqns) else "",
-                  timeline=timeline)
+                  at=at, equation=where, timeline=timeline)
 
 
 def _describe(eqn) -> str:

@@ -97,20 +97,22 @@ class Roofline:
     equations: list = field(default_factory=list)
     critical_intensity: float = 0.0
     peak_hbm_bytes: int = 0
-    context: tuple = ()          # (program, Hardware, axis sizes, topology, the walk's trips)
+    context: tuple = ()          # (program, Hardware, topology, the walk)
     notes: list = field(default_factory=list)
 
-    def predict(self, *, overlap: bool = True, while_trips=None):
-        """What the program will take on the machine: fused bytes, sustained rates,
-        launch floors and overlapped collectives (:mod:`simpmd.cost.predict`)."""
+    def predict(self, *, overlap: bool = True, while_trips=None, precision=None):
+        """What the program will take on the machine (:func:`simpmd.cost.predict.predict`),
+        read by the same walk as this roofline (the branches and trips a run on values
+        counted, or ``while_trips``: then every while loop runs that many times)."""
         from .predict import predict
         if not self.context:
             raise ValueError("this Roofline was built without its program: make it with "
                              "cost.roofline_of(program, ...) or cost.roofline(fun, ...)")
-        program, hw, sizes, topology, *walked = self.context
-        trips = (walked[0] if walked else None) if while_trips is None else \
-            Walker(program, while_trips=while_trips).trips        # the walk's trips, or these
-        return predict(program, hw, sizes, topology, overlap=overlap, while_trips=trips)
+        program, hw, topology, walker = self.context
+        if while_trips is not None:
+            walker = Walker(program, walker.sizes, while_trips=while_trips)
+        return predict(program, hw, topology=topology, overlap=overlap, walker=walker,
+                       precision=precision)
 
     @property
     def prediction(self):
@@ -362,8 +364,7 @@ def roofline_of(program, hardware=None, axis_env=None, topology=None, *, while_t
     walked = bodies[-1] if bodies else program          # JAX's roofline reads the body
     peak = (peak_bytes(walked, walker) if hasattr(walked, "eqns") or hasattr(walked, "jaxpr")
             else 0)
-    return Roofline(hw.name, rows, hw.critical_intensity, peak,
-                    (program, hw, _axis_sizes(axis_env), topology, walker.trips),
+    return Roofline(hw.name, rows, hw.critical_intensity, peak, (program, hw, topology, walker),
                     list(dict.fromkeys(walker.notes)))
 
 

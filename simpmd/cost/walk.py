@@ -209,6 +209,16 @@ def nested(eqn):
     return ("call", [inner]) if inner is not None else (None, [])
 
 
+def scan_split(eqn) -> tuple:
+    """(constants, carries) of a scan's operands, the rest its xs: counts in its
+    parameters (simpmd, jax before 0.12), or the groups of jax 0.12's ``ft_in`` tree."""
+    params = eqn.params
+    if "num_consts" in params:
+        return int(params["num_consts"]), int(params["num_carry"])
+    consts, carry, _ = params["ft_in"].update(list(range(len(eqn.invars)))).unpack()
+    return len(list(consts)), len(list(carry))
+
+
 def axes_in(eqn, sizes: dict) -> dict:
     """The mesh axes in scope inside ``eqn``'s body: a shard_map's mesh, a nested pmap's axis."""
     here = dict(sizes)
@@ -220,10 +230,11 @@ def axes_in(eqn, sizes: dict) -> dict:
     return here
 
 
-def live_equations(program):
+def live_equations(program, keep_recompute=False):
     """``program`` without the equations whose results nothing reads (a gradient's loss
     value, say), as ``jax.experimental.roofline`` drops them (``dce_jaxpr``) and XLA does
-    when it compiles; an equation with no results (a debug print) or with an effect stays."""
+    when it compiles; an equation with no results (a debug print) or with an effect stays,
+    and with ``keep_recompute`` one a checkpoint runs again (phase ``'recompute'``)."""
     from ..core.core import Program
     inner = getattr(program, "jaxpr", program)
     if not hasattr(inner, "outvars"):            # a list of equations: no results to read
@@ -234,7 +245,8 @@ def live_equations(program):
     kept = []
     for eqn in reversed(list(inner.eqns)):
         if (not eqn.outvars or getattr(eqn, "effects", None)
-                or any(v in used for v in eqn.outvars)):
+                or any(v in used for v in eqn.outvars)
+                or (keep_recompute and getattr(eqn, "phase", "") == "recompute")):
             kept.append(eqn)
             used.update(v for v in eqn.invars if _is_var(v))
     return Program(inner.invars, kept[::-1], inner.outvars, getattr(program, "in_tree", None),
@@ -271,10 +283,15 @@ class Visit:
 
 class Walker:
     """One walk over ``program``: see :func:`walk`. ``bodies`` says what a nested equation
-    runs (one meaning, shared by every analysis); ``notes`` what the walk chose."""
+    runs (one meaning, shared by every analysis); ``notes`` what the walk chose. With
+    ``whole_recompute``, a checkpoint that saves nothing runs its whole forward again in
+    the backward pass, as an eager framework's does (:func:`_rerun`), not only what the
+    backward pass reads."""
 
-    def __init__(self, program, sizes=None, *, while_trips=None, taken=None, device=None):
+    def __init__(self, program, sizes=None, *, while_trips=None, taken=None, device=None,
+                 whole_recompute=False):
         self.program, self.sizes = program, dict(sizes or {})
+        self.whole = _checkpoint_forwards(program) if whole_recompute else {}
         self.while_trips, self.taken = while_trips, taken
         self.device = taken.busiest() if taken is not None and device is None else device
         self.notes: list = []
@@ -293,7 +310,10 @@ class Walker:
         collectives, which its run logged (a timeline's segments end at each), at no cost."""
         key = id(program)
         if key not in self._live:
-            live, every = live_equations(program), _equation_list(program)
+            if key in self.whole:                   # a checkpoint's backward, run eagerly
+                program = _rerun(program, *self.whole[key])
+            live = live_equations(program, key in self.whole)
+            every = _equation_list(program)
             kept = {id(e) for e in live.eqns}
             visit = ([e for e in every if id(e) in kept or is_collective(_row(e))]
                      if kept <= {id(e) for e in every} else live.eqns)   # JAX's DCE: new ones
@@ -329,11 +349,10 @@ class Walker:
 
     def bodies(self, eqn, sizes=None, count=1) -> list:
         """(body, times it runs) for each body of ``eqn``, run ``count`` times: on shapes,
-        by the rules above; on values, the bodies the device ran any of."""
+        by the rules above; on values, the bodies the device ran, as often as it ran them."""
         kind, bodies = nested(eqn)
         if self.taken is not None:
-            return [(b, count) for b in bodies if any(
-                self.taken.of(e, self.device) for e in _equation_list(b))]
+            return self._ran(eqn, bodies, count)
         if kind == "repeat":
             return [(bodies[0], count * int(eqn.params["length"]))]
         if kind == "until":
@@ -348,6 +367,16 @@ class Walker:
                                   f"{costs[k][0]:.4g} FLOPs) is counted")
             return [(bodies[k], count)]
         return [(bodies[0], count)] if bodies else []
+
+    def _ran(self, eqn, bodies, count) -> list:
+        """On values: each body the device ran, with how many times it ran per run of
+        ``eqn`` (a scan's length, a while loop's trips, a branch's share), times ``count``."""
+        runs, out = self.taken.of(eqn, self.device), []
+        for body in bodies:
+            n = max((self.taken.of(e, self.device) for e in _equation_list(body)), default=0)
+            if n:
+                out.append((body, count * n / runs if runs else 0))
+        return out
 
     def _heading(self, eqn, kind, n) -> str:
         """How an equation that holds bodies shows: 'scan x8', 'while x3', 'cond (2 branches)'."""
@@ -404,6 +433,48 @@ def walk(program, sizes=None, *, while_trips=None, taken=None, device=None, note
     yield from walker.visits()
     if notes is not None:
         notes += list(dict.fromkeys(walker.notes))
+
+
+def _checkpoint_forwards(program) -> dict:
+    """id(a checkpoint's backward body) -> (its forward body, how many inputs that has), for
+    each outermost checkpoint of ``program`` that saves nothing for the backward pass
+    (simpmd's ``remat2`` keeps its backward half in its ``_vjp`` parameter; a checkpoint
+    inside another stands for a fused kernel, which recomputes what it reads)."""
+    found, stack = {}, [_equation_list(program)]
+    while stack:
+        for eqn in stack.pop():
+            vjp = eqn.params.get("_vjp")
+            if _primitive_name(eqn) == "remat2":
+                if vjp is not None and eqn.params.get("policy") is None:
+                    forward = eqn.params["jaxpr"]
+                    found[id(vjp[0])] = (forward, len(getattr(forward, "jaxpr",
+                                                              forward).invars))
+                continue
+            stack += [_equation_list(b) for b in nested(eqn)[1]]
+    return found
+
+
+def _rerun(backward, forward, n):
+    """A checkpoint's backward body as PyTorch's checkpoint runs it (Megatron-LM's
+    ``CheckpointFunction``): the whole forward again, reading the backward body's first
+    ``n`` inputs (the forward's), marked ``'recompute'``; then the backward equations,
+    reading what it computed (the equations the backward body recomputes are copies of
+    forward ones, in order, with the same parameters: their results are those)."""
+    from ..core.core import Equation, Program
+    inner = getattr(backward, "jaxpr", backward)
+    names = dict(zip(getattr(forward, "jaxpr", forward).invars, inner.invars[:n]))
+    again = [e for e in inner.eqns if e.phase == "recompute"]
+    redo = []
+    for e in _equation_list(forward):
+        if again and again[0].params is e.params and again[0].primitive is e.primitive:
+            names.update(zip(again.pop(0).outvars, e.outvars))
+        redo.append(Equation(e.primitive, e.params, [names.get(v, v) for v in e.invars],
+                             e.outvars, e.source, "recompute"))
+    rest = [Equation(e.primitive, e.params, [names.get(v, v) for v in e.invars], e.outvars,
+                     e.source, e.phase) for e in inner.eqns if e.phase != "recompute"]
+    return Program(inner.invars, redo + rest, [names.get(v, v) for v in inner.outvars],
+                   constvars=getattr(inner, "constvars", ()),
+                   axis_env=getattr(backward, "axis_env", ()))
 
 
 def _while_labels(program) -> dict:

@@ -154,6 +154,9 @@ flash_attention_p = Primitive(
 flash_attention_bwd = Primitive(
     "flash_attention_bwd", _backward_stacked, _backward_abstract, vjp=_no_second_derivative,
     cost=_backward_cost, multiple_results=True)
+# The cost model's column (simpmd/cost/rows.py): both kernels are matrix products, on the
+# matrix units at the path their operands' types choose (bf16 for bf16 q, k, v).
+flash_attention_p.matmul = flash_attention_bwd.matmul = True
 
 
 def flash_attention(q, k, v, causal=True, q_offset=None):

@@ -18,7 +18,8 @@ from .model import Transformer
 class Run:
     """One measured run: the model and layout, the machine, and the step time measured
     (seconds), with its source and the arithmetic that gives the step time from what the
-    source prints. ``flash``: attention as a fused kernel; ``slices``: TPU slices."""
+    source prints. ``flash``: attention as a fused kernel; ``slices``: TPU slices;
+    ``framework``: what ran it (``plan.estimate``'s)."""
 
     name: str
     model: Transformer
@@ -30,6 +31,7 @@ class Run:
     quoted: str
     flash: bool = True
     slices: int = 1
+    framework: str = "xla"
 
     @property
     def chips(self) -> int:
@@ -68,11 +70,11 @@ def _korthikanti():
         full, present = times[size]
         runs.append(Run(f"{size}, full recompute", model,
                         Layout(recompute="full", **axes), "A100", "fp16", full, KORTHIKANTI,
-                        f"{full} s per iteration", flash=False))
+                        f"{full} s per iteration", flash=False, framework="megatron"))
         runs.append(Run(f"{size}, selective + sequence parallel", model,
                         Layout(recompute="selective", sequence_parallel=True, **axes), "A100",
                         "fp16", present, KORTHIKANTI, f"{present} s per iteration",
-                        flash=False))
+                        flash=False, framework="megatron"))
     return runs
 
 
@@ -114,7 +116,8 @@ def _nemo():
                         sequence_parallel=tp > 1, distributed_optimizer=True)
         step = gbs * model.seq / (rate * gpus)
         runs.append(Run(f"{name}, {gpus} GPUs", model, layout, "H100", "fp8", step, NEMO,
-                        f"{rate:,} tokens/s/GPU: {gbs} x {model.seq} / ({rate} x {gpus})"))
+                        f"{rate:,} tokens/s/GPU: {gbs} x {model.seq} / ({rate} x {gpus})",
+                        framework="megatron"))
     return runs
 
 

@@ -2,9 +2,12 @@
 
 The step of :mod:`simpmd.plan.step` runs as ``simpmd.shard_map`` over the layout's mesh
 on ``ShapeDtypeStruct`` s (nothing is computed; every device's program, collectives
-included, is traced and typed), then its program is scheduled on one device's streams
-(:mod:`simpmd.plan.schedule`) for the time, and walked for the memory
-(:func:`simpmd.cost.memory.peak_memory`).
+included, is traced and typed), then its program is costed as any program is: scheduled
+on one device's streams for the time (:func:`simpmd.cost.predict.predict`, the products
+of weights at the run's precision, the loop over the pipeline's ticks named so that its
+idle ticks are the bubble), and walked kernel by kernel for the memory
+(:func:`simpmd.cost.memory.peak_memory` with ``fused=True``; the step donates its
+arguments, as a training step does).
 
 Memory is read off a second program, the same step with as many micro-batches as the
 schedule keeps in flight: a 1F1B schedule (Narayanan et al. 2021) starts each
@@ -24,10 +27,11 @@ import numpy as np
 from ..api.shapes import ShapeDtypeStruct
 from ..api.shard_map import shard_map
 from ..cost.hardware import SLICE_SHAPES, hardware_preset
+from ..cost.memory import peak_memory
+from ..cost.predict import predict
+from ..cost.walk import Walker
 from ..machine import devices as _devices
 from ..machine.mesh import Mesh
-from . import liveness
-from . import schedule as S
 from . import step as St
 from .layout import Layout, LayoutError, check
 
@@ -47,14 +51,16 @@ HBM_CAPACITY = {
 }
 LARGEST_V5P = (16, 16, 24)   # cloud.google.com/tpu/docs/v5p: the largest slice, 6,144 chips
 PATHS = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8"}
+FRAMEWORKS = ("xla", "megatron")
 
 
 @dataclass(frozen=True)
 class Estimate:
     """What :func:`estimate` found for one layout: seconds per step and where they go
-    (``breakdown``: compute, memory, recomputation, exposed communication and the
-    pipeline's bubble, which add up to ``step_s``), the most bytes one device holds at
-    once (``peak_bytes``) against its HBM, and the rates that follow."""
+    (``breakdown``, the prediction's terms: compute, memory, recomputation, exposed
+    communication, the pipeline's bubble and kernel launches, which add up to
+    ``step_s``), the most bytes one device holds at once (``peak_bytes``) against its
+    HBM, and the rates that follow."""
 
     model: object
     layout: Layout
@@ -67,6 +73,7 @@ class Estimate:
     peak_flops: float
     collectives: tuple = ()
     communication_s: float = 0.0      # every collective's time in the step, hidden or not
+    flops: float = 0.0                # what one device computes in the step
 
     @property
     def chips(self) -> int:
@@ -179,11 +186,15 @@ class Reuse:
             self.programs[key] = trace_step(model, layout, hw_name, flash)
         return self.programs[key]
 
-    def peak(self, model, layout, hw_name, flash):
+    def peak(self, model, layout, hw_name, flash, framework):
         key = (model, in_flight(layout), hw_name, flash)
-        if key not in self.peaks:
-            self.peaks[key] = liveness.peak(self.program(*key))
-        return self.peaks[key]
+        if key + (framework,) not in self.peaks:
+            program = self.program(*key)
+            megatron = framework == "megatron"
+            self.peaks[key + (framework,)] = peak_memory(
+                program, fused=True, donate=True, accumulation_fusion=megatron,
+                walker=Walker(program, layout.shape, whole_recompute=megatron)).peak
+        return self.peaks[key + (framework,)]
 
 
 def sweep(model, layouts, hardware="H100", precision: str = "bf16", **options) -> list:
@@ -202,36 +213,43 @@ def sweep(model, layouts, hardware="H100", precision: str = "bf16", **options) -
 
 def estimate(model, layout: Layout, hardware="H100", chips: int | None = None,
              precision: str = "bf16", *, slices: int = 1, flash: bool = True,
-             check_memory: bool = True, memory: bool = True,
+             framework: str = "xla", check_memory: bool = True, memory: bool = True,
              reuse: Reuse | None = None) -> Estimate:
     """Simulate one training step of ``model`` laid out as ``layout`` on ``chips`` chips of
     ``hardware``, its matrix products in ``precision`` ("bf16", "fp16" or "fp8": weights,
     gradients and Adam's moments are kept as mixed precision keeps them, float32 masters
     and moments). ``slices``: TPU slices joined by DCN. ``flash``: attention as one fused
-    kernel (False: the scores kept, as before fused kernels). Raises
+    kernel (False: the scores kept, as before fused kernels). ``framework``: what runs the
+    step, ``"xla"`` (JAX: a checkpoint recomputes what the backward pass reads; the
+    gradients of a loop over micro-batches or pipeline ticks are added to their
+    accumulators when it ends) or ``"megatron"`` (Megatron-LM on PyTorch: full
+    recomputation runs each layer's whole forward again, as PyTorch's checkpoint does;
+    each weight gradient is added into its buffer where it is computed). Raises
     :class:`LayoutError` for a layout that cannot run, memory over the chip's HBM
     included (``check_memory=False`` reports it instead; ``memory=False`` skips the memory
     walk, for a sweep of step times: ``peak_bytes`` is then 0)."""
     check(model, layout, chips)
     if precision not in PATHS:
         raise LayoutError(f"precision={precision!r}: choose one of {', '.join(PATHS)}")
+    if framework not in FRAMEWORKS:
+        raise LayoutError(f"framework={framework!r}: choose one of {', '.join(FRAMEWORKS)}")
     hw = hardware_preset(hardware)
     if precision == "fp8" and "fp8" not in hw.matmul_paths:
         raise LayoutError(f"{hw.name} has no FP8 matrix units; use precision='bf16'")
     reuse = reuse or Reuse()
-    costing = S.Costing(hw, PATHS[precision], layout.shape,
-                        reuse.machine(hw, layout.chips, slices),
-                        reuse.collectives.setdefault((hw.name, layout.chips, slices), {}))
-    costing.pipeline_ticks = layout.microbatches * layout.vp + layout.pp - 1
-    costing.bubble_ticks = layout.pp - 1
-    streams, tally = S.schedule(reuse.program(model, layout, hw.name, flash), costing)
-    step_s = max([streams.compute] + list(streams.comm.values()))
-    tally.communication += step_s - tally.total
-    memory = reuse.peak(model, layout, hw.name, flash) if memory else 0
+    ticks = layout.microbatches * layout.vp + layout.pp - 1      # step.py's pipeline loop
+    program, megatron = reuse.program(model, layout, hw.name, flash), framework == "megatron"
+    p = predict(program, hw, topology=reuse.machine(hw, layout.chips, slices),
+                walker=Walker(program, layout.shape, whole_recompute=megatron),
+                precision=PATHS[precision], pipeline=(ticks, layout.pp - 1),
+                accumulation_fusion=megatron,
+                collective_times=reuse.collectives.setdefault((hw.name, layout.chips, slices),
+                                                              {}))
+    memory = reuse.peak(model, layout, hw.name, flash, framework) if memory else 0
     capacity = HBM_CAPACITY.get(hw.name, float("inf"))
-    result = Estimate(model, layout, hw.name, precision, step_s, tally.as_dict(), memory,
-                      capacity, hw.matmul_peak(PATHS[precision]), tuple(costing.seen),
-                      tally.collectives)
+    result = Estimate(model, layout, hw.name, precision, p.time_s, dict(p.terms), memory,
+                      capacity, hw.matmul_peak(PATHS[precision]), tuple(p.collectives),
+                      p.communication_s, p.flops)
     if check_memory and not result.fits:
         raise LayoutError(
             f"{memory / 1e9:.1f} GB per chip at the peak, over the {capacity / 1e9:.0f} GB of "
