@@ -345,9 +345,13 @@ def _results(run, out):
 def on_mesh(fn, args, kwargs=None):
     """``fn(*args, **kwargs)`` run at once on the mesh of its sharded arguments (or of
     ``set_mesh``): JAX's op-by-op dispatch. Its collectives are ``simpmd.last_trace()``."""
+    leaves, treedef = tree.flatten((tuple(args), dict(kwargs or {})))
+    if isinstance(context.run, JitRun):     # inside jit or grad's trace: part of its program
+        a, kw = tree.unflatten(treedef, [x.value_in(context.run) if isinstance(x, ShardedArray)
+                                         else x for x in leaves])
+        return fn(*a, **kw)
     if machine.intercepts():                    # one process of simpmd.run_processes
         return machine.hosts.launch(_Operation(fn), args, kwargs or {})
-    leaves, treedef = tree.flatten((tuple(args), dict(kwargs or {})))
     mesh = _mesh_of(leaves)
     run = JitRun(mesh)
     values = [x.value_in(run) if isinstance(x, ShardedArray) else
@@ -497,7 +501,7 @@ class Jitted:
         mesh = _mesh_of(tree.flatten((args, kwargs))[0])
         run = JitRun(mesh)
         inputs = self._inputs(run, args, kwargs)
-        program, out_tree, _ = self._program(run, args, kwargs, inputs)
+        program, out_tree, inputs = self._program(run, args, kwargs, inputs)   # (closed-over first)
         run.log.receive(run, [_piece(run, x, f"argument {k}") for k, x in enumerate(inputs)])
         try:
             with running(run):
@@ -573,7 +577,7 @@ class Lowered:
         mesh = _mesh_of(tree.flatten((args, kwargs))[0])
         run = JitRun(mesh, abstract=True, lowering=True)
         inputs = [StackedValue(x.aval) for x in jitted._inputs(JitRun(mesh), args, kwargs)]
-        program, _, _ = jitted._program(run, args, kwargs, inputs)
+        program, _, inputs = jitted._program(run, args, kwargs, inputs)
         with running(run):
             outs = eval_program(program, [], inputs)
             for o in outs:
