@@ -438,7 +438,8 @@ def _check_in_shardings(in_shardings, args):
         if spec is None or not isinstance(x, ShardedArray):
             continue
         mesh = getattr(spec, "mesh", None) or get_mesh()
-        want = R.resolve(getattr(spec, "spec", spec), all_explicit(mesh), len(x.shape), "in_shardings")
+        want = R.resolve(getattr(spec, "spec", spec), all_explicit(mesh), len(x.shape),
+                         "in_shardings")
         if want != x.layout:
             raise ShardingError(
                 f"Sharding passed to jit does not match the sharding on the respective arg "

@@ -65,7 +65,8 @@ class Settings:
     the operand's split (0.11; before, refused like any slice a split does not divide).
     ``cotangent_swaps``: a reduced operand's gradient is unreduced (0.10; 0.7 kept it
     plain). ``spec_rank_checked``: ``out_sharding=``/``reshard`` refuse a spec with more
-    entries than the value has dimensions (0.11; before, trailing ``None`` entries passed). :meth:`ask` takes the rules of unreduced and reduced operands too
+    entries than the value has dimensions (0.11; before, trailing ``None`` entries
+    passed). :meth:`ask` takes the rules of unreduced and reduced operands too
     (``simpmd.api.reductions``).
     """
 
