@@ -51,6 +51,8 @@ def test_every_rule_is_read_from_this_jax_without_starting_its_backend():
         "    if hasattr(row, 'unreduced_probe'):\n"
         "        print(row.name, settings.ask('on_operand', row, 'unreduced'), '|',\n"
         "              settings.ask('on_operand', row, 'reduced'))\n"
+        "from simpmd.core.collectives import settings as vma\n"
+        "assert vma.partial <= set(PRIMITIVES.values())    # (shard_map's rules, asked too)\n"
         "print('backend started', xla_bridge.backends_are_initialized())\n")
     lines = out.strip().split("\n")
     assert lines[-1] == "backend started False"

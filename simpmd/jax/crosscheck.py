@@ -540,11 +540,12 @@ def negative_axes_fail(jax) -> bool:
     """Whether this JAX fails to lower a collective given a negative axis (a
     ``scatter_dimension``, ``split_axis``/``concat_axis``, ``pswapaxes``' axis: fixed together
     in jax 0.11), found once per process by compiling a ``psum_scatter`` over the last
-    dimension on one device."""
+    dimension on one CPU device (the host's, beside any accelerator: the verifier is
+    XLA's own, and a CPU compile cannot take an accelerator's process down)."""
     if "answer" not in _negative_axes_fail:
         from jax.sharding import Mesh, PartitionSpec as JP
         shard_map, check = find_shard_map(jax)
-        mesh = Mesh(np.array(jax.devices()[:1]), ("i",))
+        mesh = Mesh(np.array(jax.devices("cpu")[:1]), ("i",))
         scatter = shard_map(lambda x: jax.lax.psum_scatter(x, "i", scatter_dimension=-1,
                                                            tiled=True),
                             mesh=mesh, in_specs=JP(), out_specs=JP(),
