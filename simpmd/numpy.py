@@ -101,8 +101,8 @@ def _dispatching(namespace: tuple, name: str):
         if not namespace and _holds_sharded((args, kwargs)):
             return _jit.call_numpy(name, _lookup(namespace, name, jax_side=False), args, kwargs)
         if ("out_sharding" in kwargs and not (uses_jax(args) or uses_jax(kwargs))
-                and not _holds_device_values((args, kwargs)) and _jit.get_mesh() is not None):
-            return _jit.call_numpy(name, None, args, kwargs)
+                and not _holds_device_values((args, kwargs))):
+            return _jit.call_numpy(name, _lookup(namespace, name, jax_side=False), args, kwargs)
         if uses_jax(args) or uses_jax(kwargs):
             if "out_sharding" in kwargs:
                 kwargs = dict(kwargs, out_sharding=_jit.to_jax_spec(kwargs["out_sharding"]))

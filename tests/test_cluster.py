@@ -1,5 +1,6 @@
-"""Collectives across nodes (simpmd.cost.cluster): hand-worked formulas on a small cluster,
-published multi-node nccl-tests runs, and the groups a mesh makes."""
+"""Collectives across nodes (simpmd.cost.Cluster; network.cluster_estimate): hand-worked
+formulas on a small cluster, published multi-node nccl-tests runs, and the groups a mesh
+makes."""
 import math
 
 import numpy as np

@@ -127,7 +127,9 @@ def test_negative_collective_axes_reach_old_jax_counted_from_the_front(case, jax
     """jax < 0.11 cannot compile negative collective axes (some abort the process), so
     crosscheck hands those releases the same axes counted from the front, and says so in a
     note that names the running version; newer releases get the program as it is."""
+    from simpmd.jax.crosscheck import negative_axes_fail
     old = tuple(int(p) for p in jax8.__version__.split(".")[:2]) < (0, 11)
+    assert negative_axes_fail(jax8) == old     # asked of JAX (before the spies below watch)
     seen = []
     for name in ("all_to_all", "psum_scatter", "pswapaxes"):
         original = getattr(jax8.lax, name)

@@ -158,7 +158,8 @@ def test_fsdp_step_gathers_forward_and_reduce_scatters_backward(how):
     step = {"jit": simpmd.jit(simpmd.value_and_grad(fsdp_loss)),
             "top level": simpmd.value_and_grad(fsdp_loss),
             "grad of jit": simpmd.value_and_grad(simpmd.jit(fsdp_loss))}[how]
-    loss, g = step(w, x)
+    with simpmd.set_mesh(MESH):                   # reshard's P() names the mesh's axes
+        loss, g = step(w, x)
     with jax.set_mesh(jmesh):
         jloss, jg = jax.jit(jax.value_and_grad(fsdp_loss))(jw, jx)
     assert str(simpmd.typeof(g)) == str(jax.typeof(jg)) == "float32[16@(data,model),8]"
@@ -179,7 +180,8 @@ def megatron_loss(x, w1, w2):
 def test_megatron_gradients_and_their_all_reduces():
     specs = [P("data", None), P(None, "model"), P("model", None)]
     sim, real, jmesh = on_both(data((16, 8), (8, 32), (32, 8)), specs)
-    grads = simpmd.jit(simpmd.grad(megatron_loss, argnums=(0, 1, 2)))(*sim)
+    with simpmd.set_mesh(MESH):                   # out_sharding's P names the mesh's axes
+        grads = simpmd.jit(simpmd.grad(megatron_loss, argnums=(0, 1, 2)))(*sim)
     trace = simpmd.last_trace()
     with jax.set_mesh(jmesh):
         jgrads = jax.jit(jax.grad(megatron_loss, argnums=(0, 1, 2)))(*real)
@@ -289,3 +291,20 @@ def test_the_jax_side_of_a_shard_map_crosscheck_is_compiled_once(monkeypatch):
                             mesh=simpmd.make_mesh((8,), ("i",)), in_specs=P("i"), out_specs=P())
     report = simpmd.crosscheck(body, np.arange(8.0, dtype=np.float32))
     assert report.ok and compiled
+
+
+@pytest.mark.parametrize("how", ["grad", "jit of grad"])
+def test_gradient_of_a_function_closing_over_a_placed_array_equals_jax(how):
+    """The array a function closes over joins the gradient's program as a constant (it
+    used to leak out of a run of its own)."""
+    (x, w), (jx, jw), jmesh = on_both(data((16, 8), (8, 4)), [P("data", None), P()])
+
+    def step(grad, np_, x):
+        return grad(lambda w: np_.tanh(x @ w).sum())
+    with simpmd.set_mesh(MESH):
+        g = step(simpmd.grad, snp, x)
+        g = (simpmd.jit(g) if how == "jit of grad" else g)(w)
+    with jax.set_mesh(jmesh):
+        jg = jax.jit(step(jax.grad, jax.numpy, jx))(jw)
+    assert str(simpmd.typeof(g)) == str(jax.typeof(jg))
+    np.testing.assert_allclose(np.asarray(g), np.asarray(jg), rtol=1e-4, atol=1e-5)

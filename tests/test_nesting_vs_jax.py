@@ -229,3 +229,21 @@ def test_make_jaxpr_prints_what_this_jax_prints(jax8, name):
         if name != "a weak type":
             np.testing.assert_array_equal(np.asarray(simpmd.jit(make(snp, lax))(w, k)),
                                           np.asarray(jax8.jit(make(jnp, jax8.lax))(w, k)))
+
+
+def test_conds_under_grad_with_jit_or_shard_map_agree_with_jax(engines):
+    """cond's derivative is cut as every body run once is (loops.split_call): a draw of
+    conds differentiated under jit, shard_map or pmap, compared with jax.grad's."""
+    nested = ("jit", "shard_map", "pmap")
+    draw = [p for p in N.draw(38, 2000) if "cond" in p.layers and set(p.layers) & set(nested)
+            and {"grad", "value_and_grad"} & set(p.layers)][:16]
+    assert len(draw) == 16 and {l for p in draw for l in p.layers} >= set(nested)
+    differ = []
+    for program in draw:
+        if N.crashes_jax(program):
+            continue
+        agreed, theirs, ours, why = N.compare(*engines, program)
+        if agreed is False:
+            differ.append(f"{program}: {why} (jax: {theirs.error or theirs.type_text}; "
+                          f"simpmd: {ours.error or ours.type_text})")
+    assert not differ, "\n".join(differ)

@@ -159,19 +159,12 @@ def _package_imports() -> dict:
     return graph
 
 
-# simpmd/cost/'s modules (issue 36's package) still import each other in places
-# (cluster, hardware and network; predict and roofline): the lead has been told.
-CIRCLES_IN_COST = "simpmd.cost."
-
-
 def test_the_package_reads_top_down_without_import_circles():
     graph = _package_imports()
     assert "simpmd.api.jit_run" in graph["simpmd.api.jit"]       # the walk sees imports,
     assert "simpmd.api.jit_run" in graph["simpmd.api.jaxpr"]     # inside functions too
     circles = set()
     for start in graph:
-        if start.startswith(CIRCLES_IN_COST):
-            continue
         stack = [(start, [start])]
         while stack:
             node, path = stack.pop()

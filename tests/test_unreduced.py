@@ -13,16 +13,11 @@ import unreduced_cases
 @pytest.fixture
 def mesh():
     """A 2-device mesh, and the newest JAX's rules (these cases are worked by hand for them;
-    simpmd otherwise follows the installed JAX's, and jax 0.7.2 had few of them)."""
+    simpmd otherwise follows the running JAX's, and jax 0.7.2 had few of them)."""
     from simpmd.api.partition import settings
-    before = settings.version
-    settings.follow((99,))
     m = simpmd.make_mesh((2,), ("X",), axis_types=(simpmd.sharding.AxisType.Explicit,))
-    try:
-        with simpmd.set_mesh(m):
-            yield m
-    finally:
-        settings.follow(before)
+    with settings.newest(), simpmd.set_mesh(m):
+        yield m
 
 
 A = np.arange(4.0, dtype=np.float32).reshape(2, 2)

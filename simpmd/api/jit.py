@@ -27,18 +27,17 @@ JAX's do), ``reshard``, ``typeof``, ``jit`` itself (the signature cache, ``lower
 """
 from __future__ import annotations
 
-import contextvars
 import functools
 
 import numpy as np
 
-from ..core import bridge, dtypes, loops
+from ..core import bridge, dtypes, errors, loops
 from ..core.core import Aval, aval_of, bind, context, running
 from ..core.program import cached, eval_program, store, trace
 from ..core.values import StackedValue
 from ..machine import devices as machine
-from ..machine.mesh import (AxisType, Mesh, NamedSharding, PartitionSpec, axis_types_of,
-                            check_spec, join_blocks, stack_blocks)
+from ..machine.mesh import (AxisType, Mesh, NamedSharding, PartitionSpec, ShardingError,
+                            axis_types_of, check_spec, join_blocks, stack_blocks)
 from . import partition as R
 from . import tree
 from .grad import grad as _grad, value_and_grad as _value_and_grad
@@ -46,37 +45,10 @@ from . import spelling
 from .jit_run import (JitRun, arg_aval, call_in_body, per_device_program, reshard_p,
                       split_static, traced_call)
 from . import shard_map_eqn  # noqa: F401  (the shard_map row)
-from .partition import Sharding, ShardingTypeError, all_explicit, count, dims_of, whole
+from .partition import (Sharding, ShardingTypeError, all_explicit, count, dims_of, get_mesh,
+                        set_mesh, whole)
 from .spmd import record_trace
 from .trace import Trace
-
-
-# -- the mesh that P(...) refers to: set_mesh ----------------------------------------------------
-
-_MESH: contextvars.ContextVar = contextvars.ContextVar("simpmd_mesh", default=None)
-
-
-class set_mesh:
-    """Make ``mesh`` the one that ``P(...)`` refers to, like ``jax.set_mesh``: called alone
-    it sets the mesh until changed; ``with simpmd.set_mesh(mesh):`` puts the previous one
-    back at the end of the block."""
-
-    def __init__(self, mesh: Mesh):
-        if not isinstance(mesh, Mesh):
-            raise TypeError(f"set_mesh takes a simpmd Mesh (simpmd.make_mesh(...)), got {mesh!r}")
-        self.mesh, self._token = mesh, _MESH.set(mesh)
-
-    def __enter__(self):
-        return self.mesh
-
-    def __exit__(self, *exc):
-        _MESH.reset(self._token)
-        return False
-
-
-def get_mesh():
-    """The mesh set by :class:`set_mesh`, or None."""
-    return _MESH.get()
 
 
 def _one_device_mesh():
@@ -292,9 +264,10 @@ def device_put(x, sharding=None):
     else:
         mesh, spec = get_mesh(), sharding if sharding is not None else PartitionSpec()
         if mesh is None:
-            raise ShardingTypeError(
-                "device_put(x, P(...)) needs a mesh to refer to: call simpmd.set_mesh(mesh) "
-                "first (or `with simpmd.set_mesh(mesh):`), or pass "
+            raise ShardingError(
+                "Please set a mesh via `jax.set_mesh` if a PartitionSpec is passed to "
+                "device_put (JAX's words): device_put(x, P(...)) needs a mesh to refer to: "
+                "call simpmd.set_mesh(mesh) first (or `with simpmd.set_mesh(mesh):`), or pass "
                 "simpmd.NamedSharding(mesh, P(...)).")
     if isinstance(x, StackedValue):
         return reshard(x, NamedSharding(mesh, spec))
@@ -314,15 +287,16 @@ def reshard(x, spec):
     if bridge.inside_jax(x) or type(x).__module__.startswith("jax"):
         import jax
         return jax.sharding.reshard(x, to_jax_spec(spec))
+    R.check_placed(spec, "reshard")
     if isinstance(x, ShardedArray):
         return on_mesh(reshard, (x, spec))
-    if not isinstance(x, StackedValue):
-        return device_put(x, spec)
     run = context.run
+    if not isinstance(x, StackedValue) and not isinstance(run, JitRun):
+        return device_put(x, spec)
     if not isinstance(run, JitRun):
         raise ShardingTypeError("reshard moves an array between layouts of a mesh: call it "
                                 "under simpmd.jit, or on a simpmd.device_put array.")
-    dst = Sharding(run.mesh, R.resolve(spec, run.mesh, x.aval.ndim, "reshard"),
+    dst = Sharding(run.mesh, R.resolve(spec, run.mesh, np.ndim(x), "reshard"),
                    *R.reductions_of(spec, run.mesh))
     return bind(reshard_p, x, dst_sharding=dst)
 
@@ -371,9 +345,13 @@ def _results(run, out):
 def on_mesh(fn, args, kwargs=None):
     """``fn(*args, **kwargs)`` run at once on the mesh of its sharded arguments (or of
     ``set_mesh``): JAX's op-by-op dispatch. Its collectives are ``simpmd.last_trace()``."""
+    leaves, treedef = tree.flatten((tuple(args), dict(kwargs or {})))
+    if isinstance(context.run, JitRun):     # inside jit or grad's trace: part of its program
+        a, kw = tree.unflatten(treedef, [x.value_in(context.run) if isinstance(x, ShardedArray)
+                                         else x for x in leaves])
+        return fn(*a, **kw)
     if machine.intercepts():                    # one process of simpmd.run_processes
         return machine.hosts.launch(_Operation(fn), args, kwargs or {})
-    leaves, treedef = tree.flatten((tuple(args), dict(kwargs or {})))
     mesh = _mesh_of(leaves)
     run = JitRun(mesh)
     values = [x.value_in(run) if isinstance(x, ShardedArray) else
@@ -415,16 +393,73 @@ class _Operation:
 # -- jit ---------------------------------------------------------------------------------------
 
 
+def _annotations(shardings, values, what):
+    """One sharding per leaf of ``values`` (``shardings`` is a pytree prefix of them); a
+    bare P(...) needs the mesh of set_mesh (JAX raises a RuntimeError without one)."""
+    specs = tree.broadcast_prefix(shardings, values, what)
+    if get_mesh() is None and any(isinstance(s, PartitionSpec) for s in specs):
+        raise JitMeshError(
+            f"jit requires a non-empty mesh in context if you are passing `PartitionSpec`s to "
+            f"{what} (JAX's words): call simpmd.set_mesh(mesh) first (or `with "
+            f"simpmd.set_mesh(mesh):`), or pass simpmd.NamedSharding(mesh, P(...)).")
+    return specs
+
+
+class JitMeshError(errors.SimpmdError, RuntimeError):
+    """``in_shardings``/``out_shardings`` of bare ``P(...)`` without a mesh set (JAX's
+    RuntimeError)."""
+
+
+def _placing_results(fun, out_shardings):
+    """``fun`` whose results are resharded as ``out_shardings`` says, as jit's output
+    annotations place them."""
+    @functools.wraps(fun)
+    def placed(*args, **kwargs):
+        outs = fun(*args, **kwargs)
+        leaves, treedef = tree.flatten(outs)
+        specs = _annotations(out_shardings, outs, "out_shardings")
+        for k, (x, spec) in enumerate(zip(leaves, specs)):
+            inner = getattr(spec, "spec", spec)
+            if spec is not None and len(tuple(inner)) > np.ndim(x):
+                raise ShardingError(
+                    f"One of pjit outputs with pytree key path result is incompatible with its "
+                    f"sharding annotation (JAX's words): result {k} has rank {np.ndim(x)} and "
+                    f"out_shardings gives it {inner!r}, {len(tuple(inner))} entries.")
+        return tree.unflatten(treedef, [x if s is None else reshard(x, s)
+                                        for x, s in zip(leaves, specs)])
+    return placed
+
+
+def _check_in_shardings(in_shardings, args):
+    """JAX refuses an argument placed otherwise than ``in_shardings`` says (a NumPy
+    argument it places itself)."""
+    for k, (x, spec) in enumerate(zip(tree.flatten(args)[0],
+                                      _annotations(in_shardings, args, "in_shardings"))):
+        if spec is None or not isinstance(x, ShardedArray):
+            continue
+        mesh = getattr(spec, "mesh", None) or get_mesh()
+        want = R.resolve(getattr(spec, "spec", spec), all_explicit(mesh), len(x.shape),
+                         "in_shardings")
+        if want != x.layout:
+            raise ShardingError(
+                f"Sharding passed to jit does not match the sharding on the respective arg "
+                f"(JAX's words): argument {k} is {typeof(x)} and in_shardings says {spec!r}. "
+                f"reshard the argument first, or leave in_shardings out.")
+
+
+
 class Jitted:
     """A function compiled for a mesh, like the result of ``jax.jit``: traced once per
     signature (the function, its static arguments, each argument's shape, dtype and
     sharding) into a program, which each call runs; ``.trace`` is the last call's log."""
 
-    def __init__(self, fun, static_argnums=(), static_argnames=(), donate_argnums=()):
+    def __init__(self, fun, static_argnums=(), static_argnames=(), donate_argnums=(),
+                 in_shardings=None, out_shardings=None):
         if not callable(fun):
             raise TypeError(f"jit needs a function, got {fun!r}.")
         functools.update_wrapper(self, fun)
-        self.fun = fun
+        self.fun = fun if out_shardings is None else _placing_results(fun, out_shardings)
+        self.in_shardings = in_shardings
         self.static_argnums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
         self.static_argnames = (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames)
         self.trace = None
@@ -462,10 +497,12 @@ class Jitted:
                 for x in leaves]
 
     def _run(self, args, kwargs):
+        if self.in_shardings is not None:
+            _check_in_shardings(self.in_shardings, args)
         mesh = _mesh_of(tree.flatten((args, kwargs))[0])
         run = JitRun(mesh)
         inputs = self._inputs(run, args, kwargs)
-        program, out_tree, _ = self._program(run, args, kwargs, inputs)
+        program, out_tree, inputs = self._program(run, args, kwargs, inputs)   # (closed-over first)
         run.log.receive(run, [_piece(run, x, f"argument {k}") for k, x in enumerate(inputs)])
         try:
             with running(run):
@@ -541,7 +578,7 @@ class Lowered:
         mesh = _mesh_of(tree.flatten((args, kwargs))[0])
         run = JitRun(mesh, abstract=True, lowering=True)
         inputs = [StackedValue(x.aval) for x in jitted._inputs(JitRun(mesh), args, kwargs)]
-        program, _, _ = jitted._program(run, args, kwargs, inputs)
+        program, _, inputs = jitted._program(run, args, kwargs, inputs)
         with running(run):
             outs = eval_program(program, [], inputs)
             for o in outs:
@@ -570,9 +607,10 @@ def jit(fun=None, /, *, static_argnums=(), static_argnames=(), donate_argnums=()
     """``jax.jit``: ``fun`` traced once per signature into a program of sharding-typed
     values, run on every device of the mesh its arguments live on. Usable as a decorator,
     with or without arguments."""
+    places = {k: kwargs.get(k) for k in ("in_shardings", "out_shardings")}
     if fun is None:
-        return lambda f: Jitted(f, static_argnums, static_argnames, donate_argnums)
-    return Jitted(fun, static_argnums, static_argnames, donate_argnums)
+        return lambda f: Jitted(f, static_argnums, static_argnames, donate_argnums, **places)
+    return Jitted(fun, static_argnums, static_argnames, donate_argnums, **places)
 
 
 # -- grad of sharded arrays, and simpmd.numpy's functions on them --------------------------------
@@ -601,9 +639,15 @@ def _on_their_mesh(inner):
 def call_numpy(name, fn, args, kwargs):
     """``simpmd.numpy.<name>`` on sharded arrays, or with ``out_sharding=`` on NumPy
     arrays while a mesh is set: the operation run on the mesh at once."""
+    R.check_placed(kwargs.get("out_sharding"))          # a bare P(...) needs set_mesh
     spelled = spelling.FUNCTIONS.get(name)
-    if spelled is None:
-        return on_mesh(lambda *a, **k: spelling.numpy_function(fn, a, k), args, kwargs)
+    if spelled is None:                 # NumPy's function, then placed as out_sharding says
+        kwargs = dict(kwargs)
+        spec = kwargs.pop("out_sharding", None)
+        made = lambda *a, **k: spelling.numpy_function(fn, a, k)
+        spelled = made if spec is None else lambda *a, **k: reshard(made(*a, **k), spec)
+    if isinstance(context.run, JitRun):           # under jit: part of the program
+        return spelled(*args, **kwargs)
     return on_mesh(spelled, args, kwargs)
 
 

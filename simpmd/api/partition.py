@@ -25,7 +25,10 @@ same rule (lesson 12 compares them).
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
+import sys
 
 import numpy as np
 
@@ -45,10 +48,10 @@ class UnreducedValueError(errors.SimpmdError, NotImplementedError):
 
 
 class Settings:
-    """The rules that changed between JAX releases, as the installed JAX has them (read
-    from its package metadata; JAX is not imported), or the newest without one. Checked
-    on jax 0.7.2, 0.10.2 and 0.12.0.1; a release in between takes the rule of the next
-    checked one.
+    """The rules that changed between JAX releases. With JAX imported, each is asked of the
+    running JAX the first time it matters (:mod:`simpmd.jax.rules` traces a tiny program on
+    it, once per process); without JAX, or inside :meth:`newest`, they are the newest
+    JAX's (jax 0.12).
 
     ``batch_alike``: dot_general's batch dims must be split alike on both operands (0.12;
     before, a whole dim agreed with a split one). ``matmul_batch``: ``jnp.matmul`` refuses
@@ -59,26 +62,109 @@ class Settings:
     the split (0.10; 0.7 indexed with a gather, which refused it). ``shard_map_checks``:
     inside jit, shard_map refuses operands laid out otherwise than its in_specs (0.10;
     0.7 moved them). ``single_element``: a slice down to one element is replicated, whatever
-    the operand's split (0.12; before, refused like any slice a split does not divide).
+    the operand's split (0.11; before, refused like any slice a split does not divide).
+    ``cotangent_swaps``: a reduced operand's gradient is unreduced (0.10; 0.7 kept it
+    plain). ``spec_rank_checked``: ``out_sharding=``/``reshard`` refuse a spec with more
+    entries than the value has dimensions (0.11; before, trailing ``None`` entries
+    passed). :meth:`ask` takes the rules of unreduced and reduced operands too
+    (``simpmd.api.reductions``).
     """
 
-    def __init__(self, version=None):
-        if version is None:
-            try:
-                from importlib.metadata import version as installed
-                version = tuple(int(p) for p in installed("jax").split(".")[:3] if p.isdigit())
-            except Exception:                      # no JAX: the newest rules
-                version = (99,)
-        self.follow(version)
+    NEWEST = dict(batch_alike=True, matmul_batch=True, reshape_spread=True, strided_slice=True,
+                  shard_map_checks=True, single_element=True, cotangent_swaps=True,
+                  spec_rank_checked=True, contraction_sets="axes")
 
-    def follow(self, version):
-        self.version = tuple(version)
-        self.batch_alike = self.single_element = self.version > (0, 10, 2)
-        self.matmul_batch = self.reshape_spread = self.strided_slice = self.version > (0, 7, 2)
-        self.shard_map_checks = self.version > (0, 7, 2)
+    def __init__(self):
+        self.pinned = False
+
+    def ask(self, question, *args):
+        """The running JAX's answer to ``question`` (a function of simpmd.jax.rules), or
+        the newest JAX's. ``on_operand(row, start)``'s newest answers are a column of the
+        row (``unreduced_newest``)."""
+        from ..core import bridge
+        if not self.pinned and "jax" in sys.modules and bridge.jax is not None:
+            try:
+                return getattr(bridge.jax.rules, question)(*args)
+            except bridge.jax.rules.Unavailable:       # a JAX too old to trace the probes
+                pass
+        if question == "on_operand":
+            row, start = args
+            return row.unreduced_newest[start == "reduced"]
+        return self.NEWEST[question]
+
+    @contextlib.contextmanager
+    def newest(self):
+        """The newest JAX's rules inside the block, whatever JAX is running."""
+        before, self.pinned = self.pinned, True
+        try:
+            yield self
+        finally:
+            self.pinned = before
+
+    batch_alike = property(lambda self: self.ask("batch_alike"))
+    matmul_batch = property(lambda self: self.ask("matmul_batch"))
+    reshape_spread = property(lambda self: self.ask("reshape_spread"))
+    strided_slice = property(lambda self: self.ask("strided_slice"))
+    shard_map_checks = property(lambda self: self.ask("shard_map_checks"))
+    single_element = property(lambda self: self.ask("single_element"))
+    cotangent_swaps = property(lambda self: self.ask("cotangent_swaps"))
+    spec_rank_checked = property(lambda self: self.ask("spec_rank_checked"))
+
+    @property
+    def version(self) -> tuple:
+        """The installed JAX's release from its package metadata (JAX is not imported), or
+        (99,) without one: only for the multi-process rules, which one process cannot
+        probe (``simpmd.hosts``)."""
+        try:
+            from importlib.metadata import version as installed
+            return tuple(int(p) for p in installed("jax").split(".")[:3] if p.isdigit())
+        except Exception:
+            return (99,)
 
 
 settings = Settings()
+
+
+# -- the mesh that P(...) refers to: set_mesh ----------------------------------------------------
+
+_MESH: contextvars.ContextVar = contextvars.ContextVar("simpmd_mesh", default=None)
+
+
+class set_mesh:
+    """Make ``mesh`` the one that ``P(...)`` refers to, like ``jax.set_mesh``: called alone
+    it sets the mesh until changed; ``with simpmd.set_mesh(mesh):`` puts the previous one
+    back at the end of the block."""
+
+    def __init__(self, mesh):
+        from ..machine.mesh import Mesh
+        if not isinstance(mesh, Mesh):
+            raise TypeError(f"set_mesh takes a simpmd Mesh (simpmd.make_mesh(...)), got {mesh!r}")
+        self.mesh, self._token = mesh, _MESH.set(mesh)
+
+    def __enter__(self):
+        return self.mesh
+
+    def __exit__(self, *exc):
+        _MESH.reset(self._token)
+        return False
+
+
+def get_mesh():
+    """The mesh set by :class:`set_mesh`, or None."""
+    return _MESH.get()
+
+
+def check_placed(spec, what="out_sharding"):
+    """A bare ``P(...)`` a program passes (``out_sharding=``, ``reshard``, ``device_put``)
+    names axes of the mesh set by ``set_mesh``; without one JAX refuses it, even where the
+    operands' mesh would do (a ``NamedSharding`` carries its own mesh)."""
+    from ..machine.mesh import PartitionSpec, ShardingError
+    if isinstance(spec, PartitionSpec) and get_mesh() is None:
+        raise ShardingError(
+            f"Using PartitionSpec when you are not under a mesh context is not allowed. Please "
+            f"pass a NamedSharding instance or enter into a mesh context via `jax.set_mesh` "
+            f"(JAX's words, for {what}={spec!r}): call simpmd.set_mesh(mesh) first (or "
+            f"`with simpmd.set_mesh(mesh):`), or pass simpmd.NamedSharding(mesh, {spec!r}).")
 
 
 # -- the type ------------------------------------------------------------------------------
@@ -116,7 +202,7 @@ class Sharding:
     def cotangent(self) -> "Sharding":
         """The type of this value's gradient: reduced and unreduced swap (JAX's cotangent
         map; jax 0.7.2 kept them as they were)."""
-        if settings.version <= (0, 7, 2):
+        if not settings.cotangent_swaps:
             return Sharding(self.mesh, self.dims)
         return Sharding(self.mesh, self.dims, self.reduced, self.unreduced)
 
@@ -197,6 +283,20 @@ class all_explicit:
         return repr(self.mesh)
 
 
+def _within_rank(parts, ndim, spec, what):
+    """A spec's entries for a value of rank ``ndim``: more entries than dimensions are
+    refused, or, where the running JAX lets them pass (jax 0.10 and before), trailing
+    ``None`` entries are dropped (others fail an assertion there)."""
+    from ..machine.mesh import ShardingError
+    if settings.spec_rank_checked or what in ("device_put", "in_specs", "out_specs") \
+            or any(p is not None for p in parts[ndim:]):
+        raise ShardingError(
+            f"Length of sharding.spec ({len(parts)}) must be equal to aval's ndim ({ndim}) "
+            f"(JAX's words): {what}={spec!r} has {len(parts)} entries for a value of rank "
+            f"{ndim}; give one per dimension (trailing ones may be left out).")
+    return parts[:ndim]
+
+
 def resolve(spec, mesh, ndim, what="out_sharding"):
     """A ``P(...)``, ``NamedSharding`` or :class:`Sharding` as a layout of ``ndim`` dims."""
     if spec is None:
@@ -206,8 +306,7 @@ def resolve(spec, mesh, ndim, what="out_sharding"):
     inner = getattr(spec, "spec", spec)
     parts = list(inner) if inner is not None else []
     if len(parts) > ndim:
-        raise ShardingTypeError(f"{what}={inner!r} has {len(parts)} entries for a value of rank "
-                                f"{ndim}; give at most one per dimension.")
+        parts = _within_rank(parts, ndim, inner, what)
     dims = tuple(() if p is None else (tuple(p) if isinstance(p, (tuple, list)) else (p,))
                  for p in parts + [None] * (ndim - len(parts)))
     explicit = explicit_axes(mesh)

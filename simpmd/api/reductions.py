@@ -11,61 +11,119 @@ an ordinary sharding does the reduction (an all-reduce, or a reduce-scatter).
 gradient comes out unreduced (JAX's cotangent map swaps the two), so that a replicated
 weight's gradient can be summed once, where the program says.
 
-JAX's rules grew between releases (checked on jax 0.7.2, 0.10.2 and 0.12.0.1, by running
-each operation on 2 and 4 CPU devices; a release in between takes the rule of the next
-checked one): 0.7.2 has rules for ``add`` and the product only; 0.10 adds transposes,
-sums, dtype casts, ``where``, concatenation and products with a reduced scalar, and gives
-reduced types their rules; 0.12 adds ``sub``, ``neg``, ``reshape``, division by a reduced
-value and names a nonlinear operation's refusal. :func:`types` follows the installed JAX
-(``partition.settings``), the newest without one.
+JAX's rules grew release by release, row by row (jax 0.7.2 keeps a partial sum through
+``add`` only; 0.10 adds transposes, sums, casts, ``where``, concatenation and products
+with a reduced scalar; 0.11 reshapes and division; 0.12 ``sub`` and ``neg``, and names a
+non-linear operation's refusal). So each row carries a tiny program (``unreduced_probe``)
+that ``simpmd.jax.rules.on_operand`` runs on the running JAX, once per process, to see
+what it does with an unreduced and a reduced operand: keep it, drop it, or which error it
+raises. Without JAX the row's ``unreduced_newest`` column says what the newest JAX does.
 """
 from __future__ import annotations
+
+import sys
 
 from ..core import errors
 from .partition import ShardingTypeError, reductions_of, settings, type_text
 
 NO = (frozenset(), frozenset())
 _FILE = "Please file an issue at https://github.com/jax-ml/jax/issues"
+_KEEPS = ("keeps", "keeps")
 
 
 def attach():
     """Give the core's rows their columns for unreduced and reduced operands:
-    ``unreduced_rule`` (how the row treats them: 'sum', 'scaled', 'linear', 'extreme',
-    'unary', 'product', 'reshard' or 'body'), ``unreduced_since`` (the last JAX release
-    without the rule), ``unreduced_kind`` (an extreme's: 'max' or 'min'),
-    ``unreduced_body`` (which parameter holds the program whose results' types a 'body'
-    row's are), ``keeps_reduced`` (its result stays reduced on every release;
-    ``keeps_reduced_since``: up to that release, then the rule of several operands),
-    ``spec_indexed`` (jax 0.10 indexed its operand's spec, and refused a reduced or
-    unreduced one), ``unreduced_word`` (the name JAX's message gives it) and ``divides``
-    (a quotient: its denominator, not its numerator, must be reduced)."""
+    ``unreduced_rule`` (what the row makes of them when JAX keeps them: 'sum', 'scaled',
+    'linear', 'extreme', 'unary', 'product', 'reshard' or 'body'), ``unreduced_probe``
+    (the program that asks the running JAX: the operand's shape and a function of
+    ``jnp``, ``lax``, the operand and a reduced scalar), ``unreduced_newest`` (the newest
+    JAX's answer on an unreduced and on a reduced operand, in ``simpmd.jax.rules.word_of``'s
+    words), ``unreduced_kind`` (an extreme's: 'max' or 'min'), ``unreduced_body`` (which
+    parameter holds the program whose results' types a 'body' row's are),
+    ``unreduced_word`` (the name JAX's message gives it) and ``divides`` (a quotient: its
+    denominator, not its numerator, must be reduced). A row without a probe is asked as
+    :func:`_asked_row` says."""
     from ..core import loops, primitives as P
+    from ..core.core import PRIMITIVES
     one_operand = (P.abs_, P.acos, P.acosh, P.asin, P.asinh, P.atan, P.atanh, P.cbrt, P.ceil,
                    P.conj, P.cos, P.cosh, P.exp, P.exp2, P.expm1, P.floor, P.imag,
-                   P.integer_pow, P.is_finite, P.log, P.log1p, P.logistic, P.not_, P.real,
+                   P.is_finite, P.log, P.log1p, P.logistic, P.not_, P.real,
                    P.round_, P.rsqrt, P.sign, P.sin, P.sinh, P.sqrt, P.square, P.tan, P.tanh)
     for row in one_operand:
-        row.unreduced_rule, row.keeps_reduced = "unary", True
+        row.unreduced_rule, row.unreduced_newest = "unary", ("nonlinear", "keeps")
     for row in (P.add, P.add_any, P.sub):
-        row.unreduced_rule = "sum"
-    P.sub.unreduced_since, P.add_any.unreduced_word = (0, 10, 2), "add"
+        row.unreduced_rule, row.unreduced_newest = "sum", _KEEPS
+    P.add_any.unreduced_word = "add"
     P.mul.unreduced_rule = P.div.unreduced_rule = "scaled"
-    P.div.unreduced_since, P.div.divides = (0, 10, 2), True
-    for row, since in ((P.transpose, (0, 7, 2)), (P.reduce_sum, (0, 7, 2)),
-                       (P.convert_element_type, (0, 7, 2)), (P.select_n, (0, 7, 2)),
-                       (P.concatenate, (0, 7, 2)), (P.squeeze, (0, 7, 2)), (P.copy, (0, 7, 2)),
-                       (P.neg, (0, 10, 2)), (P.reshape, (0, 10, 2))):
-        row.unreduced_rule, row.unreduced_since = "linear", since
-    for row in (P.convert_element_type, P.copy, P.neg):
-        row.keeps_reduced = True
-    P.select_n.keeps_reduced_since = P.concatenate.keeps_reduced_since = (0, 7, 2)
-    P.reshape.spec_indexed = True
+    P.div.divides = True
+    for row in (P.transpose, P.reduce_sum, P.convert_element_type, P.select_n, P.concatenate,
+                P.squeeze, P.copy, P.neg, P.reshape):
+        row.unreduced_rule = "linear"
+    for row in (P.mul, P.div) + tuple(r for r in PRIMITIVES.values()
+                                       if getattr(r, "unreduced_rule", None) == "linear"):
+        row.unreduced_newest = _KEEPS
     for row, kind in ((P.reduce_max, "max"), (P.reduce_min, "min"), (P.argmax, "max"),
                       (P.argmin, "min")):
         row.unreduced_rule, row.unreduced_kind = "extreme", kind
-    P.dot_general.unreduced_rule = "product"
+        row.unreduced_newest = ("kind", "keeps") if row.name.startswith("reduce") \
+            else ("pspec[...]", "pspec[...]")
+    P.integer_pow.unreduced_newest = ("no rule", "no rule")
+    P.dot_general.unreduced_rule, P.dot_general.unreduced_newest = "product", ("refused", "drops")
     for row, body in ((loops.scan, "jaxpr"), (loops.remat, "jaxpr"), (loops.while_, "body_jaxpr")):
         row.unreduced_rule, row.unreduced_body = "body", body
+    _attach_probes(P)
+
+
+def _attach_probes(P):
+    """Each probe is the operation as a JAX program spells it, on ``v`` (4 x 4, or 1 x 4
+    for squeeze) and ``two``, a scalar reduced over the mesh axis."""
+    square = (4, 4)
+    for row, program in (
+            (P.add, lambda jnp, lax, v, two: v + v), (P.sub, lambda jnp, lax, v, two: v - v),
+            (P.mul, lambda jnp, lax, v, two: v * two), (P.div, lambda jnp, lax, v, two: v / two),
+            (P.neg, lambda jnp, lax, v, two: -v), (P.transpose, lambda jnp, lax, v, two: v.T),
+            (P.reduce_sum, lambda jnp, lax, v, two: v.sum(0)),
+            (P.convert_element_type, lambda jnp, lax, v, two: v.astype(jnp.int32)),
+            (P.select_n, lambda jnp, lax, v, two: jnp.where(True, v, v)),
+            (P.concatenate, lambda jnp, lax, v, two: jnp.concatenate([v, v])),
+            (P.copy, lambda jnp, lax, v, two: lax.copy_p.bind(v)),
+            (P.reshape, lambda jnp, lax, v, two: v.reshape(-1)),
+            (P.reduce_max, lambda jnp, lax, v, two: v.max(0)),
+            (P.reduce_min, lambda jnp, lax, v, two: v.min(0)),
+            (P.argmax, lambda jnp, lax, v, two: v.argmax(0)),
+            (P.argmin, lambda jnp, lax, v, two: v.argmin(0)),
+            (P.tanh, lambda jnp, lax, v, two: jnp.tanh(v)),
+            (P.integer_pow, lambda jnp, lax, v, two: lax.integer_pow(v, 3)),
+            (P.dot_general, lambda jnp, lax, v, two: v @ jnp.eye(4, dtype=v.dtype))):
+        row.unreduced_probe = (square, program)
+    P.squeeze.unreduced_probe = ((1, 4), lambda jnp, lax, v, two: lax.squeeze(v, (0,)))
+
+
+def _asked_row(prim, start, arrays):
+    """The row whose probe answers for ``prim``: its own; else, on an unreduced operand,
+    an elementwise row answers as ``tanh`` (and any other refuses, no rule); on a reduced
+    one, an elementwise row of one operand as ``tanh``, of several as ``add``, any other
+    row of one operand as ``transpose``."""
+    from ..core import primitives as P
+    if hasattr(prim, "unreduced_probe"):
+        return prim
+    if prim is P.add_any:
+        return P.add
+    elementwise = getattr(prim, "elementwise", False)
+    if start == "unreduced":
+        return P.tanh if elementwise or getattr(prim, "unreduced_rule", None) == "unary" else None
+    if len(arrays) > 1:
+        return P.add
+    return P.tanh if elementwise else P.transpose
+
+
+def _word(prim, start, avals, arrays) -> str:
+    """What the running JAX (or the newest) does with ``prim`` on these operands."""
+    row = _asked_row(prim, start, arrays)
+    word = settings.ask("on_operand", row, start) if row is not None else "no rule"
+    if word == "pspec[...]" and not avals[0].ndim:      # a scalar's spec has nothing to index
+        return "keeps"
+    return word
 
 
 def _u(aval):
@@ -100,21 +158,21 @@ def types(prim, avals, params, n_outs, mesh) -> list:
     if kind == "reshard":
         return [reductions_of(params["dst_sharding"], mesh)]
     if kind == "product":
-        return [_dot(avals, params, mesh)]
+        return [_dot(prim, avals, params, mesh)]
     if kind == "body":                 # a body's results keep the types they were traced with
         return [(_u(a), _r(a)) for a in params[prim.unreduced_body].out_avals]
     arrays = [a for a in avals if a.sharding is not None]
     if any(_u(a) for a in avals):
-        return [_unreduced(prim, avals)] * n_outs
+        return [_unreduced(prim, avals, arrays)] * n_outs
     if any(_r(a) for a in arrays):
         return [_reduced(prim, avals, arrays)] * n_outs
     return [NO] * n_outs
 
 
-def _dot(avals, params, mesh):
+def _dot(prim, avals, params, mesh):
     lhs, rhs = avals
     if _u(lhs) or _u(rhs):
-        if settings.version <= (0, 7, 2):
+        if settings.ask("on_operand", prim, "unreduced") == "drops":
             return NO
         raise ShardingTypeError(f"lhs or rhs passed to dot_general cannot be unreduced. Got "
                                 f"lhs=ShapedArray({_type(lhs)}) and rhs=ShapedArray({_type(rhs)})")
@@ -128,44 +186,55 @@ def _dot(avals, params, mesh):
     dims = lhs.sharding.dims if lhs.sharding is not None else ((),) * lhs.ndim
     entries = tuple(dims[d] if len(dims[d]) != 1 else dims[d][0] for d in lc if dims[d])
     axes = frozenset(a for d in lc for a in dims[d])
-    agree = unreduced == (frozenset(entries) if settings.version <= (0, 7, 2) else axes)
-    if not agree:
+    named = frozenset(entries) if settings.ask("contraction_sets") == "entries" else axes
+    if unreduced != named:
         raise ShardingTypeError(
             f"out_sharding's unreduced axes should be equal to the contracting specs. Got "
             f"unreduced axes={_fs(unreduced)} and contracting spec={entries!r}")
     return unreduced, reduced
 
 
-def _unreduced(prim, avals):
+def _unreduced(prim, avals, arrays):
     """The rule for an operation one of whose operands is unreduced."""
-    v, name, kind = settings.version, prim.name, getattr(prim, "unreduced_rule", None)
-    since = getattr(prim, "unreduced_since", None)
-    if kind == "sum" and (since is None or v > since):
-        return _sum_of_partial_sums(getattr(prim, "unreduced_word", name), avals)
+    word = _word(prim, "unreduced", avals, arrays)
+    if word == "drops":
+        return NO
+    if word != "keeps":
+        raise _refusal(word, prim, next(a for a in avals if _u(a)))
+    kind = getattr(prim, "unreduced_rule", None)
+    if kind == "sum":
+        return _sum_of_partial_sums(getattr(prim, "unreduced_word", prim.name), avals)
     if kind == "scaled":
         return _scaled(prim, avals)
-    if kind == "linear":
-        indexed = getattr(prim, "spec_indexed", False) and v > (0, 7, 2)
-        if v <= since and not (indexed and not avals[0].ndim):
-            if indexed:
-                raise ValueError("Using pspec[...] is dangerous when PartitionSpec has "
-                                 "non-empty unreduced/reduced set. Please use "
-                                 "spec.partitions[...]")
-            raise _no_rule(name)
-        return next(_u(a) for a in avals if _u(a)), frozenset()
-    if kind == "extreme":
-        if v > (0, 10, 2):
-            raise ValueError(f"Expected unreduced_kind=UnreducedKind.{prim.unreduced_kind} but "
-                             f"got UnreducedKind.sum")
-        if v > (0, 7, 2):
-            raise ValueError("Using *pspec is dangerous when PartitionSpec has non-empty "
-                             "unreduced/reduced set. Please use *spec.partitions")
-        raise _no_rule(name)
-    if v > (0, 10, 2) and (kind == "unary" or getattr(prim, "elementwise", False)):
-        shown = next(a for a in avals if _u(a))
-        raise ShardingTypeError(f"{name} is a non-linear operation and cannot accept input "
-                                f"that is unreduced. Got {_type(shown)}")
-    raise _no_rule(name)
+    return next(_u(a) for a in avals if _u(a)), frozenset()
+
+
+def _refusal(word, prim, shown):
+    """JAX's error for a refusal of ``prim`` on ``shown``, in :func:`_word`'s words."""
+    name = prim.name
+    if word in ("pspec[...]", "*pspec"):
+        how = "pspec[...]" if word == "pspec[...]" else "*pspec"
+        use = "spec.partitions[...]" if word == "pspec[...]" else "*spec.partitions"
+        return ValueError(f"Using {how} is dangerous when PartitionSpec has non-empty "
+                          f"unreduced/reduced set. Please use {use}")
+    if word == "kind":
+        return ValueError(f"Expected unreduced_kind=UnreducedKind.{prim.unreduced_kind} but "
+                          f"got UnreducedKind.sum")
+    if word == "nonlinear":
+        return ShardingTypeError(f"{name} is a non-linear operation and cannot accept input "
+                                 f"that is unreduced. Got {_type(shown)}")
+    if word == "partial":
+        version = getattr(sys.modules.get("jax"), "__version__", "?")
+        return UnreducedRuleError(
+            f"the {prim.unreduced_kind} of partial sums is not the {prim.unreduced_kind} of "
+            f"their sum ({name} of {_type(shown)}). This JAX ({version}) accepts it as an "
+            f"unreduced {prim.unreduced_kind} and reshard then takes the "
+            f"{prim.unreduced_kind} of the partial results, a wrong value; simpmd refuses. "
+            f"reshard the value to an ordinary sharding first.")
+    if word == "refused":
+        return ShardingTypeError(f"{name} refuses an operand of type {_type(shown)} on this "
+                                 f"JAX (reshard it to an ordinary sharding first)")
+    return _no_rule(name)
 
 
 def _sum_of_partial_sums(name, avals):
@@ -181,10 +250,7 @@ def _sum_of_partial_sums(name, avals):
 
 def _scaled(prim, avals):
     """A partial sum times (or over) a value that is the same everywhere: still a partial
-    sum, provided that value is reduced along the same axes (jax 0.10; division 0.12)."""
-    v, name = settings.version, prim.name
-    if v <= getattr(prim, "unreduced_since", (0, 7, 2)):
-        raise _no_rule(name)
+    sum, provided that value is reduced along the same axes."""
     lhs, rhs = avals
     if getattr(prim, "divides", False):                  # over a value reduced alike
         if _r(rhs) >= _u(lhs) and not _u(rhs):
@@ -205,21 +271,15 @@ def _scaled(prim, avals):
 
 
 def _reduced(prim, avals, arrays):
-    """The rule for an operation on reduced values (nothing unreduced): elementwise
-    operations of one operand keep the type on every release; from jax 0.10 so do those of
-    several operands that agree, and transposes and sums (and reshapes from 0.12)."""
-    v, name, kind = settings.version, prim.name, getattr(prim, "unreduced_rule", None)
-    if getattr(prim, "keeps_reduced", False) or v <= getattr(prim, "keeps_reduced_since", ()):
-        return frozenset(), _r(arrays[0])
-    if v <= (0, 7, 2) or kind == "product":
+    """The rule for an operation on reduced values (nothing unreduced): an operation of
+    one operand, or a linear one (its first operand's), keeps the type where JAX keeps
+    it; one of several operands only when they are reduced alike."""
+    word = _word(prim, "reduced", avals, arrays)
+    if word == "drops":
         return NO
-    if kind == "extreme" and v <= (0, 10, 2):
-        raise ValueError("Using *pspec is dangerous when PartitionSpec has non-empty "
-                         "unreduced/reduced set. Please use *spec.partitions")
-    if getattr(prim, "spec_indexed", False) and v <= (0, 10, 2) and avals[0].ndim:
-        raise ValueError("Using pspec[...] is dangerous when PartitionSpec has non-empty "
-                         "unreduced/reduced set. Please use spec.partitions[...]")
-    if kind == "linear" or len(arrays) == 1:
+    if word != "keeps":
+        raise _refusal(word, prim, next(a for a in arrays if _r(a)))
+    if getattr(prim, "unreduced_rule", None) == "linear" or len(arrays) == 1:
         return frozenset(), _r(arrays[0])
     sets = {_r(a) for a in arrays}
     if len(sets - {frozenset()}) > 1:

@@ -289,6 +289,7 @@ def _axes(axis, ndim):
 
 
 def reshape(x, *shape, order="C", out_sharding=None):
+    _needs_mesh(out_sharding)
     if order != "C":
         raise NotImplementedError("reshape with order other than 'C'")
     shape = shape[0] if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)) else shape
@@ -349,6 +350,7 @@ def ravel(x):
 
 
 def broadcast_to(x, shape, out_sharding=None):
+    _needs_mesh(out_sharding)
     shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
     if not is_value(x):
         return np.broadcast_to(x, shape) if np.shape(x) != shape else x
@@ -512,7 +514,15 @@ def argsort(x, axis=-1):
 # -- products ---------------------------------------------------------------------------------
 
 
+def _needs_mesh(out_sharding):
+    """A bare P(...) as out_sharding names the axes of the mesh set by set_mesh."""
+    if out_sharding is not None:
+        from .partition import check_placed
+        check_placed(out_sharding)
+
+
 def matmul(a, b, out_sharding=None, preferred_element_type=None):
+    _needs_mesh(out_sharding)
     a, b = promoted(a, b, ranks=False)
     na, nb = aval_of(a).ndim, aval_of(b).ndim
     if na == 0 or nb == 0:
@@ -559,6 +569,7 @@ def dot(a, b, out_sharding=None, preferred_element_type=None):
 
 
 def tensordot(a, b, axes=2, out_sharding=None):
+    _needs_mesh(out_sharding)
     a, b = promoted(a, b, ranks=False)
     na, nb = aval_of(a).ndim, aval_of(b).ndim
     if isinstance(axes, int):
@@ -577,6 +588,7 @@ def outer(a, b):
 
 def einsum(subscripts, *operands, out_sharding=None, **kwargs):
     """Two operands as one dot_general (and transposes), as jnp.einsum does."""
+    _needs_mesh(out_sharding)
     if len(operands) != 2 or "->" not in subscripts or "." in subscripts or kwargs:
         return numpy_function(np.einsum, (subscripts,) + operands, kwargs)
     ins, out = subscripts.replace(" ", "").split("->")

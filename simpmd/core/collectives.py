@@ -22,12 +22,12 @@ from .core import Aval, Primitive, aval_of, bind, context
 
 class Settings:
     """Rules that changed between JAX releases, taken from the running JAX by the JAX
-    bridge (``simpmd.jax``) once JAX's backend is up; without it, the newest JAX's rules.
+    bridge (``simpmd.jax``) once JAX is imported; without it, the newest JAX's rules.
 
     ``partial``: the reduction rows that accept a value varying over only some of their
     axes under ``shard_map(check_vma=True)``, making it vary over all of them first
     (``pvary``): jax 0.7.2 accepts psum, psum_scatter, pmax and pmin; 0.10.2 pmax and pmin;
-    0.12 none.
+    0.11.2 and 0.12 none.
     """
     _partial = None
 

@@ -3,15 +3,18 @@
 Each branch is traced once (by ``simpmd/lax.py``) into a program of its own, which becomes
 a parameter of one equation of the enclosing program, as JAX's higher-order primitives
 do. Values any branch reads from the enclosing body without being passed them become the
-first operands of every branch (:func:`common_consts`, JAX's closure conversion). Running the equation runs every branch over every device,
-each device keeping its own branch's result, with a branch's collectives run only for
-the devices that take it (a group split between branches is a deadlock).
+first operands of every branch (:func:`common_consts`, JAX's closure conversion). Running
+the equation runs every branch over every device, each device keeping its own branch's
+result, with a branch's collectives run only for the devices that take it (a group split
+between branches is a deadlock). Its derivative cuts each branch as every row that runs a
+body once is cut (``loops.split_call``): a cond of forward halves, then one of backward halves.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from . import core
+from .autodiff import differentiable
 from .core import Primitive, Program, Var, aval_of, bind, context
 from .program import eval_program, trace
 from .values import StackedValue
@@ -35,63 +38,60 @@ def common_consts(traced, order):
                                 axis_env=program.axis_env))
     return programs, consts
 
-def _cond_abstract(index, *ops, branches, _what, _source):
+def _cond_abstract(index, *ops, branches, _what, _source, _vjp=None):
     vma = frozenset().union(index.vma, *(a.vma for p in branches for a in p.out_avals))
     return [a.update(vma=vma) for a in branches[0].out_avals]
 
-def _cond_stacked(index, *ops, branches, _what, _source):
+def _cond_stacked(index, *ops, branches, _what, _source, _vjp=None):
     """Every branch over every device; each device keeps its own branch's result (outside
     any mapped body, as under plain NumPy ``grad``, the one device of ``core.plain``)."""
     run = context.run or core.plain
     chosen = np.clip(np.asarray(index.stack if isinstance(index, StackedValue) else index,
                                 dtype=np.int64).reshape(-1), 0, len(branches) - 1)
-    chosen = np.broadcast_to(chosen, (run.n,))
-    result = None
+    chosen, stacks = np.broadcast_to(chosen, (run.n,)), []
     for k, program in enumerate(branches):
-        mask = chosen == k
-        run.branches.append((mask, (_what, k) + tuple(_source)))
+        run.branches.append((chosen == k, (_what, k) + tuple(_source)))
         try:
-            outs = eval_program(program, [], ops)
+            stacks.append([run.stack_of(o, aval_of(o)) for o in eval_program(program, [], ops)])
         finally:
             run.branches.pop()
-        stacks = [run.stack_of(o, aval_of(o)) for o in outs]
-        if result is None:
-            result = [np.array(s) for s in stacks]
-        else:
-            for r, s in zip(result, stacks):
-                r[mask] = s[mask]
-    return result
+    return [np.stack(col)[chosen, np.arange(run.n)] for col in zip(*stacks)]
 
-def _cond_vjp(cts, ins, outs, wants, branches, _what, _source):
-    """The derivative of a cond is a cond: each branch, run again, then sent backwards."""
-    from .autodiff import backward, linearize
-    index, ops = ins[0], ins[1:]
-    cts = [ct if ct is not None else np.zeros(o.aval.shape, o.aval.dtype)
-           for ct, o in zip(cts, outs)]
-    wanted = [j for j, w in enumerate(wants[1:]) if w]
-    backs = []
-    for program in branches:
-        def flat(*xs, program=program):
-            operands, ct_in = xs[:len(ops)], xs[len(ops):]
-            env = {}
-            program = linearize(program, program.invars)
-            eval_program(program, [], operands, env)
-            got = backward(program.eqns, env, {v: c for v, c in zip(program.outvars, ct_in)
-                                               if isinstance(v, Var)}, set(program.invars))
-            return [got[program.invars[j]] if program.invars[j] in got else
-                    np.zeros(aval_of(operands[j]).shape, aval_of(operands[j]).dtype)
-                    for j in wanted]
-        run = context.run or core.plain
-        backs.append(trace(flat, [aval_of(x) for x in list(ops) + cts],
-                           run if run.abstract else run.tracing()))
-    programs, consts = common_consts(backs, range(len(backs)))
-    got = bind(cond, index, *consts, *ops, *cts, branches=tuple(programs), _what=_what,
-               _source=_source)
-    out = [None] * len(ins)
-    for j, g in zip(wanted, got):
-        out[j + 1] = g
-    return out
+def _cond_linearize(eqn, wants):
+    """Each branch cut by ``loops.split_call``; the cond also returns every branch's
+    residuals, a branch filling the others' with zeros (as JAX joins them), and its
+    derivative is a cond of the backward halves."""
+    from .loops import Split, _depends, split_call, zeros
+    branches, n_out, n_ops = eqn.params["branches"], len(eqn.outvars), len(eqn.invars) - 1
+    active = [w and differentiable(v) for w, v in zip(wants[1:], branches[0].invars)]
+    with_ct = [any(c) for c in zip(*(_depends(b, active) for b in branches))]
+    cuts = [split_call(b, wants[1:], every_input=True, with_ct=with_ct)[:2] for b in branches]
+    res = [v.aval for f, _ in cuts for v in f.outvars[n_out:]]
+    run = context.run or core.plain
+
+    def slots(k, own, other):                # branch k's residuals among every branch's
+        first = sum(len(f.outvars) - n_out for f, _ in cuts[:k])
+        return [own[j - first] if first <= j < first + len(own) else other(a)
+                for j, a in enumerate(res)]
+    forwards = [trace(lambda *xs, k=k, f=f: (lambda o: o[:n_out] + slots(k, o[n_out:], zeros))(
+        eval_program(f, [], list(xs))), b.in_avals, run if run.abstract else run.tracing())[0]
+        for k, ((f, _), b) in enumerate(zip(cuts, branches))]
+    cut = [n_ops + len(f.outvars) - n_out for f, _ in cuts]     # where the cotangents start
+    backwards = tuple(Program(b.invars[:n_ops] + slots(k, b.invars[n_ops:cut[k]], Var)
+                              + b.invars[cut[k]:], b.eqns, b.outvars, axis_env=b.axis_env)
+                      for k, (_, b) in enumerate(cuts))
+    params = dict(eqn.params, branches=tuple(forwards),
+                  _vjp=(backwards, Split(list(range(n_ops)), len(res), active, with_ct)))
+    return core.Equation(eqn.primitive, params, eqn.invars,
+                         eqn.outvars + [Var(a) for a in res], eqn.source, eqn.phase)
+
+def _cond_vjp(cts, ins, outs, wants, branches, _what, _source, _vjp):
+    """A cond of the backward halves on the inputs, the residuals and the cotangents."""
+    from .loops import split_vjp
+    backwards, split = _vjp
+    return [None] + split_vjp(cts, ins[1:], outs, split, lambda operands: bind(
+        cond, ins[0], *operands, branches=backwards, _what=_what, _source=_source))
 
 cond = Primitive("cond", _cond_stacked, _cond_abstract, vjp=_cond_vjp, multiple_results=True,
-                 needs_run=True, cost=lambda ins, outs, **p: (0, 0),   # (on shapes alone, not
+                 linearize=_cond_linearize, needs_run=True, cost=lambda ins, outs, **p: (0, 0),
                  unlogged="lax.cond branches (which branch a device takes depends on values)")

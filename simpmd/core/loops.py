@@ -20,9 +20,9 @@ forward pass runs, so a ``scan`` stacks its residuals over the iterations, as JA
 its ``vjp`` is then a ``scan`` in reverse of the backward half, collectives and all. A
 checkpoint keeps only the residuals its policy saves and computes the others again in the
 backward pass: those equations are marked 'recompute', and so are their collectives in the
-log. Every row that runs its body once (a checkpoint, ``jit``, ``shard_map``, a pmap)
-is cut by :func:`split_call` and differentiated by :func:`split_vjp`. (``cond`` still
-runs its branches again in its derivative.)
+log. Every row that runs its body once (a checkpoint, ``jit``, ``shard_map``, a pmap,
+each branch of a ``cond``) is cut by :func:`split_call` and differentiated by
+:func:`split_vjp`.
 """
 from __future__ import annotations
 
@@ -205,15 +205,16 @@ def _saveable(policy):
 Split = collections.namedtuple("Split", "used n_saved active with_ct")
 
 
-def split_call(body, wants, saveable=None, every_input=False):
-    """A body that runs once (a checkpoint, a jit, a shard_map) cut for its derivative, as
-    JAX's partial evaluation cuts it: the forward half returns its results, then the
-    residuals; the backward half takes the inputs it reads (all of them with
-    ``every_input``), the residuals, then the results' cotangents, and returns the
-    differentiated inputs' cotangents. One strategy for every such row."""
+def split_call(body, wants, saveable=None, every_input=False, with_ct=None):
+    """A body that runs once (a checkpoint, a jit, a shard_map, a cond's branch) cut for
+    its derivative, as JAX's partial evaluation cuts it: the forward half returns its
+    results, then the residuals; the backward half takes the inputs it reads (all of them
+    with ``every_input``), the residuals, then the cotangents of the results in
+    ``with_ct`` (those the inputs reach, unless given), and returns the differentiated
+    inputs' cotangents. One strategy for every such row."""
     active = [w and differentiable(v) for w, v in zip(wants, body.invars)]
     body = linearize(body, [v for v, a in zip(body.invars, active) if a])
-    with_ct = _depends(body, active)
+    with_ct = _depends(body, active) if with_ct is None else with_ct
     joint, fwd, bwd, res = partial_eval(body, active, with_ct, saveable=saveable)
     n_in, n_out = len(body.invars), len(body.outvars)
     primal, res = joint.invars[:n_in], dict(res)

@@ -1,14 +1,16 @@
 """What a program would cost on real hardware: the network, the chips, the roofline, memory.
 
-A package of modules, each one concern, none importing JAX:
+A package of modules, each one concern, none importing JAX, and no two importing each
+other (``tests/test_purity.py``):
 
+* :mod:`~simpmd.cost.topology`: how devices are wired (:class:`Torus`,
+  :class:`FullyConnected`), and :mod:`~simpmd.cost.cluster`: nodes of them joined by a
+  slower network (GPU nodes on InfiniBand, TPU slices on DCN), :class:`Cluster`;
 * :mod:`~simpmd.cost.hardware`: the presets (:class:`Hardware`, :data:`HARDWARE`), every
   number with its source;
-* :mod:`~simpmd.cost.network`: topologies (:class:`Torus`, :class:`FullyConnected`), the
-  time of each collective algorithm on them (:func:`estimate`), of a message-level run
-  (:func:`time_run`) and of every collective of a trace (:func:`estimate_trace`);
-* :mod:`~simpmd.cost.cluster`: collectives over devices in several nodes (GPU nodes on
-  InfiniBand, TPU slices on DCN), :class:`Cluster`;
+* :mod:`~simpmd.cost.network`: the time of each collective algorithm on them
+  (:func:`estimate`, across nodes too), of a message-level run (:func:`time_run`) and of
+  every collective of a trace (:func:`estimate_trace`);
 * :mod:`~simpmd.cost.rows`: the cost model's columns of each primitive's row;
 * :mod:`~simpmd.cost.walk`: the one walk over a program that every analysis shares (what
   a loop, a cond, a checkpoint count), and the counts of a run on values (:func:`taken_in`);

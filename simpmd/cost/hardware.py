@@ -12,6 +12,10 @@ import math
 
 import numpy as np
 
+from .cluster import Cluster
+from .topology import FullyConnected, Torus
+
+
 # -- fits to published measurements ----------------------------------------------------
 
 @dataclass(frozen=True)
@@ -229,7 +233,6 @@ class Hardware:
         GPU: one NVLink switch, at most ``node_size`` devices. More devices than one node
         (GPU) or one pod (TPU, a count) hold become a :meth:`cluster` of whole nodes.
         """
-        from .network import FullyConnected, Torus    # network.py imports this module
         n = int(shape) if np.ndim(shape) == 0 else math.prod(shape)
         most = self.node_size if self.torus_rank is None else self.pod_size
         if most is not None and n > most and (self.torus_rank is None or np.ndim(shape) == 0):
@@ -250,7 +253,6 @@ class Hardware:
         """``nodes`` GPU nodes (or TPU slices) of this hardware on its network between
         nodes: a :class:`~simpmd.cost.cluster.Cluster`. ``node`` is one node's device
         count or shape (default: a full node of ``node_size``, or a full TPU pod)."""
-        from .cluster import Cluster
         if self.scale_out_bandwidth is None:
             raise ValueError(
                 f"{self.name}: no network between nodes is modelled for this preset (a "

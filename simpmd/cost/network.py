@@ -59,8 +59,11 @@ import math
 
 import numpy as np
 
+from .cluster import Cluster, devices_of, members_by_node, mesh_ids, shape_key
 from .hardware import Hardware, MeasuredFit, hardware_preset
 from .rows import COLLECTIVES, collective_of  # noqa: F401 (the families, by each row's column)
+from .topology import (FullyConnected, GroupAxis, Ring, Torus, Torus2D,  # noqa: F401 (their
+                       Torus3D, describe)                       # names, where the formulas were)
 
 
 # -- nccl-tests conventions: which size S, which bus-bandwidth factor --------------------
@@ -94,214 +97,6 @@ def nccl_size(op: str, nbytes: int, group_size: int) -> int:
 def busbw_factor(op: str, group_size: int) -> float:
     """nccl-tests' correction from algorithm bandwidth to bus bandwidth."""
     return float(_nccl_entry(op)[1](max(group_size, 1)))
-
-
-# -- topologies -------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class GroupAxis:
-    """One axis of the network a group of devices uses, as the cost formulas see it.
-
-    ``size`` devices along it; ``bandwidth`` bytes/s that one device can send to ONE
-    neighbour in ONE direction; ``wraps`` whether the ends are linked (a ring, not a
-    line); ``switch`` whether every device reaches every other in one hop instead.
-    ``axis``, ``offset`` and ``stride`` place it in the topology (for routing a
-    permutation): a group that takes every ``stride``-th device along the axis.
-    """
-
-    size: int
-    bandwidth: float
-    wraps: bool = False
-    switch: bool = False
-    axis: int = 0
-    offset: int = 0
-    stride: int = 1
-
-
-class Torus:
-    """Devices on a grid, linked to their nearest neighbour along each axis (TPU ICI).
-
-    ``dims`` the size of each axis; ``wraparound`` (one flag, or one per axis) whether
-    the last device of an axis links back to the first; ``link_bandwidth`` bytes/s of one
-    link in ONE direction (links are full duplex); ``hop_latency`` seconds per hop;
-    ``links`` parallel links between two neighbours. Device ids are row-major in ``dims``.
-    ``overlap``: a hop lasts max(latency, transfer), the Scaling Book's rule for ICI (see
-    :func:`step_time`); False adds them.
-    """
-
-    kind = "torus"
-    overlap = True
-
-    def __init__(self, dims, wraparound=True, *, link_bandwidth: float, hop_latency: float,
-                 links: int = 1, name: str = ""):
-        self.dims = tuple(int(d) for d in dims)
-        if not self.dims or min(self.dims) < 1:
-            raise ValueError(f"a torus needs positive axis sizes, got {dims!r}")
-        flags = (wraparound,) * len(self.dims) if np.ndim(wraparound) == 0 else tuple(wraparound)
-        if len(flags) != len(self.dims):
-            raise ValueError(f"give one wraparound flag per axis: {len(self.dims)} axes, "
-                             f"{len(flags)} flags")
-        self.wraparound = tuple(bool(w) for w in flags)
-        self.link_bandwidth = float(link_bandwidth)
-        self.hop_latency = float(hop_latency)
-        self.links = int(links)
-        self.name = name
-
-    @property
-    def size(self) -> int:
-        return math.prod(self.dims)
-
-    def wraps(self, axis: int) -> bool:
-        """True if this axis is a ring. Size 1 or 2 has nothing to wrap around."""
-        return self.wraparound[axis] and self.dims[axis] > 2
-
-    @property
-    def axis_bandwidth(self) -> float:
-        """Bytes/s from one device to one neighbour, one direction (all parallel links)."""
-        return self.links * self.link_bandwidth
-
-    def coords(self, device: int) -> tuple:
-        return tuple(int(c) for c in np.unravel_index(int(device), self.dims))
-
-    def group_axes(self, group_size: int, axes=None) -> list:
-        """The axes a group of ``group_size`` devices spans.
-
-        ``axes`` (topology axis indices) says which; by default a group as large as the
-        topology spans every axis, and a smaller group takes the first axis of exactly
-        its size, or else a stretch (no wraparound) of the first axis long enough.
-        """
-        if axes is not None:
-            axes = (axes,) if np.ndim(axes) == 0 else tuple(int(a) for a in axes)
-            if math.prod(self.dims[a] for a in axes) != group_size:
-                raise ValueError(
-                    f"axes {axes} of {self} hold {math.prod(self.dims[a] for a in axes)} "
-                    f"devices, but the group has {group_size}")
-            return [self._full_axis(a) for a in axes if self.dims[a] > 1]
-        if group_size == self.size:
-            return [self._full_axis(a) for a in range(len(self.dims)) if self.dims[a] > 1]
-        if group_size == 1:
-            return []
-        for a, d in enumerate(self.dims):
-            if d == group_size:
-                return [self._full_axis(a)]
-        for a, d in enumerate(self.dims):
-            if d > group_size:
-                return [GroupAxis(group_size, self.axis_bandwidth, False, axis=a)]
-        raise ValueError(f"a group of {group_size} devices does not fit one axis of {self}; "
-                         f"say which axes it spans with axes=(...)")
-
-    def group_axes_of(self, devices):
-        """The axes spanned by these device ids, or None if they do not form a sub-torus.
-
-        Along an axis the group may take every s-th device (a mesh axis laid over part of
-        a torus axis, another mesh axis taking the devices in between): it then shares each
-        link of that stretch with the s - 1 groups interleaved with it, so it gets 1/s of
-        the bandwidth, and wraps around when it spans the whole ring. (Each of its hops is
-        s links long; the model charges one hop's latency.)"""
-        coords = np.array([self.coords(d) for d in devices]).reshape(len(devices), -1)
-        spans = []
-        for a in range(len(self.dims)):
-            values = np.unique(coords[:, a])
-            if len(values) == 1:
-                continue
-            stride = int(values[1] - values[0])
-            if not np.array_equal(values, values[0] + stride * np.arange(len(values))):
-                return None
-            full = len(values) * stride == self.dims[a]
-            spans.append(GroupAxis(len(values), self.axis_bandwidth / stride,
-                                   full and self.wraps(a), axis=a, offset=int(values[0]),
-                                   stride=stride))
-        if math.prod(s.size for s in spans) != len(set(map(int, devices))):
-            return None
-        return spans
-
-    def _full_axis(self, a):
-        return GroupAxis(self.dims[a], self.axis_bandwidth, self.wraps(a), axis=a)
-
-    def __repr__(self):
-        shape = "x".join(map(str, self.dims))
-        wrap = "".join("W" if w else "-" for w in self.wraparound)
-        label = f"{self.name} " if self.name else ""
-        return (f"{type(self).__name__}({label}{shape}, wraparound {wrap}, "
-                f"{self.link_bandwidth / 1e9:g} GB/s per link per direction, "
-                f"{self.hop_latency * 1e6:g} us per hop)")
-
-
-class Ring(Torus):
-    """A 1-D torus: ``size`` devices in a line, closed into a ring if ``wraparound``."""
-
-    def __init__(self, size: int, wraparound: bool = True, *, link_bandwidth: float,
-                 hop_latency: float, links: int = 1, name: str = ""):
-        super().__init__((size,), (wraparound,), link_bandwidth=link_bandwidth,
-                         hop_latency=hop_latency, links=links, name=name)
-
-
-class Torus2D(Torus):
-    """A 2-D torus (TPU v5e, v6e): ``dims = (rows, cols)``, four neighbours per device."""
-
-    def __init__(self, dims, wraparound=(True, True), *, link_bandwidth: float,
-                 hop_latency: float, links: int = 1, name: str = ""):
-        if len(dims) != 2:
-            raise ValueError(f"Torus2D needs two axis sizes, got {dims!r}")
-        super().__init__(dims, wraparound, link_bandwidth=link_bandwidth,
-                         hop_latency=hop_latency, links=links, name=name)
-
-
-class Torus3D(Torus):
-    """A 3-D torus (TPU v4, v5p): six neighbours per device."""
-
-    def __init__(self, dims, wraparound=(True, True, True), *, link_bandwidth: float,
-                 hop_latency: float, links: int = 1, name: str = ""):
-        if len(dims) != 3:
-            raise ValueError(f"Torus3D needs three axis sizes, got {dims!r}")
-        super().__init__(dims, wraparound, link_bandwidth=link_bandwidth,
-                         hop_latency=hop_latency, links=links, name=name)
-
-
-class FullyConnected:
-    """Every device on one switch, one hop from every other (NVSwitch in an 8-GPU node).
-
-    ``links`` per device into the switch, each ``link_bandwidth`` bytes/s per direction:
-    a device can send ``links * link_bandwidth`` in total, to one peer or spread over many.
-    A step costs latency plus transfer (``overlap = False``, NCCL's model; see :func:`step_time`).
-    ``measured`` maps a collective to a :class:`MeasuredFit` that ``algorithm=None`` uses
-    instead of the formulas (a preset's topology carries its fits; one you build has none).
-    """
-
-    kind = "switch"
-    overlap = False
-
-    def __init__(self, size: int, *, link_bandwidth: float, hop_latency: float,
-                 links: int = 1, name: str = "", measured=None):
-        self.dims = (int(size),)
-        self.link_bandwidth = float(link_bandwidth)
-        self.hop_latency = float(hop_latency)
-        self.links = int(links)
-        self.name = name
-        self.measured = dict(measured or {})     # collective -> MeasuredFit (see Hardware)
-
-    @property
-    def size(self) -> int:
-        return self.dims[0]
-
-    @property
-    def port_bandwidth(self) -> float:
-        """Bytes/s one device can send (and, at the same time, receive), all links together."""
-        return self.links * self.link_bandwidth
-
-    def group_axes(self, group_size: int, axes=None) -> list:
-        if group_size > self.size:
-            raise ValueError(f"a group of {group_size} devices does not fit {self}")
-        return [GroupAxis(group_size, self.port_bandwidth, switch=True)] if group_size > 1 else []
-
-    def group_axes_of(self, devices):
-        return self.group_axes(len(set(map(int, devices))))
-
-    def __repr__(self):
-        label = f"{self.name} " if self.name else ""
-        return (f"FullyConnected({label}{self.size} devices, {self.links} x "
-                f"{self.link_bandwidth / 1e9:g} GB/s per direction each, "
-                f"{self.hop_latency * 1e6:g} us per hop)")
 
 
 
@@ -724,20 +519,6 @@ def _estimate_on(collective, nbytes, axes, alpha, algorithm=None, perm=None,
     return best
 
 
-def _describe(topology) -> str:
-    if topology.kind == "cluster":
-        from .cluster import describe
-        return describe(topology)
-    if topology.kind == "switch":
-        return f"switch of {topology.size}"
-    shape = "x".join(map(str, topology.dims))
-    wrapping = [a for a in range(len(topology.dims)) if topology.wraps(a)]
-    if not wrapping:
-        return f"{shape} torus without wraparound"
-    if len(wrapping) == len(topology.dims):
-        return f"{shape} torus with wraparound"
-    return f"{shape} torus with wraparound on axis {', '.join(map(str, wrapping))} only"
-
 
 def _resolve_topology(hardware: Hardware, topology, group_size):
     if topology is None:
@@ -818,8 +599,7 @@ def _mesh_group(mesh, axis_name, hardware, topology):
     if isinstance(mesh, dict):
         topo = _resolve_topology(hardware, sizes if topology is None else topology, None)
         if topo.kind == "cluster":         # the mesh laid over the nodes in device order
-            from .cluster import mesh_ids
-            return _mesh_members(mesh_ids(sizes), where, sizes, topo, group_size)
+                return _mesh_members(mesh_ids(sizes), where, sizes, topo, group_size)
         if tuple(topo.dims) != sizes and topo.kind != "switch":
             raise ValueError(f"the mesh {dict(zip(mesh_names, sizes))} does not match the "
                              f"topology {topo}; give the mesh the slice's shape, or pass a "
@@ -837,7 +617,7 @@ def _mesh_members(ids, where, sizes, topo, group_size):
     """(topology, group axes, size, device ids, note) of the first group over mesh axes
     ``where`` of the device ids ``ids`` (the members in the order of the names given:
     position = row-major over those axes). On a cluster the axes are left to
-    :func:`simpmd.cost.cluster.cluster_estimate` (None)."""
+    :func:`cluster_estimate` (None)."""
     index = tuple(slice(None) if i in where else 0 for i in range(len(sizes)))
     kept = [i for i in range(len(sizes)) if i in where]
     group = np.transpose(ids[index], [kept.index(i) for i in where]).reshape(-1).tolist()
@@ -880,7 +660,7 @@ def estimate(op: str, nbytes: float | None = None, group_size: int | None = None
     **Across nodes.** A group larger than one GPU node (``node_size``, 8 on the DGX-style
     presets) or one TPU pod spans several, joined by InfiniBand or DCN (a
     :class:`~simpmd.cost.cluster.Cluster`; the preset's ``scale_out_bandwidth``): see
-    :mod:`simpmd.cost.cluster`. ``devices`` (ids on the topology, node-major: device d sits
+    :func:`cluster_estimate`. ``devices`` (ids on the topology, node-major: device d sits
     in node d // node_size) says which devices form the group, e.g. ``devices=range(0, 64,
     8)``, one GPU in each of 8 nodes; by default the first ``group_size`` devices, whole
     nodes first. ``estimate("psum", 2**30, 64, hardware="H100")`` all-reduces 1 GiB over
@@ -896,7 +676,6 @@ def estimate(op: str, nbytes: float | None = None, group_size: int | None = None
     if nbytes is None:
         nbytes = _per_device_bytes(collective, array_nbytes, max(int(group_size), 1))
     if topo.kind == "cluster":
-        from .cluster import cluster_estimate
         e = cluster_estimate(collective, nbytes, devices, topo, algorithm, perm,
                              _label(hw, topology, topo), note)
         return e if collective else replace(e, op=op)
@@ -904,7 +683,7 @@ def estimate(op: str, nbytes: float | None = None, group_size: int | None = None
         where = _positions(group, topo, devices)
         perm = [(where[s], where[d]) for s, d in perm]
     e = _estimate_on(collective, nbytes, group, topo.hop_latency, algorithm, perm,
-                     _label(hw, topology, topo), _describe(topo), note, topo.overlap,
+                     _label(hw, topology, topo), describe(topo), note, topo.overlap,
                      getattr(topo, "measured", None))
     return e if collective else replace(e, op=op)
 
@@ -932,7 +711,6 @@ def _group_of(hw, group_size, topology, axes, mesh, axis_name, devices):
     topo = _resolve_topology(hw, topology, group_size)
     group_size = topo.size if group_size is None else group_size
     if topo.kind == "cluster":
-        from .cluster import devices_of
         return topo, None, group_size, devices_of(int(group_size), topo), ""
     return topo, topo.group_axes(int(group_size), axes), group_size, None, ""
 
@@ -985,7 +763,7 @@ def time_run(run, topology, hardware: str = "") -> Estimate:
     nbytes = int(np.asarray(run.inputs[0]).nbytes)
     return Estimate(run.collective, run.algorithm, nbytes, p, time_s, latency_s,
                     bandwidth_s, steps, float(run.bytes_sent.max(initial=0)), hardware,
-                    _describe(topology), "replayed message by message", topology.overlap)
+                    describe(topology), "replayed message by message", topology.overlap)
 
 
 # -- a whole trace ----------------------------------------------------------------------
@@ -1190,7 +968,6 @@ def _pairs(op, params) -> list:
 def _estimate_group(topo, devices, collective, nbytes, pairs, label):
     """The estimate of one group (its device ids, in member order) on ``topo``."""
     if topo.kind == "cluster":
-        from .cluster import cluster_estimate
         return cluster_estimate(collective, nbytes, devices, topo, None, pairs or None, label)
     axes, note = _group_on(topo, devices)
     perm = None
@@ -1201,7 +978,149 @@ def _estimate_group(topo, devices, collective, nbytes, pairs, label):
             where = _positions(axes, topo, devices)
             perm = [(where[s], where[d]) for s, d in pairs]
     return _estimate_on(collective, nbytes, axes, topo.hop_latency, None, perm, label,
-                        _describe(topo), note, topo.overlap, getattr(topo, "measured", None))
+                        describe(topo), note, topo.overlap, getattr(topo, "measured", None))
+
+
+# -- across nodes -----------------------------------------------------------------------
+# A collective whose group spans nodes (a Cluster's: simpmd/cost/cluster.py) is costed two
+# ways, and the faster is taken, as NCCL's tuner picks among its algorithms:
+#
+# * **hierarchical**, as NCCL's tree-like schemes and XLA's multislice collectives do it: a
+#   reduce-scatter inside each node, an all-reduce of the node's shard across nodes (each
+#   device with its peers of the same local rank, over its own NIC, all ranks at once), an
+#   all-gather inside each node; an all-gather or reduce-scatter keeps its half of that;
+#   an all-to-all regroups inside the node by destination rank, then exchanges across
+#   nodes (NCCL's PXN). Few latency steps across the slow network.
+# * **ring** (GPU nodes): NCCL's flat ring through every device, one ring per NIC in use,
+#   so each step is limited by the slower of a device's NVLink port and the node's NICs
+#   the group uses. Many steps, each paying the network's latency.
+
+
+def cluster_estimate(collective, nbytes, devices, cluster: Cluster, algorithm=None,
+                     pairs=None, hardware="", note="") -> Estimate:
+    """The estimate of one collective over ``devices`` (ids on ``cluster``, in member order).
+
+    A group inside one node costs what the node's own topology says (measured fits
+    included); one that spans nodes costs the faster of :func:`hierarchical` and
+    :func:`flat_ring` (``algorithm`` may name either)."""
+    by_node = members_by_node(cluster, devices)
+    label = describe(cluster)
+    if len(by_node) == 1:
+        local = next(iter(by_node.values()))
+        axes, inner_note = _group_on(cluster.node, local)
+        return _estimate_on(collective, nbytes, axes, cluster.node.hop_latency, algorithm,
+                            pairs, hardware, label, note or inner_note, cluster.node.overlap,
+                            cluster.measured)
+    counts = {len(v) for v in by_node.values()}
+    if len(counts) > 1:
+        note = (note + "; " if note else "") + ("nodes hold different numbers of the group's "
+                                                "devices: costed with the smallest")
+    group = (cluster, by_node, min(counts), len(by_node))
+    names = {"hierarchical": hierarchical, "ring": flat_ring}
+    if algorithm not in (None, "fastest", *names):
+        raise ValueError(f"a {collective} across {len(by_node)} nodes has the algorithms "
+                         f"'hierarchical' and 'ring' (GPU nodes); or None for the faster")
+    chosen = [algorithm] if algorithm in names else list(names)
+    found = [names[a](collective, float(nbytes), group, pairs, devices) for a in chosen]
+    found = [e for e in found if e is not None]
+    if not found:
+        raise ValueError(f"no algorithm for a {collective} across nodes of {cluster.node!r}: "
+                         f"'ring' needs GPU nodes")
+    best = min(found, key=lambda e: (e.time_s, e.bandwidth_s))
+    return replace(best, hardware=hardware, topology=label,
+                   note="; ".join(x for x in (best.note, note) if x))
+
+
+def _inner(collective, nbytes, group):
+    cluster, by_node, g, _ = group
+    local = next(v for v in by_node.values() if len(v) == g)
+    axes, _ = _group_on(cluster.node, local)
+    return _estimate_on(collective, nbytes, axes, cluster.node.hop_latency, None, None,
+                        overlap=cluster.node.overlap, measured=cluster.measured)
+
+
+def _outer(collective, nbytes, group, perm=None):
+    """``collective`` among one device of each node (all local ranks at once, each on its
+    own share of the network): the network is a switch as the formulas see it."""
+    cluster, _, _, m = group
+    axes = [GroupAxis(m, cluster.scale_out_bandwidth, switch=True)]
+    return _estimate_on(collective, nbytes, axes, cluster.scale_out_latency, "fastest", perm)
+
+
+def _chain(collective, nbytes, p, algorithm, phases, words) -> Estimate:
+    """One estimate made of phases run one after another."""
+    phases = [(e, w) for e, w in zip(phases, words) if e.time_s > 0]
+    return Estimate(collective, algorithm, int(nbytes), p, sum(e.time_s for e, _ in phases),
+                    sum(e.latency_s for e, _ in phases), sum(e.bandwidth_s for e, _ in phases),
+                    sum(e.steps for e, _ in phases),
+                    sum(e.bytes_sent_per_device for e, _ in phases),
+                    note=" + ".join(f"{w} ({e.algorithm})" for e, w in phases))
+
+
+def hierarchical(collective, nbytes, group, pairs, devices):
+    """Inside each node, then across nodes, then inside again (XLA's multislice scheme,
+    NCCL's tree-like algorithms): see the module's docstring."""
+    cluster, by_node, g, m = group
+    p = g * m
+    if collective == "all_reduce":
+        phases = [_inner("reduce_scatter", nbytes, group),
+                  _outer("all_reduce", nbytes / g, group),
+                  _inner("all_gather", nbytes / g, group)]
+        words = ["reduce-scatter in each node", f"all-reduce across {m} nodes",
+                 "all-gather in each node"]
+    elif collective == "all_gather":
+        phases = [_outer("all_gather", nbytes, group), _inner("all_gather", m * nbytes, group)]
+        words = [f"all-gather across {m} nodes", "all-gather in each node"]
+    elif collective == "reduce_scatter":
+        phases = [_inner("reduce_scatter", nbytes, group),
+                  _outer("reduce_scatter", nbytes / g, group)]
+        words = ["reduce-scatter in each node", f"reduce-scatter across {m} nodes"]
+    elif collective == "all_to_all":
+        phases = [_inner("all_to_all", nbytes, group), _outer("all_to_all", nbytes, group)]
+        words = ["all-to-all in each node (by destination rank)", f"all-to-all across {m} nodes"]
+    else:
+        return _permute_across(collective, nbytes, group, pairs, devices)
+    return _chain(collective, nbytes, p, "hierarchical", phases, words)
+
+
+def _permute_across(collective, nbytes, group, pairs, devices):
+    """A permute whose pairs cross nodes: each device sends over its own share of the
+    network, the busiest device's sends and receives setting the time."""
+    cluster, _, _, _ = group
+    pairs = pairs or [(i, (i + 1) % len(devices)) for i in range(len(devices))]
+    node = [cluster.node_of(d) for d in devices]
+    across = [(s, d) for s, d in pairs if node[s] != node[d]]
+    if not across:                      # every pair inside a node: the nodes at once
+        first = node[pairs[0][0]]
+        here = [k for k, n in enumerate(node) if n == first]
+        local = [int(devices[k]) % cluster.node.size for k in here]
+        inside = [(here.index(s), here.index(d)) for s, d in pairs if node[s] == first]
+        return _estimate_group(cluster.node, local, collective, nbytes, inside, "")
+    busiest = max(max(sum(1 for s, _ in across if s == x) for x, _ in across),
+                  max(sum(1 for _, d in across if d == y) for _, y in across))
+    transfer = busiest * nbytes / cluster.scale_out_bandwidth
+    latency = cluster.scale_out_latency
+    return Estimate(collective, "direct", int(nbytes), len(devices), latency + transfer, latency,
+                    transfer, 1, busiest * nbytes, note=f"{len(across)} pair(s) across nodes")
+
+
+def flat_ring(collective, nbytes, group, pairs, devices):
+    """NCCL's ring through all p devices of GPU nodes, one ring per NIC the group uses in a
+    node: each step moves one piece per device, limited by the slower of a device's
+    NVLink port and the node's NICs, and waits on the network's latency."""
+    cluster, _, g, m = group
+    if cluster.node.kind != "switch" or collective not in ("all_reduce", "all_gather",
+                                                           "reduce_scatter"):
+        return None
+    p = g * m
+    rate = min(cluster.node.port_bandwidth, g * cluster.scale_out_bandwidth)
+    steps = 2 * (p - 1) if collective == "all_reduce" else p - 1
+    piece = nbytes if collective == "all_gather" else nbytes / p
+    latency = steps * cluster.scale_out_latency
+    transfer = steps * piece / rate
+    return Estimate(collective, "ring", int(nbytes), p, latency + transfer, latency, transfer,
+                    steps, steps * piece, note=f"{min(g, 64)} ring(s) through {m} nodes")
+
 
 
 def estimate_trace(trace_or_events, hardware=None, topology=None) -> TraceEstimate:
@@ -1230,7 +1149,7 @@ def estimate_trace(trace_or_events, hardware=None, topology=None) -> TraceEstima
     used = {_member_device(e) for e in events} - {None}
     topo = _topology_for(hw, topology, trace_or_events, max(used) + 1 if used else 1)
     label = _label(hw, topology, topo)
-    result = TraceEstimate(label, _describe(topo))
+    result = TraceEstimate(label, describe(topo))
     for step in sorted(by_step):
         members = sorted(by_step[step], key=lambda e: e.member)
         first = members[0]
@@ -1305,14 +1224,13 @@ def _estimate_columnar(log, hw, topology, trace) -> TraceEstimate:
         calls.append(CallEstimate(r.step, (len(r.run.axes), f["call"]), f["op"], tuple(f["axes"]),
                                   f["source"][0], f["phase"], slowest, np.concatenate(set_times),
                                   int(sent), r, set_times))
-    return TraceEstimate(label, _describe(topo), _Instances(calls), calls)
+    return TraceEstimate(label, describe(topo), _Instances(calls), calls)
 
 
 def _by_shape(topo, devices) -> dict:
     """The rows of ``devices`` (groups x members) by the group's shape on the topology:
     groups that are translates of each other cost the same."""
     if topo.kind == "cluster" and devices.max() < topo.size:
-        from .cluster import shape_key
         return shape_key(topo, devices)
     if topo.kind == "switch" or devices.max() >= topo.size:
         return {("any", devices.shape[1]): np.arange(len(devices))}

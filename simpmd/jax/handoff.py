@@ -26,6 +26,7 @@ import numpy as np
 
 from ..core import bridge
 from . import printing  # noqa: F401  (how the running JAX prints: simpmd's printer asks)
+from . import rules  # noqa: F401  (which sharding rules the running JAX follows: jit asks)
 from ..api import tree
 from ..core.core import context
 from ..api.shard_map import shard_map
@@ -85,19 +86,24 @@ def find_shard_map(jax):
 _followed = None
 
 
-def follow_rules(jax, device) -> frozenset:
+def follow_rules(jax, device=None) -> frozenset:
     """Which reduction rows the running JAX accepts on a value that varies over only some
     of their axes under ``shard_map(check_vma=True)`` (it makes the value vary over all of
     them first): found by tracing each row's lax function on JAX, never from a stored
     version number, and given to the rows (``collectives.settings.partial``). Asked once
-    per process."""
+    per process, on an abstract 1 x 1 mesh (no device, the backend not started), or on
+    ``device`` where this JAX has no abstract meshes."""
     global _followed
     if _followed is not None:
         return _followed
     from jax.sharding import Mesh, PartitionSpec as JP
     from ..core.collectives import settings
     from ..core.core import PRIMITIVES
-    mesh = Mesh(np.array([device]).reshape(1, 1), ("a", "b"))
+    try:
+        from jax.sharding import AbstractMesh, AxisType
+        mesh = AbstractMesh((1, 1), ("a", "b"), axis_types=(AxisType.Auto,) * 2)
+    except Exception:
+        mesh = Mesh(np.array([device or jax.devices()[0]]).reshape(1, 1), ("a", "b"))
     shard_map, check = find_shard_map(jax)
     accepted = set()
     for row in (r for r in PRIMITIVES.values() if getattr(r, "reduction", False)):
@@ -115,16 +121,19 @@ def follow_rules(jax, device) -> frozenset:
 
 
 def followed_rules():
-    """The running JAX's rules, once its backend is up (asking starts nothing), or None."""
+    """The running JAX's rules once JAX is imported (asking starts no backend), or None.
+    (A JAX without abstract meshes is asked once its backend is up.)"""
     jax = sys.modules.get("jax")
     if _followed is not None or jax is None:
         return _followed
-    try:
-        from jax._src import xla_bridge
-        started = xla_bridge.backends_are_initialized()
-    except Exception:                      # a JAX without that function: ask its devices
-        started = True
-    return follow_rules(jax, jax.devices()[0]) if started else None
+    if not hasattr(getattr(jax, "sharding", None), "AbstractMesh"):
+        try:
+            from jax._src import xla_bridge
+            if not xla_bridge.backends_are_initialized():
+                return None
+        except Exception:                  # a JAX without that function: ask its devices
+            pass
+    return follow_rules(jax)
 
 
 # -- nested simpmd.pmap inside a JAX trace -------------------------------------------------
