@@ -84,6 +84,36 @@ def test_a_transpose_into_a_dot_is_free(jax8):
     assert total(alone) == 2 * 2 * F * D                   # a transpose on its own copies
 
 
+def test_a_transposed_product_is_the_product_with_its_operands_swapped(jax8):
+    """A weight's gradient as JAX's transpose rule writes it, dot(ct, x) then a transpose
+    into the weight's layout: one GEMM that writes the transposed result (XLA's
+    transpose(dot(a, b)) -> dot(b, a)), reading ct and x and writing dw once."""
+    jnp = jax8.numpy
+    B, D, F = 32, 64, 128
+    grad = lambda x, w: jax8.grad(lambda w: (x @ w).astype(jnp.float32).sum())(w)
+    ks = kernels(jax8, grad, ((B, D), jnp.bfloat16), ((D, F), jnp.bfloat16))
+    last = ks[-1]
+    assert last.kind == "matmul" and [e.primitive.name for e in last.eqns] == [
+        "dot_general", "transpose"]
+    assert last.bytes == 2 * (B * F + B * D + D * F)
+
+
+def test_a_transpose_of_a_product_read_elsewhere_still_copies(jax8):
+    """The product's result is also returned, so it is written, and its transpose is a
+    copy (the rule needs the transpose to be the product's only reader); a transpose that
+    moves a batch axis out of the front is a copy too."""
+    jnp = jax8.numpy
+    B, D, F = 32, 64, 128
+    def both(x, w):
+        y = x @ w
+        return y, y.T
+    ks = kernels(jax8, both, ((B, D), jnp.bfloat16), ((D, F), jnp.bfloat16))
+    assert sum(k.kind == "loop" for k in ks) == 1
+    batched = kernels(jax8, lambda a, b: jnp.einsum("bij,bjk->bik", a, b).transpose(1, 0, 2),
+                      ((4, B, D), jnp.bfloat16), ((4, D, F), jnp.bfloat16))
+    assert [k.kind for k in batched] == ["matmul", "loop"]
+
+
 def test_simpmd_programs_fuse_alike():
     program = simpmd.make_jaxpr(lambda x: (2 * x + 1, snp.sum(x * x, axis=-1)))(
         np.ones((R, C_), np.float32))

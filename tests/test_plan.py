@@ -17,6 +17,7 @@ import pytest
 
 import simpmd
 from simpmd import lax, plan
+from simpmd import numpy as snp
 from simpmd.cost import hardware_preset
 from simpmd.plan import attention as A, step as St
 from simpmd.plan.simulate import trace_step
@@ -197,6 +198,119 @@ def test_flash_attention_cost_is_the_kernels():
     assert nbytes == 2 * (2 * q.size + 2 * k.size)
     assert A.flash_attention_bwd.cost([q, k, k, q, q], [q, k, k], causal=False, scale=1.0)[0] \
         == 5 * full
+
+
+# -- dropout --------------------------------------------------------------------------------
+
+def _one_device(f, n):
+    simpmd.set_device_count(1)
+    return simpmd.shard_map(f, mesh=simpmd.make_mesh((1,), ("i",)), in_specs=(simpmd.P(),) * n,
+                            out_specs=simpmd.P())
+
+
+def test_dropout_keeps_a_mask_and_scales_what_it_keeps():
+    """Each element is zeroed with probability 0.25 (4,096 draws: within 4 sigma), the rest
+    divided by 0.75; the gradient is the cotangent through the same mask; the same seed
+    draws the same mask (a recomputed forward agrees with the first)."""
+    from simpmd.plan.dropout import dropout
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 64)).astype(np.float32) + 10.0       # no element is 0
+    c = rng.normal(size=x.shape).astype(np.float32)
+    y = np.asarray(_one_device(lambda x: dropout(x, 0.25, 7), 1)(x))
+    kept = y != 0
+    assert abs(kept.mean() - 0.75) < 4 * math.sqrt(0.75 * 0.25 / x.size)
+    np.testing.assert_allclose(y[kept], x[kept] / 0.75, rtol=1e-6)
+    g = np.asarray(_one_device(simpmd.grad(lambda x: (dropout(x, 0.25, 7) * c).sum()), 1)(x))
+    np.testing.assert_allclose(g, np.where(kept, c / 0.75, 0.0), rtol=1e-6)
+    again = np.asarray(_one_device(lambda x: dropout(x, 0.25, 7), 1)(x))
+    assert np.array_equal(again != 0, kept)
+
+
+def test_flash_attention_with_dropout_is_the_scores_kept_form_with_dropout():
+    """The kernel's dropout (the mask drawn again in its backward pass) against the
+    probabilities dropped as a separate equation: the same loss and gradients; and the
+    forward against NumPy attention with that mask."""
+    from simpmd.plan.dropout import _keep_mask
+    rng = np.random.default_rng(0)
+    q = rng.normal(size=(2, 8, 4, 8)).astype(np.float32)
+    k, v = (rng.normal(size=(2, 8, 2, 8)).astype(np.float32) for _ in "kv")
+
+    def loss(attend):
+        f = lambda q, k, v: (attend(q, k, v, True, None, 0.2, 3) ** 2).sum()
+        return _one_device(simpmd.value_and_grad(f, argnums=(0, 1, 2)), 3)(q, k, v)
+    (value, grads), (value2, grads2) = loss(A.flash_attention), loss(A.materialized_attention)
+    s = np.einsum("btkgh,bskh->bkgts", q.reshape(2, 8, 2, 2, 8), k) / math.sqrt(8)
+    s = np.where(np.tril(np.ones((8, 8), bool)), s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p = np.where(_keep_mask((1,) + p.shape, 0.2, 3)[0], p / p.sum(-1, keepdims=True) / 0.8, 0)
+    expected = (np.einsum("bkgts,bskh->btkgh", p, v) ** 2).sum()
+    assert float(value) == pytest.approx(expected, rel=1e-5)
+    assert float(value2) == pytest.approx(expected, rel=1e-5)
+    for a, b in zip(grads, grads2):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
+
+
+def _kernels_of(f, *shapes):
+    from simpmd.cost.fusion import fuse
+    program = simpmd.make_jaxpr(f)(*[S_(s, d) for s, d in shapes])
+    return fuse(program.eqns, program.outvars)
+
+
+def test_dropout_kernels_are_the_frameworks():
+    """Megatron-LM's attention dropout (torch.nn.Dropout) is a kernel of its own, reading
+    the fp16 probabilities, writing the dropped ones (2 bytes) and the mask (1 byte); under
+    XLA's rules it joins the softmax's kernel; a residual dropout is one kernel with the
+    residual add (Megatron-LM's bias-dropout-add): reads the block's output and the
+    residual, writes the sum and the mask."""
+    from simpmd.plan.dropout import dropout, dropout_p
+    shape = (4, 64, 64)
+    probs = lambda own: (lambda s: dropout(snp.exp(s - s.max(axis=-1, keepdims=True)), 0.1, 1,
+                                           own_kernel=own, site="attention"))
+    own = _kernels_of(probs(True), (shape, "float16"))
+    mine = [k for k in own if [e.primitive.name for e in k.eqns] == ["dropout"]]
+    assert len(mine) == 1 and mine[0].kind == "opaque"
+    assert mine[0].bytes == (2 + 2 + 1) * math.prod(shape)
+    fused = _kernels_of(probs(False), (shape, "float16"))
+    assert not any(k.kind == "opaque" for k in fused)
+    def add(x, y):                      # the mask returned, as a backward pass reads it
+        dropped, mask = dropout_p.bind(y, rate=0.1, seed=2, own_kernel=False, site="hidden")
+        return x + dropped, mask
+    ks = _kernels_of(add, (shape, "float16"), (shape, "float16"))
+    assert len(ks) == 1 and ks[0].bytes == (2 + 2 + 2 + 1) * math.prod(shape)
+
+
+@needs_bf16
+def test_fused_attention_dropout_keeps_no_mask_and_pays_the_generator():
+    """With dropout the kernel moves the same bytes (no mask) and computes RNG_OPS more per
+    computed probability, on the vector units: the prediction grows by those over the
+    chip's vector rate."""
+    from simpmd.cost.predict import predict
+    q, k = S_((1, 1024, 8, 128), "bfloat16"), S_((1, 1024, 2, 128), "bfloat16")
+    times = {}
+    for rate in (0.0, 0.1):
+        program = simpmd.make_jaxpr(lambda q, k, v: A.flash_attention(q, k, v, dropout=rate))(
+            q, k, k)
+        times[rate] = predict(program, "H100").kernels[0]
+    assert times[0.1].bytes == times[0.0].bytes
+    blocks = 1024 // 128
+    probabilities = 8 * 1024 * 1024 * (blocks + 1) / (2 * blocks)
+    extra = int(A.RNG_OPS * probabilities)
+    assert times[0.1].flops - times[0.0].flops == extra
+    hw = hardware_preset("H100")
+    assert times[0.1].compute_s - times[0.0].compute_s == pytest.approx(
+        extra / hw.vector_flops, rel=1e-6)
+
+
+def test_megatrons_selective_recomputation_keeps_the_residual_masks():
+    """Korthikanti et al.'s selective recomputation recomputes the attention's core (its
+    dropout mask drawn again) and keeps the rest, the residual dropouts' masks included:
+    the policy keeps those, not the attention's; XLA's keeps neither."""
+    from simpmd.plan.dropout import dropout_p
+    from simpmd.plan import layers as L
+    s = L.Shard(TINY, {}, "selective", framework="megatron")
+    keep = L.policy(s)
+    assert keep(dropout_p, site="hidden") and not keep(dropout_p, site="attention")
+    assert not L.policy(replace(s, framework="xla"))(dropout_p, site="hidden")
 
 
 # -- memory ---------------------------------------------------------------------------------

@@ -23,8 +23,8 @@ RUNS = published.runs()
 WITHIN = 1.25
 # Misses, with what the model leaves out (docs/validation.md, "What the model misses").
 MISSES = {
-    "LLAMA2-7B, 8 GPUs": "FP8 at d_model 4096: Transformer Engine's casts and the GEMMs' "
-                         "efficiency at these shapes are not simulated",
+    "LLAMA2-7B, 8 GPUs": "FP8 at d_model 4096: the GEMMs priced at the best-case FP8 "
+                         "fraction, optimistic at these shapes",
     "LLAMA3-8B, 8 GPUs": "FP8 at d_model 4096 and attention over 8,192 tokens at the matmul "
                          "rate: the same, with attention kernels slower than GEMMs",
 }
@@ -72,3 +72,15 @@ def test_measured_step_times_follow_from_what_the_sources_print():
     assert run.model.params == n
     flops = (6 * n * 2048 + 6 * 32 * 32 * 256 * 2048 ** 2) * 8
     assert run.measured_s == pytest.approx(flops / 328e12)
+
+
+def test_lesson15_says_what_the_validation_finds(ratios):
+    """Lesson 15, section 8, in words: the NeMo LLaMA 2-70B run predicted within 1% of its
+    measured step; over the 22 runs a geometric-mean error of 10.4% with 20 within 25%; the
+    two misses (the 7-8B FP8 runs) predicted 27% and 32% fast. If the planner moves these,
+    the lesson's text must move with them."""
+    assert abs(ratios["LLAMA2-70B, 64 GPUs"] - 1) < 0.01
+    errors = [abs(math.log(r)) for r in ratios.values()]
+    assert round(100 * (math.exp(sum(errors) / len(errors)) - 1), 1) == 10.4
+    assert sum(e <= math.log(WITHIN) for e in errors) == 20
+    assert [round(100 * (1 - ratios[name])) for name in MISSES] == [27, 32]

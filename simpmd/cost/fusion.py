@@ -9,8 +9,14 @@ intermediate values stay in registers. The rules here follow XLA's passes in out
   and layout moves such as ``transpose``, ``slice``, ``pad``) join the kernel of the
   operand produced last (*loop fusion*);
 * a **broadcast** is not materialised: each consumer reads the small value it broadcasts;
-  ``reshape`` and ``squeeze`` are views, and so is a ``transpose`` that only dot_generals
-  read (XLA folds it into the dot's dimension numbers);
+  ``reshape`` and ``squeeze`` are views (a view may keep other buffers alive as long as
+  its readers run, as an FP8 value read by a GEMM keeps its transposed copy for the weight
+  gradient's: its row's ``keeps`` column), and so is a ``transpose`` that only dot_generals
+  read (XLA folds it into the dot's dimension numbers); a ``transpose`` that alone reads a
+  product's result, swapping its operands' free axes, is the product with its operands
+  swapped, writing that layout (XLA's ``HandleTranspose``: transpose(dot(a, b)) ->
+  dot(b, a); cuBLAS's transposed-operand flags, as Megatron-LM computes each weight
+  gradient in the weight's own layout);
 * a **reduction** joins the elementwise kernel that produces its operand (*input fusion*),
   or a reduction that already reads the same operand into the same shape (*multi-output
   fusion*: a layernorm's mean and mean of squares in one pass); an elementwise consumer of
@@ -35,9 +41,11 @@ intermediate values stay in registers. The rules here follow XLA's passes in out
   XLA's dynamic-slice fusion passes cuBLAS an offset into the buffer); only where a loop
   or a collective reads it is it copied out;
 * a scalar computed from constants alone is folded away, as XLA's constant folding does;
-* collectives, sorts and cumulative sums run on their own, and so does a loop or a
-  conditional (a *block*: its body is a program of its own kernels); a broadcast a block
-  or a collective reads is written out, as their operands must be buffers.
+* collectives, sorts and cumulative sums run on their own, writing every result they
+  return, and so does an operation a framework runs as a kernel of its own (a row's
+  ``fusion`` rule of its parameters says which) and a loop or a conditional (a *block*:
+  its body is a program of its own kernels); a broadcast a block or a collective reads
+  is written out, as their operands must be buffers.
 
 A kernel joins only the latest of its operands' kernels, so kernels stay in an order in
 which each reads only what earlier ones wrote. The counts are per device, as the roofline's.
@@ -87,7 +95,9 @@ ACCUMULATING = frozenset({"matmul", "in_place", "block"})
 def fusion_kind(eqn) -> str:
     """``'view'``, ``'broadcast'``, ``'elementwise'``, ``'reduction'``, ``'matmul'``,
     ``'collective'``, ``'in_place'``, ``'block'`` (a loop or a conditional) or
-    ``'opaque'``: how XLA's fusion treats this equation."""
+    ``'opaque'``: how XLA's fusion treats this equation (a row's ``fusion`` column, or
+    its rule of the equation's parameters: a framework that runs it as a kernel of its
+    own, as PyTorch runs ``torch.nn.Dropout``)."""
     name = _primitive_name(eqn)
     row = _row(eqn, name)
     if nested(eqn)[0] in ("repeat", "until", "branches"):
@@ -96,8 +106,8 @@ def fusion_kind(eqn) -> str:
         return "matmul"
     if row is not None and getattr(row, "collective", False):
         return "view" if getattr(row, "op", None) in (None, "axis_index") else "collective"
-    if row is not None and getattr(row, "fusion", None):
-        return row.fusion
+    if row is not None and getattr(row, "fusion", None):     # a kind, or a rule of the
+        return row.fusion(eqn.params) if callable(row.fusion) else row.fusion   # parameters
     if row is not None and getattr(row, "elementwise", False):
         return "elementwise"
     if name in JAX_IN_PLACE:
@@ -196,6 +206,7 @@ class _Fuser:
         self.alias, self.made_by = {}, {}          # var -> var it views; var -> kernel
         self.within = {}                           # a slice read where it lies -> its source
         self.constants = set()                     # scalars computed from constants alone
+        self.kept = {}                             # a view -> buffers its readers also keep
         self.reduced = {}                          # value -> kernels reducing it
         self.kinds = {id(e): fusion_kind(e) for e in self.eqns}
         self.users, self.finals = {}, {}           # var -> equations reading it
@@ -239,10 +250,20 @@ class _Fuser:
             return
         if kind == "broadcast" and self.read_by(eqn.outvars[0]) & {"block", "collective"}:
             kind = "elementwise"                   # a buffer its reader needs
+        if name == "transpose" and self._out_of_dot(eqn):
+            k = self.producer(eqn.invars[0])       # the product writes the transposed layout
+            self.kernels[k].eqns.append(eqn)
+            self.kernels[k].shape = tuple(_typed(eqn.outvars[0]).shape)
+            self.made_by[eqn.outvars[0]] = k
+            return
         if kind in ("view", "broadcast") or (name == "transpose" and self._into_dot(eqn)) \
                 or id(eqn) in self.folded:
             for o, i in zip(eqn.outvars, eqn.invars):
                 self.alias[o] = i                  # read where it is, at its own size
+            keeps = getattr(_row(eqn), "keeps", None)
+            if keeps is not None:                  # ... with buffers its readers also need
+                self.kept[eqn.outvars[0]] = [self.root(v) for v in keeps(eqn.params, eqn.invars)
+                                             if _is_var(v)]
             self.free.append(eqn)
             return
         if name in SLICES and name != "transpose":
@@ -326,6 +347,30 @@ class _Fuser:
         """A transpose or a slice only matmuls read: part of their operand load."""
         kinds = set().union(*map(self.read_by, eqn.outvars))
         return kinds == {"matmul"}
+
+    def _out_of_dot(self, eqn) -> bool:
+        """A transpose that alone reads a product's result and puts the right operand's
+        free axes before the left's (batch axes first): the product computed with its
+        operands swapped gives that layout at once (XLA's algebraic simplifier,
+        ``HandleTranspose``: transpose(dot(a, b)) -> dot(b, a) when the dot has no other
+        user; cuBLAS's transposed-operand flags, as Megatron-LM computes a weight gradient
+        in the weight's layout)."""
+        v = eqn.invars[0]
+        k = self.producer(v) if _is_var(v) and self.root(v) is v else None
+        if k is None or self.kernels[k].kind != "matmul" or len(self.users.get(v, ())) != 1 \
+                or v in self.outvars:
+            return False
+        dot = next((e for e in self.kernels[k].eqns if v in e.outvars), None)
+        if dot is None or _primitive_name(dot) != "dot_general":
+            return False
+        (lc, rc), (lb, _) = dot.params["dimension_numbers"]
+        nb = len(lb)
+        nl = len(_typed(dot.invars[0]).shape) - len(lc) - nb
+        nr = len(_typed(dot.invars[1]).shape) - len(rc) - nb
+        perm = [int(d) for d in eqn.params["permutation"]]
+        return (sorted(perm[:nb]) == list(range(nb))
+                and perm[nb:nb + nr] == list(range(nb + nl, nb + nl + nr))
+                and perm[nb + nr:] == list(range(nb, nb + nl)))
 
     def _accumulation(self, eqn, name):
         """An addition into the result of a matmul, a scatter or (autodiff's ``add_any``)
@@ -456,6 +501,9 @@ class _Fuser:
         into their consumers)."""
         for v in eqn.invars:
             r = self.root(v)
+            for u in self._kept_along(v):          # kept alive by the read, not read
+                if self.made_by.get(u) != k:
+                    kernel.reads.setdefault(u, 0)
             if not _is_var(r) or self.made_by.get(r) == k:
                 continue
             found, chain = (self.sources(r) if kernel.kind in ("loop", "reduction")
@@ -465,6 +513,14 @@ class _Fuser:
                     kernel.reads[u] = _nbytes(_typed(u))
             kernel.redo += [e for e in chain if self.made_by.get(e.outvars[0]) != k
                             and e not in kernel.redo]
+
+    def _kept_along(self, v) -> list:
+        """The buffers the views on the way from ``v`` to what it reads keep alive."""
+        found = []
+        while _is_var(v) and v in self.alias:
+            found += self.kept.get(v, [])
+            v = self.alias[v]
+        return found
 
     def finish(self):
         """Each kernel's reads (stored values from outside it) and writes (values another
@@ -478,9 +534,9 @@ class _Fuser:
         self._merge_siblings()
         needed = {self.root(v) for v in self.outvars} | {
             u for kernel in self.kernels for u in kernel.reads}
-        for kernel in self.kernels:
+        for kernel in self.kernels:                # (a kernel of its own writes all it returns)
             kernel.writes = {o: _nbytes(_typed(o)) for e in kernel.eqns for o in e.outvars
-                             if o in needed}
+                             if o in needed or kernel.kind == "opaque"}
         self.dropped = [kern for kern in self.kernels if not kern.writes and kern.kind == "loop"]
         return [kern for kern in self.kernels if kern.writes or kern.kind != "loop"]
 

@@ -295,14 +295,15 @@ class _Predictor:
 
     # -- what one kernel and one collective take ----------------------------------------
 
-    def _path(self, e) -> str:
+    def _path(self, e, body) -> str:
         """The matrix-unit path of a product: ``precision`` for a product of a weight (a
-        dot_general without batch dimensions: a linear layer), else as XLA runs its types."""
+        dot_general without batch dimensions: a linear layer), else as XLA runs the types
+        of the buffers it reads (an FP8 copy read as a wider type runs on the FP8 path)."""
         if self.precision and _primitive_name(e) == "dot_general":
             (_, _), (batch, _) = e.params["dimension_numbers"]
             if not tuple(batch):
                 return self.precision
-        return eqn_path(self.hw, e.eqn, [_typed(v) for v in e.eqn.invars])
+        return eqn_path(self.hw, e.eqn, [_stored(v, body) for v in e.invars])
 
     def _timed(self, kernel, body) -> KernelTime:
         """The kernel's parts and duration (from 0): its products at the sustained rate of
@@ -315,8 +316,9 @@ class _Predictor:
         for e in kernel.eqns + kernel.redo:
             f = self.eqn_flops(e)
             if column(_row(e.eqn), "matmul"):
-                p = self._path(e)
-                path, compute = path or p, compute + f / hw.sustained_matmul_flops(p)
+                p, v = self._path(e, body), self._vector_flops(e)
+                path = path or p
+                compute += (f - v) / hw.sustained_matmul_flops(p) + v / hw.vector_flops
                 again = again or body.phase.get(id(e)) == "recompute"
             else:
                 compute += f / hw.vector_flops
@@ -329,6 +331,14 @@ class _Predictor:
                                             work + launch, compute, memory, 0.0, launch,
                                             flops, kernel.bytes, path, term=term)
         return self.times[id(kernel)]
+
+    def _vector_flops(self, e) -> float:
+        """Of a matmul row's FLOPs, those on the vector units (its ``vector_flops`` column)."""
+        rule = column(_row(e.eqn), "vector_flops")
+        if rule is None:
+            return 0.0
+        ins = [a for a in map(_typed, e.eqn.invars) if a is not None]
+        return float(rule(ins, [_typed(v) for v in e.eqn.outvars], **e.params))
 
     def _collective(self, e, body) -> tuple:
         """(seconds, mesh axes) of one collective: :func:`estimate` for its group (device
@@ -459,6 +469,13 @@ class _Predictor:
                 out.terms[term] *= 1 - idle / n          # computes there, it computes)
             out.terms["bubble"] = idle / n * length
         return _Block(length, out, frozenset(axes), label)
+
+
+def _stored(v, body):
+    """The type of an operand as a product reads it: an FP8 buffer's, where the operand is
+    a view of one (Transformer Engine's FP8 GEMMs, XLA's rewrite of a dequantized dot)."""
+    own, stored = _typed(v), _typed(body.base(v))
+    return stored if stored is not None and stored.dtype.name.startswith("float8") else own
 
 
 def predict(program, hardware=None, axis_env=None, topology=None, *, overlap=True,

@@ -14,7 +14,9 @@ rule beside its primitive (``register_roofline(prim)``). The columns:
   counts as its ``ici_bytes`` on each mesh axis it runs over
   (jax/experimental/roofline/rooflines.py, the same in jax 0.7.2, 0.10.2 and 0.12.0.1);
 * ``same_buffer``: its result is its operand under a new type or name (``pvary``,
-  ``checkpoint_name``): no new bytes, on hardware as in simpmd's memory walk.
+  ``checkpoint_name``): no new bytes, on hardware as in simpmd's memory walk;
+* ``vector_flops(ins, outs, **params)``: of a matmul row's FLOPs, those its kernel runs on
+  the vector units rather than the matrix units (a fused attention kernel's dropout).
 
 A row without a column has none of these: no JAX name but its own, not a matmul, no
 collective family, no ICI bytes (read with :func:`column`).
@@ -31,7 +33,7 @@ from ..core import primitives as P
 from ..core.core import PRIMITIVES
 
 DEFAULTS = {"jax_names": (), "lax_names": (), "matmul": False, "collective_family": None,
-            "ici_rule": None, "same_buffer": False}
+            "ici_rule": None, "same_buffer": False, "vector_flops": None}
 
 
 def column(row, name):

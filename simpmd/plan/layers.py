@@ -27,19 +27,32 @@ from .. import numpy as snp
 from ..api.checkpoint import checkpoint, checkpoint_policies
 from ..core import bridge
 from ..core.core import aval_of
+from ..cost import fusion as _fusion  # noqa: F401 (sets the rows' fusion column, read below)
+from . import fp8
 from .attention import flash_attention, materialized_attention
+from .dropout import dropout, dropout_p
 
 
 @dataclass(frozen=True)
 class Shard:
     """What one device's functions need to know: the model, the axes' sizes, and how the
-    layer runs (``recompute``, ``sequence_parallel``, ``flash``: a fused attention kernel)."""
+    layer runs (``recompute``, ``sequence_parallel``, ``flash``: a fused attention kernel;
+    ``framework``: ``"xla"`` or ``"megatron"``, whose kernels differ where PyTorch runs an
+    operation on its own; ``fp8``: the linear layers in FP8, as Transformer Engine runs
+    them, :mod:`simpmd.plan.fp8`)."""
 
     model: object
     sizes: dict
     recompute: str = "none"
     sequence_parallel: bool = False
     flash: bool = True
+    framework: str = "xla"
+    fp8: bool = False
+
+    @property
+    def eager(self) -> bool:
+        """PyTorch's eager kernels (Megatron-LM), not XLA's fusion."""
+        return self.framework == "megatron"
 
     def size(self, axis: str) -> int:
         return self.sizes.get(axis, 1)
@@ -91,6 +104,12 @@ def out_of_block(s: Shard, y):
     return lax.psum(y, "tp")
 
 
+def residual(s: Shard, x, y, seed: int):
+    """The residual stream ``x`` plus a block's output ``y`` after its dropout (Megatron-LM's
+    fused bias-dropout-add: one kernel, as XLA fuses it too)."""
+    return x + dropout(y, s.model.hidden_dropout, seed)
+
+
 # -- the layer --------------------------------------------------------------------------------
 
 def _rms_norm(x, scale):
@@ -117,13 +136,55 @@ swiglu = checkpoint(_swiglu)
 gelu = checkpoint(_gelu)
 
 
+FP8, FP8T = "/fp8", "/fp8t"      # a weight's FP8 copy and its transpose, cast once per step
+
+
+def weight(s: Shard, w, key: str, axis: int):
+    """``w[key]`` as its product reads it: gathered by FSDP; in FP8, the copy the step cast
+    once (Transformer Engine's weight cache) with its transpose, or with FSDP one cast
+    after the gather."""
+    if not s.fp8:
+        return gather_weight(s, w[key], axis)
+    if key + FP8 in w:
+        return fp8.operand(w[key + FP8], w[key + FP8T], like=w[key])
+    whole = gather_weight(s, w[key], axis)
+    w8, w8t, _ = fp8.cast(whole, transpose=True, own_kernel=s.eager)
+    return fp8.operand(w8, w8t, like=whole)
+
+
+def column_linear(s: Shard, h, w, key: str):
+    """A column-parallel product of a norm's output ``h`` (this device's tokens, gathered
+    with sequence parallelism) and the amaxes of its casts. In FP8, Transformer Engine's
+    ``LayerNormLinear``: the norm writes FP8, the FP8 tokens are gathered, and the backward
+    pass casts the output's gradient with its transpose."""
+    if not s.fp8:
+        return into_block(s, h) @ weight(s, w, key, 0), []
+    h8, _, amax = fp8.cast(h)
+    y = fp8.operand(into_block(s, h8), dtype=h.dtype) @ weight(s, w, key, 0)
+    return fp8.grad_cast(y, transpose=True, own_kernel=s.eager), [amax]
+
+
+def row_linear(s: Shard, a, w, key: str):
+    """A row-parallel product and its collective out of the block, and the amaxes of its
+    casts. In FP8, Transformer Engine's ``Linear``: the input cast in a kernel of its own
+    (with its transpose, but under sequence parallelism); the output's gradient cast before
+    sequence parallelism gathers it (the gather moves FP8), else cast with its transpose."""
+    if not s.fp8:
+        return out_of_block(s, a @ weight(s, w, key, 1)), []
+    a8, a8t, amax = fp8.cast(a, transpose=not s.sequence_parallel, own_kernel=s.eager)
+    y = fp8.operand(a8, a8t, dtype=a.dtype) @ weight(s, w, key, 1)
+    if s.sequence_parallel and s.size("tp") > 1:
+        y = out_of_block(s, fp8.grad_cast(y, "dequant"))
+        return fp8.grad_cast(y, "quant", own_kernel=s.eager), [amax]
+    return out_of_block(s, fp8.grad_cast(y, transpose=True, own_kernel=s.eager)), [amax]
+
+
 def attention_block(s: Shard, x, w):
     """Norm, the fused query/key/value projection, attention over this device's heads,
-    the output projection and its collective."""
+    the output projection and its collective; and the amaxes of its FP8 casts."""
     m = s.model
-    h = into_block(s, rms_norm(x, w["attn_norm"]))
-    b, t, _ = h.shape
-    qkv = h @ gather_weight(s, w["wqkv"], 0)
+    qkv, amaxes = column_linear(s, rms_norm(x, w["attn_norm"]), w, "wqkv")
+    b, t, _ = qkv.shape
     nq, nkv = m.heads // s.size("tp"), m.kv_heads // s.size("tp")
     q = qkv[..., :nq * m.head_dim].reshape(b, t, nq, m.head_dim)
     k = qkv[..., nq * m.head_dim:(nq + nkv) * m.head_dim].reshape(b, t, nkv, m.head_dim)
@@ -134,24 +195,33 @@ def attention_block(s: Shard, x, w):
         v = lax.all_gather(v, "cp", axis=1, tiled=True)
         offset = lax.axis_index("cp") * t
     if s.flash:
-        o = flash_attention(q, k, v, q_offset=offset)
+        o = flash_attention(q, k, v, q_offset=offset, dropout=m.attention_dropout, seed=1)
     else:
-        o = materialized_attention(q, k, v, True, offset)
-    y = o.reshape(b, t, nq * m.head_dim) @ gather_weight(s, w["wo"], 1)
-    return x + out_of_block(s, y)
+        o = materialized_attention(q, k, v, True, offset, dropout=m.attention_dropout, seed=1,
+                                   own_kernel=s.eager)
+    y, more = row_linear(s, o.reshape(b, t, nq * m.head_dim), w, "wo")
+    return residual(s, x, y, seed=2), amaxes + more
 
 
 def mlp_block(s: Shard, x, w):
     """Norm, the MLP's input matrix (gate and up side by side when gated), SwiGLU or
-    GELU, the output matrix and its collective."""
-    h = into_block(s, rms_norm(x, w["mlp_norm"]))
-    u = h @ gather_weight(s, w["w_in"], 0)
+    GELU, the output matrix and its collective; and the amaxes of its FP8 casts."""
+    u, amaxes = column_linear(s, rms_norm(x, w["mlp_norm"]), w, "w_in")
     u = swiglu(u) if s.model.gated_mlp else gelu(u)
-    return x + out_of_block(s, u @ gather_weight(s, w["w_out"], 1))
+    y, more = row_linear(s, u, w, "w_out")
+    return residual(s, x, y, seed=3), amaxes + more
 
 
 def layer(s: Shard, x, w):
-    return mlp_block(s, attention_block(s, x, w), w)
+    """One decoder layer: its output, and the amaxes of its FP8 casts (None without)."""
+    x, first = attention_block(s, x, w)
+    x, second = mlp_block(s, x, w)
+    return x, (snp.stack(first + second) if s.fp8 else None)
+
+
+# Gradient amaxes a layer's backward pass records: two per product (Transformer Engine's
+# GRAD_OUTPUT1 and GRAD_INPUT1 of each module's backward scaling).
+GRAD_AMAXES = 2 * 4
 
 
 REGATHERED = frozenset({"all_gather", "gather", "dynamic_slice"})
@@ -162,8 +232,11 @@ def keep_all_but_gathers(prim, *avals, **params) -> bool:
     what a gather made, which the backward pass gathers again: FSDP's weights (the
     book's FSDP gathers in both passes), the tokens sequence parallelism gathers
     (Megatron's choice, Korthikanti et al. 2022, section 4.2.2) and a virtual stage's
-    weights picked out of the stage's."""
-    return getattr(prim, "name", "") not in REGATHERED
+    weights picked out of the stage's; nor a view (a reshape, a squeeze, an FP8 value as a
+    product reads it: the cost model's ``fusion`` column), which is its operand's buffer:
+    computing it again is free, and keeping it would keep a copy of each weight a view
+    picks, once per micro-batch."""
+    return getattr(prim, "name", "") not in REGATHERED and getattr(prim, "fusion", "") != "view"
 
 
 REDUCED = frozenset({"psum", "psum2", "psum_invariant", "psum_scatter", "reduce_scatter"})
@@ -179,7 +252,23 @@ def keep_products(prim, *avals, **params) -> bool:
         prim, *avals, **params)
 
 
+def keep_products_and_masks(prim, *avals, **params) -> bool:
+    """Megatron-LM's selective recomputation: :func:`keep_products`, and the residual
+    dropouts' masks, which it keeps (it recomputes only the attention's core: Korthikanti
+    et al. 2022, section 5, whose activation memory keeps the ``s b h`` masks)."""
+    return (prim is dropout_p and params.get("site") == "hidden") or keep_products(
+        prim, *avals, **params)
+
+
 POLICIES = {"none": keep_all_but_gathers, "selective": keep_products, "full": None}
+
+
+def policy(s: Shard):
+    """The checkpoint policy of each layer: :data:`POLICIES`'s, Megatron-LM's selective
+    recomputation keeping its masks."""
+    if s.recompute == "selective" and s.eager:
+        return keep_products_and_masks
+    return POLICIES[s.recompute]
 
 
 def layers(s: Shard, x, stacked, virtual=None):
@@ -192,19 +281,24 @@ def layers(s: Shard, x, stacked, virtual=None):
     MaxText's 'minimal'); ``"full"``, only the layer's input.
     ``virtual``: the index of a virtual stage, whose layers are ``stacked[k][virtual]``."""
     def one(h, w):
-        return layer(s, h, w), None
+        return layer(s, h, w)
 
     def picked(h, i):
         w = {k: ws[virtual, i] for k, ws in stacked.items()}
         return one(h, w)
     body = one if virtual is None else picked
     xs = stacked if virtual is None else snp.arange(next(iter(stacked.values())).shape[1])
-    return lax.scan(checkpoint(body, policy=POLICIES[s.recompute]), x, xs)[0]
+    if not s.fp8:
+        return lax.scan(checkpoint(body, policy=policy(s)), x, xs)[0]
+    count = next(iter(stacked.values())).shape[0 if virtual is None else 1]
+    x = fp8.region(x, GRAD_AMAXES * count, s.sizes)   # its backward's end: the gradients'
+    y, amaxes = lax.scan(checkpoint(body, policy=policy(s)), x, xs)   # amaxes reduced
+    return fp8.sync(y, amaxes, s.sizes)               # the forward's end: the amaxes reduced
 
 
 def checkpointed_layer(s: Shard):
     """``layer(x, w)`` under the checkpoint that :func:`layers` puts around each layer."""
-    return checkpoint(lambda x, w: layer(s, x, w), policy=POLICIES[s.recompute])
+    return checkpoint(lambda x, w: layer(s, x, w)[0], policy=policy(s))
 
 
 # -- embedding and loss -----------------------------------------------------------------------
@@ -212,15 +306,18 @@ def checkpointed_layer(s: Shard):
 def embed(s: Shard, table, tokens):
     """Vocabulary-parallel lookup (Megatron's): each ``tp`` device holds V / tp rows and
     looks up the tokens in its range; a psum over ``tp`` (a reduce-scatter over tokens,
-    with sequence parallelism) completes every embedding."""
+    with sequence parallelism) completes every embedding; then the embedding's dropout
+    (Megatron-LM's ``torch.nn.Dropout`` at ``--hidden-dropout``)."""
     table = gather_weight(s, table, 1)
     if s.size("tp") == 1:
-        return table[tokens]
-    rows = table.shape[0]
-    local = tokens - lax.axis_index("tp") * rows
-    inside = (local >= 0) & (local < rows)
-    found = table[snp.clip(local, 0, rows - 1)]
-    return out_of_block(s, snp.where(inside[..., None], found, 0.0).astype(table.dtype))
+        found = table[tokens]
+    else:
+        rows = table.shape[0]
+        local = tokens - lax.axis_index("tp") * rows
+        inside = (local >= 0) & (local < rows)
+        found = table[snp.clip(local, 0, rows - 1)]
+        found = out_of_block(s, snp.where(inside[..., None], found, 0.0).astype(table.dtype))
+    return dropout(found, s.model.hidden_dropout, 0, own_kernel=s.eager)
 
 
 def token_losses(s: Shard, x, params, targets):

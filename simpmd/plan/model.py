@@ -16,7 +16,10 @@ class Transformer:
     MLP of width ``d_ff`` (gated, SwiGLU, with three matrices when ``gated_mlp``; else two),
     each after a norm, on a residual stream of width ``d_model``; token embeddings and an
     output projection onto ``vocab`` (one matrix when ``tied_embeddings``), trained on
-    sequences of ``seq`` tokens. ``head_dim`` defaults to ``d_model // heads``."""
+    sequences of ``seq`` tokens. ``head_dim`` defaults to ``d_model // heads``.
+    ``attention_dropout`` and ``hidden_dropout`` are the probabilities of dropout on the
+    attention's probabilities and on the embeddings and each block's output (Megatron-LM's
+    ``--attention-dropout`` and ``--hidden-dropout``; 0: none, as LLaMA trains)."""
 
     layers: int
     d_model: int
@@ -29,6 +32,8 @@ class Transformer:
     head_dim: int | None = None
     tied_embeddings: bool = False
     name: str = ""
+    attention_dropout: float = 0.0
+    hidden_dropout: float = 0.0
 
     def __post_init__(self):
         if self.kv_heads is None:

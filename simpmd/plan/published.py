@@ -48,11 +48,21 @@ KORTHIKANTI = ("V. Korthikanti et al., 'Reducing Activation Recomputation in Lar
                "calculon/llm/validation.py (seqsel_tab5) and validation/seqsel/tab5/*.json")
 
 
+# Dropout of the GPT runs: Megatron-LM's --attention-dropout and --hidden-dropout, 0.1 by
+# default (megatron/arguments.py at f602ac5, 2022-05-09, the Megatron-LM of Korthikanti et
+# al.'s runs, whose section 4.1 counts the dropout masks in the activations); NeMo's
+# GPT3-175B sets both to 0.1 (NeMo-Framework-Launcher's conf/training/gpt3/175b.yaml at
+# c99374bb), its LLaMA configurations 0.0 (conf/training/llama/*.yaml), MaxText's base.yml
+# dropout_rate 0 (at 76bd53b0f).
+GPT_DROPOUT = 0.1
+
+
 def _gpt(layers, d_model, heads, vocab=51200, seq=2048, name=""):
     """A GPT-3-style model: GELU MLP of 4 d_model, tied embeddings, LayerNorm (costed as
-    RMSNorm: the same passes over memory)."""
+    RMSNorm: the same passes over memory), dropout on the attention's probabilities and
+    the blocks' outputs."""
     return Transformer(layers, d_model, heads, 4 * d_model, vocab, seq, tied_embeddings=True,
-                       name=name)
+                       name=name, attention_dropout=GPT_DROPOUT, hidden_dropout=GPT_DROPOUT)
 
 
 def _korthikanti():

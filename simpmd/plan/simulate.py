@@ -50,7 +50,8 @@ HBM_CAPACITY = {
     "T4": 16e9,           # NVIDIA T4 datasheet: 16 GB GDDR6
 }
 LARGEST_V5P = (16, 16, 24)   # cloud.google.com/tpu/docs/v5p: the largest slice, 6,144 chips
-PATHS = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8"}
+# The path of the products of weights; in FP8 the program's casts say which run in FP8.
+PATHS = {"bf16": "bf16", "fp16": "fp16", "fp8": None}
 FRAMEWORKS = ("xla", "megatron")
 
 
@@ -141,7 +142,7 @@ def machine(hw, chips: int, slices: int = 1):
     return hw.topology(shape) if slices == 1 else hw.cluster(slices, shape)
 
 
-def trace_step(model, layout, hw_name: str, flash=True):
+def trace_step(model, layout, hw_name: str, flash=True, framework="xla", precision="bf16"):
     """The step run on shapes over the layout's mesh: its per-device program."""
     platform = _devices._make_platform(layout.chips, hw_name, None)
     grid = np.empty(layout.chips, dtype=object)
@@ -151,8 +152,8 @@ def trace_step(model, layout, hw_name: str, flash=True):
     saved = _devices._platform
     try:
         _devices._platform = platform
-        run = shard_map(St.train_step(model, layout, flash), mesh=mesh, in_specs=ins,
-                        out_specs=outs)
+        step = St.train_step(model, layout, flash, framework, precision)
+        run = shard_map(step, mesh=mesh, in_specs=ins, out_specs=outs)
         run(*St.arguments(model, layout, ShapeDtypeStruct))
     finally:
         _devices._platform = saved
@@ -180,21 +181,21 @@ class Reuse:
             self.machines[key] = machine(hw, chips, slices)
         return self.machines[key]
 
-    def program(self, model, layout, hw_name, flash):
-        key = (model, layout, hw_name, flash)
+    def program(self, model, layout, hw_name, flash, framework, precision):
+        key = (model, layout, hw_name, flash, framework, precision)
         if key not in self.programs:
-            self.programs[key] = trace_step(model, layout, hw_name, flash)
+            self.programs[key] = trace_step(*key)
         return self.programs[key]
 
-    def peak(self, model, layout, hw_name, flash, framework):
-        key = (model, in_flight(layout), hw_name, flash)
-        if key + (framework,) not in self.peaks:
+    def peak(self, model, layout, hw_name, flash, framework, precision):
+        key = (model, in_flight(layout), hw_name, flash, framework, precision)
+        if key not in self.peaks:
             program = self.program(*key)
             megatron = framework == "megatron"
-            self.peaks[key + (framework,)] = peak_memory(
+            self.peaks[key] = peak_memory(
                 program, fused=True, donate=True, accumulation_fusion=megatron,
                 walker=Walker(program, layout.shape, whole_recompute=megatron)).peak
-        return self.peaks[key + (framework,)]
+        return self.peaks[key]
 
 
 def sweep(model, layouts, hardware="H100", precision: str = "bf16", **options) -> list:
@@ -216,10 +217,12 @@ def estimate(model, layout: Layout, hardware="H100", chips: int | None = None,
              framework: str = "xla", check_memory: bool = True, memory: bool = True,
              reuse: Reuse | None = None) -> Estimate:
     """Simulate one training step of ``model`` laid out as ``layout`` on ``chips`` chips of
-    ``hardware``, its matrix products in ``precision`` ("bf16", "fp16" or "fp8": weights,
-    gradients and Adam's moments are kept as mixed precision keeps them, float32 masters
-    and moments). ``slices``: TPU slices joined by DCN. ``flash``: attention as one fused
-    kernel (False: the scores kept, as before fused kernels). ``framework``: what runs the
+    ``hardware``, its matrix products in ``precision`` ("bf16", "fp16" or "fp8": the
+    layers' linear products in FP8 as Transformer Engine runs them, :mod:`.fp8`, attention
+    and the head in bf16; weights, gradients and Adam's moments are kept as mixed
+    precision keeps them, float32 masters and moments). ``slices``: TPU slices joined by
+    DCN. ``flash``: attention as one fused kernel (False: the scores kept, as before fused
+    kernels). ``framework``: what runs the
     step, ``"xla"`` (JAX: a checkpoint recomputes what the backward pass reads; the
     gradients of a loop over micro-batches or pipeline ticks are added to their
     accumulators when it ends) or ``"megatron"`` (Megatron-LM on PyTorch: full
@@ -238,17 +241,18 @@ def estimate(model, layout: Layout, hardware="H100", chips: int | None = None,
         raise LayoutError(f"{hw.name} has no FP8 matrix units; use precision='bf16'")
     reuse = reuse or Reuse()
     ticks = layout.microbatches * layout.vp + layout.pp - 1      # step.py's pipeline loop
-    program, megatron = reuse.program(model, layout, hw.name, flash), framework == "megatron"
+    program = reuse.program(model, layout, hw.name, flash, framework, precision)
+    megatron = framework == "megatron"
     p = predict(program, hw, topology=reuse.machine(hw, layout.chips, slices),
                 walker=Walker(program, layout.shape, whole_recompute=megatron),
                 precision=PATHS[precision], pipeline=(ticks, layout.pp - 1),
                 accumulation_fusion=megatron,
                 collective_times=reuse.collectives.setdefault((hw.name, layout.chips, slices),
                                                               {}))
-    memory = reuse.peak(model, layout, hw.name, flash, framework) if memory else 0
+    memory = reuse.peak(model, layout, hw.name, flash, framework, precision) if memory else 0
     capacity = HBM_CAPACITY.get(hw.name, float("inf"))
     result = Estimate(model, layout, hw.name, precision, p.time_s, dict(p.terms), memory,
-                      capacity, hw.matmul_peak(PATHS[precision]), tuple(p.collectives),
+                      capacity, hw.matmul_peak(precision), tuple(p.collectives),
                       p.communication_s, p.flops)
     if check_memory and not result.fits:
         raise LayoutError(

@@ -30,6 +30,7 @@ import numpy as np
 from .. import lax
 from .. import numpy as snp
 from ..machine.mesh import PartitionSpec as P
+from . import fp8
 from . import layers as L
 from .layout import AXES
 
@@ -116,12 +117,14 @@ def _stage_ticks(s, lay, stacked, x0):
     return loop
 
 
-def loss(s, lay, params, tokens, targets):
+def loss(s, lay, params, tokens, targets, copies=None):
     """This device's share of the step's mean loss: embeddings, the pipeline, the head's
-    loss for each micro-batch (a ``scan``), on the last stage."""
+    loss for each micro-batch (a ``scan``), on the last stage. ``copies``: the layers'
+    weights' FP8 copies (:func:`fp8_weights`)."""
     x0 = lax.scan(lambda c, tok: (c, L.embed(s, params["embed"], tok)), None, tokens)[1]
     x0 = L.vary(x0, s.activation_axes())
     stacked = {k: w[0] for k, w in params.items() if k in LAYER_SPLIT}
+    stacked.update(copies or {})
     ys = _stage_ticks(s, lay, stacked, x0)
     head = {k: params[k] for k in ("final_norm", "head", "embed") if k in params}
     summed = tuple(a for a in AXES if not (a == "tp" and s.size("tp") > 1))
@@ -130,6 +133,21 @@ def loss(s, lay, params, tokens, targets):
     if lay.pp > 1:
         total = lax.psum(snp.where(lax.axis_index("pp") == lay.pp - 1, total, 0.0), "pp")
     return total / (lay.global_batch * s.model.seq)
+
+
+def fp8_weights(s, params) -> dict:
+    """In FP8 without FSDP, the FP8 copies of the stage's layers' weights and their
+    transposes, cast once per step (Transformer Engine casts a weight on the step's first
+    micro-batch and keeps the copies), outside the gradient: a product reading a copy hands
+    its cotangent to the weight itself. With FSDP each layer casts what it gathers."""
+    if not s.fp8 or s.size("fsdp") > 1:
+        return {}
+    out = {}
+    for k, w in params.items():
+        if k in LAYER_SPLIT and not k.endswith("norm"):
+            out[k + L.FP8], out[k + L.FP8T], _ = fp8.cast(w[0], transpose=True,
+                                                          own_kernel=s.eager)
+    return out
 
 
 # -- gradients and the optimizer ----------------------------------------------------------
@@ -160,13 +178,16 @@ def _adam(master, mu, nu, g, lr=1e-4, b1=0.9, b2=0.95, eps=1e-8):
     return master - lr * mu / (snp.sqrt(nu) + eps), mu, nu
 
 
-def train_step(model, layout, flash=True):
+def train_step(model, layout, flash=True, framework="xla", precision="bf16"):
     """``step(params, opt, tokens, targets) -> (params, opt, loss)``: one device's training
     step, to be ``shard_map`` ped with :func:`specs`. With the distributed optimizer each
     data-parallel rank holds a slice of the weights too, as Megatron's does between steps,
-    and gathers them over ``dp`` as the step begins."""
+    and gathers them over ``dp`` as the step begins. ``framework``: what runs it
+    (``plan.estimate``'s: the kernels PyTorch runs on their own); ``precision="fp8"``: the
+    layers' products in FP8, cast as Transformer Engine casts (:mod:`simpmd.plan.fp8`)."""
     from ..api.grad import value_and_grad
-    s = L.Shard(model, layout.shape, layout.recompute, layout.sequence_parallel, flash)
+    s = L.Shard(model, layout.shape, layout.recompute, layout.sequence_parallel, flash,
+                framework, precision == "fp8")
     whole = {k: _split(k, False, layout) for k in param_shapes(model, layout)}
 
     def step(params, opt, tokens, targets):
@@ -174,7 +195,9 @@ def train_step(model, layout, flash=True):
             params = {k: lax.all_gather(w, "dp", axis=_fsdp_dim(whole[k], w.ndim), tiled=True)
                       if "dp" in _replicated(whole[k], layout) else w for k, w in params.items()}
         varying = {k: L.vary(w, _replicated(whole[k], layout, 1)) for k, w in params.items()}
-        value, grads = value_and_grad(lambda p: loss(s, layout, p, tokens, targets))(varying)
+        copies = fp8_weights(s, varying)
+        value, grads = value_and_grad(lambda p: loss(s, layout, p, tokens, targets, copies))(
+            varying)
         new, state = {}, {"master": {}, "mu": {}, "nu": {}}
         for k in sorted(params):
             g = _reduce(grads[k], whole[k], layout)
@@ -191,14 +214,15 @@ def _fsdp_dim(spec, ndim) -> int:
     return dims.index("fsdp") if "fsdp" in dims else ndim - 1
 
 
-def layer_step(model, layout, flash=True):
+def layer_step(model, layout, flash=True, framework="xla"):
     """``step(weights, x) -> (gradients, dx, y)`` for one device: one decoder layer, under
     its checkpoint, forward and backward on activations ``x`` (its loss the sum of its
     output ``y``, which is returned too, as the next layer would read it), without the
     loop around it: what the step's scan repeats, written out so that a roofline that
     counts a loop's body once (``jax.experimental.roofline``) counts what simpmd counts."""
     from ..api.grad import grad
-    s = L.Shard(model, layout.shape, layout.recompute, layout.sequence_parallel, flash)
+    s = L.Shard(model, layout.shape, layout.recompute, layout.sequence_parallel, flash,
+                framework)
     one = {k: P(*_split(k, False, layout)[3:]) for k in LAYER_SPLIT}   # one layer's split
     run = L.checkpointed_layer(s)
 
