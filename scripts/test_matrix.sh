@@ -5,6 +5,7 @@
 # Each leg gets its own venv (.venv-jax<version>) made with its own interpreter:
 #   jax 0.7.2     on Python 3.13  what Colab preinstalls (the oldest JAX supported)
 #   jax 0.10.2    on Python 3.11  what `pip install jax` gives on Python 3.11
+#   jax 0.11.2    on Python 3.12  what a GPU runtime shaped like Colab's had (the lent GPU)
 #   jax 0.12.0.1  on Python 3.12  the newest (`pip install jax` on Python >= 3.12)
 #   no jax        on Python 3.10  the engine alone (jaxlib stops at 0.6 on Python 3.10)
 # Interpreters are looked up as pythonX.Y on PATH, then under pyenv
@@ -15,7 +16,7 @@
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-legs=${SIMPMD_MATRIX:-"3.13:0.7.2 3.11:0.10.2 3.12:0.12.0.1 3.10:none"}
+legs=${SIMPMD_MATRIX:-"3.13:0.7.2 3.11:0.10.2 3.12:0.11.2 3.12:0.12.0.1 3.10:none"}
 
 find_python() {
     local version=$1 candidate
