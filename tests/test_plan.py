@@ -301,6 +301,33 @@ def test_fused_attention_dropout_keeps_no_mask_and_pays_the_generator():
         extra / hw.vector_flops, rel=1e-6)
 
 
+@needs_bf16
+def test_fused_attention_runs_at_the_measured_attention_rate():
+    """H100: cuDNN's fused attention (what Transformer Engine runs on Hopper) measured by
+    Shah et al. 2024 (FlashAttention-3, arXiv:2407.08608) at head dim 128 and 4k tokens:
+    518 TFLOP/s forward with the causal mask (Figure 5d), 499 backward (Figure 6b), of the
+    989 dense. The forward kernel of a causal 4,096-token attention does 2 products over
+    the 33 of 64 block rows' share (32 blocks of 128), the backward 5; each kernel's compute
+    time is its FLOPs over that fraction of simpmd's peak. A100 (no source read): a large
+    matmul's 86.9% of 312 TFLOP/s for both."""
+    from simpmd.cost.predict import predict
+    t, heads, width = 4096, 8, 128
+    q, k = S_((1, t, heads, width), "bfloat16"), S_((1, t, 2, width), "bfloat16")
+    loss = lambda q, k, v: A.flash_attention(q, k, v).astype(snp.float32).sum()
+    program = simpmd.make_jaxpr(simpmd.grad(loss, argnums=(0, 1, 2)))(q, k, k)
+    causal_flops = 2 * heads * t * t * width * 33 / 64
+    rates = {"H100": (990e12 * 518 / 989, 990e12 * 499 / 989),
+             "A100": (312e12 * 0.869, 312e12 * 0.869)}
+    for chip, (forward, backward) in rates.items():
+        kernels = {r.name: r for r in predict(program, chip).kernels if "flash" in r.name}
+        fwd = next(r for n, r in kernels.items() if "bwd" not in n)
+        bwd = next(r for n, r in kernels.items() if "bwd" in n)
+        assert fwd.flops == pytest.approx(2 * causal_flops, rel=1e-6)
+        assert bwd.flops == pytest.approx(5 * causal_flops, rel=1e-6)
+        assert fwd.compute_s == pytest.approx(2 * causal_flops / forward, rel=1e-6), chip
+        assert bwd.compute_s == pytest.approx(5 * causal_flops / backward, rel=1e-6), chip
+
+
 def test_megatrons_selective_recomputation_keeps_the_residual_masks():
     """Korthikanti et al.'s selective recomputation recomputes the attention's core (its
     dropout mask drawn again) and keeps the rest, the residual dropouts' masks included:

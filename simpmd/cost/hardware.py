@@ -151,6 +151,9 @@ class Hardware:
     # sustain, and the time floors of a kernel and of a call from Python.
     matmul_peaks: tuple = ()
     matmul_efficiency: tuple = ()  # (path, fraction); a path not listed uses "bf16"'s
+    # (pass, fraction of the bf16 peak) a fused attention kernel sustains, "forward" and
+    # "backward", measured on 16-bit operands; a pass not listed runs as a large matmul
+    attention_efficiency: tuple = ()
     memory_efficiency: float | None = None
     kernel_launch_s: float = 0.0
     dispatch_s: float = 0.0
@@ -203,6 +206,16 @@ class Hardware:
         fractions = dict(self.matmul_efficiency)
         base = path.split("x")[0]
         return self.matmul_peak(path) * fractions.get(base, fractions.get("bf16", 1.0))
+
+    def sustained_attention_flops(self, attention_pass, path: str) -> float:
+        """The FLOP/s a fused attention kernel's ``attention_pass`` (``'forward'``,
+        ``'backward'``, or None for any other product) sustains on ``path``: the preset's
+        measured fraction of the 16-bit peak where it has one for that pass and ``path`` is
+        bf16 or fp16 (what was measured), else a large matmul's rate."""
+        fraction = dict(self.attention_efficiency).get(attention_pass)
+        if fraction is None or path not in ("bf16", "fp16"):
+            return self.sustained_matmul_flops(path)
+        return self.matmul_peak(path) * fraction
 
     @property
     def sustained_hbm_bandwidth(self) -> float:
@@ -297,6 +310,9 @@ class Hardware:
         for path, flops in self.matmul_peaks:
             lines.append(f"  matmul {path:5s}     {flops / 1e12:g} TFLOP/s peak, sustained "
                          f"{self.sustained_matmul_flops(path) / 1e12:.4g}")
+        for attention_pass, fraction in self.attention_efficiency:
+            lines.append(f"  fused attention  {attention_pass}, sustained "
+                         f"{self.matmul_peak('bf16') * fraction / 1e12:.4g} TFLOP/s (bf16)")
         if self.memory_efficiency:
             lines.append(f"  HBM sustained    {self.sustained_hbm_bandwidth / 1e12:.4g} TB/s")
         return "\n".join(lines + ["  sources:"] + [f"    - {c}" for c in self.citations])
@@ -454,6 +470,19 @@ _MAMF_V5E = ("JAX docs, Pallas TPU 'Matrix Multiplication' guide (docs/pallas/tp
              "a TPU v5e reaches 92.3% of the 197 TFLOP/s peak; the other TPUs take v5e's fraction "
              "(no published figure found); 1024^3 timed from Python takes 119 us where the math "
              "is 11 us: about 108 us to dispatch a call and wait for it")
+_ATTENTION_H100 = (
+    "Fused attention (simpmd.plan's flash_attention and its backward): cuDNN's, the kernel "
+    "Transformer Engine runs on Hopper (from v1.5, DotProductAttention disables "
+    "flash-attn on compute capability 9.0 when cuDNN's F16_arbitrary_seqlen backend "
+    "applies, 'for performance'). Shah et al. 2024, 'FlashAttention-3' (arXiv:2407.08608), "
+    "H100 80GB SXM5, BF16/FP16, head dim 128, 16k tokens a batch, FLOPs counted as "
+    "4 x seqlen^2 x head dim x heads forward (halved with the causal mask), 2.5 times that "
+    "backward: Figure 5(d), forward with the causal mask (also Dao-AILab/flash-attention's "
+    "assets/flash3_fp16_fwd.png), cuDNN 484 / 518 / 529 TFLOP/s at "
+    "sequence 2k / 4k / 8k; Figure 6(b), backward without a causal mask (the paper gives no "
+    "causal backward), cuDNN 465 / 499 / 518. simpmd takes the 4k column, the NeMo runs' "
+    "queries per GPU: 518 and 499 of 989 dense (52.4% forward, 50.5% backward); the "
+    "other presets time attention as a large matmul (no source read for them)")
 _HBM_H100 = ("HBM sustained: NVBench device-to-device copy on an 8 x H100 80GB HBM3 node, 2,903 "
              "GB/s of 3,350 (86.7%), its best at a 13 MB transfer (Voltage Park and Georgia Tech, "
              "github.com/ZiyanIshani/vpbenchmarking, results/stream_nvbench/"
@@ -521,9 +550,10 @@ _MACHINE = {
                   (_PRECISION, _PATHS_A100, _MAMF, _HBM_H100, _LAUNCH_GPU, _DISPATCH_GPU,
                    _IB_HDR, _NET_STEP)),
     "H100": (dict(matmul_peaks=_HOPPER, matmul_efficiency=(("bf16", 0.803), ("fp8", 0.709)),
+                  attention_efficiency=(("forward", 518 / 989), ("backward", 499 / 989)),
                   scale_out_bandwidth=5e10, scale_out_latency=6.6e-6, **_GPU_FLOORS),
-             (_PRECISION, _PATHS_H100, _MAMF, _HBM_H100, _LAUNCH_GPU, _DISPATCH_GPU, _IB_NDR,
-              _NET_STEP)),
+             (_PRECISION, _PATHS_H100, _MAMF, _ATTENTION_H100, _HBM_H100, _LAUNCH_GPU,
+              _DISPATCH_GPU, _IB_NDR, _NET_STEP)),
     "H200": (dict(matmul_peaks=_HOPPER, matmul_efficiency=(("bf16", 0.803), ("fp8", 0.734)),
                   scale_out_bandwidth=5e10, scale_out_latency=6.6e-6, **_GPU_FLOORS),
              (_PRECISION, _PATHS_H100, _MAMF, _HBM_H100, _LAUNCH_GPU, _DISPATCH_GPU, _IB_NDR,

@@ -307,8 +307,9 @@ class _Predictor:
 
     def _timed(self, kernel, body) -> KernelTime:
         """The kernel's parts and duration (from 0): its products at the sustained rate of
-        their path, other arithmetic on the vector units (what it computes again of other
-        kernels included), its bytes at the sustained HBM bandwidth, at least a launch."""
+        their path (a fused attention kernel's at its own, where the preset has one), other
+        arithmetic on the vector units (what it computes again of other kernels included),
+        its bytes at the sustained HBM bandwidth, at least a launch."""
         if id(kernel) in self.times:
             return self.times[id(kernel)]
         hw, compute, flops, path, again = self.hw, 0.0, 0.0, "", False
@@ -318,7 +319,8 @@ class _Predictor:
             if column(_row(e.eqn), "matmul"):
                 p, v = self._path(e, body), self._vector_flops(e)
                 path = path or p
-                compute += (f - v) / hw.sustained_matmul_flops(p) + v / hw.vector_flops
+                rate = hw.sustained_attention_flops(column(_row(e.eqn), "attention_pass"), p)
+                compute += (f - v) / rate + v / hw.vector_flops
                 again = again or body.phase.get(id(e)) == "recompute"
             else:
                 compute += f / hw.vector_flops

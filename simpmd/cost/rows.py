@@ -16,7 +16,10 @@ rule beside its primitive (``register_roofline(prim)``). The columns:
 * ``same_buffer``: its result is its operand under a new type or name (``pvary``,
   ``checkpoint_name``): no new bytes, on hardware as in simpmd's memory walk;
 * ``vector_flops(ins, outs, **params)``: of a matmul row's FLOPs, those its kernel runs on
-  the vector units rather than the matrix units (a fused attention kernel's dropout).
+  the vector units rather than the matrix units (a fused attention kernel's dropout);
+* ``attention_pass``: ``'forward'`` or ``'backward'`` for a fused attention kernel, which a
+  preset that has measured such kernels times at their rate, not large GEMMs'
+  (:meth:`simpmd.cost.hardware.Hardware.sustained_attention_flops`).
 
 A row without a column has none of these: no JAX name but its own, not a matmul, no
 collective family, no ICI bytes (read with :func:`column`).
@@ -33,7 +36,8 @@ from ..core import primitives as P
 from ..core.core import PRIMITIVES
 
 DEFAULTS = {"jax_names": (), "lax_names": (), "matmul": False, "collective_family": None,
-            "ici_rule": None, "same_buffer": False, "vector_flops": None}
+            "ici_rule": None, "same_buffer": False, "vector_flops": None,
+            "attention_pass": None}
 
 
 def column(row, name):

@@ -189,6 +189,11 @@ flash_attention_bwd = Primitive(
 # matrix units at the path their operands' types choose (bf16 for bf16 q, k, v).
 flash_attention_p.matmul = flash_attention_bwd.matmul = True
 flash_attention_p.vector_flops = flash_attention_bwd.vector_flops = _vector_ops
+# A fused attention kernel sustains less of the matrix units than a large GEMM, its backward
+# pass less than its forward: a preset with published measurements times each pass at them
+# (``Hardware.attention_efficiency``).
+flash_attention_p.attention_pass = "forward"
+flash_attention_bwd.attention_pass = "backward"
 
 
 def flash_attention(q, k, v, causal=True, q_offset=None, dropout=0.0, seed=0):
