@@ -33,6 +33,20 @@ def test_committed_executed(path):
     assert counts == sorted(counts), f"{path.name}: cells were run out of order"
 
 
+# What runs a lesson's program on real JAX: simpmd.crosscheck (logged for course.sh), the
+# multi-process cross-check, or a JAX transformation the lesson calls and compares itself.
+RUNS_ON_JAX = re.compile(r"crosscheck\(|crosscheck_processes\(|on_jax\(|jax_roofline\.|"
+                         r"\bjax\.(shard_map|pmap|jit|eval_shape|grad|value_and_grad|vmap)\(")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_lesson_runs_its_programs_on_real_jax_too(path):
+    """Every lesson cross-checks against real JAX (course.sh counts the simpmd.crosscheck
+    calls; a lesson with none compares in cells of its own, found here)."""
+    code = "\n".join("".join(c["source"]) for c in code_cells(path))
+    assert RUNS_ON_JAX.search(code), f"{path.name}: no program of this lesson runs on real JAX"
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_starts_with_the_shared_setup_cell(path):
     first = "".join(code_cells(path)[0]["source"])

@@ -849,18 +849,22 @@ def _collectives_note(sim, xla, mesh) -> str:
     return line
 
 
-def _logged(report: CrossCheckReport) -> CrossCheckReport:
-    """Append the report's headline to $SIMPMD_CROSSCHECK_LOG, when set.
+def log_verdict(ok: bool, headline: str, explained: str = "") -> None:
+    """Append one cross-check's verdict to $SIMPMD_CROSSCHECK_LOG, when set.
 
     ``course.sh`` sets it while it runs the notebooks, and prints every cross-check of
-    the course at the end.
+    the course at the end (``crosscheck`` and ``crosscheck_processes`` both write here).
     """
     path = os.environ.get("SIMPMD_CROSSCHECK_LOG")
     if path:
         with open(path, "a", encoding="utf-8") as log:
-            verdict = "ok       " if report.ok else ("EXPLAINED" if report.explained else "NOT OK   ")
-            reason = f" ({report.explained})" if report.explained else ""
-            log.write(f"{verdict} {report.headline()}{reason}\n")
+            verdict = "ok       " if ok else ("EXPLAINED" if explained else "NOT OK   ")
+            reason = f" ({explained})" if explained else ""
+            log.write(f"{verdict} {headline}{reason}\n")
+
+
+def _logged(report: CrossCheckReport) -> CrossCheckReport:
+    log_verdict(report.ok, report.headline(), report.explained)
     return report
 
 

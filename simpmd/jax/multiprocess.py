@@ -461,6 +461,9 @@ def compare_outcomes(sim_row, real_row, hung_text=None) -> tuple:
     return ("both raised" if all("error" in o for o in sim_row) else "match"), []
 
 
+AGREE = ("match", "both raised", "both hang")      # the verdicts of a program that agrees
+
+
 class ProcessCheckReport:
     """Per program: what simpmd's and JAX's processes did, and whether every process's
     view agrees. ``print`` shows a table (no timings: ``seconds`` has the launch's)."""
@@ -478,7 +481,7 @@ class ProcessCheckReport:
 
     @property
     def ok(self) -> bool:
-        return all(r[3] in ("match", "both raised", "both hang") for r in self.rows)
+        return all(r[3] in AGREE for r in self.rows)
 
     def assert_match(self):
         if not self.ok:
@@ -528,7 +531,12 @@ def crosscheck_processes(programs, num_processes: int = 4, local_device_count: i
     real = run_on_jax(programs, num_processes, local_device_count, port=port, timeout=timeout,
                       hang_timeout=hang_timeout)
     names = [getattr(p, "__name__", f"program {k}") for k, p in enumerate(programs)]
-    return ProcessCheckReport(names, sim, real, num_processes, local_device_count)
+    report = ProcessCheckReport(names, sim, real, num_processes, local_device_count)
+    from .crosscheck import log_verdict
+    for name, _, _, verdict, _ in report.rows:
+        log_verdict(verdict in AGREE, f"{name}: simpmd and {num_processes} JAX processes x "
+                                      f"{local_device_count} CPU devices, {verdict}")
+    return report
 
 
 if __name__ == "__main__":
