@@ -94,20 +94,27 @@ def test_the_core_imports_nothing_outside_itself():
     assert leaks == {}, f"core modules that import simpmd outside simpmd/core: {leaks}"
 
 
-def test_the_core_reads_top_down_without_import_circles():
-    graph = {m: _core_imports(m)[0] for m in CORE}
-    assert "core" in graph["run"]
-    circles = []
-    for start in CORE:                   # depth-first: a path that comes back to its start
+def _circles(graph: dict) -> list:
+    """Every import path of ``graph`` (module -> modules it imports) that comes back to its
+    start, found depth-first from each module, sorted."""
+    circles = set()
+    for start in graph:
         stack = [(start, [start])]
         while stack:
             node, path = stack.pop()
             for nxt in graph[node]:
                 if nxt == start:
-                    circles.append(" -> ".join(path + [start]))
+                    circles.add(" -> ".join(path + [start]))
                 elif nxt not in path:
                     stack.append((nxt, path + [nxt]))
-    assert not circles, "modules that import each other:\n" + "\n".join(sorted(set(circles))[:10])
+    return sorted(circles)
+
+
+def test_the_core_reads_top_down_without_import_circles():
+    graph = {m: _core_imports(m)[0] for m in CORE}
+    assert "core" in graph["run"]
+    circles = _circles(graph)
+    assert not circles, "modules that import each other:\n" + "\n".join(circles[:10])
 
 
 def test_the_bridges_register_themselves():
@@ -163,17 +170,8 @@ def test_the_package_reads_top_down_without_import_circles():
     graph = _package_imports()
     assert "simpmd.api.jit_run" in graph["simpmd.api.jit"]       # the walk sees imports,
     assert "simpmd.api.jit_run" in graph["simpmd.api.jaxpr"]     # inside functions too
-    circles = set()
-    for start in graph:
-        stack = [(start, [start])]
-        while stack:
-            node, path = stack.pop()
-            for nxt in graph[node]:
-                if nxt == start:
-                    circles.add(" -> ".join(path + [start]))
-                elif nxt not in path:
-                    stack.append((nxt, path + [nxt]))
-    assert not circles, "modules that import each other:\n" + "\n".join(sorted(circles)[:10])
+    circles = _circles(graph)
+    assert not circles, "modules that import each other:\n" + "\n".join(circles[:10])
 
 
 def test_the_core_fits_in_3000_lines():
