@@ -69,18 +69,14 @@ def _abstract(x, *, rate, seed, own_kernel=False, site="hidden"):
     return [Aval(x.shape, x.dtype, False, x.vma), Aval(x.shape, np.dtype(bool), False, x.vma)]
 
 
-def _size(aval) -> int:
-    return int(np.prod(aval.shape, dtype=np.int64))
-
-
 def _nbytes(*avals) -> int:
-    return sum(_size(a) * a.dtype.itemsize for a in avals)
+    return sum(a.nbytes for a in avals)
 
 
 def _cost(ins, outs, *, rate, seed, own_kernel=False, site="hidden"):
     """The generator's operations, a comparison and a multiply per element; reads the
     value, writes the dropped value and the mask."""
-    return int(TORCH_OPS_PER_ELEMENT * _size(ins[0])), _nbytes(ins[0], *outs)
+    return int(TORCH_OPS_PER_ELEMENT * ins[0].size), _nbytes(ins[0], *outs)
 
 
 def _vjp(cts, ins, outs, wants, *, rate, seed, own_kernel=False, site="hidden"):
@@ -100,7 +96,7 @@ def _grad_abstract(ct, mask, *, rate, own_kernel=False):
 
 
 def _grad_cost(ins, outs, *, rate, own_kernel=False):
-    return 2 * _size(ins[0]), _nbytes(*ins, *outs)
+    return 2 * ins[0].size, _nbytes(*ins, *outs)
 
 
 def _no_second_derivative(*args, **params):

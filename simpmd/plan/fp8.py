@@ -58,10 +58,6 @@ def _fp8(dtype):
     return np.dtype(getattr(ml_dtypes, dtype))
 
 
-def _size(aval) -> int:
-    return int(np.prod(aval.shape, dtype=np.int64))
-
-
 def _transposed(shape) -> tuple:
     """The transposed copy's shape: the last two axes swapped (TE transposes the 2-D
     ``[tokens, features]`` view of an activation, and each weight)."""
@@ -85,8 +81,7 @@ def _cast_abstract(x, *, dtype, transpose=False, own_kernel=False):
 def _cast_cost(ins, outs, *, dtype, transpose=False, own_kernel=False):
     """A scale and a running maximum per element; reads the value, writes its FP8 copies
     (a byte per element each) and the amax."""
-    n = _size(ins[0])
-    return 2 * n, ins[0].nbytes + sum(o.nbytes for o in outs)
+    return 2 * ins[0].size, ins[0].nbytes + sum(o.nbytes for o in outs)
 
 
 def _straight(cts, ins, outs, wants, **params):
@@ -161,10 +156,7 @@ def operand(x8, *kept, like=None, dtype=None):
 # -- the gradient's cast ---------------------------------------------------------------------
 
 def _identity(x, **params):
-    return x
-
-
-def _identity_abstract(x, **params):
+    """The value itself (on blocks and on types alike)."""
     return x
 
 
@@ -180,7 +172,7 @@ def _grad_vjp(ct, ins, outs, wants, *, stage, dtype, transpose, own_kernel):
     return [g8 if stage == "quant" else operand(g8, g8t, dtype=dtype)]
 
 
-fp8_grad_p = Primitive("fp8_grad", _identity, _identity_abstract, vjp=_grad_vjp,
+fp8_grad_p = Primitive("fp8_grad", _identity, _identity, vjp=_grad_vjp,
                        cost=lambda ins, outs, **params: (0, 0))
 fp8_grad_p.fusion = "view"
 
@@ -204,7 +196,7 @@ def _update_abstract(amax, *, history):
 def _update_cost(ins, outs, *, history):
     """TE's fused update: each tensor's history rolled and its maximum taken (read and
     written), its scale computed."""
-    n = _size(ins[0])
+    n = ins[0].size
     return 2 * n * history, 2 * 4 * n * history + 2 * ins[0].nbytes
 
 
@@ -246,7 +238,7 @@ def _region_vjp(ct, ins, outs, wants, *, count, axes):
     return [bind(fp8_after_p, ct, _reduced(snp.zeros((count,), AMAX), dict(axes)))]
 
 
-fp8_region_p = Primitive("fp8_region", _identity, _identity_abstract, vjp=_region_vjp,
+fp8_region_p = Primitive("fp8_region", _identity, _identity, vjp=_region_vjp,
                          cost=lambda ins, outs, **params: (0, 0))
 fp8_region_p.fusion = "view"
 
