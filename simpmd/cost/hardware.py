@@ -310,9 +310,10 @@ class Hardware:
         for path, flops in self.matmul_peaks:
             lines.append(f"  matmul {path:5s}     {flops / 1e12:g} TFLOP/s peak, sustained "
                          f"{self.sustained_matmul_flops(path) / 1e12:.4g}")
-        for attention_pass, fraction in self.attention_efficiency:
+        for attention_pass, _ in self.attention_efficiency:
             lines.append(f"  fused attention  {attention_pass}, sustained "
-                         f"{self.matmul_peak('bf16') * fraction / 1e12:.4g} TFLOP/s (bf16)")
+                         f"{self.sustained_attention_flops(attention_pass, 'bf16') / 1e12:.4g}"
+                         f" TFLOP/s (bf16)")
         if self.memory_efficiency:
             lines.append(f"  HBM sustained    {self.sustained_hbm_bandwidth / 1e12:.4g} TB/s")
         return "\n".join(lines + ["  sources:"] + [f"    - {c}" for c in self.citations])

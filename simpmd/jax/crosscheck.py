@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
+import functools
 import html
 import io
 import itertools
@@ -533,29 +534,25 @@ def _collective_axes_from_front(jax):
             setattr(lax, name, f)
 
 
-_negative_axes_fail = {}
-
-
+@functools.lru_cache(maxsize=None)
 def negative_axes_fail(jax) -> bool:
     """Whether this JAX fails to lower a collective given a negative axis (a
     ``scatter_dimension``, ``split_axis``/``concat_axis``, ``pswapaxes``' axis: fixed together
     in jax 0.11), found once per process by compiling a ``psum_scatter`` over the last
     dimension on one CPU device (the host's, beside any accelerator: the verifier is
     XLA's own, and a CPU compile cannot take an accelerator's process down)."""
-    if "answer" not in _negative_axes_fail:
-        from jax.sharding import Mesh, PartitionSpec as JP
-        shard_map, check = find_shard_map(jax)
-        mesh = Mesh(np.array(jax.devices("cpu")[:1]), ("i",))
-        scatter = shard_map(lambda x: jax.lax.psum_scatter(x, "i", scatter_dimension=-1,
-                                                           tiled=True),
-                            mesh=mesh, in_specs=JP(), out_specs=JP(),
-                            **{check or "check_vma": False})
-        try:
-            jax.jit(scatter).lower(np.ones((2, 2), np.float32)).compile()
-            _negative_axes_fail["answer"] = False
-        except Exception:                     # the verifier refuses the negative dimension
-            _negative_axes_fail["answer"] = True
-    return _negative_axes_fail["answer"]
+    from jax.sharding import Mesh, PartitionSpec as JP
+    shard_map, check = find_shard_map(jax)
+    mesh = Mesh(np.array(jax.devices("cpu")[:1]), ("i",))
+    scatter = shard_map(lambda x: jax.lax.psum_scatter(x, "i", scatter_dimension=-1,
+                                                       tiled=True),
+                        mesh=mesh, in_specs=JP(), out_specs=JP(),
+                        **{check or "check_vma": False})
+    try:
+        jax.jit(scatter).lower(np.ones((2, 2), np.float32)).compile()
+        return False
+    except Exception:                         # the verifier refuses the negative dimension
+        return True
 
 
 def _crash_reason(jax, found) -> str:
