@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up simpmd and run the whole course headless:  bash course.sh [--inplace]
 # Or set up and open lesson 1 in JupyterLab, running nothing:  bash course.sh --open
+# Or build the course as a website in site/, running nothing:  bash course.sh --site
 #
 # Needs Python 3.11 or newer (the lessons need a JAX that Python 3.10 cannot install;
 # PYTHON=/path/to/python3.x chooses the interpreter). In order, it
@@ -14,17 +15,22 @@
 #   4. regenerates the figures with `python -m simpmd.course.figures`, when that module exists.
 # Steps 2-4 are skipped, with a message, while the part they run does not exist yet.
 # Exits non-zero if any step failed; every notebook is run even when an earlier one fails.
+# With --site it does none of that: it installs the site extra (Sphinx, myst-nb; docs/conf.py
+# says how the site is made) and builds site/index.html (the README), one page per lesson
+# from the committed notebooks with their stored outputs (none is executed), and docs/.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 
 inplace=0
 open=0
+site=0
 for arg in "$@"; do
     case "$arg" in
         --inplace) inplace=1 ;;
         --open) open=1 ;;
+        --site) site=1 ;;
         -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
-        *) echo "course.sh: unknown argument '$arg' (usage: bash course.sh [--inplace | --open])" >&2; exit 2 ;;
+        *) echo "course.sh: unknown argument '$arg' (usage: bash course.sh [--inplace | --open | --site])" >&2; exit 2 ;;
     esac
 done
 
@@ -41,6 +47,17 @@ fi
 # shellcheck source=scripts/ensure_venv.sh
 source scripts/ensure_venv.sh
 # --- end of venv set-up ---
+
+if ((site)); then
+    ensure_venv site
+    # -W --keep-going: a broken link or reference fails the build, after every page is listed;
+    # -E reads every page again (an unchanged page would not repeat its warnings). Sphinx's
+    # doctrees stay out of the site, in build/.
+    start=$SECONDS
+    "$VENV/bin/python" -m sphinx -b html -c docs -d build/site-doctrees -E -W --keep-going -q . site
+    echo "course.sh: built the course's website in $((SECONDS - start)) s: open site/index.html"
+    exit 0
+fi
 
 ensure_venv course test
 py=$VENV/bin/python

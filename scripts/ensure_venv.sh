@@ -65,7 +65,9 @@ PY
                 "$py" -m pip install --quiet --disable-pip-version-check "${requirements[@]}"
             fi
         else
-            echo "Installing simpmd$spec${pin:+ with jax $pin} into $VENV (the first time downloads JAX, about 600 MB)"
+            local note=" (the first time downloads JAX, about 600 MB)"
+            [[ "$*" == site ]] && note=""       # the site extra alone has no JAX
+            echo "Installing simpmd$spec${pin:+ with jax $pin} into $VENV$note"
             "$py" -m pip install --quiet --disable-pip-version-check --editable "$spec" "${pins[@]}"
         fi
         for extra in "$@"; do echo "$hash" > "$VENV/.simpmd-$extra.stamp"; done
