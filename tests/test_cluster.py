@@ -121,6 +121,11 @@ def test_groups_of_one_mesh_keep_their_own_rails():
     half = C.Cluster(node, 4, scale_out_bandwidth=4 * 50e9 / 8, scale_out_latency=14e-6)
     shared = C.estimate("all_gather", n, devices=[0, 8, 16, 24], topology=half)
     assert shared.busbw == pytest.approx(25e9, rel=0.01)
+    # the same node from a preset: A100s with 4 x 100 Gb/s adapters for 8 GPUs
+    p4 = C.hardware_preset("A100").cluster(4, adapters=4, adapter_bandwidth=12.5e9)
+    assert p4.scale_out_bandwidth == 6.25e9
+    whole = C.estimate("all_gather", n // 32, devices=range(32), topology=p4)
+    assert whole.busbw == pytest.approx(8 * 6.25e9 * 0.94, rel=0.02)
 
 
 def test_a_group_inside_one_node_is_unchanged():

@@ -264,10 +264,14 @@ class Hardware:
         return Torus(dims, self.wraparound_for(dims), link_bandwidth=self.link_bandwidth,
                      hop_latency=self.hop_latency, name=self.name)
 
-    def cluster(self, nodes: int, node=None):
+    def cluster(self, nodes: int, node=None, adapters: int | None = None,
+                adapter_bandwidth: float | None = None):
         """``nodes`` GPU nodes (or TPU slices) of this hardware on its network between
         nodes: a :class:`~simpmd.cost.cluster.Cluster`. ``node`` is one node's device
-        count or shape (default: a full node of ``node_size``, or a full TPU pod)."""
+        count or shape (default: a full node of ``node_size``, or a full TPU pod).
+        ``adapters`` and ``adapter_bandwidth`` (bytes/s each way) describe a node other than
+        the preset's DGX-style rails, e.g. 4 x 100 Gb/s for 8 GPUs: each device then gets
+        adapters x adapter_bandwidth / devices of the node."""
         if self.scale_out_bandwidth is None:
             raise ValueError(
                 f"{self.name}: no network between nodes is modelled for this preset (a "
@@ -277,7 +281,13 @@ class Hardware:
         size = node if node is not None else (self.node_size or self.pod_size)
         inner = self.topology(size)
         network = "InfiniBand" if self.torus_rank is None else "DCN"
-        return Cluster(inner, nodes, scale_out_bandwidth=self.scale_out_bandwidth,
+        share = self.scale_out_bandwidth
+        if adapters is not None or adapter_bandwidth is not None:
+            if adapters is None or adapter_bandwidth is None:
+                raise ValueError("give both adapters= (per node) and adapter_bandwidth= "
+                                 "(bytes/s each way, per adapter)")
+            share = adapters * adapter_bandwidth / inner.size
+        return Cluster(inner, nodes, scale_out_bandwidth=share,
                        scale_out_latency=self.scale_out_latency, name=self.name,
                        network=network, scale_out_efficiency=self.scale_out_efficiency,
                        nvlink_sharp=self.nvlink_sharp,
