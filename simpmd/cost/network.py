@@ -1195,8 +1195,10 @@ def _chain(collective, nbytes, p, algorithm, phases, words) -> Estimate:
 
 
 def hierarchical(collective, nbytes, group, pairs, devices):
-    """Inside each node, then across nodes, then inside again (XLA's multislice scheme,
-    NCCL's tree-like algorithms): see the module's docstring."""
+    """Inside each node, then across nodes (each device with its peers of the same local
+    rank, on its own share of the network), then inside again: XLA's multislice scheme over
+    DCN, and on GPU nodes the all-to-all (NCCL's PXN regroups by destination rank) and a
+    form named by ``algorithm="hierarchical"`` only (see the section's comment)."""
     cluster, by_node, g, m = group
     p = g * m
     if collective == "all_reduce":
