@@ -2,9 +2,13 @@
 
 Inside a node devices talk over a fast fabric (NVLink and NVSwitch in a GPU node, ICI in a
 TPU slice); between nodes over a slower network, into which every device has its own share
-(:attr:`Cluster.scale_out_bandwidth`): a DGX H100 has one 400 Gb/s InfiniBand NIC per GPU,
-a TPU v5e host two 100 Gb/s NICs for its 8 chips. What a collective over devices in several
-nodes costs is :mod:`simpmd.cost.network`'s (its section "across nodes").
+(:attr:`Cluster.scale_out_bandwidth`): a DGX H100 has one 400 Gb/s InfiniBand adapter per
+GPU (a "rail"), a TPU v5e host two 100 Gb/s NICs for its 8 chips. The share is what a device
+gets when every device of its node sends across at once, as the groups of one SPMD program
+do: on rails each GPU keeps its own adapter, so groups of one mesh that cross nodes at the
+same time do not slow each other; a node with fewer adapters than devices (say 4 for 8)
+gives each device that fraction of one. What a collective over devices in several nodes
+costs is :mod:`simpmd.cost.network`'s (its section "across nodes").
 
 Device ids are node-major: device ``d`` sits in node ``d // node.size``.
 """
@@ -18,13 +22,21 @@ import numpy as np
 class Cluster:
     """``nodes`` copies of ``node`` (a :class:`FullyConnected` GPU node or a :class:`Torus`
     TPU slice) joined by a network into which every device sends ``scale_out_bandwidth``
-    bytes/s (one direction), each step across it costing ``scale_out_latency`` seconds."""
+    bytes/s (one direction, the adapter's line rate), each step across it costing
+    ``scale_out_latency`` seconds.
+
+    ``scale_out_efficiency`` is the fraction of that line rate NCCL's large transfers reach;
+    ``nvlink_sharp`` (None for none) the efficiency of the node's in-switch reduction (NVLS,
+    Hopper and later), which NCCL's NVLSTree all-reduce uses across nodes; ``call_latency``
+    the host's cost of submitting a collective's kernel, which nccl-tests' times include."""
 
     kind = "cluster"
     overlap = False
 
     def __init__(self, node, nodes: int, *, scale_out_bandwidth: float,
-                 scale_out_latency: float, name: str = "", network: str = "network"):
+                 scale_out_latency: float, name: str = "", network: str = "network",
+                 scale_out_efficiency: float = 1.0, nvlink_sharp: float | None = None,
+                 call_latency: float = 0.0):
         if int(nodes) < 1:
             raise ValueError(f"a cluster needs at least one node, got {nodes}")
         self.node = node
@@ -33,6 +45,9 @@ class Cluster:
         self.scale_out_latency = float(scale_out_latency)
         self.name = name or getattr(node, "name", "")
         self.network = network
+        self.scale_out_efficiency = float(scale_out_efficiency)
+        self.nvlink_sharp = nvlink_sharp
+        self.call_latency = float(call_latency)
 
     @property
     def size(self) -> int:
@@ -56,7 +71,8 @@ class Cluster:
 
     def __repr__(self):
         return (f"Cluster({self.nodes} nodes of {self.node!r}, {self.network} "
-                f"{self.scale_out_bandwidth / 1e9:g} GB/s per device per direction, "
+                f"{self.scale_out_bandwidth / 1e9:g} GB/s per device per direction "
+                f"({self.scale_out_efficiency:.0%} reached), "
                 f"{self.scale_out_latency * 1e6:g} us per step)")
 
 

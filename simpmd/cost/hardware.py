@@ -144,6 +144,8 @@ class Hardware:
     # see simpmd.cost.cluster; None: not modelled (a group must fit one node).
     scale_out_bandwidth: float | None = None   # bytes/s per device, one direction
     scale_out_latency: float = 0.0             # s per step across the network
+    scale_out_efficiency: float = 1.0          # fraction of the line rate NCCL's transfers reach
+    nvlink_sharp: float | None = None          # NVLS (in-switch reduction) efficiency; None: none
     pod_size: int | None = None    # TPU: the most chips one ICI slice holds
     # What the chip really does with a program (simpmd.cost.predict): (path, FLOP/s) of the
     # matrix units per operand precision ("bf16", "fp16", "tf32", "fp32", "fp8", "int8"),
@@ -262,10 +264,14 @@ class Hardware:
         return Torus(dims, self.wraparound_for(dims), link_bandwidth=self.link_bandwidth,
                      hop_latency=self.hop_latency, name=self.name)
 
-    def cluster(self, nodes: int, node=None):
+    def cluster(self, nodes: int, node=None, adapters: int | None = None,
+                adapter_bandwidth: float | None = None):
         """``nodes`` GPU nodes (or TPU slices) of this hardware on its network between
         nodes: a :class:`~simpmd.cost.cluster.Cluster`. ``node`` is one node's device
-        count or shape (default: a full node of ``node_size``, or a full TPU pod)."""
+        count or shape (default: a full node of ``node_size``, or a full TPU pod).
+        ``adapters`` and ``adapter_bandwidth`` (bytes/s each way) describe a node other than
+        the preset's DGX-style rails, e.g. 4 x 100 Gb/s for 8 GPUs: each device then gets
+        adapters x adapter_bandwidth / devices of the node."""
         if self.scale_out_bandwidth is None:
             raise ValueError(
                 f"{self.name}: no network between nodes is modelled for this preset (a "
@@ -275,9 +281,17 @@ class Hardware:
         size = node if node is not None else (self.node_size or self.pod_size)
         inner = self.topology(size)
         network = "InfiniBand" if self.torus_rank is None else "DCN"
-        return Cluster(inner, nodes, scale_out_bandwidth=self.scale_out_bandwidth,
+        share = self.scale_out_bandwidth
+        if adapters is not None or adapter_bandwidth is not None:
+            if adapters is None or adapter_bandwidth is None:
+                raise ValueError("give both adapters= (per node) and adapter_bandwidth= "
+                                 "(bytes/s each way, per adapter)")
+            share = adapters * adapter_bandwidth / inner.size
+        return Cluster(inner, nodes, scale_out_bandwidth=share,
                        scale_out_latency=self.scale_out_latency, name=self.name,
-                       network=network)
+                       network=network, scale_out_efficiency=self.scale_out_efficiency,
+                       nvlink_sharp=self.nvlink_sharp,
+                       call_latency=self.kernel_launch_s if self.torus_rank is None else 0.0)
 
     def wraparound_for(self, dims) -> tuple:
         """Which axes of a slice have wraparound links.
@@ -305,7 +319,8 @@ class Hardware:
         for op, fit in self.measured:
             lines.append(f"  measured {op:14s} {fit}")
         if self.scale_out_bandwidth:
-            lines.append(f"  between nodes    {self.scale_out_bandwidth / 1e9:g} GB/s per device, "
+            lines.append(f"  between nodes    {self.scale_out_bandwidth / 1e9:g} GB/s per device "
+                         f"({self.scale_out_efficiency:.0%} reached), "
                          f"{self.scale_out_latency * 1e6:g} us per step")
         for path, flops in self.matmul_peaks:
             lines.append(f"  matmul {path:5s}     {flops / 1e12:g} TFLOP/s peak, sustained "
@@ -497,14 +512,18 @@ _DISPATCH_GPU = ("Call floor: JAX's dispatch benchmarks (https://github.com/jax-
                  "calling a trivial jitted function and waiting for its result took 31.5 us "
                  "('jit_trivial'), the call alone 28.9 us")
 _IB_NDR = ("Between nodes: DGX H100, DGX H200 and DGX B200 datasheets, 8 single-port ConnectX-7 "
-           "400 Gb/s InfiniBand NICs per 8-GPU system, one per GPU: 50 GB/s per GPU each way "
-           "(NCCL's developers expect '46-48GB/s per NIC' of NDR in nccl-tests, "
-           "https://github.com/NVIDIA/nccl-tests/issues/290)")
+           "400 Gb/s InfiniBand NICs per 8-GPU system, one per GPU (rails): 50 GB/s per GPU each "
+           "way; NCCL reaches 94% of it: its developers expect '46-48GB/s per NIC' of NDR in "
+           "nccl-tests (https://github.com/NVIDIA/nccl-tests/issues/290), 47 of 50")
 _IB_HDR = ("Between nodes: DGX A100 datasheet, 8 single-port ConnectX-6 200 Gb/s HDR InfiniBand "
-           "NICs for the compute fabric, one per GPU: 25 GB/s per GPU each way")
-_NET_STEP = ("A step across InfiniBand: 6.6 us, NCCL's tuning model for a ring step over the "
-             "network with its Simple protocol (NVIDIA/nccl src/graph/tuning.cc, hwLat[NET], in "
-             "the version read)")
+           "NICs for the compute fabric, one per GPU: 25 GB/s per GPU each way; NDR's 94% "
+           "assumed reached (no published per-NIC figure for HDR found)")
+_NET_STEP = ("A step across InfiniBand: 14 us, NCCL's tuning model for a ring step over the "
+             "network with its Simple protocol (NVIDIA/nccl src/graph/tuning.cc at 5067397, "
+             "ncclTunerConstantsDefaults.hwLatencies[NET][Ring][Simple]); the model's other "
+             "constants are simpmd.cost.network.NCCL_TUNING's")
+_NVLS = ("NVLink SHARP (NVLS): NCCL's efficiency of the in-switch reduction, 0.85 on Hopper and "
+         "0.74 on Blackwell (NVIDIA/nccl src/graph/tuning.cc at 5067397, nvlsEfficiency)")
 _DCN = ("Between slices (DCN): Cloud TPU docs 'TPU v5e' (https://cloud.google.com/tpu/docs/v5e), "
         "2 x 100 Gbps NICs per host of 8 chips: 3.125 GB/s per chip each way; the Scaling Book "
         "(Part 2, 'TPU Specs') puts DCN at about 2.5e10 bytes/s per host, whose 'host size' is "
@@ -543,27 +562,32 @@ _MACHINE = {
                 (_PRECISION, _MAMF_V5E, _DCN, _POD, _PATHS_TPU)),
     "TPU v6e": (_tpu(1.84e15, 8, 256), (_PRECISION, _MAMF_V5E, _DCN, _POD, _PATHS_TPU)),
     "A100": (dict(matmul_peaks=_AMPERE, matmul_efficiency=(("bf16", 0.869),),
-                  scale_out_bandwidth=2.5e10, scale_out_latency=6.6e-6, **_GPU_FLOORS),
+                  scale_out_bandwidth=2.5e10, scale_out_latency=1.4e-5,
+                  scale_out_efficiency=0.94, **_GPU_FLOORS),
              (_PRECISION, _PATHS_A100, _MAMF, _HBM_H100, _LAUNCH_GPU, _DISPATCH_GPU, _IB_HDR,
               _NET_STEP)),
     "A100 40GB": (dict(matmul_peaks=_AMPERE, matmul_efficiency=(("bf16", 0.869),),
-                       scale_out_bandwidth=2.5e10, scale_out_latency=6.6e-6, **_GPU_FLOORS),
+                       scale_out_bandwidth=2.5e10, scale_out_latency=1.4e-5,
+                  scale_out_efficiency=0.94, **_GPU_FLOORS),
                   (_PRECISION, _PATHS_A100, _MAMF, _HBM_H100, _LAUNCH_GPU, _DISPATCH_GPU,
                    _IB_HDR, _NET_STEP)),
     "H100": (dict(matmul_peaks=_HOPPER, matmul_efficiency=(("bf16", 0.803), ("fp8", 0.709)),
                   attention_efficiency=(("forward", 518 / 989), ("backward", 499 / 989)),
-                  scale_out_bandwidth=5e10, scale_out_latency=6.6e-6, **_GPU_FLOORS),
+                  scale_out_bandwidth=5e10, scale_out_latency=1.4e-5, scale_out_efficiency=0.94,
+                  nvlink_sharp=0.85, **_GPU_FLOORS),
              (_PRECISION, _PATHS_H100, _MAMF, _ATTENTION_H100, _HBM_H100, _LAUNCH_GPU,
-              _DISPATCH_GPU, _IB_NDR, _NET_STEP)),
+              _DISPATCH_GPU, _IB_NDR, _NET_STEP, _NVLS)),
     "H200": (dict(matmul_peaks=_HOPPER, matmul_efficiency=(("bf16", 0.803), ("fp8", 0.734)),
-                  scale_out_bandwidth=5e10, scale_out_latency=6.6e-6, **_GPU_FLOORS),
+                  scale_out_bandwidth=5e10, scale_out_latency=1.4e-5, scale_out_efficiency=0.94,
+                  nvlink_sharp=0.85, **_GPU_FLOORS),
              (_PRECISION, _PATHS_H100, _MAMF, _HBM_H100, _LAUNCH_GPU, _DISPATCH_GPU, _IB_NDR,
-              _NET_STEP)),
+              _NET_STEP, _NVLS)),
     "B200": (dict(matmul_peaks=(("tf32", 1.1e15), ("fp8", 4.5e15), ("int8", 4.5e15)),
                   matmul_efficiency=(("bf16", 0.776), ("fp8", 0.763)),
-                  scale_out_bandwidth=5e10, scale_out_latency=6.6e-6, **_GPU_FLOORS),
+                  scale_out_bandwidth=5e10, scale_out_latency=1.4e-5, scale_out_efficiency=0.94,
+                  nvlink_sharp=0.74, **_GPU_FLOORS),
              (_PRECISION, _PATHS_B200, _MAMF, _HBM_H100, _LAUNCH_GPU, _DISPATCH_GPU, _IB_NDR,
-              _NET_STEP)),
+              _NET_STEP, _NVLS)),
     "L4": (dict(matmul_peaks=(("tf32", 6.0e13), ("fp8", 2.425e14), ("int8", 2.425e14)),
                 **_GPU_FLOORS),
            (_PRECISION, _HBM_H100, _LAUNCH_GPU, _DISPATCH_GPU,

@@ -982,18 +982,59 @@ def _estimate_group(topo, devices, collective, nbytes, pairs, label):
 
 
 # -- across nodes -----------------------------------------------------------------------
-# A collective whose group spans nodes (a Cluster's: simpmd/cost/cluster.py) is costed two
-# ways, and the faster is taken, as NCCL's tuner picks among its algorithms:
+# A collective whose group spans nodes (a Cluster's: simpmd/cost/cluster.py). On GPU nodes it
+# is costed as NCCL runs it, with the structure and constants of NCCL's own tuning model
+# (NVIDIA/nccl src/graph/tuning.cc, read at commit 5067397, June 2026), and the fastest
+# (algorithm, protocol) is taken, as NCCL's tuner does:
 #
-# * **hierarchical**, as NCCL's tree-like schemes and XLA's multislice collectives do it: a
-#   reduce-scatter inside each node, an all-reduce of the node's shard across nodes (each
-#   device with its peers of the same local rank, over its own NIC, all ranks at once), an
-#   all-gather inside each node; an all-gather or reduce-scatter keeps its half of that;
-#   an all-to-all regroups inside the node by destination rank, then exchanges across
-#   nodes (NCCL's PXN). Few latency steps across the slow network.
-# * **ring** (GPU nodes): NCCL's flat ring through every device, one ring per NIC in use,
-#   so each step is limited by the slower of a device's NVLink port and the node's NICs
-#   the group uses. Many steps, each paying the network's latency.
+# * **ring** (all-reduce, all-gather, reduce-scatter; NCCL has no tree for the last two): one
+#   ring per channel through all p = g x m devices (g of the group in each of m nodes). Every
+#   ring enters and leaves each node once, and the channels spread over the g adapters of the
+#   group's GPUs (DGX rails: one adapter per GPU), so the node's g adapters carry the group's
+#   traffic together while NVLink carries the hops inside: nccl-tests' bus bandwidth is
+#   min(NVLink's ring rate, g x adapter x the fraction NCCL reaches). Its latency is NCCL's:
+#   a base, plus a step per hop, the (m-1) hops across nodes (2(m-1) for an all-reduce) at the
+#   network's step latency and the others at NVLink's; an all-reduce across nodes pays its
+#   latency 1.4 times (the "plateau effect of ring" in ncclTopoGetAlgoTime).
+# * **tree** (all-reduce only): NCCL's double binary tree across nodes, a chain inside:
+#   latency 2((g-1) NVLink steps + floor(log2 m) network steps). Its bandwidth is 0.92 of the
+#   ring's on two nodes (tuning.cc: busBw * .92) and TREE_BANDWIDTH of it on more.
+# * **nvls_tree** (all-reduce, on nodes whose switch reduces, NVLS: Hopper and later, more than
+#   4 GPUs of the node in the group): reduce inside the node in the NVSwitch, a tree across
+#   nodes, broadcast back; pipelined, so the slower of the two sets the rate, and on two nodes
+#   each adapter carries half what a ring's does (tuning.cc: "Handle 2 node case of
+#   NVLSTree", interBw * 2).
+# * protocols: Simple (full bandwidth, long steps) and LL (half the bandwidth of a ring, a
+#   3.8th of a tree's, at most LL_MAX_BUSBW, short steps): small messages take LL, large ones
+#   Simple. LL128 (92% of the bandwidth with short steps in NCCL's model) is left out: the
+#   measured runs of 16-256 MiB are slower than even Simple's model (docs/benchmarks.md).
+#
+# Groups of one mesh that cross nodes at once each use their own GPUs' adapters (rails), so
+# they do not share one; Cluster.scale_out_bandwidth is a device's share of its node's
+# adapters when every device sends at once (cluster.py). An all-to-all and a permute across
+# nodes keep the hierarchical and direct forms below, as do TPU slices over DCN (XLA's
+# multislice scheme: inside each slice, then across, then inside again).
+
+# NCCL's constants (tuning.cc at 5067397, ncclTunerConstantsDefaults), in seconds. "nvlink"
+# is a step over NVLink ("max(hwLatencies[NVLINK], net overhead)" across nodes: 1 us for LL on
+# an Intel host), "net" a step over the network (Simple's is the Cluster's scale_out_latency,
+# 14 us in the presets); "share" the protocol's fraction of the bandwidth.
+NCCL_TUNING = {
+    "Simple": {"base": {"ring": 8.4e-6, "tree": 8.4e-6}, "nvlink": {"ring": 3.4e-6, "tree": 4.0e-6},
+               "net": {"ring": None, "tree": None}, "share": {"ring": 1.0, "tree": 1.0}},
+    "LL": {"base": {"ring": 6.6e-6, "tree": 6.8e-6}, "nvlink": {"ring": 1.0e-6, "tree": 0.6e-6},
+           "net": {"ring": 2.7e-6, "tree": 5.0e-6}, "share": {"ring": 0.5, "tree": 1 / 3.8}},
+}
+# LL's bus bandwidth across nodes is capped (llMaxBws, an Intel host: 39 GB/s on 2 nodes,
+# 20.4 on more)
+LL_MAX_BUSBW = {2: 39.0e9, 3: 20.4e9}
+NVLS_TREE_LATENCY = {"nvlink": 25e-6, "net": 20.9e-6}   # hwLatencies[..][NVLS_TREE][Simple]
+RING_PLATEAU = 1.4             # ncclTopoGetAlgoTime: an all-reduce ring across nodes, Simple
+# NCCL's tree all-reduce across more than two nodes reaches half the ring's bus bandwidth.
+# Calibrated on ONE source, Together AI's use3a-ss B200 report (NCCL_ALGO=Tree at 16 GiB,
+# 4-46 nodes: 190.7-193.5 GB/s where the model's ring gives 376), and checked on the others
+# (tests/nccl_across_nodes.py); NCCL's own model says 0.92 of it, which the runs contradict.
+TREE_BANDWIDTH = 0.5
 
 
 def cluster_estimate(collective, nbytes, devices, cluster: Cluster, algorithm=None,
@@ -1001,8 +1042,9 @@ def cluster_estimate(collective, nbytes, devices, cluster: Cluster, algorithm=No
     """The estimate of one collective over ``devices`` (ids on ``cluster``, in member order).
 
     A group inside one node costs what the node's own topology says (measured fits
-    included); one that spans nodes costs the faster of :func:`hierarchical` and
-    :func:`flat_ring` (``algorithm`` may name either)."""
+    included); one that spans nodes costs what NCCL's fastest algorithm takes on GPU nodes
+    (``algorithm`` may name ``'ring'``, ``'tree'``, ``'nvls_tree'`` or ``'hierarchical'``), or
+    :func:`hierarchical` on TPU slices."""
     by_node = members_by_node(cluster, devices)
     label = describe(cluster)
     if len(by_node) == 1:
@@ -1016,19 +1058,113 @@ def cluster_estimate(collective, nbytes, devices, cluster: Cluster, algorithm=No
         note = (note + "; " if note else "") + ("nodes hold different numbers of the group's "
                                                 "devices: costed with the smallest")
     group = (cluster, by_node, min(counts), len(by_node))
-    names = {"hierarchical": hierarchical, "ring": flat_ring}
-    if algorithm not in (None, "fastest", *names):
-        raise ValueError(f"a {collective} across {len(by_node)} nodes has the algorithms "
-                         f"'hierarchical' and 'ring' (GPU nodes); or None for the faster")
-    chosen = [algorithm] if algorithm in names else list(names)
-    found = [names[a](collective, float(nbytes), group, pairs, devices) for a in chosen]
-    found = [e for e in found if e is not None]
-    if not found:
-        raise ValueError(f"no algorithm for a {collective} across nodes of {cluster.node!r}: "
-                         f"'ring' needs GPU nodes")
-    best = min(found, key=lambda e: (e.time_s, e.bandwidth_s))
+    found = _across(collective, float(nbytes), group, pairs, devices)
+    if algorithm not in (None, "fastest", *found):
+        raise ValueError(f"a {collective} across {len(by_node)} nodes of {cluster.node!r} has "
+                         f"the algorithms {sorted(found)}; or None for the fastest")
+    # NCCL has no hierarchical form of these three (but NVLSTree): named, not chosen
+    chosen = ([found[algorithm]] if algorithm in found else
+              [e for name, e in found.items() if name != "hierarchical" or len(found) == 1])
+    best = min(chosen, key=lambda e: (e.time_s, e.bandwidth_s))
     return replace(best, hardware=hardware, topology=label,
                    note="; ".join(x for x in (best.note, note) if x))
+
+
+def _across(collective, nbytes, group, pairs, devices) -> dict:
+    """name -> Estimate of every algorithm that runs ``collective`` across these nodes."""
+    cluster = group[0]
+    out = {"hierarchical": hierarchical(collective, nbytes, group, pairs, devices)}
+    if cluster.node.kind != "switch" or collective not in ("all_reduce", "all_gather",
+                                                           "reduce_scatter"):
+        return out
+    named = {"ring": _ring_costs(collective, group)}
+    if collective == "all_reduce":
+        named["tree"] = _tree_costs(group)
+        if cluster.nvlink_sharp and group[2] > 4:
+            named["nvls_tree"] = {"Simple": _nvls_tree_cost(group)}
+    found = {name: min((_nccl_estimate(collective, nbytes, group, name, proto, cost)
+                        for proto, cost in costs.items()), key=lambda e: e.time_s)
+             for name, costs in named.items()}
+    return {**found, **out}
+
+
+def network_rate(cluster: Cluster, g: int) -> float:
+    """Bytes/s a group with ``g`` GPUs in each node sends out of a node: its g adapters (one
+    per GPU, each the device's share) at the fraction of line rate NCCL reaches."""
+    return g * cluster.scale_out_bandwidth * cluster.scale_out_efficiency
+
+
+def _nvlink_ring_rate(cluster: Cluster, g: int) -> float:
+    """The bus bandwidth of a ring's hops inside a node: unlimited for one GPU per node (no
+    hop), else the node's measured ring all-gather where the preset has one (NVLink's ring
+    rate), else its port bandwidth."""
+    if g == 1:
+        return math.inf
+    fit = cluster.measured.get("all_gather")
+    return fit.busbw if fit is not None else cluster.node.port_bandwidth
+
+
+def _ring_costs(collective, group) -> dict:
+    """protocol -> (latency s, bus bandwidth bytes/s, steps) of NCCL's ring across nodes."""
+    cluster, _, g, m = group
+    p = g * m
+    steps, inter = (2 * (p - 1), 2 * (m - 1)) if collective == "all_reduce" else (p - 1, m - 1)
+    rate = min(_nvlink_ring_rate(cluster, g), network_rate(cluster, g))
+    out = {}
+    for proto, c in NCCL_TUNING.items():
+        net = (cluster.scale_out_latency if proto == "Simple" else
+               c["net"]["tree" if g == 1 else "ring"])       # one GPU a node: the tree's
+        latency = c["base"]["ring"] + (steps - inter) * c["nvlink"]["ring"] + inter * net
+        if collective == "all_reduce" and proto == "Simple":
+            latency *= RING_PLATEAU
+        out[proto] = (latency, _capped(proto, rate * c["share"]["ring"], m), steps)
+    return out
+
+
+def _capped(proto, rate, m):
+    return min(rate, LL_MAX_BUSBW[min(m, 3)]) if proto == "LL" else rate
+
+
+def _tree_costs(group) -> dict:
+    """protocol -> (latency, bus bandwidth, steps) of NCCL's tree all-reduce across nodes."""
+    cluster, _, g, m = group
+    ring = min(_nvlink_ring_rate(cluster, g), network_rate(cluster, g))
+    rate = ring * (0.92 if m <= 2 else TREE_BANDWIDTH)
+    levels = int(math.floor(math.log2(m)))
+    out = {}
+    for proto, c in NCCL_TUNING.items():
+        net = cluster.scale_out_latency if proto == "Simple" else c["net"]["tree"]
+        latency = c["base"]["tree"] + 2 * ((g - 1) * c["nvlink"]["tree"] + levels * net)
+        out[proto] = (latency, _capped(proto, rate * c["share"]["tree"], m),
+                      2 * (g - 1 + levels))
+    return out
+
+
+def _nvls_tree_cost(group):
+    """(latency, bus bandwidth, steps) of NCCL's NVLSTree all-reduce: the switch reduces
+    inside the node (port x NVLS efficiency, twice over, as NCCL pipelines two operations),
+    a tree crosses the nodes (twice a ring's rate per adapter on two nodes)."""
+    cluster, _, g, m = group
+    intra = cluster.node.port_bandwidth * cluster.nvlink_sharp * 2
+    rate = min(intra, network_rate(cluster, g) * (2 if m <= 2 else 1))
+    levels = int(math.floor(math.log2(m)))
+    latency = NVLS_TREE_LATENCY["nvlink"] + 2 * levels * NVLS_TREE_LATENCY["net"]
+    return latency, rate, 1 + 2 * levels
+
+
+def _nccl_estimate(collective, nbytes, group, name, proto, cost) -> Estimate:
+    """nccl-tests' form: t = latency + bus bytes (S x factor) / bus bandwidth, the latency
+    NCCL's model's plus the host's launch of the kernel (Cluster.call_latency)."""
+    cluster, _, g, m = group
+    p = g * m
+    latency, rate, steps = cost
+    latency += cluster.call_latency
+    bus = nccl_size(collective, nbytes, p) * busbw_factor(collective, p)
+    transfer = bus / rate
+    return Estimate(collective, name, int(nbytes), p, latency + transfer, latency, transfer,
+                    steps, bus, note=(f"NCCL {proto} protocol; {m} nodes x {g} GPU(s), "
+                                      f"{network_rate(cluster, g) / 1e9:.3g} GB/s out of "
+                                      f"each node"))
 
 
 def _inner(collective, nbytes, group):
@@ -1043,7 +1179,8 @@ def _outer(collective, nbytes, group, perm=None):
     """``collective`` among one device of each node (all local ranks at once, each on its
     own share of the network): the network is a switch as the formulas see it."""
     cluster, _, _, m = group
-    axes = [GroupAxis(m, cluster.scale_out_bandwidth, switch=True)]
+    axes = [GroupAxis(m, cluster.scale_out_bandwidth * cluster.scale_out_efficiency,
+                      switch=True)]
     return _estimate_on(collective, nbytes, axes, cluster.scale_out_latency, "fastest", perm)
 
 
@@ -1058,8 +1195,10 @@ def _chain(collective, nbytes, p, algorithm, phases, words) -> Estimate:
 
 
 def hierarchical(collective, nbytes, group, pairs, devices):
-    """Inside each node, then across nodes, then inside again (XLA's multislice scheme,
-    NCCL's tree-like algorithms): see the module's docstring."""
+    """Inside each node, then across nodes (each device with its peers of the same local
+    rank, on its own share of the network), then inside again: XLA's multislice scheme over
+    DCN, and on GPU nodes the all-to-all (NCCL's PXN regroups by destination rank) and a
+    form named by ``algorithm="hierarchical"`` only (see the section's comment)."""
     cluster, by_node, g, m = group
     p = g * m
     if collective == "all_reduce":
@@ -1098,29 +1237,10 @@ def _permute_across(collective, nbytes, group, pairs, devices):
         return _estimate_group(cluster.node, local, collective, nbytes, inside, "")
     busiest = max(max(sum(1 for s, _ in across if s == x) for x, _ in across),
                   max(sum(1 for _, d in across if d == y) for _, y in across))
-    transfer = busiest * nbytes / cluster.scale_out_bandwidth
+    transfer = busiest * nbytes / (cluster.scale_out_bandwidth * cluster.scale_out_efficiency)
     latency = cluster.scale_out_latency
     return Estimate(collective, "direct", int(nbytes), len(devices), latency + transfer, latency,
                     transfer, 1, busiest * nbytes, note=f"{len(across)} pair(s) across nodes")
-
-
-def flat_ring(collective, nbytes, group, pairs, devices):
-    """NCCL's ring through all p devices of GPU nodes, one ring per NIC the group uses in a
-    node: each step moves one piece per device, limited by the slower of a device's
-    NVLink port and the node's NICs, and waits on the network's latency."""
-    cluster, _, g, m = group
-    if cluster.node.kind != "switch" or collective not in ("all_reduce", "all_gather",
-                                                           "reduce_scatter"):
-        return None
-    p = g * m
-    rate = min(cluster.node.port_bandwidth, g * cluster.scale_out_bandwidth)
-    steps = 2 * (p - 1) if collective == "all_reduce" else p - 1
-    piece = nbytes if collective == "all_gather" else nbytes / p
-    latency = steps * cluster.scale_out_latency
-    transfer = steps * piece / rate
-    return Estimate(collective, "ring", int(nbytes), p, latency + transfer, latency, transfer,
-                    steps, steps * piece, note=f"{min(g, 64)} ring(s) through {m} nodes")
-
 
 
 def estimate_trace(trace_or_events, hardware=None, topology=None) -> TraceEstimate:
