@@ -258,3 +258,59 @@ def test_other_checkers_refuse_wrong_answers_readably(name, capsys):
         assert not verdict, (name, answer, out)
         assert "Not yet" in out, (name, answer, out)
         assert_readable(out)
+
+
+# -- slips a learner made, each named for what it is (issue 47) -------------------------------
+# (checker, a wrong answer worked out here by hand, words the verdict must hold, words it
+# must not hold: the slip another mistake would have named)
+
+_RMS = 6 * 16384 * 8192 + 8 * 16384 + 4 * 8192
+_SHARD = 128 * 8192 * 2                       # lesson 7, exercise 2: one chip's bf16[128, 8192]
+_I_SUSTAINED = 9.9e14 * 0.803 / (3.35e12 * 0.867)
+
+
+def _busbw(factor, latency=42e-6):
+    bus = factor * 64 * MIB
+    return bus / (latency + bus / 425e9)
+
+
+NAMED_SLIPS = {
+    # 11: the all-gather's (p-1)/p where the all-reduce's 2(p-1)/p belongs, not "2 bytes"
+    "7.1 busbw x (p-1)/p": (lesson07.check_busbw, _busbw(1.75) / 2, ["all-gather"],
+                            ["bytes per value"]),
+    "7.1 bus bytes (p-1)/p S": (lesson07.check_busbw, _busbw(7 / 8), ["all-gather"],
+                                ["bytes per value"]),
+    "7.1 latency in ms": (lesson07.check_busbw, _busbw(1.75, 42e-3), ["42 ms"], []),
+    # 16: 7.2 over the 8-axis (4 hops as if it wrapped, or 7 hops of a line): now a number
+    # of its own, since the shard is given
+    "7.2 the 8-axis as a ring": (lesson07.check_book_gather, 4 * _SHARD / 4.5e10,
+                                 ["axis of 8"], []),
+    "7.2 the 8-axis as a line": (lesson07.check_book_gather, 7 * _SHARD / 4.5e10,
+                                 ["line of 8"], ["one way round only"]),
+    "7.2 the shard as the array": (lesson07.check_book_gather, 8 * _SHARD / 16 / 4.5e10,
+                                   ["shard for the whole array"], []),
+    # 16: 7.3 with the sustained rates of section 5 instead of the peaks
+    "7.3 sustained rates": (lesson07.check_compute_bound_batch,
+                            _I_SUSTAINED * 4096**2 / (4096**2 - 2 * _I_SUSTAINED * 4096),
+                            ["sustained rates"], []),
+    # 12: w's 4C bytes, or one pass over the R row values, left out: not "did you round?"
+    "7.4 without w": (lesson07.check_rms_norm_bytes, _RMS - 4 * 8192, ["leaves out w"],
+                      ["did you round"]),
+    "7.4 row values once": (lesson07.check_rms_norm_bytes, _RMS - 4 * 16384,
+                            ["row values once"], ["did you round"]),
+    "7.4 no row values": (lesson07.check_rms_norm_bytes, _RMS - 8 * 16384,
+                          ["leaves out the R float32 row values"], ["did you round"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NAMED_SLIPS))
+def test_a_slip_is_named_for_what_it_is(name, capsys):
+    checker, wrong, said, unsaid = NAMED_SLIPS[name]
+    assert not checker(wrong)
+    out = capsys.readouterr().out
+    assert out.startswith("Not yet: "), out
+    for words in said:
+        assert words in out, (name, out)
+    for words in unsaid:
+        assert words not in out, (name, out)
+    assert_readable(out)
