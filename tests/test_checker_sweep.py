@@ -17,7 +17,7 @@ import pytest
 from simpmd import course
 from simpmd.exercises import (lesson02, lesson03, lesson04, lesson05, lesson06, lesson07,
                               lesson08, lesson09, lesson10, lesson11, lesson12, lesson13,
-                              lesson14)
+                              lesson14, lesson15, lesson16)
 
 MIB = 2**20
 # One device's K (or V) block in lesson 14: 32768 / 8 tokens x 32 heads x 128 x 2 bytes
@@ -300,6 +300,13 @@ NAMED_SLIPS = {
                             ["row values once"], ["did you round"]),
     "7.4 no row values": (lesson07.check_rms_norm_bytes, _RMS - 8 * 16384,
                           ["leaves out the R float32 row values"], ["did you round"]),
+    # 16: 13.1 p = 8 and m = 24 swapped
+    "13.1 p and m swapped": (lesson13.check_bubble, 23 / 31, ["swaps p and m"], []),
+    # 16: 14.3 the 1/n a device keeps, for the (n-1)/n it sends
+    "14.3 1/n sent": (lesson14.check_ulysses_bytes, 4 * BLOCK / 8, ["1/8 is the piece"], []),
+    # 16: 14.4 off by one slot where 1.25 x 4096 / 64 = 80 exactly
+    "14.4 81": (lesson14.check_capacity, 81, ["nothing to round"], []),
+    "14.4 79": (lesson14.check_capacity, 79, ["nothing to round"], []),
 }
 
 
@@ -314,3 +321,57 @@ def test_a_slip_is_named_for_what_it_is(name, capsys):
     for words in unsaid:
         assert words not in out, (name, out)
     assert_readable(out)
+
+
+def _report_sum(jax):
+    """Lesson 16, exercise 3, with `.sum()` where `.mean()` was meant."""
+    mesh = jax.make_mesh((4, 2), ("hosts", "chips"))
+    x = jax.make_array_from_process_local_data(jax.NamedSharding(mesh, jax.P("hosts")),
+                                               lesson16.local_rows(jax))
+    value = float(jax.jit(lambda v: (v * v).sum())(x))
+    if jax.process_index() == 0:
+        print("loss", value)
+
+
+def _merge_rescaling_one_block(first):
+    """Lesson 14, exercise 1, scaling only one block's l and o by exp(m_i - m)."""
+    def merge(a, b):
+        (m1, l1, o1), (m2, l2, o2) = a, b
+        m = np.maximum(m1, m2)
+        s1, s2 = (np.exp(m1 - m), 1.0) if first else (1.0, np.exp(m2 - m))
+        return m, l1 * s1 + l2 * s2, o1 * np.asarray(s1)[..., None] + o2 * np.asarray(s2)[..., None]
+    return merge
+
+
+def _keep_from_one(expert_of_token, num_experts, capacity):
+    """Lesson 14, exercise 5, counting a token's position among its expert's from 1."""
+    counts = np.zeros(num_experts, int)
+    keep = []
+    for e in expert_of_token:
+        counts[e] += 1
+        keep.append(counts[e] < capacity)
+    return np.array(keep)
+
+
+PROGRAM_SLIPS = {
+    "14.1 only block 1 rescaled": (lesson14.check_merge, _merge_rescaling_one_block(True),
+                                   ["rescales only one block"], ["differs from the sum"]),
+    "14.1 only block 2 rescaled": (lesson14.check_merge, _merge_rescaling_one_block(False),
+                                   ["rescales only one block"], ["differs from the sum"]),
+    "14.5 positions from 1": (lesson14.check_keep_mask, _keep_from_one, ["one too few"], []),
+    # 14: the sum for the mean is not "is every host's data in it?"
+    "16.3 .sum() for .mean()": (lesson16.check_fixed_report, _report_sum, ["`.sum()`"],
+                                ["every host's data in it"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAM_SLIPS))
+def test_a_program_slip_is_named_for_what_it_is(name, capsys):
+    checker, program, said, unsaid = PROGRAM_SLIPS[name]
+    assert not checker(program)
+    out = capsys.readouterr().out
+    assert out.startswith("Not yet: "), out
+    for words in said:
+        assert words in out, (name, out)
+    for words in unsaid:
+        assert words not in out, (name, out)

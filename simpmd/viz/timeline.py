@@ -411,6 +411,8 @@ def _spans(e):
 
 
 def _seconds(t: float) -> str:
+    if t == 0:
+        return "0 s"
     unit, scale = _unit(t)
     return f"{t / scale:.3g} {unit}"
 
@@ -562,10 +564,23 @@ def _draw_segments(ax, tl, row, op_color, span, fs, n):
                          hatch="///" if s.kind == "wait" else None, zorder=2)
         tag(rect, s.kind, f"{s.device}:{k}")
         ax.add_patch(rect)
-        wide = s.duration / (end - begin) > (0.06 if s.kind == "comm" else 0.025)
-        if s.label and s.kind in ("comm", "compute") and n <= 16 and wide:
+        size = max(fs * 0.85, MIN_FONT)
+        if s.label and s.kind in ("comm", "compute") and n <= 16 and \
+                _label_fits(ax, s, end - begin, size):
             ax.text((s.start + s.stop) / 2 / scale, row[s.device], s.label, ha="center",
-                    va="center", fontsize=max(fs * 0.85, MIN_FONT), color=INK, zorder=3)
+                    va="center", fontsize=size, color=INK, zorder=3)
+
+
+def _label_fits(ax, segment, span, size) -> bool:
+    """Whether ``segment``'s label, at ``size`` points, fits inside its bar: a collective's
+    bar must also be 6% of the span (their names are long and many); a compute bar need
+    only hold its text, so that a schedule's short chunks (F03) are labelled too."""
+    share = segment.duration / span
+    if segment.kind == "comm":
+        return share > 0.06
+    fig_width_in = ax.figure.get_size_inches()[0] * ax.get_position().width
+    text_in = len(segment.label) * size * 0.62 / 72 + 0.04
+    return share > 0.01 and share * fig_width_in >= text_in
 
 
 def _legend_and_title(fig, ax, tl, ops, op_color, title, waited):
