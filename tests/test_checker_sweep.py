@@ -1,11 +1,12 @@
-"""Every exercise checker of lessons 2 to 14, swept with many plausible wrong answers.
+"""Every exercise checker of lessons 2 to 16, swept with many plausible wrong answers.
 
 Whatever a learner types, a checker must say "Not yet" without raising, must never print a
 factor that reads 1 ("off by a factor of 1": a near miss is called one), and must never
 chain more than one "Also" (a hint made of three slips misleads more than it helps). The
 right answers are worked out here by hand; each named slip of a checker built on
 ``check_against_mistakes`` or ``check_quantity`` is also made on purpose, one at a time,
-and must be answered with its own hint.
+and must be answered with its own hint. Last, the slips learners were seen to make
+(issue 47) are each named for what they are, and not for a slip the learner did not make.
 """
 import itertools
 import math
@@ -51,6 +52,9 @@ NUMERIC = {
     "lesson14.check_ring_bytes": (lesson14.check_ring_bytes, 2 * 7 * BLOCK),
     "lesson14.check_ulysses_bytes": (lesson14.check_ulysses_bytes, 4 * 7 / 8 * BLOCK),
     "lesson14.check_capacity": (lesson14.check_capacity, 80),
+    "lesson15.check_param_count": (lesson15.check_param_count, 8_030_261_248),
+    # NeMo's LLaMA 2-70B: 4 replicas of TP 4 x PP 4, 128 / 4 = 32 micro-batches, v = 20
+    "lesson15.check_bubble": (lesson15.check_bubble, 3 / (32 * 20 + 3)),
 }
 
 # Slips of scale and of counting, alone and two at a time
@@ -142,7 +146,8 @@ def _tables(checker, right, monkeypatch):
     return caught
 
 
-TABLED = [n for n in sorted(NUMERIC) if n != "lesson13.check_bubble"]
+# lesson 13's bubble and lesson 15's checkers hand over only the slips that match the answer
+TABLED = [n for n in sorted(NUMERIC) if n != "lesson13.check_bubble" and not n.startswith("lesson15")]
 
 
 @pytest.mark.parametrize("name", TABLED)
@@ -269,6 +274,24 @@ _SHARD = 128 * 8192 * 2                       # lesson 7, exercise 2: one chip's
 _I_SUSTAINED = 9.9e14 * 0.803 / (3.35e12 * 0.867)
 
 
+# LLaMA 3-8B by hand (config.json): 32 layers of Q and O (D x 32 x 128 each), K and V
+# (D x 8 x 128 each), three MLP matrices and two norms, two vocabulary matrices, a last norm
+_LLAMA8B = 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096) \
+    + 2 * 128256 * 4096 + 4096
+# LLaMA 3-70B the same way (80 layers, D 8192, F 28672, 64 heads, 8 kv heads), and PaLM's
+# FLOPs per token, 6N + 12 L H Q T, at T tokens; days on 8,960 v5p chips at 40 % MFU
+_N70 = 80 * (2 * 8192 * 8192 + 2 * 8192 * 1024 + 3 * 8192 * 28672 + 2 * 8192) \
+    + 2 * 128256 * 8192 + 8192
+
+
+def _PER_TOKEN(t):
+    return 6 * _N70 + 12 * 80 * 64 * 128 * t
+
+
+def _DAYS(per_token):
+    return 15e12 * per_token / (8960 * 4.59e14 * 0.4) / 86400
+
+
 def _busbw(factor, latency=42e-6):
     bus = factor * 64 * MIB
     return bus / (latency + bus / 425e9)
@@ -307,6 +330,30 @@ NAMED_SLIPS = {
     # 16: 14.4 off by one slot where 1.25 x 4096 / 64 = 80 exactly
     "14.4 81": (lesson14.check_capacity, 81, ["nothing to round"], []),
     "14.4 79": (lesson14.check_capacity, 79, ["nothing to round"], []),
+    # 16: 15.1 in billions, and V's projection left out
+    "15.1 in billions": (lesson15.check_param_count, _LLAMA8B / 1e9, ["in billions"],
+                         ["factor"]),
+    "15.1 V forgotten": (lesson15.check_param_count, _LLAMA8B - 32 * 4096 * 8 * 128,
+                         ["one of the keys' and values'"], []),
+    # 6: the 6N hint says how much attention adds at the lesson's 2,048 tokens, and at 8,192
+    "15.3 6N at 2,048 tokens": (lambda a: lesson15.check_training_days(a, _PER_TOKEN(2048), _N70),
+                                _DAYS(6 * _N70), ["3.8% more"], ["11%"]),
+    "15.3 6N at 8,192 tokens": (lambda a: lesson15.check_training_days(a, _PER_TOKEN(8192), _N70),
+                                _DAYS(6 * _N70), ["15.2% more"], ["11%"]),
+    # 16: 15.3 the MFU as 40, and the v5e's peak
+    "15.3 MFU as 40": (lambda a: lesson15.check_training_days(a, _PER_TOKEN(2048), _N70),
+                       _DAYS(_PER_TOKEN(2048)) / 100, ["MFU as 40"], []),
+    "15.3 v5e peak": (lambda a: lesson15.check_training_days(a, _PER_TOKEN(2048), _N70),
+                      _DAYS(_PER_TOKEN(2048)) * 4.59e14 / 1.97e14, ["TPU v5e"], []),
+    # 13: 15.4 m = 128 / 16 = 8 is its own slip; percentages are called percentages
+    "15.4 m = 8": (lesson15.check_bubble, 3 / (8 * 20 + 3), ["128 / 16"],
+                   ["all 64 GPUs", "counts the layers", "Also"]),
+    "15.4 a percentage": (lesson15.check_bubble, 100 * 3 / (32 * 20 + 3), ["percentage"],
+                          ["factor of 100"]),
+    "15.4 a percentage x 100": (lesson15.check_bubble, 1e4 * 3 / (32 * 20 + 3), ["percentage"],
+                                ["factor of"]),
+    # 16: 15.4 p idle ticks for p - 1
+    "15.4 p for p - 1": (lesson15.check_bubble, 4 / (32 * 20 + 3), ["not p"], []),
 }
 
 

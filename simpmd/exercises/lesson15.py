@@ -54,11 +54,11 @@ LLAMA3_8B = dict(layers=32, d_model=4096, ffw=14336, heads=32, kv_heads=8, head_
 
 
 def _params(layers, d_model, ffw, heads, kv_heads, head_dim, vocab, norms=True, vocabs=2,
-            mlp=3):
+            mlp=3, kv_mats=2, unit=1):
     D = d_model
-    attention = 2 * D * heads * head_dim + 2 * D * kv_heads * head_dim
+    attention = 2 * D * heads * head_dim + kv_mats * D * kv_heads * head_dim
     per_layer = attention + mlp * D * ffw + (2 * D if norms else 0)
-    return layers * per_layer + vocabs * vocab * D + (D if norms else 0)
+    return (layers * per_layer + vocabs * vocab * D + (D if norms else 0)) / unit
 
 
 def check_param_count(answer):
@@ -72,6 +72,10 @@ def check_param_count(answer):
         ("vocabs", dict(vocabs=0), "that leaves out both vocabulary matrices"),
         ("mlp", dict(mlp=2), "that counts two MLP matrices per layer; the gated MLP has three "
          "(gate, up and down)"),
+        ("kv_mats", dict(kv_mats=1), "that counts one of the keys' and values' projections; "
+         "K and V each have their own D x 8 x 128 matrix"),
+        ("unit", dict(unit=1e9), "that is in billions; give the count itself, all its digits "
+         "(8.03e9 is 8,030,...)"),
     ]
     return _check_slips(answer, _params, c, slips, what="the parameter count",
                         unit="parameters", rtol=1e-4)
@@ -124,6 +128,7 @@ def check_state_per_chip(answer, params: int, norms: int, split: int = 4096):
 
 # -- exercise 3: how many days --------------------------------------------------------------
 V5P_PEAK = 4.59e14       # bf16 FLOP/s per TPU v5p chip (Cloud TPU docs, the Scaling Book)
+V5E_PEAK = 1.97e14       # and per TPU v5e chip: a peak a learner may take by mistake
 
 
 def _days(tokens, per_token, chips, peak, mfu, unit_s=86400):
@@ -144,10 +149,17 @@ def check_training_days(answer, flops_per_token: float, params: float | None = N
         ("chips", dict(chips=8192), f"that uses 8,192 chips (the planned two slices); the "
          f"question is the book's, on {chips:,} chips"),
     ]
+    slips += [
+        ("mfu", dict(mfu=100 * mfu), f"that writes the MFU as {100 * mfu:g}; {mfu:.0%} is the "
+         f"fraction {mfu}"),
+        ("peak", dict(peak=V5E_PEAK), "that uses the TPU v5e's 1.97e14 FLOP/s; the chips are "
+         "TPU v5p, 4.59e14 bf16 FLOP/s each"),
+    ]
     if params is not None:
-        slips.append(("per_token", dict(per_token=6 * params), "that uses 6 x the "
-                      "parameters per token; PaLM's count (per_token) adds attention's "
-                      "12 L H Q T, 11% more at 8,192 tokens"))
+        more = flops_per_token / (6 * params) - 1
+        slips.append(("per_token", dict(per_token=6 * params), f"that uses 6 x the "
+                      f"parameters per token; PaLM's count (per_token) adds attention's "
+                      f"12 L H Q T: {more:.1%} more at this sequence length"))
     return _check_slips(answer, _days, right, slips, what="the training time", unit="days",
                         rtol=0.01)
 
@@ -163,12 +175,13 @@ NEMO = dict(gpus=64, global_batch=128, micro_batch=1, sequence=4096, tp=4, pp=4,
 
 
 def _bubble(gpus, global_batch, micro_batch, tp, pp, vp, per_gpu=False, gpipe=False,
-            useful=False):
-    replicas = gpus // (tp * pp) if not per_gpu else gpus
+            useful=False, per_replica_gpus=False, idle=None, percent=1):
+    replicas = gpus if per_gpu else tp * pp if per_replica_gpus else gpus // (tp * pp)
     m = global_batch // (micro_batch * replicas)
+    idle = pp - 1 if idle is None else idle
     if gpipe:
-        return (pp - 1) / (m + pp - 1)
-    return (pp - 1) / (m * vp) if useful else (pp - 1) / (m * vp + pp - 1)
+        return percent * idle / (m + pp - 1)
+    return percent * (idle / (m * vp) if useful else idle / (m * vp + pp - 1))
 
 
 def check_bubble(answer):
@@ -187,6 +200,17 @@ def check_bubble(answer):
          f"each with a quarter of the batch"),
         ("m", dict(per_gpu=True), f"that divides the batch by all {n['gpus']} GPUs; the "
          f"{n['tp'] * n['pp']} GPUs of a replica (TP x PP) share each micro-batch"),
+        ("m", dict(per_replica_gpus=True), f"that takes m = {n['global_batch']} / "
+         f"{n['tp'] * n['pp']}, which divides the batch by the {n['tp'] * n['pp']} GPUs of one replica; the batch is "
+         f"shared among the {n['gpus'] // (n['tp'] * n['pp'])} replicas (whose GPUs all work "
+         f"on the same micro-batches): m = {n['global_batch']} / "
+         f"{n['gpus'] // (n['tp'] * n['pp'])}"),
+        ("idle", dict(idle=n["pp"]), f"a pipeline of p = {n['pp']} stages idles p - 1 = "
+         f"{n['pp'] - 1} ticks, not p: the first stage starts at once, the last after p - 1"),
+        ("percent", dict(percent=100), "that looks like a percentage; give the fraction "
+         "(a percentage divided by 100)"),
+        ("percent", dict(percent=1e4), "that looks like a percentage multiplied by 100 once "
+         "more; give the fraction, between 0 and 1"),
         ("vp", dict(vp=n["layers"]), f"v = {n['layers']} counts the layers; v is the "
          f"virtual stages each GPU holds (VP = {n['vp']})"),
         ("vp", dict(vp=1), "that is the bubble without interleaving; with v virtual stages "
