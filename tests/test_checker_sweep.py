@@ -400,7 +400,22 @@ def _keep_from_one(expert_of_token, num_experts, capacity):
     return np.array(keep)
 
 
+def _numpy_mean(x):
+    """Lesson 4, exercise 1, with NumPy's mean where a collective was meant."""
+    return np.mean(x)
+
+
+def _method_mean(x):
+    return x.mean()
+
+
 PROGRAM_SLIPS = {
+    # 15: a NumPy reduction where a collective was meant, whether the engine raises on it
+    # or runs it (the test below runs both)
+    "4.1 np.mean(x)": (lesson04.check_global_mean, _numpy_mean, ["NumPy's mean", "lax.psum"],
+                       ["raised", "Spelled"]),
+    "4.1 x.mean()": (lesson04.check_global_mean, _method_mean, ["NumPy's mean", "lax.psum"],
+                     ["shape"]),
     "14.1 only block 1 rescaled": (lesson14.check_merge, _merge_rescaling_one_block(True),
                                    ["rescales only one block"], ["differs from the sum"]),
     "14.1 only block 2 rescaled": (lesson14.check_merge, _merge_rescaling_one_block(False),
@@ -422,3 +437,22 @@ def test_a_program_slip_is_named_for_what_it_is(name, capsys):
         assert words in out, (name, out)
     for words in unsaid:
         assert words not in out, (name, out)
+
+
+@pytest.mark.parametrize("engine", ["raises", "runs"])
+def test_a_numpy_reduction_is_named_whatever_the_engine_does(engine, capsys, monkeypatch):
+    """Lesson 4, exercise 1: np.mean(x) in the body is named as a NumPy reduction both where
+    the engine refuses np.mean on a traced value and where it runs it (each device's own
+    mean, no collective in the trace)."""
+    import types
+    if engine == "raises":
+        def run(body, x, axis_name="i"):
+            return None, None, "TypeError: Spelled.mean() got an unexpected keyword argument 'out'"
+    else:
+        def run(body, x, axis_name="i"):
+            return x.mean(axis=1), types.SimpleNamespace(events=[]), None
+    monkeypatch.setattr(lesson04, "_run", run)
+    assert not lesson04.check_global_mean(_numpy_mean)
+    out = capsys.readouterr().out
+    assert "NumPy's mean" in out and "lax.psum" in out, out
+    assert "Spelled" not in out and "shape" not in out, out
