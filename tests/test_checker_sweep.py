@@ -292,6 +292,10 @@ def _DAYS(per_token):
     return 15e12 * per_token / (8960 * 4.59e14 * 0.4) / 86400
 
 
+# 15e12 tokens in steps of 2,048 x 2,048, 0.9 s each, on 8,192 chips at $4.2 a chip-hour
+_COST = 15e12 / (2048 * 2048) * 0.9 / 3600 * 8192 * 4.2
+
+
 def _busbw(factor, latency=42e-6):
     bus = factor * 64 * MIB
     return bus / (latency + bus / 425e9)
@@ -352,6 +356,11 @@ NAMED_SLIPS = {
                           ["factor of 100"]),
     "15.4 a percentage x 100": (lesson15.check_bubble, 1e4 * 3 / (32 * 20 + 3), ["percentage"],
                                 ["factor of"]),
+    # 15.7 (issue 47, item 21): the run's cost, at 0.9 s a step
+    "15.7 one chip's hours": (lambda a: lesson15.check_run_cost(a, 0.9), _COST / 8192,
+                              ["one chip"], []),
+    "15.7 seconds x price per hour": (lambda a: lesson15.check_run_cost(a, 0.9), _COST * 3600,
+                                      ["3,600"], ["factor"]),
     # 16: 15.4 p idle ticks for p - 1
     "15.4 p for p - 1": (lesson15.check_bubble, 4 / (32 * 20 + 3), ["not p"], []),
 }

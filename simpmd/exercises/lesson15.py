@@ -14,7 +14,8 @@ import math
 from simpmd.course import Verdict, check_against_mistakes, is_placeholder, say
 
 __all__ = ["LLAMA3_8B", "NEMO", "check_param_count", "check_state_per_chip",
-           "check_training_days", "check_bubble"]
+           "check_training_days", "check_bubble", "check_layout_under_budget",
+           "check_context_parallel", "check_run_cost"]
 
 
 def _check_slips(answer, closed_form, right: dict, slips, *, what, unit, rtol):
@@ -223,3 +224,130 @@ def check_bubble(answer):
     ]
     return _check_slips(answer, _bubble, right, slips, what="the bubble's share",
                         unit="of the ticks", rtol=1e-6)
+
+
+# -- exercises 5 to 7: the planner itself -----------------------------------------------------
+# These ask the learner to use simpmd.plan; their checks run the planner on the answer (does
+# it fit? does it run?) and on the alternatives the question names, and work out every
+# count by hand.
+
+BUDGET_BYTES = 8e9              # exercise 5: the HBM a chip may give the training
+BUDGET_LAYOUTS = [dict(fsdp=4096 // tp, tp=tp, recompute=r) for tp in (4, 8)
+                  for r in ("none", "selective", "full")]
+
+
+def _estimate(model, layout, **options):
+    from simpmd import plan
+    return plan.estimate(model, layout, hardware="TPU v5p", slices=2, **options)
+
+
+def _layout_problem(layout, chips: int, global_batch: int, seq: int):
+    """A sentence about what makes ``layout`` the wrong shape for the question, or None."""
+    from simpmd import plan
+    if is_placeholder(layout):
+        return "the layout is still a placeholder; give a plan.Layout(...)"
+    if not isinstance(layout, plan.Layout):
+        return f"give a plan.Layout(...), got {type(layout).__name__}"
+    if layout.chips != chips:
+        return (f"that layout uses {layout.chips:,} chips (dp x fsdp x tp x cp x pp); the two "
+                f"slices have {chips:,}")
+    if layout.global_batch != global_batch:
+        return (f"global_batch={layout.global_batch}: LLaMA 3's 4M tokens per step are "
+                f"{global_batch:,} sequences of {seq:,} tokens")
+    return None
+
+
+def check_layout_under_budget(layout, model) -> Verdict:
+    """Exercise 5: the fastest layout of section 2's step whose peak memory per chip stays
+    under :data:`BUDGET_BYTES`, among FSDP x TP 4 or 8 with any recomputation."""
+    from dataclasses import replace
+    from simpmd import plan
+    problem = _layout_problem(layout, 8192, 2048, model.seq)
+    if problem:
+        return say(False, problem + ".")
+    try:
+        mine = _estimate(model, layout, check_memory=False)
+    except plan.LayoutError as exc:
+        return say(False, f"the planner cannot run that layout: {exc}")
+    gb = BUDGET_BYTES / 1e9
+    if mine.peak_bytes > BUDGET_BYTES:
+        return say(False, f"its peak is {mine.peak_bytes / 1e9:.1f} GB per chip, over the "
+                   f"{gb:g} GB budget: recompute more in the backward pass, or split the "
+                   f"activations over more chips (tp).")
+    base = plan.Layout(dp=2, global_batch=2048, sequence_parallel=True)
+    options = [replace(base, **axes) for axes in BUDGET_LAYOUTS]
+    fitting = [(e.step_s, lay) for lay, e in zip(options, plan.sweep(
+        model, options, hardware="TPU v5p", slices=2, check_memory=False))
+        if not isinstance(e, plan.LayoutError) and e.peak_bytes <= BUDGET_BYTES]
+    best_s, best = min(fitting, key=lambda pair: pair[0])
+    if mine.step_s > best_s * 1.005:
+        return say(False, f"it fits ({mine.peak_bytes / 1e9:.1f} GB) but a step takes "
+                   f"{mine.step_s:.3f} s; tp={best.tp} with recompute={best.recompute!r} "
+                   f"also fits and takes {best_s:.3f} s. Compare what each way of saving "
+                   f"memory costs in time: more recomputation, or more tensor parallelism.")
+    return say(True, f"{mine.peak_bytes / 1e9:.1f} GB per chip, under {gb:g} GB, in "
+               f"{mine.step_s:.3f} s a step: the fastest of the layouts that fit.")
+
+
+CP_SEQ, CP_SEQUENCES = 8192, 512        # exercise 6: 4M tokens of 8,192-token sequences
+
+
+def check_context_parallel(layout, model) -> Verdict:
+    """Exercise 6: LLaMA 3's 8,192-token sequences, 4M tokens a step, on both slices with
+    dp=2 and tp=4: each FSDP rank needs whole sequences, so 512 sequences allow at most
+    256 FSDP ranks per slice, and cp = 8192 / (2 x 256 x 4) = 4 splits each sequence."""
+    from simpmd import plan
+    if getattr(model, "seq", None) != CP_SEQ:
+        return say(False, f"the model's sequences should be {CP_SEQ:,} tokens: "
+                   f"replace(plan.LLAMA3_70B, seq={CP_SEQ})")
+    problem = _layout_problem(layout, 8192, CP_SEQUENCES, CP_SEQ)
+    if problem:
+        return say(False, problem + ".")
+    ranks = layout.dp * layout.fsdp
+    if ranks > CP_SEQUENCES:
+        return say(False, f"dp x fsdp = {ranks:,} ranks, but there are only {CP_SEQUENCES} "
+                   f"sequences and each rank needs whole ones: split each sequence over cp "
+                   f"chips instead (cp = 8192 / (dp x fsdp x tp)).")
+    try:
+        mine = _estimate(model, layout)
+    except plan.LayoutError as exc:
+        return say(False, f"the planner cannot run that layout: {exc}")
+    return say(True, f"cp={layout.cp} splits each {CP_SEQ:,}-token sequence over {layout.cp} "
+               f"chips ({CP_SEQ // layout.cp:,} tokens each), {ranks} ranks of whole "
+               f"sequences: {mine.peak_bytes / 1e9:.1f} GB per chip, a step in "
+               f"{mine.step_s:.3f} s, MFU {mine.mfu:.0%}.")
+
+
+# Exercise 7: what the run costs. Google Cloud's on-demand price of a TPU v5p chip, USD per
+# chip-hour, as the Scaling Book's Part 8 ("Serving LLaMA 3-70B on TPUs", applied-inference.md
+# of jax-ml/scaling-book at commit 04d8de5) tabulates it from cloud.google.com/tpu/pricing;
+# and the v5e's, a price a learner may take by mistake.
+V5P_PRICE, V5E_PRICE = 4.2, 1.2
+
+
+def _cost(tokens, tokens_per_step, step_s, chips, price, unit_s=3600):
+    return tokens / tokens_per_step * step_s * chips / unit_s * price
+
+
+def check_run_cost(answer, step_s: float, tokens: float = 15e12, chips: int = 8192,
+                   tokens_per_step: int = 2048 * 2048):
+    """Exercise 7: dollars for ``tokens`` tokens at ``step_s`` a step of
+    ``tokens_per_step`` tokens on ``chips`` chips, at :data:`V5P_PRICE` a chip-hour."""
+    right = dict(tokens=tokens, tokens_per_step=tokens_per_step, step_s=step_s, chips=chips,
+                 price=V5P_PRICE)
+    slips = [
+        ("chips", dict(chips=1), f"that is the hours of the run times the price of one chip; "
+         f"every one of the {chips:,} chips is billed for those hours"),
+        ("chips", dict(chips=8960), f"that prices 8,960 chips (the book's pod); the plan runs "
+         f"on {chips:,}"),
+        ("unit", dict(unit_s=1), "that multiplies seconds by a price per hour: divide the "
+                                 "seconds by 3,600 first"),
+        ("unit", dict(unit_s=86400), "that divides by the seconds of a day; the price is per "
+                                     "chip-hour (3,600 s)"),
+        ("tokens_per_step", dict(tokens_per_step=2048), "that counts 2,048 tokens a step: a "
+         "step is 2,048 sequences of 2,048 tokens"),
+        ("price", dict(price=V5E_PRICE), "that is the TPU v5e's $1.2 a chip-hour; these chips "
+         "are v5p, $4.2"),
+    ]
+    return _check_slips(answer, _cost, right, slips, what="the cost", unit="dollars",
+                        rtol=1e-3)
