@@ -218,3 +218,23 @@ def test_section5_says_what_the_cost_model_gives():
     assert 0.05 < 1 - ms[0] / ms[1] < 0.15                  # "about a tenth"
     four = [(4 * 32 * tp + dp) for tp, dp in (hybrid, swapped)]
     assert 1 - four[0] / four[1] > 1 - ms[0] / ms[1]        # "the lead grows with them"
+
+
+def test_section8_slurm_rule_is_jaxs(jax8):
+    """Section 8's sentence: under SLURM the coordinator is the first node of the step's node
+    list, on port 61440 + (job id mod 4096), as the running JAX's own SlurmCluster says."""
+    import inspect
+    import os
+    from unittest import mock
+    from jax._src.clusters import SlurmCluster
+    unset = [None] * len(inspect.signature(SlurmCluster.get_coordinator_address).parameters)
+    for job, nodes, first in (("123456", "gpu[017-020]", "gpu017"), ("7", "a1,b2", "a1"),
+                              ("4096", "node[3,5-9]", "node3")):
+        env = {"SLURM_JOB_ID": job, "SLURM_STEP_NODELIST": nodes, "SLURM_NTASKS": "4",
+               "SLURM_PROCID": "2", "SLURM_LOCALID": "0"}
+        with mock.patch.dict(os.environ, env):
+            assert SlurmCluster.is_env_present()
+            assert SlurmCluster.get_coordinator_address(*unset) == f"{first}:{61440 + int(job) % 4096}"
+            assert (SlurmCluster.get_process_id(), SlurmCluster.get_process_count()) == (2, 4)
+    text = _section5_text()
+    assert "61440 + (job id mod 4096)" in " ".join(text.split())
