@@ -12,8 +12,10 @@ and gradients. Each is timed with jax.jit on the default accelerator (the median
 simpmd.cost (Roofline.predicted_s) for the preset that matches the device's kind. The table
 gives predicted, measured, their ratio and what the prediction says the program waits on;
 programs under 50 us are reported as launch-bound and left out of the geometric mean.
-Issue 36's target on an H100 or H200: every program within 0.67-1.5x, the geometric mean
-within 1.25x. No preset number was chosen from such timings (docs/benchmarks.md).
+At a reduced --size each row says what ran (the inputs' shapes and bytes), since the
+program's name gives its full size. docs/benchmarks.md holds the full-size table measured
+on an NVIDIA H200 with jax 0.11.2 (2026-11-28; ten programs within 0.59-1.23x of their
+predictions, geometric mean 0.81); no preset number was chosen from those times.
 
 On a CPU no preset matches: the script says so and prints what it measured. --preset names
 one to compare with anyway; --no-overlap turns off overlapping collectives with compute.
@@ -23,6 +25,24 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+
+
+def sized_name(name, args, size):
+    """The program's name at full size; at a reduced ``size``, the name followed by what
+    ran: its inputs' shapes and their bytes ("[ran bf16[2097152]: 4 MiB]"), so that no row
+    reads as 1 GiB in half a millisecond on a CPU."""
+    if size == 1:
+        return name
+    import jax
+    import numpy as np
+    leaves = jax.tree_util.tree_leaves(args)
+    short = {"bfloat16": "bf16", "float32": "f32", "float16": "f16", "float8_e4m3fn": "fp8"}
+    shapes = [f"{short.get(str(a.dtype), str(a.dtype))}[{','.join(map(str, a.shape))}]"
+              for a in leaves[:2]]
+    more = f" +{len(leaves) - 2}" if len(leaves) > 2 else ""
+    total = sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in leaves)
+    size_text = f"{total / 2**20:.3g} MiB" if total >= 2**20 else f"{total / 2**10:.3g} KiB"
+    return f"{name} [ran {' '.join(shapes)}{more}: {size_text}]"
 
 
 def run(size, repeats, only=None, preset=None, overlap=True, out=print):
@@ -46,7 +66,7 @@ def run(size, repeats, only=None, preset=None, overlap=True, out=print):
             out(f"{program.name:52s} not run here: {type(exc).__name__}: {str(exc)[:80]}")
             continue
         p = dp.predict(fn, args, preset, overlap=overlap) if preset else None
-        rows.append(dp.Row(program.name, p.time_s if p else None, measured,
+        rows.append(dp.Row(sized_name(program.name, args, size), p.time_s if p else None, measured,
                            p.bound if p else ""))
     out(dp.table(rows, preset))
     return rows

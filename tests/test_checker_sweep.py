@@ -1,11 +1,12 @@
-"""Every exercise checker of lessons 2 to 14, swept with many plausible wrong answers.
+"""Every exercise checker of lessons 2 to 16, swept with many plausible wrong answers.
 
 Whatever a learner types, a checker must say "Not yet" without raising, must never print a
 factor that reads 1 ("off by a factor of 1": a near miss is called one), and must never
 chain more than one "Also" (a hint made of three slips misleads more than it helps). The
 right answers are worked out here by hand; each named slip of a checker built on
 ``check_against_mistakes`` or ``check_quantity`` is also made on purpose, one at a time,
-and must be answered with its own hint.
+and must be answered with its own hint. Last, the slips learners were seen to make
+(issue 47) are each named for what they are, and not for a slip the learner did not make.
 """
 import itertools
 import math
@@ -17,7 +18,7 @@ import pytest
 from simpmd import course
 from simpmd.exercises import (lesson02, lesson03, lesson04, lesson05, lesson06, lesson07,
                               lesson08, lesson09, lesson10, lesson11, lesson12, lesson13,
-                              lesson14)
+                              lesson14, lesson15, lesson16)
 
 MIB = 2**20
 # One device's K (or V) block in lesson 14: 32768 / 8 tokens x 32 heads x 128 x 2 bytes
@@ -51,6 +52,9 @@ NUMERIC = {
     "lesson14.check_ring_bytes": (lesson14.check_ring_bytes, 2 * 7 * BLOCK),
     "lesson14.check_ulysses_bytes": (lesson14.check_ulysses_bytes, 4 * 7 / 8 * BLOCK),
     "lesson14.check_capacity": (lesson14.check_capacity, 80),
+    "lesson15.check_param_count": (lesson15.check_param_count, 8_030_261_248),
+    # NeMo's LLaMA 2-70B: 4 replicas of TP 4 x PP 4, 128 / 4 = 32 micro-batches, v = 20
+    "lesson15.check_bubble": (lesson15.check_bubble, 3 / (32 * 20 + 3)),
 }
 
 # Slips of scale and of counting, alone and two at a time
@@ -142,7 +146,8 @@ def _tables(checker, right, monkeypatch):
     return caught
 
 
-TABLED = [n for n in sorted(NUMERIC) if n != "lesson13.check_bubble"]
+# lesson 13's bubble and lesson 15's checkers hand over only the slips that match the answer
+TABLED = [n for n in sorted(NUMERIC) if n != "lesson13.check_bubble" and not n.startswith("lesson15")]
 
 
 @pytest.mark.parametrize("name", TABLED)
@@ -258,3 +263,205 @@ def test_other_checkers_refuse_wrong_answers_readably(name, capsys):
         assert not verdict, (name, answer, out)
         assert "Not yet" in out, (name, answer, out)
         assert_readable(out)
+
+
+# -- slips a learner made, each named for what it is (issue 47) -------------------------------
+# (checker, a wrong answer worked out here by hand, words the verdict must hold, words it
+# must not hold: the slip another mistake would have named)
+
+_RMS = 6 * 16384 * 8192 + 8 * 16384 + 4 * 8192
+_SHARD = 128 * 8192 * 2                       # lesson 7, exercise 2: one chip's bf16[128, 8192]
+_I_SUSTAINED = 9.9e14 * 0.803 / (3.35e12 * 0.867)
+
+
+# LLaMA 3-8B by hand (config.json): 32 layers of Q and O (D x 32 x 128 each), K and V
+# (D x 8 x 128 each), three MLP matrices and two norms, two vocabulary matrices, a last norm
+_LLAMA8B = 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096) \
+    + 2 * 128256 * 4096 + 4096
+# LLaMA 3-70B the same way (80 layers, D 8192, F 28672, 64 heads, 8 kv heads), and PaLM's
+# FLOPs per token, 6N + 12 L H Q T, at T tokens; days on 8,960 v5p chips at 40 % MFU
+_N70 = 80 * (2 * 8192 * 8192 + 2 * 8192 * 1024 + 3 * 8192 * 28672 + 2 * 8192) \
+    + 2 * 128256 * 8192 + 8192
+
+
+def _PER_TOKEN(t):
+    return 6 * _N70 + 12 * 80 * 64 * 128 * t
+
+
+def _DAYS(per_token):
+    return 15e12 * per_token / (8960 * 4.59e14 * 0.4) / 86400
+
+
+# 15e12 tokens in steps of 2,048 x 2,048, 0.9 s each, on 8,192 chips at $4.2 a chip-hour
+_COST = 15e12 / (2048 * 2048) * 0.9 / 3600 * 8192 * 4.2
+
+
+def _busbw(factor, latency=42e-6):
+    bus = factor * 64 * MIB
+    return bus / (latency + bus / 425e9)
+
+
+NAMED_SLIPS = {
+    # 11: the all-gather's (p-1)/p where the all-reduce's 2(p-1)/p belongs, not "2 bytes"
+    "7.1 busbw x (p-1)/p": (lesson07.check_busbw, _busbw(1.75) / 2, ["all-gather"],
+                            ["bytes per value"]),
+    "7.1 bus bytes (p-1)/p S": (lesson07.check_busbw, _busbw(7 / 8), ["all-gather"],
+                                ["bytes per value"]),
+    "7.1 latency in ms": (lesson07.check_busbw, _busbw(1.75, 42e-3), ["42 ms"], []),
+    # 16: 7.2 over the 8-axis (4 hops as if it wrapped, or 7 hops of a line): now a number
+    # of its own, since the shard is given
+    "7.2 the 8-axis as a ring": (lesson07.check_book_gather, 4 * _SHARD / 4.5e10,
+                                 ["axis of 8"], []),
+    "7.2 the 8-axis as a line": (lesson07.check_book_gather, 7 * _SHARD / 4.5e10,
+                                 ["line of 8"], ["one way round only"]),
+    "7.2 the shard as the array": (lesson07.check_book_gather, 8 * _SHARD / 16 / 4.5e10,
+                                   ["shard for the whole array"], []),
+    # 16: 7.3 with the sustained rates of section 5 instead of the peaks
+    "7.3 sustained rates": (lesson07.check_compute_bound_batch,
+                            _I_SUSTAINED * 4096**2 / (4096**2 - 2 * _I_SUSTAINED * 4096),
+                            ["sustained rates"], []),
+    # 12: w's 4C bytes, or one pass over the R row values, left out: not "did you round?"
+    "7.4 without w": (lesson07.check_rms_norm_bytes, _RMS - 4 * 8192, ["leaves out w"],
+                      ["did you round"]),
+    "7.4 row values once": (lesson07.check_rms_norm_bytes, _RMS - 4 * 16384,
+                            ["row values once"], ["did you round"]),
+    "7.4 no row values": (lesson07.check_rms_norm_bytes, _RMS - 8 * 16384,
+                          ["leaves out the R float32 row values"], ["did you round"]),
+    # 16: 13.1 p = 8 and m = 24 swapped
+    "13.1 p and m swapped": (lesson13.check_bubble, 23 / 31, ["swaps p and m"], []),
+    # 16: 14.3 the 1/n a device keeps, for the (n-1)/n it sends
+    "14.3 1/n sent": (lesson14.check_ulysses_bytes, 4 * BLOCK / 8, ["1/8 is the piece"], []),
+    # 16: 14.4 off by one slot where 1.25 x 4096 / 64 = 80 exactly
+    "14.4 81": (lesson14.check_capacity, 81, ["nothing to round"], []),
+    "14.4 79": (lesson14.check_capacity, 79, ["nothing to round"], []),
+    # 16: 15.1 in billions, and V's projection left out
+    "15.1 in billions": (lesson15.check_param_count, _LLAMA8B / 1e9, ["in billions"],
+                         ["factor"]),
+    "15.1 V forgotten": (lesson15.check_param_count, _LLAMA8B - 32 * 4096 * 8 * 128,
+                         ["one of the keys' and values'"], []),
+    # 6: the 6N hint says how much attention adds at the lesson's 2,048 tokens, and at 8,192
+    "15.3 6N at 2,048 tokens": (lambda a: lesson15.check_training_days(a, _PER_TOKEN(2048), _N70),
+                                _DAYS(6 * _N70), ["3.8% more"], ["11%"]),
+    "15.3 6N at 8,192 tokens": (lambda a: lesson15.check_training_days(a, _PER_TOKEN(8192), _N70),
+                                _DAYS(6 * _N70), ["15.2% more"], ["11%"]),
+    # 16: 15.3 the MFU as 40, and the v5e's peak
+    "15.3 MFU as 40": (lambda a: lesson15.check_training_days(a, _PER_TOKEN(2048), _N70),
+                       _DAYS(_PER_TOKEN(2048)) / 100, ["MFU as 40"], []),
+    "15.3 v5e peak": (lambda a: lesson15.check_training_days(a, _PER_TOKEN(2048), _N70),
+                      _DAYS(_PER_TOKEN(2048)) * 4.59e14 / 1.97e14, ["TPU v5e"], []),
+    # 13: 15.4 m = 128 / 16 = 8 is its own slip; percentages are called percentages
+    "15.4 m = 8": (lesson15.check_bubble, 3 / (8 * 20 + 3), ["128 / 16"],
+                   ["all 64 GPUs", "counts the layers", "Also"]),
+    "15.4 a percentage": (lesson15.check_bubble, 100 * 3 / (32 * 20 + 3), ["percentage"],
+                          ["factor of 100"]),
+    "15.4 a percentage x 100": (lesson15.check_bubble, 1e4 * 3 / (32 * 20 + 3), ["percentage"],
+                                ["factor of"]),
+    # 15.7 (issue 47, item 21): the run's cost, at 0.9 s a step
+    "15.7 one chip's hours": (lambda a: lesson15.check_run_cost(a, 0.9), _COST / 8192,
+                              ["one chip"], []),
+    "15.7 seconds x price per hour": (lambda a: lesson15.check_run_cost(a, 0.9), _COST * 3600,
+                                      ["3,600"], ["factor"]),
+    # 16: 15.4 p idle ticks for p - 1
+    "15.4 p for p - 1": (lesson15.check_bubble, 4 / (32 * 20 + 3), ["not p"], []),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NAMED_SLIPS))
+def test_a_slip_is_named_for_what_it_is(name, capsys):
+    checker, wrong, said, unsaid = NAMED_SLIPS[name]
+    assert not checker(wrong)
+    out = capsys.readouterr().out
+    assert out.startswith("Not yet: "), out
+    for words in said:
+        assert words in out, (name, out)
+    for words in unsaid:
+        assert words not in out, (name, out)
+    assert_readable(out)
+
+
+def _report_sum(jax):
+    """Lesson 16, exercise 3, with `.sum()` where `.mean()` was meant."""
+    mesh = jax.make_mesh((4, 2), ("hosts", "chips"))
+    x = jax.make_array_from_process_local_data(jax.NamedSharding(mesh, jax.P("hosts")),
+                                               lesson16.local_rows(jax))
+    value = float(jax.jit(lambda v: (v * v).sum())(x))
+    if jax.process_index() == 0:
+        print("loss", value)
+
+
+def _merge_rescaling_one_block(first):
+    """Lesson 14, exercise 1, scaling only one block's l and o by exp(m_i - m)."""
+    def merge(a, b):
+        (m1, l1, o1), (m2, l2, o2) = a, b
+        m = np.maximum(m1, m2)
+        s1, s2 = (np.exp(m1 - m), 1.0) if first else (1.0, np.exp(m2 - m))
+        return m, l1 * s1 + l2 * s2, o1 * np.asarray(s1)[..., None] + o2 * np.asarray(s2)[..., None]
+    return merge
+
+
+def _keep_from_one(expert_of_token, num_experts, capacity):
+    """Lesson 14, exercise 5, counting a token's position among its expert's from 1."""
+    counts = np.zeros(num_experts, int)
+    keep = []
+    for e in expert_of_token:
+        counts[e] += 1
+        keep.append(counts[e] < capacity)
+    return np.array(keep)
+
+
+def _numpy_mean(x):
+    """Lesson 4, exercise 1, with NumPy's mean where a collective was meant."""
+    return np.mean(x)
+
+
+def _method_mean(x):
+    return x.mean()
+
+
+PROGRAM_SLIPS = {
+    # 15: a NumPy reduction where a collective was meant, whether the engine raises on it
+    # or runs it (the test below runs both)
+    "4.1 np.mean(x)": (lesson04.check_global_mean, _numpy_mean, ["NumPy's mean", "lax.psum"],
+                       ["raised", "Spelled"]),
+    "4.1 x.mean()": (lesson04.check_global_mean, _method_mean, ["NumPy's mean", "lax.psum"],
+                     ["shape"]),
+    "14.1 only block 1 rescaled": (lesson14.check_merge, _merge_rescaling_one_block(True),
+                                   ["rescales only one block"], ["differs from the sum"]),
+    "14.1 only block 2 rescaled": (lesson14.check_merge, _merge_rescaling_one_block(False),
+                                   ["rescales only one block"], ["differs from the sum"]),
+    "14.5 positions from 1": (lesson14.check_keep_mask, _keep_from_one, ["one too few"], []),
+    # 14: the sum for the mean is not "is every host's data in it?"
+    "16.3 .sum() for .mean()": (lesson16.check_fixed_report, _report_sum, ["`.sum()`"],
+                                ["every host's data in it"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAM_SLIPS))
+def test_a_program_slip_is_named_for_what_it_is(name, capsys):
+    checker, program, said, unsaid = PROGRAM_SLIPS[name]
+    assert not checker(program)
+    out = capsys.readouterr().out
+    assert out.startswith("Not yet: "), out
+    for words in said:
+        assert words in out, (name, out)
+    for words in unsaid:
+        assert words not in out, (name, out)
+
+
+@pytest.mark.parametrize("engine", ["raises", "runs"])
+def test_a_numpy_reduction_is_named_whatever_the_engine_does(engine, capsys, monkeypatch):
+    """Lesson 4, exercise 1: np.mean(x) in the body is named as a NumPy reduction both where
+    the engine refuses np.mean on a traced value and where it runs it (each device's own
+    mean, no collective in the trace)."""
+    import types
+    if engine == "raises":
+        def run(body, x, axis_name="i"):
+            return None, None, "TypeError: Spelled.mean() got an unexpected keyword argument 'out'"
+    else:
+        def run(body, x, axis_name="i"):
+            return x.mean(axis=1), types.SimpleNamespace(events=[]), None
+    monkeypatch.setattr(lesson04, "_run", run)
+    assert not lesson04.check_global_mean(_numpy_mean)
+    out = capsys.readouterr().out
+    assert "NumPy's mean" in out and "lax.psum" in out, out
+    assert "Spelled" not in out and "shape" not in out, out

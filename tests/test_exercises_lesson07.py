@@ -151,3 +151,85 @@ def test_rms_norm_bytes_accepts_and_names_mistakes(capsys):
         assert words in capsys.readouterr().out
     assert not L.check_rms_norm_bytes(...)
     assert "placeholder" in capsys.readouterr().out
+
+
+def test_book_gather_is_given_a_shard_so_the_wrong_axis_differs():
+    """The exercise gives each chip's shard (128 of 2,048 rows): over the 16-long axis the
+    answer is V / 9e10; over the 8-long one it would be 4 or 7 shard-hops, not the same."""
+    shard = 128 * 8192 * 2
+    assert (L.E_Y * L.Y_SIZE, L.F) == (2048, 8192)
+    assert math.isclose(L.book_gather_expected(), 16 * shard / 9e10)
+    for hops in (4, 7):
+        assert not math.isclose(hops * shard / 4.5e10, L.book_gather_expected(), rel_tol=0.07)
+
+
+# -- the lesson's sentences, held to the code that computes their numbers ---------------------
+
+def _lesson_text():
+    """The markdown of lesson 7, its line breaks read as spaces."""
+    import json
+    import pathlib
+    path = pathlib.Path(__file__).resolve().parent.parent / "notebooks" / \
+        "07_roofline_and_measured_collectives.ipynb"
+    cells = json.loads(path.read_text())["cells"]
+    return " ".join(" ".join("".join(c["source"]).split()) for c in cells
+                    if c["cell_type"] == "markdown")
+
+
+def _h200_rows(jax):
+    from simpmd.jax import device_programs as dp
+    rows = []
+    for name, preset, measured, *_ in dp.RECORDED:
+        if preset == "H200":
+            fn, args = dp.find(name).at(1)
+            r = cost.roofline_of(jax.make_jaxpr(fn)(*args), hardware=preset)
+            rows.append((name, r, measured))
+    return rows
+
+
+def test_lesson_claims_about_the_h200_hold(jax8):
+    """Sections 5's sentences: the geometric mean (said twice), the range of ratios, the
+    fractions of the book's lower bound RMSNorm and attention took, and the bandwidth the
+    unfused RMSNorm would have needed (issue 47, items 2, 3, 5)."""
+    from simpmd.cost.fusion import fuse
+    from simpmd.jax import device_programs as dp
+    text = _lesson_text()
+    rows = _h200_rows(jax8)
+    ratios = [r.predicted_s / m for _, r, m in rows]
+    gm = math.exp(sum(map(math.log, ratios)) / len(ratios))
+    assert math.isclose(gm, dp.geomean([dp.Row(n, r.predicted_s, m) for n, r, m in rows]))
+    assert f"geometric mean is {gm:.2f}" in text and f"(geometric mean {gm:.2f})" in text
+    assert f"within {min(ratios):.2f}–{max(ratios):.2f}" in text
+    lower = {n: m / r.time_s[0] for n, r, m in rows}
+    assert 0.30 < lower["RMSNorm 16384x8192 bf16"] < 0.37          # "a third"
+    assert 0.23 < lower["attention 64 heads x 4096 x 128"] < 0.28   # "about a quarter"
+    assert "RMSNorm took a third of its *lower* end and attention about a quarter" in text
+    (_, norm, took), = [row for row in rows if row[0] == "RMSNorm 16384x8192 bf16"]
+    fn, args = dp.find("RMSNorm 16384x8192 bf16").at(1)
+    program = jax8.make_jaxpr(fn)(*args)
+    fused = sum(k.bytes for k in fuse(program.jaxpr.eqns, program.jaxpr.outvars))
+    peak = cost.HARDWARE["H200"].hbm_bandwidth
+    assert f"{fused / 2**20:.0f} MiB at {fused / took / 1e12:.1f} TB/s" in text
+    assert f"needed {norm.bytes / took / 1e12:.1f} TB/s, three times the peak" in text
+    assert round(norm.bytes / took / peak) == 3
+
+
+def test_lesson_marks_the_rates_no_measurement_gave():
+    """Section 5's table says 'peak*' where a preset keeps its datasheet's peak, and the text
+    names exactly those (issue 47, item 4)."""
+    kept = {(name, what) for name in ("H100", "H200", "TPU v5e", "T4")
+            for what, sustained, peak in (
+                ("matmuls", cost.HARDWARE[name].sustained_matmul_flops("bf16"),
+                 cost.HARDWARE[name].matmul_peak("bf16")),
+                ("HBM bandwidth", cost.HARDWARE[name].sustained_hbm_bandwidth,
+                 cost.HARDWARE[name].hbm_bandwidth)) if sustained == peak}
+    assert kept == {("TPU v5e", "HBM bandwidth"), ("T4", "matmuls")}
+    assert "the TPU v5e's HBM bandwidth, the T4's matmuls" in _lesson_text()
+
+
+def test_lesson_cites_what_a_learner_can_look_up():
+    """No 'issue 36' or 'earlier session': the measurements are docs/benchmarks.md's
+    (issue 47, item 8)."""
+    text = _lesson_text()
+    assert "issue 36" not in text and "earlier session" not in text
+    assert "2026-11-28" in text and "docs/benchmarks.md" in text

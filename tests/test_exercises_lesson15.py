@@ -151,3 +151,72 @@ def test_plausible_wrong_numbers_get_readable_hints(name, capsys):
         out = capsys.readouterr().out
         assert out.startswith("Not yet: "), (answer, out)
         assert_readable(out)
+
+
+# -- exercises 5 to 7: the planner itself ------------------------------------------------------
+
+def _model(seq=2048):
+    from dataclasses import replace
+    from simpmd import plan
+    return replace(plan.LLAMA3_70B, seq=seq)
+
+
+def _layout(**axes):
+    from simpmd import plan
+    return plan.Layout(**{**dict(dp=2, fsdp=1024, tp=4, global_batch=2048, recompute="selective",
+                                 sequence_parallel=True), **axes})
+
+
+def test_budget_exercise_the_fastest_layout_that_fits_is_full_recomputation_at_tp4(capsys):
+    """Exercise 5 and its solution's text: under 8 GB, tp=4 with full recomputation beats
+    every other of the six layouts that fits (selective at tp=4 does not fit)."""
+    from simpmd import plan
+    model = _model()
+    options = [_layout(fsdp=4096 // tp, tp=tp, recompute=r) for tp in (4, 8)
+               for r in ("none", "selective", "full")]
+    results = plan.sweep(model, options, hardware="TPU v5p", slices=2, check_memory=False)
+    fits = {(o.tp, o.recompute): r.step_s for o, r in zip(options, results) if r.peak_bytes <= 8e9}
+    assert (4, "selective") not in fits and min(fits, key=fits.get) == (4, "full")
+    assert ex.check_layout_under_budget(_layout(recompute="full"), model)
+    assert "the fastest" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("layout, words", [
+    (..., "placeholder"), ("tp=4", "plan.Layout"),
+    (dict(recompute="selective"), "over the 8 GB budget"),
+    (dict(fsdp=512, tp=8, recompute="selective"), "tp=4 with recompute='full' also fits"),
+    (dict(fsdp=512, recompute="full"), "4,096 chips"),
+    (dict(global_batch=1024, recompute="full"), "2,048 sequences of 2,048 tokens")])
+def test_budget_exercise_says_what_is_off(capsys, layout, words):
+    answer = _layout(**layout) if isinstance(layout, dict) else layout
+    assert not ex.check_layout_under_budget(answer, _model())
+    out = capsys.readouterr().out
+    assert out.startswith("Not yet: ") and words in out, out
+
+
+def test_context_parallel_exercise(capsys):
+    """512 sequences of 8,192 tokens: 256 FSDP ranks per slice, cp = 8192 / (2 x 256 x 4) = 4."""
+    long = _model(8192)
+    assert ex.check_context_parallel(_layout(fsdp=256, cp=4, global_batch=512), long)
+    assert "cp=4" in capsys.readouterr().out
+    for layout, words in ((_layout(global_batch=512), "only 512 sequences"),
+                          (_layout(), "512 sequences of 8,192 tokens"),
+                          (_layout(fsdp=256, global_batch=512), "2,048 chips")):
+        assert not ex.check_context_parallel(layout, long)
+        assert words in capsys.readouterr().out
+    assert not ex.check_context_parallel(_layout(fsdp=256, cp=4, global_batch=512), _model())
+    assert "8,192 tokens" in capsys.readouterr().out
+
+
+def test_run_cost_by_hand(capsys):
+    """15e12 tokens / 4,194,304 a step = 3,576,279 steps; at 0.9 s a step on 8,192 chips,
+    7.3 million chip-hours at $4.2."""
+    steps = 15e12 / (2048 * 2048)
+    right = steps * 0.9 / 3600 * 8192 * 4.2
+    assert 3.0e7 < right < 3.2e7
+    assert ex.check_run_cost(right, 0.9)
+    for wrong, words in ((right / 8192, "one chip"), (right * 3600, "3,600"),
+                         (right * 1.2 / 4.2, "v5e"), (right * 8960 / 8192, "8,960"),
+                         (right * 2048, "2,048 sequences of 2,048 tokens")):
+        assert not ex.check_run_cost(wrong, 0.9)
+        assert words in capsys.readouterr().out

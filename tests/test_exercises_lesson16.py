@@ -133,7 +133,7 @@ def test_fixed_report_right(capsys):
 
 @pytest.mark.parametrize("program, hint", [
     (deadlocked, "it still deadlocks"), (everyone_prints, "processes 1-3 printed too"),
-    (own_rows_only, "is every host's data in it"), (wrong_format, "one line 'loss <value>'"),
+    (own_rows_only, "process 0's own 2 rows only"), (wrong_format, "one line 'loss <value>'"),
     (placeholder, "still the placeholder"), (None, "placeholder"), (raises, "ValueError: no mesh")])
 def test_fixed_report_wrong(capsys, program, hint):
     assert not ex.check_fixed_report(program)
@@ -171,3 +171,70 @@ def test_checkpoint_bytes_agree_with_replica_ids():
 def test_checkpoint_bytes_wrong(capsys, answer, hint):
     assert not ex.check_checkpoint_bytes(answer)
     assert hint in said(capsys)
+
+
+# -- section 5's sentences, held to the cost model and to a traced MLP block -----------------
+
+def test_an_mlp_block_all_reduces_once_forward_and_once_backward():
+    """Megatron's MLP (column-split first product, row-split second): one psum over 'model'
+    forward and one backward (the gradient of the replicated input), not four."""
+    from simpmd import lax
+    simpmd.set_device_count(4)
+    mesh = simpmd.make_mesh((4,), ("model",))
+
+    def loss(x, w1, w2):
+        return (lax.psum(simpmd.numpy.tanh(x @ w1) @ w2, "model") ** 2).sum()
+    split = (simpmd.P(), simpmd.P(None, "model"), simpmd.P("model", None))
+    step = simpmd.shard_map(simpmd.grad(loss, argnums=(0, 1, 2)), mesh=mesh, in_specs=split,
+                            out_specs=split)
+    step(np.ones((8, 16), np.float32), np.ones((16, 32), np.float32) / 16,
+         np.ones((32, 16), np.float32) / 32)
+    reductions = [e for e in step.trace.program.eqns if e.primitive.name.startswith("psum")]
+    assert len(reductions) == 2
+
+
+def _section5_text():
+    import json
+    import pathlib
+    path = pathlib.Path(__file__).resolve().parent.parent / "notebooks" / "16_many_hosts.ipynb"
+    cells = json.loads(path.read_text())["cells"]
+    return " ".join(" ".join("".join(c["source"]).split()) for c in cells
+                    if c["cell_type"] == "markdown")
+
+
+def test_section5_says_what_the_cost_model_gives():
+    """2 tensor-parallel all-reduces per layer of 32, one gradient all-reduce: 42 ms for the
+    hybrid layout against 46 swapped, about a tenth less (issue 47, item 1)."""
+    from simpmd.cost import estimate
+    simpmd.set_device_count(16, hardware="H100", processes="hardware")
+    activations, gradients = 8192 * 4096 * 2, 32 * 2 * 4096 * 16384 * 2 // 8
+    hybrid = (estimate("psum", activations, hardware="H100", devices=list(range(8))).time_s,
+              estimate("psum", gradients, hardware="H100", devices=[0, 8]).time_s)
+    swapped = (estimate("psum", activations, hardware="H100", devices=[0, 1, 2, 3, 8, 9, 10, 11]).time_s,
+               estimate("psum", gradients, hardware="H100", devices=[0, 4]).time_s)
+    ms = [round((2 * 32 * tp + dp) * 1e3) for tp, dp in (hybrid, swapped)]
+    text = _section5_text()
+    assert f"{ms[0]} ms against {ms[1]}" in text and "64 small all-reduces" in text
+    assert 0.05 < 1 - ms[0] / ms[1] < 0.15                  # "about a tenth"
+    four = [(4 * 32 * tp + dp) for tp, dp in (hybrid, swapped)]
+    assert 1 - four[0] / four[1] > 1 - ms[0] / ms[1]        # "the lead grows with them"
+
+
+def test_section8_slurm_rule_is_jaxs(jax8):
+    """Section 8's sentence: under SLURM the coordinator is the first node of the step's node
+    list, on port 61440 + (job id mod 4096), as the running JAX's own SlurmCluster says."""
+    import inspect
+    import os
+    from unittest import mock
+    from jax._src.clusters import SlurmCluster
+    unset = [None] * len(inspect.signature(SlurmCluster.get_coordinator_address).parameters)
+    for job, nodes, first in (("123456", "gpu[017-020]", "gpu017"), ("7", "a1,b2", "a1"),
+                              ("4096", "node[3,5-9]", "node3")):
+        env = {"SLURM_JOB_ID": job, "SLURM_STEP_NODELIST": nodes, "SLURM_NTASKS": "4",
+               "SLURM_PROCID": "2", "SLURM_LOCALID": "0"}
+        with mock.patch.dict(os.environ, env):
+            assert SlurmCluster.is_env_present()
+            assert SlurmCluster.get_coordinator_address(*unset) == f"{first}:{61440 + int(job) % 4096}"
+            assert (SlurmCluster.get_process_id(), SlurmCluster.get_process_count()) == (2, 4)
+    text = _section5_text()
+    assert "61440 + (job id mod 4096)" in " ".join(text.split())

@@ -328,3 +328,20 @@ def test_the_drawing_frames_each_host_and_says_which_axes_cross():
     assert sorted(frames) == [f"simpmd:host:{p}" for p in range(4)]
     assert "crosses hosts" in fig.axes[0].texts[-1].get_text() or any(
         "crosses hosts" in t.get_text() for t in fig.axes[0].texts)
+
+
+def test_the_mesh_indices_stay_clear_of_the_host_frames():
+    """Lesson 16's pictures: the row indices sit left of every dashed host frame and the
+    column indices above it, not under its border (issue 47, item 19)."""
+    pytest.importorskip("matplotlib")
+    from simpmd.viz import draw_hosts, tagged
+    simpmd.set_device_count(8, processes=4)
+    for shape, names in (((4, 2), ("hosts", "chips")), ((2, 4), ("data", "model"))):
+        fig = draw_hosts(simpmd.make_mesh(shape, names), names[0])
+        renderer = fig.canvas.get_renderer()
+        frames = [f.get_window_extent(renderer) for f in tagged(fig, "host")]
+        rows, columns = tagged(fig, "row-index"), tagged(fig, "column-index")
+        assert len(rows) == shape[0] and len(columns) == shape[1]
+        left, top = min(f.x0 for f in frames), max(f.y1 for f in frames)
+        assert all(t.get_window_extent(renderer).x1 < left for t in rows)
+        assert all(t.get_window_extent(renderer).y0 > top for t in columns)

@@ -144,6 +144,29 @@ def test_the_timeline_draws_collectives_beside_compute(jax8):
         assert comm.get_x() == 0.0 if overlap else comm.get_x() > 0   # beside, or after
 
 
+def test_the_timeline_tells_a_hidden_collective_from_an_exposed_one(jax8):
+    """Lesson 7's picture: a gradient all-reduce that needs nothing runs beside the matmuls
+    and is labelled hidden; the psum of the matmul's product starts after it, so the
+    compute row waits (a hatched gap) and its label says it is exposed; a fused kernel's
+    '+8' reads as fused equations."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from simpmd.viz.timeline import draw_prediction, prediction_label
+    lax = jax8.lax
+    program = jax8.make_jaxpr(lambda a, b, g: (lax.psum(jax8.nn.gelu(a @ b), "i"),
+                                               lax.psum(g, "i")), axis_env=[("i", 8)])(
+        *abstract(jax8, (N, N), (N, N), (2**22,)))
+    p = C.roofline_of(program, hardware="H100", axis_env=[("i", 8)]).predict()
+    busy = [(k.start_s, k.end_s) for k in p.kernels if k.stream == "compute"]
+    labels = sorted(prediction_label(k, busy) for k in p.kernels if k.stream == "communication")
+    assert labels == ["psum over i: exposed: compute waits", "psum over i: hidden behind compute"]
+    (matmul,) = [k for k in p.kernels if k.stream == "compute"]
+    assert "+" in matmul.name and " fused equations" in prediction_label(matmul, busy)
+    fig = draw_prediction(p)
+    hatched = [r for r in fig.axes[0].patches if r.get_hatch() == "///"]
+    assert len(hatched) == 1 and hatched[0].get_x() > 0
+
+
 def test_every_kind_of_program_the_roofline_takes_has_a_prediction(jax8):
     """Calls, custom derivatives, checkpoints, loops, conditionals, every collective, sorts,
     gathers and scatters: predicted_s exists, and its terms add up to it."""

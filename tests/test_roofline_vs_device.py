@@ -20,7 +20,9 @@ def test_on_a_cpu_it_reports_measurements_only(bench):
     rows = bench.run(64, 1, only="RMSNorm", out=lines.append)
     text = "\n".join(lines)
     assert "none matches this device" in text
-    assert [r.name for r in rows] == ["RMSNorm 16384x8192 bf16", "gradient: RMSNorm"]
+    # at a 64th of every dimension each row says what ran: x[256, 128] bf16, w[128] f32
+    assert [r.name for r in rows] == ["RMSNorm 16384x8192 bf16 [ran bf16[256,128] f32[128]: 64.5 KiB]",
+                                      "gradient: RMSNorm [ran bf16[256,128] f32[128]: 64.5 KiB]"]
     assert rows[0].measured_s > 0 and rows[0].predicted_s is None
 
 
@@ -28,7 +30,9 @@ def test_with_a_preset_it_prints_ratios_and_the_geometric_mean(bench):
     lines = []
     rows = bench.run(64, 1, only="matmul 8192", preset="H100", out=lines.append)
     text = "\n".join(lines)
-    assert {r.name for r in rows} >= {"bf16 matmul 8192^3", "f32 matmul 8192^3 (HIGHEST)"}
+    assert {r.name.split(" [ran")[0] for r in rows} >= {"bf16 matmul 8192^3",
+                                                       "f32 matmul 8192^3 (HIGHEST)"}
+    assert all(r.name.endswith("MiB]") or r.name.endswith("KiB]") for r in rows)
     assert all(r.predicted_s > 0 and r.ratio > 0 for r in rows)
     assert "preset: H100" in text and "ratio" in text
     # programs under 50 us are reported as launch-bound and left out of the mean

@@ -740,3 +740,28 @@ def test_draw_trace_puts_narrow_panels_side_by_side():
     assert len(viz.draw_trace(f.trace, ncols=1).axes) == 4
     one = viz.draw_trace(f.trace, ncols=1)
     assert len({round(ax.get_position().x0, 6) for ax in one.axes}) == 1
+
+
+def test_schedule_labels_fit_their_bars_and_short_chunks_are_labelled_close_up():
+    """Lesson 13's interleaved 1F1B: a bar's label is drawn only where it fits inside the
+    bar, and a close-up window labels the short forward chunks (F03) the whole step cannot
+    (issue 47, item 18)."""
+    from simpmd import viz
+    from simpmd.viz.canvas import tagged
+    segments, clock = [], 0.0
+    for k in range(60):                       # 0.5 ms forwards and 1 ms backwards, one row
+        kind, t = ("F", 0.5e-3) if k % 3 else ("B", 1e-3)
+        segments.append(viz.Segment(0, "compute", clock, clock + t, "s", f"{kind}{k % 2}{k % 8}"))
+        clock += t
+    tl = viz.Timeline(segments, [0], clock, "communication left out", "", "s")
+    for window in (None, (0, 12e-3)):
+        fig = viz.draw_timeline(tl, window=window)
+        renderer = fig.canvas.get_renderer()
+        ax = fig.axes[0]
+        bars = [b.get_window_extent(renderer) for b in tagged(fig, "compute")]
+        labels = [t for t in ax.texts if t.get_text()[:1] in "FB" and len(t.get_text()) == 3]
+        for text in labels:
+            box = text.get_window_extent(renderer)
+            assert any(b.x0 <= box.x0 and box.x1 <= b.x1 for b in bars), text.get_text()
+        forwards = {t.get_text() for t in labels if t.get_text().startswith("F")}
+        assert bool(forwards) == (window is not None), (window, forwards)

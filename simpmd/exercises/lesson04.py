@@ -32,6 +32,29 @@ def _run(body, x, axis_name="i"):
     return (None if out is None else np.asarray(out)), f.trace, None
 
 
+# NumPy's reductions, called as np.mean(x) or x.mean(): inside a device they reduce that
+# device's own values, never across devices.
+_REDUCTIONS = ("mean", "average", "sum", "nanmean", "nansum")
+_COLLECTIVES = ("psum", "pmean", "all_gather", "psum_scatter", "ppermute", "all_to_all")
+
+
+def _numpy_reduction(body):
+    """The NumPy reduction ``body`` names ('mean', 'sum', ...) when it names no collective:
+    a learner reaching for np.mean where lax.psum was meant. None otherwise."""
+    code = getattr(body, "__code__", None)
+    names = set(code.co_names) if code is not None else set()
+    if names & set(_COLLECTIVES):
+        return None
+    return next((n for n in _REDUCTIONS if n in names), None)
+
+
+def _reduction_hint(name):
+    return _say(False, f"it calls NumPy's {name} (np.{name}(x) or x.{name}()), which reduces "
+                "inside one device: each device holds only its own x, so it combines that "
+                "device's own values, never values across devices. Reaching across devices takes a "
+                "collective: lax.psum(x, 'i'), divided by the device count lax.psum(1, 'i').")
+
+
 def _first_bad_device(out, expected):
     for d in range(expected.shape[0]):
         if not np.allclose(out[d], expected[d]):
@@ -47,11 +70,15 @@ def check_global_mean(body) -> bool:
         return _say(False, f"global_mean should be a function of x, got {type(body).__name__}.")
     x = MEAN_DATA
     out, trace, error = _run(body, x)
+    reduction = _numpy_reduction(body)
     if error:
-        return _say(False, f"your function raised on simpmd: {error}")
+        return _reduction_hint(reduction) if reduction else \
+            _say(False, f"your function raised on simpmd: {error}")
     if out is None:
         return _say(False, "your function returns None; return the mean (an array of shape (3,)).")
     ops = sorted({e.op for e in trace.events if e.kind == "collective"})
+    if reduction and not ops:
+        return _reduction_hint(reduction)
     if "pmean" in ops:
         return _say(False, "it uses lax.pmean; build the mean from lax.psum and the axis size "
                     "lax.psum(1, 'i') instead.")

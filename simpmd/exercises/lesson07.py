@@ -31,6 +31,13 @@ def busbw_expected(size: float = BUSBW_S, p: int = BUSBW_P) -> float:
     return bus_bytes / (H100_AR_LATENCY_S + bus_bytes / H100_AR_BUSBW)
 
 
+def _busbw_with(factor: float, latency: float = H100_AR_LATENCY_S) -> float:
+    """busbw worked with a bus-bytes ``factor`` and a ``latency`` of the learner's: what a
+    slip in either gives."""
+    bus_bytes = factor * BUSBW_S
+    return bus_bytes / (latency + bus_bytes / H100_AR_BUSBW)
+
+
 def check_busbw(answer) -> bool:
     """Exercise 1: the busbw, in bytes/s, nccl-tests would report for a 64 MiB all-reduce
     on 8 H100s if the preset's fit held."""
@@ -46,6 +53,13 @@ def check_busbw(answer) -> bool:
         (factor * s / (H100_AR_LATENCY_S + s / H100_AR_BUSBW),
          f"the transfer moves nccl-tests' bus bytes, 2(p-1)/p x S = {factor:g} S, not S"),
         (busbw_expected(64e6), "64 MiB is 2**26 = 67,108,864 bytes, not 64e6"),
+        (expected / 2, f"(p-1)/p = {(p - 1) / p:g} is the factor of an all-gather or a "
+                       f"reduce-scatter; an all-reduce is both, so its busbw is algbw x "
+                       f"2(p-1)/p = {factor:g}"),
+        (_busbw_with((p - 1) / p), f"that uses an all-gather's (p-1)/p = {(p - 1) / p:g} for the "
+                                   f"bus bytes; an all-reduce moves 2(p-1)/p x S = {factor:g} S"),
+        (_busbw_with(factor, latency=H100_AR_LATENCY_S * 1e3),
+         "that takes the 42 us latency as 42 ms (0.042 s); a microsecond is 1e-6 s"),
     ]
     return check_against_mistakes(answer, expected, mistakes, what="busbw", unit="bytes/s",
                                   rtol=1e-3)
@@ -53,32 +67,35 @@ def check_busbw(answer) -> bool:
 
 # Exercise 2 -------------------------------------------------------------------------------
 # The Scaling Book's own terms: a TPU v5e 8x16 slice, mesh {'X': 8, 'Y': 16}, AllGather_Y
-# of bf16[E_Y, F] with E = 2048, F = 8192. The numbers, written out here (simpmd.cost's
-# TPU v5e preset holds the same, with its source): ICI 4.5e10 bytes/s one way per link
-# ("How to Scale Your Model", Part 2, table of ICI bandwidths), 1 us per hop (Part 3, "A
-# note on ICI latency"); the 16-long axis of a v5e has its wraparound link (Part 2).
-E, F = 2048, 8192
+# of bf16[E_Y, F], each chip holding E_Y = 128 rows of F = 8192 (so E = 2048). The shard is
+# given, not the whole array, so that gathering over the wrong axis (X, 8 chips) gives a
+# different number. The numbers, written out here (simpmd.cost's TPU v5e preset holds the
+# same, with its source): ICI 4.5e10 bytes/s one way per link ("How to Scale Your Model",
+# Part 2, table of ICI bandwidths), 1 us per hop (Part 3, "A note on ICI latency"); the
+# 16-long axis of a v5e has its wraparound link, the 8-long one does not (Part 2).
+E_Y, F = 128, 8192
 V5E_LINK = 4.5e10               # bytes/s, one ICI link, one direction
 V5E_ALPHA_S = 1e-6
-Y_SIZE = 16
+X_SIZE, Y_SIZE = 8, 16
+E = E_Y * Y_SIZE
 
 
 def book_gather_expected() -> float:
-    """Both ways round: 16/2 = 8 hops, each carrying one shard (V/16) per link direction,
-    each far above 1 us, so T = 8 x V/16 / 4.5e10 = V / 9e10 = 372.8 us."""
-    v = E * F * BF16_BYTES
-    hops = Y_SIZE // 2
-    return hops * max(V5E_ALPHA_S, v / Y_SIZE / V5E_LINK)
+    """Both ways round: 16/2 = 8 hops, each carrying one shard (2 MiB) per link direction,
+    each far above 1 us, so T = 8 x 2 MiB / 4.5e10 = V / 9e10 = 372.8 us."""
+    shard = E_Y * F * BF16_BYTES
+    return Y_SIZE // 2 * max(V5E_ALPHA_S, shard / V5E_LINK)
 
 
 def check_book_gather(answer) -> bool:
     """Exercise 2: seconds for AllGather_Y([E_Y, F]) -> [E, F] on a v5e 8x16."""
-    v = E * F * BF16_BYTES
+    shard = E_Y * F * BF16_BYTES
+    v = shard * Y_SIZE
     expected = book_gather_expected()
     mistakes = [
         (expected * 1e3, "that is milliseconds: the question asks for seconds"),
         (expected * 1e6, "that is microseconds: the question asks for seconds"),
-        ((Y_SIZE - 1) * v / Y_SIZE / V5E_LINK,
+        ((Y_SIZE - 1) * shard / V5E_LINK,
          "that sends one way round only (15 hops); the 16-long axis of a v5e wraps, so each "
          "shard goes both ways at once and arrives in 8 hops"),
         (v / V5E_LINK, "that puts the whole array through one link direction; both ways "
@@ -87,7 +104,16 @@ def check_book_gather(answer) -> bool:
                                  "together; do not double it again"),
         (2 * expected, "that counts 4 bytes per value (float32); the array is bf16, 2 bytes"),
         (expected * 8, "that is bits: 1 byte is 8 bits"),
-        (v / Y_SIZE / V5E_LINK, "that is one hop; the shards need 8 hops to reach everyone"),
+        (shard / V5E_LINK, "that is one hop; the shards need 8 hops to reach everyone"),
+        (X_SIZE // 2 * shard / V5E_LINK,
+         "that gathers over X, the axis of 8 chips, as if it wrapped: the array is sharded "
+         "over Y, so its 16 shards travel the 16-long axis"),
+        ((X_SIZE - 1) * shard / V5E_LINK,
+         "that is a line of 8 chips, the X axis (7 hops one way): the array is sharded over "
+         "Y, the 16-long axis, which wraps"),
+        (Y_SIZE // 2 * shard / Y_SIZE / V5E_LINK,
+         "that takes the shard for the whole array: each of the 16 chips holds 128 of its "
+         "2,048 rows, and each hop carries one whole shard"),
     ]
     # 7%: the book's V / W_bidi, or the same with 8 us of latency added, or with the
     # (N-1)/N = 15/16 factor that a balanced ring saves, all pass.
@@ -105,11 +131,21 @@ MM_D = MM_F = 4096
 V5E_CRITICAL = 1.97e14 / 8.1e11
 
 
+# What the H100 preset says large matmuls and streaming kernels sustain (lesson 7, section
+# 5: S. Bekman's matmul table, 80.3%; a streaming kernel, 86.7%): a learner who read that
+# section may use them where the exercise asks for the peaks.
+H100_SUSTAINED_INTENSITY = H100_PEAK_BF16 * 0.803 / (H100_HBM * 0.867)
+
+
+def _batch_at(i: float, d: int, f: int) -> float:
+    """B = I D F / (D F - I (D + F)): where 2BDF / C = 2(BD + DF + BF) / W, for I = C / W."""
+    return i * d * f / (d * f - i * (d + f))
+
+
 def compute_bound_batch_expected(d: int = MM_D, f: int = MM_F) -> float:
     """The B where 2BDF / peak = 2(BD + DF + BF) / HBM bandwidth, solved by hand:
     B = I D F / (D F - I (D + F)) with I = peak / bandwidth (about 345.4 here)."""
-    i = H100_PEAK_BF16 / H100_HBM
-    return i * d * f / (d * f - i * (d + f))
+    return _batch_at(H100_PEAK_BF16 / H100_HBM, d, f)
 
 
 def check_compute_bound_batch(answer) -> bool:
@@ -127,6 +163,9 @@ def check_compute_bound_batch(answer) -> bool:
          "has 2 bytes per value"),
         (i * d * f / (d * f - i * d), "that leaves out the bytes of one operand; a matmul reads "
                                       "X and W and writes Z"),
+        (_batch_at(H100_SUSTAINED_INTENSITY, d, f),
+         "that uses the sustained rates (80.3% of the matmul peak, 86.7% of the HBM "
+         "bandwidth); the roofline of the book, and this exercise, use the peaks C and W"),
     ]
     # within one row of the exact solution: 345 and 346 both pass
     return check_against_mistakes(answer, expected, mistakes, what="the batch size",
@@ -166,6 +205,15 @@ def check_rms_norm_bytes(answer) -> bool:
          "copy lives only inside the kernels"),
         (expected * 8, "that is bits: 1 byte is 8 bits"),
         (expected / 2**20, "that is MiB: the question asks for bytes"),
+        (expected - F32_BYTES * c, "that leaves out w: the second kernel reads the float32 "
+                                   "weight, 4C bytes"),
+        (expected - F32_BYTES * r, "that counts the R float32 row values once; the first kernel "
+                                   "writes them and the second reads them back, 4R bytes each way"),
+        (expected - F32_BYTES * (r + c), "that leaves out w (4C bytes, read by the second kernel) "
+                                         "and one pass over the row values (4R: written by the "
+                                         "first kernel, read by the second)"),
+        (expected - 2 * F32_BYTES * r, "that leaves out the R float32 row values: the first "
+                                       "kernel writes them (4R bytes) and the second reads them (4R)"),
     ]
     return check_against_mistakes(answer, expected, mistakes, what="the fused bytes",
                                   unit="bytes", rtol=1e-6)

@@ -51,6 +51,10 @@ def check_bubble(answer, p: int = BUBBLE_STAGES, m: int = BUBBLE_MICROBATCHES) -
                             f"enters stage 0 at step m-1 and leaves stage p-1 at step m+p-2)"),
         (2 * (p - 1) / (m + p - 1), "forward and backward each have a bubble of p-1 steps, but "
                                     "the step is twice as long too: the fraction stays the same"),
+        ((m - 1) / (m + p - 1), f"that swaps p and m: a stage idles one step fewer than there "
+                                f"are stages, p-1 = {p - 1}, not m-1 = {m - 1}"),
+        ((m - 1) / p, f"that is (p-1)/m with p and m swapped: p = {p} stages, m = {m} "
+                      f"microbatches, and the share of the whole step is (p-1)/(m+p-1)"),
     ]
     for wrong, hint in mistakes:
         if np.isclose(a, wrong, rtol=1e-3):

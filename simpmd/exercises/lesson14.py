@@ -72,6 +72,11 @@ def check_merge(merge) -> Verdict:
             if np.allclose(gl, a[1] + b[1]):
                 return _say(False, "l is l1 + l2 added as they are; each was summed relative to "
                             "its own block's max, so scale each by exp(m_i - m) first.")
+            if np.allclose(gl, a[1] * np.exp(a[0] - m) + b[1]) or \
+                    np.allclose(gl, a[1] + b[1] * np.exp(b[0] - m)):
+                return _say(False, "l rescales only one block: both l1 and l2 were summed "
+                            "relative to their own block's max, so scale each by its own "
+                            "exp(m_i - m) (the factor is 1 only for the block whose max is m).")
             if np.allclose(gl, a[1] * np.exp(m - a[0]) + b[1] * np.exp(b[0] - m)) or \
                     np.allclose(gl, a[1] * np.exp(a[0] - m) + b[1] * np.exp(m - b[0])):
                 return _say(False, "l rescales one block the wrong way round: the factor is "
@@ -84,6 +89,10 @@ def check_merge(merge) -> Verdict:
             if np.allclose(go, a[2] + b[2]):
                 return _say(False, "o is o1 + o2 added as they are; scale each by exp(m_i - m) "
                             "first, as for l.")
+            if np.allclose(go, a[2] * np.exp(a[0] - m)[:, None] + b[2]) or \
+                    np.allclose(go, a[2] + b[2] * np.exp(b[0] - m)[:, None]):
+                return _say(False, "o rescales only one block: scale both o1 and o2, each by "
+                            "its own exp(m_i - m), as for l.")
             return _say(False, f"o differs from the merged output (case {k + 1} of 3): check "
                         f"that each o_i is scaled by the same factor as its l_i.")
     return _say(True, "merging two blocks gives the m, l and o of both together; "
@@ -172,6 +181,8 @@ def check_ulysses_bytes(answer, *, seq=32768, heads=32, head_dim=128, devices=8,
         Factor("share sent", (n - 1) / n, {
             1: f"a device keeps the 1/{n} of its block that is its own: it sends "
                f"({n} - 1)/{n} of it",
+            1 / n: f"1/{n} is the piece a device keeps (or sends to each ONE other device); "
+                   f"it sends {n - 1} such pieces, ({n} - 1)/{n} of its block",
             n - 1: f"each all_to_all sends {n - 1} pieces of 1/{n} of the block, one to each "
                    f"other device: ({n} - 1)/{n} of one block, not {n - 1} blocks"}),
         tokens, width,
@@ -201,6 +212,11 @@ def check_capacity(answer, *, tokens=4096, experts=64, capacity_factor=1.25) -> 
                          f"no k"))
     if exact != expected:
         mistakes.append((exact, "round up to a whole number of slots"))
+    else:
+        for wrong, what in ((expected + 1, "adds one"), (expected - 1, "drops one")):
+            mistakes.append((wrong, f"capacity factor x tokens / experts = {capacity_factor:g} x "
+                             f"{tokens} / {experts} = {expected} exactly, already a whole number "
+                             f"of slots: there is nothing to round ({wrong} {what} slot)"))
     return check_against_mistakes(answer, expected, mistakes, what="capacity", unit="slots")
 
 
@@ -249,6 +265,11 @@ def check_keep_mask(keep_mask) -> Verdict:
             return _say(False, f"{case}, keep_mask keeps {int(got.sum())} tokens: one too many per "
                         f"full expert. A token's position among its expert's tokens starts at "
                         f"0, and it fits if that position is < capacity.")
+        if cap > 1 and np.array_equal(got, _reference_keep(choice, n, cap - 1)):
+            return _say(False, f"{case}, keep_mask keeps {int(got.sum())} tokens: one too few per "
+                        f"full expert, as a position counted from 1 gives. A token's position "
+                        f"among its expert's tokens starts at 0 (the first token has 0 before "
+                        f"it), and it fits if that position is < capacity.")
         if np.array_equal(got, np.arange(len(choice)) < cap):
             return _say(False, f"{case}, keep_mask counts all tokens together; each expert has "
                         f"its own {cap} slot(s).")

@@ -108,9 +108,25 @@ def local_rows(jax) -> np.ndarray:
     return data[2 * p:2 * p + 2]
 
 
+def _data() -> np.ndarray:
+    return np.linspace(-1.0, 1.0, 24, dtype=np.float32).reshape(8, 3).astype(np.float64)
+
+
 def _loss() -> float:
-    data = np.linspace(-1.0, 1.0, 24, dtype=np.float32).reshape(8, 3)
-    return float((data.astype(np.float64) ** 2).mean())
+    return float((_data() ** 2).mean())
+
+
+def _loss_slips():
+    """(value, what the learner did) for the losses a slip gives: ``.sum()`` for ``.mean()``,
+    process 0's own rows instead of every host's, both."""
+    squares, own = _data() ** 2, _data()[:2] ** 2
+    return [(squares.sum(), "that is the sum of x*x over all 24 values, not its mean: "
+                            "`.sum()` where `.mean()` was meant"),
+            (own.mean(), "that is the mean over process 0's own 2 rows only: make the "
+                         "rows one global array (every host's data) before taking the mean"),
+            (own.sum(), "that is the sum over process 0's own 2 rows: take the mean, over "
+                        "a global array of every host's rows"),
+            (float(_data().mean()), "that is the mean of x, not of x*x")]
 
 
 def check_fixed_report(main) -> Verdict:
@@ -145,6 +161,9 @@ def check_fixed_report(main) -> Verdict:
     except ValueError:
         return say(False, f"'{words[1]}' is not a number.")
     if not np.isclose(value, _loss(), rtol=1e-4):
+        for wrong, what in _loss_slips():
+            if np.isclose(value, wrong, rtol=1e-4, atol=1e-6):
+                return say(False, f"process 0 printed loss {value:.6g}: {what}.")
         return say(False, f"process 0 printed loss {value:.6g}, but the mean of x*x over all "
                    f"8 rows is {_loss():.6g}: is every host's data in it (a global array, "
                    f"not the process's own rows)?")

@@ -94,7 +94,19 @@ def draw_hosts(mesh, highlight_axis=None, *, title=None, ax=None):
             tag(edge, "host", p)
             axes_.add_patch(fill)
             axes_.add_patch(edge)
+    _clear_of_frames(fig, pad + 0.02)
     return fig
+
+
+def _clear_of_frames(fig, margin):
+    """Move the mesh's row and column indices out past the host frames (``margin`` beyond
+    the device boxes), where the dashed border would otherwise run through them."""
+    for label in tagged(fig, "row-index"):
+        x, y = label.get_position()
+        label.set_position((x - margin - 0.04, y))
+    for label in tagged(fig, "column-index"):
+        x, y = label.get_position()
+        label.set_position((x, y + margin))
 
 
 __all__ = ["crossing_axes", "draw_hosts"]

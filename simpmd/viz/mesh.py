@@ -255,8 +255,8 @@ def _axis_labels(ax, shape, axis_names, ox, oy, nr, nc, fs, starts=None, flat_id
         return
     same = len(shape) == 1 and list(flat_ids) == list(range(len(flat_ids)))
     for c in range(nc if not same else 0):
-        ax.text(ox + c * (BOX + GAP) + BOX / 2, oy + 0.12, str(c), ha="center", va="bottom",
-                fontsize=max(fs * 0.8, MIN_FONT), color=INK)
+        tag(ax.text(ox + c * (BOX + GAP) + BOX / 2, oy + 0.12, str(c), ha="center", va="bottom",
+                    fontsize=max(fs * 0.8, MIN_FONT), color=INK), "column-index", c)
     if len(shape) > 1:
         outer = axis_names[-2]
         bottom = oy - nr * (BOX + GAP) + GAP
@@ -265,8 +265,8 @@ def _axis_labels(ax, shape, axis_names, ox, oy, nr, nc, fs, starts=None, flat_id
         ax.text(ox - 0.55, (oy + bottom) / 2, outer, ha="right", va="center", fontsize=fs,
                 color=INK, style="italic", rotation=90)
         for r in range(nr):
-            ax.text(ox - 0.12, oy - r * (BOX + GAP) - BOX / 2, str(r), ha="right", va="center",
-                    fontsize=max(fs * 0.8, MIN_FONT), color=INK)
+            tag(ax.text(ox - 0.12, oy - r * (BOX + GAP) - BOX / 2, str(r), ha="right",
+                        va="center", fontsize=max(fs * 0.8, MIN_FONT), color=INK), "row-index", r)
 
 
 def _group_outlines(ax, groups, n_groups, boxes):

@@ -411,6 +411,8 @@ def _spans(e):
 
 
 def _seconds(t: float) -> str:
+    if t == 0:
+        return "0 s"
     unit, scale = _unit(t)
     return f"{t / scale:.3g} {unit}"
 
@@ -562,10 +564,23 @@ def _draw_segments(ax, tl, row, op_color, span, fs, n):
                          hatch="///" if s.kind == "wait" else None, zorder=2)
         tag(rect, s.kind, f"{s.device}:{k}")
         ax.add_patch(rect)
-        wide = s.duration / (end - begin) > (0.06 if s.kind == "comm" else 0.025)
-        if s.label and s.kind in ("comm", "compute") and n <= 16 and wide:
+        size = max(fs * 0.85, MIN_FONT)
+        if s.label and s.kind in ("comm", "compute") and n <= 16 and \
+                _label_fits(ax, s, end - begin, size):
             ax.text((s.start + s.stop) / 2 / scale, row[s.device], s.label, ha="center",
-                    va="center", fontsize=max(fs * 0.85, MIN_FONT), color=INK, zorder=3)
+                    va="center", fontsize=size, color=INK, zorder=3)
+
+
+def _label_fits(ax, segment, span, size) -> bool:
+    """Whether ``segment``'s label, at ``size`` points, fits inside its bar: a collective's
+    bar must also be 6% of the span (their names are long and many); a compute bar need
+    only hold its text, so that a schedule's short chunks (F03) are labelled too."""
+    share = segment.duration / span
+    if segment.kind == "comm":
+        return share > 0.06
+    fig_width_in = ax.figure.get_size_inches()[0] * ax.get_position().width
+    text_in = len(segment.label) * size * 0.62 / 72 + 0.04
+    return share > 0.01 and share * fig_width_in >= text_in
 
 
 def _legend_and_title(fig, ax, tl, ops, op_color, title, waited):
@@ -589,23 +604,34 @@ def _legend_and_title(fig, ax, tl, ops, op_color, title, waited):
              fontsize=7.5, color=INK)
 
 
-def draw_prediction(prediction, *, title=None, ax=None, most_labels: int = 12):
-    """Draw a :class:`simpmd.cost.predict.Prediction` of one device: its compute stream
-    (kernels, blue where compute-bound, green where memory-bound) and, below, its
-    collectives, which run beside the compute that does not need them (XLA's asynchronous
-    collectives); a gap in the compute row is communication nothing hid. Predict with
-    ``overlap=False`` to draw everything on one stream. Kernels are tagged
-    ``simpmd:kernel:<k>``, collectives ``simpmd:comm:<k>``; return the Figure."""
-    rows = prediction.kernels
-    end = max((k.end_s for k in rows), default=0.0) or 1e-9
-    unit, scale = _unit(end)
-    fig, ax = figure_and_axes(ax, 10.0, 2.6)
-    if ax.get_position().width > 0.9:
-        ax.set_position((0.17, 0.3, 0.8, 0.45))
-    ax.set_axis_on()
+def _uncovered(start: float, end: float, busy) -> float:
+    """Seconds of ``start..end`` that no interval of ``busy`` ((start, end) pairs) covers."""
+    return sum(e - s for s, e in _gaps(start, end, busy))
+
+
+def prediction_label(kernel, busy) -> str:
+    """What a bar of :func:`draw_prediction` says: a kernel's first equation and how many
+    more XLA fused into it ('dot_general + 8 fused equations'); a collective's op, mesh axes and how
+    much of it the compute stream (``busy``) does not hide, which tells a gradient
+    all-reduce that overlaps from a tensor-parallel one that the next kernel waits for."""
+    if kernel.stream != "communication":
+        first, _, more = kernel.name.partition("+")
+        return f"{first} + {more} fused equations" if more.isdigit() else kernel.name
+    axes = ",".join(map(str, kernel.axes))
+    exposed = _uncovered(kernel.start_s, kernel.end_s, busy)
+    where = ("hidden behind compute" if exposed < 0.01 * kernel.time_s else
+             "exposed: compute waits" if exposed > 0.99 * kernel.time_s else
+             f"{_seconds(exposed)} exposed")
+    return f"{kernel.name} over {axes}: {where}" if axes else f"{kernel.name}: {where}"
+
+
+def _prediction_bars(ax, rows, end, scale, most_labels):
+    """The kernels and collectives of :func:`draw_prediction`, labelled, and hatched gaps
+    where the compute stream waits for a collective."""
     lane = {"compute": 0, "communication": 1}
     memory = tint(OKABE_ITO[2], 0.7)
     labelled = sorted(rows, key=lambda k: -k.time_s)[:most_labels]
+    busy = [(k.start_s, k.end_s) for k in rows if k.stream == "compute"]
     for n, k in enumerate(rows):
         color = (COLORS["comm"] if k.comm_s and not k.inner else
                  memory if k.memory_s > k.compute_s else COLORS["compute"])
@@ -614,8 +640,45 @@ def draw_prediction(prediction, *, title=None, ax=None, most_labels: int = 12):
         tag(rect, "comm" if k.comm_s and not k.inner else "kernel", n)
         ax.add_patch(rect)
         if k in labelled and k.time_s / end > 0.05:
-            ax.text((k.start_s + k.end_s) / 2 / scale, lane[k.stream], k.name[:18],
-                    ha="center", va="center", fontsize=MIN_FONT, color=INK, zorder=3)
+            ax.text((k.start_s + k.end_s) / 2 / scale, lane[k.stream],
+                    prediction_label(k, busy)[:44], ha="center", va="center",
+                    fontsize=MIN_FONT, color=INK, zorder=3)
+        if k.stream == "communication":
+            for s, e in _gaps(k.start_s, k.end_s, busy):
+                ax.add_patch(Rectangle((s / scale, -0.36), (e - s) / scale, 0.72,
+                                       facecolor=COLORS["wait"], edgecolor="0.55",
+                                       hatch="///", linewidth=0.4, zorder=1))
+    return memory
+
+
+def _gaps(start: float, end: float, busy):
+    """The pieces of ``start..end`` that no interval of ``busy`` covers."""
+    out, at = [], start
+    for s, e in sorted(busy):
+        if s > at and at < end:
+            out.append((at, min(s, end)))
+        at = max(at, e)
+    if at < end:
+        out.append((at, end))
+    return [(s, e) for s, e in out if e > s]
+
+
+def draw_prediction(prediction, *, title=None, ax=None, most_labels: int = 12):
+    """Draw a :class:`simpmd.cost.predict.Prediction` of one device: its compute stream
+    (kernels, blue where compute-bound, green where memory-bound) and, below, its
+    collectives, which run beside the compute that does not need them (XLA's asynchronous
+    collectives); a hatched gap in the compute row is communication nothing hid, and each
+    collective's label says how much of it was exposed. Predict with ``overlap=False`` to
+    draw everything on one stream. Kernels are tagged ``simpmd:kernel:<k>``, collectives
+    ``simpmd:comm:<k>``; return the Figure."""
+    rows = prediction.kernels
+    end = max((k.end_s for k in rows), default=0.0) or 1e-9
+    unit, scale = _unit(end)
+    fig, ax = figure_and_axes(ax, 10.0, 2.6)
+    if ax.get_position().width > 0.9:
+        ax.set_position((0.17, 0.3, 0.8, 0.45))
+    ax.set_axis_on()
+    memory = _prediction_bars(ax, rows, end, scale, most_labels)
     ax.set_xlim(0, end / scale * 1.01)
     ax.set_ylim(1.6, -0.6)
     ax.set_yticks([0, 1])
@@ -628,8 +691,10 @@ def draw_prediction(prediction, *, title=None, ax=None, most_labels: int = 12):
         ax.spines[side].set_visible(False)
     handles = [Patch(facecolor=COLORS["compute"], label="compute-bound kernel"),
                Patch(facecolor=memory, label="memory-bound kernel"),
-               Patch(facecolor=COLORS["comm"], label="collective")]
-    ax.legend(handles=handles, loc="lower left", bbox_to_anchor=(0, 1.0), ncol=3, fontsize=8,
+               Patch(facecolor=COLORS["comm"], label="collective"),
+               Patch(facecolor=COLORS["wait"], edgecolor="0.55", hatch="///",
+                     label="compute waits for a collective")]
+    ax.legend(handles=handles, loc="lower left", bbox_to_anchor=(0, 1.0), ncol=4, fontsize=8,
               frameon=False)
     terms = ", ".join(f"{name} {_seconds(t)}" for name, t in prediction.terms.items() if t)
     fig.text(0.01, 0.995, title or f"predicted on {prediction.hardware}: "
