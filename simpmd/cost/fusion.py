@@ -340,8 +340,22 @@ class _Fuser:
             buffer = self.root(eqn.invars[0])
             if _is_var(buffer) and _nbytes(_typed(buffer)) == _nbytes(out):
                 kernel.in_place[eqn.outvars[0]] = buffer
+        if kind == "block" and nested(eqn)[0] == "repeat":
+            self._carries_in_place(eqn, kernel)
         self.kernels.append(kernel)
         return len(self.kernels) - 1
+
+    def _carries_in_place(self, eqn, kernel):
+        """A scan's carries: each result in its initial value's buffer, which the loop
+        updates (XLA's buffer assignment colocates a while loop's operand, its body's
+        parameter and root, and its result; copy insertion adds a copy only where the
+        initial value is read after the loop: openxla/xla, xla/service/copy_insertion.cc),
+        so that an accumulator is one buffer, not its start and its end."""
+        consts, carry = scan_split(eqn.eqn)
+        for out, start in zip(eqn.outvars[:carry], eqn.invars[consts:consts + carry]):
+            buffer = self.root(start)
+            if _is_var(buffer) and _nbytes(_typed(buffer)) == _nbytes(_typed(out)):
+                kernel.in_place[out] = buffer
 
     def _into_dot(self, eqn):
         """A transpose or a slice only matmuls read: part of their operand load."""

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..api.shapes import ShapeDtypeStruct
 from ..api.shard_map import shard_map
-from ..cost.hardware import SLICE_SHAPES, hardware_preset
+from ..cost.hardware import NEW_HBM, SLICE_SHAPES, hardware_preset
 from ..cost.memory import peak_memory
 from ..cost.predict import predict
 from ..cost.walk import Walker
@@ -48,6 +48,7 @@ HBM_CAPACITY = {
     "B200": 180e9,        # NVIDIA DGX B200 datasheet: 1,440 GB for 8 GPUs
     "L4": 24e9,           # NVIDIA L4 datasheet: 24 GB GDDR6
     "T4": 16e9,           # NVIDIA T4 datasheet: 16 GB GDDR6
+    **NEW_HBM,            # H100 PCIe, H100 NVL, H100 96GB, GB200: cost/hardware.py's sources
 }
 LARGEST_V5P = (16, 16, 24)   # cloud.google.com/tpu/docs/v5p: the largest slice, 6,144 chips
 # The path of the products of weights; in FP8 the program's casts say which run in FP8.
