@@ -48,6 +48,7 @@ class Shard:
     flash: bool = True
     framework: str = "xla"
     fp8: bool = False
+    recompute_layers: int | None = None    # full recomputation of this many per stage
 
     @property
     def eager(self) -> bool:
@@ -83,7 +84,12 @@ def vary(x, axes):
 
 def gather_weight(s: Shard, w, axis: int):
     """FSDP: the whole of this device's tensor-parallel slice of ``w``, just in time."""
-    return lax.all_gather(w, "fsdp", axis=axis, tiled=True) if s.size("fsdp") > 1 else w
+    if s.size("fsdp") == 1:
+        return w
+    whole = lax.all_gather(w, "fsdp", axis=axis, tiled=True)
+    if whole.shape[axis] == s.model.d_model:
+        return whole
+    return whole[(slice(None),) * axis + (slice(0, s.model.d_model),)]   # the padding cut
 
 
 def into_block(s: Shard, h):
@@ -287,13 +293,32 @@ def layers(s: Shard, x, stacked, virtual=None):
         w = {k: ws[virtual, i] for k, ws in stacked.items()}
         return one(h, w)
     body = one if virtual is None else picked
-    xs = stacked if virtual is None else snp.arange(next(iter(stacked.values())).shape[1])
-    if not s.fp8:
-        return lax.scan(checkpoint(body, policy=policy(s)), x, xs)[0]
     count = next(iter(stacked.values())).shape[0 if virtual is None else 1]
-    x = fp8.region(x, GRAD_AMAXES * count, s.sizes)   # its backward's end: the gradients'
-    y, amaxes = lax.scan(checkpoint(body, policy=policy(s)), x, xs)   # amaxes reduced
-    return fp8.sync(y, amaxes, s.sizes)               # the forward's end: the amaxes reduced
+    xs = stacked if virtual is None else snp.arange(count)
+    if s.fp8:
+        x = fp8.region(x, GRAD_AMAXES * count, s.sizes)   # its backward's end: the
+    y, amaxes = _scans(s, body, x, xs, count)             # gradients' amaxes reduced
+    return fp8.sync(y, amaxes, s.sizes) if s.fp8 else y   # the forward's end: the amaxes
+
+
+def _scans(s: Shard, body, x, xs, count):
+    """The layers as one scan under :func:`policy`, or, with ``recompute_layers = k``, a
+    scan of the first ``k`` recomputed whole and one of the rest keeping what
+    ``recompute="none"`` keeps (Megatron-LM's block method: the first k layers of each
+    virtual stage, megatron/core/transformer/transformer_block.py). The layers' FP8
+    amaxes, stacked."""
+    k = s.recompute_layers
+    if k is None or k >= count:
+        return lax.scan(checkpoint(body, policy=policy(s)), x, xs)
+    parts = [(slice(0, k), None), (slice(k, count), keep_all_but_gathers)]
+    amaxes = []
+    for part, keep in parts:
+        if part.stop == part.start:
+            continue
+        xs_part = {n: w[part] for n, w in xs.items()} if isinstance(xs, dict) else xs[part]
+        x, a = lax.scan(checkpoint(body, policy=keep), x, xs_part)
+        amaxes.append(a)
+    return x, (snp.concatenate(amaxes, axis=0) if s.fp8 else None)
 
 
 def checkpointed_layer(s: Shard):

@@ -195,8 +195,56 @@ class Reuse:
             megatron = framework == "megatron"
             self.peaks[key] = peak_memory(
                 program, fused=True, donate=True, accumulation_fusion=megatron,
-                walker=Walker(program, layout.shape, whole_recompute=megatron)).peak
+                walker=Walker(program, layout.shape, whole_recompute=megatron)).peak + (
+                main_grad_extra(model, layout) if megatron else 0)
         return self.peaks[key]
+
+
+def weight_elements(model, layout) -> int:
+    """The elements of the weights one device uses (its stage's, its tensor-parallel and
+    FSDP shares), before the distributed optimizer splits anything."""
+    shapes = St.param_shapes(model, layout)
+    sizes = layout.shape
+    total = 0
+    for key, shape in shapes.items():
+        spec = St._split(key, False, layout)
+        split = math.prod(sizes[a] for d in spec if d is not None
+                          for a in ((d,) if isinstance(d, str) else d))
+        total += math.prod(shape) // split
+    return total
+
+
+def main_grad_extra(model, layout) -> int:
+    """Megatron-LM's gradients are float32 buffers (``main_grad``; its arguments.py makes
+    bf16 training accumulate and reduce gradients in fp32, and the wgrad GEMM adds into
+    them, ``gradient_accumulation_fusion``), where the program accumulates in the
+    weights' 16-bit type: 2 more bytes per weight element held (Korthikanti et al.
+    2022's Figure 1 counts 18 bytes a parameter: 2 + 4 + 12)."""
+    return 2 * weight_elements(model, layout)
+
+
+def memory_refusal(model, layout, result) -> str:
+    """Why ``result`` does not fit and what would: the bytes, the weights' share, and the
+    layouts that hold less (each axis that splits the weights, recomputation, a smaller
+    micro-batch), with ``check_memory=False`` to see the estimate anyway."""
+    peak, hbm = result.peak_bytes / 1e9, result.hbm_bytes / 1e9
+    weights = weight_elements(model, layout) * 2 / 1e9
+    over = peak / hbm
+    ideas = [f"split the weights about {math.ceil(over)}x further (pp = {layout.pp * 2}, "
+             f"tp = {layout.tp * 2}, fsdp = {layout.fsdp * 2} or zero=3)"]
+    if not layout.distributed_optimizer and layout.replicas * layout.cp > 1:
+        ideas.append("distributed_optimizer=True (ZeRO-1: the fp32 masters and moments over "
+                     f"dp x cp = {layout.dp * layout.cp})")
+    if layout.recompute != "full" or layout.recompute_layers is not None:
+        ideas.append("recompute='full' (each layer's input only)")
+    if layout.microbatch > 1:
+        ideas.append(f"microbatch={layout.microbatch // 2}")
+    if layout.tp > 1 and not layout.sequence_parallel:
+        ideas.append("sequence_parallel=True")
+    return (f"{peak:.1f} GB per chip at the peak, over the {hbm:.0f} GB of HBM a "
+            f"{result.hardware} has ({over:.2f}x; the 16-bit weights alone {weights:.1f} GB): "
+            f"{'; or '.join(ideas)}. Pass check_memory=False to get the estimate anyway "
+            f"(Estimate.fits is then False).")
 
 
 def sweep(model, layouts, hardware="H100", precision: str = "bf16", **options) -> list:
@@ -256,9 +304,5 @@ def estimate(model, layout: Layout, hardware="H100", chips: int | None = None,
                       capacity, hw.matmul_peak(precision), tuple(p.collectives),
                       p.communication_s, p.flops)
     if check_memory and not result.fits:
-        raise LayoutError(
-            f"{memory / 1e9:.1f} GB per chip at the peak, over the {capacity / 1e9:.0f} GB of "
-            f"HBM a {hw.name} has: recompute more (recompute='selective' or 'full'), split "
-            f"the weights further (fsdp, tp, pp, distributed_optimizer) or use smaller "
-            f"micro-batches")
+        raise LayoutError(memory_refusal(model, layout, result))
     return result
