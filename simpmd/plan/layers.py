@@ -31,6 +31,7 @@ from ..cost import fusion as _fusion  # noqa: F401 (sets the rows' fusion column
 from . import fp8
 from .attention import flash_attention, materialized_attention
 from .dropout import dropout, dropout_p
+from .frameworks import FRAMEWORKS
 
 
 @dataclass(frozen=True)
@@ -52,8 +53,8 @@ class Shard:
 
     @property
     def eager(self) -> bool:
-        """PyTorch's eager kernels (Megatron-LM), not XLA's fusion."""
-        return self.framework == "megatron"
+        """PyTorch's eager kernels (Megatron-LM, FSDP, DeepSpeed), not XLA's fusion."""
+        return FRAMEWORKS[self.framework].eager
 
     def size(self, axis: str) -> int:
         return self.sizes.get(axis, 1)
@@ -272,7 +273,7 @@ POLICIES = {"none": keep_all_but_gathers, "selective": keep_products, "full": No
 def policy(s: Shard):
     """The checkpoint policy of each layer: :data:`POLICIES`'s, Megatron-LM's selective
     recomputation keeping its masks."""
-    if s.recompute == "selective" and s.eager:
+    if s.recompute == "selective" and s.framework == "megatron":
         return keep_products_and_masks
     return POLICIES[s.recompute]
 
@@ -288,6 +289,9 @@ def layers(s: Shard, x, stacked, virtual=None):
     ``virtual``: the index of a virtual stage, whose layers are ``stacked[k][virtual]``."""
     def one(h, w):
         return layer(s, h, w)
+
+    if virtual is None and s.recompute_layers is not None:   # pick layers by index, so
+        stacked, virtual = {k: w[None] for k, w in stacked.items()}, 0   # both scans
 
     def picked(h, i):
         w = {k: ws[virtual, i] for k, ws in stacked.items()}
@@ -315,8 +319,7 @@ def _scans(s: Shard, body, x, xs, count):
     for part, keep in parts:
         if part.stop == part.start:
             continue
-        xs_part = {n: w[part] for n, w in xs.items()} if isinstance(xs, dict) else xs[part]
-        x, a = lax.scan(checkpoint(body, policy=keep), x, xs_part)
+        x, a = lax.scan(checkpoint(body, policy=keep), x, xs[part])
         amaxes.append(a)
     return x, (snp.concatenate(amaxes, axis=0) if s.fp8 else None)
 

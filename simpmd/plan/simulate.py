@@ -19,7 +19,7 @@ one forward and one backward scan, would keep every micro-batch's (GPipe's memor
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 import math
 
 import numpy as np
@@ -32,6 +32,7 @@ from ..cost.predict import predict
 from ..cost.walk import Walker
 from ..machine import devices as _devices
 from ..machine.mesh import Mesh
+from . import frameworks as F
 from . import step as St
 from .layout import Layout, LayoutError, check
 
@@ -53,7 +54,7 @@ HBM_CAPACITY = {
 LARGEST_V5P = (16, 16, 24)   # cloud.google.com/tpu/docs/v5p: the largest slice, 6,144 chips
 # The path of the products of weights; in FP8 the program's casts say which run in FP8.
 PATHS = {"bf16": "bf16", "fp16": "fp16", "fp8": None}
-FRAMEWORKS = ("xla", "megatron")
+FRAMEWORKS = F.NAMES
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,7 @@ class Estimate:
     collectives: tuple = ()
     communication_s: float = 0.0      # every collective's time in the step, hidden or not
     flops: float = 0.0                # what one device computes in the step
+    assumed: dict = field(default_factory=dict)   # the framework's defaults, in words
 
     @property
     def chips(self) -> int:
@@ -116,7 +118,8 @@ class Estimate:
                 f"  step {self.step_s:.3g} s ({parts})\n"
                 f"  {self.tokens_per_s_per_chip:,.0f} tokens/s per chip, MFU {self.mfu:.1%}\n"
                 f"  peak memory {self.peak_bytes / 1e9:.1f} GB per chip of "
-                f"{self.hbm_bytes / 1e9:.0f} GB")
+                f"{self.hbm_bytes / 1e9:.0f} GB"
+                + "".join(f"\n  assumed {k}: {v}" for k, v in self.assumed.items()))
 
 
 def _slice_shape(hw, chips: int, slices: int):
@@ -192,11 +195,11 @@ class Reuse:
         key = (model, in_flight(layout), hw_name, flash, framework, precision)
         if key not in self.peaks:
             program = self.program(*key)
-            megatron = framework == "megatron"
+            f = F.FRAMEWORKS[framework]
             self.peaks[key] = peak_memory(
-                program, fused=True, donate=True, accumulation_fusion=megatron,
-                walker=Walker(program, layout.shape, whole_recompute=megatron)).peak + (
-                main_grad_extra(model, layout) if megatron else 0)
+                program, fused=True, donate=True, accumulation_fusion=f.accumulation_fusion,
+                walker=Walker(program, layout.shape, whole_recompute=f.whole_recompute)
+            ).peak + (main_grad_extra(model, layout) if f.main_grad_fp32 else 0)
         return self.peaks[key]
 
 
@@ -230,8 +233,9 @@ def memory_refusal(model, layout, result) -> str:
     peak, hbm = result.peak_bytes / 1e9, result.hbm_bytes / 1e9
     weights = weight_elements(model, layout) * 2 / 1e9
     over = peak / hbm
-    ideas = [f"split the weights about {math.ceil(over)}x further (pp = {layout.pp * 2}, "
-             f"tp = {layout.tp * 2}, fsdp = {layout.fsdp * 2} or zero=3)"]
+    n = 2 ** math.ceil(math.log2(over))
+    ideas = [f"split the weights {n}x further (pp = {layout.pp * n}, tp = {layout.tp * n} "
+             f"or fsdp = {layout.fsdp * n}, as the model's sizes allow)"]
     if not layout.distributed_optimizer and layout.replicas * layout.cp > 1:
         ideas.append("distributed_optimizer=True (ZeRO-1: the fp32 masters and moments over "
                      f"dp x cp = {layout.dp * layout.cp})")
@@ -264,15 +268,17 @@ def sweep(model, layouts, hardware="H100", precision: str = "bf16", **options) -
 def estimate(model, layout: Layout, hardware="H100", chips: int | None = None,
              precision: str = "bf16", *, slices: int = 1, flash: bool = True,
              framework: str = "xla", check_memory: bool = True, memory: bool = True,
-             reuse: Reuse | None = None) -> Estimate:
+             reuse: Reuse | None = None, compile: bool = False) -> Estimate:
     """Simulate one training step of ``model`` laid out as ``layout`` on ``chips`` chips of
     ``hardware``, its matrix products in ``precision`` ("bf16", "fp16" or "fp8": the
     layers' linear products in FP8 as Transformer Engine runs them, :mod:`.fp8`, attention
     and the head in bf16; weights, gradients and Adam's moments are kept as mixed
     precision keeps them, float32 masters and moments). ``slices``: TPU slices joined by
     DCN. ``flash``: attention as one fused kernel (False: the scores kept, as before fused
-    kernels). ``framework``: what runs the
-    step, ``"xla"`` (JAX: a checkpoint recomputes what the backward pass reads; the
+    kernels). ``framework``: what runs the step, one of ``"xla"``, ``"megatron"``,
+    ``"pytorch"`` (``compile=True``: under torch.compile) and ``"deepspeed"``
+    (:mod:`simpmd.plan.frameworks`, whose defaults the estimate's ``assumed`` lists):
+    ``"xla"`` (JAX: a checkpoint recomputes what the backward pass reads; the
     gradients of a loop over micro-batches or pipeline ticks are added to their
     accumulators when it ends) or ``"megatron"`` (Megatron-LM on PyTorch: full
     recomputation runs each layer's whole forward again, as PyTorch's checkpoint does;
@@ -283,26 +289,25 @@ def estimate(model, layout: Layout, hardware="H100", chips: int | None = None,
     check(model, layout, chips)
     if precision not in PATHS:
         raise LayoutError(f"precision={precision!r}: choose one of {', '.join(PATHS)}")
-    if framework not in FRAMEWORKS:
-        raise LayoutError(f"framework={framework!r}: choose one of {', '.join(FRAMEWORKS)}")
+    runs = F.framework(framework, compile)
+    framework = runs.name
     hw = hardware_preset(hardware)
     if precision == "fp8" and "fp8" not in hw.matmul_paths:
         raise LayoutError(f"{hw.name} has no FP8 matrix units; use precision='bf16'")
     reuse = reuse or Reuse()
     ticks = layout.microbatches * layout.vp + layout.pp - 1      # step.py's pipeline loop
     program = reuse.program(model, layout, hw.name, flash, framework, precision)
-    megatron = framework == "megatron"
     p = predict(program, hw, topology=reuse.machine(hw, layout.chips, slices),
-                walker=Walker(program, layout.shape, whole_recompute=megatron),
+                walker=Walker(program, layout.shape, whole_recompute=runs.whole_recompute),
                 precision=PATHS[precision], pipeline=(ticks, layout.pp - 1),
-                accumulation_fusion=megatron,
+                accumulation_fusion=runs.accumulation_fusion,
                 collective_times=reuse.collectives.setdefault((hw.name, layout.chips, slices),
                                                               {}))
     memory = reuse.peak(model, layout, hw.name, flash, framework, precision) if memory else 0
     capacity = HBM_CAPACITY.get(hw.name, float("inf"))
     result = Estimate(model, layout, hw.name, precision, p.time_s, dict(p.terms), memory,
                       capacity, hw.matmul_peak(precision), tuple(p.collectives),
-                      p.communication_s, p.flops)
+                      p.communication_s, p.flops, runs.assumed(layout, flash))
     if check_memory and not result.fits:
         raise LayoutError(memory_refusal(model, layout, result))
     return result

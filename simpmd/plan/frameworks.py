@@ -1,0 +1,89 @@
+"""What runs a training step: the frameworks ``plan.estimate`` knows, and what each one's
+kernels and defaults are, so that an estimate can say what it assumed.
+
+* ``"xla"``: JAX (MaxText): XLA fuses elementwise chains into their neighbours; a
+  ``checkpoint`` recomputes only what the backward pass reads; gradients of a loop over
+  micro-batches are added to their accumulators when it ends.
+* ``"megatron"``: Megatron-LM, NeMo, Megatron-Bridge on PyTorch with Transformer Engine:
+  the operations PyTorch runs on their own are kernels of their own; full recomputation
+  reruns each layer's whole forward (``torch.utils.checkpoint``); the weight-gradient
+  GEMM adds into a float32 ``main_grad`` (``gradient_accumulation_fusion``); "selective"
+  is Korthikanti et al.'s (the attention's core recomputed, the dropout masks kept).
+* ``"pytorch"``: eager PyTorch with FSDP: its operations as kernels of their own, as
+  Megatron's are, a checkpoint rerunning the whole forward, gradients added by autograd
+  (no accumulation fusion); with ``compile=True``, ``torch.compile`` (Inductor) fuses
+  the elementwise operations as XLA does.
+* ``"deepspeed"``: DeepSpeed (ZeRO stages 1-3, ``Layout(zero=...)``): PyTorch's eager
+  kernels, as ``"pytorch"``.
+
+What is not modelled yet is said in :attr:`Framework.not_modelled`, which the estimate's
+``assumed`` carries: FSDP's and ZeRO-3's gathers are one per weight (FSDP gathers a
+layer's flat parameter at once; ZeRO-3 in ``stage3_prefetch_bucket_size`` buckets), and
+ZeRO-2's gradients are held whole through the backward pass as ZeRO-1's.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Framework:
+    """One framework's kernels and defaults (see the module's docstring)."""
+
+    name: str
+    eager: bool                  # PyTorch's own kernels where it runs an operation alone
+    whole_recompute: bool        # a checkpoint reruns the whole forward of its region
+    accumulation_fusion: bool    # the wgrad GEMM adds into the gradient's buffer
+    main_grad_fp32: bool         # gradients held in float32 buffers (Megatron's main_grad)
+    selective: str               # what recompute="selective" keeps
+    not_modelled: str = ""
+
+    def assumed(self, layout, flash: bool) -> dict:
+        """What an estimate under this framework assumed, in words."""
+        out = {"framework": self.name,
+               "kernels": ("eager PyTorch: an operation PyTorch runs alone is its own kernel"
+                           if self.eager else "fused elementwise chains (XLA, Inductor)"),
+               "attention": "one fused kernel (flash)" if flash else "scores kept in HBM",
+               "gradients": ("float32 main_grad, wgrad added in place" if self.main_grad_fp32
+                             else "the weights' type, accumulated by the step's loop")}
+        if layout.recompute == "selective":
+            out["selective"] = self.selective
+        if layout.recompute == "full":
+            out["full"] = ("each layer's whole forward again" if self.whole_recompute
+                           else "what the backward pass reads, again")
+        if layout.tp > 1:
+            out["sequence parallel"] = "on" if layout.sequence_parallel else "off"
+        if self.not_modelled:
+            out["not modelled"] = self.not_modelled
+        return out
+
+
+_SELECTIVE_MEGATRON = ("Korthikanti et al. 2022: the attention's core recomputed, the "
+                       "products and the dropout masks kept")
+_SELECTIVE_PRODUCTS = "the weights' products kept, the rest recomputed (JAX's dots saveable)"
+_GATHERS = ("FSDP's and ZeRO-3's gathers one per weight, not per layer or per bucket; "
+            "ZeRO-2's gradients held whole through the backward pass")
+
+FRAMEWORKS = {
+    "xla": Framework("xla", False, False, False, False, _SELECTIVE_PRODUCTS),
+    "megatron": Framework("megatron", True, True, True, True, _SELECTIVE_MEGATRON),
+    "pytorch": Framework("pytorch", True, True, False, False, _SELECTIVE_PRODUCTS, _GATHERS),
+    "pytorch+compile": Framework("pytorch+compile", False, True, False, False,
+                                 _SELECTIVE_PRODUCTS, _GATHERS),
+    "deepspeed": Framework("deepspeed", True, True, False, False, _SELECTIVE_PRODUCTS,
+                           _GATHERS),
+}
+NAMES = ("xla", "megatron", "pytorch", "deepspeed")
+
+
+def framework(name: str, compile: bool = False) -> Framework:
+    """The :class:`Framework` called ``name``; ``compile``: PyTorch under torch.compile.
+    An unknown name raises, listing the ones there are."""
+    if name not in NAMES:
+        from .layout import LayoutError
+        raise LayoutError(f"framework={name!r}: choose one of {', '.join(map(repr, NAMES))}")
+    if compile and name != "pytorch":
+        from .layout import LayoutError
+        raise LayoutError(f"compile=True is torch.compile, for framework='pytorch' (not "
+                          f"{name!r})")
+    return FRAMEWORKS["pytorch+compile" if compile else name]
