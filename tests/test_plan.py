@@ -361,7 +361,7 @@ def test_the_in_flight_memory_of_the_interleaved_schedule():
 @needs_bf16
 @pytest.mark.parametrize("layout, chips, words", [
     (plan.Layout(tp=3), 3, "heads = 4 do not split over tp = 3"),
-    (plan.Layout(pp=3), 3, "layers = 4 do not split into pp x vp"),
+    (plan.Layout(pp=2, stage_layers=(3, 2)), 2, "add up to 5 layers, not the model's 4"),
     (plan.Layout(dp=2, microbatch=3, global_batch=8), 2, "global_batch = 8"),
     (plan.Layout(cp=3), 3, "seq = 16 tokens do not split over cp = 3"),
     (plan.Layout(tp=2), 4, "4 chips, but the layout's axes make"),
