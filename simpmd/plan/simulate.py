@@ -226,6 +226,27 @@ def main_grad_extra(model, layout) -> int:
     return 2 * weight_elements(model, layout)
 
 
+def rematerialized(result: Estimate, full: Estimate) -> Estimate:
+    """A step over HBM as XLA compiles it: its rematerialization pass recomputes values
+    until the program fits the device's memory (``HloRematerialization``, which
+    openxla/xla's GPU compiler runs in its post-scheduling 'remat-pipeline' against the
+    memory limit, xla/service/gpu/gpu_compiler.cc; the TPU compiler is not public). Priced
+    between the layout and its full recomputation: the share of the bytes between their
+    peaks that must go, of the time between their steps. Unchanged where even full
+    recomputation does not fit."""
+    if full.peak_bytes > result.hbm_bytes or result.peak_bytes <= full.peak_bytes:
+        return result
+    share = (result.peak_bytes - result.hbm_bytes) / (result.peak_bytes - full.peak_bytes)
+    extra = share * max(0.0, full.step_s - result.step_s)
+    breakdown = dict(result.breakdown, recompute=result.breakdown["recompute"] + extra)
+    said = dict(result.assumed, rematerialized=(
+        f"XLA recomputes {(result.peak_bytes - result.hbm_bytes) / 1e9:.1f} GB more to fit "
+        f"the {result.hbm_bytes / 1e9:.0f} GB (peak {result.peak_bytes / 1e9:.1f} GB as "
+        f"laid out): {extra:.3g} s"))
+    return replace(result, step_s=result.step_s + extra, breakdown=breakdown,
+                   peak_bytes=int(result.hbm_bytes), assumed=said)
+
+
 def memory_refusal(model, layout, result) -> str:
     """Why ``result`` does not fit and what would: the bytes, the weights' share, and the
     layouts that hold less (each axis that splits the weights, recomputation, a smaller
@@ -308,6 +329,11 @@ def estimate(model, layout: Layout, hardware="H100", chips: int | None = None,
     result = Estimate(model, layout, hw.name, precision, p.time_s, dict(p.terms), memory,
                       capacity, hw.matmul_peak(precision), tuple(p.collectives),
                       p.communication_s, p.flops, runs.assumed(layout, flash))
+    if framework == "xla" and memory and not result.fits and layout.recompute != "full":
+        full = estimate(model, replace(layout, recompute="full", recompute_layers=None),
+                        hardware, chips, precision, slices=slices, flash=flash,
+                        framework=framework, check_memory=False, reuse=reuse)
+        result = rematerialized(result, full)
     if check_memory and not result.fits:
         raise LayoutError(memory_refusal(model, layout, result))
     return result
