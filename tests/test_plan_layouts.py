@@ -204,3 +204,17 @@ def test_peak_within_10_percent_of_korthikanti_figure_1(size):
     e = plan.estimate(run.model, run.layout, hardware=run.hardware, precision=run.precision,
                       flash=run.flash, framework=run.framework)
     assert e.peak_bytes / 2**30 == pytest.approx(FIGURE_1[size], rel=0.10)
+
+
+@needs_bf16
+def test_eager_pytorch_moves_more_bytes_and_torch_compile_fuses_as_xla():
+    """Eager PyTorch writes every operation's result: more of the step bound by memory and
+    more launches than XLA's fused kernels; under torch.compile (recomputing nothing, so
+    that the checkpoint's rerun does not differ) the step is XLA's."""
+    layout = plan.Layout(dp=2, global_batch=4, microbatch=2)
+    xla, eager, compiled = (plan.estimate(TINY, layout, hardware="H100", framework=f,
+                                          compile=c)
+                            for f, c in (("xla", False), ("pytorch", False), ("pytorch", True)))
+    assert eager.breakdown["memory"] > xla.breakdown["memory"]
+    assert eager.breakdown["launch"] > xla.breakdown["launch"]
+    assert compiled.step_s == pytest.approx(xla.step_s)

@@ -37,12 +37,17 @@ class Framework:
     main_grad_fp32: bool         # gradients held in float32 buffers (Megatron's main_grad)
     selective: str               # what recompute="selective" keeps
     not_modelled: str = ""
+    eager_fusion: bool = False   # no fusion at all: every operation its own kernel
+
 
     def assumed(self, layout, flash: bool) -> dict:
         """What an estimate under this framework assumed, in words."""
         out = {"framework": self.name,
-               "kernels": ("eager PyTorch: an operation PyTorch runs alone is its own kernel"
-                           if self.eager else "fused elementwise chains (XLA, Inductor)"),
+               "kernels": ("eager PyTorch: every operation its own kernel, at HBM "
+                           "bandwidth, a launch each" if self.eager_fusion else
+                           "Transformer Engine's and PyTorch's fused kernels; an operation "
+                           "PyTorch runs alone is its own" if self.eager else
+                           "fused elementwise chains (XLA, Inductor)"),
                "attention": "one fused kernel (flash)" if flash else "scores kept in HBM",
                "gradients": ("float32 main_grad, wgrad added in place" if self.main_grad_fp32
                              else "the weights' type, accumulated by the step's loop")}
@@ -67,11 +72,12 @@ _GATHERS = ("FSDP's and ZeRO-3's gathers one per weight, not per layer or per bu
 FRAMEWORKS = {
     "xla": Framework("xla", False, False, False, False, _SELECTIVE_PRODUCTS),
     "megatron": Framework("megatron", True, True, True, True, _SELECTIVE_MEGATRON),
-    "pytorch": Framework("pytorch", True, True, False, False, _SELECTIVE_PRODUCTS, _GATHERS),
+    "pytorch": Framework("pytorch", True, True, False, False, _SELECTIVE_PRODUCTS, _GATHERS,
+                         eager_fusion=True),
     "pytorch+compile": Framework("pytorch+compile", False, True, False, False,
                                  _SELECTIVE_PRODUCTS, _GATHERS),
     "deepspeed": Framework("deepspeed", True, True, False, False, _SELECTIVE_PRODUCTS,
-                           _GATHERS),
+                           _GATHERS, eager_fusion=True),
 }
 NAMES = ("xla", "megatron", "pytorch", "deepspeed")
 

@@ -198,7 +198,8 @@ class Reuse:
             f = F.FRAMEWORKS[framework]
             self.peaks[key] = peak_memory(
                 program, fused=True, donate=True, accumulation_fusion=f.accumulation_fusion,
-                walker=Walker(program, layout.shape, whole_recompute=f.whole_recompute)
+                walker=Walker(program, layout.shape, whole_recompute=f.whole_recompute,
+                              eager=f.eager_fusion)
             ).peak + (main_grad_extra(model, layout) if f.main_grad_fp32 else 0)
         return self.peaks[key]
 
@@ -319,7 +320,8 @@ def estimate(model, layout: Layout, hardware="H100", chips: int | None = None,
     ticks = layout.microbatches * layout.vp + layout.pp - 1      # step.py's pipeline loop
     program = reuse.program(model, layout, hw.name, flash, framework, precision)
     p = predict(program, hw, topology=reuse.machine(hw, layout.chips, slices),
-                walker=Walker(program, layout.shape, whole_recompute=runs.whole_recompute),
+                walker=Walker(program, layout.shape, whole_recompute=runs.whole_recompute,
+                              eager=runs.eager_fusion),
                 precision=PATHS[precision], pipeline=(ticks, layout.pp - 1),
                 accumulation_fusion=runs.accumulation_fusion,
                 collective_times=reuse.collectives.setdefault((hw.name, layout.chips, slices),
