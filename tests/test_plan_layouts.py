@@ -218,3 +218,51 @@ def test_eager_pytorch_moves_more_bytes_and_torch_compile_fuses_as_xla():
     assert eager.breakdown["memory"] > xla.breakdown["memory"]
     assert eager.breakdown["launch"] > xla.breakdown["launch"]
     assert compiled.step_s == pytest.approx(xla.step_s)
+
+
+def _pytorch_layer_collectives(layout):
+    import simpmd
+    from test_plan import _collectives
+    S_ = simpmd.ShapeDtypeStruct
+    ins, outs, (weights, x) = St.layer_specs(TINY, layout)
+    simpmd.set_device_count(layout.chips)
+    mesh = simpmd.make_mesh(tuple(layout.shape.values()), tuple(layout.shape))
+    step = simpmd.shard_map(St.layer_step(TINY, layout, framework="pytorch"), mesh=mesh,
+                            in_specs=ins, out_specs=outs)
+    step({k: S_(s, "float32") for k, s in weights.items()}, S_(x, "float32"))
+    return _collectives(step.trace.program)
+
+
+def test_pytorch_fsdp_gathers_each_layer_as_one_flat_parameter():
+    """FSDP wraps a decoder layer as one FlatParameter: one all-gather of the layer's four
+    matrices forward, again backward, one reduce-scatter of its gradient (per weight:
+    8 and 4, test_plan's test_fsdp_gathers_each_weight_in_both_passes)."""
+    calls = _pytorch_layer_collectives(plan.Layout(fsdp=2))
+    assert calls.count(("all_gather", ("fsdp",))) == 2
+    assert calls.count(("reduce_scatter", ("fsdp",))) == 1
+
+
+@needs_bf16
+def test_pytorch_fsdp_step_computes_the_one_device_step():
+    """The flat gather is a re-layout: the loss and Adam's first moments are the one-device
+    step's."""
+    import simpmd
+    weights = _weights(TINY, ONE)
+    _, opt, loss = _run(ONE, weights)
+    layout = plan.Layout(fsdp=2, global_batch=8, microbatch=2)
+    laid = {k: _laid_out(w, k, TINY, layout) for k, w in weights.items()}
+    simpmd.set_device_count(layout.chips)
+    mesh = simpmd.make_mesh(tuple(layout.shape.values()), tuple(layout.shape))
+    ins, outs = St.specs(TINY, layout)
+    state = {"master": {k: w.copy() for k, w in laid.items()},
+             "mu": {k: np.zeros_like(w) for k, w in laid.items()},
+             "nu": {k: np.zeros_like(w) for k, w in laid.items()}}
+    from test_plan import _batch
+    step = simpmd.shard_map(St.train_step(TINY, layout, True, "pytorch"), mesh=mesh,
+                            in_specs=ins, out_specs=outs)
+    _, got_opt, got = step(laid, state, *_batch(layout))
+    assert float(got) == pytest.approx(float(loss), rel=1e-5)
+    for k in weights:
+        np.testing.assert_allclose(np.asarray(got_opt["mu"][k]),
+                                   _laid_out(np.asarray(opt["mu"][k]), k, TINY, layout),
+                                   rtol=2e-4, atol=2e-7, err_msg=k)

@@ -47,7 +47,9 @@ intermediate values stay in registers. The rules here follow XLA's passes in out
   by one outside ``torch.compile`` (Ansel et al. 2024, 'PyTorch 2', ASPLOS, section 2:
   eager mode dispatches each operator to its own kernel; TorchInductor's fusion of
   pointwise operations and reductions is what ``torch.compile`` adds); views, broadcasts
-  (``expand``) and slices stay free, and the GEMM still adds into its output;
+  (``expand``) and slices stay free, and the GEMM still adds into its output; the
+  gradient of a split (autodiff's ``pad`` of each piece, added up) is PyTorch's
+  ``cat``: each piece read once and written into its place;
 * collectives, sorts and cumulative sums run on their own, writing every result they
   return, and so does an operation a framework runs as a kernel of its own (a row's
   ``fusion`` rule of its parameters says which) and a loop or a conditional (a *block*:
@@ -280,6 +282,8 @@ class _Fuser:
                 self.within[eqn.outvars[0]] = self.root(eqn.invars[0])
                 self.free.append(eqn)
                 return
+        if self.eager and name == "pad":
+            kind = "in_place"                      # a piece of a concatenation (below)
         k = None
         if kind == "elementwise":
             k = self._accumulation(eqn, name)
@@ -344,6 +348,8 @@ class _Fuser:
         if kind == "in_place":                     # the updates' bytes, as the row counts
             update = _nbytes(_typed(eqn.invars[1])) if len(eqn.invars) > 1 else 0
             kernel.own_bytes = flops_and_bytes(eqn.eqn)[1] or 2 * update
+            if _primitive_name(eqn) == "pad":      # eager: its piece, read and written
+                kernel.own_bytes = 2 * _nbytes(_typed(eqn.invars[0]))
             buffer = self.root(eqn.invars[0])
             if _is_var(buffer) and _nbytes(_typed(buffer)) == _nbytes(out):
                 kernel.in_place[eqn.outvars[0]] = buffer

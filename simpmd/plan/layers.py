@@ -85,7 +85,7 @@ def vary(x, axes):
 
 def gather_weight(s: Shard, w, axis: int):
     """FSDP: the whole of this device's tensor-parallel slice of ``w``, just in time."""
-    if s.size("fsdp") == 1:
+    if s.size("fsdp") == 1 or w.shape[axis] == s.model.d_model:   # (gathered already)
         return w
     whole = lax.all_gather(w, "fsdp", axis=axis, tiled=True)
     if whole.shape[axis] == s.model.d_model:
@@ -219,8 +219,60 @@ def mlp_block(s: Shard, x, w):
     return residual(s, x, y, seed=3), amaxes + more
 
 
+MATRICES = {"wqkv": 0, "wo": 1, "w_in": 0, "w_out": 1}    # each one's FSDP-split axis
+
+
+def flat_fsdp(s: Shard) -> bool:
+    """Whether the layers' weights are FSDP's flat parameters (PyTorch FSDP over >1 rank)."""
+    return s.framework.startswith("pytorch") and s.size("fsdp") > 1
+
+
+def flattened(stacked, lead: int):
+    """The stacked layers' matrices as one flat parameter per layer, each rank's shards side
+    by side (``lead``: the stacking axes), and each matrix's per-layer shape: FSDP holds its
+    shard of a layer flat between steps; here the stage's shards are laid out flat once per
+    micro-batch, before the layers run, so that each layer's gather can start early."""
+    keys = [k for k in MATRICES if k in stacked]
+    shapes = {k: stacked[k].shape[lead:] for k in keys}
+    lead_shape = stacked[keys[0]].shape[:lead]
+    flat = snp.concatenate([stacked[k].reshape(lead_shape + (-1,)) for k in keys], axis=-1)
+    rest = {k: w for k, w in stacked.items() if k not in keys}
+    return {**rest, "flat": flat}, shapes
+
+
+def gather_flat(s: Shard, w, shapes=None) -> dict:
+    """PyTorch FSDP's gather: the layer's matrices as one flat parameter, each rank's shard
+    of every matrix side by side, gathered in one all-gather (and, as the checkpoint
+    gathers again, once more in the backward pass, whose transpose reduce-scatters the
+    layer's flat gradient): FSDP wraps each decoder layer as one FlatParameter (Zhao et al.
+    2023, arXiv:2304.11277, section 3.2.1), where ZeRO-3 gathers parameter by parameter.
+    Each matrix is then a view of the gathered buffer, cut to d_model."""
+    if shapes is None:                    # one layer's matrices, not yet flat
+        keys = [k for k in MATRICES if k in w]
+        shapes = {k: w[k].shape for k in keys}
+        w = {**{k: v for k, v in w.items() if k not in keys},
+             "flat": snp.concatenate([w[k].reshape(-1) for k in keys])}
+    whole = lax.all_gather(w["flat"], "fsdp", axis=0, tiled=False)   # [fsdp, flat shard]
+    f, start = s.size("fsdp"), 0
+    out = {k: v for k, v in w.items() if k != "flat"}
+    for k, local in shapes.items():
+        n = int(np.prod(local))
+        part = whole[:, start:start + n].reshape((f,) + tuple(local))
+        start += n
+        if MATRICES[k] == 0:
+            full = part.reshape((f * local[0], local[1]))
+        else:
+            full = part.transpose(1, 0, 2).reshape((local[0], f * local[1]))
+        axis = MATRICES[k]
+        out[k] = full[(slice(None),) * axis + (slice(0, s.model.d_model),)] \
+            if full.shape[axis] != s.model.d_model else full
+    return out
+
+
 def layer(s: Shard, x, w):
     """One decoder layer: its output, and the amaxes of its FP8 casts (None without)."""
+    if flat_fsdp(s) and "wqkv" in w and w["wqkv"].shape[0] != s.model.d_model:
+        w = gather_flat(s, w)                          # (one layer on its own)
     x, first = attention_block(s, x, w)
     x, second = mlp_block(s, x, w)
     return x, (snp.stack(first + second) if s.fp8 else None)
@@ -267,6 +319,14 @@ def keep_products_and_masks(prim, *avals, **params) -> bool:
         prim, *avals, **params)
 
 
+def keep_all_but_gathers_and_their_views(prim, *avals, **params) -> bool:
+    """:func:`keep_all_but_gathers`, keeping none of the slices and transposes that cut
+    FSDP's gathered flat parameter into its weights either (FSDP's FULL_SHARD frees the
+    unsharded parameter after the forward pass and gathers it again for the backward)."""
+    return getattr(prim, "name", "") not in ("slice", "transpose") and keep_all_but_gathers(
+        prim, *avals, **params)
+
+
 POLICIES = {"none": keep_all_but_gathers, "selective": keep_products, "full": None}
 
 
@@ -275,6 +335,8 @@ def policy(s: Shard):
     recomputation keeping its masks."""
     if s.recompute == "selective" and s.framework == "megatron":
         return keep_products_and_masks
+    if s.recompute == "none" and s.framework.startswith("pytorch") and s.size("fsdp") > 1:
+        return keep_all_but_gathers_and_their_views
     return POLICIES[s.recompute]
 
 
@@ -287,8 +349,12 @@ def layers(s: Shard, x, stacked, virtual=None):
     and activations are computed again: Korthikanti et al.'s selective recomputation, and
     MaxText's 'minimal'); ``"full"``, only the layer's input.
     ``virtual``: the index of a virtual stage, whose layers are ``stacked[k][virtual]``."""
+    shapes = None
+    if flat_fsdp(s):                                  # FSDP's flat parameters, once
+        stacked, shapes = flattened(stacked, 1 if virtual is None else 2)
+
     def one(h, w):
-        return layer(s, h, w)
+        return layer(s, h, gather_flat(s, w, shapes) if shapes else w)
 
     if virtual is None and s.recompute_layers is not None:   # pick layers by index, so
         stacked, virtual = {k: w[None] for k, w in stacked.items()}, 0   # both scans
