@@ -193,7 +193,7 @@ def test_a_memory_refusal_names_check_memory_and_what_would_fit():
 # calculon/llm/validation.py, seqsel_fig1), for the Table 5 layouts with sequence
 # parallelism and selective recomputation
 FIGURE_1 = {"22B": 45.5625 + 9.5625, "175B": 45.5625 + 12.3515625,
-            "530B": 31.640625 + 23.076171875}
+            "530B": 31.640625 + 23.076171875, "1T": 32.958984375 + 26.5625}
 
 
 @needs_bf16

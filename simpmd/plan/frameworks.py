@@ -63,8 +63,8 @@ class Framework:
         return out
 
 
-_SELECTIVE_MEGATRON = ("Korthikanti et al. 2022: the attention's core recomputed, the "
-                       "products and the dropout masks kept")
+_SELECTIVE_MEGATRON = ("Korthikanti et al. 2022: the attention's core (scores, softmax, "
+                       "dropout, products with them) recomputed, everything else kept")
 _SELECTIVE_PRODUCTS = "the weights' products kept, the rest recomputed (JAX's dots saveable)"
 _GATHERS = ("FSDP's and ZeRO-3's gathers one per weight, not per layer or per bucket; "
             "ZeRO-2's gradients held whole through the backward pass")

@@ -201,11 +201,15 @@ def attention_block(s: Shard, x, w):
         k = lax.all_gather(k, "cp", axis=1, tiled=True)
         v = lax.all_gather(v, "cp", axis=1, tiled=True)
         offset = lax.axis_index("cp") * t
-    if s.flash:
-        o = flash_attention(q, k, v, q_offset=offset, dropout=m.attention_dropout, seed=1)
-    else:
-        o = materialized_attention(q, k, v, True, offset, dropout=m.attention_dropout, seed=1,
-                                   own_kernel=s.eager)
+    def core(q, k, v, *at):
+        if s.flash:
+            return flash_attention(q, k, v, q_offset=at[0] if at else None,
+                                   dropout=m.attention_dropout, seed=1)
+        return materialized_attention(q, k, v, True, at[0] if at else None,
+                                      dropout=m.attention_dropout, seed=1, own_kernel=s.eager)
+    if s.recompute == "selective" and s.framework == "megatron":
+        core = checkpoint(core)      # Megatron's checkpoint_core_attention: see policy()
+    o = core(q, k, v, *(() if offset is None else (offset,)))
     y, more = row_linear(s, o.reshape(b, t, nq * m.head_dim), w, "wo")
     return residual(s, x, y, seed=2), amaxes + more
 
@@ -311,6 +315,17 @@ def keep_products(prim, *avals, **params) -> bool:
         prim, *avals, **params)
 
 
+def keep_all_but_the_attention_core(prim, *avals, **params) -> bool:
+    """Megatron-LM's selective recomputation: every value kept but the attention's core
+    (its products with the scores, softmax and dropout), which the layer runs under a
+    checkpoint of its own that keeps only its inputs, q, k and v (Korthikanti et al.
+    2022, section 5; Megatron-LM's ``checkpoint_core_attention`` when
+    ``recompute_granularity='selective'``, megatron/core/transformer/attention.py).
+    Under a fused attention kernel that saves nothing: the kernel's forward runs again."""
+    return not (prim is dropout_p and params.get("site") == "attention") and \
+        keep_all_but_gathers(prim, *avals, **params)
+
+
 def keep_products_and_masks(prim, *avals, **params) -> bool:
     """Megatron-LM's selective recomputation: :func:`keep_products`, and the residual
     dropouts' masks, which it keeps (it recomputes only the attention's core: Korthikanti
@@ -334,7 +349,7 @@ def policy(s: Shard):
     """The checkpoint policy of each layer: :data:`POLICIES`'s, Megatron-LM's selective
     recomputation keeping its masks."""
     if s.recompute == "selective" and s.framework == "megatron":
-        return keep_products_and_masks
+        return keep_all_but_the_attention_core
     if s.recompute == "none" and s.framework.startswith("pytorch") and s.size("fsdp") > 1:
         return keep_all_but_gathers_and_their_views
     return POLICIES[s.recompute]
@@ -409,8 +424,8 @@ def embed(s: Shard, table, tokens):
         rows = table.shape[0]
         local = tokens - lax.axis_index("tp") * rows
         inside = (local >= 0) & (local < rows)
-        found = table[snp.clip(local, 0, rows - 1)]
-        found = out_of_block(s, snp.where(inside[..., None], found, 0.0).astype(table.dtype))
+        found = table[snp.clip(local, 0, rows - 1)]   # (times a [b, t, 1] mask: the
+        found = out_of_block(s, found * inside[..., None].astype(table.dtype))   # one kept)
     return dropout(found, s.model.hidden_dropout, 0, own_kernel=s.eager)
 
 

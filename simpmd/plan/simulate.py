@@ -146,8 +146,10 @@ def machine(hw, chips: int, slices: int = 1):
     return hw.topology(shape) if slices == 1 else hw.cluster(slices, shape)
 
 
-def trace_step(model, layout, hw_name: str, flash=True, framework="xla", precision="bf16"):
-    """The step run on shapes over the layout's mesh: its per-device program."""
+def trace_step(model, layout, hw_name: str, flash=True, framework="xla", precision="bf16",
+               one_loss_at_a_time=False):
+    """The step run on shapes over the layout's mesh: its per-device program
+    (``one_loss_at_a_time``: :func:`simpmd.plan.step.train_step`'s, for the memory)."""
     platform = _devices._make_platform(layout.chips, hw_name, None)
     grid = np.empty(layout.chips, dtype=object)
     grid[:] = platform.devices
@@ -156,7 +158,7 @@ def trace_step(model, layout, hw_name: str, flash=True, framework="xla", precisi
     saved = _devices._platform
     try:
         _devices._platform = platform
-        step = St.train_step(model, layout, flash, framework, precision)
+        step = St.train_step(model, layout, flash, framework, precision, one_loss_at_a_time)
         run = shard_map(step, mesh=mesh, in_specs=ins, out_specs=outs)
         run(*St.arguments(model, layout, ShapeDtypeStruct))
     finally:
@@ -185,8 +187,8 @@ class Reuse:
             self.machines[key] = machine(hw, chips, slices)
         return self.machines[key]
 
-    def program(self, model, layout, hw_name, flash, framework, precision):
-        key = (model, layout, hw_name, flash, framework, precision)
+    def program(self, model, layout, hw_name, flash, framework, precision, memory=False):
+        key = (model, layout, hw_name, flash, framework, precision, memory)
         if key not in self.programs:
             self.programs[key] = trace_step(*key)
         return self.programs[key]
@@ -194,7 +196,7 @@ class Reuse:
     def peak(self, model, layout, hw_name, flash, framework, precision):
         key = (model, in_flight(layout), hw_name, flash, framework, precision)
         if key not in self.peaks:
-            program = self.program(*key)
+            program = self.program(*key, layout.pp > 1)
             f = F.FRAMEWORKS[framework]
             self.peaks[key] = peak_memory(
                 program, fused=True, donate=True, accumulation_fusion=f.accumulation_fusion,

@@ -158,7 +158,7 @@ def _stage_ticks(s, lay, stacked, x0):
     return loop
 
 
-def loss(s, lay, params, tokens, targets, copies=None):
+def loss(s, lay, params, tokens, targets, copies=None, one_at_a_time=False):
     """This device's share of the step's mean loss: embeddings, the pipeline, the head's
     loss for each micro-batch (a ``scan``), on the last stage. ``copies``: the layers'
     weights' FP8 copies (:func:`fp8_weights`)."""
@@ -169,7 +169,11 @@ def loss(s, lay, params, tokens, targets, copies=None):
     ys = _stage_ticks(s, lay, stacked, x0)
     head = {k: params[k] for k in ("final_norm", "head", "embed") if k in params}
     summed = tuple(a for a in AXES if not (a == "tp" and s.size("tp") > 1))
-    total = lax.scan(lambda c, yt: (c + L.token_losses(s, yt[0], head, yt[1]), None),
+    losses = lambda y, h, t: L.token_losses(s, y, h, t)
+    if one_at_a_time:
+        from ..api.checkpoint import checkpoint
+        losses = checkpoint(losses)
+    total = lax.scan(lambda c, yt: (c + losses(yt[0], head, yt[1]), None),
                      L.vary(snp.zeros((), snp.float32), summed), (ys, targets))[0]
     if lay.pp > 1:
         total = lax.psum(snp.where(lax.axis_index("pp") == lay.pp - 1, total, 0.0), "pp")
@@ -221,13 +225,19 @@ def _adam(master, mu, nu, g, lr=1e-4, b1=0.9, b2=0.95, eps=1e-8):
     return master - lr * mu / (snp.sqrt(nu) + eps), mu, nu
 
 
-def train_step(model, layout, flash=True, framework="xla", precision="bf16"):
+def train_step(model, layout, flash=True, framework="xla", precision="bf16",
+               one_loss_at_a_time=False):
     """``step(params, opt, tokens, targets) -> (params, opt, loss)``: one device's training
     step, to be ``shard_map`` ped with :func:`specs`. With the distributed optimizer each
     data-parallel rank holds a slice of the weights too, as Megatron's does between steps,
     and gathers them over ``dp`` as the step begins. ``framework``: what runs it
     (``plan.estimate``'s: the kernels PyTorch runs on their own); ``precision="fp8"``: the
-    layers' products in FP8, cast as Transformer Engine casts (:mod:`simpmd.plan.fp8`)."""
+    layers' products in FP8, cast as Transformer Engine casts (:mod:`simpmd.plan.fp8`).
+    ``one_loss_at_a_time``: the loss of each micro-batch under a checkpoint that keeps
+    only its input, for the memory of a pipeline: a 1F1B schedule runs each
+    micro-batch's loss and its backward pass together on the last stage (Narayanan et al.
+    2021), which holds one micro-batch's logits at a time, where the SPMD step keeps every
+    micro-batch's until its backward scan."""
     from ..api.grad import value_and_grad
     s = L.Shard(model, layout.shape, layout.recompute, layout.sequence_parallel, flash,
                 framework, precision == "fp8", layout.recompute_layers)
@@ -243,8 +253,8 @@ def train_step(model, layout, flash=True, framework="xla", precision="bf16"):
                 w, _fsdp_dim(whole[k], w.ndim), model.d_model) for k, w in params.items()}
         varying = {k: L.vary(w, _replicated(whole[k], layout, 1)) for k, w in params.items()}
         copies = fp8_weights(s, varying)
-        value, grads = value_and_grad(lambda p: loss(s, layout, p, tokens, targets, copies))(
-            varying)
+        value, grads = value_and_grad(lambda p: loss(s, layout, p, tokens, targets, copies,
+                                                     one_loss_at_a_time))(varying)
         new, state = {}, {"master": {}, "mu": {}, "nu": {}}
         for k in sorted(params):
             g = _reduce(grads[k], whole[k], layout)
