@@ -266,3 +266,17 @@ def test_pytorch_fsdp_step_computes_the_one_device_step():
         np.testing.assert_allclose(np.asarray(got_opt["mu"][k]),
                                    _laid_out(np.asarray(opt["mu"][k]), k, TINY, layout),
                                    rtol=2e-4, atol=2e-7, err_msg=k)
+
+
+@needs_bf16
+def test_master_weights_as_remainders_hold_two_bytes_a_weight_less():
+    """NeMo's DistributedFusedAdam keeps the 16 bits a bf16 weight lacks of its fp32
+    master: each rank's share of the masters (here TINY's weights over dp = 2) takes 2
+    bytes a weight instead of 4, and the step's time does not change."""
+    base = dict(dp=2, global_batch=4, distributed_optimizer=True)
+    fp32, rem = (plan.estimate(TINY, plan.Layout(master_weights=m, **base), hardware="H100")
+                 for m in ("fp32", "remainders"))
+    assert fp32.peak_bytes - rem.peak_bytes == 2 * TINY.params // 2
+    assert rem.step_s == pytest.approx(fp32.step_s, rel=1e-3)
+    with pytest.raises(plan.LayoutError, match="'fp32', 'remainders'"):
+        plan.Layout(master_weights="bf16")

@@ -13,6 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 RECOMPUTE = ("none", "selective", "full")
+# How the optimizer holds the fp32 master weights: "fp32", or "remainders", the 16 bits a
+# bf16 weight lacks (Apex's DistributedFusedAdam, store_param_remainders=True, which NeMo's
+# MegatronBaseModel.setup_optimization sets for a bf16 model with distributed_fused_adam).
+MASTER_WEIGHTS = ("fp32", "remainders")
 AXES = ("pp", "dp", "fsdp", "cp", "tp")        # the mesh's axes, slowest-varying first
 
 
@@ -31,8 +35,12 @@ class Layout:
     (the attention's score matrices, Korthikanti et al. 2022) or ``"full"`` (each layer
     from its input). ``sequence_parallel`` splits the norms' and residual's tokens over
     ``tp`` too (all-gathers and reduce-scatters instead of all-reduces).
-    ``distributed_optimizer`` splits the fp32 masters and Adam moments over ``dp``
-    (Megatron's distributed optimizer, ZeRO stage 1)."""
+    ``distributed_optimizer`` splits the fp32 masters and Adam moments over ``dp`` and
+    ``cp`` (Megatron's distributed optimizer, ZeRO stage 1; ``zero=1|2|3`` names ZeRO's
+    stages). ``stage_layers``: the layers of each virtual stage, where not the even (or
+    Megatron-Core's) split; ``recompute_layers``: with ``recompute="full"``, how many of
+    each virtual stage's layers are recomputed (Megatron's block method);
+    ``master_weights``: :data:`MASTER_WEIGHTS`."""
 
     dp: int = 1
     fsdp: int = 1
@@ -48,6 +56,7 @@ class Layout:
     stage_layers: tuple | None = None
     recompute_layers: int | None = None
     zero: int | None = None
+    master_weights: str = "fp32"
 
     def __post_init__(self):
         for f in fields(self):
@@ -58,6 +67,9 @@ class Layout:
         if self.recompute not in RECOMPUTE:
             raise LayoutError(f"Layout(recompute={self.recompute!r}): choose one of "
                               f"{', '.join(map(repr, RECOMPUTE))}")
+        if self.master_weights not in MASTER_WEIGHTS:
+            raise LayoutError(f"Layout(master_weights={self.master_weights!r}): choose one of "
+                              f"{', '.join(map(repr, MASTER_WEIGHTS))}")
         self._zero_stage()
         self._partial_recompute()
         if self.stage_layers is not None:
@@ -128,6 +140,7 @@ class Layout:
         if self.recompute_layers is not None:
             extras[-1] += f" ({self.recompute_layers} layers per virtual stage)"
         extras += [f"ZeRO-{self.zero}"] * (self.zero is not None)
+        extras += ["master weights as bf16 remainders"] * (self.master_weights == "remainders")
         if self.stage_layers is not None:
             extras.append(f"stage layers {list(self.stage_layers)}")
         extras += ["sequence parallel"] * self.sequence_parallel

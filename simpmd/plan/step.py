@@ -121,10 +121,17 @@ def arguments(model, layout, struct, dtype="bfloat16"):
     ``[micro-batches, sequences, seq]``."""
     shapes = param_shapes(model, layout)
     weights = {k: struct(s, dtype) for k, s in shapes.items()}
-    state = lambda: {k: struct(s, "float32") for k, s in shapes.items()}
+    state = lambda kind="float32": {k: struct(s, kind) for k, s in shapes.items()}
     batch = struct((layout.microbatches, layout.replicas * layout.microbatch, model.seq),
                    "int32")
-    return weights, {"master": state(), "mu": state(), "nu": state()}, batch, batch
+    return weights, {"master": state(MASTER[layout.master_weights]), "mu": state(),
+                     "nu": state()}, batch, batch
+
+
+# The type the master weights are held in: float32, or (Apex's DistributedFusedAdam with
+# store_param_remainders, which NeMo sets for bf16 models) the 16 bits a bf16 weight lacks
+# of its float32 master, held here as a 16-bit array: on values the master is then bf16.
+MASTER = {"fp32": "float32", "remainders": "bfloat16"}
 
 
 # -- the pipeline -----------------------------------------------------------------------------
@@ -258,9 +265,11 @@ def train_step(model, layout, flash=True, framework="xla", precision="bf16",
         new, state = {}, {"master": {}, "mu": {}, "nu": {}}
         for k in sorted(params):
             g = _reduce(grads[k], whole[k], layout)
-            master, mu, nu = _adam(opt["master"][k], opt["mu"][k], opt["nu"][k], g)
+            held = opt["master"][k]
+            master, mu, nu = _adam(held.astype(snp.float32), opt["mu"][k], opt["nu"][k], g)
             new[k] = master.astype(params[k].dtype)
-            state["master"][k], state["mu"][k], state["nu"][k] = master, mu, nu
+            state["master"][k], state["mu"][k], state["nu"][k] = \
+                master.astype(held.dtype), mu, nu
         summed = tuple(a for a in AXES if a not in ("tp", "pp") or layout.shape[a] == 1)
         return new, state, lax.psum(value, summed)
     return step
