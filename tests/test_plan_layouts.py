@@ -159,6 +159,11 @@ def test_frameworks_by_name_and_what_they_assumed():
         plan.estimate(TINY, ONE, framework="jax")
     with pytest.raises(plan.LayoutError, match="compile=True is torch.compile"):
         plan.estimate(TINY, ONE, framework="xla", compile=True)
+    with pytest.raises(plan.LayoutError, match="1F1B without virtual stages"):
+        plan.estimate(TINY, plan.Layout(pp=2, vp=2, global_batch=4), framework="deepspeed")
+    with pytest.raises(plan.LayoutError, match="ZeRO-1 at most"):
+        plan.estimate(TINY, plan.Layout(pp=2, dp=2, zero=3, global_batch=4),
+                      framework="deepspeed")
 
 
 def test_new_presets_hold_their_datasheets_numbers():

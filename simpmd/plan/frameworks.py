@@ -14,7 +14,8 @@ kernels and defaults are, so that an estimate can say what it assumed.
   (no accumulation fusion); with ``compile=True``, ``torch.compile`` (Inductor) fuses
   the elementwise operations as XLA does.
 * ``"deepspeed"``: DeepSpeed (ZeRO stages 1-3, ``Layout(zero=...)``): PyTorch's eager
-  kernels, as ``"pytorch"``.
+  kernels, as ``"pytorch"``; its pipeline engine runs 1F1B without virtual stages and
+  with ZeRO-1 at most (:meth:`Framework.check`).
 
 What is not modelled yet is said in :attr:`Framework.not_modelled`, which the estimate's
 ``assumed`` carries: FSDP's and ZeRO-3's gathers are one per weight (FSDP gathers a
@@ -39,6 +40,23 @@ class Framework:
     not_modelled: str = ""
     eager_fusion: bool = False   # no fusion at all: every operation its own kernel
 
+
+    def check(self, layout):
+        """Refuse a layout this framework cannot run, naming its limit: DeepSpeed's
+        PipelineEngine runs ``TrainSchedule`` (1F1B, no virtual stages) and asserts "ZeRO-2
+        and ZeRO-3 are incompatible with pipeline parallelism" (deepspeedai/DeepSpeed,
+        deepspeed/runtime/pipe/engine.py at 03f6f75c)."""
+        from .layout import LayoutError
+        if self.name != "deepspeed" or layout.pp == 1:
+            return
+        if layout.vp > 1:
+            raise LayoutError(f"framework='deepspeed' with vp = {layout.vp}: DeepSpeed's "
+                              f"pipeline engine runs 1F1B without virtual stages; use vp=1, "
+                              f"or framework='megatron' for the interleaved schedule")
+        if layout.fsdp > 1 or layout.zero in (2, 3):
+            raise LayoutError(f"framework='deepspeed' with pp = {layout.pp} and "
+                              f"{'ZeRO-' + str(layout.zero) if layout.zero else 'fsdp'}: "
+                              f"DeepSpeed's pipeline engine takes ZeRO-1 at most (zero=1)")
 
     def assumed(self, layout, flash: bool) -> dict:
         """What an estimate under this framework assumed, in words."""

@@ -314,6 +314,7 @@ def estimate(model, layout: Layout, hardware="H100", chips: int | None = None,
     if precision not in PATHS:
         raise LayoutError(f"precision={precision!r}: choose one of {', '.join(PATHS)}")
     runs = F.framework(framework, compile)
+    runs.check(layout)
     framework = runs.name
     hw = hardware_preset(hardware)
     if precision == "fp8" and "fp8" not in hw.matmul_paths:
