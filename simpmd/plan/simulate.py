@@ -9,6 +9,10 @@ idle ticks are the bubble), and walked kernel by kernel for the memory
 (:func:`simpmd.cost.memory.peak_memory` with ``fused=True``; the step donates its
 arguments, as a training step does).
 
+The framework (:mod:`simpmd.plan.frameworks`) says which kernels run (XLA's fusions,
+Transformer Engine's, eager PyTorch's one per operation), what a checkpoint reruns and
+where gradients accumulate; the estimate lists it in ``Estimate.assumed``.
+
 Memory is read off a second program, the same step with as many micro-batches as the
 schedule keeps in flight: a 1F1B schedule (Narayanan et al. 2021) starts each
 micro-batch's backward pass as soon as it can, so the first stage holds the activations
@@ -301,14 +305,11 @@ def estimate(model, layout: Layout, hardware="H100", chips: int | None = None,
     DCN. ``flash``: attention as one fused kernel (False: the scores kept, as before fused
     kernels). ``framework``: what runs the step, one of ``"xla"``, ``"megatron"``,
     ``"pytorch"`` (``compile=True``: under torch.compile) and ``"deepspeed"``
-    (:mod:`simpmd.plan.frameworks`, whose defaults the estimate's ``assumed`` lists):
-    ``"xla"`` (JAX: a checkpoint recomputes what the backward pass reads; the
-    gradients of a loop over micro-batches or pipeline ticks are added to their
-    accumulators when it ends) or ``"megatron"`` (Megatron-LM on PyTorch: full
-    recomputation runs each layer's whole forward again, as PyTorch's checkpoint does;
-    each weight gradient is added into its buffer where it is computed). Raises
-    :class:`LayoutError` for a layout that cannot run, memory over the chip's HBM
-    included (``check_memory=False`` reports it instead; ``memory=False`` skips the memory
+    (:mod:`simpmd.plan.frameworks`, whose kernels and defaults the estimate's
+    ``assumed`` lists). Under ``"xla"`` a step over HBM is rematerialized to fit where
+    full recomputation would fit (:func:`rematerialized`). Raises :class:`LayoutError`
+    for a layout that cannot run, memory over the chip's HBM included, saying what would
+    fit (``check_memory=False`` reports it instead; ``memory=False`` skips the memory
     walk, for a sweep of step times: ``peak_bytes`` is then 0)."""
     check(model, layout, chips)
     if precision not in PATHS:
