@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .layout import LayoutError
+
 
 @dataclass(frozen=True)
 class Framework:
@@ -46,7 +48,6 @@ class Framework:
         PipelineEngine runs ``TrainSchedule`` (1F1B, no virtual stages) and asserts "ZeRO-2
         and ZeRO-3 are incompatible with pipeline parallelism" (deepspeedai/DeepSpeed,
         deepspeed/runtime/pipe/engine.py at 03f6f75c)."""
-        from .layout import LayoutError
         if self.name != "deepspeed" or layout.pp == 1:
             return
         if layout.vp > 1:
@@ -104,10 +105,8 @@ def framework(name: str, compile: bool = False) -> Framework:
     """The :class:`Framework` called ``name``; ``compile``: PyTorch under torch.compile.
     An unknown name raises, listing the ones there are."""
     if name not in NAMES:
-        from .layout import LayoutError
         raise LayoutError(f"framework={name!r}: choose one of {', '.join(map(repr, NAMES))}")
     if compile and name != "pytorch":
-        from .layout import LayoutError
         raise LayoutError(f"compile=True is torch.compile, for framework='pytorch' (not "
                           f"{name!r})")
     return FRAMEWORKS["pytorch+compile" if compile else name]

@@ -178,8 +178,7 @@ def loss(s, lay, params, tokens, targets, copies=None, one_at_a_time=False):
     summed = tuple(a for a in AXES if not (a == "tp" and s.size("tp") > 1))
     losses = lambda y, h, t: L.token_losses(s, y, h, t)
     if one_at_a_time:
-        from ..api.checkpoint import checkpoint
-        losses = checkpoint(losses)
+        losses = L.checkpoint(losses)
     total = lax.scan(lambda c, yt: (c + losses(yt[0], head, yt[1]), None),
                      L.vary(snp.zeros((), snp.float32), summed), (ys, targets))[0]
     if lay.pp > 1:
