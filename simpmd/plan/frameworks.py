@@ -66,7 +66,9 @@ class Framework:
                            "bandwidth, a launch each" if self.eager_fusion else
                            "Transformer Engine's and PyTorch's fused kernels; an operation "
                            "PyTorch runs alone is its own" if self.eager else
-                           "fused elementwise chains (XLA, Inductor)"),
+                           "elementwise chains fused into their neighbours ("
+                           + ("TorchInductor" if self.name.startswith("pytorch") else "XLA")
+                           + ")"),
                "attention": "one fused kernel (flash)" if flash else "scores kept in HBM",
                "gradients": ("float32 main_grad, wgrad added in place" if self.main_grad_fp32
                              else "the weights' type, accumulated by the step's loop")}
