@@ -326,14 +326,6 @@ def keep_all_but_the_attention_core(prim, *avals, **params) -> bool:
         keep_all_but_gathers(prim, *avals, **params)
 
 
-def keep_products_and_masks(prim, *avals, **params) -> bool:
-    """Megatron-LM's selective recomputation: :func:`keep_products`, and the residual
-    dropouts' masks, which it keeps (it recomputes only the attention's core: Korthikanti
-    et al. 2022, section 5, whose activation memory keeps the ``s b h`` masks)."""
-    return (prim is dropout_p and params.get("site") == "hidden") or keep_products(
-        prim, *avals, **params)
-
-
 def keep_all_but_gathers_and_their_views(prim, *avals, **params) -> bool:
     """:func:`keep_all_but_gathers`, keeping none of the slices and transposes that cut
     FSDP's gathered flat parameter into its weights either (FSDP's FULL_SHARD frees the
@@ -346,8 +338,9 @@ POLICIES = {"none": keep_all_but_gathers, "selective": keep_products, "full": No
 
 
 def policy(s: Shard):
-    """The checkpoint policy of each layer: :data:`POLICIES`'s, Megatron-LM's selective
-    recomputation keeping its masks."""
+    """The checkpoint policy of each layer: :data:`POLICIES`'s; Megatron-LM's selective
+    recomputation, which recomputes only the attention's core; PyTorch FSDP's, which
+    gathers its flat parameters again for the backward pass."""
     if s.recompute == "selective" and s.framework == "megatron":
         return keep_all_but_the_attention_core
     if s.recompute == "none" and s.framework.startswith("pytorch") and s.size("fsdp") > 1:
@@ -361,8 +354,9 @@ def layers(s: Shard, x, stacked, virtual=None):
     ``recompute`` keeps for the backward pass: ``"none"``, all but what
     :func:`keep_all_but_gathers` gathers again; ``"selective"``, what
     :func:`keep_products` keeps (the attention's scores, softmax and output, the norms
-    and activations are computed again: Korthikanti et al.'s selective recomputation, and
-    MaxText's 'minimal'); ``"full"``, only the layer's input.
+    and activations are computed again: MaxText's 'minimal'), or under Megatron all but
+    the attention's core (:func:`keep_all_but_the_attention_core`, Korthikanti et al.'s);
+    ``"full"``, only the layer's input.
     ``virtual``: the index of a virtual stage, whose layers are ``stacked[k][virtual]``."""
     shapes = None
     if flat_fsdp(s):                                  # FSDP's flat parameters, once
