@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .layout import LayoutError
+from .layout import LayoutError, stage_split
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class Framework:
                               f"{'ZeRO-' + str(layout.zero) if layout.zero else 'fsdp'}: "
                               f"DeepSpeed's pipeline engine takes ZeRO-1 at most (zero=1)")
 
-    def assumed(self, layout, flash: bool) -> dict:
+    def assumed(self, layout, flash: bool, model=None) -> dict:
         """What an estimate under this framework assumed, in words."""
         out = {"framework": self.name,
                "kernels": ("eager PyTorch: every operation its own kernel, at HBM "
@@ -79,6 +79,12 @@ class Framework:
                            else "what the backward pass reads, again")
         if layout.tp > 1:
             out["sequence parallel"] = "on" if layout.sequence_parallel else "off"
+        split = stage_split(model, layout) if model is not None and layout.pp > 1 else ()
+        if len(set(split)) > 1:
+            out["stages"] = (f"layers per virtual stage {list(split)}: every stage priced "
+                             f"at the fullest, {max(split)}")
+        if layout.zero == 2:
+            out["ZeRO-2"] = "gradients held whole through the backward pass, as ZeRO-1's"
         if self.not_modelled:
             out["not modelled"] = self.not_modelled
         return out

@@ -334,7 +334,7 @@ def estimate(model, layout: Layout, hardware="H100", chips: int | None = None,
     capacity = HBM_CAPACITY.get(hw.name, float("inf"))
     result = Estimate(model, layout, hw.name, precision, p.time_s, dict(p.terms), memory,
                       capacity, hw.matmul_peak(precision), tuple(p.collectives),
-                      p.communication_s, p.flops, runs.assumed(layout, flash))
+                      p.communication_s, p.flops, runs.assumed(layout, flash, model))
     if framework == "xla" and memory and not result.fits and layout.recompute != "full":
         full = estimate(model, replace(layout, recompute="full", recompute_layers=None),
                         hardware, chips, precision, slices=slices, flash=flash,
