@@ -166,3 +166,31 @@ def test_the_kernels_of_every_timed_program_come_in_order(jax8):
         fn, args = program.at(32)
         jaxpr = jax8.make_jaxpr(fn)(*args)
         assert _in_order(fuse(jaxpr.jaxpr.eqns, jaxpr.jaxpr.outvars)), program.name
+
+
+# -- eager PyTorch: one kernel per operation --------------------------------------------------
+
+def test_eager_runs_each_operation_as_a_kernel(jax8):
+    """2 * exp(x) + 1 in eager PyTorch: exp, mul, add, three kernels, each reading its
+    operand and writing its result (the scalars broadcast in place): 6 passes of bf16 x,
+    where XLA's one fused kernel makes 2."""
+    jnp = jax8.numpy
+    program = jax8.make_jaxpr(lambda x: 2 * jnp.exp(x) + 1)(
+        jax8.ShapeDtypeStruct((R, C_), jnp.bfloat16))
+    eager = fuse(program.jaxpr.eqns, program.jaxpr.outvars, eager=True)
+    fused = fuse(program.jaxpr.eqns, program.jaxpr.outvars)
+    assert [k.kind for k in eager] == ["loop"] * 3 and len(fused) == 1
+    assert total(eager) == 3 * 2 * R * C_ * 2 and total(fused) == 2 * R * C_ * 2
+
+
+def test_eager_reductions_do_not_join_their_producers(jax8):
+    """mean(x * x) and mean(x) eagerly: the square (read x, write x * x), each row sum (read
+    its operand, write R floats) and each division by the row length (read R, write R):
+    five kernels, no input fusion and no shared pass (XLA: one kernel reading x once)."""
+    jnp = jax8.numpy
+    program = jax8.make_jaxpr(lambda x: ((x * x).mean(-1), x.mean(-1)))(
+        jax8.ShapeDtypeStruct((R, C_), jnp.float32))
+    ks = fuse(program.jaxpr.eqns, program.jaxpr.outvars, eager=True)
+    n, r = 4 * R * C_, 4 * R
+    assert [k.bytes for k in ks] == [2 * n, n + r, 2 * r, n + r, 2 * r]
+    assert [k.kind for k in ks] == ["loop", "reduction", "loop", "reduction", "loop"]

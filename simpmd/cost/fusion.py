@@ -41,6 +41,15 @@ intermediate values stay in registers. The rules here follow XLA's passes in out
   XLA's dynamic-slice fusion passes cuBLAS an offset into the buffer); only where a loop
   or a collective reads it is it copied out;
 * a scalar computed from constants alone is folded away, as XLA's constant folding does;
+* **eager PyTorch** (a :class:`~simpmd.cost.walk.Walker` made with ``eager=True``) fuses
+  nothing: each elementwise operation and each reduction is a kernel of its own that
+  reads its operands from HBM and writes its result there, as PyTorch runs operators one
+  by one outside ``torch.compile`` (Ansel et al. 2024, 'PyTorch 2', ASPLOS, section 2:
+  eager mode dispatches each operator to its own kernel; TorchInductor's fusion of
+  pointwise operations and reductions is what ``torch.compile`` adds); views, broadcasts
+  (``expand``) and slices stay free, and the GEMM still adds into its output; the
+  gradient of a split (autodiff's ``pad`` of each piece, added up) is PyTorch's
+  ``cat``: each piece read once and written into its place;
 * collectives, sorts and cumulative sums run on their own, writing every result they
   return, and so does an operation a framework runs as a kernel of its own (a row's
   ``fusion`` rule of its parameters says which) and a loop or a conditional (a *block*:
@@ -199,9 +208,9 @@ class Kernel:
 class _Fuser:
     """The state of one pass over a flat list of equations."""
 
-    def __init__(self, eqns, outvars, accumulation_fusion=False):
+    def __init__(self, eqns, outvars, accumulation_fusion=False, eager=False):
         self.eqns = [e if isinstance(e, Eqn) else Eqn(e) for e in eqns]
-        self.accumulation_fusion = accumulation_fusion
+        self.accumulation_fusion, self.eager = accumulation_fusion, eager
         self.kernels, self.free = [], []           # kernels; equations in none (views)
         self.alias, self.made_by = {}, {}          # var -> var it views; var -> kernel
         self.within = {}                           # a slice read where it lies -> its source
@@ -273,11 +282,13 @@ class _Fuser:
                 self.within[eqn.outvars[0]] = self.root(eqn.invars[0])
                 self.free.append(eqn)
                 return
+        if self.eager and name == "pad":
+            kind = "in_place"                      # a piece of a concatenation (below)
         k = None
         if kind == "elementwise":
             k = self._accumulation(eqn, name)
-            k = self._elementwise(eqn) if k is None else k
-        elif kind == "reduction":
+            k = self._elementwise(eqn) if k is None and not self.eager else k
+        elif kind == "reduction" and not self.eager:
             k = self._reduction(eqn)
         if k is None:
             k = self._new_kernel(eqn, kind)
@@ -337,11 +348,27 @@ class _Fuser:
         if kind == "in_place":                     # the updates' bytes, as the row counts
             update = _nbytes(_typed(eqn.invars[1])) if len(eqn.invars) > 1 else 0
             kernel.own_bytes = flops_and_bytes(eqn.eqn)[1] or 2 * update
+            if _primitive_name(eqn) == "pad":      # eager: its piece, read and written
+                kernel.own_bytes = 2 * _nbytes(_typed(eqn.invars[0]))
             buffer = self.root(eqn.invars[0])
             if _is_var(buffer) and _nbytes(_typed(buffer)) == _nbytes(out):
                 kernel.in_place[eqn.outvars[0]] = buffer
+        if kind == "block" and nested(eqn)[0] == "repeat":
+            self._carries_in_place(eqn, kernel)
         self.kernels.append(kernel)
         return len(self.kernels) - 1
+
+    def _carries_in_place(self, eqn, kernel):
+        """A scan's carries: each result in its initial value's buffer, which the loop
+        updates (XLA's buffer assignment colocates a while loop's operand, its body's
+        parameter and root, and its result; copy insertion adds a copy only where the
+        initial value is read after the loop: openxla/xla, xla/service/copy_insertion.cc),
+        so that an accumulator is one buffer, not its start and its end."""
+        consts, carry = scan_split(eqn.eqn)
+        for out, start in zip(eqn.outvars[:carry], eqn.invars[consts:consts + carry]):
+            buffer = self.root(start)
+            if _is_var(buffer) and _nbytes(_typed(buffer)) == _nbytes(_typed(out)):
+                kernel.in_place[out] = buffer
 
     def _into_dot(self, eqn):
         """A transpose or a slice only matmuls read: part of their operand load."""
@@ -426,7 +453,7 @@ class _Fuser:
         """A value an elementwise equation made in a loop or reduction kernel: a kernel
         that needs it computes it again from its sources rather than reading it."""
         k = self.made_by.get(v)
-        if k is None or self.kernels[k].kind not in ("loop", "reduction"):
+        if self.eager or k is None or self.kernels[k].kind not in ("loop", "reduction"):
             return False
         return self.kinds[id(self.maker[v])] == "elementwise"
 
@@ -531,21 +558,23 @@ class _Fuser:
         for k, kernel in enumerate(self.kernels):
             for eqn in kernel.eqns:
                 self._read(k, kernel, eqn)
-        self._merge_siblings()
+        if not self.eager:
+            self._merge_siblings()
         needed = {self.root(v) for v in self.outvars} | {
             u for kernel in self.kernels for u in kernel.reads}
         for kernel in self.kernels:                # (a kernel of its own writes all it returns)
             kernel.writes = {o: _nbytes(_typed(o)) for e in kernel.eqns for o in e.outvars
-                             if o in needed or kernel.kind == "opaque"}
+                             if o in needed or kernel.kind == "opaque" or self.eager}
         self.dropped = [kern for kern in self.kernels if not kern.writes and kern.kind == "loop"]
         return [kern for kern in self.kernels if kern.writes or kern.kind != "loop"]
 
 
-def fuse(eqns, outvars=()) -> list:
+def fuse(eqns, outvars=(), eager=False) -> list:
     """The kernels XLA would run for ``eqns`` (a flat list: no nested bodies), in an order
     in which each reads only what earlier ones wrote. ``outvars`` are the values the
-    program returns (always written)."""
-    fuser = _Fuser(eqns, outvars)
+    program returns (always written); ``eager``: eager PyTorch's kernels, one per
+    operation, instead."""
+    fuser = _Fuser(eqns, outvars, eager=eager)
     for eqn in fuser.eqns:
         fuser.place(eqn)
     return fuser.finish()
@@ -647,7 +676,7 @@ def body_kernels(program, walker, sizes=None, phase="forward",
         read = {v for e in flat.eqns for v in e.invars}
         stored += [o for e in flat.eqns if flat.phase[id(e)] == "recompute"
                    for o in e.outvars if o not in read]
-    fuser = _Fuser(flat.eqns, stored, accumulation_fusion)
+    fuser = _Fuser(flat.eqns, stored, accumulation_fusion, getattr(walker, "eager", False))
     for eqn in fuser.eqns:
         fuser.place(eqn)
     kernels = fuser.finish()

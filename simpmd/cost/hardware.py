@@ -600,6 +600,67 @@ _MACHINE = {
 HARDWARE = {name: replace(hw, citations=hw.citations + _MACHINE[name][1], **_MACHINE[name][0])
             for name, hw in HARDWARE.items()}
 
+# -- the other Hopper and Blackwell parts (simpmd.plan's presets of issue 44) -------------
+# Their chips' numbers from NVIDIA's datasheets; their network fields (links, latency,
+# the network between nodes, the floors) copied from the closest preset, as named.
+
+_H100_PCIE = ("NVIDIA H100 PCIe product brief PB-11133-001_v02 (November 2022): 350 W, HBM2e "
+              "'greater than 2,000 gigabytes per second'; NVIDIA H100 datasheet, PCIe column "
+              "(as hpctech.co.jp's copy of it lists): 80 GB HBM2e at 2,000 GB/s, FP32 51 TFLOPS, "
+              "TF32 756, BF16 1,513, FP8 3,026 TFLOPS with sparsity (half dense), 300-350 W, "
+              "NVLink bridge 600 GB/s, PCIe Gen5 128 GB/s")
+_H100_NVL = ("NVIDIA H100 datasheet, H100 NVL column: 94 GB HBM3 at 3.9 TB/s, FP32 60 TFLOPS, "
+             "TF32 835, BF16 1,671, FP8 3,341 TFLOPS with sparsity (half dense), 350-400 W, "
+             "NVLink bridge 600 GB/s (pairs of cards), PCIe Gen5 128 GB/s")
+_H100_96 = ("NVIDIA GH200 Grace Hopper Superchip datasheet: the H100 of a GH200 has 96 GB of HBM3 "
+            "at 4 TB/s, with the H100 SXM's compute (FP8 3,958 TFLOPS, BF16 1,979 with "
+            "sparsity) and 900 GB/s NVLink; issue 44's '96 GB HBM2e at 2.4 TB/s, 500 W' is not "
+            "in any NVIDIA datasheet read, so this preset is the GH200's part")
+_GB200 = ("NVIDIA GB200 NVL72 datasheet, per rack of 72 Blackwell GPUs: HBM3e 13.4 TB at 576 "
+          "TB/s (186 GB and 8 TB/s per GPU), FP8 720 PFLOPS, FP16/BF16 360 PFLOPS, TF32 180 "
+          "PFLOPS with sparsity (5, 2.5 and 1.25 PFLOPS dense per GPU), FP32 5,760 TFLOPS "
+          "(80 per GPU), fifth-generation NVLink 130 TB/s (1.8 TB/s per GPU, 18 links) in one "
+          "NVLink domain of 72 GPUs")
+_COPIED = "network fields (links, latency, the network between nodes, floors) copied from "
+
+HARDWARE.update({
+    "H100 PCIe": replace(
+        HARDWARE["H100"], name="H100 PCIe", interconnect="PCIe Gen5 x16 (NVLink bridge pairs)",
+        link_bandwidth=HARDWARE["L4"].link_bandwidth * 2, links_per_device=1,
+        hbm_bandwidth=2.0e12, peak_bf16_flops=7.565e14, peak_fp32_flops=5.1e13,
+        matmul_peaks=(("tf32", 3.78e14), ("fp8", 1.513e15), ("int8", 1.513e15)),
+        attention_efficiency=(), measured=(),
+        citations=(_H100_PCIE, _COPIED + "H100 (SXM), the PCIe link as the L4's at Gen5's "
+                   "double rate", _PRECISION, _MAMF, _HBM_H100, _LAUNCH_GPU, _DISPATCH_GPU,
+                   _IB_NDR, _NET_STEP),
+        aliases=("NVIDIA H100 PCIe", "H100-PCIE-80GB")),
+    "H100 NVL": replace(
+        HARDWARE["H100"], name="H100 NVL", interconnect="PCIe Gen5 x16 (NVLink bridge pairs)",
+        link_bandwidth=HARDWARE["L4"].link_bandwidth * 2, links_per_device=1,
+        hbm_bandwidth=3.9e12, peak_bf16_flops=8.355e14, peak_fp32_flops=6.0e13,
+        matmul_peaks=(("tf32", 4.175e14), ("fp8", 1.6705e15), ("int8", 1.6705e15)),
+        attention_efficiency=(), measured=(),
+        citations=(_H100_NVL, _COPIED + "H100 (SXM), the PCIe link as the H100 PCIe's",
+                   _PRECISION, _MAMF, _HBM_H100, _LAUNCH_GPU, _DISPATCH_GPU, _IB_NDR,
+                   _NET_STEP),
+        aliases=("NVIDIA H100 NVL", "H100 94GB")),
+    "H100 96GB": replace(
+        HARDWARE["H100"], name="H100 96GB", hbm_bandwidth=4.0e12, measured=(),
+        citations=(_H100_96, _COPIED + "H100 (SXM)") + HARDWARE["H100"].citations[1:],
+        aliases=("GH200", "H100 96 GB", "NVIDIA GH200")),
+    "GB200": replace(
+        HARDWARE["B200"], name="GB200", hbm_bandwidth=8e12, peak_bf16_flops=2.5e15,
+        peak_fp32_flops=8e13, node_size=72,
+        matmul_peaks=(("tf32", 1.25e15), ("fp8", 5e15), ("int8", 5e15)),
+        citations=(_GB200, _COPIED + "B200 (its NVLink 5 links; the NVLink domain of 72 GPUs "
+                   "is the datasheet's)", _PRECISION, _MAMF, _HBM_H100, _LAUNCH_GPU,
+                   _DISPATCH_GPU, _IB_NDR, _NET_STEP),
+        aliases=("NVIDIA GB200", "GB200 NVL72")),
+})
+# The capacity of each new part's HBM, bytes (the datasheets above).
+NEW_HBM = {"H100 PCIe": 80e9, "H100 NVL": 94e9, "H100 96GB": 96e9, "GB200": 186e9}
+
+
 def _key(name: str) -> str:
     return "".join(ch for ch in str(name).lower() if ch.isalnum())
 
@@ -621,7 +682,9 @@ def hardware_preset(hardware) -> Hardware:
 
 
 # What jax.devices()[0].device_kind says on each chip -> the preset (first match wins).
-_DEVICE_KINDS = (("h200", "H200"), ("h100", "H100"), ("h800", "H100"), ("b200", "B200"),
+_DEVICE_KINDS = (("gh200", "H100 96GB"), ("h200", "H200"), ("h100 nvl", "H100 NVL"),
+                 ("h100 pcie", "H100 PCIe"), ("h100", "H100"), ("h800", "H100"),
+                 ("gb200", "GB200"), ("b200", "B200"),
                  ("a100", None), ("l4", "L4"), ("t4", "T4"), ("tpu v6 lite", "TPU v6e"),
                  ("tpu v6e", "TPU v6e"), ("tpu v5 lite", "TPU v5e"), ("tpu v5e", "TPU v5e"),
                  ("tpu v5p", "TPU v5p"), ("tpu v5", "TPU v5p"), ("tpu v4", "TPU v4"),

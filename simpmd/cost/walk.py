@@ -286,11 +286,12 @@ class Walker:
     runs (one meaning, shared by every analysis); ``notes`` what the walk chose. With
     ``whole_recompute``, a checkpoint that saves nothing runs its whole forward again in
     the backward pass, as an eager framework's does (:func:`_rerun`), not only what the
-    backward pass reads."""
+    backward pass reads. With ``eager``, the kernels are eager PyTorch's, one per
+    operation (:mod:`simpmd.cost.fusion`), not XLA's fusions."""
 
     def __init__(self, program, sizes=None, *, while_trips=None, taken=None, device=None,
-                 whole_recompute=False):
-        self.program, self.sizes = program, dict(sizes or {})
+                 whole_recompute=False, eager=False):
+        self.program, self.sizes, self.eager = program, dict(sizes or {}), eager
         self.whole = _checkpoint_forwards(program) if whole_recompute else {}
         self.while_trips, self.taken = while_trips, taken
         self.device = taken.busiest() if taken is not None and device is None else device

@@ -31,6 +31,7 @@ from ..cost import fusion as _fusion  # noqa: F401 (sets the rows' fusion column
 from . import fp8
 from .attention import flash_attention, materialized_attention
 from .dropout import dropout, dropout_p
+from .frameworks import FRAMEWORKS
 
 
 @dataclass(frozen=True)
@@ -48,11 +49,12 @@ class Shard:
     flash: bool = True
     framework: str = "xla"
     fp8: bool = False
+    recompute_layers: int | None = None    # full recomputation of this many per stage
 
     @property
     def eager(self) -> bool:
-        """PyTorch's eager kernels (Megatron-LM), not XLA's fusion."""
-        return self.framework == "megatron"
+        """PyTorch's eager kernels (Megatron-LM, FSDP, DeepSpeed), not XLA's fusion."""
+        return FRAMEWORKS[self.framework].eager
 
     def size(self, axis: str) -> int:
         return self.sizes.get(axis, 1)
@@ -83,7 +85,12 @@ def vary(x, axes):
 
 def gather_weight(s: Shard, w, axis: int):
     """FSDP: the whole of this device's tensor-parallel slice of ``w``, just in time."""
-    return lax.all_gather(w, "fsdp", axis=axis, tiled=True) if s.size("fsdp") > 1 else w
+    if s.size("fsdp") == 1 or w.shape[axis] == s.model.d_model:   # (gathered already)
+        return w
+    whole = lax.all_gather(w, "fsdp", axis=axis, tiled=True)
+    if whole.shape[axis] == s.model.d_model:
+        return whole
+    return whole[(slice(None),) * axis + (slice(0, s.model.d_model),)]   # the padding cut
 
 
 def into_block(s: Shard, h):
@@ -194,11 +201,15 @@ def attention_block(s: Shard, x, w):
         k = lax.all_gather(k, "cp", axis=1, tiled=True)
         v = lax.all_gather(v, "cp", axis=1, tiled=True)
         offset = lax.axis_index("cp") * t
-    if s.flash:
-        o = flash_attention(q, k, v, q_offset=offset, dropout=m.attention_dropout, seed=1)
-    else:
-        o = materialized_attention(q, k, v, True, offset, dropout=m.attention_dropout, seed=1,
-                                   own_kernel=s.eager)
+    def core(q, k, v, *at):
+        if s.flash:
+            return flash_attention(q, k, v, q_offset=at[0] if at else None,
+                                   dropout=m.attention_dropout, seed=1)
+        return materialized_attention(q, k, v, True, at[0] if at else None,
+                                      dropout=m.attention_dropout, seed=1, own_kernel=s.eager)
+    if s.recompute == "selective" and s.framework == "megatron":
+        core = checkpoint(core)      # Megatron's checkpoint_core_attention: see policy()
+    o = core(q, k, v, *(() if offset is None else (offset,)))
     y, more = row_linear(s, o.reshape(b, t, nq * m.head_dim), w, "wo")
     return residual(s, x, y, seed=2), amaxes + more
 
@@ -212,8 +223,60 @@ def mlp_block(s: Shard, x, w):
     return residual(s, x, y, seed=3), amaxes + more
 
 
+MATRICES = {"wqkv": 0, "wo": 1, "w_in": 0, "w_out": 1}    # each one's FSDP-split axis
+
+
+def flat_fsdp(s: Shard) -> bool:
+    """Whether the layers' weights are FSDP's flat parameters (PyTorch FSDP over >1 rank)."""
+    return s.framework.startswith("pytorch") and s.size("fsdp") > 1
+
+
+def flattened(stacked, lead: int):
+    """The stacked layers' matrices as one flat parameter per layer, each rank's shards side
+    by side (``lead``: the stacking axes), and each matrix's per-layer shape: FSDP holds its
+    shard of a layer flat between steps; here the stage's shards are laid out flat once per
+    micro-batch, before the layers run, so that each layer's gather can start early."""
+    keys = [k for k in MATRICES if k in stacked]
+    shapes = {k: stacked[k].shape[lead:] for k in keys}
+    lead_shape = stacked[keys[0]].shape[:lead]
+    flat = snp.concatenate([stacked[k].reshape(lead_shape + (-1,)) for k in keys], axis=-1)
+    rest = {k: w for k, w in stacked.items() if k not in keys}
+    return {**rest, "flat": flat}, shapes
+
+
+def gather_flat(s: Shard, w, shapes=None) -> dict:
+    """PyTorch FSDP's gather: the layer's matrices as one flat parameter, each rank's shard
+    of every matrix side by side, gathered in one all-gather (and, as the checkpoint
+    gathers again, once more in the backward pass, whose transpose reduce-scatters the
+    layer's flat gradient): FSDP wraps each decoder layer as one FlatParameter (Zhao et al.
+    2023, arXiv:2304.11277, section 3.2.1), where ZeRO-3 gathers parameter by parameter.
+    Each matrix is then a view of the gathered buffer, cut to d_model."""
+    if shapes is None:                    # one layer's matrices, not yet flat
+        keys = [k for k in MATRICES if k in w]
+        shapes = {k: w[k].shape for k in keys}
+        w = {**{k: v for k, v in w.items() if k not in keys},
+             "flat": snp.concatenate([w[k].reshape(-1) for k in keys])}
+    whole = lax.all_gather(w["flat"], "fsdp", axis=0, tiled=False)   # [fsdp, flat shard]
+    f, start = s.size("fsdp"), 0
+    out = {k: v for k, v in w.items() if k != "flat"}
+    for k, local in shapes.items():
+        n = int(np.prod(local))
+        part = whole[:, start:start + n].reshape((f,) + tuple(local))
+        start += n
+        if MATRICES[k] == 0:
+            full = part.reshape((f * local[0], local[1]))
+        else:
+            full = part.transpose(1, 0, 2).reshape((local[0], f * local[1]))
+        axis = MATRICES[k]
+        out[k] = full[(slice(None),) * axis + (slice(0, s.model.d_model),)] \
+            if full.shape[axis] != s.model.d_model else full
+    return out
+
+
 def layer(s: Shard, x, w):
     """One decoder layer: its output, and the amaxes of its FP8 casts (None without)."""
+    if flat_fsdp(s) and "wqkv" in w and w["wqkv"].shape[0] != s.model.d_model:
+        w = gather_flat(s, w)                          # (one layer on its own)
     x, first = attention_block(s, x, w)
     x, second = mlp_block(s, x, w)
     return x, (snp.stack(first + second) if s.fp8 else None)
@@ -252,11 +315,22 @@ def keep_products(prim, *avals, **params) -> bool:
         prim, *avals, **params)
 
 
-def keep_products_and_masks(prim, *avals, **params) -> bool:
-    """Megatron-LM's selective recomputation: :func:`keep_products`, and the residual
-    dropouts' masks, which it keeps (it recomputes only the attention's core: Korthikanti
-    et al. 2022, section 5, whose activation memory keeps the ``s b h`` masks)."""
-    return (prim is dropout_p and params.get("site") == "hidden") or keep_products(
+def keep_all_but_the_attention_core(prim, *avals, **params) -> bool:
+    """Megatron-LM's selective recomputation: every value kept but the attention's core
+    (its products with the scores, softmax and dropout), which the layer runs under a
+    checkpoint of its own that keeps only its inputs, q, k and v (Korthikanti et al.
+    2022, section 5; Megatron-LM's ``checkpoint_core_attention`` when
+    ``recompute_granularity='selective'``, megatron/core/transformer/attention.py).
+    Under a fused attention kernel that saves nothing: the kernel's forward runs again."""
+    return not (prim is dropout_p and params.get("site") == "attention") and \
+        keep_all_but_gathers(prim, *avals, **params)
+
+
+def keep_all_but_gathers_and_their_views(prim, *avals, **params) -> bool:
+    """:func:`keep_all_but_gathers`, keeping none of the slices and transposes that cut
+    FSDP's gathered flat parameter into its weights either (FSDP's FULL_SHARD frees the
+    unsharded parameter after the forward pass and gathers it again for the backward)."""
+    return getattr(prim, "name", "") not in ("slice", "transpose") and keep_all_but_gathers(
         prim, *avals, **params)
 
 
@@ -264,10 +338,13 @@ POLICIES = {"none": keep_all_but_gathers, "selective": keep_products, "full": No
 
 
 def policy(s: Shard):
-    """The checkpoint policy of each layer: :data:`POLICIES`'s, Megatron-LM's selective
-    recomputation keeping its masks."""
-    if s.recompute == "selective" and s.eager:
-        return keep_products_and_masks
+    """The checkpoint policy of each layer: :data:`POLICIES`'s; Megatron-LM's selective
+    recomputation, which recomputes only the attention's core; PyTorch FSDP's, which
+    gathers its flat parameters again for the backward pass."""
+    if s.recompute == "selective" and s.framework == "megatron":
+        return keep_all_but_the_attention_core
+    if s.recompute == "none" and s.framework.startswith("pytorch") and s.size("fsdp") > 1:
+        return keep_all_but_gathers_and_their_views
     return POLICIES[s.recompute]
 
 
@@ -277,23 +354,49 @@ def layers(s: Shard, x, stacked, virtual=None):
     ``recompute`` keeps for the backward pass: ``"none"``, all but what
     :func:`keep_all_but_gathers` gathers again; ``"selective"``, what
     :func:`keep_products` keeps (the attention's scores, softmax and output, the norms
-    and activations are computed again: Korthikanti et al.'s selective recomputation, and
-    MaxText's 'minimal'); ``"full"``, only the layer's input.
+    and activations are computed again: MaxText's 'minimal'), or under Megatron all but
+    the attention's core (:func:`keep_all_but_the_attention_core`, Korthikanti et al.'s);
+    ``"full"``, only the layer's input.
     ``virtual``: the index of a virtual stage, whose layers are ``stacked[k][virtual]``."""
+    shapes = None
+    if flat_fsdp(s):                                  # FSDP's flat parameters, once
+        stacked, shapes = flattened(stacked, 1 if virtual is None else 2)
+
     def one(h, w):
-        return layer(s, h, w)
+        return layer(s, h, gather_flat(s, w, shapes) if shapes else w)
+
+    if virtual is None and s.recompute_layers is not None:   # pick layers by index, so
+        stacked, virtual = {k: w[None] for k, w in stacked.items()}, 0   # both scans
 
     def picked(h, i):
         w = {k: ws[virtual, i] for k, ws in stacked.items()}
         return one(h, w)
     body = one if virtual is None else picked
-    xs = stacked if virtual is None else snp.arange(next(iter(stacked.values())).shape[1])
-    if not s.fp8:
-        return lax.scan(checkpoint(body, policy=policy(s)), x, xs)[0]
     count = next(iter(stacked.values())).shape[0 if virtual is None else 1]
-    x = fp8.region(x, GRAD_AMAXES * count, s.sizes)   # its backward's end: the gradients'
-    y, amaxes = lax.scan(checkpoint(body, policy=policy(s)), x, xs)   # amaxes reduced
-    return fp8.sync(y, amaxes, s.sizes)               # the forward's end: the amaxes reduced
+    xs = stacked if virtual is None else snp.arange(count)
+    if s.fp8:
+        x = fp8.region(x, GRAD_AMAXES * count, s.sizes)   # its backward's end: the
+    y, amaxes = _scans(s, body, x, xs, count)             # gradients' amaxes reduced
+    return fp8.sync(y, amaxes, s.sizes) if s.fp8 else y   # the forward's end: the amaxes
+
+
+def _scans(s: Shard, body, x, xs, count):
+    """The layers as one scan under :func:`policy`, or, with ``recompute_layers = k``, a
+    scan of the first ``k`` recomputed whole and one of the rest keeping what
+    ``recompute="none"`` keeps (Megatron-LM's block method: the first k layers of each
+    virtual stage, megatron/core/transformer/transformer_block.py). The layers' FP8
+    amaxes, stacked."""
+    k = s.recompute_layers
+    if k is None or k >= count:
+        return lax.scan(checkpoint(body, policy=policy(s)), x, xs)
+    parts = [(slice(0, k), None), (slice(k, count), keep_all_but_gathers)]
+    amaxes = []
+    for part, keep in parts:
+        if part.stop == part.start:
+            continue
+        x, a = lax.scan(checkpoint(body, policy=keep), x, xs[part])
+        amaxes.append(a)
+    return x, (snp.concatenate(amaxes, axis=0) if s.fp8 else None)
 
 
 def checkpointed_layer(s: Shard):
@@ -315,8 +418,8 @@ def embed(s: Shard, table, tokens):
         rows = table.shape[0]
         local = tokens - lax.axis_index("tp") * rows
         inside = (local >= 0) & (local < rows)
-        found = table[snp.clip(local, 0, rows - 1)]
-        found = out_of_block(s, snp.where(inside[..., None], found, 0.0).astype(table.dtype))
+        found = table[snp.clip(local, 0, rows - 1)]   # (times a [b, t, 1] mask: the
+        found = out_of_block(s, found * inside[..., None].astype(table.dtype))   # one kept)
     return dropout(found, s.model.hidden_dropout, 0, own_kernel=s.eager)
 
 

@@ -13,6 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 RECOMPUTE = ("none", "selective", "full")
+# How the optimizer holds the fp32 master weights: "fp32", or "remainders", the 16 bits a
+# bf16 weight lacks (Apex's DistributedFusedAdam, store_param_remainders=True, which NeMo's
+# MegatronBaseModel.setup_optimization sets for a bf16 model with distributed_fused_adam).
+MASTER_WEIGHTS = ("fp32", "remainders")
 AXES = ("pp", "dp", "fsdp", "cp", "tp")        # the mesh's axes, slowest-varying first
 
 
@@ -31,8 +35,12 @@ class Layout:
     (the attention's score matrices, Korthikanti et al. 2022) or ``"full"`` (each layer
     from its input). ``sequence_parallel`` splits the norms' and residual's tokens over
     ``tp`` too (all-gathers and reduce-scatters instead of all-reduces).
-    ``distributed_optimizer`` splits the fp32 masters and Adam moments over ``dp``
-    (Megatron's distributed optimizer, ZeRO stage 1)."""
+    ``distributed_optimizer`` splits the fp32 masters and Adam moments over ``dp`` and
+    ``cp`` (Megatron's distributed optimizer, ZeRO stage 1; ``zero=1|2|3`` names ZeRO's
+    stages). ``stage_layers``: the layers of each virtual stage, where not the even (or
+    Megatron-Core's) split; ``recompute_layers``: with ``recompute="full"``, how many of
+    each virtual stage's layers are recomputed (Megatron's block method);
+    ``master_weights``: :data:`MASTER_WEIGHTS`."""
 
     dp: int = 1
     fsdp: int = 1
@@ -45,6 +53,10 @@ class Layout:
     recompute: str = "none"
     sequence_parallel: bool = False
     distributed_optimizer: bool = False
+    stage_layers: tuple | None = None
+    recompute_layers: int | None = None
+    zero: int | None = None
+    master_weights: str = "fp32"
 
     def __post_init__(self):
         for f in fields(self):
@@ -55,11 +67,51 @@ class Layout:
         if self.recompute not in RECOMPUTE:
             raise LayoutError(f"Layout(recompute={self.recompute!r}): choose one of "
                               f"{', '.join(map(repr, RECOMPUTE))}")
+        if self.master_weights not in MASTER_WEIGHTS:
+            raise LayoutError(f"Layout(master_weights={self.master_weights!r}): choose one of "
+                              f"{', '.join(map(repr, MASTER_WEIGHTS))}")
+        self._zero_stage()
+        self._partial_recompute()
+        if self.stage_layers is not None:
+            object.__setattr__(self, "stage_layers", tuple(int(n) for n in self.stage_layers))
+            if len(self.stage_layers) != self.pp * self.vp or min(self.stage_layers) < 0:
+                raise LayoutError(f"Layout(stage_layers={list(self.stage_layers)}): one count "
+                                  f"of layers (0 or more) per virtual stage, pp x vp = "
+                                  f"{self.pp} x {self.vp} = {self.pp * self.vp} of them, in "
+                                  f"the pipeline's order")
         if self.global_batch is None:
             object.__setattr__(self, "global_batch", self.replicas * self.microbatch)
         if self.vp > 1 and self.pp == 1:
             raise LayoutError(f"Layout(vp={self.vp}, pp=1): virtual stages interleave a "
                               f"pipeline; with one stage there is nothing to interleave")
+
+    def _zero_stage(self):
+        """ZeRO by stage (Rajbhandari et al. 2020, arXiv:1910.02054, section 5): 1 splits
+        the optimizer's state over the data-parallel ranks (``distributed_optimizer``), 2
+        the gradients too, 3 the weights too (FSDP over the ``dp`` ranks: ``fsdp`` takes
+        them)."""
+        if self.zero is None:
+            return
+        if self.zero not in (1, 2, 3):
+            raise LayoutError(f"Layout(zero={self.zero!r}): ZeRO's stages are 1 (optimizer "
+                              f"state), 2 (and gradients) and 3 (and weights)")
+        if self.zero == 3:
+            object.__setattr__(self, "fsdp", self.fsdp * self.dp)
+            object.__setattr__(self, "dp", 1)
+        else:
+            object.__setattr__(self, "distributed_optimizer", True)
+
+    def _partial_recompute(self):
+        """Megatron-LM's ``--recompute-method block --recompute-num-layers k``: the first
+        ``k`` layers of each virtual stage recomputed whole, the rest kept."""
+        k = self.recompute_layers
+        if k is None:
+            return
+        if self.recompute != "full" or not isinstance(k, int) or k < 0:
+            raise LayoutError(f"Layout(recompute={self.recompute!r}, recompute_layers={k!r}): "
+                              f"recompute_layers counts the layers of each virtual stage "
+                              f"recomputed whole (a whole number, 0 or more), with "
+                              f"recompute='full' (Megatron's --recompute-num-layers)")
 
     @property
     def chips(self) -> int:
@@ -85,6 +137,12 @@ class Layout:
         parts = [f"{a}={getattr(self, a)}" for a in ("dp", "fsdp", "tp", "pp", "vp", "cp")
                  if getattr(self, a) > 1]
         extras = [f"recompute={self.recompute}"] if self.recompute != "none" else []
+        if self.recompute_layers is not None:
+            extras[-1] += f" ({self.recompute_layers} layers per virtual stage)"
+        extras += [f"ZeRO-{self.zero}"] * (self.zero is not None)
+        extras += ["master weights as bf16 remainders"] * (self.master_weights == "remainders")
+        if self.stage_layers is not None:
+            extras.append(f"stage layers {list(self.stage_layers)}")
         extras += ["sequence parallel"] * self.sequence_parallel
         extras += ["distributed optimizer"] * self.distributed_optimizer
         return (f"{' x '.join(parts) or 'one chip'}, micro-batch {self.microbatch}, global "
@@ -107,9 +165,9 @@ def check(model, layout: Layout, chips: int | None = None):
         (m.d_ff % lay.tp, f"d_ff = {m.d_ff} does not split over tp = {lay.tp}"),
         (m.vocab % lay.tp, f"vocab = {m.vocab} does not split over tp = {lay.tp} (the "
                            f"vocabulary-parallel embedding); pad the vocabulary"),
-        (m.layers % (lay.pp * lay.vp), f"layers = {m.layers} do not split into pp x vp = "
-                                       f"{lay.pp} x {lay.vp} = {lay.pp * lay.vp} equal "
-                                       f"virtual stages"),
+        (sum(stage_split(m, lay)) != m.layers,
+         f"stage_layers = {list(lay.stage_layers or ())} add up to "
+         f"{sum(lay.stage_layers or ())} layers, not the model's {m.layers}"),
         (lay.global_batch % (lay.replicas * lay.microbatch),
          f"global_batch = {lay.global_batch} sequences is not a whole number of micro-batches "
          f"of {lay.microbatch} on each of dp x fsdp = {lay.replicas} ranks "
@@ -117,10 +175,6 @@ def check(model, layout: Layout, chips: int | None = None):
         (m.seq % (lay.cp * (lay.tp if lay.sequence_parallel else 1)),
          f"seq = {m.seq} tokens do not split over cp = {lay.cp}"
          + (f" x tp = {lay.tp} (sequence parallelism)" if lay.sequence_parallel else "")),
-        (m.d_model % (lay.fsdp * (lay.dp if lay.distributed_optimizer else 1)),
-         f"d_model = {m.d_model} does not split over fsdp = {lay.fsdp}"
-         + (f" x dp = {lay.dp} (the distributed optimizer)" if lay.distributed_optimizer
-            else "") + ": FSDP splits each weight along d_model"),
     ]
     for broken, message in limits:
         if broken:
@@ -129,3 +183,25 @@ def check(model, layout: Layout, chips: int | None = None):
         raise LayoutError(f"{lay.microbatches} micro-batches per rank, fewer than pp = "
                           f"{lay.pp} stages: the interleaved schedule needs at least one "
                           f"micro-batch per stage")
+
+
+def stage_split(model, layout) -> tuple:
+    """Transformer layers per virtual stage, in the pipeline's order (virtual stage ``v``
+    of stage ``r`` is ``v * pp + r``): ``layout.stage_layers`` where given; else equal
+    shares where they divide; else Megatron-Core's split with the embedding and the loss
+    each counted as a layer (``account_for_embedding_in_pipeline_split`` and
+    ``account_for_loss_in_pipeline_split``, which Megatron-Bridge's LLaMA-3.1-405B recipes
+    set: megatron/core/transformer/transformer_block.py, ``get_num_layers_to_build``, adds
+    one layer for each, divides by pp x vp, and builds one fewer on the first and on the
+    last virtual stage) where that divides; else as evenly as possible, the first
+    stages taking one more. The slowest virtual stage is what the SPMD step prices."""
+    n, L = layout.pp * layout.vp, model.layers
+    if layout.stage_layers is not None:
+        return layout.stage_layers
+    if L % n == 0:
+        return (L // n,) * n
+    if n > 1 and (L + 2) % n == 0 and (L + 2) // n >= 2:
+        per = (L + 2) // n
+        return (per - 1,) + (per,) * (n - 2) + (per - 1,)
+    q, r = divmod(L, n)
+    return (q + 1,) * r + (q,) * (n - r)

@@ -9,6 +9,10 @@ idle ticks are the bubble), and walked kernel by kernel for the memory
 (:func:`simpmd.cost.memory.peak_memory` with ``fused=True``; the step donates its
 arguments, as a training step does).
 
+The framework (:mod:`simpmd.plan.frameworks`) says which kernels run (XLA's fusions,
+Transformer Engine's, eager PyTorch's one per operation), what a checkpoint reruns and
+where gradients accumulate; the estimate lists it in ``Estimate.assumed``.
+
 Memory is read off a second program, the same step with as many micro-batches as the
 schedule keeps in flight: a 1F1B schedule (Narayanan et al. 2021) starts each
 micro-batch's backward pass as soon as it can, so the first stage holds the activations
@@ -19,19 +23,20 @@ one forward and one backward scan, would keep every micro-batch's (GPipe's memor
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 import math
 
 import numpy as np
 
 from ..api.shapes import ShapeDtypeStruct
 from ..api.shard_map import shard_map
-from ..cost.hardware import SLICE_SHAPES, hardware_preset
+from ..cost.hardware import NEW_HBM, SLICE_SHAPES, hardware_preset
 from ..cost.memory import peak_memory
 from ..cost.predict import predict
 from ..cost.walk import Walker
 from ..machine import devices as _devices
 from ..machine.mesh import Mesh
+from . import frameworks as F
 from . import step as St
 from .layout import Layout, LayoutError, check
 
@@ -48,11 +53,12 @@ HBM_CAPACITY = {
     "B200": 180e9,        # NVIDIA DGX B200 datasheet: 1,440 GB for 8 GPUs
     "L4": 24e9,           # NVIDIA L4 datasheet: 24 GB GDDR6
     "T4": 16e9,           # NVIDIA T4 datasheet: 16 GB GDDR6
+    **NEW_HBM,            # H100 PCIe, H100 NVL, H100 96GB, GB200: cost/hardware.py's sources
 }
 LARGEST_V5P = (16, 16, 24)   # cloud.google.com/tpu/docs/v5p: the largest slice, 6,144 chips
 # The path of the products of weights; in FP8 the program's casts say which run in FP8.
 PATHS = {"bf16": "bf16", "fp16": "fp16", "fp8": None}
-FRAMEWORKS = ("xla", "megatron")
+FRAMEWORKS = F.NAMES
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,7 @@ class Estimate:
     collectives: tuple = ()
     communication_s: float = 0.0      # every collective's time in the step, hidden or not
     flops: float = 0.0                # what one device computes in the step
+    assumed: dict = field(default_factory=dict)   # the framework's defaults, in words
 
     @property
     def chips(self) -> int:
@@ -115,7 +122,8 @@ class Estimate:
                 f"  step {self.step_s:.3g} s ({parts})\n"
                 f"  {self.tokens_per_s_per_chip:,.0f} tokens/s per chip, MFU {self.mfu:.1%}\n"
                 f"  peak memory {self.peak_bytes / 1e9:.1f} GB per chip of "
-                f"{self.hbm_bytes / 1e9:.0f} GB")
+                f"{self.hbm_bytes / 1e9:.0f} GB"
+                + "".join(f"\n  assumed {k}: {v}" for k, v in self.assumed.items()))
 
 
 def _slice_shape(hw, chips: int, slices: int):
@@ -142,8 +150,10 @@ def machine(hw, chips: int, slices: int = 1):
     return hw.topology(shape) if slices == 1 else hw.cluster(slices, shape)
 
 
-def trace_step(model, layout, hw_name: str, flash=True, framework="xla", precision="bf16"):
-    """The step run on shapes over the layout's mesh: its per-device program."""
+def trace_step(model, layout, hw_name: str, flash=True, framework="xla", precision="bf16",
+               one_loss_at_a_time=False):
+    """The step run on shapes over the layout's mesh: its per-device program
+    (``one_loss_at_a_time``: :func:`simpmd.plan.step.train_step`'s, for the memory)."""
     platform = _devices._make_platform(layout.chips, hw_name, None)
     grid = np.empty(layout.chips, dtype=object)
     grid[:] = platform.devices
@@ -152,7 +162,7 @@ def trace_step(model, layout, hw_name: str, flash=True, framework="xla", precisi
     saved = _devices._platform
     try:
         _devices._platform = platform
-        step = St.train_step(model, layout, flash, framework, precision)
+        step = St.train_step(model, layout, flash, framework, precision, one_loss_at_a_time)
         run = shard_map(step, mesh=mesh, in_specs=ins, out_specs=outs)
         run(*St.arguments(model, layout, ShapeDtypeStruct))
     finally:
@@ -181,8 +191,8 @@ class Reuse:
             self.machines[key] = machine(hw, chips, slices)
         return self.machines[key]
 
-    def program(self, model, layout, hw_name, flash, framework, precision):
-        key = (model, layout, hw_name, flash, framework, precision)
+    def program(self, model, layout, hw_name, flash, framework, precision, memory=False):
+        key = (model, layout, hw_name, flash, framework, precision, memory)
         if key not in self.programs:
             self.programs[key] = trace_step(*key)
         return self.programs[key]
@@ -190,12 +200,83 @@ class Reuse:
     def peak(self, model, layout, hw_name, flash, framework, precision):
         key = (model, in_flight(layout), hw_name, flash, framework, precision)
         if key not in self.peaks:
-            program = self.program(*key)
-            megatron = framework == "megatron"
+            program = self.program(*key, layout.pp > 1)
+            f = F.FRAMEWORKS[framework]
             self.peaks[key] = peak_memory(
-                program, fused=True, donate=True, accumulation_fusion=megatron,
-                walker=Walker(program, layout.shape, whole_recompute=megatron)).peak
+                program, fused=True, donate=True, accumulation_fusion=f.accumulation_fusion,
+                walker=Walker(program, layout.shape, whole_recompute=f.whole_recompute,
+                              eager=f.eager_fusion)
+            ).peak + (main_grad_extra(model, layout) if f.main_grad_fp32 else 0)
         return self.peaks[key]
+
+
+def weight_elements(model, layout) -> int:
+    """The elements of the weights one device uses (its stage's, its tensor-parallel and
+    FSDP shares), before the distributed optimizer splits anything."""
+    shapes = St.param_shapes(model, layout)
+    sizes = layout.shape
+    total = 0
+    for key, shape in shapes.items():
+        spec = St._split(key, False, layout)
+        split = math.prod(sizes[a] for d in spec if d is not None
+                          for a in ((d,) if isinstance(d, str) else d))
+        total += math.prod(shape) // split
+    return total
+
+
+def main_grad_extra(model, layout) -> int:
+    """Megatron-LM's gradients are float32 buffers (``main_grad``; its arguments.py makes
+    bf16 training accumulate and reduce gradients in fp32, and the wgrad GEMM adds into
+    them, ``gradient_accumulation_fusion``), where the program accumulates in the
+    weights' 16-bit type: 2 more bytes per weight element held (Korthikanti et al.
+    2022's Figure 1 counts 18 bytes a parameter: 2 + 4 + 12)."""
+    return 2 * weight_elements(model, layout)
+
+
+def rematerialized(result: Estimate, full: Estimate) -> Estimate:
+    """A step over HBM as XLA compiles it: its rematerialization pass recomputes values
+    until the program fits the device's memory (``HloRematerialization``, which
+    openxla/xla's GPU compiler runs in its post-scheduling 'remat-pipeline' against the
+    memory limit, xla/service/gpu/gpu_compiler.cc; the TPU compiler is not public). Priced
+    between the layout and its full recomputation: the share of the bytes between their
+    peaks that must go, of the time between their steps. Unchanged where even full
+    recomputation does not fit."""
+    if full.peak_bytes > result.hbm_bytes or result.peak_bytes <= full.peak_bytes:
+        return result
+    share = (result.peak_bytes - result.hbm_bytes) / (result.peak_bytes - full.peak_bytes)
+    extra = share * max(0.0, full.step_s - result.step_s)
+    breakdown = dict(result.breakdown, recompute=result.breakdown["recompute"] + extra)
+    said = dict(result.assumed, rematerialized=(
+        f"XLA recomputes {(result.peak_bytes - result.hbm_bytes) / 1e9:.1f} GB more to fit "
+        f"the {result.hbm_bytes / 1e9:.0f} GB (peak {result.peak_bytes / 1e9:.1f} GB as "
+        f"laid out): {extra:.3g} s"))
+    return replace(result, step_s=result.step_s + extra, breakdown=breakdown,
+                   peak_bytes=int(result.hbm_bytes), assumed=said)
+
+
+def memory_refusal(model, layout, result) -> str:
+    """Why ``result`` does not fit and what would: the bytes, the weights' share, and the
+    layouts that hold less (each axis that splits the weights, recomputation, a smaller
+    micro-batch), with ``check_memory=False`` to see the estimate anyway."""
+    peak, hbm = result.peak_bytes / 1e9, result.hbm_bytes / 1e9
+    weights = weight_elements(model, layout) * 2 / 1e9
+    over = peak / hbm
+    n = 2 ** math.ceil(math.log2(over))
+    ideas = [f"split the weights {n}x further (pp = {layout.pp * n}, tp = {layout.tp * n} "
+             f"or fsdp = {layout.fsdp * n}, as the model's sizes allow)"]
+    if not layout.distributed_optimizer and layout.replicas * layout.cp > 1:
+        ideas.append("distributed_optimizer=True (ZeRO-1: the fp32 masters and moments over "
+                     f"dp x cp = {layout.dp * layout.cp})")
+    if layout.recompute != "full" or layout.recompute_layers is not None:
+        ideas.append("recompute='full' (each layer's input only)")
+    if layout.microbatch > 1:
+        ideas.append(f"microbatch={layout.microbatch // 2}")
+    if layout.tp > 1 and not layout.sequence_parallel:
+        ideas.append("sequence_parallel=True")
+    return (f"{peak:.1f} GB per chip at the peak, over the {hbm:.0f} GB of HBM a "
+            f"{result.hardware} has ({over:.2f}x; the 16-bit weights alone {weights:.1f} GB): "
+            f"{'; or '.join(ideas)}. Pass check_memory=False to get the estimate anyway "
+            f"(Estimate.fits is then False).")
 
 
 def sweep(model, layouts, hardware="H100", precision: str = "bf16", **options) -> list:
@@ -215,49 +296,50 @@ def sweep(model, layouts, hardware="H100", precision: str = "bf16", **options) -
 def estimate(model, layout: Layout, hardware="H100", chips: int | None = None,
              precision: str = "bf16", *, slices: int = 1, flash: bool = True,
              framework: str = "xla", check_memory: bool = True, memory: bool = True,
-             reuse: Reuse | None = None) -> Estimate:
+             reuse: Reuse | None = None, compile: bool = False) -> Estimate:
     """Simulate one training step of ``model`` laid out as ``layout`` on ``chips`` chips of
     ``hardware``, its matrix products in ``precision`` ("bf16", "fp16" or "fp8": the
     layers' linear products in FP8 as Transformer Engine runs them, :mod:`.fp8`, attention
     and the head in bf16; weights, gradients and Adam's moments are kept as mixed
     precision keeps them, float32 masters and moments). ``slices``: TPU slices joined by
     DCN. ``flash``: attention as one fused kernel (False: the scores kept, as before fused
-    kernels). ``framework``: what runs the
-    step, ``"xla"`` (JAX: a checkpoint recomputes what the backward pass reads; the
-    gradients of a loop over micro-batches or pipeline ticks are added to their
-    accumulators when it ends) or ``"megatron"`` (Megatron-LM on PyTorch: full
-    recomputation runs each layer's whole forward again, as PyTorch's checkpoint does;
-    each weight gradient is added into its buffer where it is computed). Raises
-    :class:`LayoutError` for a layout that cannot run, memory over the chip's HBM
-    included (``check_memory=False`` reports it instead; ``memory=False`` skips the memory
+    kernels). ``framework``: what runs the step, one of ``"xla"``, ``"megatron"``,
+    ``"pytorch"`` (``compile=True``: under torch.compile) and ``"deepspeed"``
+    (:mod:`simpmd.plan.frameworks`, whose kernels and defaults the estimate's
+    ``assumed`` lists). Under ``"xla"`` a step over HBM is rematerialized to fit where
+    full recomputation would fit (:func:`rematerialized`). Raises :class:`LayoutError`
+    for a layout that cannot run, memory over the chip's HBM included, saying what would
+    fit (``check_memory=False`` reports it instead; ``memory=False`` skips the memory
     walk, for a sweep of step times: ``peak_bytes`` is then 0)."""
     check(model, layout, chips)
     if precision not in PATHS:
         raise LayoutError(f"precision={precision!r}: choose one of {', '.join(PATHS)}")
-    if framework not in FRAMEWORKS:
-        raise LayoutError(f"framework={framework!r}: choose one of {', '.join(FRAMEWORKS)}")
+    runs = F.framework(framework, compile)
+    runs.check(layout)
+    framework = runs.name
     hw = hardware_preset(hardware)
     if precision == "fp8" and "fp8" not in hw.matmul_paths:
         raise LayoutError(f"{hw.name} has no FP8 matrix units; use precision='bf16'")
     reuse = reuse or Reuse()
     ticks = layout.microbatches * layout.vp + layout.pp - 1      # step.py's pipeline loop
     program = reuse.program(model, layout, hw.name, flash, framework, precision)
-    megatron = framework == "megatron"
     p = predict(program, hw, topology=reuse.machine(hw, layout.chips, slices),
-                walker=Walker(program, layout.shape, whole_recompute=megatron),
+                walker=Walker(program, layout.shape, whole_recompute=runs.whole_recompute,
+                              eager=runs.eager_fusion),
                 precision=PATHS[precision], pipeline=(ticks, layout.pp - 1),
-                accumulation_fusion=megatron,
+                accumulation_fusion=runs.accumulation_fusion,
                 collective_times=reuse.collectives.setdefault((hw.name, layout.chips, slices),
                                                               {}))
     memory = reuse.peak(model, layout, hw.name, flash, framework, precision) if memory else 0
     capacity = HBM_CAPACITY.get(hw.name, float("inf"))
     result = Estimate(model, layout, hw.name, precision, p.time_s, dict(p.terms), memory,
                       capacity, hw.matmul_peak(precision), tuple(p.collectives),
-                      p.communication_s, p.flops)
+                      p.communication_s, p.flops, runs.assumed(layout, flash, model))
+    if framework == "xla" and memory and not result.fits and layout.recompute != "full":
+        full = estimate(model, replace(layout, recompute="full", recompute_layers=None),
+                        hardware, chips, precision, slices=slices, flash=flash,
+                        framework=framework, check_memory=False, reuse=reuse)
+        result = rematerialized(result, full)
     if check_memory and not result.fits:
-        raise LayoutError(
-            f"{memory / 1e9:.1f} GB per chip at the peak, over the {capacity / 1e9:.0f} GB of "
-            f"HBM a {hw.name} has: recompute more (recompute='selective' or 'full'), split "
-            f"the weights further (fsdp, tp, pp, distributed_optimizer) or use smaller "
-            f"micro-batches")
+        raise LayoutError(memory_refusal(model, layout, result))
     return result

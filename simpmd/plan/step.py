@@ -32,7 +32,7 @@ from .. import numpy as snp
 from ..machine.mesh import PartitionSpec as P
 from . import fp8
 from . import layers as L
-from .layout import AXES
+from .layout import AXES, stage_split
 
 LAYER_SPLIT = {"attn_norm": (None, None), "mlp_norm": (None, None), "wqkv": ("fsdp", "tp"),
                "wo": ("tp", "fsdp"), "w_in": ("fsdp", "tp"), "w_out": ("tp", "fsdp")}
@@ -41,24 +41,65 @@ OTHER_SPLIT = {"embed": ("tp", "fsdp"), "head": ("fsdp", "tp"), "final_norm": (N
 
 def param_shapes(model, layout) -> dict:
     """Every weight's global shape; the layers stacked ``[pp, vp, layers per virtual
-    stage, ...]``."""
-    per = model.layers // (layout.pp * layout.vp)
+    stage, ...]``, as many as the fullest virtual stage holds (:func:`stage_split`: with
+    uneven stages every stage runs the slowest one's program, as SPMD does). A dimension
+    split over more ranks than divide it is padded to a multiple of them (GSPMD pads an
+    uneven sharding, Xu et al. 2021, arXiv:2105.04663, section 3.3; FSDP pads its flat
+    parameter to a multiple of the ranks, Zhao et al. 2023, arXiv:2304.11277, section
+    3.2.1), and each use reads the unpadded part."""
+    per = max(stage_split(model, layout))
     lead = (layout.pp, layout.vp, per)
     shapes = {k: lead + s for k, s in model.layer_shapes().items()}
     shapes.update(model.other_shapes())
-    return shapes
+    return {k: _padded(k, shape, layout) for k, shape in shapes.items()}
+
+
+def _padded(key, shape, layout) -> tuple:
+    """``shape`` with the dimension FSDP and the distributed optimizer split (d_model)
+    padded to a multiple of the ranks that split it."""
+    spec = _split(key, True, layout)
+    dim = _fsdp_dim(spec, len(shape)) if "fsdp" in _named(spec) or layout.distributed_optimizer \
+        else None
+    if dim is None or dim >= len(spec) or spec[dim] is None:
+        return shape
+    axes = (spec[dim],) if isinstance(spec[dim], str) else spec[dim]
+    q = int(np.prod([layout.shape[a] for a in axes]))
+    return shape[:dim] + (-(-shape[dim] // q) * q,) + shape[dim + 1:]
+
+
+def _named(spec) -> set:
+    return {a for d in spec for a in ((d,) if isinstance(d, str) else (d or ()))}
+
+
+def unpadded(w, axis: int, size: int):
+    """``w`` cut to ``size`` along ``axis``: the weight without the padding
+    :func:`param_shapes` added."""
+    if w.shape[axis] == size:
+        return w
+    return w[(slice(None),) * axis + (slice(0, size),)]
+
+
+def optimizer_axes(layout) -> tuple:
+    """The axes the distributed optimizer splits the optimizer's state over: every rank
+    that holds the same weights, ``dp`` and ``cp`` (Megatron-LM builds its distributed
+    optimizer on ``get_data_parallel_group(with_context_parallel=True)``:
+    megatron/core/optimizer/__init__.py, ``get_megatron_optimizer``, at d086a2e3)."""
+    if not layout.distributed_optimizer:
+        return ()
+    return ("dp",) + (("cp",) if layout.cp > 1 else ())
 
 
 def _split(key, optimizer_state, layout):
-    """A weight's PartitionSpec; the optimizer's state is split over ``dp`` too with the
-    distributed optimizer (along the dimension FSDP splits)."""
+    """A weight's PartitionSpec; the optimizer's state is split over :func:`optimizer_axes`
+    too with the distributed optimizer (along the dimension FSDP splits)."""
     if key in LAYER_SPLIT:
         dims = ("pp", None, None) + LAYER_SPLIT[key][:1 if key.endswith("norm") else 2]
     else:
         dims = OTHER_SPLIT[key]
     if optimizer_state and layout.distributed_optimizer:
+        more = optimizer_axes(layout)
         fsdp_dim = dims.index("fsdp") if "fsdp" in dims else len(dims) - 1
-        dims = tuple(("fsdp", "dp") if d == "fsdp" else ("dp",) if i == fsdp_dim and d is None
+        dims = tuple(("fsdp",) + more if d == "fsdp" else more if i == fsdp_dim and d is None
                      else d for i, d in enumerate(dims))
     return P(*dims)
 
@@ -80,10 +121,17 @@ def arguments(model, layout, struct, dtype="bfloat16"):
     ``[micro-batches, sequences, seq]``."""
     shapes = param_shapes(model, layout)
     weights = {k: struct(s, dtype) for k, s in shapes.items()}
-    state = lambda: {k: struct(s, "float32") for k, s in shapes.items()}
+    state = lambda kind="float32": {k: struct(s, kind) for k, s in shapes.items()}
     batch = struct((layout.microbatches, layout.replicas * layout.microbatch, model.seq),
                    "int32")
-    return weights, {"master": state(), "mu": state(), "nu": state()}, batch, batch
+    return weights, {"master": state(MASTER[layout.master_weights]), "mu": state(),
+                     "nu": state()}, batch, batch
+
+
+# The type the master weights are held in: float32, or (Apex's DistributedFusedAdam with
+# store_param_remainders, which NeMo sets for bf16 models) the 16 bits a bf16 weight lacks
+# of its float32 master, held here as a 16-bit array: on values the master is then bf16.
+MASTER = {"fp32": "float32", "remainders": "bfloat16"}
 
 
 # -- the pipeline -----------------------------------------------------------------------------
@@ -117,7 +165,7 @@ def _stage_ticks(s, lay, stacked, x0):
     return loop
 
 
-def loss(s, lay, params, tokens, targets, copies=None):
+def loss(s, lay, params, tokens, targets, copies=None, one_at_a_time=False):
     """This device's share of the step's mean loss: embeddings, the pipeline, the head's
     loss for each micro-batch (a ``scan``), on the last stage. ``copies``: the layers'
     weights' FP8 copies (:func:`fp8_weights`)."""
@@ -128,7 +176,10 @@ def loss(s, lay, params, tokens, targets, copies=None):
     ys = _stage_ticks(s, lay, stacked, x0)
     head = {k: params[k] for k in ("final_norm", "head", "embed") if k in params}
     summed = tuple(a for a in AXES if not (a == "tp" and s.size("tp") > 1))
-    total = lax.scan(lambda c, yt: (c + L.token_losses(s, yt[0], head, yt[1]), None),
+    losses = lambda y, h, t: L.token_losses(s, y, h, t)
+    if one_at_a_time:
+        losses = L.checkpoint(losses)
+    total = lax.scan(lambda c, yt: (c + losses(yt[0], head, yt[1]), None),
                      L.vary(snp.zeros((), snp.float32), summed), (ys, targets))[0]
     if lay.pp > 1:
         total = lax.psum(snp.where(lax.axis_index("pp") == lay.pp - 1, total, 0.0), "pp")
@@ -164,11 +215,13 @@ def _reduce(g, spec, lay):
     reduce-scatter over ``dp`` with the distributed optimizer, an all-reduce otherwise."""
     axes = _replicated(spec, lay, 1)          # size-1 axes too, to make the type invariant
     g = g.astype(snp.float32)
-    if lay.distributed_optimizer and "dp" in axes:
+    split = optimizer_axes(lay)
+    if split and set(split) <= set(axes):
         dims = [d for d in spec] + [None] * (g.ndim - len(spec))
         dim = dims.index("fsdp") if "fsdp" in dims else g.ndim - 1
-        g = lax.psum_scatter(g, "dp", scatter_dimension=dim, tiled=True)
-        axes = tuple(a for a in axes if a != "dp")
+        g = lax.psum_scatter(g, split if len(split) > 1 else split[0],
+                             scatter_dimension=dim, tiled=True)
+        axes = tuple(a for a in axes if a not in split)
     return lax.psum(g, axes) if axes else g
 
 
@@ -178,32 +231,44 @@ def _adam(master, mu, nu, g, lr=1e-4, b1=0.9, b2=0.95, eps=1e-8):
     return master - lr * mu / (snp.sqrt(nu) + eps), mu, nu
 
 
-def train_step(model, layout, flash=True, framework="xla", precision="bf16"):
+def train_step(model, layout, flash=True, framework="xla", precision="bf16",
+               one_loss_at_a_time=False):
     """``step(params, opt, tokens, targets) -> (params, opt, loss)``: one device's training
     step, to be ``shard_map`` ped with :func:`specs`. With the distributed optimizer each
     data-parallel rank holds a slice of the weights too, as Megatron's does between steps,
     and gathers them over ``dp`` as the step begins. ``framework``: what runs it
     (``plan.estimate``'s: the kernels PyTorch runs on their own); ``precision="fp8"``: the
-    layers' products in FP8, cast as Transformer Engine casts (:mod:`simpmd.plan.fp8`)."""
+    layers' products in FP8, cast as Transformer Engine casts (:mod:`simpmd.plan.fp8`).
+    ``one_loss_at_a_time``: the loss of each micro-batch under a checkpoint that keeps
+    only its input, for the memory of a pipeline: a 1F1B schedule runs each
+    micro-batch's loss and its backward pass together on the last stage (Narayanan et al.
+    2021), which holds one micro-batch's logits at a time, where the SPMD step keeps every
+    micro-batch's until its backward scan."""
     from ..api.grad import value_and_grad
     s = L.Shard(model, layout.shape, layout.recompute, layout.sequence_parallel, flash,
-                framework, precision == "fp8")
+                framework, precision == "fp8", layout.recompute_layers)
     whole = {k: _split(k, False, layout) for k in param_shapes(model, layout)}
 
     def step(params, opt, tokens, targets):
-        if layout.distributed_optimizer and layout.dp > 1:   # this rank's slice, gathered
-            params = {k: lax.all_gather(w, "dp", axis=_fsdp_dim(whole[k], w.ndim), tiled=True)
-                      if "dp" in _replicated(whole[k], layout) else w for k, w in params.items()}
+        split = optimizer_axes(layout)
+        if layout.distributed_optimizer and layout.dp * layout.cp > 1:   # this rank's slice,
+            params = {k: lax.all_gather(w, split if len(split) > 1 else split[0],  # gathered
+                                        axis=_fsdp_dim(whole[k], w.ndim), tiled=True)
+                      for k, w in params.items()}
+            params = {k: w if layout.fsdp > 1 and "fsdp" in _named(whole[k]) else unpadded(
+                w, _fsdp_dim(whole[k], w.ndim), model.d_model) for k, w in params.items()}
         varying = {k: L.vary(w, _replicated(whole[k], layout, 1)) for k, w in params.items()}
         copies = fp8_weights(s, varying)
-        value, grads = value_and_grad(lambda p: loss(s, layout, p, tokens, targets, copies))(
-            varying)
+        value, grads = value_and_grad(lambda p: loss(s, layout, p, tokens, targets, copies,
+                                                     one_loss_at_a_time))(varying)
         new, state = {}, {"master": {}, "mu": {}, "nu": {}}
         for k in sorted(params):
             g = _reduce(grads[k], whole[k], layout)
-            master, mu, nu = _adam(opt["master"][k], opt["mu"][k], opt["nu"][k], g)
+            held = opt["master"][k]
+            master, mu, nu = _adam(held.astype(snp.float32), opt["mu"][k], opt["nu"][k], g)
             new[k] = master.astype(params[k].dtype)
-            state["master"][k], state["mu"][k], state["nu"][k] = master, mu, nu
+            state["master"][k], state["mu"][k], state["nu"][k] = \
+                master.astype(held.dtype), mu, nu
         summed = tuple(a for a in AXES if a not in ("tp", "pp") or layout.shape[a] == 1)
         return new, state, lax.psum(value, summed)
     return step
