@@ -1,0 +1,42 @@
+"""Published, measured runs added for issue 44, one module per source, entered before any
+of them was predicted (``docs/validation.md``).
+
+Each module's ``runs()`` gives :class:`simpmd.plan.published.Run` s with the configuration
+as its source prints it: the framework that ran it (``"pytorch"``, ``"deepspeed"`` as
+well as ``"xla"`` and ``"megatron"``), the hardware (``"H100 96GB"``, ``"GB200"`` as
+well), the layout (as keywords where ``Layout`` cannot build it yet). Whether the planner
+can enter a run today is not stored but asked (:func:`blocker`), so a run becomes
+enterable as soon as the planner learns what it needs.
+"""
+from __future__ import annotations
+
+from . import deepspeed_runs, llm_foundry, maxtext_v5e, megatron_bridge, torchtitan
+
+
+def added() -> list:
+    """Every run added for issue 44."""
+    return (maxtext_v5e.runs() + llm_foundry.runs() + torchtitan.runs()
+            + megatron_bridge.runs() + deepspeed_runs.runs())
+
+
+def blocker(run) -> str:
+    """Why ``plan.estimate`` cannot take ``run`` as its source prints it today (empty: it
+    can): the framework's name, the hardware, or the layout, checked as ``estimate``
+    checks them, without tracing the step."""
+    from ...cost.hardware import hardware_preset
+    from .. import simulate
+    from ..layout import LayoutError, check
+
+    reasons = []
+    if run.framework not in simulate.FRAMEWORKS:
+        reasons.append(f"framework={run.framework!r} is not one plan.estimate takes "
+                       f"({', '.join(simulate.FRAMEWORKS)})")
+    try:
+        hardware_preset(run.hardware)
+    except ValueError:
+        reasons.append(f"no hardware preset {run.hardware!r}")
+    try:
+        check(run.model, run.layout)
+    except (LayoutError, TypeError) as exc:
+        reasons.append(f"the layout: {exc}")
+    return "; ".join(reasons)
