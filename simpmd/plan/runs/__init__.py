@@ -10,13 +10,14 @@ enterable as soon as the planner learns what it needs.
 """
 from __future__ import annotations
 
-from . import deepspeed_runs, llm_foundry, maxtext_v5e, megatron_bridge, torchtitan
+from . import (deepspeed_runs, llama3, llm_foundry, maxtext_more, maxtext_v5e, megatron_bridge,
+               torchtitan)
 
 
 def added() -> list:
     """Every run added for issue 44."""
-    return (maxtext_v5e.runs() + llm_foundry.runs() + torchtitan.runs()
-            + megatron_bridge.runs() + deepspeed_runs.runs())
+    return (maxtext_v5e.runs() + maxtext_more.runs() + llm_foundry.runs() + torchtitan.runs()
+            + megatron_bridge.runs() + deepspeed_runs.runs() + llama3.runs())
 
 
 def blocker(run) -> str:
@@ -37,6 +38,11 @@ def blocker(run) -> str:
         reasons.append(f"no hardware preset {run.hardware!r}")
     try:
         check(run.model, run.layout)
+        hw = hardware_preset(run.hardware)
+        if hw.torus_rank is not None:
+            simulate._slice_shape(hw, run.chips, run.slices)
     except (LayoutError, TypeError) as exc:
         reasons.append(f"the layout: {exc}")
+    except ValueError:
+        pass
     return "; ".join(reasons)
