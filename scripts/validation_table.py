@@ -65,6 +65,14 @@ def half_table(title, runs) -> dict:
             flag = "" if run.complete else f" [configuration incomplete: {run.missing}]"
             print(f"* {run.name}: {reason}{flag}")
     print("\n" + summary_line(title, ratios, inside))
+    original = {r.name for r in published.developed_against()}
+    for label, keep in (("the runs added for issue 44", lambda n: n not in original),
+                        ("the 22 runs developed against", lambda n: n in original)):
+        part = {n: r for n, r in ratios.items() if keep(n)}
+        s = measure.summary(part.values())
+        print(f"\n{title}, {label} only: {s['n']} runs; geometric-mean error {s['error']:.1%}; "
+              f"largest {s['largest']:.1%}; {s['within']} within 0.8-1.25x; bias "
+              f"{s['bias']:+.3f}")
     return ratios
 
 

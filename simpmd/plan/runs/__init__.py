@@ -33,16 +33,14 @@ def blocker(run) -> str:
         reasons.append(f"framework={run.framework!r} is not one plan.estimate takes "
                        f"({', '.join(simulate.FRAMEWORKS)})")
     try:
-        hardware_preset(run.hardware)
+        hw = hardware_preset(run.hardware)
     except ValueError:
+        hw = None
         reasons.append(f"no hardware preset {run.hardware!r}")
     try:
         check(run.model, run.layout)
-        hw = hardware_preset(run.hardware)
-        if hw.torus_rank is not None:
+        if hw is not None and hw.torus_rank is not None:
             simulate._slice_shape(hw, run.chips, run.slices)
     except (LayoutError, TypeError) as exc:
         reasons.append(f"the layout: {exc}")
-    except ValueError:
-        pass
     return "; ".join(reasons)
