@@ -12,7 +12,8 @@ A100_SOURCE = ("pytorch/torchtitan, docs/performance.md at commit 0413364349: 'L
                "batch = local x 64). Step time = local batch x sequence / WPS; sequences "
                "8,192 (Llama 3) and 4,096 (Llama 2), as the page says. 'selective op' is "
                "torchtitan's per-operator checkpointing (saves the matmuls' outputs but "
-               "every second one), 'selective layer' checkpoints every second block")
+               "every second one), 'selective layer' checkpoints every n-th block (n not "
+               "printed; torchtitan's configurations give 2)")
 H100_SOURCE = ("pytorch/torchtitan, benchmarks/llama3_h100_202412_torchtitan.md at commit "
                "31a17bfdb7 (torch 1963fc8, torchao eab345c, torchtitan 9dec370, 2024-12): "
                "Grand Teton hosts, 8 H100 with 96 GB HBM2e at 2.4 TB/s and a 500 W limit, "
@@ -39,6 +40,8 @@ def _a100() -> list:
                        axes, "A100", "bf16", local * model.seq / wps, A100_SOURCE,
                        f"{wps:,} WPS; step = {local} x {model.seq} / {wps}",
                        framework="pytorch",
+                       missing=("the block-checkpoint frequency (entered as every second "
+                                "block)" if ac == "selective layer" else ""),
                        notes="'selective op' entered as recompute='selective', which is "
                              "not what the planner's 'selective' means (issue 44)"))
     return out
