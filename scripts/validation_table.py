@@ -3,9 +3,9 @@ held-out half first.
 
     python scripts/validation_table.py                 # both halves, run by run
     python scripts/validation_table.py --summary       # the two halves' numbers only
-    python scripts/validation_table.py --write-spreads # regenerate simpmd/plan/runs/spreads.py
+    python scripts/validation_table.py --write-spreads # regenerate simpmd/plan/spreads.py
 
-One row per run of simpmd.plan.published.runs() that the planner can enter today: its
+One row per run of simpmd.plan.runs.every() that the planner can enter today: its
 configuration, the measured step time (from what its source prints), the prediction, their
 ratio, the interval Estimate.interval_s gives and whether the measurement lies in it, and
 where the predicted step goes; then the runs it cannot enter, with the reason; then each
@@ -21,9 +21,9 @@ import pathlib
 import pprint
 
 from simpmd.plan import published
-from simpmd.plan.runs import blocker, measure, split
+from simpmd.plan.runs import blocker, every, measure, split
 
-SPREADS_PY = pathlib.Path(__file__).resolve().parents[1] / "simpmd/plan/runs/spreads.py"
+SPREADS_PY = pathlib.Path(__file__).resolve().parents[1] / "simpmd/plan/spreads.py"
 
 
 def _configuration(run) -> str:
@@ -65,7 +65,7 @@ def half_table(title, runs) -> dict:
             flag = "" if run.complete else f" [configuration incomplete: {run.missing}]"
             print(f"* {run.name}: {reason}{flag}")
     print("\n" + summary_line(title, ratios, inside))
-    original = {r.name for r in published.developed_against()}
+    original = {r.name for r in published.runs()}
     for label, keep in (("the runs added for issue 44", lambda n: n not in original),
                         ("the 22 runs developed against", lambda n: n in original)):
         part = {n: r for n, r in ratios.items() if keep(n)}
@@ -85,12 +85,12 @@ def summary_line(title, ratios, inside) -> str:
 
 
 def halves():
-    by_name = {r.name: r for r in published.runs()}
+    by_name = {r.name: r for r in every()}
     return ([by_name[n] for n in split.HELD_OUT], [by_name[n] for n in split.DEVELOPMENT])
 
 
 def write_spreads():
-    """Regenerate simpmd/plan/runs/spreads.py from the development half's predictions."""
+    """Regenerate simpmd/plan/spreads.py from the development half's predictions."""
     _, development = halves()
     table = measure.spreads(development, measure.ratios(development))
     header = ('"""The spread of ln(predicted / measured) over the development half\'s runs '
@@ -142,7 +142,7 @@ def memory_table():
     print("\n| run | Figure 1: weights + optimizer, GiB | activations, GiB | sum, GiB | "
           "simpmd's peak, GiB | peak / sum |")
     print("|---|---:|---:|---:|---:|---:|")
-    for run in published.developed_against():
+    for run in published.runs():
         size = run.name.split(",")[0]
         if size not in FIGURE_1 or "selective" not in run.name:
             continue

@@ -133,10 +133,9 @@ def test_the_planner_casts_only_where_a_run_trained_in_fp8(precision, expected):
 
 def test_the_published_fp8_runs_are_nemos_and_only_they():
     """NeMo 24.07's performance table is measured in FP8 (its 'Pretraining' heading);
-    Korthikanti et al. trained in fp16 on A100, MaxText in bf16 on TPU v5p (the 22 runs the
-    planner was developed against; the runs added for issue 44 say their own precision)."""
+    Korthikanti et al. trained in fp16 on A100, MaxText in bf16 on TPU v5p."""
     from simpmd.plan import published
-    runs = published.developed_against()
+    runs = published.runs()
     assert {r.name for r in runs if r.precision == "fp8"} == {
         r.name for r in runs if r.source == published.NEMO}
     assert sum(r.precision == "fp8" for r in runs) == 6

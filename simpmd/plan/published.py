@@ -7,9 +7,10 @@ only compared with. Each :class:`Run` says where its numbers are printed, down t
 commit or table, and how its measured step time follows from what is printed.
 
 The runs of this module are the 22 the planner's mechanisms were developed against; the
-runs of :mod:`simpmd.plan.runs` (one module per source) were added for issue 44, before
-any of them was predicted, and :mod:`simpmd.plan.runs.split` draws every run into a
-development half and a held-out half (``docs/validation.md``).
+runs of :mod:`simpmd.plan.runs` (one module per source; ``runs.every()`` gives all 92)
+were added for issue 44, before any of them was predicted, and
+:mod:`simpmd.plan.runs.split` draws every run into a development half and a held-out
+half (``docs/validation.md``).
 """
 from __future__ import annotations
 
@@ -203,13 +204,7 @@ def _maxtext():
     return runs
 
 
-def developed_against() -> list:
-    """The 22 runs the planner's mechanisms were developed against (before issue 44)."""
-    return _korthikanti() + _nemo() + _maxtext()
-
-
 def runs() -> list:
-    """Every published run the planner is checked against: the 22 above, then those of
-    :mod:`simpmd.plan.runs`."""
-    from .runs import added
-    return developed_against() + added()
+    """The 22 runs the planner's mechanisms were developed against (before issue 44);
+    :func:`simpmd.plan.runs.every` adds the runs added for it."""
+    return _korthikanti() + _nemo() + _maxtext()

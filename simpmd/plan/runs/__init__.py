@@ -10,8 +10,15 @@ enterable as soon as the planner learns what it needs.
 """
 from __future__ import annotations
 
+from .. import published
 from . import (deepspeed_runs, llama3, llm_foundry, maxtext_more, maxtext_v5e, megatron_bridge,
                torchtitan)
+
+
+def every() -> list:
+    """Every published run the planner is checked against: the 22 of
+    :mod:`simpmd.plan.published`, then those added for issue 44."""
+    return published.runs() + added()
 
 
 def added() -> list:

@@ -37,7 +37,7 @@ def draw(runs, seed: int = SEED) -> tuple:
     return tuple(sorted(development)), tuple(sorted(held_out))
 
 
-# The draw at SEED over the 92 runs of simpmd.plan.published.runs() at this commit
+# The draw at SEED over the 92 runs of simpmd.plan.runs.every() at this commit
 # (2026-12-02), before the planner predicted any run added for issue 44.
 DEVELOPMENT = (
     '1024B, v5p-2048',
