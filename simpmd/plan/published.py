@@ -173,7 +173,9 @@ MAXTEXT = ("AI-Hypercomputer/maxtext, MaxText/configs/v5p/README.md at commit 76
            "and traffic (split along the model dimension instead of the tokens); "
            "remat_policy 'minimal' keeps the matmuls' results: 'selective' here")
 # global_parameter_scale -> (emb, heads, mlp, layers) multipliers, pyconfig at 76bd53b0f
-_SCALES = {16: (2, 4, 4, 2), 32: (4, 4, 4, 2), 64: (4, 4, 4, 4), 128: (4, 8, 8, 4), 256: (8, 8, 8, 4),
+# (get_individual_scales; 16 is the v5e 16B's)
+_SCALES = {16: (2, 4, 4, 2),
+           32: (4, 4, 4, 2), 64: (4, 4, 4, 4), 128: (4, 8, 8, 4), 256: (8, 8, 8, 4),
            512: (8, 8, 8, 8), 1024: (8, 16, 16, 8)}
 
 
