@@ -1,46 +1,132 @@
-"""Print docs/validation.md's table: every published run, measured against predicted.
+"""Print docs/validation.md's tables: the planner against every published run, the
+held-out half first.
 
-    python scripts/validation_table.py
+    python scripts/validation_table.py                 # both halves, run by run
+    python scripts/validation_table.py --summary       # the two halves' numbers only
+    python scripts/validation_table.py --write-spreads # regenerate simpmd/plan/spreads.py
 
-One row per run of simpmd/plan/published.py: the run, its configuration, the measured
-step time (from what its source prints), simpmd.plan's prediction, their ratio, and where
-the predicted step goes; then the geometric-mean error. tests/test_plan_validation.py
-holds the same numbers to the targets.
+One row per run of simpmd.plan.runs.every() that the planner can enter today: its
+configuration, the measured step time (from what its source prints), the prediction, their
+ratio, the interval Estimate.interval_s gives and whether the measurement lies in it, and
+where the predicted step goes; then the runs it cannot enter, with the reason; then each
+half's geometric-mean error, largest error, runs within 0.8-1.25x and bias (mean
+ln(predicted / measured)). The spreads behind Estimate.interval_s come from the
+development half only (--write-spreads); tests/test_plan_validation.py checks that the
+stored ones are what this computes now.
 """
 from __future__ import annotations
 
-import math
+import argparse
+import pathlib
+import pprint
 
-from simpmd import plan
 from simpmd.plan import published
+from simpmd.plan.runs import blocker, every, measure, split
+
+SPREADS_PY = pathlib.Path(__file__).resolve().parents[1] / "simpmd/plan/spreads.py"
 
 
 def _configuration(run) -> str:
-    m, lay = run.model, run.layout
-    return (f"{m.params / 1e9:.0f}B ({m.layers} x {m.d_model}, seq {m.seq}); "
-            f"{run.chips} x {run.hardware}, {run.precision}; {lay}")
+    m = run.model
+    return (f"{m.params / 1e9:.0f}B ({m.layers} x {m.d_model}, seq {m.seq}); {run.chips} x "
+            f"{run.hardware}, {run.precision}, {run.framework}; {run.layout}")
+
+
+def _row(run, est) -> str:
+    ratio = est.step_s / run.measured_s
+    low, high = est.interval_s
+    inside = "yes" if low <= run.measured_s <= high else "**no**"
+    parts = ", ".join(f"{k} {v / est.step_s:.0%}" for k, v in est.breakdown.items()
+                      if v / est.step_s >= 0.005)
+    return (f"| {run.name} ({run.quoted}) | {_configuration(run)} | {run.measured_s:.3g} | "
+            f"{est.step_s:.3g} | {ratio:.2f} | {low:.3g}-{high:.3g} ({est.validation_runs}) | "
+            f"{inside} | {parts} |")
+
+
+def half_table(title, runs) -> dict:
+    """Print one half's table and its summary; return {name: ratio} and the coverage."""
+    print(f"\n### {title}\n")
+    print("| run | configuration | measured s | predicted s | predicted / measured | "
+          "interval s (family runs) | measured inside | where the prediction goes |")
+    print("|---|---|---:|---:|---:|---|---|---|")
+    ratios, inside, blocked = {}, 0, []
+    for run in runs:
+        reason = blocker(run)
+        if reason:
+            blocked.append((run, reason))
+            continue
+        est = measure.estimate(run)
+        ratios[run.name] = est.step_s / run.measured_s
+        inside += est.interval_s[0] <= run.measured_s <= est.interval_s[1]
+        print(_row(run, est))
+    if blocked:
+        print(f"\nNot enterable today ({len(blocked)}):\n")
+        for run, reason in blocked:
+            flag = "" if run.complete else f" [configuration incomplete: {run.missing}]"
+            print(f"* {run.name}: {reason}{flag}")
+    print("\n" + summary_line(title, ratios, inside))
+    original = {r.name for r in published.runs()}
+    for label, keep in (("the runs added for issue 44", lambda n: n not in original),
+                        ("the 22 runs developed against", lambda n: n in original)):
+        part = {n: r for n, r in ratios.items() if keep(n)}
+        s = measure.summary(part.values())
+        print(f"\n{title}, {label} only: {s['n']} runs; geometric-mean error {s['error']:.1%}; "
+              f"largest {s['largest']:.1%}; {s['within']} within 0.8-1.25x; bias "
+              f"{s['bias']:+.3f}")
+    return ratios
+
+
+def summary_line(title, ratios, inside) -> str:
+    s = measure.summary(ratios.values())
+    return (f"{title}: {s['n']} runs entered; geometric-mean error {s['error']:.1%}; "
+            f"largest {s['largest']:.1%}; {s['within']} of {s['n']} within 0.8-1.25x; "
+            f"bias (mean ln(predicted / measured)) {s['bias']:+.3f}; measured inside "
+            f"Estimate.interval_s: {inside} of {s['n']}")
+
+
+def halves():
+    by_name = {r.name: r for r in every()}
+    return ([by_name[n] for n in split.HELD_OUT], [by_name[n] for n in split.DEVELOPMENT])
+
+
+def write_spreads():
+    """Regenerate simpmd/plan/spreads.py from the development half's predictions."""
+    _, development = halves()
+    table = measure.spreads(development, measure.ratios(development))
+    header = ('"""The spread of ln(predicted / measured) over the development half\'s runs '
+              "(n, mean,\nstandard deviation): by family, by framework, and pooled; read by "
+              "simpmd.plan.interval.\nGenerated by `python scripts/validation_table.py "
+              "--write-spreads`;\ntests/test_plan_validation.py checks it is what the "
+              'planner gives now."""\n')
+    SPREADS_PY.write_text(header + "SPREADS = " + pprint.pformat(table, width=96) + "\n")
+    print(f"wrote {SPREADS_PY}")
+
+
+def summary():
+    """Both halves' numbers, no table."""
+    for title, runs in zip(("held-out half", "development half"), halves()):
+        inside, ratios = 0, {}
+        for run in runs:
+            if blocker(run):
+                continue
+            est = measure.estimate(run)
+            ratios[run.name] = est.step_s / run.measured_s
+            inside += est.interval_s[0] <= run.measured_s <= est.interval_s[1]
+        print(summary_line(title, ratios, inside))
 
 
 def main():
-    print("| run | configuration | measured s | predicted s | predicted / measured | "
-          "where the prediction goes |")
-    print("|---|---|---:|---:|---:|---|")
-    errors = []
-    for run in published.runs():
-        est = plan.estimate(run.model, run.layout, hardware=run.hardware,
-                            precision=run.precision, flash=run.flash, slices=run.slices,
-                            framework=run.framework, check_memory=False)
-        ratio = est.step_s / run.measured_s
-        errors.append(abs(math.log(ratio)))
-        parts = ", ".join(f"{k} {v / est.step_s:.0%}" for k, v in est.breakdown.items()
-                          if v / est.step_s >= 0.005)
-        print(f"| {run.name} ({run.quoted}) | {_configuration(run)} | {run.measured_s:.3g} | "
-              f"{est.step_s:.3g} | {ratio:.2f} | {parts}; {est.peak_bytes / 1e9:.0f} GB "
-              f"per chip |")
-    mean = math.exp(sum(errors) / len(errors)) - 1
-    worst = math.exp(max(errors)) - 1
-    print(f"\n{len(errors)} runs; geometric-mean error {mean:.1%}; largest {worst:.1%}; "
-          f"{sum(e <= math.log(1.25) for e in errors)} within 25%.")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write-spreads", action="store_true")
+    parser.add_argument("--summary", action="store_true")
+    args = parser.parse_args()
+    if args.write_spreads:
+        return write_spreads()
+    if args.summary:
+        return summary()
+    held_out, development = halves()
+    half_table("held-out half", held_out)
+    half_table("development half", development)
     memory_table()
 
 
@@ -60,9 +146,7 @@ def memory_table():
         size = run.name.split(",")[0]
         if size not in FIGURE_1 or "selective" not in run.name:
             continue
-        est = plan.estimate(run.model, run.layout, hardware=run.hardware,
-                            precision=run.precision, flash=run.flash, framework=run.framework,
-                            check_memory=False)
+        est = measure.estimate(run, memory=True)
         weights, acts = FIGURE_1[size]
         peak = est.peak_bytes / 2**30
         print(f"| {run.name} | {weights:.1f} | {acts:.1f} | {weights + acts:.1f} | {peak:.1f} | "

@@ -5,10 +5,17 @@ No number here chose any parameter of the planner: the hardware presets' rates c
 from their own cited sources (``simpmd.cost.HARDWARE[...].citations``), and each run is
 only compared with. Each :class:`Run` says where its numbers are printed, down to the
 commit or table, and how its measured step time follows from what is printed.
+
+The runs of this module are the 22 the planner's mechanisms were developed against; the
+runs of :mod:`simpmd.plan.runs` (one module per source; ``runs.every()`` gives all 92)
+were added for issue 44, before any of them was predicted, and
+:mod:`simpmd.plan.runs.split` draws every run into a development half and a held-out
+half (``docs/validation.md``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+import math
 
 from .layout import Layout
 from .model import Transformer
@@ -19,11 +26,17 @@ class Run:
     """One measured run: the model and layout, the machine, and the step time measured
     (seconds), with its source and the arithmetic that gives the step time from what the
     source prints. ``flash``: attention as a fused kernel; ``slices``: TPU slices;
-    ``framework``: what ran it (``plan.estimate``'s)."""
+    ``framework``: what ran it (``"xla"``, ``"megatron"``, ``"pytorch"`` or
+    ``"deepspeed"``, as issue 44 names them, whether or not ``plan.estimate`` takes the
+    name yet). ``axes``: the layout, a :class:`Layout` or the keywords of one (a layout
+    ``Layout`` cannot build yet, such as k-layer recomputation, stays as keywords).
+    ``missing``: what the source does not print that the configuration needs (empty: the
+    configuration is complete); ``notes``: what was assumed and why; ``peak_gib``: the
+    memory per device the source prints, if it does."""
 
     name: str
     model: Transformer
-    layout: Layout
+    axes: object
     hardware: str
     precision: str
     measured_s: float
@@ -32,10 +45,24 @@ class Run:
     flash: bool = True
     slices: int = 1
     framework: str = "xla"
+    missing: str = ""
+    notes: str = ""
+    peak_gib: float | None = None
+
+    @property
+    def layout(self) -> Layout:
+        """The :class:`Layout`; raises :class:`LayoutError` where ``Layout`` cannot hold
+        what the run did."""
+        return self.axes if isinstance(self.axes, Layout) else Layout(**self.axes)
 
     @property
     def chips(self) -> int:
-        return self.layout.chips
+        axes = self.axes if isinstance(self.axes, dict) else self.axes.shape
+        return math.prod(axes.get(a, 1) for a in ("dp", "fsdp", "tp", "pp", "cp"))
+
+    @property
+    def complete(self) -> bool:
+        return not self.missing
 
 
 # -- Korthikanti et al. 2022, Selene (DGX A100 80GB), Megatron-LM -------------------------
@@ -146,7 +173,9 @@ MAXTEXT = ("AI-Hypercomputer/maxtext, MaxText/configs/v5p/README.md at commit 76
            "and traffic (split along the model dimension instead of the tokens); "
            "remat_policy 'minimal' keeps the matmuls' results: 'selective' here")
 # global_parameter_scale -> (emb, heads, mlp, layers) multipliers, pyconfig at 76bd53b0f
-_SCALES = {32: (4, 4, 4, 2), 64: (4, 4, 4, 4), 128: (4, 8, 8, 4), 256: (8, 8, 8, 4),
+# (get_individual_scales; 16 is the v5e 16B's)
+_SCALES = {16: (2, 4, 4, 2),
+           32: (4, 4, 4, 2), 64: (4, 4, 4, 4), 128: (4, 8, 8, 4), 256: (8, 8, 8, 4),
            512: (8, 8, 8, 8), 1024: (8, 16, 16, 8)}
 
 
@@ -178,5 +207,6 @@ def _maxtext():
 
 
 def runs() -> list:
-    """Every published run the planner is checked against."""
+    """The 22 runs the planner's mechanisms were developed against (before issue 44);
+    :func:`simpmd.plan.runs.every` adds the runs added for it."""
     return _korthikanti() + _nemo() + _maxtext()

@@ -38,6 +38,7 @@ from ..machine import devices as _devices
 from ..machine.mesh import Mesh
 from . import frameworks as F
 from . import step as St
+from .interval import VALIDATED, interval
 from .layout import Layout, LayoutError, check
 
 # HBM per chip, bytes: each vendor's table.
@@ -82,6 +83,8 @@ class Estimate:
     communication_s: float = 0.0      # every collective's time in the step, hidden or not
     flops: float = 0.0                # what one device computes in the step
     assumed: dict = field(default_factory=dict)   # the framework's defaults, in words
+    interval_s: tuple = (0.0, math.inf)   # where the measured step should lie (.interval)
+    validation_runs: int = 0          # development runs of its family behind interval_s
 
     @property
     def chips(self) -> int:
@@ -120,6 +123,11 @@ class Estimate:
         return (f"{self.model.name or 'model'} on {self.chips} x {self.hardware} "
                 f"({self.precision}), {self.layout}:\n"
                 f"  step {self.step_s:.3g} s ({parts})\n"
+                f"  measured step expected in {self.interval_s[0]:.3g}-"
+                f"{self.interval_s[1]:.3g} s ({self.validation_runs} development "
+                f"run{'s' * (self.validation_runs != 1)} of its family"
+                + ("" if self.validation_runs >= VALIDATED else
+                   "; unvalidated here: a pooled spread, widened") + ")\n" +
                 f"  {self.tokens_per_s_per_chip:,.0f} tokens/s per chip, MFU {self.mfu:.1%}\n"
                 f"  peak memory {self.peak_bytes / 1e9:.1f} GB per chip of "
                 f"{self.hbm_bytes / 1e9:.0f} GB"
@@ -340,6 +348,8 @@ def estimate(model, layout: Layout, hardware="H100", chips: int | None = None,
                         hardware, chips, precision, slices=slices, flash=flash,
                         framework=framework, check_memory=False, reuse=reuse)
         result = rematerialized(result, full)
+    low, high, behind, _ = interval(result.step_s, framework, hw.name, layout)
+    result = replace(result, interval_s=(low, high), validation_runs=behind)
     if check_memory and not result.fits:
         raise LayoutError(memory_refusal(model, layout, result))
     return result
