@@ -17,9 +17,10 @@ simulated devices, with JAX's names::
     print(f.trace)                # the all-reduce over 'model' the product needed
 
 It is the one program of the engine: ``jit`` traces the body (``core/program.py``) on a
-:class:`~simpmd.api.jit_run.JitRun`, whose abstract evaluation gives every value its
-sharding, and runs the program on a concrete one, where each value's stack holds every
-device's block (``jit_run.py``; the rules and plans of the rows are ``partition.py``).
+:class:`~simpmd.partitioner.sharded.ShardingRun`, whose abstract evaluation gives every
+value its sharding; the partitioner (``simpmd/partitioner``) writes, once per signature,
+the program each device runs, which the core's ``eval_program`` runs on every device's
+block at once, and which ``lower().compile()``, the roofline and the timelines read.
 This module is the front end: the mesh of ``set_mesh``, arrays placed on it
 (``device_put``, :class:`ShardedArray`, whose operations outside jit run one by one, as
 JAX's do), ``reshard``, ``typeof``, ``jit`` itself (the signature cache, ``lower`` and
@@ -31,25 +32,27 @@ import functools
 
 import numpy as np
 
-from ..core import bridge, dtypes, errors, loops
-from ..core.core import Aval, aval_of, bind, context, running
-from ..core.program import cached, eval_program, store, trace
+from ..core import bridge, dtypes, errors
+from ..core.core import Aval, Program, Var, bind, context, running
+from ..core.program import eval_program, trace
 from ..core.values import StackedValue
 from ..machine import devices as machine
 from ..machine.mesh import (AxisType, Mesh, NamedSharding, PartitionSpec, ShardingError,
                             axis_types_of, check_spec, join_blocks, stack_blocks)
-from . import partition as R
-from . import tree
-from .grad import grad as _grad, value_and_grad as _value_and_grad
-from . import spelling
-from .jit_run import (JitRun, arg_aval, call_in_body, per_device_program, reshard_p,
-                      split_static, traced_call)
+from ..partitioner import sharding as R
+from ..partitioner.partition import BlockRun, partition, partitioned
+from ..partitioner.rows import reshard_p
+from ..partitioner.rules import _full_index
+from ..partitioner.sharded import ShardingRun
+from ..partitioner.sharding import (Sharding, ShardingTypeError, all_explicit, count, dims_of,
+                                    get_mesh, set_mesh, whole)
+from ..partitioner.sharding import UnreducedValueError
 from . import shard_map_eqn  # noqa: F401  (the shard_map row)
-from .partition import (Sharding, ShardingTypeError, all_explicit, count, dims_of, get_mesh,
-                        set_mesh, whole)
+from . import spelling, tree
+from .grad import grad as _grad, value_and_grad as _value_and_grad
+from .jit_call import arg_aval, call_in_body, split_static, traced_call
 from .spmd import record_trace
 from .trace import Trace
-
 
 def _one_device_mesh():
     from ..machine.devices import devices
@@ -143,7 +146,7 @@ class ShardedArray:
 
     def __array__(self, dtype=None, copy=None):
         if getattr(self.aval.sharding, "unreduced", None):
-            raise R.UnreducedValueError(
+            raise UnreducedValueError(
                 f"{typeof(self)} holds partial sums, one per device along "
                 f"{sorted(self.aval.sharding.unreduced)}: its value is their sum, which no "
                 f"device has yet (JAX refuses to fetch it too). reshard it to a sharding "
@@ -219,7 +222,7 @@ def _refuse_eager_slice(x, index):
     index = index if isinstance(index, tuple) else (index,)
     if not all(i is None or i is Ellipsis or isinstance(i, (int, np.integer, slice)) for i in index):
         return
-    entries = [i for i in R._full_index(index, x.ndim)]
+    entries = [i for i in _full_index(index, x.ndim)]
     for d, (i, axes) in enumerate(zip(entries, dims_of(x.aval))):
         if axes and not (isinstance(i, slice) and i.indices(x.shape[d]) == (0, x.shape[d], 1)):
             raise ShardingTypeError(
@@ -291,9 +294,9 @@ def reshard(x, spec):
     if isinstance(x, ShardedArray):
         return on_mesh(reshard, (x, spec))
     run = context.run
-    if not isinstance(x, StackedValue) and not isinstance(run, JitRun):
+    if not isinstance(x, StackedValue) and not isinstance(run, ShardingRun):
         return device_put(x, spec)
-    if not isinstance(run, JitRun):
+    if not isinstance(run, ShardingRun):
         raise ShardingTypeError("reshard moves an array between layouts of a mesh: call it "
                                 "under simpmd.jit, or on a simpmd.device_put array.")
     dst = Sharding(run.mesh, R.resolve(spec, run.mesh, np.ndim(x), "reshard"),
@@ -332,41 +335,64 @@ def holds_sharded(value) -> bool:
     return any(isinstance(x, ShardedArray) for x in tree.flatten(value)[0])
 
 
-def _results(run, out):
-    """A run's results as arrays on its mesh (pending partial sums added up first)."""
-    def one(v):
-        if not isinstance(v, StackedValue):
-            return v
-        v = run.settle(v)
-        return ShardedArray(v.aval, v.stack, run.mesh)
-    return tree.tree_map(one, out)
+def run_partitioned(program, local, inputs, mesh):
+    """Run the per-device program ``local`` of ``program`` on ``mesh``'s devices: the run,
+    and the results as arrays on the mesh (a literal result as it is)."""
+    run = BlockRun(mesh)
+    run.log.receive(run, [_piece(run, x, f"argument {k}") for k, x in enumerate(inputs)])
+    try:
+        with running(run):
+            outs = eval_program(local, [], [StackedValue(v.aval, x.stack)
+                                            for v, x in zip(local.invars, inputs)])
+    except Exception as exc:
+        if getattr(exc, "trace", None) is None:
+            exc.trace = _trace_of(run, local)
+        raise
+    results = [ShardedArray(g.aval, o.stack, mesh) if type(g) is Var else o
+               for g, o in zip(program.outvars, outs)]
+    for k, y in enumerate(results):
+        if isinstance(y, ShardedArray):
+            run.returned(y.stack, _piece(run, y, f"result {k}").detail)
+    return run, results
 
 
 def on_mesh(fn, args, kwargs=None):
     """``fn(*args, **kwargs)`` run at once on the mesh of its sharded arguments (or of
     ``set_mesh``): JAX's op-by-op dispatch. Its collectives are ``simpmd.last_trace()``."""
     leaves, treedef = tree.flatten((tuple(args), dict(kwargs or {})))
-    if isinstance(context.run, JitRun):     # inside jit or grad's trace: part of its program
+    if isinstance(context.run, ShardingRun):   # inside jit or grad's trace: part of its program
         a, kw = tree.unflatten(treedef, [x.value_in(context.run) if isinstance(x, ShardedArray)
                                          else x for x in leaves])
         return fn(*a, **kw)
     if machine.intercepts():                    # one process of simpmd.run_processes
         return machine.hosts.launch(_Operation(fn), args, kwargs or {})
     mesh = _mesh_of(leaves)
-    run = JitRun(mesh)
-    values = [x.value_in(run) if isinstance(x, ShardedArray) else
-              _replicated(run, x) if isinstance(x, np.ndarray) else x for x in leaves]
-    a, kw = tree.unflatten(treedef, values)
-    with running(run):
-        out = fn(*a, **kw)
-    result = _results(run, out)
-    record_trace(_trace_of(run, [v for v in tree.flatten(out)[0] if isinstance(v, StackedValue)]))
-    return result
+    typing = ShardingRun(mesh)
+    values = [x.value_in(typing) if isinstance(x, ShardedArray) else
+              _replicated(typing, x) if isinstance(x, np.ndarray) else x for x in leaves]
+    arrays = [k for k, x in enumerate(values) if isinstance(x, StackedValue)]
+    out_tree = []
+
+    def flat(*xs):
+        full = list(values)
+        for k, x in zip(arrays, xs):
+            full[k] = x
+        a, kw = tree.unflatten(treedef, full)
+        out, out_tree_ = tree.flatten(fn(*a, **kw))
+        out_tree.append(out_tree_)
+        return out
+    program, lifted = trace(flat, [values[k].aval for k in arrays], typing)
+    inputs = list(lifted) + [values[k] for k in arrays]
+    program = Program(program.constvars + program.invars, program.eqns, program.outvars)
+    local = partition(program, mesh)
+    run, results = run_partitioned(program, local, inputs, mesh)
+    record_trace(_trace_of(run, local))
+    return tree.unflatten(out_tree[0], results)
 
 
-def _trace_of(run, outs=()):
+def _trace_of(run, program=None):
     trace_ = Trace(log=run.log, devices=run.devices)
-    trace_.program = per_device_program(run, outs)
+    trace_.program = program
     auto = [n for n, t in zip(run.mesh.axis_names, axis_types_of(run.mesh)) if t is AxisType.Auto]
     if auto and run.mesh.size > 1:
         trace_.notes = [
@@ -500,23 +526,16 @@ class Jitted:
         if self.in_shardings is not None:
             _check_in_shardings(self.in_shardings, args)
         mesh = _mesh_of(tree.flatten((args, kwargs))[0])
-        run = JitRun(mesh)
-        inputs = self._inputs(run, args, kwargs)
-        program, out_tree, inputs = self._program(run, args, kwargs, inputs)   # (closed-over first)
-        run.log.receive(run, [_piece(run, x, f"argument {k}") for k, x in enumerate(inputs)])
+        typing = ShardingRun(mesh)
+        inputs = self._inputs(typing, args, kwargs)
+        program, out_tree, inputs = self._program(typing, args, kwargs, inputs)  # (closed-over first)
+        local = partitioned(program, mesh)
         try:
-            with running(run):
-                outs = eval_program(program, [], inputs)
-                results = _results(run, outs)
+            run, results = run_partitioned(program, local, inputs, mesh)
         except Exception as exc:
-            if getattr(exc, "trace", None) is None:
-                exc.trace = _trace_of(run)
             self.trace = record_trace(exc.trace)
             raise
-        for k, y in enumerate(results):
-            if isinstance(y, ShardedArray):
-                run.returned(y.stack, _piece(run, y, f"result {k}").detail)
-        self.trace = record_trace(_trace_of(run, outs))
+        self.trace = record_trace(_trace_of(run, local))
         self.trace.jaxpr = program
         return tree.unflatten(out_tree, results)
 
@@ -524,14 +543,14 @@ class Jitted:
     def traced(self, *args, **kwargs):
         """The program as ``make_jaxpr`` prints it: one ``jit`` equation holding the body."""
         mesh = _mesh_of(tree.flatten((args, kwargs))[0])
-        avals = [x.aval for x in self._inputs(JitRun(mesh), args, kwargs)]
+        avals = [x.aval for x in self._inputs(ShardingRun(mesh), args, kwargs)]
         out_tree = []
 
         def flat(*xs):
             out, treedef = tree.flatten(self._with(args, kwargs, xs))
             out_tree.append(treedef)
             return out
-        program, _ = trace(flat, avals, JitRun(mesh, abstract=True))
+        program, _ = trace(flat, avals, ShardingRun(mesh))
         program.out_tree = out_tree[0]
         return program
 
@@ -576,15 +595,14 @@ class Lowered:
     def compile(self) -> "Compiled":
         jitted, args, kwargs = self.jitted, self.args, self.kwargs
         mesh = _mesh_of(tree.flatten((args, kwargs))[0])
-        run = JitRun(mesh, abstract=True, lowering=True)
-        inputs = [StackedValue(x.aval) for x in jitted._inputs(JitRun(mesh), args, kwargs)]
-        program, _, inputs = jitted._program(run, args, kwargs, inputs)
-        with running(run):
-            outs = eval_program(program, [], inputs)
-            for o in outs:
-                if isinstance(o, StackedValue):
-                    run.settle(o)
-        return Compiled(run, outs)
+        typing = ShardingRun(mesh)
+        inputs = [StackedValue(x.aval) for x in jitted._inputs(typing, args, kwargs)]
+        program, _, _ = jitted._program(typing, args, kwargs, inputs)
+        local = partitioned(program, mesh)
+        run = BlockRun(mesh, abstract=True)
+        with running(run):                  # the collectives it inserts, logged on types
+            eval_program(local, [], [StackedValue(v.aval) for v in local.invars])
+        return Compiled(_trace_of(run, local))
 
 
 class Compiled:
@@ -592,8 +610,7 @@ class Compiled:
     on blocks, with the collectives jit inserted, and their log (``trace``), all without
     values. ``cost.roofline`` and the timelines read ``program``."""
 
-    def __init__(self, run, outs):
-        trace_ = _trace_of(run, outs)
+    def __init__(self, trace_):
         self.program, self.trace = trace_.program, trace_
 
     def as_text(self) -> str:
@@ -646,7 +663,7 @@ def call_numpy(name, fn, args, kwargs):
         spec = kwargs.pop("out_sharding", None)
         made = lambda *a, **k: spelling.numpy_function(fn, a, k)
         spelled = made if spec is None else lambda *a, **k: reshard(made(*a, **k), spec)
-    if isinstance(context.run, JitRun):           # under jit: part of the program
+    if isinstance(context.run, ShardingRun):           # under jit: part of the program
         return spelled(*args, **kwargs)
     return on_mesh(spelled, args, kwargs)
 

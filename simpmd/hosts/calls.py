@@ -282,7 +282,7 @@ def unequal(values) -> list:
     process's from jax 0.10 (all fail when any differs), with process 0's on 0.7.2 (checked
     on 0.7.2, 0.10.2, 0.12.0.1). So a float64 value that float32 cannot hold exactly (0.1)
     fails even when every process passes the same one."""
-    from ..api.partition import settings
+    from ..partitioner.sharding import settings
     gathered = [v.astype(dtypes.canonical(v.dtype)) for v in values]
     against = gathered if settings.version > (0, 7, 2) else gathered[:1]
     out = []

@@ -7,7 +7,7 @@ answered by tracing a tiny program on the running JAX, once per process, never f
 version number. The programs run on an abstract 2 x 2 mesh of Explicit axes ``X`` and
 ``Y`` (``jax.eval_shape`` on ShapeDtypeStructs: no device is used and JAX's backend is
 not started), on a thread of their own, so that no mesh the caller has set up interferes.
-``simpmd.api.partition.settings`` asks; without JAX imported it uses the newest answers.
+``simpmd.partitioner.sharding.settings`` asks; without JAX imported it uses the newest answers.
 """
 from __future__ import annotations
 
