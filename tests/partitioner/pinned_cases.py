@@ -17,6 +17,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 import simpmd                                      # noqa: E402
 import simpmd.numpy as snp                         # noqa: E402
 from simpmd import P, cost                         # noqa: E402
+from simpmd.partitioner.sharding import settings   # noqa: E402
 from explicit_cases import CASES, SHARD_MAP_CASES, Case, random_cases   # noqa: E402
 
 EXTRA = [
@@ -51,7 +52,7 @@ def record(case) -> dict:
     """What simpmd makes of ``case`` under jit: each part, or the error's type."""
     out = {}
     mesh = case.make_mesh()
-    with simpmd.set_mesh(mesh):
+    with simpmd.set_mesh(mesh), settings.newest():      # (recorded without JAX imported)
         placed = [simpmd.device_put(a, s) for a, s in zip(case.args(), case.specs)]
         f = simpmd.jit(case.fun)
         for part, get in (("text", lambda: f.lower(*placed).compile().as_text()),
