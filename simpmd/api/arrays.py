@@ -369,15 +369,20 @@ def on_mesh(fn, args, kwargs=None):
 def _trace_of(run, program=None):
     trace_ = Trace(log=run.log, devices=run.devices)
     trace_.program = program
-    auto = [n for n, t in zip(run.mesh.axis_names, axis_types_of(run.mesh)) if t is AxisType.Auto]
-    if auto and run.mesh.size > 1:
-        trace_.notes = [
-            f"Auto axes {', '.join(map(repr, auto))}: the sharding types leave them out, and "
+    trace_.notes = list(_auto_note(run.mesh))
+    return trace_
+
+
+@functools.lru_cache(maxsize=64)
+def _auto_note(mesh) -> tuple:
+    auto = [n for n, t in zip(mesh.axis_names, axis_types_of(mesh)) if t is AxisType.Auto]
+    if not auto or mesh.size == 1:
+        return ()
+    return (f"Auto axes {', '.join(map(repr, auto))}: the sharding types leave them out, and "
             f"XLA's partitioner chooses how arrays split over them and which collectives "
             f"move them; simpmd does not guess its choice (the values are computed with "
             f"each device holding whole copies along them, and no collective over them is "
-            f"shown). Read XLA's choice from jax.jit(f).lower(...).compile().as_text()."]
-    return trace_
+            f"shown). Read XLA's choice from jax.jit(f).lower(...).compile().as_text().",)
 
 
 class _Operation:
@@ -393,12 +398,13 @@ class _Operation:
 
 
 def _piece(run, x, what):
+    """What each device holds of ``x``, described when the log is read."""
     from ..machine.mesh import block_slices
     from .spmd import Piece
-    spec, shape = Sharding(run.mesh, dims_of(x.aval)).spec, x.aval.shape
-    text = str(ShapedArray(x.aval))
+    aval = x.aval
 
     def detail(k):
+        spec, shape, text = Sharding(run.mesh, dims_of(aval)).spec, aval.shape, str(ShapedArray(aval))
         index = block_slices(spec, run.mesh, shape, run.mesh.coords_of(k))
         rows = ", ".join(f"{s.start}:{s.stop}" if s.start is not None else f"0:{n}"
                          for s, n in zip(index, shape))

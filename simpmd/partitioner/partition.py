@@ -233,12 +233,11 @@ _partitioned: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def partitioned(program, mesh) -> Program:
-    """``partition(program, mesh)``, done once per traced program and mesh."""
-    found = _partitioned.setdefault(program, {})
-    key = (tuple(mesh.shape.items()), tuple(d.id for d in mesh.devices.flat))
-    if key not in found:
-        found[key] = partition(program, mesh)
-    return found[key]
+    """``partition(program, mesh)``, done once per traced program (traced for one mesh)."""
+    found = _partitioned.get(program)
+    if found is None:
+        found = _partitioned[program] = partition(program, mesh)
+    return found
 
 
 class BlockRun(Run):
@@ -258,10 +257,8 @@ class BlockRun(Run):
             self.cause = None
 
     def collective(self, prim, stacks, params, avals, out_avals):
-        before = len(self.log.records)
+        before, cause = len(self.log.records), params.get("_inserted") or self.cause
         out = super().collective(prim, stacks, params, avals, out_avals)
-        cause = params.get("_inserted") or self.cause
-        if cause and len(self.log.records) > before:
-            record = self.log.records[-1]
-            record.fields["params"] = dict(record.fields["params"], inserted=cause)
+        if cause and len(self.log.records) > before:      # (its own dict: the log's copy)
+            self.log.records[-1].fields["params"]["inserted"] = cause
         return out
