@@ -324,8 +324,9 @@ def run_partitioned(program, local, inputs, mesh):
         if getattr(exc, "trace", None) is None:
             exc.trace = _trace_of(run, local)
         raise
-    results = [ShardedArray(g.aval, o.stack, mesh) if type(g) is Var else o
-               for g, o in zip(program.outvars, outs)]
+    layouts = getattr(local, "out_layouts", None) or [None] * len(outs)
+    results = [ShardedArray(g.aval, o.stack, mesh, layout) if type(g) is Var else o
+               for g, o, layout in zip(program.outvars, outs, layouts)]
     for k, y in enumerate(results):
         if isinstance(y, ShardedArray):
             run.returned(y.stack, _piece(run, y, f"result {k}").detail)
@@ -369,12 +370,13 @@ def on_mesh(fn, args, kwargs=None):
 def _trace_of(run, program=None):
     trace_ = Trace(log=run.log, devices=run.devices)
     trace_.program = program
-    trace_.notes = list(_auto_note(run.mesh))
+    types = run.mesh.axis_types               # (meshes alike but for their axis types are equal)
+    trace_.notes = list(_auto_note(run.mesh, tuple(types) if isinstance(types, list) else types))
     return trace_
 
 
 @functools.lru_cache(maxsize=64)
-def _auto_note(mesh) -> tuple:
+def _auto_note(mesh, axis_types) -> tuple:
     auto = [n for n, t in zip(mesh.axis_names, axis_types_of(mesh)) if t is AxisType.Auto]
     if not auto or mesh.size == 1:
         return ()

@@ -168,10 +168,16 @@ class Jitted:
     def _run(self, args, kwargs):
         if self.in_shardings is not None:
             _check_in_shardings(self.in_shardings, args)
-        mesh = _mesh_of(tree.flatten((args, kwargs))[0])
+        leaves = tree.flatten((args, kwargs))[0]
+        mesh = _mesh_of(leaves)
         typing = ShardingRun(mesh)
         inputs = self._inputs(typing, args, kwargs)
         program, out_tree, inputs = self._program(typing, args, kwargs, inputs)  # (closed-over first)
+        inner = _shard_map_mesh(program) if mesh.size == 1 and not holds_sharded(leaves) else None
+        if inner is not None:         # NumPy arguments: JAX runs on the shard_map's mesh
+            mesh, typing = inner, ShardingRun(inner)
+            inputs = self._inputs(typing, args, kwargs)
+            program, out_tree, inputs = self._program(typing, args, kwargs, inputs)
         local = partitioned(program, mesh)
         try:
             run, results = run_partitioned(program, local, inputs, mesh)
@@ -210,6 +216,12 @@ class Jitted:
         """The program and, with ``.compile()``, what each device runs: the equations on
         blocks and the collectives jit inserts (``.as_text()`` prints it)."""
         return Lowered(self, args, kwargs)
+
+
+def _shard_map_mesh(program):
+    """The one mesh the shard_maps of ``program`` run on (None if none, or several)."""
+    meshes = {e.params["shard_mesh"].mesh for e in program.eqns if e.primitive.name == "shard_map"}
+    return meshes.pop() if len(meshes) == 1 and get_mesh() is None else None
 
 
 class Lowered:

@@ -31,8 +31,10 @@ def _values(stacks, avals):
 
 
 def _map_avals(avals, in_axes):
-    """One inner device's types: each mapped argument without its mapped axis."""
-    return [a if ax is None else a.update(shape=a.shape[:ax] + a.shape[ax + 1:])
+    """One inner device's types: each mapped argument without its mapped axis, and without
+    the sharding a jit around it typed it with (a pmap body's values are per device)."""
+    return [a.update(sharding=None) if ax is None else
+            a.update(shape=a.shape[:ax] + a.shape[ax + 1:], sharding=None)
             for a, ax in zip(avals, in_axes)]
 
 

@@ -51,13 +51,17 @@ def shard_map_equation(mapped, args):
     specs = tree.broadcast_prefix(mapped.in_specs if isinstance(mapped.in_specs, tuple)
                                   or len(args) != 1 else (mapped.in_specs,), tuple(args),
                                   what="in_specs")
-    _check_in_specs(specs, leaves, mesh, manual)
+    fixed = {k: x for k, (x, spec) in enumerate(zip(leaves, specs)) if spec is None}
+    leaves, specs = ([v for k, v in enumerate(vs) if k not in fixed] for vs in (leaves, specs))
+    _check_in_specs(specs, leaves, mesh, manual)       # (in_specs None: a static argument)
     body_avals = [_block_aval(aval_of(x), spec, mesh, mapped.check_vma, manual)
                   for x, spec in zip(leaves, specs)]
     out_tree = []
 
     def flat(*xs):
-        out, treedef = tree.flatten(mapped._body(*tree.unflatten(in_tree, list(xs))))
+        it = iter(xs)
+        full = [fixed[k] if k in fixed else next(it) for k in range(len(fixed) + len(xs))]
+        out, treedef = tree.flatten(mapped._body(*tree.unflatten(in_tree, full)))
         out_tree.append(treedef)
         return out
     program, consts = trace(flat, body_avals, body_run(mesh, manual, mapped.check_vma))

@@ -41,10 +41,11 @@ class Slot:
     or a literal) and the partial sums over mesh axes still pending on it, with the
     equation that left them (where the collective that resolves them is reported)."""
 
-    __slots__ = ("atom", "sums", "origin")
+    __slots__ = ("atom", "sums", "origin", "layout")
 
-    def __init__(self, atom, sums=(), origin=None):
+    def __init__(self, atom, sums=(), origin=None, layout=None):
         self.atom, self.sums, self.origin = atom, list(sums), origin
+        self.layout = layout      # the block's layout where it is not its type's (Auto axes)
 
 
 class Partitioner(Moves):
@@ -60,9 +61,13 @@ class Partitioner(Moves):
     def slot(self, v) -> Slot:
         return Slot(v) if type(v) is not Var else self.env[v]
 
-    def settled(self, v):
-        """``v``'s block with its pending partial sums added up (an all-reduce each)."""
+    def settled(self, v, keep_layout=False):
+        """``v``'s block with its pending partial sums added up (an all-reduce each), in
+        the layout its type says (unless ``keep_layout``: a result of the whole program)."""
         s = self.slot(v)
+        if s.layout is not None and not keep_layout:
+            s.atom, s.layout = self.move(s.atom, v.aval.shape, s.layout, dims_of(v.aval),
+                                         "jit: shard_map"), None
         if s.sums:
             cause = f"jit: {s.origin[2]}" if s.origin[2] else "jit"
             for axes in s.sums:
@@ -85,14 +90,14 @@ class Partitioner(Moves):
         return self.move(atom, aval.shape, cur, want, cause)
 
     # -- the program ----------------------------------------------------------------------------
-    def body(self, program, manual=None) -> Program:
+    def body(self, program, keep_layout=False) -> Program:
         """``program`` partitioned into a program of its own: its inputs blocks in the
         layouts their types say, its outputs too (pending sums resolved)."""
-        sub = Partitioner(self.mesh, self.manual if manual is None else manual)
+        sub = self if keep_layout else Partitioner(self.mesh, self.manual)
         invars = [Var(block_aval(v.aval, self.mesh)) for v in program.constvars + program.invars]
         sub.env.update((g, Slot(v)) for g, v in zip(program.constvars + program.invars, invars))
         sub.run(program.eqns)
-        outs = [sub.settled(v) for v in program.outvars]
+        outs = [sub.settled(v, keep_layout) for v in program.outvars]
         return Program(invars, sub.eqns, outs, axis_env=tuple(self.mesh.shape.items()))
 
     def run(self, eqns):
@@ -223,10 +228,15 @@ BODIES = {control.cond: _cond, loops.scan: _scan, loops.while_: _while, loops.re
 # -- the pass, cached with the traced program -----------------------------------------------------
 
 
-def partition(program, mesh, manual=()) -> Program:
-    """The program each device of ``mesh`` runs for ``program``."""
+def partition(program, mesh) -> Program:
+    """The program each device of ``mesh`` runs for ``program``. Its ``out_layouts`` say
+    how each result's blocks are laid out where that is not its type's (None): a
+    shard_map's result over Auto axes stays split as its out_specs say, as XLA keeps it."""
     PASSES["count"] += 1
-    return Partitioner(mesh, manual).body(program)
+    part = Partitioner(mesh)
+    local = part.body(program, keep_layout=True)
+    local.out_layouts = [part.slot(v).layout for v in program.outvars]
+    return local
 
 
 _partitioned: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()

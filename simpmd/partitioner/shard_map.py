@@ -51,10 +51,14 @@ def partition_shard_map(part, eqn):
         finally:
             part.manual = outer
     dims = sm_rule(mesh, [], body, p["in_specs"], p["out_specs"], p["shard_mesh"])
+    explicit = set(explicit_axes(mesh))
     for var, o, spec, d in zip(eqn.outvars, body.outvars, p["out_specs"], dims):
         a = aval_of(o)
         have = [s + inner for s, inner in
                 zip(resolve(spec, all_explicit(mesh), a.ndim, "out_specs"), dims_of(a))]
+        if [tuple(x for x in h if x in explicit) for h in have] == [tuple(x) for x in d]:
+            part.env[var] = Slot(part.settled(o), layout=None if have == list(d) else have)
+            continue                 # split over Auto axes too: moved where a use needs it
         part.env[var] = Slot(part.move(part.settled(o), sm_global(a, spec, mesh).shape, have, d,
                                        "jit: shard_map"))
 
