@@ -103,6 +103,13 @@ def reshape_spread() -> bool:
 
 
 @functools.lru_cache(maxsize=None)
+def reshape_ones() -> bool:
+    """Whether a reshape looks past dimensions of size 1 to find its split or merge
+    (``f32[2@X,2@Y,3]`` to ``(2, 6, 1)`` is a merge), or refuses it."""
+    return not _refuses(lambda a: a.reshape(2, 6, 1), typed((2, 2, 3), "X", "Y", None))
+
+
+@functools.lru_cache(maxsize=None)
 def strided_slice() -> bool:
     """Whether ``x[::2]`` of a split dimension is a slice that keeps the split (or a
     gather, which refuses it)."""

@@ -263,6 +263,12 @@ def _reshape(mesh, avals, new_sizes, dimensions=None, sharding=None):
     if [n for n in a.shape if n != 1] == [n for n in new_sizes if n != 1]:
         kept = iter(s for n, s in zip(a.shape, dims) if n != 1)
         return [tuple(() if n == 1 else next(kept) for n in new_sizes)]
+    if settings.reshape_ones and (1 in a.shape or 1 in new_sizes):   # (jax 0.12) past 1s
+        core = a.update(shape=tuple(n for n in a.shape if n != 1), sharding=type(a.sharding)(
+            mesh, tuple(s for n, s in zip(a.shape, dims) if n != 1)))
+        kept = iter(_reshape(mesh, [core], tuple(n for n in new_sizes if n != 1))[0])
+        return [tuple((dims[i] if i < a.ndim and a.shape[i] == 1 else ()) if n == 1 else next(kept)
+                      for i, n in enumerate(new_sizes))]
     split = _split_on_one_axis(tuple(a.shape), tuple(new_sizes))
     if split is None:
         fail()

@@ -66,11 +66,13 @@ class Settings:
     ``cotangent_swaps``: a reduced operand's gradient is unreduced (0.10; 0.7 kept it
     plain). ``spec_rank_checked``: ``out_sharding=``/``reshard`` refuse a spec with more
     entries than the value has dimensions (0.11; before, trailing ``None`` entries
-    passed). :meth:`ask` takes the rules of unreduced and reduced operands too
+    passed). ``reshape_ones``: a reshape finds its split or merge past dims of size 1
+    (0.12; before, ``(8, 4, 6)`` to ``(8, 24, 1)`` was refused). :meth:`ask` takes the rules of unreduced and reduced operands too
     (``simpmd.api.reductions``).
     """
 
-    NEWEST = dict(batch_alike=True, matmul_batch=True, reshape_spread=True, strided_slice=True,
+    NEWEST = dict(batch_alike=True, matmul_batch=True, reshape_spread=True, reshape_ones=True,
+                  strided_slice=True,
                   shard_map_checks=True, single_element=True, cotangent_swaps=True,
                   spec_rank_checked=True, contraction_sets="axes")
 
@@ -104,6 +106,7 @@ class Settings:
     batch_alike = property(lambda self: self.ask("batch_alike"))
     matmul_batch = property(lambda self: self.ask("matmul_batch"))
     reshape_spread = property(lambda self: self.ask("reshape_spread"))
+    reshape_ones = property(lambda self: self.ask("reshape_ones"))
     strided_slice = property(lambda self: self.ask("strided_slice"))
     shard_map_checks = property(lambda self: self.ask("shard_map_checks"))
     single_element = property(lambda self: self.ask("single_element"))
