@@ -220,7 +220,8 @@ class Jitted:
 
 def _shard_map_mesh(program):
     """The one mesh the shard_maps of ``program`` run on (None if none, or several)."""
-    meshes = {e.params["shard_mesh"].mesh for e in program.eqns if e.primitive.name == "shard_map"}
+    meshes = {e.params["shard_mesh"].mesh for e in program.eqns
+              if e.primitive is shard_map_eqn.shard_map_p}
     return meshes.pop() if len(meshes) == 1 and get_mesh() is None else None
 
 

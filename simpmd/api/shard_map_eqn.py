@@ -170,8 +170,8 @@ def _sm_stacked(*args, jaxpr, shard_mesh, in_specs, out_specs, check_vma, manual
     with running(inner):
         stacks = [inner.stack_of(o, aval_of(o)) for o in eval_program(local, [], values)]
     out = []
-    for d, s in zip(dims, stacks):
-        value = join_blocks(np.asarray(s), Sharding(mesh, d).spec, mesh)
+    for d, s, kept in zip(dims, stacks, local.out_layouts):
+        value = join_blocks(np.asarray(s), Sharding(mesh, kept or d).spec, mesh)
         out.append(np.broadcast_to(value, (run.n,) + value.shape))
     if not isinstance(run, BlockRun):
         record_trace(Trace(log=inner.log, devices=inner.devices))

@@ -103,10 +103,19 @@ def launch(fn, args, kwargs, *, kind=None):
                 lambda calls: _run_global(fn, calls, meshes[0]), (leaves, treedef),
                 where_called())
     call.collectives = lambda: _collectives_of(fn, call)
-    if not _crosses_hosts(fn, call, host):
+    if not _reads_other_hosts(leaves, mine) and not _crosses_hosts(fn, call, host):
         with passing_through(), np.errstate(all="ignore"):
             return share(_stand_in_run(fn, call), len(host.processes.hosts))[host.index]
     return host.processes.join(host, call)
+
+
+def _reads_other_hosts(leaves, mine) -> bool:
+    """Whether an argument is split over Auto axes across processes: its type says it is
+    whole, so every device reads the blocks of the others, which XLA gathers across the
+    processes (simpmd's program holds it whole; a process alone would see zeros)."""
+    from ..partitioner.sharding import dims_of
+    return any(isinstance(x, ShardedArray) and tuple(x.layout) != dims_of(x.aval)
+               and not {d.id for d in x.mesh.devices.flat} <= mine for x in leaves)
 
 
 def _crosses_hosts(fn, call, host) -> bool:

@@ -264,11 +264,7 @@ def _reshape(mesh, avals, new_sizes, dimensions=None, sharding=None):
         kept = iter(s for n, s in zip(a.shape, dims) if n != 1)
         return [tuple(() if n == 1 else next(kept) for n in new_sizes)]
     if settings.reshape_ones and (1 in a.shape or 1 in new_sizes):   # (jax 0.12) past 1s
-        core = a.update(shape=tuple(n for n in a.shape if n != 1), sharding=type(a.sharding)(
-            mesh, tuple(s for n, s in zip(a.shape, dims) if n != 1)))
-        kept = iter(_reshape(mesh, [core], tuple(n for n in new_sizes if n != 1))[0])
-        return [tuple((dims[i] if i < a.ndim and a.shape[i] == 1 else ()) if n == 1 else next(kept)
-                      for i, n in enumerate(new_sizes))]
+        return [_past_ones(mesh, a, dims, new_sizes)]
     split = _split_on_one_axis(tuple(a.shape), tuple(new_sizes))
     if split is None:
         fail()
@@ -310,6 +306,16 @@ def _reshape(mesh, avals, new_sizes, dimensions=None, sharding=None):
         else:
             out += _assign(mesh, axes, [n], fail)
     return [tuple(out)]
+
+
+def _past_ones(mesh, a, dims, new_sizes):
+    """jax 0.12's reshape: the split or merge found on the dims other than 1; a new dim of
+    size 1 keeps the split of an old one of size 1 at its place."""
+    core = a.update(shape=tuple(n for n in a.shape if n != 1), sharding=type(a.sharding)(
+        mesh, tuple(s for n, s in zip(a.shape, dims) if n != 1)))
+    kept = iter(_reshape(mesh, [core], tuple(n for n in new_sizes if n != 1))[0])
+    return tuple((dims[i] if i < a.ndim and a.shape[i] == 1 else ()) if n == 1 else next(kept)
+                 for i, n in enumerate(new_sizes))
 
 
 def _gather(mesh, avals, indexer, mode=None):
