@@ -32,31 +32,22 @@ import functools
 
 import numpy as np
 
-from ..core import bridge, dtypes, errors
-from ..core.core import Aval, Program, Var, bind, context, running
+from ..core import bridge, errors
+from ..core.core import context, running
 from ..core.program import eval_program, trace
 from ..core.values import StackedValue
 from ..machine import devices as machine
-from ..machine.mesh import (AxisType, Mesh, NamedSharding, PartitionSpec, ShardingError,
-                            axis_types_of, check_spec, join_blocks, stack_blocks)
+from ..machine.mesh import PartitionSpec, ShardingError
 from ..partitioner import sharding as R
-from ..partitioner.partition import BlockRun, partition, partitioned
-from ..partitioner.rows import reshard_p
-from ..partitioner.rules import _full_index
+from ..partitioner.partition import BlockRun, partitioned
 from ..partitioner.sharded import ShardingRun
-from ..partitioner.sharding import (Sharding, ShardingTypeError, all_explicit, count, dims_of,
-                                    get_mesh, set_mesh, whole)
-from ..partitioner.sharding import UnreducedValueError
-from . import shard_map_eqn  # noqa: F401  (the shard_map row)
-from . import spelling, tree
-from .grad import grad as _grad, value_and_grad as _value_and_grad
-from .jit_call import arg_aval, call_in_body, split_static, traced_call
+from ..partitioner.sharding import all_explicit, get_mesh
+from . import shard_map_eqn, tree
+from .jit_call import call_in_body, split_static, traced_call
 from .spmd import record_trace
-from .trace import Trace
-
 from .arrays import *  # noqa: F401,F403  (the arrays jit takes and gives)
-from .arrays import (_mesh_of, _piece, _placed, _replicated, _trace_of,  # noqa: F401
-                     ShardedArray, run_partitioned)
+from .arrays import (_mesh_of, _placed, _replicated, _trace_of,  # noqa: F401
+                     ShardedArray, holds_sharded, reshard, run_partitioned, typeof)
 
 
 # -- jit ---------------------------------------------------------------------------------------

@@ -6,8 +6,7 @@ from __future__ import annotations
 import math
 
 from ..core import primitives as P
-from .sharding import (ShardingTypeError, count, dims_of, resolve, settings, spec_text,
-                       whole, _within_rank)
+from .sharding import ShardingTypeError, count, dims_of, resolve, settings, spec_text, whole
 
 
 # -- the rules: each result's layout -----------------------------------------------------------

@@ -4,7 +4,7 @@ others still typed by sharding, and partitioned as jit's), its results' blocks m
 the layouts their types say. The row itself is ``simpmd.api.shard_map_eqn``'s."""
 from __future__ import annotations
 
-from ..core.core import Aval, Equation, Var, aval_of
+from ..core.core import Aval, Equation, aval_of
 from .partition import Slot
 from .sharding import all_explicit, count, dims_of, explicit_axes, resolve, whole
 

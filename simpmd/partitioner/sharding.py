@@ -32,11 +32,7 @@ import sys
 
 import numpy as np
 
-from ..core import collectives as K
-from ..core import control, errors, loops
-from ..core import primitives as P
-from ..core.collectives import ppermute as _ppermute
-from ..core.core import PRIMITIVES
+from ..core import errors
 
 
 class ShardingTypeError(errors.SimpmdError, TypeError):

@@ -17,6 +17,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 import simpmd                                      # noqa: E402
 import simpmd.numpy as snp                         # noqa: E402
 from simpmd import P, cost                         # noqa: E402
+from simpmd.core.program import _cache as program_cache   # noqa: E402
 from simpmd.partitioner.sharding import settings   # noqa: E402
 from explicit_cases import CASES, SHARD_MAP_CASES, Case, random_cases   # noqa: E402
 
@@ -51,6 +52,7 @@ def _roofline(f, placed):
 def record(case) -> dict:
     """What simpmd makes of ``case`` under jit: each part, or the error's type."""
     out = {}
+    program_cache.clear()     # (jnp functions traced earlier under the running JAX's rules)
     mesh = case.make_mesh()
     with simpmd.set_mesh(mesh), settings.newest():      # (recorded without JAX imported)
         placed = [simpmd.device_put(a, s) for a, s in zip(case.args(), case.specs)]
