@@ -324,9 +324,8 @@ def run_partitioned(program, local, inputs, mesh):
         if getattr(exc, "trace", None) is None:
             exc.trace = _trace_of(run, local)
         raise
-    layouts = getattr(local, "out_layouts", None) or [None] * len(outs)
     results = [ShardedArray(g.aval, o.stack, mesh, layout) if type(g) is Var else o
-               for g, o, layout in zip(program.outvars, outs, layouts)]
+               for g, o, layout in zip(program.outvars, outs, local.out_layouts)]
     for k, y in enumerate(results):
         if isinstance(y, ShardedArray):
             run.returned(y.stack, _piece(run, y, f"result {k}").detail)
