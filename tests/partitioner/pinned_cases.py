@@ -6,6 +6,7 @@ dot of issue 46. For each: the compiled text, the collectives jit inserts, the r
 pinned_cases.py`` writes them to ``pinned.json`` (done once, before jit became a pass).
 """
 import json
+from unittest import mock
 import os
 import sys
 
@@ -17,6 +18,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 import simpmd                                      # noqa: E402
 import simpmd.numpy as snp                         # noqa: E402
 from simpmd import P, cost                         # noqa: E402
+from simpmd.api import printer                     # noqa: E402
 from simpmd.core.program import _cache as program_cache   # noqa: E402
 from simpmd.partitioner.sharding import settings   # noqa: E402
 from explicit_cases import CASES, SHARD_MAP_CASES, Case, random_cases   # noqa: E402
@@ -54,7 +56,8 @@ def record(case) -> dict:
     out = {}
     program_cache.clear()     # (jnp functions traced earlier under the running JAX's rules)
     mesh = case.make_mesh()
-    with simpmd.set_mesh(mesh), settings.newest():      # (recorded without JAX imported)
+    newest_forms = mock.patch.object(printer, "forms", lambda: printer.NewestForms)
+    with simpmd.set_mesh(mesh), settings.newest(), newest_forms:   # (recorded without JAX)
         placed = [simpmd.device_put(a, s) for a, s in zip(case.args(), case.specs)]
         f = simpmd.jit(case.fun)
         for part, get in (("text", lambda: f.lower(*placed).compile().as_text()),
