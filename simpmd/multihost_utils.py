@@ -13,7 +13,7 @@ import numpy as np
 
 from .api import tree
 from .hosts import arrays
-from .api.partition import settings
+from .partitioner.sharding import settings
 from .hosts.calls import rendezvous, unequal
 from .hosts.scheduler import _Raised
 from .machine import devices as machine

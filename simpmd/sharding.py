@@ -10,7 +10,7 @@ its operands' and what that costs in communication.
 """
 from .api.jit import ShapedArray, get_mesh, reshard, set_mesh
 from .api.trace import collective_counts
-from .api.partition import Sharding, ShardingTypeError
+from .partitioner.sharding import Sharding, ShardingTypeError
 from .machine.mesh import AxisType, Mesh, NamedSharding, P, PartitionSpec
 
 RULES = {

@@ -78,6 +78,16 @@ def jit_reduction(jax):
     return total
 
 
+def jit_max_on_auto_axes(jax):
+    """Issue 45 item 1: jit of a max over an array split on Auto axes across processes:
+    every process gets the global max (simpmd once gave each process its own blocks')."""
+    auto = (jax.sharding.AxisType.Auto,) * 2
+    mesh = jax.make_mesh((2, 4), ("hosts", "local"), axis_types=auto)
+    x = jax.make_array_from_callback((4, 4), jax.NamedSharding(mesh, jax.P("local")),
+                                     lambda idx: np.arange(16.0, dtype=np.float32).reshape(4, 4)[idx])
+    return float(np.asarray(jax.jit(lambda v: v.max())(x)))
+
+
 def hybrid_matmul(jax):
     """A hybrid mesh: 'data' across hosts, 'model' within; y = x @ w under jit."""
     grid = jax.experimental.mesh_utils.create_hybrid_device_mesh(
@@ -204,7 +214,8 @@ def train_step_data_parallel(jax):
 
 
 PROGRAMS = [host_local_rows, whole_dim_and_global_shape, psum_across_hosts, psum_within_host,
-            all_gather_across_hosts, ring_across_hosts, jit_reduction, hybrid_matmul,
+            all_gather_across_hosts, ring_across_hosts, jit_reduction, jit_max_on_auto_axes,
+            hybrid_matmul,
             device_put_of_float64, gather_to_host, what_a_process_can_read, printing_arrays, skip_within_host,
             numpy_differs_per_process,
             local_computation, barrier_and_operation, barrier_names_differ,

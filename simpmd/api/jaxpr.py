@@ -44,8 +44,8 @@ def trace_function(fun, args, kwargs, static=(), axis_env=None, keep_weak=False)
     run = Run([], axes, abstract=True)
     placed = [x for x in tree.flatten((args, kwargs))[0] if hasattr(x, "layout")]
     if placed and not axes:                # arrays on a mesh: their sharding types
-        from .jit_run import JitRun
-        run = JitRun(placed[0].mesh, abstract=True)
+        from ..partitioner.sharded import ShardingRun
+        run = ShardingRun(placed[0].mesh)
     positions = {a % max(len(args), 1) for a in static}
     dynamic = [i for i in range(len(args)) if i not in positions]
     leaves, treedef = tree.flatten(([args[i] for i in dynamic], kwargs))

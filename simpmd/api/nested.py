@@ -23,6 +23,7 @@ from ..core import core, loops
 from ..core.core import Aval, Equation, Primitive, Var, aval_of, bind, context, running
 from ..core.program import eval_program, trace
 from ..core.values import StackedValue
+from ..partitioner.sharding import whole
 
 
 def _values(stacks, avals):
@@ -30,8 +31,10 @@ def _values(stacks, avals):
 
 
 def _map_avals(avals, in_axes):
-    """One inner device's types: each mapped argument without its mapped axis."""
-    return [a if ax is None else a.update(shape=a.shape[:ax] + a.shape[ax + 1:])
+    """One inner device's types: each mapped argument without its mapped axis, and without
+    the sharding a jit around it typed it with (a pmap body's values are per device)."""
+    return [a.update(sharding=None) if ax is None else
+            a.update(shape=a.shape[:ax] + a.shape[ax + 1:], sharding=None)
             for a, ax in zip(avals, in_axes)]
 
 
@@ -132,3 +135,5 @@ xla_pmap = Primitive("xla_pmap", _pmap_stacked, _pmap_abstract, multiple_results
                      linearize=_pmap_linearize, unlogged="nested pmaps",
                      show=lambda p: {k: p[k] for k in ("axis_name", "axis_size", "call_jaxpr",
                                                        "name")})
+xla_pmap.sharding = lambda mesh, avals, call_jaxpr, **p: [   # its results come back whole
+    whole(a.ndim) for a in xla_pmap.abstract(*avals, call_jaxpr=call_jaxpr, **p)]

@@ -25,10 +25,15 @@ from ..core.program import eval_program, trace
 from ..core.run import Run
 from ..core.values import StackedValue
 from ..machine.mesh import PartitionSpec, join_blocks
-from . import partition as R
+from ..core.core import Program
+from ..partitioner import sharding as R
+from ..partitioner.partition import BODIES, BlockRun, partition
+from ..partitioner.rows import MeshText
+from ..partitioner.shard_map import partition_shard_map, sm_abstract as _sm_abstract
+from ..partitioner.shard_map import sm_global as _sm_global, sm_rule as _sm_rule
+from ..partitioner.sharded import ShardingRun
+from ..partitioner.sharding import Sharding, ShardingTypeError, all_explicit, dims_of, whole
 from . import tree
-from .jit_run import JitRun, MeshText
-from .partition import Sharding, ShardingTypeError, all_explicit, count, dims_of, whole
 from .spmd import record_trace
 from .trace import Trace
 
@@ -46,16 +51,20 @@ def shard_map_equation(mapped, args):
     specs = tree.broadcast_prefix(mapped.in_specs if isinstance(mapped.in_specs, tuple)
                                   or len(args) != 1 else (mapped.in_specs,), tuple(args),
                                   what="in_specs")
-    _check_in_specs(specs, leaves, mesh, manual)
+    fixed = {k: x for k, (x, spec) in enumerate(zip(leaves, specs)) if spec is None}
+    leaves, specs = ([v for k, v in enumerate(vs) if k not in fixed] for vs in (leaves, specs))
+    _check_in_specs(specs, leaves, mesh, manual)       # (in_specs None: a static argument)
     body_avals = [_block_aval(aval_of(x), spec, mesh, mapped.check_vma, manual)
                   for x, spec in zip(leaves, specs)]
     out_tree = []
 
     def flat(*xs):
-        out, treedef = tree.flatten(mapped._body(*tree.unflatten(in_tree, list(xs))))
+        it = iter(xs)
+        full = [fixed[k] if k in fixed else next(it) for k in range(len(fixed) + len(xs))]
+        out, treedef = tree.flatten(mapped._body(*tree.unflatten(in_tree, full)))
         out_tree.append(treedef)
         return out
-    program, consts = trace(flat, body_avals, body_run(mesh, manual, mapped.check_vma, True))
+    program, consts = trace(flat, body_avals, body_run(mesh, manual, mapped.check_vma))
     out_specs = tree.broadcast_prefix(mapped.out_specs, tree.unflatten(
         out_tree[0], [0] * len(program.outvars)), what="out_specs")
     _check_replication(program, out_specs, mapped.check_vma)
@@ -97,19 +106,13 @@ def _check_in_spec(spec, aval, mesh, manual):
             f"reshard (or device_put) them to {spec!r} first.")
 
 
-def body_run(mesh, manual, check_vma, abstract, log=None, blocks=None):
-    """The run of a shard_map body: by hand over every mesh axis (a plain run of blocks),
-    or over ``manual`` only, the others still typed by sharding (a jit run)."""
+def body_run(mesh, manual, check_vma):
+    """The run a shard_map body is traced on: by hand over every mesh axis (a plain run of
+    blocks), or over ``manual`` only, the others still typed by sharding."""
     if set(manual) == set(mesh.axis_names):
-        body = Run(list(mesh.devices.flat), tuple(mesh.shape.items()), abstract=abstract,
+        return Run(list(mesh.devices.flat), tuple(mesh.shape.items()), abstract=True,
                    check_vma=check_vma, maps_a_mesh=True)
-    else:
-        body = JitRun(mesh, abstract=abstract, manual=manual, check_vma=check_vma)
-        body.blocks = blocks
-        body.manual.log = log if log is not None else body.log
-    if log is not None:
-        body.log = log
-    return body
+    return ShardingRun(mesh, manual=manual, check_vma=check_vma)
 
 
 def _block_aval(aval, spec, mesh, check_vma, manual):
@@ -140,96 +143,37 @@ def _check_replication(program, out_specs, check_vma):
 # -- the row -------------------------------------------------------------------------------
 
 
-def _sm_global(aval, spec, mesh):
-    dims = R.resolve(spec, all_explicit(mesh), aval.ndim, "out_specs")
-    return Aval(tuple(n * count(mesh, d) for n, d in zip(aval.shape, dims)), aval.dtype,
-                aval.weak_type)
-
-
-def _sm_abstract(*avals, jaxpr, shard_mesh, out_specs, **params):
-    return [_sm_global(aval_of(v), s, shard_mesh.mesh) for v, s in zip(jaxpr.outvars, out_specs)]
-
-
-def _sm_rule(mesh, avals, jaxpr, in_specs, out_specs, shard_mesh, **params):
-    """A result's type: split over the Explicit axes its out_specs name (major), then over
-    those its type in the body had (minor); whole when the jit around it has no mesh."""
-    if mesh != shard_mesh.mesh:
-        return [whole(aval_of(v).ndim) for v in jaxpr.outvars]
-    explicit = set(R.explicit_axes(mesh))
-    return [tuple(tuple(a for a in d if a in explicit) + inner for d, inner in zip(
-        R.resolve(s, all_explicit(mesh), aval_of(v).ndim, "out_specs"), dims_of(aval_of(v))))
-        for v, s in zip(jaxpr.outvars, out_specs)]
-
-
 def _sm_stacked(*args, jaxpr, shard_mesh, in_specs, out_specs, check_vma, manual_axes,
                 _vjp=None):
-    """Each operand moved to its ``in_specs`` blocks, the body run on the blocks (its
-    collectives logged as the learner's), the results' blocks laid out as their types."""
-    run = context.run
+    """A shard_map where no jit partitions it (plain NumPy under ``grad``, a jit of NumPy
+    arguments): the operands, whole, placed on the shard_map's mesh as JAX places them;
+    the equation partitioned and run there; the results brought back whole."""
+    run = context.run or core.plain
     params = dict(jaxpr=jaxpr, shard_mesh=shard_mesh, in_specs=in_specs, out_specs=out_specs,
                   check_vma=check_vma, manual_axes=manual_axes)
-    if not (isinstance(run, JitRun) and run.mesh == shard_mesh.mesh):
-        return _entering(run or core.plain, args, params)
-    mesh = run.mesh
-    blocks = [_operand_blocks(run, x, spec, var, manual_axes)
-              for x, spec, var in zip(args, in_specs, jaxpr.invars)]
-    body = body_run(mesh, manual_axes, check_vma, run.abstract, run.log, run.blocks)
-    with running(body):
-        outs = eval_program(jaxpr, [], blocks)
-        outs = [body.settle(o) if isinstance(body, JitRun) and isinstance(o, StackedValue)
-                else o for o in outs]
-    if run.blocks is not None and not isinstance(body, JitRun):
-        run.blocks.eqns.extend(jaxpr.eqns)     # (a body by hand: its equations, on blocks)
-    results = []
-    for k, (o, spec, dims) in enumerate(zip(outs, out_specs, _sm_rule(mesh, [], jaxpr, in_specs,
-                                                                       out_specs, shard_mesh))):
-        a = aval_of(o)
-        have = [d + inner for d, inner in
-                zip(R.resolve(spec, all_explicit(mesh), a.ndim, "out_specs"), dims_of(a))]
-        local = StackedValue(Aval(R.block_shape(a.shape, dims_of(a), mesh), a.dtype, a.weak_type),
-                             body.stack_of(o, a) if not run.abstract else None)
-        if isinstance(body, JitRun):
-            body.alias(local, o)
-        elif run.blocks is not None:
-            run.blocks.vars[id(local)] = (jaxpr.outvars[k], local)
-        results.append(run.move(local, _sm_global(a, spec, mesh).shape, have, dims,
-                                "jit: shard_map"))
-    return results
-
-
-def _operand_blocks(run, x, spec, var, manual_axes):
-    """Operand ``x`` as the blocks its ``in_specs`` give each device (moved there first)."""
-    a = aval_of(x)
-    want = [d + tuple(b for b in own if b not in manual_axes) for d, own in
-            zip(R.resolve(spec, all_explicit(run.mesh), a.ndim, "in_specs"), dims_of(a))]
-    v = run._block(x, a, want, "jit: shard_map")
-    return StackedValue(var.aval, v.stack if isinstance(v, StackedValue) else
-                        run.manual.stack_of(v, var.aval))
-
-
-def _entering(run, args, params):
-    """A shard_map on a run of one device and no axes (plain NumPy under ``grad``, a jit of
-    NumPy arguments): the operands, whole, placed on the shard_map's mesh as JAX places
-    them; the body run there; the results brought back whole."""
-    mesh = params["shard_mesh"].mesh
-    inner = JitRun(mesh)
-    if isinstance(run, JitRun):               # its collectives join the jit's log
-        inner.log = inner.manual.log = run.log
+    mesh = shard_mesh.mesh
+    invars = [Var(aval_of(x).update(sharding=Sharding(mesh, whole(aval_of(x).ndim))))
+              for x in args]
+    dims = _sm_rule(mesh, [], jaxpr, in_specs, out_specs, shard_mesh)
+    outvars = [Var(a.update(sharding=Sharding(mesh, d)))
+               for a, d in zip(_sm_abstract(jaxpr=jaxpr, shard_mesh=shard_mesh,
+                                            out_specs=out_specs), dims)]
+    local = partition(Program(invars, [Equation(shard_map_p, params, invars, outvars)], outvars),
+                      mesh)
+    inner = BlockRun(mesh)
+    if isinstance(run, BlockRun):             # its collectives join the jit's log
+        inner.log = run.log
     values = []
-    for x in args:
-        a = aval_of(x)
-        stack = run.stack_of(x, a)[:1]
-        values.append(StackedValue(a.update(sharding=Sharding(mesh, whole(a.ndim))),
-                                   np.broadcast_to(stack, (inner.n,) + stack.shape[1:])))
+    for x, v in zip(args, local.invars):
+        stack = run.stack_of(x, aval_of(x))[:1]
+        values.append(StackedValue(v.aval, np.broadcast_to(stack, (inner.n,) + stack.shape[1:])))
     with running(inner):
-        stacks = [v.stack for v in _sm_stacked(*values, **params)]
-    dims = _sm_rule(mesh, [], params["jaxpr"], params["in_specs"], params["out_specs"],
-                    params["shard_mesh"])
+        stacks = [inner.stack_of(o, aval_of(o)) for o in eval_program(local, [], values)]
     out = []
-    for d, s in zip(dims, stacks):
-        value = join_blocks(np.asarray(s), Sharding(mesh, d).spec, mesh)
+    for d, s, kept in zip(dims, stacks, local.out_layouts):
+        value = join_blocks(np.asarray(s), Sharding(mesh, kept or d).spec, mesh)
         out.append(np.broadcast_to(value, (run.n,) + value.shape))
-    if not isinstance(run, JitRun):
+    if not isinstance(run, BlockRun):
         record_trace(Trace(log=inner.log, devices=inner.devices))
     return out
 
@@ -243,7 +187,7 @@ def _sm_linearize(eqn, wants):
     ``check_vma``), a scalar given a leading axis of 1, as JAX lays them out."""
     p = eqn.params
     mesh, manual = p["shard_mesh"].mesh, p["manual_axes"]
-    with running(body_run(mesh, manual, p["check_vma"], True)):
+    with running(body_run(mesh, manual, p["check_vma"])):
         forward, backward, split = loops.split_call(p["jaxpr"], wants)
     n_out, n_used = len(p["jaxpr"].outvars), len(split.used)
     res_specs = []
@@ -306,3 +250,4 @@ shard_map_p = Primitive(
                     ("jaxpr", p["jaxpr"]), ("manual_axes", p["manual_axes"]),
                     ("mesh", p["shard_mesh"]), ("out_specs", p["out_specs"])])
 shard_map_p.sharding = _sm_rule
+BODIES[shard_map_p] = partition_shard_map

@@ -18,7 +18,7 @@ from ..core import dtypes, errors
 from ..core import primitives as P
 from ..core.core import Aval, aval_of, bind, context
 from ..core.values import StackedValue
-from .jit_run import call_in_body
+from .jit_call import call_in_body
 
 
 def refused_numpy(name, args):
@@ -268,7 +268,8 @@ def _broadcast_layout(*xs):
     mesh = getattr(context.run, "mesh", None)
     if mesh is None or all(aval_of(x).sharding is None for x in xs):
         return None
-    from .partition import Sharding, broadcast_sharding
+    from ..partitioner.rows import broadcast_sharding
+    from ..partitioner.sharding import Sharding
     return Sharding(mesh, broadcast_sharding(mesh, [aval_of(x) for x in xs]))
 
 
@@ -517,7 +518,7 @@ def argsort(x, axis=-1):
 def _needs_mesh(out_sharding):
     """A bare P(...) as out_sharding names the axes of the mesh set by set_mesh."""
     if out_sharding is not None:
-        from .partition import check_placed
+        from ..partitioner.sharding import check_placed
         check_placed(out_sharding)
 
 
@@ -547,7 +548,7 @@ def matmul(a, b, out_sharding=None, preferred_element_type=None):
 def _check_batch_shardings(a, b, batch):
     """Under jit, jnp.matmul wants each batch dim split alike on both operands."""
     sa, sb = aval_of(a).sharding, aval_of(b).sharding
-    from .partition import settings
+    from ..partitioner.sharding import settings
     if (sa is None and sb is None) or not settings.matmul_batch:
         return
     da = sa.dims if sa is not None else ((),) * aval_of(a).ndim
@@ -610,7 +611,7 @@ def einsum(subscripts, *operands, out_sharding=None, **kwargs):
     got = batch + [c for c in sa if c not in sb] + [c for c in sb if c not in sa]
     mesh = getattr(context.run, "mesh", None)
     if out_sharding is not None and mesh is not None:    # the product's dims: `got`'s order
-        from .partition import reductions_of, resolve, Sharding
+        from ..partitioner.sharding import reductions_of, resolve, Sharding
         layout = resolve(out_sharding, mesh, len(out))
         out_sharding = Sharding(mesh, [layout[out.index(c)] for c in got],
                                 *reductions_of(out_sharding, mesh, "out_sharding"))

@@ -62,7 +62,8 @@ def _all_gather(groups, all_gather_dimension=0, tiled=False, **params):
     axis = all_gather_dimension
     moved = np.moveaxis(groups, 1, axis + 1)                  # (G, ..., p, n_axis, ...)
     if tiled:                                                 # join p and n_axis
-        moved = moved.reshape(moved.shape[:axis + 1] + (-1,) + moved.shape[axis + 3:])
+        joined = moved.shape[axis + 1] * moved.shape[axis + 2]   # (not -1: a size may be 0)
+        moved = moved.reshape(moved.shape[:axis + 1] + (joined,) + moved.shape[axis + 3:])
     return moved[:, None]
 
 def _reduce_scatter(groups, scatter_dimension=0, tiled=False, **params):

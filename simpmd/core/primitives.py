@@ -596,7 +596,7 @@ def _dot_stacked(lhs, rhs, dimension_numbers, precision=None, preferred_element_
     k = math.prod(lhs.shape[d] for d in lc)
     n = math.prod(rhs.shape[d] for d in rf)
     if rhs.strides[0] == 0 and not rb:              # a weight every device shares
-        a = lhs.transpose([0] + list(lb) + lf + list(lc)).reshape(-1, k)
+        a = lhs.transpose([0] + list(lb) + lf + list(lc)).reshape(math.prod(batch) * m, k)
         b = rhs[0].transpose([d - 1 for d in rc] + [d - 1 for d in rf]).reshape(k, n)
         out = a @ b
     else:

@@ -27,12 +27,11 @@ class Recorder:
     closure conversion makes it), so a replay uses the value of that call.
     """
 
-    def __init__(self, open_inputs=False):
+    def __init__(self):
         self.vars: dict = {}          # id(value) -> (Var, value): the value kept alive
         self.values: dict = {}        # Var -> value, for simpmd.grad
         self.eqns: list = []
         self.lifted: list = []        # (Var, the enclosing body's value), in order
-        self.open_inputs = open_inputs   # a value never seen is an input (jit's blocks)
 
     def input(self, value) -> Var:
         var = Var(value.aval)
@@ -47,8 +46,6 @@ class Recorder:
         found = self.vars.get(id(x))
         if found is not None and found[1] is x:
             return found[0]
-        if self.open_inputs:
-            return self.input(x)
         for outer in context.recorders:
             if outer is not self and outer.vars.get(id(x), (None, None))[1] is x:
                 var = self.input(x)
@@ -64,13 +61,6 @@ class Recorder:
             f"a traced value {x!r} was used outside the body it belongs to (it leaked out "
             f"of an earlier trace, e.g. through a global or a list). Real JAX raises "
             f"UnexpectedTracerError. Pass values in as arguments and out as results.")
-
-    def alias(self, new, old):
-        """``new`` holds what ``old`` holds (a value and its blocks' view): one variable,
-        typed as ``new`` is when ``old`` was never seen."""
-        found = self.vars.get(id(old))
-        var = found[0] if found is not None and found[1] is old else self.input(new)
-        self.vars[id(old)], self.vars[id(new)] = (var, old), (var, new)
 
     def record(self, prim, params, args, outs):
         invars = [self.var_of(x) for x in args]

@@ -21,7 +21,7 @@ import math
 import numpy as np
 
 from ..api.jit import ShardedArray, device_put, get_mesh, typeof
-from ..api.partition import Sharding, all_explicit, explicit_axes, resolve
+from ..partitioner.sharding import Sharding, all_explicit, explicit_axes, resolve
 from ..core import dtypes
 from ..core.core import Aval
 from ..machine.array import Shard
@@ -105,7 +105,7 @@ class ProcessArray(ShardedArray):
         """The values when readable; else the repr (jax 0.10 on), or JAX's error (0.7.2)."""
         if self.is_fully_addressable or self.is_fully_replicated:
             return str(np.asarray(self))
-        from ..api.partition import settings
+        from ..partitioner.sharding import settings
         if settings.version <= (0, 7, 2):
             raise RuntimeError(NOT_ADDRESSABLE)
         return repr(self)

@@ -103,10 +103,19 @@ def launch(fn, args, kwargs, *, kind=None):
                 lambda calls: _run_global(fn, calls, meshes[0]), (leaves, treedef),
                 where_called())
     call.collectives = lambda: _collectives_of(fn, call)
-    if not _crosses_hosts(fn, call, host):
+    if not _reads_other_hosts(leaves, mine) and not _crosses_hosts(fn, call, host):
         with passing_through(), np.errstate(all="ignore"):
             return share(_stand_in_run(fn, call), len(host.processes.hosts))[host.index]
     return host.processes.join(host, call)
+
+
+def _reads_other_hosts(leaves, mine) -> bool:
+    """Whether an argument is split over Auto axes across processes: its type says it is
+    whole, so every device reads the blocks of the others, which XLA gathers across the
+    processes (simpmd's program holds it whole; a process alone would see zeros)."""
+    from ..partitioner.sharding import dims_of
+    return any(isinstance(x, ShardedArray) and tuple(x.layout) != dims_of(x.aval)
+               and not {d.id for d in x.mesh.devices.flat} <= mine for x in leaves)
 
 
 def _crosses_hosts(fn, call, host) -> bool:
@@ -282,7 +291,7 @@ def unequal(values) -> list:
     process's from jax 0.10 (all fail when any differs), with process 0's on 0.7.2 (checked
     on 0.7.2, 0.10.2, 0.12.0.1). So a float64 value that float32 cannot hold exactly (0.1)
     fails even when every process passes the same one."""
-    from ..api.partition import settings
+    from ..partitioner.sharding import settings
     gathered = [v.astype(dtypes.canonical(v.dtype)) for v in values]
     against = gathered if settings.version > (0, 7, 2) else gathered[:1]
     out = []

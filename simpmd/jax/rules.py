@@ -7,7 +7,7 @@ answered by tracing a tiny program on the running JAX, once per process, never f
 version number. The programs run on an abstract 2 x 2 mesh of Explicit axes ``X`` and
 ``Y`` (``jax.eval_shape`` on ShapeDtypeStructs: no device is used and JAX's backend is
 not started), on a thread of their own, so that no mesh the caller has set up interferes.
-``simpmd.api.partition.settings`` asks; without JAX imported it uses the newest answers.
+``simpmd.partitioner.sharding.settings`` asks; without JAX imported it uses the newest answers.
 """
 from __future__ import annotations
 
@@ -100,6 +100,13 @@ def reshape_spread() -> bool:
     """Whether a reshape merges dimensions split on several axes and hands a split out
     over new dimensions (or follows a split only into the first new dimension)."""
     return not _refuses(lambda a: a.reshape(8), typed((2, 4), "X", "Y"))
+
+
+@functools.lru_cache(maxsize=None)
+def reshape_ones() -> bool:
+    """Whether a reshape looks past dimensions of size 1 to find its split or merge
+    (``f32[2@X,2@Y,3]`` to ``(2, 6, 1)`` is a merge), or refuses it."""
+    return not _refuses(lambda a: a.reshape(2, 6, 1), typed((2, 2, 3), "X", "Y", None))
 
 
 @functools.lru_cache(maxsize=None)
