@@ -328,7 +328,7 @@ def _grad(collective, in_spec, out_spec, check_vma):
         m = mesh(jx, (4,), ("x",))
         f = smap(jx, lambda v: collective(jx, v), jx.P(*in_spec), jx.P(*out_spec), m=m,
                  check_vma=check_vma)
-        return jx.grad(lambda v: (f(v) * w).sum())(x)
+        return jx.jit(jx.grad(lambda v: (f(v) * w).sum()))(x)
     return program
 
 
@@ -364,7 +364,7 @@ def _grad_matmul(check_vma):
         m = mesh(jx, (4,), ("x",))
         f = smap(jx, lambda a, b: jx.lax.psum(a @ b, "x"), (jx.P(None, "x"), jx.P("x")), jx.P(),
                  m=m, check_vma=check_vma)
-        return jx.grad(lambda a, b: (f(a, b) ** 2).sum(), argnums=(0, 1))(x, w)
+        return jx.jit(jx.grad(lambda a, b: (f(a, b) ** 2).sum(), argnums=(0, 1)))(x, w)
     return program
 
 
@@ -377,12 +377,17 @@ for _check in (True, False):
 def _value_and_grad(jx, x):
     m = mesh(jx, (4,), ("x",))
     f = smap(jx, lambda v: jx.lax.psum((v * v).sum(), "x"), jx.P("x"), jx.P(), m=m)
-    return jx.value_and_grad(f)(x)
+    return jx.jit(jx.value_and_grad(f))(x)
 
 
 add("value_and_grad_psum_of_squares", _value_and_grad, lambda: (rnd(8, seed=9),),
     follows=SM + "test_fanin_psum_transposes_to_fanout", shardings=False)
-add("grad_of_shard_map_is_sharded_as_in_specs", _grad(_GRADS["psum"][0], ("x",), (), True),
+def _eager_grad(jx, x, w):
+    f = smap(jx, lambda v: jx.lax.psum(v, "x"), jx.P("x"), jx.P(), m=mesh(jx, (4,), ("x",)))
+    return jx.grad(lambda v: (f(v) * w).sum())(x)
+
+
+add("grad_of_shard_map_is_sharded_as_in_specs", _eager_grad,
     lambda: (rnd(16, seed=5), rnd(4, seed=6)), follows=SM + "test_reverse_mode_ad", xfail=NEW1)
 
 
@@ -390,11 +395,11 @@ def _grad_inside(jx, x):
     """jax.grad inside the body: the gradient of a local loss, then averaged."""
     m = mesh(jx, (4,), ("x",))
     body = lambda v: jx.lax.pmean(jx.grad(lambda u: (jx.numpy.tanh(u) ** 2).sum())(v), "x")
-    return smap(jx, body, jx.P("x"), jx.P(), m=m)(x)
+    return smap(jx, body, jx.P("x"), jx.P(), m=m, jit=True)(x)
 
 
 add("grad_inside_shard_map_then_pmean", _grad_inside, lambda: (rnd(8, seed=10),),
-    follows=SM + "test_pvary_in_shmap_of_grad")
+    follows=SM + "test_pvary_in_shmap_of_grad", shardings=False)
 
 
 # -- remat: test_remat_basic, test_shmap_of_remat_basic, test_grad_remat,
@@ -409,7 +414,7 @@ def _remat(policy, inside):
             f = smap(jx, jx.checkpoint(g, policy=pol), jx.P("x"), jx.P(), m=m)
         else:
             f = jx.checkpoint(smap(jx, g, jx.P("x"), jx.P(), m=m), policy=pol)
-        return f(x), jx.grad(lambda v: f(v).sum())(x)
+        return jx.jit(f)(x), jx.jit(jx.grad(lambda v: f(v).sum()))(x)
     return program
 
 
@@ -419,7 +424,13 @@ for _policy in (None, "nothing_saveable", "everything_saveable", "dots_saveable"
             _remat(_policy, _inside), lambda: (rnd(8, seed=11),),
             follows=SM + ("test_shmap_of_remat_basic" if _inside else "test_remat_basic"),
             shardings=False)
-add("remat_of_shard_map_is_sharded_as_out_specs", _remat(None, False), lambda: (rnd(8, seed=11),),
+def _eager_remat(jx, x):
+    f = jx.checkpoint(smap(jx, lambda v: jx.lax.psum(jx.numpy.sin(v), "x"), jx.P("x"), jx.P(),
+                           m=mesh(jx, (4,), ("x",))))
+    return f(x)
+
+
+add("remat_of_shard_map_is_sharded_as_out_specs", _eager_remat, lambda: (rnd(8, seed=11),),
     follows=SM + "test_remat_basic", xfail=NEW1)
 
 

@@ -69,6 +69,8 @@ def _sharding_text(leaf):
         return None
     mesh = getattr(sharding, "mesh", None)
     sizes = dict(getattr(mesh, "shape", {}) or {})
+    if not sizes:                     # a mesh of no axes: one device, as JAX's SingleDeviceSharding
+        return None
     return (tuple(sorted(sizes.items())), _spec_text(spec))
 
 
