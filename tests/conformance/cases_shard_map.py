@@ -22,6 +22,8 @@ ITEM10 = ("issue 45 item 10: ppermute over an axis tuple out of mesh order runs 
 ITEM13 = "issue 45 item 13: shard_map without mesh= (set_mesh's mesh) is refused"
 NEW1 = ("new: grad and checkpoint of an (eager) shard_map return NumPy arrays without a "
         "sharding, where JAX returns arrays sharded as in_specs / out_specs on the mesh")
+NEW3 = ("new: on jax 0.7.2 typeof inside shard_map prints the varying axes as a set "
+        "(float32[2]{y,x}); simpmd prints 0.10's float32[2]{V:(x,y)}")
 ITEM14 = "issue 45 item 14: shard_map without in_specs on explicitly sharded arguments"
 
 
@@ -250,6 +252,24 @@ _VMA = {
 for _name, _make in _VMA.items():
     add(f"vma_of_{_name}", _vma_of(_make), lambda: (ar(8), ar(4)),
         follows=SM + "test_mul_with_vma_in_types")
+
+
+def _typeof_text(jx, x, y):
+    seen = []
+    smap(jx, lambda a, b: seen.append(str(jx.typeof(a * b))) or a * b, (jx.P("x"), jx.P("y")),
+         jx.P(("x", "y")))(x, y)
+    return seen[0].replace("{V:(y,x)}", "{V:(x,y)}")
+
+
+def _prints_vma_as_a_set(jax) -> bool:
+    return "V:" not in _typeof_text(jax, ar(8), ar(4))
+
+
+add("typeof_text_of_a_varying_value", _typeof_text, lambda: (ar(8), ar(4)),
+    follows=SM + "test_mul_with_vma_in_types",
+    versions="jax 0.7.2 prints float32[2]{y,x} (a set, in hash order); 0.10 and later "
+             "float32[2]{V:(x,y)}",
+    xfail=lambda jax: NEW3 if _prints_vma_as_a_set(jax) else "")
 
 
 def _pvary_then_out(jx, x):

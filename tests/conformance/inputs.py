@@ -35,8 +35,13 @@ def pcast_varying(jx, x, axes):
 
 
 def vma(jx, x) -> tuple:
-    """The axes ``x`` varies over, sorted (``typeof(x).vma``)."""
-    return tuple(sorted(jx.typeof(x).vma))
+    """``x``'s type without its varying axes, and those axes sorted, read from the type's
+    text: jax 0.7.2 prints them as ``float32[2]{y,x}`` (in a set's order, and has
+    ``typeof(x).vma``), 0.10 and later as ``float32[2]{V:(x,y)}`` (and ``typeof(x).mat``)."""
+    text = str(jx.typeof(x))
+    head, _, tail = text.partition("{")
+    names = tail.rstrip("}").replace("V:", "").strip("()").replace("(", "").replace(")", "")
+    return head, tuple(sorted(n for n in names.split(",") if n))
 
 
 def has_unreduced(jax) -> str:
