@@ -51,7 +51,8 @@ def _spec_text(spec) -> tuple:
     """A PartitionSpec as a tuple, one-name tuples unwrapped and trailing ``None`` dropped,
     so that P('x'), P(('x',)) and P('x', None) read alike, as they mean the same."""
     parts = [p[0] if isinstance(p, tuple) and len(p) == 1 else
-             (tuple(p) if isinstance(p, (tuple, list)) else p) for p in tuple(spec)]
+             (tuple(p) if isinstance(p, (tuple, list)) else p)
+             for p in tuple(getattr(spec, "partitions", spec))]
     while parts and parts[-1] is None:
         parts.pop()
     extra = []
