@@ -11,14 +11,11 @@ PartitionSpec takes no ``unreduced=``): those cases are skipped there, saying so
 import numpy as np
 
 from .engines import Case
-from .inputs import ar, has_unreduced, mesh, put, rnd
+from .inputs import ar, has_unreduced, mesh, put, refused_by_jax, rnd
 
 CASES = []
 PJ = "pjit_test.py::ShardingInTypesTest::"
 SM = "shard_map_test.py::"
-NEW6 = ("new: the gradient with respect to a reduced value (beside another reduced one): "
-        "simpmd refuses the product's backward ('Inputs cannot be replicated ...') or types "
-        "the cotangent float32[4] where JAX returns it unreduced, float32[4]{U:x}")
 ITEM15 = "issue 45 item 15: {what} is refused (JAX types it)"
 
 
@@ -45,8 +42,11 @@ def _unreduced_typeof(unreduced, out):
 
 for _i, (_u, _out) in enumerate([(("x",), ()), (("y",), ()), (("x", "y"), ()), (("x",), ("y",)),
                                  (("y",), ("x",))]):
-    add(f"unreduced_product_type_{_i}", _unreduced_typeof(_u, _out),
-        lambda: (rnd(8, 8, seed=50), rnd(8, 4, seed=51)), follows=PJ + "test_unreduced_einsum")
+    _inputs = lambda: (rnd(8, 8, seed=50), rnd(8, 4, seed=51))
+    add(f"unreduced_product_type_{_i}", _unreduced_typeof(_u, _out), _inputs,
+        follows=PJ + "test_unreduced_einsum", raises=refused_by_jax(_unreduced_typeof(_u, _out), _inputs),
+        versions="jax 0.7.2 refuses unreduced={'x','y'} for a dimension split over ('x','y') "
+                 "(it compares a set with a tuple)")
 
 
 def _reduce(to):
@@ -66,8 +66,8 @@ for _i, _to in enumerate([(), ("x",), (None, "y")]):
 _OPS = {       # operations on an unreduced value: linear ones keep the type, others are refused
     "add_self": (lambda jx, v: v + v, False),
     "mul_scalar": (lambda jx, v: v * 3.0, None),
-    "transpose": (lambda jx, v: v.T, False),
-    "sum_axis0": (lambda jx, v: v.sum(axis=0), False),
+    "transpose": (lambda jx, v: v.T, None),
+    "sum_axis0": (lambda jx, v: v.sum(axis=0), None),
     "tanh": (lambda jx, v: jx.numpy.tanh(v), True),
     "mul_self": (lambda jx, v: v * v, True),
     "add_replicated": (lambda jx, v: v + np.ones(v.shape, np.float32), True),
@@ -81,23 +81,14 @@ def _on_unreduced(op):
     return program
 
 
-def _jax_refuses(program, inputs):
-    def raises(jax):
-        try:
-            program(jax, *inputs())
-        except Exception:
-            return True
-        return False
-    return raises
-
-
 for _name, (_op, _raises) in _OPS.items():
     _inputs = lambda: (rnd(8, 8, seed=54), rnd(8, 4, seed=55))
     add(f"unreduced_{_name}", _on_unreduced(_op), _inputs, follows=SM + "test_sin_unreduced_error",
-        raises=_jax_refuses(_on_unreduced(_op), _inputs) if _raises is None else _raises,
+        raises=refused_by_jax(_on_unreduced(_op), _inputs) if _raises is None else _raises,
         versions="" if _raises is not None else
         "jax 0.10.2 refuses a Python scalar times an unreduced value (the scalar is not "
-        "reduced); the running JAX decides")
+        "reduced); jax 0.7.2 has no unreduced rule for transpose and reduce_sum; the running "
+        "JAX decides")
 
 
 def _reduced(body, grad=False, split="reduced"):
@@ -121,20 +112,28 @@ _REDUCED = {
     "matmul": lambda jx, a, r: a @ r,
     "plus_split": lambda jx, a, r: jx.numpy.sin(a) + r,
 }
+# The gradient with respect to a reduced value beside another reduced one is not ported:
+# on jax 0.10.2 and 0.12.0.1 JAX's own answer depends on what ran before in the process
+# (alone it raises "Using pspec[...] is dangerous ..."; after other programs it returns a
+# float32[4]{U:x} cotangent), so no answer can be compared.
 _REDUCED_NOTE = ("JAX's rules for reduced operands are young; whether it refuses one is "
                  "decided by the running JAX")
 for _name, _body in _REDUCED.items():
     _inputs = lambda: (rnd(8, 4, seed=56), rnd(4, seed=57))
-    for _suffix, _program in (("", _reduced(_body)), ("_beside_replicated", _reduced(_body, split=None)),
-                              ("_grad", _reduced(_body, grad=True))):
+    _variants = [("", _reduced(_body)), ("_beside_replicated", _reduced(_body, split=None))]
+    if _name == "matmul":        # (the others' gradients: see the note above the loop)
+        _variants.append(("_grad", _reduced(_body, grad=True)))
+    for _suffix, _program in _variants:
         add(f"reduced_{_name}{_suffix}", _program, _inputs, follows=SM + (
             "test_unreduced_psum_fwd_preduced_bwd" if _suffix == "_grad" else "test_reduced_fwd"),
-            raises=_jax_refuses(_program, _inputs), versions=_REDUCED_NOTE,
-            xfail=NEW6 if f"{_name}{_suffix}" in ("times_split_grad", "plus_split_grad") else "")
+            raises=refused_by_jax(_program, _inputs), versions=_REDUCED_NOTE)
 
 
-add("reduced_beside_a_value_split_on_its_axis_is_refused", _reduced(_REDUCED["times_split"], split="x"),
-    lambda: (rnd(8, 4, seed=56), rnd(4, seed=57)), follows=PJ + "test_reduced_fwd", raises=True)
+_SPLIT_SAME = _reduced(_REDUCED["times_split"], split="x")
+add("reduced_beside_a_value_split_on_its_axis", _SPLIT_SAME,
+    lambda: (rnd(8, 4, seed=56), rnd(4, seed=57)), follows=PJ + "test_reduced_fwd",
+    raises=refused_by_jax(_SPLIT_SAME, lambda: (rnd(8, 4, seed=56), rnd(4, seed=57))),
+    versions="jax 0.10 and later refuse it; 0.7.2 runs it")
 
 
 def _shard_map_unreduced_out(jx, x):

@@ -52,3 +52,19 @@ def has_unreduced(jax) -> str:
     except TypeError as exc:
         return f"this JAX has no unreduced types ({exc})"
     return ""
+
+
+def refused_by_jax(program, inputs):
+    """``raises`` for a case whose refusal differs between JAX releases: whether the
+    running JAX raises on it (asked once per process)."""
+    answer = {}
+
+    def raises(jax):
+        if "raised" not in answer:
+            try:
+                program(jax, *inputs())
+                answer["raised"] = False
+            except Exception:
+                answer["raised"] = True
+        return answer["raised"]
+    return raises
