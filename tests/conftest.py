@@ -122,5 +122,7 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line("Fix the cause, then add the seed to tests/fuzz_seeds.py "
                                     "REGRESSION (docs/testing.md).")
     else:
-        terminalreporter.write_line(f"random programs: new seed {FUZZ_SEED_ENV}={seed} found "
-                                    "no disagreement")
+        drawn = sum(1 for key in ("passed", "failed") for rep in terminalreporter.stats.get(key, [])
+                    if rep.when == "call" and "new_seed" in getattr(rep, "keywords", {}))
+        terminalreporter.write_line(f"random programs: new seed {FUZZ_SEED_ENV}={seed}, "
+                                    f"{drawn} test(s) drawn from it passed")
