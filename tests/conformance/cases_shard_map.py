@@ -208,6 +208,27 @@ def _static_arg(jx, x):
 add("in_spec_none_python_scalar", _static_arg, lambda: (ar(8),), follows=SM + "test_in_spec_none")
 
 
+def _static_arg_jit(jx, x):
+    f = jx.shard_map(lambda v, k: v * k, mesh=mesh(jx), in_specs=(jx.P("x", "y"), None),
+                     out_specs=jx.P("x", "y"))
+    return jx.jit(f, static_argnums=1)(x, 3.0)
+
+
+add("in_spec_none_static_argument_under_jit", _static_arg_jit, lambda: (ar(8, 4),),
+    follows=SM + "test_with_static_arg", shardings=False,
+    xfail="issue 45 item 5: jit(shard_map) with in_specs None for a static argument raises "
+          "AttributeError ('NoneType' object has no attribute 'mesh_axes')")
+
+
+def _numpy_mean_in_pmap(jx, x):
+    return jx.pmap(lambda v: np.mean(v))(x)
+
+
+add("numpy_mean_of_a_mapped_value", _numpy_mean_in_pmap, lambda: (ar(8, 3),),
+    follows="api_test.py::PmapTest (NumPy functions on traced values)", shardings=False,
+    xfail="issue 45 item 7: np.mean on a mapped value passes out=None to simpmd's mean")
+
+
 # -- vma: test_vma_out_specs_error_check, test_pvary, test_mul_with_vma_in_types,
 #    test_pmax_vma_in_types, test_all_gather_with_vma_in_types, test_eval_shape_vma ------------
 
@@ -491,7 +512,7 @@ for _body in ("identity", "psum_x", "axis_index", "ppermute"):
         xfail=ITEM3)
 
 
-def _nested(grad):
+def _nested():
     def program(jx, x):
         m = mesh(jx)
 
@@ -504,23 +525,22 @@ def _nested(grad):
 
         f = jx.shard_map(outer, mesh=m, in_specs=jx.P("x"), out_specs=jx.P(), axis_names={"x"})
         with jx.set_mesh(m):
-            if grad:
-                return jx.jit(jx.grad(lambda v: jx.numpy.sin(f(v)).sum()))(x)
             return jx.jit(f)(x)
     return program
 
 
-add("nested_partial_auto", _nested(False), lambda: (ar(8, 4),), follows=SM + "test_nested_partial_auto",
+add("nested_partial_auto", _nested(), lambda: (ar(8, 4),), follows=SM + "test_nested_partial_auto",
     xfail=ITEM13)
-add("grad_nested_partial_auto", _nested(True), lambda: (rnd(8, 4, seed=14),),
-    follows=SM + "test_grad_nested_partial_auto", xfail=ITEM13)
+# The gradient of this nested program (test_grad_nested_partial_auto's intent) is not
+# ported: JAX itself fails to lower it on CPU on 0.7.2, 0.10.2 and 0.12.0.1 ("Cannot lower
+# jaxpr with verifier errors: 'sdy.manual_computation' op operand 1 ...").
 
 
 def _no_mesh_argument(jx, x):
     m = mesh(jx, (4,), ("x",), types="explicit")
     with jx.set_mesh(m):
         f = jx.shard_map(lambda v: jx.lax.psum(v, "x"), in_specs=jx.P("x"), out_specs=jx.P())
-        return jx.jit(f)(x)
+        return jx.jit(f)(jx.device_put(x, jx.P("x")))
 
 
 add("shard_map_mesh_from_set_mesh", _no_mesh_argument, lambda: (ar(8),),

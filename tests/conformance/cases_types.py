@@ -167,7 +167,7 @@ add("dot_batch_dims_split_alike", typed(_batched, ("x",), ("x",)),
 def _empty_product(jx, a, b):
     m = mesh(jx, (4, 2), ("model", "data"), types="explicit")
     a = put(jx, a, m, None, ("model", "data"))
-    b = put(jx, b, m, ("model", "data"))
+    b = put(jx, b, m, None, ("model", "data"))
     out = jx.jit(lambda u, v: u @ v)(a, b)
     return out, str(jx.typeof(out))
 
