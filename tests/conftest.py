@@ -124,5 +124,5 @@ def pytest_terminal_summary(terminalreporter):
     else:
         drawn = sum(1 for key in ("passed", "failed") for rep in terminalreporter.stats.get(key, [])
                     if rep.when == "call" and "new_seed" in getattr(rep, "keywords", {}))
-        terminalreporter.write_line(f"random programs: new seed {FUZZ_SEED_ENV}={seed}, "
-                                    f"{drawn} test(s) drawn from it passed")
+        said = f"{drawn} test(s) drawn from it passed" if drawn else "no test of this run drew from it"
+        terminalreporter.write_line(f"random programs: new seed {FUZZ_SEED_ENV}={seed}, {said}")
