@@ -7,9 +7,12 @@ makes the CPU, with its 8 fake devices, JAX's default backend, as in the lessons
 exports the flag as well; setting it here too lets a bare `python -m pytest` behave the same.
 """
 import os
+import random
 import sys
 
 import pytest
+
+from fuzz_seeds import ENV as FUZZ_SEED_ENV
 
 FAKE_DEVICES = 8
 _FLAG = "--xla_force_host_platform_device_count"
@@ -72,3 +75,54 @@ def _default_platform():
         set_device_count(FAKE_DEVICES)
     else:
         set_device_count(FAKE_DEVICES, hardware=hardware)
+
+
+# -- random programs: this run's new seed, and what a failing new seed does ----------------------
+
+def pytest_configure(config):
+    """Choose this run's new fuzz seed once, before collection, and export it, so that every
+    xdist worker (started after this, with this environment) draws the same programs."""
+    config.addinivalue_line("markers", "new_seed: a test drawn from this run's new fuzz seed "
+                                       "(its failure is reported, not fatal; tests/fuzz_seeds.py)")
+    if FUZZ_SEED_ENV not in os.environ:
+        os.environ[FUZZ_SEED_ENV] = str(random.SystemRandom().randrange(1, 2**31))
+
+
+def pytest_report_header(config):
+    return (f"random programs: new seed {FUZZ_SEED_ENV}={os.environ[FUZZ_SEED_ENV]} "
+            "(set it to replay this run's draw; committed seeds in tests/fuzz_seeds.py)")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failing test drawn from the new seed becomes an expected failure whose reason says
+    how to replay it; the summary lists it (see pytest_terminal_summary)."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "call" or not report.failed or item.get_closest_marker("new_seed") is None:
+        return
+    seed = os.environ[FUZZ_SEED_ENV]
+    first = str(call.excinfo.value).strip().splitlines()[:1] if call.excinfo else []
+    replay = f"{FUZZ_SEED_ENV}={seed} bash test.sh '{item.nodeid}'"
+    report.outcome = "skipped"
+    report.wasxfail = (f"NEW FUZZ SEED {seed} FAILED (not fatal; replay: {replay}): "
+                       f"{first[0][:300] if first else call.excinfo.typename}")
+    report.user_properties.append(("new_seed_failure", f"{item.nodeid}\n    replay: {replay}\n"
+                                   f"    {first[0][:300] if first else ''}"))
+
+
+def pytest_terminal_summary(terminalreporter):
+    failed = [text for rep in terminalreporter.stats.get("xfailed", [])
+              for key, text in getattr(rep, "user_properties", []) if key == "new_seed_failure"]
+    seed = os.environ.get(FUZZ_SEED_ENV)
+    if failed:
+        terminalreporter.section(f"new fuzz seed {seed}: {len(failed)} failing test(s), not fatal")
+        for text in failed:
+            terminalreporter.write_line(text)
+        terminalreporter.write_line("Fix the cause, then add the seed to tests/fuzz_seeds.py "
+                                    "REGRESSION (docs/testing.md).")
+    else:
+        drawn = sum(1 for key in ("passed", "failed") for rep in terminalreporter.stats.get(key, [])
+                    if rep.when == "call" and "new_seed" in getattr(rep, "keywords", {}))
+        said = f"{drawn} test(s) drawn from it passed" if drawn else "no test of this run drew from it"
+        terminalreporter.write_line(f"random programs: new seed {FUZZ_SEED_ENV}={seed}, {said}")

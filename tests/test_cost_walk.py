@@ -11,6 +11,8 @@ import logging
 import numpy as np
 import pytest
 
+from fuzz_seeds import seeds
+
 import simpmd
 import simpmd.cost as C
 import simpmd.numpy as snp
@@ -275,7 +277,7 @@ def _four_flops(f, args, while_trips=None):
 
 
 @pytest.mark.parametrize("grad", [False, True])
-@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("seed", seeds("cost_walk"))
 def test_random_programs_cost_the_same_flops_in_every_analysis(seed, grad):
     f, products, blocks = _random_program(seed, grad)
     rng = np.random.default_rng(100 + seed)

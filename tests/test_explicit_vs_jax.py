@@ -57,7 +57,12 @@ def test_same_as_jax(case):
 # and 2-D meshes, and run under jit and, a quarter of them, operation by operation. Their
 # collectives are not compared (XLA on CPU may route the same rule otherwise).
 
-RANDOM = random_cases(240, seed=29)
+from fuzz_seeds import REGRESSION, new_seed  # noqa: E402
+
+RANDOM = [pytest.param(c, id=f"seed{s}-{c.name}") for s in REGRESSION["explicit"]
+          for c in random_cases(240, seed=s)]
+RANDOM += [pytest.param(c, id=f"new-seed{new_seed()}-{c.name}", marks=pytest.mark.new_seed)
+           for c in random_cases(40, seed=new_seed())]
 
 
 def _check(r):
@@ -67,13 +72,13 @@ def _check(r):
         assert r.values_agree
 
 
-@pytest.mark.parametrize("case", RANDOM, ids=[c.name for c in RANDOM])
+@pytest.mark.parametrize("case", RANDOM)
 def test_under_jit(case):
     _check(compare(case.fun, *case.args(), mesh=case.make_mesh(), in_specs=case.specs,
                    name=case.name, hlo=False))
 
 
-@pytest.mark.parametrize("case", RANDOM[::4], ids=[c.name for c in RANDOM[::4]])
+@pytest.mark.parametrize("case", RANDOM[::4])
 def test_operation_by_operation(case):
     _check(compare(case.fun, *case.args(), mesh=case.make_mesh(), in_specs=case.specs,
                    name=case.name, hlo=False, jit=False))

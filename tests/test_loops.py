@@ -9,6 +9,8 @@ import re
 import numpy as np
 import pytest
 
+from fuzz_seeds import seeds
+
 import simpmd
 import simpmd.numpy as snp
 from simpmd import lax
@@ -160,7 +162,7 @@ def random_body(seed):
     return make, steps
 
 
-@pytest.mark.parametrize("seed", range(20))
+@pytest.mark.parametrize("seed", seeds("scan"))
 def test_random_scans_and_their_gradients_agree_with_jax(jax8, seed):
     import jax.numpy as jnp
     make, steps = random_body(seed)

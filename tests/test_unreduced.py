@@ -3,6 +3,8 @@ reduced weight summed once, and typeof against the installed JAX on random progr
 import numpy as np
 import pytest
 
+from fuzz_seeds import seeds
+
 import simpmd
 import simpmd.numpy as snp
 from simpmd import P
@@ -153,15 +155,17 @@ def _jax_with_unreduced(jax8):
     return jax8
 
 
-def test_typeof_matches_jax_on_random_programs(jax8):
+@pytest.mark.parametrize("seed", seeds("unreduced"))
+def test_typeof_matches_jax_on_random_programs(jax8, seed):
     jax = _jax_with_unreduced(jax8)
-    draw = unreduced_cases.programs(40, seed=0)
+    draw = unreduced_cases.programs(40, seed=seed)
     mine = [unreduced_cases.run(simpmd, p) for p in draw]
     theirs = [unreduced_cases.run(jax, p) for p in draw]
     differ = [(p, a, b) for p, a, b in zip(draw, mine, theirs) if a != b]
     assert not differ, "\n".join(f"{p}\n  simpmd {a}\n  jax    {b}" for p, a, b in differ[:5])
     typed = [t for t in theirs if any("{U:" in s or "{R:" in s for s in t)]
-    assert len(typed) >= 20, f"only {len(typed)} programs reached an unreduced or reduced type"
+    least = 20 if seed == 0 else 10     # seed 0 reaches 20; a new draw of 40 may reach fewer
+    assert len(typed) >= least, f"only {len(typed)} programs reached an unreduced or reduced type"
 
 
 def test_every_operation_on_an_unreduced_value_as_jax_rules(jax8):
