@@ -13,7 +13,9 @@ the run's source (simpmd/plan/published.py, simpmd/plan/runs/).
 """
 from __future__ import annotations
 
+import json
 import math
+import pathlib
 
 import numpy as np
 import pytest
@@ -26,18 +28,44 @@ from simpmd.plan.runs import blocker, every, measure, split  # noqa: E402
 from simpmd.plan.spreads import SPREADS  # noqa: E402
 
 RUNS = every()
+LESSON15 = (pathlib.Path(__file__).resolve().parents[1]
+            / "notebooks/15_plan_a_training_run.ipynb")
 BY_NAME = {r.name: r for r in RUNS}
 WITHIN = 1.25
 # The runs the planner misses today, with predicted / measured (docs/validation.md, "What
-# the model misses"); every one is predicted too fast.
+# the model misses"): too fast on MaxText and torchtitan on H100, on TPU v4 and v5e across
+# slices, on Blackwell; too slow on llm-foundry's small models and on Llama 3 405B at 8k
+# and 16k H100s.
 MISSES = {
     "LLAMA2-7B, 8 GPUs": 0.78, "LLAMA3-8B, 8 GPUs": 0.75,
     "MaxText 16B, 32x v5e-256": 0.77, "MaxText 64B, 32x v5e-256": 0.74,
     "MaxText 22B, 1x v4-128": 0.78, "MaxText 22B, 2x v4-128": 0.77,
     "MaxText 22B, 4x v4-128": 0.76, "MaxText 22B, 8x v4-128": 0.74,
-    "MaxText Llama 2 7B, 8 x H100 (A3)": 0.76, "MaxText Llama 2 7B, 16 x H100 (A3)": 0.69,
-    "MaxText Llama 2 7B, 32 x H100 (A3)": 0.69, "MaxText Llama 2 7B, 64 x H100 (A3)": 0.70,
-    "MaxText Llama 2 7B, 128 x H100 (A3)": 0.65, "Megatron-Bridge LLaMA 3-8B, 8 x B200": 0.70,
+    "MaxText Llama 2 7B, 8 x H100 (A3)": 0.76, "MaxText Llama 2 7B, 16 x H100 (A3)": 0.70,
+    "MaxText Llama 2 7B, 32 x H100 (A3)": 0.69, "MaxText Llama 2 7B, 64 x H100 (A3)": 0.71,
+    "MaxText Llama 2 7B, 128 x H100 (A3)": 0.65,
+    "llm-foundry MPT-1B, 8 x A100, bf16": 1.33, "llm-foundry MPT-1B, 8 x H100, bf16": 1.44,
+    "llm-foundry MPT-3B, 8 x H100, fp8": 1.46, "llm-foundry MPT-3B, 64 x H100, bf16": 1.31,
+    "llm-foundry MPT-3B, 128 x A100 40GB, bf16": 1.32,
+    "torchtitan Llama 3 8B, 8 x H100 96GB, Table 1, FSDP": 0.69,
+    "torchtitan Llama 3 8B, 8 x H100 96GB, Table 2, FSDP 8, CP 1": 0.65,
+    "torchtitan Llama 3 8B, 8 x H100 96GB, Table 2, FSDP 4, CP 2": 0.62,
+    "torchtitan Llama 3 8B, 128 x H100 96GB, Table 3, FSDP": 0.66,
+    "torchtitan Llama 3 70B, 256 x H100 96GB, Table 4, 2D": 0.74,
+    "torchtitan Llama 3.1 405B, 512 x H100 96GB, Table 5, interleaved 1F1B": 1.39,
+    "Llama 3 405B, 8,192 x H100, CP 1": 2.46, "Llama 3 405B, 16,384 x H100, CP 1": 3.10,
+    "Llama 3 405B, 16,384 x H100, CP 16": 1.67,
+    "Megatron-Bridge LLaMA 3-8B, 8 x B200": 0.70, "Megatron-Bridge LLaMA 3-8B, 8 x GB200": 0.66,
+    "Megatron-Bridge LLaMA 3-70B, 64 x GB200": 0.65,
+    "BLOOM 176B, 384 x A100": 1.25,      # 1.2546: just outside
+}
+# The runs the planner cannot enter as their sources print them, and why (every other run
+# must estimate).
+NOT_ENTERABLE = {
+    "MaxText 52B, 1x v4-384": "192 chips is not a TPU v4 slice",
+    "MaxText 52B, 2x v4-384": "192 chips is not a TPU v4 slice",
+    "torchtitan Llama 3 8B, 64 x A100, selective layer AC, batch 1":
+        "recompute='every second block'",
 }
 
 
@@ -58,9 +86,10 @@ def _halves(ratios):
 
 @pytest.mark.parametrize("run", RUNS, ids=lambda r: r.name)
 def test_each_enterable_run_estimates(estimates, run):
-    reason = blocker(run)
-    if reason:
-        pytest.skip(f"not enterable today: {reason}")
+    if run.name in NOT_ENTERABLE:
+        assert NOT_ENTERABLE[run.name] in blocker(run)
+        return
+    assert not blocker(run), f"{run.name} no longer enters: {blocker(run)}"
     est = estimates[run.name]
     assert est.step_s > 0 and math.isfinite(est.step_s)
 
@@ -70,7 +99,7 @@ def test_each_enterable_run_estimates(estimates, run):
         reason=f"predicted / measured = {MISSES[r.name]:.2f} today", strict=True))
     if r.name in MISSES else r for r in RUNS], ids=lambda r: r.name)
 def test_each_run_within_25_percent(ratios, run):
-    if run.name not in ratios:
+    if run.name in NOT_ENTERABLE:
         pytest.skip(f"not enterable today: {blocker(run)}")
     ratio = ratios[run.name]
     assert 1 / WITHIN <= ratio <= WITHIN, f"{run.name}: predicted / measured = {ratio:.3f}"
@@ -194,20 +223,41 @@ def test_docs_validation_reports_both_halves(ratios):
     within 0.8-1.25x of those entered, and the bias. If the planner moves these, the
     docs and lesson 15 must move with them."""
     held_out, development = _halves(ratios)
-    assert _headline(held_out.values()) == (16.8, 54.4, 16, 23, -0.133)
-    assert _headline(development.values()) == (16.9, 45.3, 16, 23, -0.151)
+    assert _headline(held_out.values()) == (19.8, 60.8, 28, 43, -0.082)
+    assert _headline(development.values()) == (23.1, 209.6, 30, 46, -0.025)
     original = {r.name for r in published.runs()}
     added = [r for n, r in held_out.items() if n not in original]
-    assert _headline(added) == (22.8, 54.4, 6, 12, -0.192)
+    assert _headline(added) == (22.9, 60.8, 18, 32, -0.086)
 
 
 def test_docs_validation_reports_the_held_out_coverage(estimates):
     inside = [estimates[n].interval_s[0] <= BY_NAME[n].measured_s <= estimates[n].interval_s[1]
               for n in split.HELD_OUT if n in estimates]
-    assert (sum(inside), len(inside)) == (22, 23)
+    assert (sum(inside), len(inside)) == (42, 43)
 
 
-def test_lesson15_says_what_the_validation_finds(ratios):
-    """Lesson 15, section 8: the NeMo LLaMA 2-70B run predicted within 3% of its measured
-    step (+3%), and the held-out half's numbers (the test above)."""
-    assert round(100 * (ratios["LLAMA2-70B, 64 GPUs"] - 1)) == 3
+def _lesson15_text():
+    """Lesson 15's markdown cells, joined, with line breaks as spaces."""
+    nb = json.loads(LESSON15.read_text())
+    return " ".join(" ".join("".join(c["source"]).split())
+                    for c in nb["cells"] if c["cell_type"] == "markdown")
+
+
+def test_lesson15_says_what_the_validation_finds(ratios, estimates):
+    """Lesson 15 (the introduction and the end of section 8) prints the held-out half's
+    numbers as this module computes them, the added runs' error beside them, the
+    coverage of the intervals, and the NeMo LLaMA 2-70B run's ratio (section 8)."""
+    text = _lesson15_text()
+    held_out, _ = _halves(ratios)
+    error, largest, within, n, bias = _headline(held_out.values())
+    original = {r.name for r in published.runs()}
+    added = _headline([r for k, r in held_out.items() if k not in original])
+    inside = sum(low <= BY_NAME[k].measured_s <= high
+                 for k in held_out for low, high in [estimates[k].interval_s])
+    for claim in (f"{n} published runs", f"geometric-mean error of {error}%",
+                  f"{within} of {n} within 25%", f"bias {bias:+.3f}".replace("-", "−"),
+                  f"{added[0]}% on the {added[3]}", f"{inside} of {n} held-out",
+                  f"largest {largest}%"):
+        assert claim in text, f"lesson 15 should say {claim!r}"
+    nemo = round(100 * (ratios["LLAMA2-70B, 64 GPUs"] - 1))
+    assert f"within {abs(nemo)}% of the measurement" in text
