@@ -99,7 +99,10 @@ class Lit:
     __slots__ = ("value", "aval")
 
     def __init__(self, value):
-        self.value, self.aval = value, aval_of(value)
+        self.aval = aval_of(value)
+        if isinstance(value, np.ndarray) and value.dtype != self.aval.dtype:
+            value = value.astype(self.aval.dtype)     # np.zeros' float64 is JAX's float32
+        self.value = value
 
     def __repr__(self):
         return f"Lit({self.value!r})"

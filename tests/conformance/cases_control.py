@@ -13,8 +13,6 @@ SM = "shard_map_test.py::"
 ITEM9 = "issue 45 item 9: a cond whose branches vary over different axes is accepted"
 NEW2 = ("new: jit(cond) whose branches return float32 and int32 runs (simpmd keeps one "
         "branch's dtype); JAX raises 'cond branches must have equal output types'")
-ITEM12 = ("issue 45 item 12: jit(pmap(loop)) raises CarryTypeError printing two identical "
-          "types")
 ITEM17 = ("issue 45 item 17: grad of (x, w) through a cond in shard_map says w's gradient "
           "varies and refuses it")
 
@@ -190,5 +188,4 @@ def _pmap_loop(kind, jit):
 for _kind in ("fori_loop", "scan", "while_loop"):
     for _jit in (False, True):
         add(f"pmap_{_kind}{'_under_jit' if _jit else ''}", _pmap_loop(_kind, _jit),
-            lambda: (ar(8, 4) + 1,), follows=CF + "testForiLoopBasic", shardings=False,
-            xfail=ITEM12 if _jit else "")
+            lambda: (ar(8, 4) + 1,), follows=CF + "testForiLoopBasic", shardings=False)

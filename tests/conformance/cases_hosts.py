@@ -16,10 +16,6 @@ import numpy as np
 
 MH = "multiprocess/multihost_utils_test.py::"
 AR = "array_test.py::"
-ITEM1 = ("issue 45 item 1: jit on an Auto mesh across processes computes only the process's "
-         "own blocks")
-ITEM3 = ("issue 45 item 3: jit(shard_map) on an Auto mesh returns its result on a one-device "
-         "mesh, so each process's addressable shards differ")
 NEW8 = ("new: simpmd.multihost_utils has no host_local_array_to_global_array / "
         "global_array_to_host_local_array")
 
@@ -221,7 +217,7 @@ def jit_max_explicit(jax):
     return float(np.asarray(_mu(jax).process_allgather(jax.jit(lambda v: v.max())(x), tiled=True)))
 
 
-@case("pjit_test.py::PJitTest::testMultiProcessAuto", xfail=ITEM1)
+@case("pjit_test.py::PJitTest::testMultiProcessAuto")
 def jit_max_auto(jax):
     mesh = _mesh(jax, "auto", (2, 4), ("hosts", "local"))
     x = jax.make_array_from_callback((4, 4), jax.NamedSharding(mesh, jax.P("local")),
@@ -229,7 +225,7 @@ def jit_max_auto(jax):
     return float(np.asarray(jax.jit(lambda v: v.max())(x)))
 
 
-@case("pjit_test.py::PJitTest::testMultiProcessOutShardings", xfail=ITEM1)
+@case("pjit_test.py::PJitTest::testMultiProcessOutShardings")
 def jit_out_shardings_replicated_auto(jax):
     mesh = _mesh(jax, "auto")
     x = _local_rows(jax, mesh)
@@ -254,7 +250,7 @@ def shard_map_ppermute_across_hosts_explicit(jax):
     return f(_local_rows(jax, mesh))
 
 
-@case("shard_map_test.py::test_multiprocess_auto", xfail=ITEM3)
+@case("shard_map_test.py::test_multiprocess_auto")
 def shard_map_psum_auto_mesh(jax):
     mesh = _mesh(jax, "auto")
     f = jax.jit(jax.shard_map(lambda v: jax.lax.psum(v, "chips"), mesh=mesh,

@@ -14,8 +14,6 @@ SM = "shard_map_test.py::"
 
 ITEM2 = ("issue 45 item 2: check_vma=False, the gradient through a collective into "
          "out_specs=P() is the axis size times too large")
-ITEM3 = ("issue 45 item 3: jit(shard_map) on an Auto mesh returns its result on a "
-         "one-device mesh (the sharding differs; the values agree)")
 ITEM9 = "issue 45 item 9: a cond whose branches vary over different axes is accepted"
 ITEM10 = ("issue 45 item 10: ppermute over an axis tuple out of mesh order runs where this "
           "JAX raises")
@@ -55,8 +53,7 @@ for _op in ("psum", "pmean", "pmax", "pmin"):
             add(f"{_op}_{''.join(_axes)}{'_jit' if _jit else ''}", _reduction(_op, _axes, _jit),
                 lambda: (rnd(8, 4, seed=1),), follows=SM + ("test_pmax" if _op == "pmax" else
                                                            "test_pmin" if _op == "pmin" else
-                                                           "test_jit_against_ref"),
-                xfail=ITEM3 if _jit else "")
+                                                           "test_jit_against_ref"))
 
 
 def _gather(axis_name, axis, tiled, jit, out=("x", "y")):
@@ -73,7 +70,7 @@ for _name in ("x", "y"):
                 _gather(_name, _axis, _tiled, False), lambda: (ar(8, 4),),
                 follows=SM + "test_all_gather")
 add("all_gather_x_tiled_jit", _gather("x", 0, True, True), lambda: (ar(8, 4),),
-    follows=SM + "test_all_gather", xfail=ITEM3)
+    follows=SM + "test_all_gather")
 add("all_gather_into_replicated_out_specs_is_refused", _gather("x", 0, True, False, out=(None, "y")),
     lambda: (ar(8, 4),), follows=SM + "test_all_gather_with_vma_in_types", raises=True,
     versions="all_gather's result varies over the gathered axis on every version checked")
@@ -215,9 +212,7 @@ def _static_arg_jit(jx, x):
 
 
 add("in_spec_none_static_argument_under_jit", _static_arg_jit, lambda: (ar(8, 4),),
-    follows=SM + "test_with_static_arg", shardings=False,
-    xfail="issue 45 item 5: jit(shard_map) with in_specs None for a static argument raises "
-          "AttributeError ('NoneType' object has no attribute 'mesh_axes')")
+    follows=SM + "test_with_static_arg", shardings=False)
 
 
 def _numpy_mean_in_pmap(jx, x):
@@ -484,7 +479,7 @@ def _remat_jit_matmul(jx, x, w):
 
 
 add("remat_grad_of_two_layers_jit", _remat_jit_matmul, lambda: (rnd(8, 3, seed=12), rnd(3, 3, seed=13)),
-    follows=SM + "test_grad_remat", xfail=ITEM3)
+    follows=SM + "test_grad_remat")
 
 
 # -- nested and partial-auto shard_map: test_partial_auto, test_nested_partial_auto,
@@ -508,8 +503,7 @@ def _partial_auto(body_name):
 
 
 for _body in ("identity", "psum_x", "axis_index", "ppermute"):
-    add(f"partial_auto_{_body}", _partial_auto(_body), lambda: (ar(8, 4),), follows=SM + "test_partial_auto",
-        xfail=ITEM3)
+    add(f"partial_auto_{_body}", _partial_auto(_body), lambda: (ar(8, 4),), follows=SM + "test_partial_auto")
 
 
 def _nested():

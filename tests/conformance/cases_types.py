@@ -10,10 +10,6 @@ from .inputs import ar, mesh, put, rnd
 
 CASES = []
 PJ = "pjit_test.py::ShardingInTypesTest::"
-ITEM6 = ("issue 45 item 6: a product of empty arrays sharded over ('model','data') fails "
-         "in the all-gather")
-ITEM16 = ("issue 45 item 16: a reshape merging a split dimension with a whole one is refused "
-          "where this JAX types it")
 NEW7 = ("new: jax 0.7.2 runs cumsum along a split dimension; simpmd refuses it as 0.10 "
         "and later do ('Input should be unsharded over the axis being reduced')")
 NEW4 = "new: simpmd has no vmap (jax.vmap with spmd_axis_name has no counterpart)"
@@ -129,8 +125,7 @@ def _merge(jx, a):
 _MERGE = typed(_merge, ("a", "b"), shape=(4, 2), names=("a", "b"))
 add("reshape_merging_split_and_whole_dims", _MERGE, lambda: (ar(8, 4, 6),),
     follows=PJ + "test_reshape_merge", raises=lambda jax: not runs_on(jax, _MERGE, lambda: (ar(8, 4, 6),)),
-    versions="jax 0.10.2 refuses it; 0.12 types it float32[8@a,24@b,1]",
-    xfail=lambda jax: ITEM16 if runs_on(jax, _MERGE, lambda: (ar(8, 4, 6),)) else "")
+    versions="jax 0.10.2 refuses it; 0.12 types it float32[8@a,24@b,1]")
 
 
 # -- products: test_dot_general, test_dot_general_out_sharding, test_einsum_with_out_sharding,
@@ -173,7 +168,7 @@ def _empty_product(jx, a, b):
 
 
 add("dot_of_empty_arrays", _empty_product, lambda: (np.zeros((4, 0), np.float32), np.zeros((0, 8), np.float32)),
-    follows=PJ + "test_dot_general", xfail=ITEM6)
+    follows=PJ + "test_dot_general")
 
 
 # -- reshard and out_sharding: test_reshard, test_out_sharding_zeros, test_jit_out_shardings,
