@@ -283,7 +283,7 @@ def _sum_unmentioned(program, specs, manual):
     """Without ``check_vma`` each device's cotangent of an input its in_specs replicate
     over some axes is a part of the whole: JAX sums the parts over those axes."""
     for k, (v, spec) in enumerate(zip(program.outvars, specs)):
-        axes = tuple(a for a in manual if a not in spec.mesh_axes())
+        axes = _unmentioned(spec, manual)
         if axes and type(v) is Var:
             total = Var(v.aval)
             program.eqns.append(Equation(K.psum, dict(axes=axes, axis_index_groups=None),
@@ -291,10 +291,32 @@ def _sum_unmentioned(program, specs, manual):
             program.outvars[k] = total
 
 
+def _unmentioned(spec, manual) -> tuple:
+    """The manual axes a cotangent of ``spec`` is replicated over (JAX's ``_unmentioned2``
+    of the cotangent's spec, in which ``reduced`` axes become unreduced)."""
+    return tuple(a for a in manual if a not in spec.mesh_axes() and a not in spec.reduced)
+
+
+def _split_replicated_cts(cts, out_specs, mesh, manual):
+    """Without ``check_vma``, JAX divides a result's cotangent by the size of the axes its
+    out_specs replicate it over: every device then holds its share, and the backward body
+    (psum's transpose is a psum there) adds the shares up to the whole once, not once per
+    device."""
+    out = list(cts)
+    for k, spec in enumerate(out_specs):
+        size = int(np.prod([mesh.shape[a] for a in _unmentioned(spec, manual)]))
+        if out[k] is not None and size != 1 and np.issubdtype(aval_of(out[k]).dtype, np.inexact):
+            out[k] = out[k] / np.asarray(size, aval_of(out[k]).dtype)
+    return out
+
+
 def _sm_vjp(cts, ins, outs, wants, _vjp=None, **params):
     """The backward shard_map: the residuals and the cotangents arrive in their specs'
     blocks, the inputs' cotangents leave in in_specs' blocks."""
     bwd, split = _vjp
+    if not params["check_vma"]:
+        cts = _split_replicated_cts(cts, params["out_specs"], params["shard_mesh"].mesh,
+                                    params["manual_axes"])
     return loops.split_vjp(cts, ins, outs, split, lambda operands: bind(
         shard_map_p, *operands, **bwd))
 
