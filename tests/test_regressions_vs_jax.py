@@ -82,3 +82,32 @@ def test_numpy_any_looked_up_leaves_later_calls_working(jax8):
 
     ours, theirs = _on_both(jax8, program)
     np.testing.assert_array_equal(ours, theirs)
+
+
+# -- 7: NumPy's functions call an array's methods with out=None, which JAX accepts
+
+
+NUMPY_FUNCTIONS = {
+    "mean": np.mean, "std": np.std, "var": np.var, "argmax": np.argmax, "argmin": np.argmin,
+    "cumsum": np.cumsum, "cumprod": np.cumprod, "round": np.round, "sum": np.sum,
+    "any": lambda v: np.any(v > 3), "all": lambda v: np.all(v > 3),
+    "mean_keepdims": lambda v: np.mean(v, axis=0, keepdims=True),
+    "var_ddof": lambda v: np.var(v, ddof=1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NUMPY_FUNCTIONS))
+def test_numpy_function_on_a_mapped_value_runs_as_on_a_jax_tracer(jax8, name):
+    fn = NUMPY_FUNCTIONS[name]
+    x = np.arange(16.0, dtype=np.float32).reshape(8, 2) / 3
+    ours, theirs = _on_both(jax8, lambda engine: engine.pmap(lambda v: fn(v))(x))
+    assert ours.dtype == theirs.dtype
+    np.testing.assert_allclose(ours, theirs, rtol=1e-6)
+
+
+def test_out_given_to_a_method_is_refused_as_jax_refuses_it(jax8):
+    out = np.zeros(2, np.float32)
+    with pytest.raises(NotImplementedError, match="'out' argument to jnp.mean"):
+        jax8.numpy.ones(2).mean(out=out)
+    with pytest.raises(Exception, match="'out' argument to jnp.mean"):
+        simpmd.pmap(lambda v: v.mean(out=out))(np.ones((8, 2), np.float32))
