@@ -55,7 +55,10 @@ def _cond_stacked(index, *ops, branches, _what, _source, _vjp=None):
             stacks.append([run.stack_of(o, aval_of(o)) for o in eval_program(program, [], ops)])
         finally:
             run.branches.pop()
-    return [np.stack(col)[chosen, np.arange(run.n)] for col in zip(*stacks)]
+    # A branch's result may be one value shared by every device (a leading axis of 1, as
+    # when every device was given the same input): each device picks from its own row.
+    return [np.stack([np.broadcast_to(s, (run.n,) + np.shape(s)[1:]) for s in col])
+            [chosen, np.arange(run.n)] for col in zip(*stacks)]
 
 def _cond_linearize(eqn, wants):
     """Each branch cut by ``loops.split_call``; the cond also returns every branch's
