@@ -310,20 +310,60 @@ def _branching(index, branches, operands, what="switch"):
     return tree.unflatten(out_trees[0], outs)
 
 
+def _branch_names(what, count) -> list:
+    """The branches' names in JAX's messages, in the order ``programs`` holds them."""
+    return ["false_fun", "true_fun"] if what == "cond" else [
+        "branch 0" if k == 0 else f"branch{k}" for k in range(count)]
+
+
 def _check_branches(programs, out_trees, what):
-    first = programs[0]
-    for program, out_tree in zip(programs[1:], out_trees[1:]):
-        if out_tree != out_trees[0]:
+    """Every branch returns the same structure and types as the first (``true_fun`` for a
+    cond): JAX's typematch, varying manual axes included, and JAX's TypeError if not."""
+    names = _branch_names(what, len(programs))
+    first = 1 if what == "cond" else 0
+    for k, (program, out_tree) in enumerate(zip(programs, out_trees)):
+        if k == first:
+            continue
+        if out_tree != out_trees[first]:
             raise errors.BranchError(
-                f"lax.{what}'s branches return different structures: {out_trees[0]} and "
+                f"lax.{what}'s branches return different structures: {out_trees[first]} and "
                 f"{out_tree}. Every branch must return the same pytree of arrays, with the "
                 f"same shapes and dtypes (JAX compiles both).")
-        for a, b in zip(first.out_avals, program.out_avals):
-            if a.shape != b.shape:
-                raise errors.BranchError(
-                    f"lax.{what}'s branches return arrays of different shapes, {a.shape} and "
-                    f"{b.shape}. Every branch must return the same shapes and dtypes (JAX "
-                    f"compiles both); pad or reshape one of them.")
+        diffs, fixes = _branch_type_diffs(programs[first].out_avals, program.out_avals,
+                                          names[first], names[k])
+        if diffs:
+            text = "; ".join(diffs)
+            fix = (" This might be fixed by " + "; ".join(fixes) + ".") if fixes else ""
+            raise errors.BranchError(
+                f"{what} branches must have equal output types but they differ: "
+                f"{text[0].upper() + text[1:]}.{fix} Revise {names[first]} and/or "
+                f"{names[k]} so that all output types match (JAX compiles every branch "
+                f"for one type of result).")
+
+
+def _branch_type_diffs(avals1, avals2, name1, name2):
+    """What differs between two branches' result types, and the pcast that would fix a
+    difference of varying manual axes (JAX's wording)."""
+    diffs, fixes = [], []
+    for k, (a, b) in enumerate(zip(avals1, avals2)):
+        if _same_type(a, b):
+            continue
+        why = [w for w, bad in (("the dtypes do not match", a.dtype != b.dtype),
+                                ("the shapes do not match", a.shape != b.shape),
+                                ("the manual axis types do not match", a.vma != b.vma),
+                                ("the shardings do not match",
+                                 a.shape == b.shape and _layout(a) != _layout(b)))
+               if bad]
+        where = f" (result {k})" if len(avals1) > 1 else ""
+        diffs.append(f"the output of {name1}{where} has type {_type_text(a)} but the "
+                     f"corresponding output of {name2} has type {_type_text(b)}, so "
+                     f"{', '.join(why)}")
+        for name, mine, other in ((name1, a, b), (name2, b, a)):
+            missing = tuple(sorted(other.vma - mine.vma, key=str))
+            if missing:
+                fixes.append(f"applying lax.pcast(..., {missing}, to='varying') (on JAX 0.7, "
+                             f"lax.pvary(..., {missing})) to the output of {name}{where}")
+    return diffs, fixes
 
 
 # -- loops: scan, fori_loop, while_loop ------------------------------------------------------

@@ -111,3 +111,48 @@ def test_out_given_to_a_method_is_refused_as_jax_refuses_it(jax8):
         jax8.numpy.ones(2).mean(out=out)
     with pytest.raises(Exception, match="'out' argument to jnp.mean"):
         simpmd.pmap(lambda v: v.mean(out=out))(np.ones((8, 2), np.float32))
+
+
+# -- 9: cond's branches must agree on the axes their results vary over, as JAX's typematch
+
+
+def _cond_over_two_axes(engine, true_fun, false_fun):
+    P = engine.sharding.PartitionSpec
+    mapped = engine.shard_map(
+        lambda x, y: lax.cond(x.sum() > 2, true_fun, false_fun, x, y),
+        mesh=_mesh(engine, (2, 4), ("x", "y")), in_specs=(P("x"), P("y")),
+        out_specs=P(("x", "y")))
+    return mapped(np.arange(2.0, dtype=np.float32), np.arange(4.0, dtype=np.float32) * 3)
+
+
+@pytest.mark.parametrize("false_fun", [lambda x, y: y, lambda x, y: x * 0 + 1.0,
+                                       lambda x, y: x + y],
+                         ids=["over_y", "invariant_constant_plus_x_over_x", "over_x_and_y"])
+def test_cond_branches_varying_over_other_axes_are_refused_as_jax_refuses_them(jax8, false_fun):
+    outcomes = []
+    for engine in (simpmd, jax8):
+        try:
+            outcomes.append(np.asarray(_cond_over_two_axes(engine, lambda x, y: x, false_fun)))
+        except TypeError as exc:
+            outcomes.append(exc)
+    ours, theirs = outcomes
+    assert type(ours) is np.ndarray or isinstance(theirs, TypeError), ours
+    if isinstance(theirs, TypeError):
+        assert isinstance(ours, TypeError), ours
+        for exc in (ours, theirs):       # jax 0.7 says "the varying manual axes do not match"
+            assert "cond branches must have equal output types" in str(exc)
+            assert "manual ax" in str(exc) and "do not match" in str(exc)
+        assert "pcast" in str(ours) and "(x=0, y=0)" in str(ours)
+    else:
+        np.testing.assert_array_equal(ours, theirs)
+
+
+def test_cond_branches_pcast_to_the_same_axes_run_as_in_jax(jax8):
+    def true_fun(x, y):
+        return lax.pcast(x, "y", to="varying")
+
+    def false_fun(x, y):
+        return lax.pcast(y, "x", to="varying")
+
+    ours, theirs = _on_both(jax8, lambda e: _cond_over_two_axes(e, true_fun, false_fun))
+    np.testing.assert_array_equal(ours, theirs)
