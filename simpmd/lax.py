@@ -194,7 +194,36 @@ def ppermute(x, axis_name, perm):
     """Send ``x`` along each ``(source, destination)`` pair; non-receivers get zeros."""
     _check_perm(perm, "ppermute")
     pairs = tuple(tuple(int(i) for i in pair) for pair in perm)
-    return _all_leaves(x, C.ppermute, axis_name=_names(axis_name), perm=pairs)
+    return _all_leaves(x, C.ppermute, axis_name=_permuted_axes(_names(axis_name), "ppermute"),
+                       perm=pairs)
+
+
+def _permuted_axes(axes, op):
+    """The axes a ppermute numbers its devices over. Out of the mesh's order, what the
+    running JAX does (``simpmd.jax.rules.ppermute_out_of_mesh_order``), and without JAX
+    what the newest release does: refuse, since older releases silently numbered the
+    devices in the mesh's order instead (a wrong answer)."""
+    run = context.run
+    order = [name for name, _ in run.axes]
+    known = [a for a in axes if a in order]
+    in_order = tuple(sorted(known, key=order.index))
+    if len(known) < 2 or tuple(known) == in_order:
+        return axes
+    rule = (bridge.jax.rules.ppermute_out_of_mesh_order()
+            if bridge.jax is not None and "jax" in sys.modules else "refuses")
+    if rule == "follows":
+        return axes
+    if rule == "mesh order":
+        return in_order
+    raise errors.CollectiveArgumentError(
+        f"lax.{op} over {axes} on {run.where()}: the axes are not in the order the mesh "
+        f"declares them, {in_order}. JAX refuses this (from 0.11.2: 'Make sure that the "
+        f"axis_name passed to jax.lax.ppermute is in the same order as the axis_names "
+        f"declared on the mesh'); up to 0.10 it numbered the devices in the mesh's order "
+        f"whatever the order given, a silently different permutation. Pass "
+        f"axis_name={in_order} and number the devices in that order (the last axis "
+        f"fastest), or, on JAX, allow the given order with "
+        f"jax.config.update('jax_raise_on_ppermute_sort_diff', False).")
 
 
 @_on_either_engine
@@ -208,7 +237,7 @@ def pshuffle(x, axis_name, perm):
             f"pshuffle over {_names(axis_name)} on {context.run.where(0)}: perm={perm} must be "
             f"a permutation of 0..{p - 1} (member i receives from perm[i]); use ppermute for "
             f"partial exchanges.")
-    return _all_leaves(x, C.ppermute, axis_name=_names(axis_name),
+    return _all_leaves(x, C.ppermute, axis_name=_permuted_axes(_names(axis_name), "pshuffle"),
                        perm=tuple((src, dst) for dst, src in enumerate(perm)))
 
 

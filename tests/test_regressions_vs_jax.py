@@ -156,3 +156,62 @@ def test_cond_branches_pcast_to_the_same_axes_run_as_in_jax(jax8):
 
     ours, theirs = _on_both(jax8, lambda e: _cond_over_two_axes(e, true_fun, false_fun))
     np.testing.assert_array_equal(ours, theirs)
+
+
+# -- 10: ppermute over a tuple of axes out of the mesh's order, as the running JAX does it
+
+
+RING8 = [(i, (i + 1) % 8) for i in range(8)]
+
+
+def _ppermute_over(engine, axes):
+    P = engine.sharding.PartitionSpec
+    mapped = engine.shard_map(lambda x: lax.ppermute(x, axes, RING8),
+                              mesh=_mesh(engine, (2, 4), ("p", "q")),
+                              in_specs=P(("p", "q")), out_specs=P(("p", "q")))
+    return np.asarray(mapped(np.arange(8.0, dtype=np.float32)))
+
+
+def _ppermute_outcomes(jax8, axes):
+    outcomes = []
+    for engine in (simpmd, jax8):
+        try:
+            outcomes.append(_ppermute_over(engine, axes))
+        except Exception as exc:            # JAX: RuntimeError; simpmd: its own, a ValueError
+            outcomes.append(exc)
+    return outcomes
+
+
+def _assert_ppermute_agrees(ours, theirs):
+    if isinstance(theirs, Exception):
+        assert "same order as the axis_names declared on the mesh" in str(theirs)
+        assert isinstance(ours, simpmd.core.errors.CollectiveArgumentError), ours
+        assert "same order as the axis_names declared on the mesh" in str(ours)
+        assert "axis_name=('p', 'q')" in str(ours) and "device 0 (p=0, q=0)" in str(ours)
+    else:
+        assert not isinstance(ours, Exception), ours
+        np.testing.assert_array_equal(ours, theirs)
+
+
+@pytest.mark.parametrize("axes", [("p", "q"), ("q", "p")])
+def test_ppermute_over_axes_out_of_mesh_order_does_what_the_running_jax_does(jax8, axes):
+    _assert_ppermute_agrees(*_ppermute_outcomes(jax8, axes))
+
+
+def test_ppermute_out_of_mesh_order_follows_jax_flag_turned_off(jax8):
+    if not hasattr(jax8.config, "jax_raise_on_ppermute_sort_diff"):
+        pytest.skip(f"jax {jax8.__version__} has no jax_raise_on_ppermute_sort_diff")
+    jax8.config.update("jax_raise_on_ppermute_sort_diff", False)
+    try:
+        ours, theirs = _ppermute_outcomes(jax8, ("q", "p"))
+    finally:
+        jax8.config.update("jax_raise_on_ppermute_sort_diff", True)
+    _assert_ppermute_agrees(ours, theirs)
+    np.testing.assert_array_equal(ours, [7, 4, 5, 6, 0, 1, 2, 3])   # (q, p) numbering, by hand
+
+
+def test_ppermute_out_of_mesh_order_without_jax_is_refused_as_the_newest_jax(monkeypatch):
+    monkeypatch.setattr(simpmd.core.bridge, "jax", None)
+    with pytest.raises(simpmd.core.errors.CollectiveArgumentError, match="same order"):
+        _ppermute_over(simpmd, ("q", "p"))
+    np.testing.assert_array_equal(_ppermute_over(simpmd, ("p", "q")), np.roll(np.arange(8), 1))
