@@ -681,6 +681,9 @@ def while_loop(cond_fun, body_fun, init_val):
     return tree.unflatten(init_tree, _results(outs))
 
 
+PCAST_TO = ("varying", "unreduced", "reduced")
+
+
 def pcast(x, axis_name, *, to):
     """``jax.lax.pcast(x, axis_name, to='varying')``: the same value, typed as varying over
     ``axis_name`` (under ``shard_map(check_vma=True)``); no data moves."""
@@ -689,9 +692,20 @@ def pcast(x, axis_name, *, to):
         if not hasattr(jax.lax, "pcast") and to == "varying":       # jax 0.7
             return jax.lax.pvary(x, axis_name)
         return jax.lax.pcast(x, axis_name, to=to)
+    axes = _pcast_axes(axis_name, "pcast")
+    if not axes:
+        return x
+    if to not in PCAST_TO:
+        raise errors.CollectiveArgumentError(
+            f"Got unexpected `to` value {to!r}. Allowed `to` values are: {set(PCAST_TO)} "
+            f"(JAX's words): to='varying' types a replicated value as varying over the axes.")
     if to != "varying":
-        raise NotImplementedError(f"simpmd's lax.pcast knows to='varying', not to={to!r}.")
-    return pvary(x, axis_name)
+        raise NotImplementedError(
+            f"lax.pcast(..., to={to!r}) makes a value {to} over {axes} inside shard_map; "
+            f"simpmd types unreduced and reduced values under jit with Explicit axes "
+            f"(PartitionSpec(unreduced=...), reshard), not yet inside shard_map. Run this "
+            f"program on JAX, or keep the sum explicit with lax.psum.")
+    return _each_leaf(x, lambda leaf: _vary(leaf, axes, "jax.lax.pcast"))
 
 
 def pvary(x, axis_name):
@@ -700,12 +714,45 @@ def pvary(x, axis_name):
     if jax is not None and (context.run is None or _on_jax(x)):      # inside a JAX trace
         fn = getattr(jax.lax, "pvary", None)
         return fn(x, axis_name) if fn else jax.lax.pcast(x, axis_name, to="varying")
-    axes = _names(axis_name)
+    axes = _pcast_axes(axis_name, "pvary")
+    return _each_leaf(x, lambda leaf: _vary(leaf, axes, "jax.lax.pvary")) if axes else x
+
+
+def _pcast_axes(axis_name, op):
+    """pcast's axes as JAX takes them: a name or a tuple of names, never a set (whose
+    order is not defined)."""
+    if isinstance(axis_name, (set, frozenset, list)):
+        words = "a tuple or a str"
+        raise errors.AxisNameTypeError(
+            f"axis_name={axis_name!r} must be {words}. Got {axis_name!r} (JAX's words for a "
+            f"set; JAX fails on a list too). Write lax.{op}(x, "
+            f"{tuple(sorted(axis_name, key=str))!r}, ...).")
+    return axis_name if isinstance(axis_name, tuple) else (axis_name,)
+
+
+def _vary(leaf, axes, name):
+    """``leaf`` typed as varying over ``axes``, which it must not vary over yet (JAX's
+    rule: a pcast from varying to varying is refused); nothing to do without check_vma."""
     run = context.run
-    if run is None or not run.check_vma:
-        return x
-    return _each_leaf(x, lambda leaf: bind(C.pvary, leaf, axes=tuple(
-        a for a in axes if a not in aval_of(leaf).vma)) if set(axes) - aval_of(leaf).vma else leaf)
+    run.axis_size(axes, name.rsplit(".", 1)[-1])            # each axis must be bound
+    if not run.check_vma:
+        return leaf
+    vma = aval_of(leaf).vma
+    already = tuple(a for a in axes if a in vma)
+    if already and len(already) < len(axes):
+        raise errors.VmaError(
+            f"{name} can only accept axis_name which corresponds to one of varying, "
+            f"unreduced, reduced or invarying state of the input (JAX's words). Got input "
+            f"type {_type_text(aval_of(leaf))} on {run.where()}, axes {axes}: it already "
+            f"varies over {already}. Pass only the axes it does not vary over yet, "
+            f"{tuple(a for a in axes if a not in vma)}.")
+    if already:
+        raise errors.VmaError(
+            f"Unsupported pcast from=varying, to='varying' (JAX's words): on {run.where()} "
+            f"the value of type {_type_text(aval_of(leaf))} already varies over {axes}. "
+            f"Drop the {name.rsplit('.', 1)[-1]}: it is needed only for a value that does "
+            f"not vary over an axis yet.")
+    return bind(C.pvary, leaf, axes=axes)
 
 
 # -- how make_jaxpr prints a loop: as the installed JAX does --------------------------------

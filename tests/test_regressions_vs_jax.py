@@ -215,3 +215,45 @@ def test_ppermute_out_of_mesh_order_without_jax_is_refused_as_the_newest_jax(mon
     with pytest.raises(simpmd.core.errors.CollectiveArgumentError, match="same order"):
         _ppermute_over(simpmd, ("q", "p"))
     np.testing.assert_array_equal(_ppermute_over(simpmd, ("p", "q")), np.roll(np.arange(8), 1))
+
+
+# -- 11: pcast's arguments checked as JAX checks them
+
+
+def _pcast_outcome(engine, cast):
+    P = engine.sharding.PartitionSpec
+    mapped = engine.shard_map(cast, mesh=_mesh(engine, (2, 4), ("x", "y")), in_specs=P("x"),
+                              out_specs=P(("x", "y")))
+    try:
+        return np.asarray(mapped(np.arange(8.0, dtype=np.float32)))
+    except Exception as exc:
+        return exc
+
+
+PCASTS = {
+    "set": (lambda v: lax.pcast(v, {"y"}, to="varying"), TypeError, "must be a tuple or a str"),
+    "frozenset": (lambda v: lax.pcast(v, frozenset({"y"}), to="varying"), TypeError,
+                  "must be a tuple or a str"),
+    "unknown_to": (lambda v: lax.pcast(v, "y", to="sideways"), ValueError,
+                   "Allowed `to` values are"),
+    "already_varying": (lambda v: lax.pcast(v, "x", to="varying"), ValueError,
+                        "Unsupported pcast from=varying, to='varying'"),
+    "partly_varying": (lambda v: lax.pcast(v, ("x", "y"), to="varying"), ValueError,
+                       "can only accept axis_name which corresponds to one of"),
+    "tuple": (lambda v: lax.pcast(v, ("y",), to="varying"), None, None),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PCASTS))
+def test_pcast_arguments_are_checked_as_jax_checks_them(jax8, name):
+    if not hasattr(jax8.lax, "pcast"):
+        pytest.skip(f"jax {jax8.__version__} has no lax.pcast")
+    cast, kind, words = PCASTS[name]
+    ours, theirs = _pcast_outcome(simpmd, cast), _pcast_outcome(jax8, cast)
+    if kind is None:
+        np.testing.assert_array_equal(ours, theirs)
+        return
+    for exc in (ours, theirs):
+        assert isinstance(exc, kind), exc
+        assert words in str(exc), exc
+    assert "device 0 (x=0, y=0)" in str(ours) or "('y',)" in str(ours)
