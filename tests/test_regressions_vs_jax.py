@@ -257,3 +257,47 @@ def test_pcast_arguments_are_checked_as_jax_checks_them(jax8, name):
         assert isinstance(exc, kind), exc
         assert words in str(exc), exc
     assert "device 0 (x=0, y=0)" in str(ours) or "('y',)" in str(ours)
+
+
+# -- 13: shard_map without mesh= runs over the context mesh; nested shard_map
+
+
+def _context_mesh_program(name, engine):
+    P = engine.sharding.PartitionSpec
+    sm, x = engine.shard_map, np.arange(8.0, dtype=np.float32)
+
+    def outer(v):
+        inner = sm(lambda u: lax.psum(u, "y") + lax.axis_index("x"), in_specs=P("y"),
+                   out_specs=P(), axis_names={"y"})
+        return inner(v) * (lax.axis_index("x") + 1)
+    programs = {
+        "top_level": lambda: sm(lambda v: lax.psum(v, "y"), in_specs=P(("x", "y")),
+                                out_specs=P("x"))(x),
+        "under_jit": lambda: engine.jit(sm(lambda v: lax.psum(v, "y"), in_specs=P(("x", "y")),
+                                           out_specs=P("x")))(x),
+        "nested_under_jit": lambda: engine.jit(sm(outer, in_specs=P("x"), out_specs=P("x"),
+                                                  axis_names={"x"}))(x),
+        "nested": lambda: sm(outer, in_specs=P("x"), out_specs=P("x"), axis_names={"x"})(x),
+    }
+    with engine.sharding.set_mesh(_mesh(engine, (2, 4), ("x", "y"))):
+        return np.asarray(programs[name]())
+
+
+@pytest.mark.parametrize("name", ["top_level", "under_jit", "nested_under_jit", "nested"])
+def test_shard_map_without_mesh_runs_over_the_context_mesh(jax8, name):
+    ours, theirs = _on_both(jax8, lambda engine: _context_mesh_program(name, engine))
+    np.testing.assert_array_equal(ours, theirs)
+
+
+def test_inner_shard_map_given_a_mesh_and_none_set_are_refused_as_in_jax(jax8):
+    for engine in (simpmd, jax8):
+        P, mesh = engine.sharding.PartitionSpec, _mesh(engine, (2, 4), ("x", "y"))
+        inner = engine.shard_map(lambda u: lax.psum(u, "y"), mesh=mesh, in_specs=P("y"),
+                                 out_specs=P(), axis_names={"y"})
+        outer = engine.shard_map(inner, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
+                                 axis_names={"x"})
+        with pytest.raises(ValueError, match="should match the mesh passed to shard_map"):
+            engine.jit(outer)(np.arange(8.0, dtype=np.float32))
+        bare = engine.shard_map(lambda v: v, in_specs=P("x"), out_specs=P("x"))
+        with pytest.raises(ValueError, match="The context mesh cannot be empty"):
+            bare(np.arange(8.0, dtype=np.float32))

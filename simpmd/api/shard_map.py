@@ -37,6 +37,8 @@ from ..machine.mesh import (Mesh, NamedSharding, PartitionSpec, ShardingError, b
                              block_slices, check_spec, join_blocks, replica_id, slices_text,
                              stack_blocks)
 from . import spmd
+from .jit import jit as _jit
+from .partition import get_mesh
 from .shard_map_eqn import shard_map_equation
 from .shapes import aval_of_shape, is_shape, struct_of
 from .spmd import Piece, positional_names, value_or_shape
@@ -115,27 +117,54 @@ class ShardMapped:
                 "shard_map needs in_specs=: a P(...) per argument (or a pytree prefix of the "
                 "arguments), saying how each is split over the mesh. (JAX can infer them "
                 "from arguments with explicit shardings; simpmd's arguments are plain arrays.)")
-        if mesh is None:
-            raise TypeError("shard_map needs mesh=: a simpmd.Mesh, e.g. "
-                            "simpmd.make_mesh((2, 4), ('data', 'model')).")
-        if not isinstance(mesh, Mesh):
+        if mesh is not None and not isinstance(mesh, Mesh):
             raise TypeError(f"shard_map's mesh= must be a simpmd.Mesh, got {mesh!r}. Build it "
                             f"from simpmd.devices() (simpmd.make_mesh), not from jax.devices().")
         if not isinstance(axis_names, (set, frozenset)):
             raise TypeError(f"axis_names must be a set of mesh axis names, got {axis_names!r}")
-        if axis_names and not set(axis_names) <= set(mesh.axis_names):
-            raise ShardingError(f"axis_names={set(axis_names)} must be a subset of the mesh's "
-                                f"axes {mesh.axis_names}.")
         functools.update_wrapper(self, fun)
-        self.fun, self.mesh, self.axis_names = fun, mesh, frozenset(axis_names)
+        self.fun, self._mesh, self.axis_names = fun, mesh, frozenset(axis_names)
+        if mesh is not None:
+            self._check_axis_names(mesh)
         self.in_specs, self.out_specs = in_specs, out_specs
         self.check_vma, self.eager = check_vma, eager
         self.trace = None
         self._param_names = positional_names(fun)
 
+    @property
+    def mesh(self) -> Mesh:
+        """The mesh given as ``mesh=``, or else JAX's context mesh when called: the one the
+        enclosing ``jit`` or ``shard_map`` runs over, or the one of ``set_mesh``."""
+        if self._mesh is not None:
+            return self._mesh
+        mesh = getattr(context.run, "mesh", None) or get_mesh()
+        if mesh is None:
+            raise ShardingError(
+                "The context mesh cannot be empty. Use `jax.set_mesh(mesh)` to enter into a "
+                "mesh context (JAX's words): this shard_map was given no mesh=, and none is "
+                "set. Pass mesh=simpmd.make_mesh(...), or call simpmd.set_mesh(mesh) (or "
+                "`with simpmd.set_mesh(mesh):`) before calling it.")
+        self._check_axis_names(mesh)
+        return mesh
+
+    def _refuse_inner_mesh(self, parent):
+        """Inside a shard_map body, JAX's context mesh has that body's axes Manual, which no
+        mesh one can pass matches: an inner shard_map takes the context mesh."""
+        raise ShardingError(
+            f"The context mesh {parent.mesh!r} (axes {tuple(parent.manual_axes)} Manual) "
+            f"should match the mesh passed to shard_map {self._mesh!r} (JAX's words): this "
+            f"shard_map is called inside the body of another one, manual over "
+            f"{tuple(parent.manual_axes)}. Leave mesh= out of the inner shard_map, which then "
+            f"runs over the enclosing mesh, and name the axes it maps in axis_names=.")
+
+    def _check_axis_names(self, mesh):
+        if self.axis_names and not set(self.axis_names) <= set(mesh.axis_names):
+            raise ShardingError(f"axis_names={set(self.axis_names)} must be a subset of the "
+                                f"mesh's axes {mesh.axis_names}.")
+
     def __repr__(self):
-        return (f"<simpmd.shard_map of {getattr(self.fun, '__name__', self.fun)!r} over "
-                f"{self.mesh!r}>")
+        over = repr(self._mesh) if self._mesh is not None else "the context mesh"
+        return f"<simpmd.shard_map of {getattr(self.fun, '__name__', self.fun)!r} over {over}>"
 
     def _arg_name(self, i):
         names = self._param_names
@@ -189,6 +218,8 @@ class ShardMapped:
         parent = context.run
         if parent is not None and (hasattr(parent, "mesh") or not (parent.axes or parent.eager)):
             # inside jit, or under grad, eval_shape or make_jaxpr: one equation
+            if self._mesh is not None and getattr(parent, "manual_axes", ()):
+                self._refuse_inner_mesh(parent)
             return shard_map_equation(self, args)
         if parent is not None:
             _refuse_nesting(parent)
@@ -198,11 +229,9 @@ class ShardMapped:
         if machine.intercepts():                   # one process of simpmd.run_processes
             return machine.hosts.launch(self, args, kwargs)
         if self.axis_names and self.axis_names != set(self.mesh.axis_names):
-            raise ShardingError(
-                f"axis_names={set(self.axis_names)} asks for a body that is manual over only "
-                f"some mesh axes, with the compiler handling the others: that needs jit "
-                f"around it (as in JAX). Call it inside simpmd.jit, or leave axis_names out "
-                f"and name the other axes in the specs (or leave them out to replicate).")
+            # Manual over some axes only: the compiler handles the others, as JAX's eager
+            # shard_map has each operation on them compiled; simpmd's compiler is its jit.
+            return _jit(self)(*args, **kwargs)
         if kwargs:
             raise TypeError(
                 f"shard_map'd functions take positional arguments only (as in JAX), got "

@@ -41,7 +41,10 @@ def shard_map_equation(mapped, args):
     if run.axes and getattr(run, "mesh", None) != mesh:
         raise ShardingTypeError(f"shard_map over {mesh!r} inside jit over {run.mesh!r}: "
                                 f"use the mesh of the jit's arrays (set_mesh).")
-    manual = tuple(a for a in mesh.axis_names if not mapped.axis_names or a in mapped.axis_names)
+    # Inside another shard_map's body, the axes it is manual over stay manual here too.
+    outer = set(getattr(run, "manual_axes", ()))
+    manual = tuple(a for a in mesh.axis_names
+                   if not mapped.axis_names or a in mapped.axis_names or a in outer)
     leaves, in_tree = tree.flatten(tuple(args))
     specs = tree.broadcast_prefix(mapped.in_specs if isinstance(mapped.in_specs, tuple)
                                   or len(args) != 1 else (mapped.in_specs,), tuple(args),
@@ -58,9 +61,10 @@ def shard_map_equation(mapped, args):
     program, consts = trace(flat, body_avals, body_run(mesh, manual, mapped.check_vma, True))
     out_specs = tree.broadcast_prefix(mapped.out_specs, tree.unflatten(
         out_tree[0], [0] * len(program.outvars)), what="out_specs")
-    _check_replication(program, out_specs, mapped.check_vma)
+    _check_replication(program, out_specs, mapped.check_vma, outer)
     outs = bind(shard_map_p, *consts, *leaves, jaxpr=loops.closed(program),
                 shard_mesh=MeshText(mesh), check_vma=mapped.check_vma, manual_axes=manual,
+                _outer_axes=tuple(a for a in manual if a in outer),
                 in_specs=tuple([PartitionSpec()] * len(consts) + list(specs)),
                 out_specs=tuple(out_specs))
     return tree.unflatten(out_tree[0], outs)
@@ -121,13 +125,15 @@ def _block_aval(aval, spec, mesh, check_vma, manual):
     rest = [tuple(a for a in d if a not in manual) for d in own]
     sharding = Sharding(mesh, rest) if set(manual) != set(mesh.axis_names) else None
     return Aval(R.block_shape(aval.shape, dims, mesh), aval.dtype, aval.weak_type,
-                vma=frozenset(a for d in dims for a in d) if check_vma else frozenset(),
+                vma=aval.vma | frozenset(a for d in dims for a in d) if check_vma else frozenset(),
                 sharding=sharding)
 
 
-def _check_replication(program, out_specs, check_vma):
+def _check_replication(program, out_specs, check_vma, outer=()):
+    """Under check_vma, a result must not vary over a newly manual axis its out_specs
+    leaves out (the axes of an enclosing shard_map stay varying outside)."""
     for k, (v, spec) in enumerate(zip(program.outvars, out_specs)):
-        missing = sorted(aval_of(v).vma - set(spec.mesh_axes())) if check_vma else []
+        missing = sorted(aval_of(v).vma - set(spec.mesh_axes()) - set(outer)) if check_vma else []
         if missing:
             raise errors.SimpmdError(
                 f"shard_map's out_specs {spec!r} for result {k} leaves out mesh axis "
@@ -146,8 +152,11 @@ def _sm_global(aval, spec, mesh):
                 aval.weak_type)
 
 
-def _sm_abstract(*avals, jaxpr, shard_mesh, out_specs, **params):
-    return [_sm_global(aval_of(v), s, shard_mesh.mesh) for v, s in zip(jaxpr.outvars, out_specs)]
+def _sm_abstract(*avals, jaxpr, shard_mesh, out_specs, _outer_axes=(), **params):
+    """The results' global types; inside an enclosing shard_map, still varying over its
+    axes where the body's results do."""
+    return [_sm_global(aval_of(v), s, shard_mesh.mesh).update(
+        vma=aval_of(v).vma & frozenset(_outer_axes)) for v, s in zip(jaxpr.outvars, out_specs)]
 
 
 def _sm_rule(mesh, avals, jaxpr, in_specs, out_specs, shard_mesh, **params):
@@ -162,7 +171,7 @@ def _sm_rule(mesh, avals, jaxpr, in_specs, out_specs, shard_mesh, **params):
 
 
 def _sm_stacked(*args, jaxpr, shard_mesh, in_specs, out_specs, check_vma, manual_axes,
-                _vjp=None):
+                _vjp=None, _outer_axes=()):
     """Each operand moved to its ``in_specs`` blocks, the body run on the blocks (its
     collectives logged as the learner's), the results' blocks laid out as their types."""
     run = context.run
@@ -255,7 +264,8 @@ def _sm_linearize(eqn, wants):
             forward.outvars[n_out + k] = _leading_axis(forward, v)
             backward.invars[n_used + k] = _without_leading_axis(backward, backward.invars[n_used + k])
     if not p["check_vma"]:
-        _sum_unmentioned(backward, [s for s, a in zip(p["in_specs"], split.active) if a], manual)
+        newly = tuple(a for a in manual if a not in p.get("_outer_axes", ()))
+        _sum_unmentioned(backward, [s for s, a in zip(p["in_specs"], split.active) if a], newly)
     bwd = dict(p, jaxpr=backward, in_specs=tuple(p["in_specs"][i] for i in split.used)
                + tuple(res_specs) + tuple(s for s, w in zip(p["out_specs"], split.with_ct) if w),
                out_specs=tuple(s for s, a in zip(p["in_specs"], split.active) if a))
@@ -315,8 +325,8 @@ def _sm_vjp(cts, ins, outs, wants, _vjp=None, **params):
     blocks, the inputs' cotangents leave in in_specs' blocks."""
     bwd, split = _vjp
     if not params["check_vma"]:
-        cts = _split_replicated_cts(cts, params["out_specs"], params["shard_mesh"].mesh,
-                                    params["manual_axes"])
+        newly = tuple(a for a in params["manual_axes"] if a not in params.get("_outer_axes", ()))
+        cts = _split_replicated_cts(cts, params["out_specs"], params["shard_mesh"].mesh, newly)
     return loops.split_vjp(cts, ins, outs, split, lambda operands: bind(
         shard_map_p, *operands, **bwd))
 
