@@ -301,3 +301,39 @@ def test_inner_shard_map_given_a_mesh_and_none_set_are_refused_as_in_jax(jax8):
         bare = engine.shard_map(lambda v: v, in_specs=P("x"), out_specs=P("x"))
         with pytest.raises(ValueError, match="The context mesh cannot be empty"):
             bare(np.arange(8.0, dtype=np.float32))
+
+
+# -- 14: shard_map without in_specs reads them from Explicit arguments' types, as JAX's Infer
+
+
+def _inferred_program(name, engine):
+    P, AT = engine.sharding.PartitionSpec, engine.sharding.AxisType
+    mesh = engine.make_mesh((2, 4), ("x", "y"), axis_types=(AT.Explicit, AT.Explicit))
+    with engine.sharding.set_mesh(mesh):
+        a = engine.device_put(np.arange(8.0, dtype=np.float32), P("x"))
+        b = engine.device_put(np.arange(16.0, dtype=np.float32).reshape(4, 4), P("y", "x"))
+        sm = engine.shard_map
+        programs = {
+            "psum": lambda: sm(lambda v: lax.psum(v, "x"), out_specs=P())(a),
+            "two_arguments": lambda: sm(lambda v, w: (v.sum() + w.sum()).reshape(1),
+                                        out_specs=P(("x", "y")))(a, b),
+            "under_jit": lambda: engine.jit(sm(lambda v: lax.psum(v, "x"), out_specs=P()))(a),
+            "numpy_replicated": lambda: sm(lambda v: v * 2, out_specs=P())(np.arange(4.0)),
+        }
+        return np.asarray(programs[name]())
+
+
+@pytest.mark.parametrize("name", ["psum", "two_arguments", "under_jit", "numpy_replicated"])
+def test_shard_map_infers_in_specs_from_explicit_arguments(jax8, name):
+    ours, theirs = _on_both(jax8, lambda engine: _inferred_program(name, engine))
+    assert ours.dtype == theirs.dtype
+    np.testing.assert_array_equal(ours, theirs)
+
+
+def test_shard_map_without_in_specs_on_auto_axes_is_refused_as_in_jax(jax8):
+    for engine in (simpmd, jax8):
+        P = engine.sharding.PartitionSpec
+        mapped = engine.shard_map(lambda v: v, mesh=_mesh(engine, (2, 4), ("x", "y")),
+                                  out_specs=P())
+        with pytest.raises(TypeError, match="of type AxisType.Auto"):
+            mapped(np.ones(8, np.float32))

@@ -20,6 +20,7 @@ devices that differ).
 """
 from __future__ import annotations
 
+import copy
 import functools
 import math
 import warnings
@@ -38,16 +39,17 @@ from ..machine.mesh import (Mesh, NamedSharding, PartitionSpec, ShardingError, b
                              stack_blocks)
 from . import spmd
 from .jit import jit as _jit
-from .partition import get_mesh
+from .partition import explicit_axes, get_mesh
 from .shard_map_eqn import shard_map_equation
 from .shapes import aval_of_shape, is_shape, struct_of
 from .spmd import Piece, positional_names, value_or_shape
 from ..viz.text import summarize
 
 _REQUIRED = object()
+_INFER = object()            # in_specs left out: read from the arguments' types, as JAX's Infer
 
 
-def shard_map(f=None, /, *, out_specs=_REQUIRED, in_specs=_REQUIRED, mesh=None,
+def shard_map(f=None, /, *, out_specs=_REQUIRED, in_specs=_INFER, mesh=None,
               axis_names=frozenset(), check_vma=True, check_rep=None, eager=False):
     """Map ``f`` over the blocks of its arguments on a mesh of simulated devices, like
     ``jax.shard_map``.
@@ -96,6 +98,21 @@ def _refuse_nesting(task):
         f"nested-pmap form of the same program still runs with simpmd.pmap.")
 
 
+def _manual_spec(leaf, mesh, manual) -> PartitionSpec:
+    """The spec of ``leaf``'s type over ``mesh``, keeping only the ``manual`` axes (JAX's
+    ``_manual_spec``); a value placed nowhere (a NumPy array) is replicated."""
+    sharding = getattr(getattr(leaf, "aval", None), "sharding", None)
+    if sharding is None or sharding.mesh != mesh:
+        return PartitionSpec()
+    parts = []
+    for dim in sharding.dims:
+        kept = tuple(a for a in dim if a in manual)
+        parts.append(None if not kept else kept[0] if len(kept) == 1 else kept)
+    while parts and parts[-1] is None:
+        parts.pop()
+    return PartitionSpec(*parts)
+
+
 def _spec_axes(spec) -> frozenset:
     """The mesh axes a PartitionSpec splits over: what a block of it varies over."""
     return frozenset(spec.mesh_axes())
@@ -112,11 +129,6 @@ class ShardMapped:
         if out_specs is _REQUIRED:
             raise TypeError("shard_map needs out_specs=: a P(...) per output (or a pytree "
                             "prefix of the outputs), saying how the blocks are put together.")
-        if in_specs is _REQUIRED:
-            raise TypeError(
-                "shard_map needs in_specs=: a P(...) per argument (or a pytree prefix of the "
-                "arguments), saying how each is split over the mesh. (JAX can infer them "
-                "from arguments with explicit shardings; simpmd's arguments are plain arrays.)")
         if mesh is not None and not isinstance(mesh, Mesh):
             raise TypeError(f"shard_map's mesh= must be a simpmd.Mesh, got {mesh!r}. Build it "
                             f"from simpmd.devices() (simpmd.make_mesh), not from jax.devices().")
@@ -146,6 +158,28 @@ class ShardMapped:
                 "`with simpmd.set_mesh(mesh):`) before calling it.")
         self._check_axis_names(mesh)
         return mesh
+
+    def _inferring(self, args, kwargs):
+        """in_specs left out: as JAX's ``Infer``, each argument's spec is the one its type
+        has over the manual axes, which must all be Explicit."""
+        mesh = self.mesh
+        manual = self.axis_names or frozenset(mesh.axis_names)
+        auto = [a for a in mesh.axis_names if a in manual and a not in explicit_axes(mesh)]
+        if auto:
+            raise TypeError(
+                f"shard_map in_specs argument must be a pytree of `jax.sharding.PartitionSpec` "
+                f"instances, but it was `None` when axis_names={set(manual)} are of type "
+                f"AxisType.Auto (JAX's words): only arguments typed by Explicit axes say how "
+                f"they are split. Pass in_specs= (a P(...) per argument), or build the mesh "
+                f"with axis_types=(AxisType.Explicit,) * {len(mesh.axis_names)}.")
+        leaves, treedef = tree.flatten(tuple(args))
+        specs = tree.unflatten(treedef, [_manual_spec(leaf, mesh, manual) for leaf in leaves])
+        inferred = copy.copy(self)
+        inferred.in_specs = specs
+        try:
+            return inferred(*args, **kwargs)
+        finally:
+            self.trace = inferred.trace
 
     def _refuse_inner_mesh(self, parent):
         """Inside a shard_map body, JAX's context mesh has that body's axes Manual, which no
@@ -215,6 +249,8 @@ class ShardMapped:
 
     # -- calling ---------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
+        if self.in_specs is _INFER:
+            return self._inferring(args, kwargs)
         parent = context.run
         if parent is not None and (hasattr(parent, "mesh") or not (parent.axes or parent.eager)):
             # inside jit, or under grad, eval_shape or make_jaxpr: one equation
