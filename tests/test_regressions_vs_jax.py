@@ -337,3 +337,33 @@ def test_shard_map_without_in_specs_on_auto_axes_is_refused_as_in_jax(jax8):
                                   out_specs=P())
         with pytest.raises(TypeError, match="of type AxisType.Auto"):
             mapped(np.ones(8, np.float32))
+
+
+# -- 17: a cond's results are typed one by one, so a replicated weight's gradient stays
+#        invariant under check_vma when another result varies
+
+
+@pytest.mark.parametrize("argnums", [0, 1, (0, 1)])
+def test_gradient_through_cond_of_a_replicated_weight_is_invariant_as_in_jax(jax8, argnums):
+    rng = np.random.default_rng(17)
+    x = rng.standard_normal((8, 3)).astype(np.float32)
+    w = rng.standard_normal((3, 3)).astype(np.float32)
+
+    def body(x, w):
+        def loss(x, w):
+            y = lax.cond(w.sum() > -100.0, lambda v: v @ w, lambda v: v, x)
+            return (y ** 2).sum()
+        g = simpmd.grad(loss, argnums=argnums)(x, w)
+        return g if isinstance(argnums, tuple) else (g,)
+
+    out_specs = {0: "x", 1: "w", (0, 1): "xw"}[argnums]
+
+    def program(engine):
+        P = engine.sharding.PartitionSpec
+        specs = tuple(P("i") if s == "x" else P() for s in out_specs)
+        return engine.shard_map(body, mesh=_mesh(engine, (4,), ("i",)),
+                                in_specs=(P("i"), P()), out_specs=specs)(x, w)
+
+    ours, theirs = _on_both(jax8, program)
+    for a, b in zip(ours, theirs):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)

@@ -39,8 +39,10 @@ def common_consts(traced, order):
     return programs, consts
 
 def _cond_abstract(index, *ops, branches, _what, _source, _vjp=None):
-    vma = frozenset().union(index.vma, *(a.vma for p in branches for a in p.out_avals))
-    return [a.update(vma=vma) for a in branches[0].out_avals]
+    """Each result typed as the branches type it (lax.cond checks that they agree), and
+    varying wherever the choice does: result by result, never one result's axes for all."""
+    return [a.update(vma=frozenset().union(index.vma, *(p.out_avals[k].vma for p in branches)))
+            for k, a in enumerate(branches[0].out_avals)]
 
 def _cond_stacked(index, *ops, branches, _what, _source, _vjp=None):
     """Every branch over every device; each device keeps its own branch's result (outside
