@@ -367,3 +367,14 @@ def test_gradient_through_cond_of_a_replicated_weight_is_invariant_as_in_jax(jax
     ours, theirs = _on_both(jax8, program)
     for a, b in zip(ours, theirs):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+# -- 19: make_jaxpr's text: float literals as JAX prints them
+
+
+def test_float_literals_print_as_jax_prints_them(jax8):
+    def f(x):
+        return (x * 0.05 + 1e-7 * x + 2.5, x.astype(snp.bfloat16) * 0.1,
+                x.astype(snp.float16) * 0.3, x.astype(np.int32) * 3, x > 1e20)
+    x = np.ones(3, np.float32)
+    assert str(simpmd.make_jaxpr(f)(x)) == str(jax8.make_jaxpr(f)(x))

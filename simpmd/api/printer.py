@@ -71,7 +71,12 @@ def _literal(v, like) -> str:
     if value.ndim == 0:
         dtype = like if v.aval.weak_type and like is not None and \
             like.kind == v.aval.dtype.kind else v.aval.dtype
-        return f"{str(value.astype(dtype)[()])}:{dtypes.short_name(dtype)}[]"   # (str: shortest)
+        scalar = value.astype(dtype)[()]
+        # JAX prints a float as the Python float its dtype holds (0.05 in float32 is
+        # 0.05000000074505806); integers and booleans as they are.
+        text = repr(float(scalar)) if np.dtype(dtype).kind == "f" or dtype.name in (
+            "bfloat16", "float8_e4m3fn", "float8_e5m2") else str(scalar)
+        return f"{text}:{dtypes.short_name(dtype)}[]"
     return f"<{v.aval.str_short()} constant>"
 
 
