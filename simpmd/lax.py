@@ -684,6 +684,10 @@ def while_loop(cond_fun, body_fun, init_val):
 PCAST_TO = ("varying", "unreduced", "reduced")
 
 
+class AxisNameTypeError(errors.SimpmdError, TypeError):
+    """An axis name given as a type JAX does not take there (a set, whose order is not defined)."""
+
+
 def pcast(x, axis_name, *, to):
     """``jax.lax.pcast(x, axis_name, to='varying')``: the same value, typed as varying over
     ``axis_name`` (under ``shard_map(check_vma=True)``); no data moves."""
@@ -723,7 +727,7 @@ def _pcast_axes(axis_name, op):
     order is not defined)."""
     if isinstance(axis_name, (set, frozenset, list)):
         words = "a tuple or a str"
-        raise errors.AxisNameTypeError(
+        raise AxisNameTypeError(
             f"axis_name={axis_name!r} must be {words}. Got {axis_name!r} (JAX's words for a "
             f"set; JAX fails on a list too). Write lax.{op}(x, "
             f"{tuple(sorted(axis_name, key=str))!r}, ...).")

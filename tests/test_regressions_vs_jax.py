@@ -378,3 +378,16 @@ def test_float_literals_print_as_jax_prints_them(jax8):
                 x.astype(snp.float16) * 0.3, x.astype(np.int32) * 3, x > 1e20)
     x = np.ones(3, np.float32)
     assert str(simpmd.make_jaxpr(f)(x)) == str(jax8.make_jaxpr(f)(x))
+
+
+def test_shard_map_equation_prints_as_the_running_jax_prints_it(jax8):
+    def program(engine):
+        P = engine.sharding.PartitionSpec
+        mapped = engine.shard_map(lambda x: lax.psum(x * 2.0, "i"), mesh=_mesh(engine, (4,), ("i",)),
+                                  in_specs=P("i"), out_specs=P())
+        return str(engine.make_jaxpr(lambda x: mapped(x) + 1.0)(np.ones(8, np.float32)))
+    ours, theirs = program(simpmd), program(jax8)
+    picked = lambda text: [line.strip().split(" = ")[-1].split("]")[0]   # names left out
+                           for line in text.splitlines()
+                           if "manual_axes" in line or "psum" in line or "check_vma" in line]
+    assert picked(ours) == picked(theirs) and len(picked(theirs)) == 3

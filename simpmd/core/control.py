@@ -39,14 +39,13 @@ def common_consts(traced, order):
     return programs, consts
 
 def _cond_abstract(index, *ops, branches, _what, _source, _vjp=None):
-    """Each result typed as the branches type it (lax.cond checks that they agree), and
-    varying wherever the choice does: result by result, never one result's axes for all."""
+    """Each result typed by its own branches' outputs, varying wherever the choice does."""
     return [a.update(vma=frozenset().union(index.vma, *(p.out_avals[k].vma for p in branches)))
             for k, a in enumerate(branches[0].out_avals)]
 
 def _cond_stacked(index, *ops, branches, _what, _source, _vjp=None):
-    """Every branch over every device; each device keeps its own branch's result (outside
-    any mapped body, as under plain NumPy ``grad``, the one device of ``core.plain``)."""
+    """Every branch over every device; each keeps its own branch's result (a result shared
+    by all, a leading axis of 1, as each one's; outside any mapped body, ``core.plain``'s)."""
     run = context.run or core.plain
     chosen = np.clip(np.asarray(index.stack if isinstance(index, StackedValue) else index,
                                 dtype=np.int64).reshape(-1), 0, len(branches) - 1)
@@ -57,8 +56,6 @@ def _cond_stacked(index, *ops, branches, _what, _source, _vjp=None):
             stacks.append([run.stack_of(o, aval_of(o)) for o in eval_program(program, [], ops)])
         finally:
             run.branches.pop()
-    # A branch's result may be one value shared by every device (a leading axis of 1, as
-    # when every device was given the same input): each device picks from its own row.
     return [np.stack([np.broadcast_to(s, (run.n,) + np.shape(s)[1:]) for s in col])
             [chosen, np.arange(run.n)] for col in zip(*stacks)]
 

@@ -21,9 +21,6 @@ class UnboundAxisError(SimpmdError, NameError):
 class CollectiveArgumentError(SimpmdError, ValueError):
     """A collective's arguments do not fit its group (sizes that do not divide, bad perm)."""
 
-class AxisNameTypeError(SimpmdError, TypeError):
-    """An axis name given as a type JAX does not take there (a set, whose order is not defined)."""
-
 class DivergenceError(SimpmdError):
     """Devices of one group called different collectives, or the same one with other shapes."""
 
