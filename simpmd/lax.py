@@ -194,7 +194,36 @@ def ppermute(x, axis_name, perm):
     """Send ``x`` along each ``(source, destination)`` pair; non-receivers get zeros."""
     _check_perm(perm, "ppermute")
     pairs = tuple(tuple(int(i) for i in pair) for pair in perm)
-    return _all_leaves(x, C.ppermute, axis_name=_names(axis_name), perm=pairs)
+    return _all_leaves(x, C.ppermute, axis_name=_permuted_axes(_names(axis_name), "ppermute"),
+                       perm=pairs)
+
+
+def _permuted_axes(axes, op):
+    """The axes a ppermute numbers its devices over. Out of the mesh's order, what the
+    running JAX does (``simpmd.jax.rules.ppermute_out_of_mesh_order``), and without JAX
+    what the newest release does: refuse, since older releases silently numbered the
+    devices in the mesh's order instead (a wrong answer)."""
+    run = context.run
+    order = [name for name, _ in run.axes]
+    known = [a for a in axes if a in order]
+    in_order = tuple(sorted(known, key=order.index))
+    if len(known) < 2 or tuple(known) == in_order:
+        return axes
+    rule = (bridge.jax.rules.ppermute_out_of_mesh_order()
+            if bridge.jax is not None and "jax" in sys.modules else "refuses")
+    if rule == "follows":
+        return axes
+    if rule == "mesh order":
+        return in_order
+    raise errors.CollectiveArgumentError(
+        f"lax.{op} over {axes} on {run.where()}: the axes are not in the order the mesh "
+        f"declares them, {in_order}. JAX refuses this (from 0.11.2: 'Make sure that the "
+        f"axis_name passed to jax.lax.ppermute is in the same order as the axis_names "
+        f"declared on the mesh'); up to 0.10 it numbered the devices in the mesh's order "
+        f"whatever the order given, a silently different permutation. Pass "
+        f"axis_name={in_order} and number the devices in that order (the last axis "
+        f"fastest), or, on JAX, allow the given order with "
+        f"jax.config.update('jax_raise_on_ppermute_sort_diff', False).")
 
 
 @_on_either_engine
@@ -208,7 +237,7 @@ def pshuffle(x, axis_name, perm):
             f"pshuffle over {_names(axis_name)} on {context.run.where(0)}: perm={perm} must be "
             f"a permutation of 0..{p - 1} (member i receives from perm[i]); use ppermute for "
             f"partial exchanges.")
-    return _all_leaves(x, C.ppermute, axis_name=_names(axis_name),
+    return _all_leaves(x, C.ppermute, axis_name=_permuted_axes(_names(axis_name), "pshuffle"),
                        perm=tuple((src, dst) for dst, src in enumerate(perm)))
 
 
@@ -310,20 +339,60 @@ def _branching(index, branches, operands, what="switch"):
     return tree.unflatten(out_trees[0], outs)
 
 
+def _branch_names(what, count) -> list:
+    """The branches' names in JAX's messages, in the order ``programs`` holds them."""
+    return ["false_fun", "true_fun"] if what == "cond" else [
+        "branch 0" if k == 0 else f"branch{k}" for k in range(count)]
+
+
 def _check_branches(programs, out_trees, what):
-    first = programs[0]
-    for program, out_tree in zip(programs[1:], out_trees[1:]):
-        if out_tree != out_trees[0]:
+    """Every branch returns the same structure and types as the first (``true_fun`` for a
+    cond): JAX's typematch, varying manual axes included, and JAX's TypeError if not."""
+    names = _branch_names(what, len(programs))
+    first = 1 if what == "cond" else 0
+    for k, (program, out_tree) in enumerate(zip(programs, out_trees)):
+        if k == first:
+            continue
+        if out_tree != out_trees[first]:
             raise errors.BranchError(
-                f"lax.{what}'s branches return different structures: {out_trees[0]} and "
+                f"lax.{what}'s branches return different structures: {out_trees[first]} and "
                 f"{out_tree}. Every branch must return the same pytree of arrays, with the "
                 f"same shapes and dtypes (JAX compiles both).")
-        for a, b in zip(first.out_avals, program.out_avals):
-            if a.shape != b.shape:
-                raise errors.BranchError(
-                    f"lax.{what}'s branches return arrays of different shapes, {a.shape} and "
-                    f"{b.shape}. Every branch must return the same shapes and dtypes (JAX "
-                    f"compiles both); pad or reshape one of them.")
+        diffs, fixes = _branch_type_diffs(programs[first].out_avals, program.out_avals,
+                                          names[first], names[k])
+        if diffs:
+            text = "; ".join(diffs)
+            fix = (" This might be fixed by " + "; ".join(fixes) + ".") if fixes else ""
+            raise errors.BranchError(
+                f"{what} branches must have equal output types but they differ: "
+                f"{text[0].upper() + text[1:]}.{fix} Revise {names[first]} and/or "
+                f"{names[k]} so that all output types match (JAX compiles every branch "
+                f"for one type of result).")
+
+
+def _branch_type_diffs(avals1, avals2, name1, name2):
+    """What differs between two branches' result types, and the pcast that would fix a
+    difference of varying manual axes (JAX's wording)."""
+    diffs, fixes = [], []
+    for k, (a, b) in enumerate(zip(avals1, avals2)):
+        if _same_type(a, b):
+            continue
+        why = [w for w, bad in (("the dtypes do not match", a.dtype != b.dtype),
+                                ("the shapes do not match", a.shape != b.shape),
+                                ("the manual axis types do not match", a.vma != b.vma),
+                                ("the shardings do not match",
+                                 a.shape == b.shape and _layout(a) != _layout(b)))
+               if bad]
+        where = f" (result {k})" if len(avals1) > 1 else ""
+        diffs.append(f"the output of {name1}{where} has type {_type_text(a)} but the "
+                     f"corresponding output of {name2} has type {_type_text(b)}, so "
+                     f"{', '.join(why)}")
+        for name, mine, other in ((name1, a, b), (name2, b, a)):
+            missing = tuple(sorted(other.vma - mine.vma, key=str))
+            if missing:
+                fixes.append(f"applying lax.pcast(..., {missing}, to='varying') (on JAX 0.7, "
+                             f"lax.pvary(..., {missing})) to the output of {name}{where}")
+    return diffs, fixes
 
 
 # -- loops: scan, fori_loop, while_loop ------------------------------------------------------
@@ -612,6 +681,13 @@ def while_loop(cond_fun, body_fun, init_val):
     return tree.unflatten(init_tree, _results(outs))
 
 
+PCAST_TO = ("varying", "unreduced", "reduced")
+
+
+class AxisNameTypeError(errors.SimpmdError, TypeError):
+    """An axis name given as a type JAX does not take there (a set, whose order is not defined)."""
+
+
 def pcast(x, axis_name, *, to):
     """``jax.lax.pcast(x, axis_name, to='varying')``: the same value, typed as varying over
     ``axis_name`` (under ``shard_map(check_vma=True)``); no data moves."""
@@ -620,9 +696,20 @@ def pcast(x, axis_name, *, to):
         if not hasattr(jax.lax, "pcast") and to == "varying":       # jax 0.7
             return jax.lax.pvary(x, axis_name)
         return jax.lax.pcast(x, axis_name, to=to)
+    axes = _pcast_axes(axis_name, "pcast")
+    if not axes:
+        return x
+    if to not in PCAST_TO:
+        raise errors.CollectiveArgumentError(
+            f"Got unexpected `to` value {to!r}. Allowed `to` values are: {set(PCAST_TO)} "
+            f"(JAX's words): to='varying' types a replicated value as varying over the axes.")
     if to != "varying":
-        raise NotImplementedError(f"simpmd's lax.pcast knows to='varying', not to={to!r}.")
-    return pvary(x, axis_name)
+        raise NotImplementedError(
+            f"lax.pcast(..., to={to!r}) makes a value {to} over {axes} inside shard_map; "
+            f"simpmd types unreduced and reduced values under jit with Explicit axes "
+            f"(PartitionSpec(unreduced=...), reshard), not yet inside shard_map. Run this "
+            f"program on JAX, or keep the sum explicit with lax.psum.")
+    return _each_leaf(x, lambda leaf: _vary(leaf, axes, "jax.lax.pcast"))
 
 
 def pvary(x, axis_name):
@@ -631,12 +718,45 @@ def pvary(x, axis_name):
     if jax is not None and (context.run is None or _on_jax(x)):      # inside a JAX trace
         fn = getattr(jax.lax, "pvary", None)
         return fn(x, axis_name) if fn else jax.lax.pcast(x, axis_name, to="varying")
-    axes = _names(axis_name)
+    axes = _pcast_axes(axis_name, "pvary")
+    return _each_leaf(x, lambda leaf: _vary(leaf, axes, "jax.lax.pvary")) if axes else x
+
+
+def _pcast_axes(axis_name, op):
+    """pcast's axes as JAX takes them: a name or a tuple of names, never a set (whose
+    order is not defined)."""
+    if isinstance(axis_name, (set, frozenset, list)):
+        words = "a tuple or a str"
+        raise AxisNameTypeError(
+            f"axis_name={axis_name!r} must be {words}. Got {axis_name!r} (JAX's words for a "
+            f"set; JAX fails on a list too). Write lax.{op}(x, "
+            f"{tuple(sorted(axis_name, key=str))!r}, ...).")
+    return axis_name if isinstance(axis_name, tuple) else (axis_name,)
+
+
+def _vary(leaf, axes, name):
+    """``leaf`` typed as varying over ``axes``, which it must not vary over yet (JAX's
+    rule: a pcast from varying to varying is refused); nothing to do without check_vma."""
     run = context.run
-    if run is None or not run.check_vma:
-        return x
-    return _each_leaf(x, lambda leaf: bind(C.pvary, leaf, axes=tuple(
-        a for a in axes if a not in aval_of(leaf).vma)) if set(axes) - aval_of(leaf).vma else leaf)
+    run.axis_size(axes, name.rsplit(".", 1)[-1])            # each axis must be bound
+    if not run.check_vma:
+        return leaf
+    vma = aval_of(leaf).vma
+    already = tuple(a for a in axes if a in vma)
+    if already and len(already) < len(axes):
+        raise errors.VmaError(
+            f"{name} can only accept axis_name which corresponds to one of varying, "
+            f"unreduced, reduced or invarying state of the input (JAX's words). Got input "
+            f"type {_type_text(aval_of(leaf))} on {run.where()}, axes {axes}: it already "
+            f"varies over {already}. Pass only the axes it does not vary over yet, "
+            f"{tuple(a for a in axes if a not in vma)}.")
+    if already:
+        raise errors.VmaError(
+            f"Unsupported pcast from=varying, to='varying' (JAX's words): on {run.where()} "
+            f"the value of type {_type_text(aval_of(leaf))} already varies over {axes}. "
+            f"Drop the {name.rsplit('.', 1)[-1]}: it is needed only for a value that does "
+            f"not vary over an axis yet.")
+    return bind(C.pvary, leaf, axes=axes)
 
 
 # -- how make_jaxpr prints a loop: as the installed JAX does --------------------------------

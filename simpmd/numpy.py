@@ -185,12 +185,22 @@ class _Namespace:
         return f"<simpmd.numpy.{'.'.join(self._path)}: numpy or jax.numpy, by argument>"
 
 
+# Names already resolved. A dict of their own, not this module's globals: a name such as
+# ``any`` or ``sum`` cached as a global would shadow the builtin that this module's own code
+# calls, and break every later call.
+_RESOLVED: dict = {}
+
+
 def __getattr__(name):
+    value = _RESOLVED.get(name, _MISSING)
+    if value is not _MISSING:
+        return value
     value = _resolve((), name)
     if _lookup((), name, jax_side=False) is not _MISSING:
-        globals()[name] = value             # NumPy has it: the answer never changes
+        _RESOLVED[name] = value             # NumPy has it: the answer never changes
     return value
 
 
 def __dir__():
-    return sorted(set(globals()) | {n for n in dir(_np) if not n.startswith("_")})
+    return sorted(set(globals()) | set(_RESOLVED)
+                  | {n for n in dir(_np) if not n.startswith("_")})

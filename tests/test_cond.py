@@ -111,7 +111,7 @@ def test_gradient_through_cond_matches_jax(jax8):
 
 
 def test_branches_must_agree_on_shapes():
-    with pytest.raises(simpmd.core.errors.BranchError, match="different shapes"):
+    with pytest.raises(simpmd.core.errors.BranchError, match="the shapes do not match"):
         simpmd.pmap(lambda x: lax.cond(x > 0, lambda v: v, lambda v: snp.stack([v, v]), x), "i")(X8)
 
 

@@ -49,6 +49,18 @@ def test_a_matmul_inside_cond_costs_the_branch_taken_on_values():
     assert taken.notes == [] and skipped.notes == []
 
 
+def test_a_cond_on_values_costs_the_branch_taken_under_an_axis_env_too():
+    """Every device of ``axis_env`` shares one copy of the input (issue 45 item 8): each
+    still takes its own branch, as under pmap."""
+    w = np.full((N, N), 0.5, np.float32)
+    f = lambda x: lax.cond(x.sum() > 0, lambda y: y @ w, lambda y: y, x)
+    taken = C.roofline(f, A, axis_env=[("i", 8)])
+    skipped = C.roofline(f, -A, axis_env=[("i", 8)])
+    assert (taken.flops, skipped.flops) == (MATMUL, 0)
+    mapped = C.roofline(simpmd.pmap(f, axis_name="i"), np.broadcast_to(A, (8, N, N)))
+    assert mapped.flops == taken.flops and mapped.unfused_flops == taken.unfused_flops
+
+
 def test_a_matmul_inside_cond_costs_its_costliest_branch_on_shapes_and_says_so():
     r = C.roofline(_in_cond, *_shapes(A))
     assert r.flops == MATMUL

@@ -258,3 +258,29 @@ def test_where_jax_has_no_rule_or_counts_one_row_simpmd_counts_every_element(jax
     assert ours.flops == theirs.flops == 0
     assert ours.unfused_flops == n
     assert theirs.unfused_flops in (0, 128, 127 * 64)
+
+
+# -- peak memory of loop programs (issue 45 item 18) --------------------------------------------
+
+_W = np.full((64, 64), 0.01, np.float32)
+LOOP_PROGRAMS = {      # a NumPy array closed over: JAX lifts it into the jaxpr's constants
+    "fori_closure": lambda x, w: lax.fori_loop(0, 3, lambda i, c: snp.tanh(c @ _W) + i, x),
+    "scan_closure": lambda x, w: lax.scan(lambda c, _: (snp.tanh(c @ _W), c.sum()), x, None,
+                                          length=4),
+    "while_closure": lambda x, w: lax.while_loop(lambda c: c[1] < 3,
+                                                 lambda c: (c[0] @ _W, c[1] + 1), (x, 0))[0],
+    "cond_closure": lambda x, w: lax.cond(x.sum() > 0, lambda y: y @ _W, lambda y: y * 2, x),
+    "scan_unread_argument": lambda x, w: lax.scan(lambda c, xi: (c + xi, c * 2), x[0], x),
+    "scan_in_scan_unread_argument": lambda x, w: lax.scan(
+        lambda c, xi: (lax.scan(lambda d, y: (d + y, d), c, xi)[0], c.sum()), x[0],
+        x.reshape(8, 8, 64))[0],
+}
+
+
+@pytest.mark.parametrize("name", sorted(LOOP_PROGRAMS))
+def test_peak_memory_of_loop_programs_is_jax_peak_hbm_bytes(jax8, name):
+    from simpmd.cost.memory import peak_memory
+    f = LOOP_PROGRAMS[name]
+    _, theirs = _jr(jax8).roofline(f)(*[jax8.ShapeDtypeStruct((64, 64), np.float32)] * 2)
+    program = simpmd.make_jaxpr(f)(*[simpmd.ShapeDtypeStruct((64, 64), np.float32)] * 2)
+    assert peak_memory(program, like_jax=True).peak == theirs.peak_hbm_bytes

@@ -260,7 +260,6 @@ def test_unknown_axis_names_list_the_mesh_axes(mesh24):
     (dict(in_specs=(P("data"), P()), out_specs=P()), (np.ones(2),), simpmd.ShardingError,
      "in_specs has 2 entries but the function was called with 1"),
     (dict(in_specs=("data",), out_specs=P()), (np.ones(2),), TypeError, "Write P\\('data'\\)"),
-    (dict(out_specs=P()), (np.ones(2),), TypeError, "needs in_specs="),
 ])
 def test_bad_specs(mesh24, kwargs, args, error, pattern):
     body = (lambda *a: a[0].sum())
@@ -270,6 +269,15 @@ def test_bad_specs(mesh24, kwargs, args, error, pattern):
         return
     with pytest.raises(error, match=pattern):
         simpmd.shard_map(body, mesh=mesh24, **kwargs)(*args)
+
+
+def test_in_specs_left_out_are_inferred_on_explicit_axes_and_refused_on_auto(mesh24):
+    """As JAX's ``Infer``: make_mesh's Explicit axes type a NumPy argument as replicated."""
+    body = lambda a: a.sum()
+    assert float(np.asarray(simpmd.shard_map(body, mesh=mesh24, out_specs=P())(np.ones(2)))) == 2.0
+    auto = simpmd.Mesh(np.array(simpmd.devices()).reshape(2, 4), ("data", "model"))
+    with pytest.raises(TypeError, match="of type AxisType.Auto"):
+        simpmd.shard_map(body, mesh=auto, out_specs=P())(np.ones(2))
 
 
 def test_nesting_is_refused_with_the_mesh_form_as_advice(mesh24):

@@ -113,7 +113,7 @@ def test_shard_map_traced_once_agrees_with_one_program_per_device():
 
     def body(b):
         return (lax.psum(b, "model"), lax.all_gather(b, ("data", "model")), b * lax.axis_index("data"),
-                lax.ppermute(b, ("model", "data"), [(k, (k + 3) % 8) for k in range(8)]),
+                lax.ppermute(b, ("data", "model"), [(k, (k + 3) % 8) for k in range(8)]),
                 lax.pmean(b.sum(), ("data", "model")), lax.psum_scatter(b, "data", tiled=True))
     specs = dict(mesh=mesh, in_specs=P("data", "model"),
                  out_specs=(P("data", None), P(), P("data", "model"), P("model", "data"), P(),

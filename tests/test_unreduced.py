@@ -1,5 +1,7 @@
 """Unreduced and reduced types under jit: values worked out by hand, the gradient of a
 reduced weight summed once, and typeof against the installed JAX on random programs."""
+import pathlib
+
 import numpy as np
 import pytest
 
@@ -60,6 +62,17 @@ def test_linear_operations_keep_partial_sums_and_others_are_refused(mesh):
         snp.tanh(c)
     with pytest.raises(Exception, match="implicit communication"):
         c + simpmd.device_put(np.ones((2, 2), np.float32), P(None, None))
+
+
+def test_no_message_sends_learners_to_jax_issue_tracker():
+    """JAX's words for a missing rule ask to file an issue with JAX; simpmd's say what to
+    do instead (issue 45 item 15)."""
+    from simpmd.partitioner.unreduced import _no_rule
+    message = str(_no_rule("cumsum"))
+    assert "not implemented" in message and "reshard" in message
+    package = pathlib.Path(simpmd.__file__).parent
+    for path in package.rglob("*.py"):
+        assert "github.com/jax-ml/jax/issues" not in path.read_text(), path
 
 
 def test_a_value_made_unreduced_sits_on_the_first_device(mesh):

@@ -13,6 +13,7 @@ from ..core import bridge, dtypes
 from ..core import collectives as K
 from ..core import primitives as P
 from ..core.core import Aval, Program, Var
+from . import shard_map_eqn
 
 
 class NewestForms:
@@ -26,6 +27,7 @@ class NewestForms:
     drops_unused = staticmethod(lambda: "top")
     guards_zero_divisor = staticmethod(lambda: True)
     policy_text = staticmethod(lambda made: None)
+    shard_map_text = staticmethod(lambda: ("newly_manual_axes", False))
 
 
 def forms():
@@ -65,13 +67,21 @@ def _param_text(value, indent, nested, width=80) -> str:
     return repr(value)
 
 
-def _literal(v, like) -> str:
+def _literal(v, like, weak=False) -> str:
     """A constant operand: a weak Python number in the dtype it meets (``like``)."""
     value = np.asarray(v.value)
     if value.ndim == 0:
         dtype = like if v.aval.weak_type and like is not None and \
             like.kind == v.aval.dtype.kind else v.aval.dtype
-        return f"{str(value.astype(dtype)[()])}:{dtypes.short_name(dtype)}[]"   # (str: shortest)
+        scalar = value.astype(dtype)[()]
+        # JAX prints a float as the Python float its dtype holds (0.05 in float32 is
+        # 0.05000000074505806), or, met by another weak value, as the Python number it
+        # still is (0.01); integers and booleans as they are.
+        floating = np.dtype(dtype).kind == "f" or dtype.name in (
+            "bfloat16", "float8_e4m3fn", "float8_e5m2")
+        text = (repr(float(value)) if floating and weak and v.aval.weak_type
+                else repr(float(scalar)) if floating else str(scalar))
+        return f"{text}:{dtypes.short_name(dtype)}[]"
     return f"<{v.aval.str_short()} constant>"
 
 
@@ -82,6 +92,13 @@ def _literal_dtype(eqn):
         return None
     like = next((v.aval.dtype for v in eqn.invars if type(v) is Var), None)
     return like if like is not None else (eqn.outvars[0].aval.dtype if eqn.outvars else None)
+
+
+def _meets_weak(eqn) -> bool:
+    """Whether a literal of ``eqn`` meets a weak value (its first variable operand is
+    weak): JAX then keeps the literal the Python number it was."""
+    var = next((v for v in eqn.invars if type(v) is Var), None)
+    return var is not None and var.aval.weak_type and not getattr(eqn.primitive, "needs_run", False)
 
 
 def _same_names(eqn, names, name):
@@ -163,8 +180,8 @@ def _rows(program, width, names, shared, top=False) -> list:
     def typed(v):
         return f"{name(v)}:{v.aval.str_short()}"
 
-    def operand(v, like):
-        return name(v) if type(v) is Var else _literal(v, like)
+    def operand(v, like, weak=False):
+        return name(v) if type(v) is Var else _literal(v, like, weak)
 
     def nested(inner, indent, key=""):
         if inner in shared:
@@ -200,7 +217,7 @@ def _rows(program, width, names, shared, top=False) -> list:
     consts = " ".join(typed(v) for v in program.constvars)
     lines = [f"{{ lambda {consts}; {' '.join(typed(v) for v in program.invars)}. let"]
     for eqn in program.eqns:
-        ins = " ".join(operand(v, _literal_dtype(eqn)) for v in eqn.invars)
+        ins = " ".join(operand(v, _literal_dtype(eqn), _meets_weak(eqn)) for v in eqn.invars)
         printed = getattr(eqn.primitive, "printed", None)
         if printed is not None:       # a row that JAX spells as several equations (pmean)
             for prim_name, params, text_ins, out_vars in printed(eqn, name, typed, ins):
@@ -223,16 +240,26 @@ def _psum_name(eqn):
     return "psum_invariant" if any(getattr(v.aval, "vma", ()) for v in eqn.invars) else "psum"
 
 
-def _psum_printed(eqn, name, typed, ins):
+def _psum_params(eqn, prim_name) -> dict:
+    """A psum's parameters as the running JAX prints them: ``psum_invariant`` leaves out
+    ``axis_index_groups`` after jax 0.7."""
     params = {k: v for k, v in eqn.params.items() if not k.startswith("_")}
-    return [(_psum_name(eqn), params, ins, " ".join(typed(v) for v in eqn.outvars))]
+    if prim_name == "psum_invariant" and not forms().shard_map_text()[1]:
+        params.pop("axis_index_groups", None)
+    return params
+
+
+def _psum_printed(eqn, name, typed, ins):
+    prim_name = _psum_name(eqn)
+    return [(prim_name, _psum_params(eqn, prim_name), ins,
+             " ".join(typed(v) for v in eqn.outvars))]
 
 
 def _pmean_printed(eqn, name, typed, ins):
     """JAX has no pmean primitive: it sums (psum), then divides by the group's size."""
     sums = [Var(v.aval) for v in eqn.outvars]
-    params = {k: v for k, v in eqn.params.items() if not k.startswith("_")}
-    lines = [(_psum_name(eqn), params, ins, " ".join(typed(v) for v in sums))]
+    prim_name = _psum_name(eqn)
+    lines = [(prim_name, _psum_params(eqn, prim_name), ins, " ".join(typed(v) for v in sums))]
     for total, out in zip(sums, eqn.outvars):
         divisor = f"{out.aval.dtype.type(eqn.params['_size'])}:{out.aval.str_short().split('[')[0]}[]"
         if out.aval.vma:                  # the divisor is made to vary as the sum does
@@ -253,4 +280,19 @@ def _broadcast_shown(params, short=P.broadcast_in_dim.show):
 
 
 P.broadcast_in_dim.show = _broadcast_shown
+
+
+def _shard_map_shown(p) -> list:
+    """A shard_map's parameters as the running JAX prints them, in its (alphabetical)
+    order: the axes it makes manual (not those of an enclosing shard_map) as a frozenset,
+    named ``newly_manual_axes`` (``manual_axes`` up to jax 0.7)."""
+    newly = [a for a in p["manual_axes"] if a not in p.get("_outer_axes", ())]
+    manual = "frozenset({" + ", ".join(repr(a) for a in newly) + "})"
+    shown = [("check_vma", p["check_vma"]), ("in_specs", p["in_specs"]), ("jaxpr", p["jaxpr"]),
+             ("mesh", p["shard_mesh"]), ("out_specs", p["out_specs"]),
+             (forms().shard_map_text()[0], manual)]
+    return sorted(shown, key=lambda item: item[0])
+
+
+shard_map_eqn.shard_map_p.show = _shard_map_shown
 bridge.printer = pretty

@@ -20,6 +20,7 @@ devices that differ).
 """
 from __future__ import annotations
 
+import copy
 import functools
 import math
 import warnings
@@ -37,15 +38,18 @@ from ..machine.mesh import (Mesh, NamedSharding, PartitionSpec, ShardingError, b
                              block_slices, check_spec, join_blocks, replica_id, slices_text,
                              stack_blocks)
 from . import spmd
+from .jit import jit as _jit
+from .partition import explicit_axes, get_mesh
 from .shard_map_eqn import shard_map_equation
 from .shapes import aval_of_shape, is_shape, struct_of
 from .spmd import Piece, positional_names, value_or_shape
 from ..viz.text import summarize
 
 _REQUIRED = object()
+_INFER = object()            # in_specs left out: read from the arguments' types, as JAX's Infer
 
 
-def shard_map(f=None, /, *, out_specs=_REQUIRED, in_specs=_REQUIRED, mesh=None,
+def shard_map(f=None, /, *, out_specs=_REQUIRED, in_specs=_INFER, mesh=None,
               axis_names=frozenset(), check_vma=True, check_rep=None, eager=False):
     """Map ``f`` over the blocks of its arguments on a mesh of simulated devices, like
     ``jax.shard_map``.
@@ -94,6 +98,21 @@ def _refuse_nesting(task):
         f"nested-pmap form of the same program still runs with simpmd.pmap.")
 
 
+def _manual_spec(leaf, mesh, manual) -> PartitionSpec:
+    """The spec of ``leaf``'s type over ``mesh``, keeping only the ``manual`` axes (JAX's
+    ``_manual_spec``); a value placed nowhere (a NumPy array) is replicated."""
+    sharding = getattr(getattr(leaf, "aval", None), "sharding", None)
+    if sharding is None or sharding.mesh != mesh:
+        return PartitionSpec()
+    parts = []
+    for dim in sharding.dims:
+        kept = tuple(a for a in dim if a in manual)
+        parts.append(None if not kept else kept[0] if len(kept) == 1 else kept)
+    while parts and parts[-1] is None:
+        parts.pop()
+    return PartitionSpec(*parts)
+
+
 def _spec_axes(spec) -> frozenset:
     """The mesh axes a PartitionSpec splits over: what a block of it varies over."""
     return frozenset(spec.mesh_axes())
@@ -110,32 +129,76 @@ class ShardMapped:
         if out_specs is _REQUIRED:
             raise TypeError("shard_map needs out_specs=: a P(...) per output (or a pytree "
                             "prefix of the outputs), saying how the blocks are put together.")
-        if in_specs is _REQUIRED:
-            raise TypeError(
-                "shard_map needs in_specs=: a P(...) per argument (or a pytree prefix of the "
-                "arguments), saying how each is split over the mesh. (JAX can infer them "
-                "from arguments with explicit shardings; simpmd's arguments are plain arrays.)")
-        if mesh is None:
-            raise TypeError("shard_map needs mesh=: a simpmd.Mesh, e.g. "
-                            "simpmd.make_mesh((2, 4), ('data', 'model')).")
-        if not isinstance(mesh, Mesh):
+        if mesh is not None and not isinstance(mesh, Mesh):
             raise TypeError(f"shard_map's mesh= must be a simpmd.Mesh, got {mesh!r}. Build it "
                             f"from simpmd.devices() (simpmd.make_mesh), not from jax.devices().")
         if not isinstance(axis_names, (set, frozenset)):
             raise TypeError(f"axis_names must be a set of mesh axis names, got {axis_names!r}")
-        if axis_names and not set(axis_names) <= set(mesh.axis_names):
-            raise ShardingError(f"axis_names={set(axis_names)} must be a subset of the mesh's "
-                                f"axes {mesh.axis_names}.")
         functools.update_wrapper(self, fun)
-        self.fun, self.mesh, self.axis_names = fun, mesh, frozenset(axis_names)
+        self.fun, self._mesh, self.axis_names = fun, mesh, frozenset(axis_names)
+        if mesh is not None:
+            self._check_axis_names(mesh)
         self.in_specs, self.out_specs = in_specs, out_specs
         self.check_vma, self.eager = check_vma, eager
         self.trace = None
         self._param_names = positional_names(fun)
 
+    @property
+    def mesh(self) -> Mesh:
+        """The mesh given as ``mesh=``, or else JAX's context mesh when called: the one the
+        enclosing ``jit`` or ``shard_map`` runs over, or the one of ``set_mesh``."""
+        if self._mesh is not None:
+            return self._mesh
+        mesh = getattr(context.run, "mesh", None) or get_mesh()
+        if mesh is None:
+            raise ShardingError(
+                "The context mesh cannot be empty. Use `jax.set_mesh(mesh)` to enter into a "
+                "mesh context (JAX's words): this shard_map was given no mesh=, and none is "
+                "set. Pass mesh=simpmd.make_mesh(...), or call simpmd.set_mesh(mesh) (or "
+                "`with simpmd.set_mesh(mesh):`) before calling it.")
+        self._check_axis_names(mesh)
+        return mesh
+
+    def _inferring(self, args, kwargs):
+        """in_specs left out: as JAX's ``Infer``, each argument's spec is the one its type
+        has over the manual axes, which must all be Explicit."""
+        mesh = self.mesh
+        manual = self.axis_names or frozenset(mesh.axis_names)
+        auto = [a for a in mesh.axis_names if a in manual and a not in explicit_axes(mesh)]
+        if auto:
+            raise TypeError(
+                f"shard_map in_specs argument must be a pytree of `jax.sharding.PartitionSpec` "
+                f"instances, but it was `None` when axis_names={set(manual)} are of type "
+                f"AxisType.Auto (JAX's words): only arguments typed by Explicit axes say how "
+                f"they are split. Pass in_specs= (a P(...) per argument), or build the mesh "
+                f"with axis_types=(AxisType.Explicit,) * {len(mesh.axis_names)}.")
+        leaves, treedef = tree.flatten(tuple(args))
+        specs = tree.unflatten(treedef, [_manual_spec(leaf, mesh, manual) for leaf in leaves])
+        inferred = copy.copy(self)
+        inferred.in_specs = specs
+        try:
+            return inferred(*args, **kwargs)
+        finally:
+            self.trace = inferred.trace
+
+    def _refuse_inner_mesh(self, parent):
+        """Inside a shard_map body, JAX's context mesh has that body's axes Manual, which no
+        mesh one can pass matches: an inner shard_map takes the context mesh."""
+        raise ShardingError(
+            f"The context mesh {parent.mesh!r} (axes {tuple(parent.manual_axes)} Manual) "
+            f"should match the mesh passed to shard_map {self._mesh!r} (JAX's words): this "
+            f"shard_map is called inside the body of another one, manual over "
+            f"{tuple(parent.manual_axes)}. Leave mesh= out of the inner shard_map, which then "
+            f"runs over the enclosing mesh, and name the axes it maps in axis_names=.")
+
+    def _check_axis_names(self, mesh):
+        if self.axis_names and not set(self.axis_names) <= set(mesh.axis_names):
+            raise ShardingError(f"axis_names={set(self.axis_names)} must be a subset of the "
+                                f"mesh's axes {mesh.axis_names}.")
+
     def __repr__(self):
-        return (f"<simpmd.shard_map of {getattr(self.fun, '__name__', self.fun)!r} over "
-                f"{self.mesh!r}>")
+        over = repr(self._mesh) if self._mesh is not None else "the context mesh"
+        return f"<simpmd.shard_map of {getattr(self.fun, '__name__', self.fun)!r} over {over}>"
 
     def _arg_name(self, i):
         names = self._param_names
@@ -186,9 +249,13 @@ class ShardMapped:
 
     # -- calling ---------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
+        if self.in_specs is _INFER:
+            return self._inferring(args, kwargs)
         parent = context.run
         if parent is not None and (hasattr(parent, "mesh") or not (parent.axes or parent.eager)):
             # inside jit, or under grad, eval_shape or make_jaxpr: one equation
+            if self._mesh is not None and getattr(parent, "manual_axes", ()):
+                self._refuse_inner_mesh(parent)
             return shard_map_equation(self, args)
         if parent is not None:
             _refuse_nesting(parent)
@@ -198,11 +265,9 @@ class ShardMapped:
         if machine.intercepts():                   # one process of simpmd.run_processes
             return machine.hosts.launch(self, args, kwargs)
         if self.axis_names and self.axis_names != set(self.mesh.axis_names):
-            raise ShardingError(
-                f"axis_names={set(self.axis_names)} asks for a body that is manual over only "
-                f"some mesh axes, with the compiler handling the others: that needs jit "
-                f"around it (as in JAX). Call it inside simpmd.jit, or leave axis_names out "
-                f"and name the other axes in the specs (or leave them out to replicate).")
+            # Manual over some axes only: the compiler handles the others, as JAX's eager
+            # shard_map has each operation on them compiled; simpmd's compiler is its jit.
+            return _jit(self)(*args, **kwargs)
         if kwargs:
             raise TypeError(
                 f"shard_map'd functions take positional arguments only (as in JAX), got "

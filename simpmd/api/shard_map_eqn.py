@@ -46,7 +46,10 @@ def shard_map_equation(mapped, args):
     if run.axes and getattr(run, "mesh", None) != mesh:
         raise ShardingTypeError(f"shard_map over {mesh!r} inside jit over {run.mesh!r}: "
                                 f"use the mesh of the jit's arrays (set_mesh).")
-    manual = tuple(a for a in mesh.axis_names if not mapped.axis_names or a in mapped.axis_names)
+    # Inside another shard_map's body, the axes it is manual over stay manual here too.
+    outer = set(getattr(run, "manual_axes", ()))
+    manual = tuple(a for a in mesh.axis_names
+                   if not mapped.axis_names or a in mapped.axis_names or a in outer)
     leaves, in_tree = tree.flatten(tuple(args))
     specs = tree.broadcast_prefix(mapped.in_specs if isinstance(mapped.in_specs, tuple)
                                   or len(args) != 1 else (mapped.in_specs,), tuple(args),
@@ -67,9 +70,10 @@ def shard_map_equation(mapped, args):
     program, consts = trace(flat, body_avals, body_run(mesh, manual, mapped.check_vma))
     out_specs = tree.broadcast_prefix(mapped.out_specs, tree.unflatten(
         out_tree[0], [0] * len(program.outvars)), what="out_specs")
-    _check_replication(program, out_specs, mapped.check_vma)
+    _check_replication(program, out_specs, mapped.check_vma, outer)
     outs = bind(shard_map_p, *consts, *leaves, jaxpr=loops.closed(program),
                 shard_mesh=MeshText(mesh), check_vma=mapped.check_vma, manual_axes=manual,
+                _outer_axes=tuple(a for a in manual if a in outer),
                 in_specs=tuple([PartitionSpec()] * len(consts) + list(specs)),
                 out_specs=tuple(out_specs))
     return tree.unflatten(out_tree[0], outs)
@@ -124,13 +128,15 @@ def _block_aval(aval, spec, mesh, check_vma, manual):
     rest = [tuple(a for a in d if a not in manual) for d in own]
     sharding = Sharding(mesh, rest) if set(manual) != set(mesh.axis_names) else None
     return Aval(R.block_shape(aval.shape, dims, mesh), aval.dtype, aval.weak_type,
-                vma=frozenset(a for d in dims for a in d) if check_vma else frozenset(),
+                vma=aval.vma | frozenset(a for d in dims for a in d) if check_vma else frozenset(),
                 sharding=sharding)
 
 
-def _check_replication(program, out_specs, check_vma):
+def _check_replication(program, out_specs, check_vma, outer=()):
+    """Under check_vma, a result must not vary over a newly manual axis its out_specs
+    leaves out (the axes of an enclosing shard_map stay varying outside)."""
     for k, (v, spec) in enumerate(zip(program.outvars, out_specs)):
-        missing = sorted(aval_of(v).vma - set(spec.mesh_axes())) if check_vma else []
+        missing = sorted(aval_of(v).vma - set(spec.mesh_axes()) - set(outer)) if check_vma else []
         if missing:
             raise errors.SimpmdError(
                 f"shard_map's out_specs {spec!r} for result {k} leaves out mesh axis "
@@ -144,7 +150,7 @@ def _check_replication(program, out_specs, check_vma):
 
 
 def _sm_stacked(*args, jaxpr, shard_mesh, in_specs, out_specs, check_vma, manual_axes,
-                _vjp=None):
+                _vjp=None, _outer_axes=()):
     """A shard_map where no jit partitions it (plain NumPy under ``grad``, a jit of NumPy
     arguments): the operands, whole, placed on the shard_map's mesh as JAX places them;
     the equation partitioned and run there; the results brought back whole."""
@@ -199,7 +205,8 @@ def _sm_linearize(eqn, wants):
             forward.outvars[n_out + k] = _leading_axis(forward, v)
             backward.invars[n_used + k] = _without_leading_axis(backward, backward.invars[n_used + k])
     if not p["check_vma"]:
-        _sum_unmentioned(backward, [s for s, a in zip(p["in_specs"], split.active) if a], manual)
+        newly = tuple(a for a in manual if a not in p.get("_outer_axes", ()))
+        _sum_unmentioned(backward, [s for s, a in zip(p["in_specs"], split.active) if a], newly)
     bwd = dict(p, jaxpr=backward, in_specs=tuple(p["in_specs"][i] for i in split.used)
                + tuple(res_specs) + tuple(s for s, w in zip(p["out_specs"], split.with_ct) if w),
                out_specs=tuple(s for s, a in zip(p["in_specs"], split.active) if a))
@@ -227,7 +234,7 @@ def _sum_unmentioned(program, specs, manual):
     """Without ``check_vma`` each device's cotangent of an input its in_specs replicate
     over some axes is a part of the whole: JAX sums the parts over those axes."""
     for k, (v, spec) in enumerate(zip(program.outvars, specs)):
-        axes = tuple(a for a in manual if a not in spec.mesh_axes())
+        axes = _unmentioned(spec, manual)
         if axes and type(v) is Var:
             total = Var(v.aval)
             program.eqns.append(Equation(K.psum, dict(axes=axes, axis_index_groups=None),
@@ -235,10 +242,32 @@ def _sum_unmentioned(program, specs, manual):
             program.outvars[k] = total
 
 
+def _unmentioned(spec, manual) -> tuple:
+    """The manual axes a cotangent of ``spec`` is replicated over (JAX's ``_unmentioned2``
+    of the cotangent's spec, in which ``reduced`` axes become unreduced)."""
+    return tuple(a for a in manual if a not in spec.mesh_axes() and a not in spec.reduced)
+
+
+def _split_replicated_cts(cts, out_specs, mesh, manual):
+    """Without ``check_vma``, JAX divides a result's cotangent by the size of the axes its
+    out_specs replicate it over: every device then holds its share, and the backward body
+    (psum's transpose is a psum there) adds the shares up to the whole once, not once per
+    device."""
+    out = list(cts)
+    for k, spec in enumerate(out_specs):
+        size = int(np.prod([mesh.shape[a] for a in _unmentioned(spec, manual)]))
+        if out[k] is not None and size != 1 and np.issubdtype(aval_of(out[k]).dtype, np.inexact):
+            out[k] = out[k] / np.asarray(size, aval_of(out[k]).dtype)
+    return out
+
+
 def _sm_vjp(cts, ins, outs, wants, _vjp=None, **params):
     """The backward shard_map: the residuals and the cotangents arrive in their specs'
     blocks, the inputs' cotangents leave in in_specs' blocks."""
     bwd, split = _vjp
+    if not params["check_vma"]:
+        newly = tuple(a for a in params["manual_axes"] if a not in params.get("_outer_axes", ()))
+        cts = _split_replicated_cts(cts, params["out_specs"], params["shard_mesh"].mesh, newly)
     return loops.split_vjp(cts, ins, outs, split, lambda operands: bind(
         shard_map_p, *operands, **bwd))
 

@@ -230,7 +230,8 @@ def logical_not(x):
     return bind(P.not_, convert(x, np.bool_))
 
 
-def round_(x, decimals=0):
+def round_(x, decimals=0, out=None):
+    refuse_out(out, "round")
     if decimals:
         factor = 10.0 ** decimals
         return true_divide(_round(multiply(x, factor)), factor)
@@ -413,11 +414,18 @@ def ones_like(x, dtype=None, shape=None):
 # -- reductions -----------------------------------------------------------------------------
 
 
+def refuse_out(out, name):
+    """NumPy's ``out=`` writes in place, which JAX arrays cannot: JAX accepts only
+    ``out=None`` (what NumPy's functions pass on to an array's methods)."""
+    if out is not None:
+        raise NotImplementedError(
+            f"The 'out' argument to jnp.{name} is not supported: JAX arrays (and simpmd's "
+            f"device values) are immutable. Use the returned value instead.")
+
+
 def _reducer(prim, accumulate=False):
     def reduce(x, axis=None, dtype=None, out=None, keepdims=False, **kwargs):
-        if out is not None:
-            raise TypeError("out= writes into an array in place; JAX arrays are immutable. "
-                            "Use the returned value instead.")
+        refuse_out(out, prim.name.replace("reduce_", ""))
         axes = _axes(axis, x.aval.ndim)
         narrow = accumulate and dtype is None and _half(x) and axes
         if accumulate and (dtype is not None or x.aval.dtype.kind in "biu"):
@@ -445,15 +453,18 @@ max_ = _reducer(P.reduce_max)
 min_ = _reducer(P.reduce_min)
 
 
-def all_(x, axis=None, keepdims=False):
+def all_(x, axis=None, out=None, keepdims=False):
+    refuse_out(out, "all")
     return _reducer(P.reduce_and)(convert(x, np.bool_), axis, keepdims=keepdims)
 
 
-def any_(x, axis=None, keepdims=False):
+def any_(x, axis=None, out=None, keepdims=False):
+    refuse_out(out, "any")
     return _reducer(P.reduce_or)(convert(x, np.bool_), axis, keepdims=keepdims)
 
 
-def mean(x, axis=None, dtype=None, keepdims=False):
+def mean(x, axis=None, dtype=None, out=None, keepdims=False):
+    refuse_out(out, "mean")
     axes = _axes(axis, x.aval.ndim)
     if x.aval.dtype.kind in "biu" or dtype is not None:
         x = convert(x, dtype or dtypes.default("f"))
@@ -464,19 +475,22 @@ def mean(x, axis=None, dtype=None, keepdims=False):
     return true_divide(sum_(x, axes, keepdims=keepdims), float(count))
 
 
-def var(x, axis=None, dtype=None, ddof=0, keepdims=False):
+def var(x, axis=None, dtype=None, out=None, ddof=0, keepdims=False):
+    refuse_out(out, "var")
     centred = subtract(x, mean(x, axis, dtype, keepdims=True))
     axes = _axes(axis, x.aval.ndim)
     count = math.prod(x.aval.shape[a] for a in axes) - ddof
     return true_divide(sum_(square(centred), axes, keepdims=keepdims), float(count))
 
 
-def std(x, axis=None, dtype=None, ddof=0, keepdims=False):
-    return sqrt(var(x, axis, dtype, ddof, keepdims))  # noqa: F821 (made above)
+def std(x, axis=None, dtype=None, out=None, ddof=0, keepdims=False):
+    refuse_out(out, "std")
+    return sqrt(var(x, axis, dtype, None, ddof, keepdims))  # noqa: F821 (made above)
 
 
 def _arg(prim):
-    def arg(x, axis=None, keepdims=False):
+    def arg(x, axis=None, out=None, keepdims=False):
+        refuse_out(out, prim.name)
         if axis is None:
             x, axis = ravel(x), 0
         axis = _axis(axis, x.aval.ndim)
@@ -489,7 +503,8 @@ argmax, argmin = _arg(P.argmax), _arg(P.argmin)
 
 
 def _cumulative(prim):
-    def cumulative(x, axis=None, dtype=None):
+    def cumulative(x, axis=None, dtype=None, out=None):
+        refuse_out(out, prim.name)
         if axis is None:
             x, axis = ravel(x), 0
         if dtype is not None or x.aval.dtype.kind == "b":
@@ -900,15 +915,19 @@ class Spelled:
     def min(self, axis=None, out=None, keepdims=False):
         return min_(self, axis, out=out, keepdims=keepdims)
 
-    def mean(self, axis=None, dtype=None, keepdims=False): return mean(self, axis, dtype, keepdims)
-    def var(self, axis=None, dtype=None, ddof=0, keepdims=False): return var(self, axis, dtype, ddof, keepdims)
-    def std(self, axis=None, dtype=None, ddof=0, keepdims=False): return std(self, axis, dtype, ddof, keepdims)
-    def all(self, axis=None, keepdims=False): return all_(self, axis, keepdims)
-    def any(self, axis=None, keepdims=False): return any_(self, axis, keepdims)
-    def argmax(self, axis=None, keepdims=False): return argmax(self, axis, keepdims)
-    def argmin(self, axis=None, keepdims=False): return argmin(self, axis, keepdims)
-    def cumsum(self, axis=None, dtype=None): return cumsum(self, axis, dtype)
-    def cumprod(self, axis=None, dtype=None): return cumprod(self, axis, dtype)
+    # JAX's signatures, ``out=None`` included: NumPy's np.mean(x) calls x.mean(out=None).
+    def mean(self, axis=None, dtype=None, out=None, keepdims=False):
+        return mean(self, axis, dtype, out, keepdims)
+    def var(self, axis=None, dtype=None, out=None, ddof=0, keepdims=False):
+        return var(self, axis, dtype, out, ddof, keepdims)
+    def std(self, axis=None, dtype=None, out=None, ddof=0, keepdims=False):
+        return std(self, axis, dtype, out, ddof, keepdims)
+    def all(self, axis=None, out=None, keepdims=False): return all_(self, axis, out, keepdims)
+    def any(self, axis=None, out=None, keepdims=False): return any_(self, axis, out, keepdims)
+    def argmax(self, axis=None, out=None, keepdims=False): return argmax(self, axis, out, keepdims)
+    def argmin(self, axis=None, out=None, keepdims=False): return argmin(self, axis, out, keepdims)
+    def cumsum(self, axis=None, dtype=None, out=None): return cumsum(self, axis, dtype, out)
+    def cumprod(self, axis=None, dtype=None, out=None): return cumprod(self, axis, dtype, out)
     def reshape(self, *shape, order="C", out_sharding=None):
         return reshape(self, *shape, order=order, out_sharding=out_sharding)
     def transpose(self, *axes): return transpose(self, *axes)
@@ -919,7 +938,7 @@ class Spelled:
     def astype(self, dtype, copy=False): return convert(self, dtype)
     def copy(self): return self
     def clip(self, min=None, max=None): return clip(self, min, max)
-    def round(self, decimals=0): return round_(self, decimals)
+    def round(self, decimals=0, out=None): return round_(self, decimals, out)
     def conj(self): return conjugate(self)
     def dot(self, other): return dot(self, other)
     def take(self, indices, axis=None): return take(self, indices, axis)

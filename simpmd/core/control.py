@@ -39,12 +39,13 @@ def common_consts(traced, order):
     return programs, consts
 
 def _cond_abstract(index, *ops, branches, _what, _source, _vjp=None):
-    vma = frozenset().union(index.vma, *(a.vma for p in branches for a in p.out_avals))
-    return [a.update(vma=vma) for a in branches[0].out_avals]
+    """Each result typed by its own branches' outputs, varying wherever the choice does."""
+    return [a.update(vma=frozenset().union(index.vma, *(p.out_avals[k].vma for p in branches)))
+            for k, a in enumerate(branches[0].out_avals)]
 
 def _cond_stacked(index, *ops, branches, _what, _source, _vjp=None):
-    """Every branch over every device; each device keeps its own branch's result (outside
-    any mapped body, as under plain NumPy ``grad``, the one device of ``core.plain``)."""
+    """Every branch over every device; each keeps its own branch's result (a result shared
+    by all, a leading axis of 1, as each one's; outside any mapped body, ``core.plain``'s)."""
     run = context.run or core.plain
     chosen = np.clip(np.asarray(index.stack if isinstance(index, StackedValue) else index,
                                 dtype=np.int64).reshape(-1), 0, len(branches) - 1)
@@ -55,7 +56,8 @@ def _cond_stacked(index, *ops, branches, _what, _source, _vjp=None):
             stacks.append([run.stack_of(o, aval_of(o)) for o in eval_program(program, [], ops)])
         finally:
             run.branches.pop()
-    return [np.stack(col)[chosen, np.arange(run.n)] for col in zip(*stacks)]
+    return [np.stack([np.broadcast_to(s, (run.n,) + np.shape(s)[1:]) for s in col])
+            [chosen, np.arange(run.n)] for col in zip(*stacks)]
 
 def _cond_linearize(eqn, wants):
     """Each branch cut by ``loops.split_call``; the cond also returns every branch's

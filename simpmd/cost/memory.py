@@ -47,10 +47,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from .fusion import body_kernels
 from .rows import column
-from .walk import (Walker, _is_var, _primitive_name, _row, axes_in, flops_and_bytes, nested,
-                   traced, var_bytes, walk)
+from .walk import (Walker, _equation_list, _is_var, _primitive_name, _row, axes_in,
+                   flops_and_bytes, nested, traced, var_bytes, walk)
 
 __all__ = ["Memory", "peak_memory", "memory", "flops"]
 
@@ -128,14 +130,21 @@ def _body_peak(eqn, like_jax, walker, sizes) -> int:
     return extra
 
 
-def _liveness(program, like_jax, walker, sizes, donate=False):
-    """(peak, the equation running at it, timeline) of one program."""
+def _liveness(program, like_jax, walker, sizes, donate=False, top=False):
+    """(peak, the equation running at it, timeline) of one program (``top``: the program
+    itself, not a body of one: like JAX, its arguments nothing reads are left out, as
+    ``dce_jaxpr`` drops them before JAX's roofline walks it)."""
     inner = walker.live(program)
     eqns = inner.eqns
     args = [v for v in list(inner.constvars) + list(inner.invars) if _is_var(v)]
     last, alias = _last_uses(eqns, inner, like_jax)
+    if like_jax and top:
+        args = [v for v in args if v in last]
     live = {v: var_bytes(v) for v in args}
-    current = sum(live.values())
+    constants = _constants_by_equation(eqns) if like_jax else []
+    held = {c: n for read in constants for c, n in read.items()}
+    last_read = {c: k for k, read in enumerate(constants) for c in read}
+    current = sum(live.values()) + sum(held.values())
     peak, at, timeline = current, -1, []
     for k, e in enumerate(eqns):
         for v in e.outvars:
@@ -153,6 +162,7 @@ def _liveness(program, like_jax, walker, sizes, donate=False):
                     and v in live:
                 current -= live.pop(v)
         if like_jax:
+            current -= sum(held.pop(c) for c, at in last_read.items() if at == k and c in held)
             timeline.append(current)
             if current > peak:
                 peak, at = current, k
@@ -161,6 +171,23 @@ def _liveness(program, like_jax, walker, sizes, donate=False):
                 if v not in last and v in live:       # nothing reads it
                     current -= live.pop(v)
     return peak, at, timeline
+
+
+def _constants_by_equation(eqns) -> list:
+    """Per equation, the array constants it reads, itself or in any body it runs
+    (id -> bytes). JAX lifts each NumPy array a traced function closes over into the
+    jaxpr's constants, live from the start until their last reader, and passes it to every
+    body that reads it; simpmd's programs keep them in the equations that read them."""
+    return [_constants_read(e) for e in eqns]
+
+
+def _constants_read(eqn) -> dict:
+    found = {id(v.value): var_bytes(v) for v in eqn.invars
+             if not _is_var(v) and np.ndim(getattr(v, "value", 0)) > 0}
+    for body in nested(eqn)[1]:
+        for e in _equation_list(body):
+            found.update(_constants_read(e))
+    return found
 
 
 def _kernel_liveness(program, walker, sizes, donate, bodies, accumulation_fusion,
@@ -230,7 +257,7 @@ def peak_memory(program, like_jax=False, *, fused=False, donate=False,
                                                        {}, accumulation_fusion)
         where = body.kernels[at].name if at >= 0 else ""
     else:
-        peak, at, timeline = _liveness(program, like_jax, walker, walker.sizes, donate)
+        peak, at, timeline = _liveness(program, like_jax, walker, walker.sizes, donate, top=True)
         where = _describe(eqns[at]) if 0 <= at < len(eqns) else ""
     inner = getattr(program, "jaxpr", program)
     args = [v for v in list(inner.constvars) + list(inner.invars) if _is_var(v)]

@@ -95,3 +95,19 @@ def guards_zero_divisor() -> bool:
     """Whether jnp's float floor division guards a zero divisor (a ``_where`` in its body)."""
     jax = _jax()
     return "_where" in str(jax.make_jaxpr(lambda x: x // 3)(np.ones(2, np.float32)))
+
+
+@functools.lru_cache(maxsize=None)
+def shard_map_text() -> tuple:
+    """How a shard_map equation prints what is JAX-version specific: the name of the
+    parameter that holds the axes it makes manual ('newly_manual_axes', or 'manual_axes'
+    up to 0.7), and whether ``psum_invariant`` prints ``axis_index_groups=None``. Read off
+    a shard_map over an abstract one-device mesh (no device is used)."""
+    jax = _jax()
+    from jax.sharding import AbstractMesh, AxisType, PartitionSpec
+    mesh = AbstractMesh((1,), ("i",), axis_types=(AxisType.Auto,))
+    mapped = jax.shard_map(lambda x: jax.lax.psum(x, "i"), mesh=mesh,
+                           in_specs=PartitionSpec("i"), out_specs=PartitionSpec())
+    text = str(jax.make_jaxpr(mapped)(np.ones(2, np.float32)))
+    name = "newly_manual_axes" if "newly_manual_axes=" in text else "manual_axes"
+    return name, "psum_invariant[axes=('i',) axis_index_groups" in text

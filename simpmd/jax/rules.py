@@ -213,3 +213,18 @@ def contraction_sets() -> str:
     return "entries" if _refuses(
         lambda a, b: jnp.einsum("ij,jk->ik", a, b, out_sharding=P(None, None, unreduced={"X", "Y"})),
         typed((4, 4), None, ("X", "Y")), typed((4, 4), ("X", "Y"), None)) else "axes"
+
+
+# -- collectives ---------------------------------------------------------------------------
+
+def ppermute_out_of_mesh_order() -> str:
+    """What the running JAX does with a ``ppermute`` over a tuple of axes out of the
+    mesh's order: 'refuses' (from 0.11.2, while ``jax_raise_on_ppermute_sort_diff`` is on:
+    a RuntimeError when it lowers), 'follows' (that flag turned off: the devices are
+    numbered in the given order) or 'mesh order' (a JAX without the flag, up to 0.10: the
+    devices are numbered in the mesh's order, whatever the order given). Read at every
+    call, since the flag can change."""
+    flag = getattr(_jax().config, "jax_raise_on_ppermute_sort_diff", None)
+    if flag is None:
+        return "mesh order"
+    return "refuses" if flag else "follows"

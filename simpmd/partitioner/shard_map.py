@@ -16,8 +16,11 @@ def sm_global(aval, spec, mesh):
                 aval.weak_type)
 
 
-def sm_abstract(*avals, jaxpr, shard_mesh, out_specs, **params):
-    return [sm_global(aval_of(v), s, shard_mesh.mesh) for v, s in zip(jaxpr.outvars, out_specs)]
+def sm_abstract(*avals, jaxpr, shard_mesh, out_specs, _outer_axes=(), **params):
+    """The results' global types; inside an enclosing shard_map, still varying over its
+    axes where the body's results do."""
+    return [sm_global(aval_of(v), s, shard_mesh.mesh).update(
+        vma=aval_of(v).vma & frozenset(_outer_axes)) for v, s in zip(jaxpr.outvars, out_specs)]
 
 
 def sm_rule(mesh, avals, jaxpr, in_specs, out_specs, shard_mesh, **params):

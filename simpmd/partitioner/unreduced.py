@@ -27,7 +27,6 @@ from ..core import errors
 from .sharding import ShardingTypeError, reductions_of, settings, type_text
 
 NO = (frozenset(), frozenset())
-_FILE = "Please file an issue at https://github.com/jax-ml/jax/issues"
 _KEEPS = ("keeps", "keeps")
 
 
@@ -148,7 +147,14 @@ class UnreducedRuleError(errors.SimpmdError, NotImplementedError):
 
 
 def _no_rule(name):
-    return UnreducedRuleError(f"unreduced rule for {name} is not implemented. {_FILE}")
+    """JAX's refusal of an operation that has no rule for unreduced or reduced operands, in
+    its words (without its advice to file an issue with JAX: this is no bug of JAX's) and
+    what to do instead."""
+    return UnreducedRuleError(
+        f"unreduced rule for {name} is not implemented (JAX's words): JAX defines no result "
+        f"type for {name} of a value that is unreduced or reduced over a mesh axis, so it "
+        f"refuses it. reshard the value to an ordinary sharding first (simpmd.reshard(x, "
+        f"P(...)) sums the partial values, as jax.reshard does), then apply {name}.")
 
 
 def types(prim, avals, params, n_outs, mesh) -> list:

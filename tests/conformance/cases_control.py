@@ -10,9 +10,6 @@ from .inputs import ar, mesh, pcast_varying, rnd
 CASES = []
 CF = "lax_control_flow_test.py::"
 SM = "shard_map_test.py::"
-ITEM9 = "issue 45 item 9: a cond whose branches vary over different axes is accepted"
-NEW2 = ("new: jit(cond) whose branches return float32 and int32 runs (simpmd keeps one "
-        "branch's dtype); JAX raises 'cond branches must have equal output types'")
 ITEM17 = ("issue 45 item 17: grad of (x, w) through a cond in shard_map says w's gradient "
           "varies and refuses it")
 
@@ -81,8 +78,7 @@ _TYPE_ERRORS = {
 }
 for _name, _bad in _TYPE_ERRORS.items():
     add(_name.rstrip("*"), (lambda f: lambda jx, x: jx.jit(lambda v: f(jx, v))(x))(_bad),
-        lambda: (ar(12),), follows=CF + "testWhileTypeErrors", raises=True,
-        xfail=NEW2 if _name.endswith("*") else "")
+        lambda: (ar(12),), follows=CF + "testWhileTypeErrors", raises=True)
 
 
 # -- control flow in shard_map and its vma rules ---------------------------------------------
@@ -144,7 +140,7 @@ def _cond_mixed(jx, v):
 
 
 add("shard_map_cond_branch_vma_differs_is_refused", _in_shard_map(_cond_mixed), lambda: (ar(8),),
-    follows=SM + "test_cond_pvary_errors", raises=True, xfail=ITEM9)
+    follows=SM + "test_cond_pvary_errors", raises=True)
 
 
 def _cond_two_axes(jx, x, y):
@@ -155,7 +151,7 @@ def _cond_two_axes(jx, x, y):
 
 
 add("shard_map_cond_branches_vary_over_different_axes", _cond_two_axes, lambda: (ar(8), ar(4)),
-    follows=SM + "test_cond_pvary_errors", raises=True, xfail=ITEM9)
+    follows=SM + "test_cond_pvary_errors", raises=True)
 
 
 def _grad_cond_two_args(jx, x, w):

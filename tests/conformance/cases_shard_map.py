@@ -12,17 +12,12 @@ from .inputs import ar, mesh, pcast_varying, rnd, vma
 CASES = []
 SM = "shard_map_test.py::"
 
-ITEM2 = ("issue 45 item 2: check_vma=False, the gradient through a collective into "
-         "out_specs=P() is the axis size times too large")
-ITEM9 = "issue 45 item 9: a cond whose branches vary over different axes is accepted"
 ITEM10 = ("issue 45 item 10: ppermute over an axis tuple out of mesh order runs where this "
           "JAX raises")
-ITEM13 = "issue 45 item 13: shard_map without mesh= (set_mesh's mesh) is refused"
 NEW1 = ("new: grad and checkpoint of an (eager) shard_map return NumPy arrays without a "
         "sharding, where JAX returns arrays sharded as in_specs / out_specs on the mesh")
 NEW3 = ("new: on jax 0.7.2 typeof inside shard_map prints the varying axes as a set "
         "(float32[2]{y,x}); simpmd prints 0.10's float32[2]{V:(x,y)}")
-ITEM14 = "issue 45 item 14: shard_map without in_specs on explicitly sharded arguments"
 
 
 def add(name, program, inputs=lambda: (), **kw):
@@ -220,8 +215,7 @@ def _numpy_mean_in_pmap(jx, x):
 
 
 add("numpy_mean_of_a_mapped_value", _numpy_mean_in_pmap, lambda: (ar(8, 3),),
-    follows="api_test.py::PmapTest (NumPy functions on traced values)", shardings=False,
-    xfail="issue 45 item 7: np.mean on a mapped value passes out=None to simpmd's mean")
+    follows="api_test.py::PmapTest (NumPy functions on traced values)", shardings=False)
 
 
 # -- vma: test_vma_out_specs_error_check, test_pvary, test_mul_with_vma_in_types,
@@ -383,16 +377,15 @@ _GRADS = {     # the collective, in_specs, out_specs, and the size of the output
 }
 for _name, (_coll, _in, _out, _wsize) in _GRADS.items():
     for _check in (True, False):
-        _bad = not _check and _name in ("psum", "pmean", "sin_then_psum")
         add(f"grad_{_name}{'' if _check else '_no_check_vma'}", _grad(_coll, _in, _out, _check),
             (lambda ws: lambda: (rnd(16, seed=5), rnd(ws, seed=6)))(_wsize),
             follows=SM + ("test_reverse_mode_ad" if _check else "test_check_rep_false_grads"),
-            xfail=ITEM2 if _bad else "", shardings=False, raises=_name == "pmax",
+            shardings=False, raises=_name == "pmax",
             versions="pmax has no differentiation rule in JAX" if _name == "pmax" else "")
 add("grad_all_gather_into_replicated_no_check_vma",
     _grad(lambda jx, v: jx.lax.all_gather(v, "x", tiled=True), ("x",), (), False),
     lambda: (rnd(16, seed=5), rnd(16, seed=6)), follows=SM + "test_check_rep_false_grads",
-    xfail=ITEM2, shardings=False)
+    shardings=False)
 
 
 def _grad_matmul(check_vma):
@@ -407,7 +400,7 @@ def _grad_matmul(check_vma):
 for _check in (True, False):
     add(f"grad_psum_matmul{'' if _check else '_no_check_vma'}", _grad_matmul(_check),
         lambda: (rnd(3, 8, seed=7), rnd(8, 2, seed=8)), follows=SM + "test_grads",
-        xfail="" if _check else ITEM2, shardings=False)
+        shardings=False)
 
 
 def _value_and_grad(jx, x):
@@ -523,8 +516,7 @@ def _nested():
     return program
 
 
-add("nested_partial_auto", _nested(), lambda: (ar(8, 4),), follows=SM + "test_nested_partial_auto",
-    xfail=ITEM13)
+add("nested_partial_auto", _nested(), lambda: (ar(8, 4),), follows=SM + "test_nested_partial_auto")
 # The gradient of this nested program (test_grad_nested_partial_auto's intent) is not
 # ported: JAX itself fails to lower it on CPU on 0.7.2, 0.10.2 and 0.12.0.1 ("Cannot lower
 # jaxpr with verifier errors: 'sdy.manual_computation' op operand 1 ...").
@@ -538,7 +530,7 @@ def _no_mesh_argument(jx, x):
 
 
 add("shard_map_mesh_from_set_mesh", _no_mesh_argument, lambda: (ar(8),),
-    follows=SM + "test_shmap_full_manual_context_explicit", xfail=ITEM13)
+    follows=SM + "test_shmap_full_manual_context_explicit")
 
 
 def _no_in_specs(jx, x):
@@ -549,8 +541,7 @@ def _no_in_specs(jx, x):
         return jx.jit(f)(xs)
 
 
-add("shard_map_in_specs_inferred", _no_in_specs, lambda: (ar(8),), follows=SM + "test_smap_explicit",
-    xfail=ITEM14)
+add("shard_map_in_specs_inferred", _no_in_specs, lambda: (ar(8),), follows=SM + "test_smap_explicit")
 
 
 def _explicit_in_shard_map(jx, x):

@@ -41,6 +41,7 @@ CHANGED = {
     ('scan_of_products', 'text'): "a scan's body is now partitioned into the per-device scan (before it was missing from the program: no flops)",
     ('scan_of_products', 'roofline'): "a scan's body is now partitioned into the per-device scan (before it was missing from the program: no flops)",
     ('cond_in_jit', 'text'): 'lower().compile() of a cond raised before (TypeError on the predicate without values); now a per-device cond',
+    ('shard_map_tp_layer', 'text'): "issue 45 item 19: psum_invariant's parameters printed as the running JAX prints them (no axis_index_groups)",
     ('cond_in_jit', 'roofline'): 'lower().compile() of a cond raised before (TypeError on the predicate without values); now a per-device cond',
 }
 
