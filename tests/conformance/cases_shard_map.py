@@ -12,8 +12,6 @@ from .inputs import ar, mesh, pcast_varying, rnd, vma
 CASES = []
 SM = "shard_map_test.py::"
 
-ITEM10 = ("issue 45 item 10: ppermute over an axis tuple out of mesh order runs where this "
-          "JAX raises")
 NEW1 = ("new: grad and checkpoint of an (eager) shard_map return NumPy arrays without a "
         "sharding, where JAX returns arrays sharded as in_specs / out_specs on the mesh")
 NEW3 = ("new: on jax 0.7.2 typeof inside shard_map prints the varying axes as a set "
@@ -143,8 +141,7 @@ add("ppermute_axis_tuple", _ppermute_tuple(("x", "y")), lambda: (ar(8),),
 add("ppermute_axis_tuple_out_of_mesh_order", _ppermute_tuple(("y", "x")), lambda: (ar(8),),
     follows=SM + "test_ppermute_different_axis_order_error", raises=_ppermute_out_of_order_raises,
     versions="jax 0.10.2 and 0.7.2 run it and permute wrongly (values not compared); "
-             "0.11.2 and newer raise", values=False,
-    xfail=lambda jax: ITEM10 if _ppermute_out_of_order_raises(jax) else "")
+             "0.11.2 and newer raise", values=False)
 
 
 def _all_to_all(split, concat, tiled):
