@@ -2,6 +2,7 @@
 own hint, and hundreds of plausible wrong numbers get readable verdicts. Expectations are
 worked out here by hand from the numbers the exercises give (a config, the chip's peak,
 NeMo's schedule)."""
+import importlib.util
 import math
 
 import pytest
@@ -9,6 +10,11 @@ import pytest
 from simpmd.exercises import lesson15 as ex
 from test_checker_sweep import assert_readable, wrong_answers
 from verdicts import verdict
+
+# The planner's steps are in bfloat16, which ml_dtypes (jaxlib's) brings: without JAX the
+# exercises that run the planner are skipped, as tests/test_plan.py's are.
+needs_bf16 = pytest.mark.skipif(importlib.util.find_spec("ml_dtypes") is None,
+                                reason="the planner's steps are in bfloat16 (ml_dtypes)")
 
 
 # -- exercise 1: LLaMA 3-8B ---------------------------------------------------------------------
@@ -167,6 +173,7 @@ def _layout(**axes):
                                  sequence_parallel=True), **axes})
 
 
+@needs_bf16
 def test_budget_exercise_the_fastest_layout_that_fits_is_full_recomputation_at_tp4(capsys):
     """Exercise 5 and its solution's text: under 8 GB, tp=4 with full recomputation beats
     every other of the six layouts that fits (selective at tp=4 does not fit)."""
@@ -181,6 +188,7 @@ def test_budget_exercise_the_fastest_layout_that_fits_is_full_recomputation_at_t
     assert "the fastest" in capsys.readouterr().out
 
 
+@needs_bf16
 @pytest.mark.parametrize("layout, words", [
     (..., "placeholder"), ("tp=4", "plan.Layout"),
     (dict(recompute="selective"), "over the 8 GB budget"),
@@ -194,6 +202,7 @@ def test_budget_exercise_says_what_is_off(capsys, layout, words):
     assert out.startswith("Not yet: ") and words in out, out
 
 
+@needs_bf16
 def test_context_parallel_exercise(capsys):
     """512 sequences of 8,192 tokens: 256 FSDP ranks per slice, cp = 8192 / (2 x 256 x 4) = 4."""
     long = _model(8192)
