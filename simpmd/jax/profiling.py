@@ -100,11 +100,16 @@ def draw_profile(events, hlo_text: str, *, ax=None):
     if ax is None:
         _, ax = plt.subplots(figsize=(9, 0.6 * len(rows) + 1.2))
     origin = min(e.start_us for e in dispatch + ran)
+    span = max(e.start_us + e.duration_us for e in dispatch + ran) - origin
     for e in dispatch + ran:
         colour = ("#bbbbbb" if e in dispatch else
                   "#d62728" if "fusion" in e.name else "#1f77b4")
-        ax.barh(rows.index(e.thread), max(e.duration_us, 0.5), left=e.start_us - origin,
-                color=colour, height=0.6)
+        row, left = rows.index(e.thread), e.start_us - origin
+        ax.barh(row, max(e.duration_us, 0.5), left=left, color=colour, height=0.6,
+                edgecolor="white", linewidth=0.5)
+        if e in ran and e.duration_us > 0.12 * span:         # a label where it fits
+            ax.text(left + e.duration_us / 2, row, e.name, ha="center", va="center",
+                    fontsize=7, color="white")
     ax.set_yticks(range(len(rows)), [r if len(r) < 24 else r[:21] + "..." for r in rows])
     ax.invert_yaxis()
     ax.set_xlabel("microseconds from the first call")
