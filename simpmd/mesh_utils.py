@@ -8,7 +8,9 @@ across granules (the slower network between them). Each mesh axis has size
 ``n`` across spans the hosts (data parallelism, whose one all-reduce a step can afford on
 the slow network), an axis that is ``m`` within and 1 across stays inside each host
 (tensor parallelism, whose collectives come every layer). Simulated devices, like JAX's
-CPU devices, all belong to slice 0: across processes, pass ``process_is_granule=True``.
+CPU devices, have no ``slice_index`` unless the platform was made with
+``set_device_count(n, slices=k)`` (a multislice TPU job); without slices, pass
+``process_is_granule=True`` to use processes as the granules.
 """
 from __future__ import annotations
 
@@ -36,12 +38,20 @@ def create_device_mesh(mesh_shape, devices=None, **unused):
 
 def create_hybrid_device_mesh(mesh_shape, dcn_mesh_shape, devices=None, *,
                               process_is_granule: bool = False,
-                              should_sort_granules_by_key: bool = True, **unused):
+                              should_sort_granules_by_key: bool = True,
+                              allow_split_physical_axes: bool = False):
     """A mesh of ``mesh_shape`` within each granule and ``dcn_mesh_shape`` across them,
     like ``jax.experimental.mesh_utils.create_hybrid_device_mesh``: granule ``g`` (in the
-    row-major order of ``dcn_mesh_shape``) fills the block at its place."""
+    row-major order of ``dcn_mesh_shape``) fills the block at its place. Granules are
+    slices (``slice_index``), or processes with ``process_is_granule=True``;
+    ``allow_split_physical_axes`` is accepted for JAX's signature (simulated devices are
+    laid out in id order, as JAX lays out CPU devices)."""
     devices = list(all_devices() if devices is None else devices)
     attr = "process_index" if process_is_granule else "slice_index"
+    if not hasattr(devices[0], attr):
+        raise ValueError(f"Device {devices[0]} does not have attribute {attr}. See "
+                         f"`process_is_granule` option, or make the simulated platform "
+                         f"with set_device_count(n, slices=k).")
     granules: dict = {}
     for d in devices:
         granules.setdefault(getattr(d, attr), []).append(d)

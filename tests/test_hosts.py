@@ -238,8 +238,8 @@ def test_hybrid_mesh_puts_the_slow_axis_across_processes():
     assert [[d.id for d in row] for row in grid] == [[0, 1], [2, 3], [4, 5], [6, 7]]
     grid = create_hybrid_device_mesh((2, 1), (1, 4), process_is_granule=True)
     assert [[d.id for d in row] for row in grid] == [[0, 2, 4, 6], [1, 3, 5, 7]]
-    with pytest.raises(ValueError, match="Number of slices 1 must equal"):
-        create_hybrid_device_mesh((1, 2), (4, 1))       # simulated devices are one slice
+    with pytest.raises(ValueError, match="does not have attribute slice_index"):
+        create_hybrid_device_mesh((1, 2), (4, 1))       # no slices, as JAX CPU devices
 
 
 # -- against real JAX processes ---------------------------------------------------------------------

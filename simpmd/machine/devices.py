@@ -33,6 +33,7 @@ class SimDevice:
     coords: tuple[int, ...] = ()          # position in the physical topology
     platform: str = "sim"
     process_index: int = 0                # the host whose process drives it, as jax.Device's
+    slice: int | None = field(default=None, repr=False)   # its TPU slice, None: no slices
 
     def __repr__(self) -> str:
         return f"SimDevice(id={self.id})"
@@ -42,8 +43,16 @@ class SimDevice:
         return self.hardware
 
     @property
-    def slice_index(self) -> int:         # one slice, as JAX's CPU devices report
-        return 0
+    def slice_index(self) -> int:
+        """The TPU slice holding this device, as a multislice TPU device reports it. A
+        platform made without ``slices=`` has none, like JAX's CPU and GPU devices (no
+        such attribute), so ``create_hybrid_device_mesh`` then needs process granules."""
+        if self.slice is None:
+            raise AttributeError(
+                f"{self!r} has no slice_index: the simulated platform has no slices, as JAX's "
+                f"CPU devices have none. Make one with set_device_count(n, slices=k), or pass "
+                f"process_is_granule=True to create_hybrid_device_mesh.")
+        return self.slice
 
 
 _generations = itertools.count()       # each platform made gets a number of its own
@@ -61,11 +70,19 @@ class Platform:
     def __repr__(self) -> str:
         shape = "x".join(map(str, self.topology))
         hosts = f", {self.process_count} processes" if self.process_count > 1 else ""
-        return f"Platform({len(self.devices)} x {self.hardware!r}, topology {shape}{hosts})"
+        slices = f", {self.slice_count} slices" if self.slice_count > 1 else ""
+        return (f"Platform({len(self.devices)} x {self.hardware!r}, topology {shape}"
+                f"{hosts}{slices})")
 
     @property
     def process_count(self) -> int:
         return self.devices[-1].process_index + 1
+
+    @property
+    def slice_count(self) -> int:
+        """How many TPU slices the devices form (1 when made without ``slices=``)."""
+        last = self.devices[-1].slice
+        return 1 if last is None else last + 1
 
     def process_devices(self, index: int) -> list:
         """The devices process ``index`` drives (its ``jax.local_devices()``)."""
@@ -117,7 +134,27 @@ def _process_sizes(count: int, hardware: str, processes) -> int:
     return per
 
 
-def _make_platform(count: int, hardware: str, topology, processes=None) -> Platform:
+def _slice_size(count: int, per_process: int, slices) -> int | None:
+    """How many devices each TPU slice holds, from ``slices`` (None: no slices), checking
+    that every process (host) lies inside one slice, as a multislice job's hosts do."""
+    if slices is None:
+        return None
+    if isinstance(slices, bool) or not isinstance(slices, (int, np.integer)) or slices < 1:
+        raise TypeError(f"slices must be None or a positive int, got {slices!r}")
+    if count % int(slices):
+        raise ValueError(f"{count} devices do not split evenly into {slices} slices; every "
+                         f"slice of a multislice job holds the same number of chips.")
+    per = count // int(slices)
+    if per_process < count and per % per_process:
+        raise ValueError(
+            f"slices={slices} of {per} devices each cut through processes of {per_process} "
+            f"devices; a host belongs to one slice. Choose slices and processes so that "
+            f"{per_process} divides the slice size.")
+    return per
+
+
+def _make_platform(count: int, hardware: str, topology, processes=None,
+                   slices=None) -> Platform:
     if isinstance(count, bool) or not isinstance(count, (int, np.integer)):
         raise TypeError(f"set_device_count expects an int, got {count!r}")
     if not 1 <= count <= MAX_DEVICE_COUNT:
@@ -128,8 +165,10 @@ def _make_platform(count: int, hardware: str, topology, processes=None) -> Platf
             f"topology {topology} holds {math.prod(topology)} devices, but the platform has "
             f"{count}; choose a shape whose sizes multiply to {count}")
     per = _process_sizes(count, hardware, processes)
+    per_slice = _slice_size(count, per, slices)
     coords = list(np.ndindex(*topology))
-    devices = tuple(SimDevice(i, hardware, tuple(int(c) for c in coords[i]), process_index=i // per)
+    devices = tuple(SimDevice(i, hardware, tuple(int(c) for c in coords[i]), process_index=i // per,
+                              slice=None if per_slice is None else i // per_slice)
                     for i in range(count))
     return Platform(devices, hardware, topology)
 
@@ -138,7 +177,7 @@ _platform = _make_platform(DEFAULT_DEVICE_COUNT, DEFAULT_HARDWARE, None)
 
 
 def set_device_count(n: int, *, hardware: str | None = None, topology=None,
-                     processes=None) -> Platform:
+                     processes=None, slices=None) -> Platform:
     """Choose how many simulated devices exist (1 to 65536), what they stand for, their
     wiring, and the processes (hosts) that drive them.
 
@@ -147,10 +186,13 @@ def set_device_count(n: int, *, hardware: str | None = None, topology=None,
     device ids), e.g. ``(4, 4)`` for a 4x4 torus; by default the devices form a ring.
     ``processes`` is None (one process drives every device: the default), a number of
     processes (devices split among them in id order), or ``"hardware"`` (as many devices per
-    process as one host of that hardware holds: 4 TPU v4 chips, 8 H100s).
+    process as one host of that hardware holds: 4 TPU v4 chips, 8 H100s). ``slices`` (None:
+    none) splits the devices, in id order, into that many TPU slices joined by the
+    data-centre network: each device then has a ``slice_index``, as on a multislice TPU
+    job, and every process lies in one slice.
     """
     global _platform
-    _platform = _make_platform(n, hardware or _platform.hardware, topology, processes)
+    _platform = _make_platform(n, hardware or _platform.hardware, topology, processes, slices)
     return _platform
 
 
@@ -160,12 +202,12 @@ def platform() -> Platform:
 
 
 @contextlib.contextmanager
-def platform_for(count: int, *, processes=None, hardware: str | None = None):
+def platform_for(count: int, *, processes=None, hardware: str | None = None, slices=None):
     """A platform of ``count`` devices for the length of a ``with`` block; the previous
     one is put back after it."""
     global _platform
     before = _platform
-    set_device_count(count, hardware=hardware, processes=processes)
+    set_device_count(count, hardware=hardware, processes=processes, slices=slices)
     try:
         yield _platform
     finally:
