@@ -21,6 +21,10 @@ rule beside its primitive (``register_roofline(prim)``). The columns:
   preset that has measured such kernels times at their rate, not large GEMMs'
   (:meth:`simpmd.cost.hardware.Hardware.sustained_attention_flops`).
 
+* ``fusion``, ``keeps``, ``slice_view``, ``fuses_into_dot``, ``writes_transposed``,
+  ``accumulates``, ``selects``, ``eager_piece``: how XLA's fusion treats it, set and
+  described in :mod:`simpmd.cost.fusion`.
+
 A row without a column has none of these: no JAX name but its own, not a matmul, no
 collective family, no ICI bytes (read with :func:`column`).
 """
@@ -37,7 +41,9 @@ from ..core.core import PRIMITIVES
 
 DEFAULTS = {"jax_names": (), "lax_names": (), "matmul": False, "collective_family": None,
             "ici_rule": None, "same_buffer": False, "vector_flops": None,
-            "attention_pass": None}
+            "attention_pass": None, "fusion": None, "keeps": None, "slice_view": False,
+            "fuses_into_dot": False, "writes_transposed": False, "accumulates": None,
+            "selects": False, "eager_piece": False}
 
 
 def column(row, name):

@@ -90,10 +90,6 @@ def _permuted(e, x, group=None):
     return np.full(np.shape(x), senders.get(e.member, ZERO), dtype=int)
 
 
-def _shuffled(e, x, group=None):
-    return np.full(np.shape(x), int(e.params["perm"][e.member]), dtype=int)
-
-
 @dataclass(frozen=True)
 class Picture:
     """How to draw one collective.
