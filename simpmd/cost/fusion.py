@@ -66,43 +66,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..core import collectives as C
-from ..core import loops as L
-from ..core import primitives as P
-from ..partitioner.moves import shard_slice
-from ..partitioner.rows import reshard_p
 from .rows import column
 from .walk import (_is_var, _nbytes, _primitive_name, _row, _typed, axes_in, flops_and_bytes,
                    jax_fusion, nested, scan_split)
 
-# The fusion columns of each row, set on the row object (read with ``column``): ``fusion``,
-# how XLA's fusion treats it; ``slice_view``, a slice its readers read where it lies;
-# ``fuses_into_dot``, a layout move a product reads as part of its operand load and can
-# write its result in; ``writes_transposed``, a product that can write its result in the
-# transposed layout; ``accumulates``, an addition that a producer of its operand's shape
-# can do in place (``'sum'``; ``'gradients'``, autodiff's ``add_any``); ``selects``, a
-# select whose constant predicate picks its case; ``eager_piece``, eager PyTorch's piece
-# of a concatenation (autodiff's ``pad`` of a split's gradient).
-for _rows, _kind in (
-        ((P.reshape, P.squeeze, P.copy, C.pvary, C.axis_index, L.name_p, reshard_p), "view"),
-        ((P.broadcast_in_dim,), "broadcast"),
-        ((P.convert_element_type, P.select_n, P.clamp, P.transpose, P.slice_, P.pad, P.rev,
-          P.concatenate, P.gather, P.iota, P.dynamic_slice, shard_slice), "elementwise"),
-        ((P.reduce_sum, P.reduce_max, P.reduce_min, P.reduce_prod, P.reduce_and, P.reduce_or,
-          P.argmax, P.argmin), "reduction"),
-        ((P.dot_general,), "matmul"),
-        ((P.sort, P.cumsum, P.cumprod, P.cummax, P.cummin, P.numpy_call), "opaque"),
-        ((P.scatter, P.scatter_add, P.scatter_mul, P.scatter_min, P.scatter_max,
-          P.dynamic_update_slice), "in_place")):
-    for _row_obj in _rows:
-        _row_obj.fusion = _kind
-for _row_obj in (P.slice_, P.dynamic_slice, shard_slice, P.gather):
-    _row_obj.slice_view = True
-P.transpose.fuses_into_dot = True
-P.dot_general.writes_transposed = True
-P.add.accumulates, P.add_any.accumulates = "sum", "gradients"
-P.select_n.selects = True
-P.pad.eager_piece = True
+# The rows' fusion columns (``fusion``, ``slice_view``, ``fuses_into_dot``, ...) are the
+# cost model's, registered in simpmd/cost/rows.py.
 ACCUMULATING = frozenset({"matmul", "in_place", "block"})
 
 
