@@ -354,15 +354,20 @@ def test_a_checkpoint_run_again_whole_as_an_eager_framework_does():
             program, whole_recompute=whole)
 
 
-# -- the cost columns live on the rows ----------------------------------------------------------
+# -- the cost columns: the cost model's table, keyed by row ----------------------------------------
 
 def test_the_cost_facts_are_columns_of_the_rows():
     from simpmd.core import collectives, primitives
     from simpmd.cost import rows, walk
-    assert collectives.psum.collective_family == "all_reduce"
+    assert rows.column(collectives.psum, "collective_family") == "all_reduce"
     assert C.collective_of("pshuffle") == "collective_permute"      # a ppermute, by its row
     assert C.collective_of("pswapaxes") == "all_to_all"
-    assert primitives.dot_general.matmul and not rows.column(primitives.add, "matmul")
+    assert rows.column(primitives.dot_general, "matmul") and not rows.column(primitives.add, "matmul")
+    assert not hasattr(primitives.dot_general, "matmul")    # the row is the core's alone
+    with pytest.raises(KeyError, match="not a cost column"):
+        rows.column(primitives.add, "matmull")               # the schema names every column
+    with pytest.raises(KeyError, match="not a cost column"):
+        rows.register(primitives.add, fusoin="view")
     assert walk._row(type("E", (), {"primitive": "psum_invariant", "params": {}})()) \
         is collectives.psum
     for row in collectives.COLLECTIVES.values():

@@ -194,3 +194,39 @@ def test_eager_reductions_do_not_join_their_producers(jax8):
     n, r = 4 * R * C_, 4 * R
     assert [k.bytes for k in ks] == [2 * n, n + r, 2 * r, n + r, 2 * r]
     assert [k.kind for k in ks] == ["loop", "reduction", "loop", "reduction", "loop"]
+
+
+def _calls_by_function(source) -> dict:
+    """Each function of ``source`` -> the names of the functions it calls."""
+    import ast
+    found = {}
+    for fn in ast.walk(ast.parse(source)):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            found.setdefault(fn.name, set()).update(
+                node.func.id for node in ast.walk(fn)
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Name))
+    return found
+
+
+def test_fusion_reads_no_primitive_names():
+    """cost/fusion.py decides from the rows' columns: it reads a primitive's name only to
+    label a kernel (Kernel.name), looks no row up by name, and holds no primitive's name
+    as a string (outside its docstrings) to compare one with."""
+    import ast
+    import inspect
+    from simpmd.core.core import PRIMITIVES
+    from simpmd.cost import fusion
+    source = inspect.getsource(fusion)
+    readers = {f for f, called in _calls_by_function(source).items() if "_primitive_name" in called}
+    assert readers == {"name"}
+    tree = ast.parse(source)
+    assert not any(isinstance(n, ast.Name) and n.id == "PRIMITIVES" for n in ast.walk(tree))
+    assert not any(isinstance(n, ast.Attribute) and n.attr == "startswith" for n in ast.walk(tree))
+    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                  if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef)) and n.body
+                  and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    held = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)
+            and isinstance(n.value, str) and id(n) not in docstrings}
+    kinds = {"view", "broadcast", "elementwise", "reduction", "matmul", "collective",
+             "in_place", "block", "opaque", "loop", "copy"}
+    assert not (held - kinds) & set(PRIMITIVES), sorted((held - kinds) & set(PRIMITIVES))

@@ -70,11 +70,6 @@ def is_shape(x) -> bool:
         type(x).__name__ == "ShapeDtypeStruct" and hasattr(x, "shape") and hasattr(x, "dtype"))
 
 
-def any_shapes(tree_) -> bool:
-    """True if any leaf of ``tree_`` is a ShapeDtypeStruct: the call runs on types alone."""
-    return any(is_shape(x) for x in tree.flatten(tree_)[0])
-
-
 def aval_of_shape(x) -> Aval:
     """The type JAX gives a ShapeDtypeStruct (64-bit as 32-bit, without x64)."""
     return Aval(x.shape, dtypes.canonical(dtype_of(getattr(x.dtype, "name", x.dtype))),

@@ -66,38 +66,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..core import collectives as C
-from ..core import loops as L
-from ..core import primitives as P
-from ..core.core import PRIMITIVES
 from .rows import column
-from .walk import (JAX_UNARY, NO_COST, _is_var, _nbytes, _primitive_name, _row, _typed,
-                   axes_in, flops_and_bytes, nested, scan_split)
+from .walk import (_is_var, _nbytes, _primitive_name, _row, _typed, axes_in, flops_and_bytes,
+                   jax_fusion, nested, scan_split)
 
-# The fusion column of each row, set on the row object: how XLA's fusion treats it.
-for _rows, _kind in (
-        ((P.reshape, P.squeeze, P.copy, C.pvary, L.name_p), "view"),
-        ((P.broadcast_in_dim,), "broadcast"),
-        ((P.convert_element_type, P.select_n, P.clamp, P.transpose, P.slice_, P.pad, P.rev,
-          P.concatenate, P.gather, P.iota, P.dynamic_slice, PRIMITIVES["shard_slice"]),
-         "elementwise"),
-        ((P.reduce_sum, P.reduce_max, P.reduce_min, P.reduce_prod, P.reduce_and, P.reduce_or,
-          P.argmax, P.argmin), "reduction"),
-        ((P.dot_general,), "matmul"),
-        ((P.sort, P.cumsum, P.cumprod, P.cummax, P.cummin, P.numpy_call), "opaque"),
-        (tuple(r for n, r in PRIMITIVES.items() if n.startswith("scatter")
-               or n == "dynamic_update_slice"), "in_place")):
-    for _row_obj in _rows:
-        _row_obj.fusion = _kind
-
-# JAX primitives with no simpmd row: how XLA fuses them.
-JAX_VIEWS = frozenset("""expand_dims bitcast_convert_type stop_gradient pcast
-    sharding_constraint device_put optimization_barrier mesh_cast reshard copy_p
-    random_wrap random_unwrap axis_index axis_size""".split())
-JAX_ELEMENTWISE = JAX_UNARY | frozenset("""reduce_precision
-    threefry2x32 random_bits erf_inv population_count clz""".split())
-JAX_IN_PLACE = frozenset("dynamic_update_slice scatter scatter-add scatter_add".split())
-SLICES = frozenset({"slice", "dynamic_slice", "shard_slice", "gather", "transpose"})
+# The rows' fusion columns (``fusion``, ``slice_view``, ``fuses_into_dot``, ...) are the
+# cost model's, registered in simpmd/cost/rows.py.
 ACCUMULATING = frozenset({"matmul", "in_place", "block"})
 
 
@@ -106,28 +80,21 @@ def fusion_kind(eqn) -> str:
     ``'collective'``, ``'in_place'``, ``'block'`` (a loop or a conditional) or
     ``'opaque'``: how XLA's fusion treats this equation (a row's ``fusion`` column, or
     its rule of the equation's parameters: a framework that runs it as a kernel of its
-    own, as PyTorch runs ``torch.nn.Dropout``)."""
-    name = _primitive_name(eqn)
-    row = _row(eqn, name)
+    own, as PyTorch runs ``torch.nn.Dropout``; for a primitive of JAX's without one,
+    :func:`simpmd.cost.walk.jax_fusion`)."""
+    row = _row(eqn)
     if nested(eqn)[0] in ("repeat", "until", "branches"):
         return "block"
     if column(row, "matmul"):
         return "matmul"
+    fusion = column(row, "fusion")
+    if fusion:                                     # a kind, or a rule of the parameters
+        return fusion(eqn.params) if callable(fusion) else fusion
     if row is not None and getattr(row, "collective", False):
-        return "view" if getattr(row, "op", None) in (None, "axis_index") else "collective"
-    if row is not None and getattr(row, "fusion", None):     # a kind, or a rule of the
-        return row.fusion(eqn.params) if callable(row.fusion) else row.fusion   # parameters
+        return "collective"
     if row is not None and getattr(row, "elementwise", False):
         return "elementwise"
-    if name in JAX_IN_PLACE:
-        return "in_place"
-    if name in JAX_VIEWS or (name in NO_COST and name not in ("while", "split")):
-        return "view"
-    if name in JAX_ELEMENTWISE:
-        return "elementwise"
-    if name.startswith("reduce_") or name in ("argmax", "argmin"):
-        return "reduction"
-    return "opaque"
+    return jax_fusion(eqn)
 
 
 class Ref:
@@ -253,40 +220,40 @@ class _Fuser:
         return self.finals[v]
 
     def place(self, eqn):
-        kind, name = self.kinds[id(eqn)], _primitive_name(eqn)
-        if kind == "elementwise" and self._folds(eqn, name):
+        kind, row = self.kinds[id(eqn)], _row(eqn)
+        if kind == "elementwise" and self._folds(eqn, row):
             self.free.append(eqn)
             return
         if kind == "broadcast" and self.read_by(eqn.outvars[0]) & {"block", "collective"}:
             kind = "elementwise"                   # a buffer its reader needs
-        if name == "transpose" and self._out_of_dot(eqn):
+        if column(row, "fuses_into_dot") and self._out_of_dot(eqn):
             k = self.producer(eqn.invars[0])       # the product writes the transposed layout
             self.kernels[k].eqns.append(eqn)
             self.kernels[k].shape = tuple(_typed(eqn.outvars[0]).shape)
             self.made_by[eqn.outvars[0]] = k
             return
-        if kind in ("view", "broadcast") or (name == "transpose" and self._into_dot(eqn)) \
+        if kind in ("view", "broadcast") or (column(row, "fuses_into_dot") and self._into_dot(eqn)) \
                 or id(eqn) in self.folded:
             for o, i in zip(eqn.outvars, eqn.invars):
                 self.alias[o] = i                  # read where it is, at its own size
-            keeps = getattr(_row(eqn), "keeps", None)
+            keeps = column(row, "keeps")
             if keeps is not None:                  # ... with buffers its readers also need
                 self.kept[eqn.outvars[0]] = [self.root(v) for v in keeps(eqn.params, eqn.invars)
                                              if _is_var(v)]
             self.free.append(eqn)
             return
-        if name in SLICES and name != "transpose":
+        if column(row, "slice_view"):
             if self.read_by(eqn.outvars[0]) & {"block", "collective"}:
                 kind = "copy"                      # a buffer its reader needs
             else:                                  # its readers read the region it names
                 self.within[eqn.outvars[0]] = self.root(eqn.invars[0])
                 self.free.append(eqn)
                 return
-        if self.eager and name == "pad":
+        if self.eager and column(row, "eager_piece"):
             kind = "in_place"                      # a piece of a concatenation (below)
         k = None
         if kind == "elementwise":
-            k = self._accumulation(eqn, name)
+            k = self._accumulation(eqn, column(row, "accumulates"))
             k = self._elementwise(eqn) if k is None and not self.eager else k
         elif kind == "reduction" and not self.eager:
             k = self._reduction(eqn)
@@ -309,7 +276,7 @@ class _Fuser:
             consts, carry = scan_split(e.eqn)
             for j in range(consts, consts + carry):
                 readers = self.users.get(e.outvars[j - consts], [])
-                if len(readers) != 1 or _primitive_name(readers[0]) != "add_any":
+                if len(readers) != 1 or column(_row(readers[0]), "accumulates") != "gradients":
                     continue
                 src = makers.get(e.invars[j])
                 while src is not None and self.kinds[id(src)] == "view":
@@ -322,7 +289,7 @@ class _Fuser:
         v = self.root(v)
         return not _is_var(v) or v in self.constants
 
-    def _folds(self, eqn, name) -> bool:
+    def _folds(self, eqn, row) -> bool:
         """A scalar computed from constants alone is a constant (XLA's constant folding,
         ``HloConstantFolding``); a select on a constant predicate is the case it picks
         (``HandleSelect``: select(true, x, y) -> x), at no cost either way."""
@@ -332,7 +299,7 @@ class _Fuser:
         if all(self._constant(v) for v in eqn.invars):
             self.constants.add(eqn.outvars[0])
             return True
-        if name == "select_n" and self._constant(eqn.invars[0]):
+        if column(row, "selects") and self._constant(eqn.invars[0]):
             cases = [v for v in eqn.invars[1:] if not self._constant(v)]
             self.alias[eqn.outvars[0]] = cases[0]
             return True
@@ -348,7 +315,7 @@ class _Fuser:
         if kind == "in_place":                     # the updates' bytes, as the row counts
             update = _nbytes(_typed(eqn.invars[1])) if len(eqn.invars) > 1 else 0
             kernel.own_bytes = flops_and_bytes(eqn.eqn)[1] or 2 * update
-            if _primitive_name(eqn) == "pad":      # eager: its piece, read and written
+            if column(_row(eqn), "eager_piece"):   # eager: its piece, read and written
                 kernel.own_bytes = 2 * _nbytes(_typed(eqn.invars[0]))
             buffer = self.root(eqn.invars[0])
             if _is_var(buffer) and _nbytes(_typed(buffer)) == _nbytes(out):
@@ -388,7 +355,7 @@ class _Fuser:
                 or v in self.outvars:
             return False
         dot = next((e for e in self.kernels[k].eqns if v in e.outvars), None)
-        if dot is None or _primitive_name(dot) != "dot_general":
+        if dot is None or not column(_row(dot), "writes_transposed"):
             return False
         (lc, rc), (lb, _) = dot.params["dimension_numbers"]
         nb = len(lb)
@@ -399,10 +366,10 @@ class _Fuser:
                 and perm[nb:nb + nr] == list(range(nb + nl, nb + nl + nr))
                 and perm[nb + nr:] == list(range(nb, nb + nl)))
 
-    def _accumulation(self, eqn, name):
+    def _accumulation(self, eqn, accumulates):
         """An addition into the result of a matmul, a scatter or (autodiff's ``add_any``)
         a loop, of that result's shape: done in place by its producer."""
-        if name not in ("add", "add_any"):
+        if accumulates is None:
             return None
         out, found = _typed(eqn.outvars[0]), []
         for i, v in enumerate(eqn.invars):
@@ -412,7 +379,7 @@ class _Fuser:
                 continue
             kind = self.kernels[k].kind
             if kind in ACCUMULATING and (kind != "block" or (
-                    name == "add_any" and self.accumulation_fusion)):
+                    accumulates == "gradients" and self.accumulation_fusion)):
                 found.append((k, i))
         if not found or max(found)[0] != self.latest(eqn):
             return None

@@ -277,7 +277,7 @@ def _collective_cost(eqn, row, sizes: dict, hw: Hardware, topology):
     p = len(groups[0]) if groups else math.prod(sizes[a] for a in axes)
     avals = [a for a in map(_typed, eqn.invars) if a is not None]
     perm = [(int(s), int(d)) for s, d in eqn.params.get("perm", ())]
-    wire = (row.ici_rule(sum(_nbytes(a) for a in avals), avals, axes, sizes, perm)
+    wire = (column(row, "ici_rule")(sum(_nbytes(a) for a in avals), avals, axes, sizes, perm)
             if math.prod(sizes[a] for a in axes) > 1 else 0)
     family = column(row, "collective_family")
     moves = family != "collective_permute" or any(s != d for s, d in perm)

@@ -1,8 +1,12 @@
-"""The cost model's columns of each primitive's row, set on the row itself.
+"""The cost model's columns of each primitive's row, in the cost model's own table.
 
-A primitive is one row of facts (``simpmd.core.core.Primitive``); the cost model adds its
-own columns to the rows it needs, here, by the row object, as JAX registers a roofline
-rule beside its primitive (``register_roofline(prim)``). The columns:
+A primitive is one row of facts (``simpmd.core.core.Primitive``); the cost model keeps its
+own columns of the rows it needs in :data:`TABLE`, keyed by the row object, as JAX keeps
+its roofline rules in its own table (``jax.experimental.roofline``'s ``_rooflines``,
+filled by ``register_roofline(prim)``): the row itself is the same whatever is imported.
+The core's and the partitioner's rows are registered here; a row defined in a later layer
+(the planner's fused kernels) registers its columns beside its definition, with
+:func:`register`. The columns (:data:`DEFAULTS` is the schema: any other name is an error):
 
 * ``jax_names``: the names ``jax.make_jaxpr`` gives this operation, so that a jaxpr of
   real JAX is costed by simpmd's row (JAX prints a vma-typed psum as ``psum_invariant``);
@@ -21,6 +25,18 @@ rule beside its primitive (``register_roofline(prim)``). The columns:
   preset that has measured such kernels times at their rate, not large GEMMs'
   (:meth:`simpmd.cost.hardware.Hardware.sustained_attention_flops`).
 
+* ``fusion``: how XLA's fusion treats it (``'view'``, ``'broadcast'``, ``'elementwise'``,
+  ``'reduction'``, ``'matmul'``, ``'opaque'``, ``'in_place'``), or a rule of its parameters
+  giving one; ``keeps(params, invars)``: the buffers a view keeps alive as long as its
+  readers run; ``slice_view``: a slice its readers read where it lies; ``fuses_into_dot``:
+  a layout move a product reads as part of its operand load and can write its result in;
+  ``writes_transposed``: a product that can write its result in the transposed layout;
+  ``accumulates``: an addition a producer of its operand's shape can do in place
+  (``'sum'``; ``'gradients'``, autodiff's ``add_any``); ``selects``: a select whose
+  constant predicate picks its case; ``eager_piece``: eager PyTorch's piece of a
+  concatenation (autodiff's ``pad`` of a split's gradient). :mod:`simpmd.cost.fusion`
+  says what XLA does with each.
+
 A row without a column has none of these: no JAX name but its own, not a matmul, no
 collective family, no ICI bytes (read with :func:`column`).
 """
@@ -34,15 +50,36 @@ from ..core import collectives as C
 from ..core import loops as L
 from ..core import primitives as P
 from ..core.core import PRIMITIVES
+from ..partitioner.moves import shard_slice
+from ..partitioner.rows import reshard_p
 
 DEFAULTS = {"jax_names": (), "lax_names": (), "matmul": False, "collective_family": None,
             "ici_rule": None, "same_buffer": False, "vector_flops": None,
-            "attention_pass": None}
+            "attention_pass": None, "fusion": None, "keeps": None, "slice_view": False,
+            "fuses_into_dot": False, "writes_transposed": False, "accumulates": None,
+            "selects": False, "eager_piece": False}
+
+
+TABLE: dict = {}      # row -> {column: value}, the columns it was registered with
+
+
+def _known(name):
+    if name not in DEFAULTS:
+        raise KeyError(f"{name!r} is not a cost column of a row; the cost columns are "
+                       f"{', '.join(DEFAULTS)} (simpmd/cost/rows.py)")
+
+
+def register(row, **columns):
+    """Give ``row`` these cost columns (each one of :data:`DEFAULTS`'s names)."""
+    for name in columns:
+        _known(name)
+    TABLE.setdefault(row, {}).update(columns)
 
 
 def column(row, name):
     """Row ``row``'s cost column ``name``, or its default when the row has none (or no row)."""
-    return getattr(row, name, DEFAULTS[name]) if row is not None else DEFAULTS[name]
+    _known(name)
+    return TABLE.get(row, {}).get(name, DEFAULTS[name]) if row is not None else DEFAULTS[name]
 
 
 def _ring(nbytes, axes, sizes, reduce):
@@ -97,30 +134,48 @@ def _permute_ici(nbytes, avals, axes, sizes, perm):
     return int(nbytes * max(load.values(), default=0))
 
 
-def _columns(row, **columns):
-    for key, value in columns.items():
-        setattr(row, key, value)
-
-
 for _r in (C.psum, C.pmean):
-    _columns(_r, collective_family="all_reduce", ici_rule=_all_reduce_ici)
+    register(_r, collective_family="all_reduce", ici_rule=_all_reduce_ici)
 for _r in (C.pmax, C.pmin):
-    _columns(_r, collective_family="all_reduce", ici_rule=_max_ici)
-_columns(C.psum, jax_names=("psum", "psum_invariant", "psum2"))
-_columns(C.all_gather, jax_names=("all_gather", "all_gather_invariant"),
+    register(_r, collective_family="all_reduce", ici_rule=_max_ici)
+register(C.psum, jax_names=("psum", "psum_invariant", "psum2"))
+register(C.all_gather, jax_names=("all_gather", "all_gather_invariant"),
          collective_family="all_gather",
          ici_rule=lambda nbytes, avals, axes, sizes, perm: int(_ring(nbytes, axes, sizes, False)))
-_columns(C.reduce_scatter, jax_names=("reduce_scatter", "psum_scatter"),
+register(C.reduce_scatter, jax_names=("reduce_scatter", "psum_scatter"),
          collective_family="reduce_scatter",
          ici_rule=lambda nbytes, avals, axes, sizes, perm: int(_ring(nbytes, axes, sizes, True)))
-_columns(C.all_to_all, lax_names=("all_to_all", "pswapaxes"), collective_family="all_to_all",
+register(C.all_to_all, lax_names=("all_to_all", "pswapaxes"), collective_family="all_to_all",
          ici_rule=_all_to_all_ici)
-_columns(C.ppermute, lax_names=("ppermute", "pshuffle"), collective_family="collective_permute",
+register(C.ppermute, lax_names=("ppermute", "pshuffle"), collective_family="collective_permute",
          ici_rule=_permute_ici)
-_columns(P.dot_general, matmul=True)
-_columns(P.copy, jax_names=("copy", "copy_p"))
-_columns(C.pvary, same_buffer=True)
-_columns(L.name_p, same_buffer=True)
+register(P.dot_general, matmul=True)
+register(P.copy, jax_names=("copy", "copy_p"))
+register(C.pvary, same_buffer=True)
+register(L.name_p, same_buffer=True)
+
+# How XLA's fusion treats each row (simpmd.cost.fusion reads these).
+for _rows, _kind in (
+        ((P.reshape, P.squeeze, P.copy, C.pvary, C.axis_index, L.name_p, reshard_p), "view"),
+        ((P.broadcast_in_dim,), "broadcast"),
+        ((P.convert_element_type, P.select_n, P.clamp, P.transpose, P.slice_, P.pad, P.rev,
+          P.concatenate, P.gather, P.iota, P.dynamic_slice, shard_slice), "elementwise"),
+        ((P.reduce_sum, P.reduce_max, P.reduce_min, P.reduce_prod, P.reduce_and, P.reduce_or,
+          P.argmax, P.argmin), "reduction"),
+        ((P.dot_general,), "matmul"),
+        ((P.sort, P.cumsum, P.cumprod, P.cummax, P.cummin, P.numpy_call), "opaque"),
+        ((P.scatter, P.scatter_add, P.scatter_mul, P.scatter_min, P.scatter_max,
+          P.dynamic_update_slice), "in_place")):
+    for _r in _rows:
+        register(_r, fusion=_kind)
+for _r in (P.slice_, P.dynamic_slice, shard_slice, P.gather):
+    register(_r, slice_view=True)
+register(P.transpose, fuses_into_dot=True)
+register(P.dot_general, writes_transposed=True)
+register(P.add, accumulates="sum")
+register(P.add_any, accumulates="gradients")
+register(P.select_n, selects=True)
+register(P.pad, eager_piece=True)
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "collective_permute")
 

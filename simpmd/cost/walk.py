@@ -43,8 +43,14 @@ NO_COST = frozenset("""
 """.split())
 JAX_UNARY = frozenset("erf erfc erf_inv lgamma digamma bessel_i0e bessel_i1e log2".split())
 NESTED = ("jaxpr", "call_jaxpr", "fun_jaxpr")   # where pjit/jit, shard_map, custom_* keep theirs
-# The names of the matrix products (their rows' ``matmul`` column), for code reading names.
-MATMULS = frozenset(name for name, row in by_jax_name().items() if column(row, "matmul"))
+# How XLA fuses JAX's primitives that no simpmd row gives a ``fusion`` column (read by
+# :func:`jax_fusion`, for :mod:`simpmd.cost.fusion`, which reads rows alone).
+JAX_VIEWS = frozenset("""expand_dims bitcast_convert_type stop_gradient pcast
+    sharding_constraint device_put optimization_barrier mesh_cast reshard copy_p
+    random_wrap random_unwrap axis_index axis_size""".split())
+JAX_ELEMENTWISE = JAX_UNARY | frozenset("""reduce_precision
+    threefry2x32 random_bits erf_inv population_count clz""".split())
+JAX_IN_PLACE = frozenset("dynamic_update_slice scatter scatter-add scatter_add".split())
 
 
 # -- reading either kind of program --------------------------------------------------------
@@ -52,6 +58,22 @@ MATMULS = frozenset(name for name, row in by_jax_name().items() if column(row, "
 def _primitive_name(eqn) -> str:
     prim = eqn.primitive
     return prim if isinstance(prim, str) else prim.name
+
+
+def jax_fusion(eqn) -> str:
+    """How XLA fuses ``eqn``, a primitive of JAX's whose row (if any) has no ``fusion``
+    column, by JAX's name: ``'in_place'``, ``'view'``, ``'elementwise'``, ``'reduction'``
+    or ``'opaque'``."""
+    name = _primitive_name(eqn)
+    if name in JAX_IN_PLACE:
+        return "in_place"
+    if name in JAX_VIEWS or (name in NO_COST and name not in ("while", "split")):
+        return "view"
+    if name in JAX_ELEMENTWISE:
+        return "elementwise"
+    if name.startswith("reduce_") or name in ("argmax", "argmin"):
+        return "reduction"
+    return "opaque"
 
 
 _JAX_NAMES: dict = {}      # a name -> its row; under None, how many rows there were then

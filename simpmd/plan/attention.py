@@ -30,6 +30,7 @@ from .. import lax
 from .. import numpy as snp
 from ..core import bridge
 from ..core.core import Aval, Primitive, bind
+from ..cost.rows import register
 from .dropout import _keep_mask, dropout as drop, philox_ops
 
 BLOCK = 128      # FlashAttention-2's query and key block (its kernels' default tile)
@@ -187,13 +188,13 @@ flash_attention_bwd = Primitive(
     cost=_backward_cost, multiple_results=True)
 # The cost model's column (simpmd/cost/rows.py): both kernels are matrix products, on the
 # matrix units at the path their operands' types choose (bf16 for bf16 q, k, v).
-flash_attention_p.matmul = flash_attention_bwd.matmul = True
-flash_attention_p.vector_flops = flash_attention_bwd.vector_flops = _vector_ops
+for _row in (flash_attention_p, flash_attention_bwd):
+    register(_row, matmul=True, vector_flops=_vector_ops)
 # A fused attention kernel sustains less of the matrix units than a large GEMM, its backward
 # pass less than its forward: a preset with published measurements times each pass at them
 # (``Hardware.attention_efficiency``).
-flash_attention_p.attention_pass = "forward"
-flash_attention_bwd.attention_pass = "backward"
+register(flash_attention_p, attention_pass="forward")
+register(flash_attention_bwd, attention_pass="backward")
 
 
 def flash_attention(q, k, v, causal=True, q_offset=None, dropout=0.0, seed=0):

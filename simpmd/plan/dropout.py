@@ -36,6 +36,7 @@ import numpy as np
 
 from ..core import bridge
 from ..core.core import Aval, Primitive, bind
+from ..cost.rows import register
 
 # The counter-based generator both PyTorch's CUDA dropout (cuRAND's Philox4_32_10) and the
 # fused attention kernels use: Philox-4x32 (Salmon et al. 2011, "Parallel random numbers:
@@ -112,7 +113,8 @@ dropout_p = Primitive("dropout", _stacked, _abstract, vjp=_vjp, cost=_cost,
                       multiple_results=True)
 dropout_grad_p = Primitive("dropout_grad", _grad_stacked, _grad_abstract,
                            vjp=_no_second_derivative, cost=_grad_cost)
-dropout_p.fusion = dropout_grad_p.fusion = _fusion     # the cost model's column (cost/fusion.py)
+register(dropout_p, fusion=_fusion)      # the cost model's column (cost/rows.py)
+register(dropout_grad_p, fusion=_fusion)
 
 
 def dropout(x, rate: float, seed: int, *, own_kernel: bool = False, site: str = "hidden"):

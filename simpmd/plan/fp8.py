@@ -44,6 +44,7 @@ import numpy as np
 from .. import lax
 from .. import numpy as snp
 from ..core.core import Aval, Primitive, aval_of, bind
+from ..cost.rows import register
 
 FORWARD, BACKWARD = "float8_e4m3fn", "float8_e5m2"    # TE's "hybrid" format
 AMAX_HISTORY = 1024        # TE's DelayedScaling default amax_history_len (NeMo's 1024 or 1)
@@ -100,7 +101,7 @@ def _kernel(params) -> str:
 
 fp8_cast_p = Primitive("fp8_cast", _cast_stacked, _cast_abstract, vjp=_straight,
                        cost=_cast_cost, multiple_results=True)
-fp8_cast_p.fusion = _kernel            # the cost model's column (cost/fusion.py)
+register(fp8_cast_p, fusion=_kernel)   # the cost model's column (cost/rows.py)
 
 
 def cast(x, *, dtype=FORWARD, transpose=False, own_kernel=False):
@@ -139,8 +140,7 @@ def _kept(params, invars) -> list:
 
 fp8_operand_p = Primitive("fp8_operand", _operand_stacked, _operand_abstract,
                           vjp=_operand_vjp, cost=_operand_cost)
-fp8_operand_p.fusion = "view"
-fp8_operand_p.keeps = _kept            # the cost model's column (cost/fusion.py)
+register(fp8_operand_p, fusion="view", keeps=_kept)   # the cost model's columns (cost/rows.py)
 
 
 def operand(x8, *kept, like=None, dtype=None):
@@ -174,7 +174,7 @@ def _grad_vjp(ct, ins, outs, wants, *, stage, dtype, transpose, own_kernel):
 
 fp8_grad_p = Primitive("fp8_grad", _identity, _identity, vjp=_grad_vjp,
                        cost=lambda ins, outs, **params: (0, 0))
-fp8_grad_p.fusion = "view"
+register(fp8_grad_p, fusion="view")
 
 
 def grad_cast(y, stage="both", *, transpose=False, own_kernel=False):
@@ -202,7 +202,7 @@ def _update_cost(ins, outs, *, history):
 
 fp8_scale_update_p = Primitive("fp8_scale_update", _update_stacked, _update_abstract,
                                vjp=_no_cotangent, cost=_update_cost)
-fp8_scale_update_p.fusion = "opaque"
+register(fp8_scale_update_p, fusion="opaque")
 
 
 def _after_vjp(ct, ins, outs, wants, **params):
@@ -211,7 +211,7 @@ def _after_vjp(ct, ins, outs, wants, **params):
 
 fp8_after_p = Primitive("fp8_after", lambda x, token: x, lambda x, token: x, vjp=_after_vjp,
                         cost=lambda ins, outs: (0, 0))
-fp8_after_p.fusion = "view"            # ``x``, once ``token`` is computed: an order, no work
+register(fp8_after_p, fusion="view")   # ``x``, once ``token`` is computed: an order, no work
 
 
 def _reduced(amaxes, sizes):
@@ -240,7 +240,7 @@ def _region_vjp(ct, ins, outs, wants, *, count, axes):
 
 fp8_region_p = Primitive("fp8_region", _identity, _identity, vjp=_region_vjp,
                          cost=lambda ins, outs, **params: (0, 0))
-fp8_region_p.fusion = "view"
+register(fp8_region_p, fusion="view")
 
 
 def region(x, count, sizes):

@@ -27,7 +27,7 @@ from .. import numpy as snp
 from ..api.checkpoint import checkpoint, checkpoint_policies
 from ..core import bridge
 from ..core.core import aval_of
-from ..cost import fusion as _fusion  # noqa: F401 (sets the rows' fusion column, read below)
+from ..cost.rows import column
 from . import fp8
 from .attention import flash_attention, materialized_attention
 from .dropout import dropout, dropout_p
@@ -299,7 +299,7 @@ def keep_all_but_gathers(prim, *avals, **params) -> bool:
     product reads it: the cost model's ``fusion`` column), which is its operand's buffer:
     computing it again is free, and keeping it would keep a copy of each weight a view
     picks, once per micro-batch."""
-    return getattr(prim, "name", "") not in REGATHERED and getattr(prim, "fusion", "") != "view"
+    return getattr(prim, "name", "") not in REGATHERED and column(prim, "fusion") != "view"
 
 
 REDUCED = frozenset({"psum", "psum2", "psum_invariant", "psum_scatter", "reduce_scatter"})

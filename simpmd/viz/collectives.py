@@ -8,8 +8,9 @@ are drawn as rows x columns grids. Cells are coloured by the device their data c
 carry their numbers where the numbers fit. Between the columns, each group is a band: its
 members exchange data among themselves; how (ring, tree) is what ``viz.draw_algorithm`` shows.
 
-What to colour, and how to link the two sides, is a column of each collective's row
-(``drawing``, set here), as its math is (``simpmd.core.collectives``).
+What to colour, and how to link the two sides, is each collective's drawing, kept in this
+module's own table keyed by the row (:data:`DRAWINGS`), as its math is a column of the row
+itself (``simpmd.core.collectives``): the row is the same whether or not viz is imported.
 """
 from __future__ import annotations
 
@@ -90,10 +91,6 @@ def _permuted(e, x, group=None):
     return np.full(np.shape(x), senders.get(e.member, ZERO), dtype=int)
 
 
-def _shuffled(e, x, group=None):
-    return np.full(np.shape(x), int(e.params["perm"][e.member]), dtype=int)
-
-
 @dataclass(frozen=True)
 class Picture:
     """How to draw one collective.
@@ -116,30 +113,32 @@ class Picture:
 
 _REDUCE = "colour = {who}; grey, hatched = combined from the whole group"
 _BLOCKS = "colour = the {who} a block came from: block i of {who} j goes to {who} i"
-# The drawing of each collective, a column of its row (set here, where drawings live).
-K.psum.drawing = Picture(_own, _summed, "group", "sum", "everyone's values are added; " + _REDUCE)
-K.pmean.drawing = Picture(_own, _summed, "group", "mean",
-                          "everyone's values are averaged; " + _REDUCE)
-K.pmax.drawing = Picture(_own, _winner, "group", "max",
-                         "elementwise maximum; colour = the {who} whose value won")
-K.pmin.drawing = Picture(_own, _winner, "group", "min",
-                         "elementwise minimum; colour = the {who} whose value won")
-K.all_gather.drawing = Picture(
+# The drawing of each collective, keyed by its row (here, where drawings live).
+DRAWINGS: dict = {}
+DRAWINGS[K.psum] = Picture(_own, _summed, "group", "sum", "everyone's values are added; " + _REDUCE)
+DRAWINGS[K.pmean] = Picture(_own, _summed, "group", "mean",
+                            "everyone's values are averaged; " + _REDUCE)
+DRAWINGS[K.pmax] = Picture(_own, _winner, "group", "max",
+                           "elementwise maximum; colour = the {who} whose value won")
+DRAWINGS[K.pmin] = Picture(_own, _winner, "group", "min",
+                           "elementwise minimum; colour = the {who} whose value won")
+DRAWINGS[K.all_gather] = Picture(
     _own, _gathered, "group", "gather",
     "colour = the {who} a block came from: everyone ends with every block")
-K.reduce_scatter.drawing = Picture(
+DRAWINGS[K.reduce_scatter] = Picture(
     _scattered_by_destination, _own, "group", "sum + split",
     "colour = the {who} a block is summed onto: block i of every device is added and lands "
     "on {who} i", words=("to", "from"))
-K.all_to_all.drawing = Picture(_own, _joined_by_source, "group", "all-to-all",
-                               _BLOCKS + " (a transpose)", split=_split_blocks)
-K.ppermute.drawing = Picture(_own, _permuted, "pairs", "",
-                             "colour = the {who} the value came from; white = nobody sent (zeros)")
+DRAWINGS[K.all_to_all] = Picture(_own, _joined_by_source, "group", "all-to-all",
+                                 _BLOCKS + " (a transpose)", split=_split_blocks)
+DRAWINGS[K.ppermute] = Picture(_own, _permuted, "pairs", "",
+                               "colour = the {who} the value came from; white = nobody sent "
+                               "(zeros)")
 
 
 def drawing_of(op):
-    """The drawing of the collective whose lax name is ``op`` (its row's column)."""
-    return getattr(K.COLLECTIVES.get(op), "drawing", _DEFAULT)
+    """The drawing of the collective whose lax name is ``op`` (its row's, in :data:`DRAWINGS`)."""
+    return DRAWINGS.get(K.COLLECTIVES.get(op), _DEFAULT)
 
 
 _DEFAULT = Picture(_own, _own, "group", "?", "colour = {who}")
