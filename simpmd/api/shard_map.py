@@ -40,7 +40,7 @@ from ..machine.mesh import (Mesh, NamedSharding, PartitionSpec, ShardingError, b
 from . import spmd
 from .jit import jit as _jit
 from .partition import explicit_axes, get_mesh
-from .shard_map_eqn import shard_map_equation
+from .shard_map_eqn import placement, shard_map_equation
 from .shapes import aval_of_shape, is_shape, struct_of
 from .spmd import Piece, positional_names, value_or_shape
 from ..viz.text import summarize
@@ -86,6 +86,18 @@ class MeshArray(HostArray):
             index = block_slices(spec, mesh, v.shape, coords)
             shards.append(Shard(d, index, v[index], replica_id(spec, mesh, coords)))
         return shards
+
+
+def host_result(stack):
+    """A plain run's result seen from the host: one device's NumPy array, or, where a
+    shard_map left it laid out on its mesh, a MeshArray sharded so (as JAX's grad and
+    checkpoint of an eager shard_map return arrays sharded by its specs)."""
+    value = np.asarray(stack[0])
+    placed = placement(stack)
+    if placed is None:
+        return value
+    mesh, spec = placed
+    return MeshArray(value, NamedSharding(mesh, spec))
 
 
 def _refuse_nesting(task):

@@ -15,6 +15,8 @@ second shard_map that takes them with the results' cotangents.
 """
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from ..core import core, errors, loops
@@ -181,7 +183,25 @@ def _sm_stacked(*args, jaxpr, shard_mesh, in_specs, out_specs, check_vma, manual
         out.append(np.broadcast_to(value, (run.n,) + value.shape))
     if not isinstance(run, BlockRun):
         record_trace(Trace(log=inner.log, devices=inner.devices))
+        for stack, spec in zip(out, out_specs):
+            _place(stack, spec, mesh)
     return out
+
+
+_PLACED: dict = {}      # id(stack) -> (a weak reference to it, its mesh and spec)
+
+
+def _place(stack, spec, mesh):
+    """Remember that a plain run's shard_map left ``stack`` laid out by ``spec`` on
+    ``mesh``: JAX's result is an array sharded so, which grad and checkpoint hand back."""
+    key = id(stack)
+    _PLACED[key] = (weakref.ref(stack, lambda _, key=key: _PLACED.pop(key, None)), (mesh, spec))
+
+
+def placement(stack):
+    """(mesh, spec) of a stack a plain run's shard_map returned, or None."""
+    entry = _PLACED.get(id(stack))
+    return entry[1] if entry is not None and entry[0]() is stack else None
 
 
 # -- its derivative ------------------------------------------------------------------------
