@@ -406,3 +406,14 @@ def test_shard_map_equation_prints_as_the_running_jax_prints_it(jax8):
                            for line in text.splitlines()
                            if "manual_axes" in line or "psum" in line or "check_vma" in line]
     assert picked(ours) == picked(theirs) and len(picked(theirs)) == 3
+
+
+def test_fori_loop_counter_indexes_an_array_as_jax_prints_it(jax8):
+    """The counter of a fori_loop with Python bounds is weakly typed: indexing with it,
+    JAX converts it before adding the axis size (a negative index), and prints so."""
+    def program(engine):
+        f = lambda v: engine.lax.fori_loop(0, 4, lambda i, c: c + v[i] * v[-i], 0.0)
+        return str(engine.make_jaxpr(f)(np.arange(8.0, dtype=np.float32)))
+    ours, theirs = program(simpmd), program(jax8)
+    assert "convert_element_type[new_dtype=int32 weak_type=False]" in theirs
+    assert ours == theirs
