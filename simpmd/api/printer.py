@@ -28,6 +28,7 @@ class NewestForms:
     guards_zero_divisor = staticmethod(lambda: True)
     policy_text = staticmethod(lambda made: None)
     shard_map_text = staticmethod(lambda: ("newly_manual_axes", False))
+    varies_before_promoting = staticmethod(lambda: True)
 
 
 def forms():
@@ -198,7 +199,9 @@ def _rows(program, width, names, shared, top=False) -> list:
         shown = " ".join(f"{k}={_param_text(v, indent + 4, nested, width)}" for k, v in pairs)
         one = f"{pad}{head}{prim_name}{f'[{shown}]' if shown else ''} {ins}"   # (no operands:
         # a trailing space, as JAX prints one)
-        if (len(one) <= width and "\n" not in one) or not shown:
+        # JAX's printer fits the bracketed parameters on the line if the line up to the
+        # closing bracket fits; the operands after it may run past the width
+        if (len(one) - len(ins) - 1 <= width and "\n" not in one) or not shown:
             return [one]
         return ([f"{pad}{head}{prim_name}["]
                 + [f"{pad}  {k}=" + _param_text(
