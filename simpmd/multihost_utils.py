@@ -18,7 +18,7 @@ from .hosts.calls import rendezvous, unequal
 from .hosts.scheduler import _Raised
 from .api.jit import device_put
 from .machine import devices as machine
-from .machine.mesh import Mesh, NamedSharding, join_blocks
+from .machine.mesh import NamedSharding, join_blocks
 
 __all__ = ["assert_equal", "broadcast_one_to_all", "global_array_to_host_local_array",
            "host_local_array_to_global_array", "process_allgather", "sync_global_devices"]
@@ -116,18 +116,6 @@ def _per_leaf(convert, inputs, global_mesh, pspecs, what):
     return tree.unflatten(treedef, [convert(x, global_mesh, spec) for x, spec in zip(leaves, specs)])
 
 
-def local_mesh(mesh) -> Mesh:
-    """The part of ``mesh`` this process drives (JAX's ``mesh.local_mesh``): along each
-    axis, the positions where its devices sit. Outside run_processes, the whole mesh."""
-    host = machine.current_process()
-    if host is None:
-        return mesh
-    mine = np.vectorize(lambda d: d.process_index == host.index, otypes=[bool])(mesh.devices)
-    where = [np.flatnonzero(mine.any(axis=tuple(a for a in range(mine.ndim) if a != ax)))
-             for ax in range(mine.ndim)]
-    return Mesh(mesh.devices[np.ix_(*where)], mesh.axis_names, axis_types=mesh.axis_types)
-
-
 def _to_global(x, global_mesh, spec):
     if isinstance(x, arrays.ProcessArray) and not x.is_fully_addressable:
         return x                                  # already global, as JAX returns it
@@ -141,7 +129,7 @@ def _to_host_local(x, global_mesh, spec):
     layout = resolve(spec, all_explicit(global_mesh), x.ndim, "pspecs")
     if x.mesh != global_mesh or tuple(x.layout) != tuple(layout):
         x = device_put(x, NamedSharding(global_mesh, spec))     # resharded first, as in JAX
-    mesh = local_mesh(global_mesh)
+    mesh = global_mesh.local_mesh
     ids = {d.id: k for k, d in enumerate(global_mesh.devices.flat)}
     stack = np.stack([x._blocks[ids[d.id]] for d in mesh.devices.flat])
     return device_put(join_blocks(stack, spec, mesh), NamedSharding(mesh, spec))
@@ -157,6 +145,6 @@ def host_local_array_to_global_array(local_inputs, global_mesh, pspecs):
 
 def global_array_to_host_local_array(global_inputs, global_mesh, pspecs):
     """Global arrays as each process's own part: an array over the process's local mesh
-    (``local_mesh``) holding the blocks its devices hold, laid out by ``pspecs``; the
+    (``global_mesh.local_mesh``) holding the blocks its devices hold, laid out by ``pspecs``; the
     global array is resharded to ``pspecs`` first where it is laid out otherwise."""
     return _per_leaf(_to_host_local, global_inputs, global_mesh, pspecs, "pspecs")
