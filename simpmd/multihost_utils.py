@@ -113,7 +113,8 @@ def _per_leaf(convert, inputs, global_mesh, pspecs, what):
         if spec is None:
             raise ValueError(f"{what} cannot be None: give a PartitionSpec for every array "
                              f"(P() for one every device holds whole).")
-    return tree.unflatten(treedef, [convert(x, global_mesh, spec) for x, spec in zip(leaves, specs)])
+    return tree.unflatten(treedef, [convert(x, global_mesh, spec)
+                                    for x, spec in zip(leaves, specs)])
 
 
 def _to_global(x, global_mesh, spec):
