@@ -6,6 +6,7 @@ trace). The JAX side needs jax installed and skips without it, as the other *_vs
 tests do; the expected value is always JAX's, never simpmd's own.
 """
 import os
+import re
 
 if "--xla_force_host_platform_device_count=" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
@@ -429,10 +430,12 @@ SHARD_MAP_BODIES = {
 
 
 @pytest.mark.parametrize("name", sorted(SHARD_MAP_BODIES))
-def test_shard_map_body_promotes_and_varies_in_the_running_jaxs_order(jax8, name):
-    """An operand that must vary (pvary) and change dtype: jax 0.12 varies it first and
-    converts after, 0.10 the other way; and a parameter list that fits the line up to its
-    closing bracket stays on it, as JAX's printer keeps it."""
+def test_shard_map_body_promotes_and_varies_in_the_running_jaxs_order(jax8, name, request):
+    """An operand that must vary (pvary) and change dtype: 0.10 converts it first and
+    varies it after, as simpmd does; and a parameter list that fits the line up to its
+    closing bracket stays on it, as JAX's printer keeps it. jax 0.12 varies first and
+    converts after: a strict xfail there (simpmd keeps 0.10's order, because lesson 13
+    prints such a body and its stored output must read alike on every JAX)."""
     if repr(jax8.sharding.PartitionSpec("i")).startswith("PartitionSpec"):
         pytest.skip("this JAX prints specs as PartitionSpec(...) and vma as {i}, which "
                     "simpmd does not copy (jax 0.7; docs/testing.md)")
@@ -445,4 +448,8 @@ def test_shard_map_body_promotes_and_varies_in_the_running_jaxs_order(jax8, name
                                   in_specs=(P("i"), P())[:n], out_specs=P("i"))
         return str(engine.make_jaxpr(lambda *a: mapped(*a))(*args))
     ours, theirs = program(simpmd), program(jax8)
+    if re.search(r"= pvary\[[^]]*\] \S+\n\s*\S+ = convert_element_type", theirs):
+        request.applymarker(pytest.mark.xfail(strict=True, reason=(
+            "this JAX varies an operand before promoting its dtype (jax 0.12); simpmd "
+            "promotes first, as 0.10 does (docs/testing.md, issue 45 item 19)")))
     assert "pvary" in theirs and ours == theirs

@@ -28,7 +28,6 @@ class NewestForms:
     guards_zero_divisor = staticmethod(lambda: True)
     policy_text = staticmethod(lambda made: None)
     shard_map_text = staticmethod(lambda: ("newly_manual_axes", False))
-    varies_before_promoting = staticmethod(lambda: True)
 
 
 def forms():

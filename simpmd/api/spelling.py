@@ -70,31 +70,11 @@ def promoted(*xs, to_float=False, ranks=True):
     dtype, weak = dtypes.promote(*[_typed(x) for x in xs])
     if to_float and dtype.kind in "biu":
         dtype, weak = dtypes.default("f"), False
-    xs = [_as_type(x, dtype, weak) for x in _varying_alike(xs, dtype, weak)]
+    xs = [_as_type(x, dtype, weak) for x in xs]
     if not ranks:
         return xs
     rank = max(np.ndim(x) if not is_value(x) else x.aval.ndim for x in xs)
     return [_to_rank(x, rank) for x in xs]
-
-
-def _varying_alike(xs, dtype, weak):
-    """Under check_vma, the operands an operation promotes made to vary alike first
-    (``pvary``), where the running JAX does that before promoting (0.12); otherwise the
-    run does it after (``Run.prepare``), on the promoted operands."""
-    run = context.run
-    if len(xs) < 2 or run is None or not run.check_vma or not hasattr(run, "_order"):
-        return xs
-    vmas = [x.aval.vma if is_value(x) else frozenset() for x in xs]
-    union = frozenset().union(*vmas)
-    if all(v == union for v in vmas) or all(_typed(x) == (dtype, weak) or not is_value(x)
-                                            and not dtypes.is_weak_scalar(x) for x in xs):
-        return xs
-    from .printer import forms
-    if not forms().varies_before_promoting():
-        return xs
-    from ..core.collectives import pvary
-    return [bind(pvary, x, axes=tuple(a for a in run._order(union) if a not in v))
-            if v != union else x for x, v in zip(xs, vmas)]
 
 
 def _as_type(x, dtype, weak):

@@ -112,17 +112,3 @@ def shard_map_text() -> tuple:
     name = "newly_manual_axes" if "newly_manual_axes=" in text else "manual_axes"
     return name, "psum_invariant[axes=('i',) axis_index_groups" in text
 
-
-@functools.lru_cache(maxsize=None)
-def varies_before_promoting() -> bool:
-    """Whether, under check_vma, jnp makes a binary operation's operands vary alike
-    (``pvary``) before it promotes their dtypes (a ``convert_element_type`` after the
-    ``pvary``, 0.12), or promotes them first (0.10 and before). Read off a shard_map
-    over an abstract one-device mesh."""
-    jax = _jax()
-    from jax.sharding import AbstractMesh, AxisType, PartitionSpec
-    mesh = AbstractMesh((1,), ("i",), axis_types=(AxisType.Auto,))
-    mapped = jax.shard_map(lambda v, k: v + k, mesh=mesh, in_specs=(PartitionSpec("i"),
-                           PartitionSpec()), out_specs=PartitionSpec("i"))
-    text = str(jax.make_jaxpr(mapped)(np.ones(2, np.float32), np.int32(3)))
-    return text.index("pvary") < text.index("convert_element_type")
