@@ -86,7 +86,7 @@ def _as_result(x):
     """Outside any mapped body, a result is a NumPy array (the only device's value), or
     the MeshArray a shard_map laid it out as."""
     if context.run is None and isinstance(x, StackedValue):
-        from .shard_map import host_result       # (shard_map.py imports this module's users)
+        from .shard_map_eqn import host_result
         return host_result(x.stack)
     return x
 

@@ -198,8 +198,7 @@ def _rows(program, width, names, shared, top=False) -> list:
         shown = " ".join(f"{k}={_param_text(v, indent + 4, nested, width)}" for k, v in pairs)
         one = f"{pad}{head}{prim_name}{f'[{shown}]' if shown else ''} {ins}"   # (no operands:
         # a trailing space, as JAX prints one)
-        # JAX's printer fits the bracketed parameters on the line if the line up to the
-        # closing bracket fits; the operands after it may run past the width
+        # (as JAX's printer: the line must fit up to the closing bracket, not the operands)
         if (len(one) - len(ins) - 1 <= width and "\n" not in one) or not shown:
             return [one]
         return ([f"{pad}{head}{prim_name}["]
