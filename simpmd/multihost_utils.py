@@ -13,12 +13,15 @@ import numpy as np
 
 from .api import tree
 from .hosts import arrays
-from .partitioner.sharding import settings
+from .partitioner.sharding import all_explicit, resolve, settings
 from .hosts.calls import rendezvous, unequal
 from .hosts.scheduler import _Raised
+from .api.jit import device_put
 from .machine import devices as machine
+from .machine.mesh import NamedSharding, join_blocks
 
-__all__ = ["assert_equal", "broadcast_one_to_all", "process_allgather", "sync_global_devices"]
+__all__ = ["assert_equal", "broadcast_one_to_all", "global_array_to_host_local_array",
+           "host_local_array_to_global_array", "process_allgather", "sync_global_devices"]
 
 
 def _gathered(values, tiled: bool):
@@ -98,3 +101,51 @@ def broadcast_one_to_all(in_tree, is_source: bool | None = None):
         out = tree.unflatten(treedef, [np.asarray(x) for x in sources[0].args[1]])
         return [out] * len(calls)
     return rendezvous("broadcast_one_to_all", (treedef,), run, (mine, tuple(leaves)))
+
+
+# -- host-local and global arrays --------------------------------------------------------------
+
+
+def _per_leaf(convert, inputs, global_mesh, pspecs, what):
+    leaves, treedef = tree.flatten(inputs)
+    specs = tree.broadcast_prefix(pspecs, inputs, what=what)
+    for spec in specs:
+        if spec is None:
+            raise ValueError(f"{what} cannot be None: give a PartitionSpec for every array "
+                             f"(P() for one every device holds whole).")
+    return tree.unflatten(treedef, [convert(x, global_mesh, spec)
+                                    for x, spec in zip(leaves, specs)])
+
+
+def _to_global(x, global_mesh, spec):
+    if isinstance(x, arrays.ProcessArray) and not x.is_fully_addressable:
+        return x                                  # already global, as JAX returns it
+    return arrays.make_array_from_process_local_data(NamedSharding(global_mesh, spec),
+                                                     np.asarray(x))
+
+
+def _to_host_local(x, global_mesh, spec):
+    if not isinstance(x, arrays.ProcessArray):
+        return device_put(x, NamedSharding(global_mesh, spec))
+    layout = resolve(spec, all_explicit(global_mesh), x.ndim, "pspecs")
+    if x.mesh != global_mesh or tuple(x.layout) != tuple(layout):
+        x = device_put(x, NamedSharding(global_mesh, spec))     # resharded first, as in JAX
+    mesh = global_mesh.local_mesh
+    ids = {d.id: k for k, d in enumerate(global_mesh.devices.flat)}
+    stack = np.stack([x._blocks[ids[d.id]] for d in mesh.devices.flat])
+    return device_put(join_blocks(stack, spec, mesh), NamedSharding(mesh, spec))
+
+
+def host_local_array_to_global_array(local_inputs, global_mesh, pspecs):
+    """Each process's local data (a pytree) as global arrays over ``global_mesh``, laid
+    out by ``pspecs`` (a pytree prefix): along a dimension the spec splits over several
+    processes, each process's data is its own part (as
+    ``make_array_from_process_local_data``); an array already global is returned as is."""
+    return _per_leaf(_to_global, local_inputs, global_mesh, pspecs, "pspecs")
+
+
+def global_array_to_host_local_array(global_inputs, global_mesh, pspecs):
+    """Global arrays as each process's own part: an array over the process's local mesh
+    (``global_mesh.local_mesh``) holding the blocks its devices hold, laid out by ``pspecs``; the
+    global array is resharded to ``pspecs`` first where it is laid out otherwise."""
+    return _per_leaf(_to_host_local, global_inputs, global_mesh, pspecs, "pspecs")

@@ -155,7 +155,8 @@ def checkpoint(fun=None, *, prevent_cse=True, policy=None, static_argnums=(),
         outs = bind(loops.remat, *lifted, *leaves, jaxpr=loops.closed(program),
                     prevent_cse=prevent_cse, differentiated=False, policy=policy)
         if context.run is None:               # outside any mapped body: NumPy arrays
-            outs = [np.asarray(o.stack[0]) for o in outs]
+            from .shard_map_eqn import host_result
+            outs = [host_result(o.stack) for o in outs]
         return tree.unflatten(out_tree[0], outs)
     return checkpointed
 

@@ -83,9 +83,11 @@ def _cast(c, aval):
 
 
 def _as_result(x):
-    """Outside any mapped body, a result is a NumPy array (the only device's value)."""
+    """Outside any mapped body, a result is a NumPy array (the only device's value), or
+    the MeshArray a shard_map laid it out as."""
     if context.run is None and isinstance(x, StackedValue):
-        return np.asarray(x.stack[0])
+        from .shard_map_eqn import host_result
+        return host_result(x.stack)
     return x
 
 

@@ -198,7 +198,8 @@ def _rows(program, width, names, shared, top=False) -> list:
         shown = " ".join(f"{k}={_param_text(v, indent + 4, nested, width)}" for k, v in pairs)
         one = f"{pad}{head}{prim_name}{f'[{shown}]' if shown else ''} {ins}"   # (no operands:
         # a trailing space, as JAX prints one)
-        if (len(one) <= width and "\n" not in one) or not shown:
+        # (as JAX's printer: the line must fit up to the closing bracket, not the operands)
+        if (len(one) - len(ins) - 1 <= width and "\n" not in one) or not shown:
             return [one]
         return ([f"{pad}{head}{prim_name}["]
                 + [f"{pad}  {k}=" + _param_text(

@@ -32,7 +32,6 @@ from . import tree
 from ..core.collectives import pvary
 from ..core.core import Aval, Var, bind, context
 from ..core.run import Run
-from ..machine.array import HostArray, Shard
 from ..machine import devices as machine
 from ..machine.mesh import (Mesh, NamedSharding, PartitionSpec, ShardingError, block_counts,
                              block_slices, check_spec, join_blocks, replica_id, slices_text,
@@ -40,7 +39,7 @@ from ..machine.mesh import (Mesh, NamedSharding, PartitionSpec, ShardingError, b
 from . import spmd
 from .jit import jit as _jit
 from .partition import explicit_axes, get_mesh
-from .shard_map_eqn import shard_map_equation
+from .shard_map_eqn import MeshArray, shard_map_equation
 from .shapes import aval_of_shape, is_shape, struct_of
 from .spmd import Piece, positional_names, value_or_shape
 from ..viz.text import summarize
@@ -67,25 +66,6 @@ def shard_map(f=None, /, *, out_specs=_REQUIRED, in_specs=_INFER, mesh=None,
     if f is None:
         return lambda g: ShardMapped(g, **kwargs)
     return ShardMapped(f, **kwargs)
-
-
-class MeshArray(HostArray):
-    """A result of ``simpmd.shard_map``: a NumPy-like global array laid out by a
-    :class:`~simpmd.core.mesh.NamedSharding`, with ``.addressable_shards`` like a ``jax.Array``."""
-
-    def __init__(self, value: np.ndarray, sharding: NamedSharding):
-        self._value = value
-        self.sharding = sharding
-
-    @property
-    def addressable_shards(self) -> list:
-        mesh, spec, v = self.sharding.mesh, self.sharding.spec, self._value
-        shards = []
-        for k, d in enumerate(mesh.devices.flat):
-            coords = mesh.coords_of(k)
-            index = block_slices(spec, mesh, v.shape, coords)
-            shards.append(Shard(d, index, v[index], replica_id(spec, mesh, coords)))
-        return shards
 
 
 def _refuse_nesting(task):

@@ -15,6 +15,8 @@ second shard_map that takes them with the results' cotangents.
 """
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from ..core import core, errors, loops
@@ -24,7 +26,9 @@ from ..core.core import Aval, Equation, Primitive, Var, aval_of, bind, context, 
 from ..core.program import eval_program, trace
 from ..core.run import Run
 from ..core.values import StackedValue
-from ..machine.mesh import PartitionSpec, join_blocks
+from ..machine.array import HostArray, Shard
+from ..machine.mesh import (NamedSharding, PartitionSpec, block_slices, join_blocks,
+                            replica_id)
 from ..core.core import Program
 from ..partitioner import sharding as R
 from ..partitioner.partition import BODIES, BlockRun, partition
@@ -181,7 +185,56 @@ def _sm_stacked(*args, jaxpr, shard_mesh, in_specs, out_specs, check_vma, manual
         out.append(np.broadcast_to(value, (run.n,) + value.shape))
     if not isinstance(run, BlockRun):
         record_trace(Trace(log=inner.log, devices=inner.devices))
+        for stack, spec in zip(out, out_specs):
+            _place(stack, spec, mesh)
     return out
+
+
+_PLACED: dict = {}      # id(stack) -> (a weak reference to it, its mesh and spec)
+
+
+def _place(stack, spec, mesh):
+    """Remember that a plain run's shard_map left ``stack`` laid out by ``spec`` on
+    ``mesh``: JAX's result is an array sharded so, which grad and checkpoint hand back."""
+    key = id(stack)
+    _PLACED[key] = (weakref.ref(stack, lambda _, key=key: _PLACED.pop(key, None)), (mesh, spec))
+
+
+def placement(stack):
+    """(mesh, spec) of a stack a plain run's shard_map returned, or None."""
+    entry = _PLACED.get(id(stack))
+    return entry[1] if entry is not None and entry[0]() is stack else None
+
+
+class MeshArray(HostArray):
+    """A result of ``simpmd.shard_map``: a NumPy-like global array laid out by a
+    :class:`~simpmd.core.mesh.NamedSharding`, with ``.addressable_shards`` like a ``jax.Array``."""
+
+    def __init__(self, value: np.ndarray, sharding: NamedSharding):
+        self._value = value
+        self.sharding = sharding
+
+    @property
+    def addressable_shards(self) -> list:
+        mesh, spec, v = self.sharding.mesh, self.sharding.spec, self._value
+        shards = []
+        for k, d in enumerate(mesh.devices.flat):
+            coords = mesh.coords_of(k)
+            index = block_slices(spec, mesh, v.shape, coords)
+            shards.append(Shard(d, index, v[index], replica_id(spec, mesh, coords)))
+        return shards
+
+
+def host_result(stack):
+    """A plain run's result seen from the host: one device's NumPy array, or, where a
+    shard_map left it laid out on its mesh, a MeshArray sharded so (as JAX's grad and
+    checkpoint of an eager shard_map return arrays sharded by its specs)."""
+    value = np.asarray(stack[0])
+    placed = placement(stack)
+    if placed is None:
+        return value
+    mesh, spec = placed
+    return MeshArray(value, NamedSharding(mesh, spec))
 
 
 # -- its derivative ------------------------------------------------------------------------

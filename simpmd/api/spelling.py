@@ -737,8 +737,13 @@ def _dynamic_index(x, index):
 
 
 def _normalized(i, n):
-    """``i`` counted from the start: ``i + n`` where it is negative."""
-    return bind(P.select_n, bind(P.lt, i, 0), i, bind(P.add, i, n))
+    """``i`` counted from the start: ``i + n`` where it is negative. JAX adds ``n`` as
+    a constant of ``i``'s dtype, not weakly typed, so a weakly typed ``i`` (a fori_loop
+    counter from Python bounds) is converted first, as its program shows."""
+    negative, shifted = bind(P.lt, i, 0), i
+    if is_value(i) and i.aval.weak_type:
+        shifted = bind(P.convert_element_type, i, new_dtype=i.aval.dtype, weak_type=False)
+    return bind(P.select_n, negative, i, bind(P.add, shifted, n))
 
 
 def _expand_ellipsis(index, ndim):

@@ -111,3 +111,4 @@ def shard_map_text() -> tuple:
     text = str(jax.make_jaxpr(mapped)(np.ones(2, np.float32)))
     name = "newly_manual_axes" if "newly_manual_axes=" in text else "manual_axes"
     return name, "psum_invariant[axes=('i',) axis_index_groups" in text
+

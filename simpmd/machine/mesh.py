@@ -105,6 +105,20 @@ class Mesh:
         return int(self.devices.size)
 
     @property
+    def local_mesh(self) -> "Mesh":
+        """The part of the mesh this process drives, as JAX's ``mesh.local_mesh``: along
+        each axis, the positions where its devices sit (in a process of
+        ``simpmd.run_processes``; outside one, the whole mesh)."""
+        from .devices import current_process
+        host = current_process()
+        if host is None:
+            return self
+        mine = np.vectorize(lambda d: d.process_index == host.index, otypes=[bool])(self.devices)
+        where = [np.flatnonzero(mine.any(axis=tuple(a for a in range(mine.ndim) if a != ax)))
+                 for ax in range(mine.ndim)]
+        return Mesh(self.devices[np.ix_(*where)], self.axis_names, axis_types=self.axis_types)
+
+    @property
     def empty(self) -> bool:
         return self.devices.size == 0
 

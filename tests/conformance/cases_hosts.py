@@ -16,8 +16,6 @@ import numpy as np
 
 MH = "multiprocess/multihost_utils_test.py::"
 AR = "array_test.py::"
-NEW8 = ("new: simpmd.multihost_utils has no host_local_array_to_global_array / "
-        "global_array_to_host_local_array")
 
 
 @dataclass(frozen=True)
@@ -152,17 +150,29 @@ def assert_equal_on_different_values(jax):
 
 # -- host-local arrays: test_host_local_array_to_global_array --------------------------------
 
-@case(MH + "test_host_local_array_to_global_array", xfail=NEW8)
+@case(MH + "test_host_local_array_to_global_array")
 def host_local_to_global(jax):
     mesh = _mesh(jax, "auto")
     local = np.arange(4.0).reshape(2, 2) + 10 * jax.process_index()
     return _mu(jax).host_local_array_to_global_array(local, mesh, jax.P("hosts"))
 
 
-@case(MH + "test_global_array_to_host_local_array", xfail=NEW8)
+@case(MH + "test_global_array_to_host_local_array")
 def global_to_host_local(jax):
     x = _local_rows(jax, _mesh(jax, "auto"))
     return _mu(jax).global_array_to_host_local_array(x, x.sharding.mesh, jax.P("hosts"))
+
+
+@case(MH + "test_host_local_array_to_global_array")
+def host_local_tree_to_global_and_back(jax):
+    """A pytree under a prefix of specs: rows over hosts and chips, and a replicated one."""
+    mesh = _mesh(jax, "auto")
+    local = (np.arange(8.0, dtype=np.float32).reshape(4, 2) + 10 * jax.process_index(),
+             np.arange(3.0, dtype=np.float32))
+    specs = (jax.P(("hosts", "chips")), jax.P())
+    mu = _mu(jax)
+    x = mu.host_local_array_to_global_array(local, mesh, specs)
+    return x, mu.global_array_to_host_local_array(x, mesh, specs)
 
 
 # -- global arrays from local data: array_test.py's multi-process tests --------------------------

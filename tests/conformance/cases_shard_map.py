@@ -12,8 +12,6 @@ from .inputs import ar, mesh, pcast_varying, rnd, vma
 CASES = []
 SM = "shard_map_test.py::"
 
-NEW1 = ("new: grad and checkpoint of an (eager) shard_map return NumPy arrays without a "
-        "sharding, where JAX returns arrays sharded as in_specs / out_specs on the mesh")
 NEW3 = ("new: on jax 0.7.2 typeof inside shard_map prints the varying axes as a set "
         "(float32[2]{y,x}); simpmd prints 0.10's float32[2]{V:(x,y)}")
 
@@ -414,7 +412,7 @@ def _eager_grad(jx, x, w):
 
 
 add("grad_of_shard_map_is_sharded_as_in_specs", _eager_grad,
-    lambda: (rnd(16, seed=5), rnd(4, seed=6)), follows=SM + "test_reverse_mode_ad", xfail=NEW1)
+    lambda: (rnd(16, seed=5), rnd(4, seed=6)), follows=SM + "test_reverse_mode_ad")
 
 
 def _grad_inside(jx, x):
@@ -457,7 +455,7 @@ def _eager_remat(jx, x):
 
 
 add("remat_of_shard_map_is_sharded_as_out_specs", _eager_remat, lambda: (rnd(8, seed=11),),
-    follows=SM + "test_remat_basic", xfail=NEW1)
+    follows=SM + "test_remat_basic")
 
 
 def _remat_jit_matmul(jx, x, w):
