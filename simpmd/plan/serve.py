@@ -220,19 +220,24 @@ def weight_specs(model, layout, precision):
     where ``tp > kv_heads``."""
     D, hd, Lr = model.d_model, model.head_dim, model.layers
     kvs = kv_per_chip(model, layout) * layout.tp          # key/value heads, duplicates too
-    w = TYPES[precision]
+    w, a = TYPES[precision], _activations(precision)
     mats = model.mlp_matrices - 1
     return {
-        "attn_norm": ((Lr, D), "bfloat16", P()), "mlp_norm": ((Lr, D), "bfloat16", P()),
+        "attn_norm": ((Lr, D), a, P()), "mlp_norm": ((Lr, D), a, P()),
         "wq": ((Lr, D, model.heads * hd), w, P(None, None, "tp")),
         "wkv": ((Lr, D, kvs, 2 * hd), w, P(None, None, "tp")),
         "wo": ((Lr, model.heads * hd, D), w, P(None, "tp")),
         "w_in": ((Lr, D, mats * model.d_ff), w, P(None, None, "tp")),
         "w_out": ((Lr, model.d_ff, D), w, P(None, "tp")),
-        "embed": ((model.vocab, D), "bfloat16", P("tp")),
-        "final_norm": ((D,), "bfloat16", P()),
-        "head": ((D, model.vocab), "bfloat16", P(None, "tp")),
+        "embed": ((model.vocab, D), a, P("tp")),
+        "final_norm": ((D,), a, P()),
+        "head": ((D, model.vocab), a, P(None, "tp")),
     }
+
+
+def _activations(precision) -> str:
+    """The activations' type: float16 in an fp16 engine, else bfloat16."""
+    return "float16" if precision == "fp16" else "bfloat16"
 
 
 def cache_shape(model, layout, batch, tokens) -> tuple:
@@ -276,8 +281,7 @@ def _linear(x, w, precision):
         x = x.astype(_dtype(TYPES["fp8"]))
     dims = (([x.ndim - 1], [0]), ([], []))
     return bind(_prim.dot_general, x, w, dimension_numbers=dims,
-                preferred_element_type=np.dtype("bfloat16") if precision != "fp16"
-                else np.dtype("float16"))
+                preferred_element_type=np.dtype(_dtype(_activations(precision))))
 
 
 def _sum_tp(y, tp):
