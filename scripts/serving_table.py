@@ -12,14 +12,11 @@ import pathlib
 import sys
 import time
 
-from simpmd import plan
 from simpmd.plan.runs import serving as S
 
 
 def predict(run):
-    return plan.serve(run.model, run.layout, hardware=run.hardware, batch=run.batch,
-                      prompt_len=run.prompt_len, gen_len=run.gen_len,
-                      precision=run.precision, kv_dtype=run.kv_dtype, check_memory=False)
+    return run.serve()
 
 
 def rows(runs):

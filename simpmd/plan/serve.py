@@ -58,13 +58,15 @@ from .. import numpy as snp
 from ..api.shapes import ShapeDtypeStruct
 from ..api.shard_map import shard_map
 from ..core import primitives as _prim
-from ..core.core import bind
+from ..core.core import Primitive, bind
+from ..cost.rows import register
 from ..cost.hardware import hardware_preset
 from ..cost.predict import predict
 from ..machine import devices as _devices
 from ..machine.mesh import Mesh
 from ..machine.mesh import PartitionSpec as P
 from . import layers as L
+from . import attention as A
 from .attention import flash_attention
 from .layout import Layout, LayoutError
 from .simulate import HBM_CAPACITY, machine
@@ -102,7 +104,6 @@ class ServingEstimate:
     weight_bytes: int
     breakdown: dict
     hbm_bytes: float
-    decode_bytes: int = 0             # what one decode step moves to and from HBM, per chip
     interval_s: tuple = (0.0, math.inf)
     ttft_interval_s: tuple = (0.0, math.inf)
     validation_runs: int = 0
@@ -335,6 +336,55 @@ def _greedy(lay, params, x):
     return snp.take_along_axis(wheres, pick[:, None], axis=1)[:, 0]
 
 
+# -- the decode step's attention ---------------------------------------------------------------
+
+def _decode_stacked(q, k, v, *, scale, kv_reads):
+    return A._forward_stacked(q, k, v, causal=False, scale=scale)
+
+
+def _decode_abstract(q, k, v, *, scale, kv_reads):
+    return A._forward_abstract(q, k, v, causal=False, scale=scale)
+
+
+def _decode_cost(ins, outs, *, scale, kv_reads):
+    """One query per sequence against every cached key: 4 b n s h FLOPs (Q K^T, P V), and
+    the bytes of the query, the output and the cache, the cache read ``kv_reads`` times."""
+    q, k, v = ins
+    b, _, n, h = q.shape
+    cache = A._nbytes(k, v)
+    return 4 * b * n * k.shape[1] * h, A._nbytes(q, outs[0]) + kv_reads * cache
+
+
+decode_attention_p = Primitive("decode_attention", _decode_stacked, _decode_abstract,
+                               cost=_decode_cost)
+register(decode_attention_p, matmul=True)
+
+
+def _per_query_head(q, k, v):
+    """Decode attention as a kernel per query head of each group (the masked multi-head
+    attention kernel's thread block per head): each reads its key/value head's cache, so
+    the cache is read once per query head of a group, ``heads / kv_heads`` times."""
+    b, t, n, h = q.shape
+    kv = k.shape[2]
+    grouped = q.reshape(b, t, kv, n // kv, h)
+    parts = [decode_attention(grouped[:, :, :, j], k, v) for j in range(n // kv)]
+    return snp.stack(parts, axis=3).reshape(b, t, n, h)
+
+
+def decode_attention(q, k, v, kv_reads: int = 1):
+    """Attention of one new token per sequence, ``q`` [b, 1, heads, width], over the cache
+    ``k``, ``v`` [b, tokens, kv_heads, width]: one fused kernel (the keys and values it
+    reads are the cache as stored, in its own type). ``kv_reads``: how many times the
+    kernel reads each key/value head's cache from HBM: once where the kernel serves a
+    whole group of query heads from one read (a grouped-query kernel: TensorRT-LLM's XQA,
+    FlashInfer's, flash-decoding's), ``heads / kv_heads`` times where each query head's
+    thread block reads its own copy (TensorRT-LLM's masked multi-head attention kernel,
+    "a single CUDA thread-block per head", docs/source/gpt_attention.md; its XQA kernel for
+    grouped-query models needs a paged cache)."""
+    return bind(decode_attention_p, q, k, v, scale=1.0 / math.sqrt(q.shape[-1]),
+                kv_reads=int(kv_reads))
+
+
 LAYER_KEYS = ("attn_norm", "mlp_norm", "wq", "wkv", "wo", "w_in", "w_out")
 
 
@@ -364,7 +414,7 @@ def prefill_step(model, lay, precision, kv_dtype):
     return prefill
 
 
-def decode_step(model, lay, precision):
+def decode_step(model, lay, precision, kv_reads=1):
     """``decode(params, tokens, keys, values) -> (next tokens, new keys, new values)``: one
     device's decode step of its sequences' newest tokens [b, 1] over its part of the cache
     [layers, b, tokens here, kv heads here, width]. The new keys and values it returns are
@@ -377,7 +427,7 @@ def decode_step(model, lay, precision):
         def layer(x, xs):
             w, ck, cv = xs
             q, k, v = _attention_proj(model, lay, x, w, precision)
-            o = flash_attention(q, ck, cv, causal=False)
+            o = _per_query_head(q, ck, cv) if kv_reads > 1 else decode_attention(q, ck, cv)
             if lay.cp > 1:                       # the parts' outputs, combined
                 o = lax.psum(o, "cp")
             return _after_attention(model, lay, x, o, w, precision), (k.astype(ck.dtype),
@@ -420,7 +470,8 @@ def trace_prefill(model, layout, hw_name, batch, prompt_len, precision="bf16",
                    outs, (params, tokens))
 
 
-def trace_decode(model, layout, hw_name, batch, tokens, precision="bf16", kv_dtype="bf16"):
+def trace_decode(model, layout, hw_name, batch, tokens, precision="bf16", kv_dtype="bf16",
+                 kv_reads=1):
     """One decode step's per-device program over a cache of ``tokens`` tokens."""
     specs = weight_specs(model, layout, precision)
     params = {k: ShapeDtypeStruct(s, d) for k, (s, d, _) in specs.items()}
@@ -429,7 +480,7 @@ def trace_decode(model, layout, hw_name, batch, tokens, precision="bf16", kv_dty
     new = P(None, "dp", None, "tp")
     ins = (pspecs, P("dp"), CACHE_SPEC, CACHE_SPEC)
     outs = (P("dp"), new, new)
-    return _traced(decode_step(model, layout, precision), layout, hw_name, ins, outs,
+    return _traced(decode_step(model, layout, precision, kv_reads), layout, hw_name, ins, outs,
                    (params, ShapeDtypeStruct((batch, 1), "int32"), cache, cache))
 
 
@@ -451,13 +502,15 @@ def _spreads():
 def serve(model, layout: Layout | None = None, hardware="H100", chips: int | None = None,
           batch: int = 1, prompt_len: int = 1024, gen_len: int = 256,
           precision: str = "bf16", *, kv_dtype: str | None = None,
-          check_memory: bool = True) -> ServingEstimate:
+          grouped_kernel: bool = True, check_memory: bool = True) -> ServingEstimate:
     """Serve ``batch`` sequences of ``prompt_len`` prompt tokens each, generating
     ``gen_len`` tokens each, with ``model`` laid out as ``layout`` (``tp``, ``dp``,
     ``cp``: see the module) on ``chips`` chips of ``hardware``: the prefill and one decode
     step traced as SPMD programs on shapes and costed by the predictor. ``precision``:
     the weights' and products' type ("bf16", "fp16", "fp8"); ``kv_dtype``: the cache's
-    ("bf16", "fp16", "fp8", "int8"; None: the precision's). Raises :class:`LayoutError`
+    ("bf16", "fp16", "fp8", "int8"; None: the precision's). ``grouped_kernel``: the decode
+    step's attention reads each key/value head's cache once for its whole group of query
+    heads (False: once per query head, :func:`decode_attention`). Raises :class:`LayoutError`
     for a layout or request that cannot run, weights and cache over the chip's HBM
     included (``check_memory=False`` reports it in ``fits`` instead)."""
     layout = layout or Layout()
@@ -472,7 +525,9 @@ def serve(model, layout: Layout | None = None, hardware="H100", chips: int | Non
                                 kv_dtype), hw, sizes, topology, collective_times=cache)
     mean = prompt_len + gen_len // 2
     mean = -(-mean // layout.cp) * layout.cp
-    dec = predict(trace_decode(model, layout, hw.name, batch, mean, precision, kv_dtype), hw,
+    reads = 1 if grouped_kernel else model.heads // model.kv_heads
+    dec = predict(trace_decode(model, layout, hw.name, batch, mean, precision, kv_dtype,
+                               reads), hw,
                   sizes, topology, collective_times=cache)
     tokens = prompt_len + gen_len
     spreads = _spreads()
@@ -481,7 +536,7 @@ def serve(model, layout: Layout | None = None, hardware="H100", chips: int | Non
         pre.time_s, dec.time_s, kv_cache_bytes(model, layout, batch, tokens, kv_dtype),
         weight_bytes(model, layout, precision),
         {"prefill": dict(pre.terms), "decode": dict(dec.terms)},
-        HBM_CAPACITY.get(hw.name, math.inf), dec.fused_bytes)
+        HBM_CAPACITY.get(hw.name, math.inf))
     decode_interval, n = _interval(dec.time_s, spreads["decode"])
     ttft_interval, _ = _interval(pre.time_s, spreads["ttft"])
     result = replace(result, interval_s=decode_interval, ttft_interval_s=ttft_interval,

@@ -71,6 +71,19 @@ class ServingRun:
     source: str = SOURCE
     framework: str = "tensorrt-llm"
     notes: str = ""
+    # The engines are built without --paged_kv_cache, and TensorRT-LLM's grouped-query
+    # decode kernel (XQA) needs a paged cache (docs/source/gpt_attention.md, "XQA
+    # Optimization", at v0.7.1: "Paged KV cache (64 / 128 tokens per block)"): decode ran
+    # the masked multi-head attention kernel, one thread block per query head.
+    grouped_kernel: bool = False
+
+    def serve(self):
+        """``plan.serve`` of this run's configuration."""
+        from ..serve import serve
+        return serve(self.model, self.layout, hardware=self.hardware, batch=self.batch,
+                     prompt_len=self.prompt_len, gen_len=self.gen_len,
+                     precision=self.precision, kv_dtype=self.kv_dtype,
+                     grouped_kernel=self.grouped_kernel, check_memory=False)
 
     @property
     def layout(self) -> Layout:
