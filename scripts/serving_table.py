@@ -4,6 +4,7 @@
     python scripts/serving_table.py --held-out       # both halves (the headline)
     python scripts/serving_table.py --write-spreads  # simpmd/plan/serve_spreads.py, from
                                                      # the development half only
+    python scripts/serving_table.py --markdown       # both halves as docs/validation.md's rows
 """
 from __future__ import annotations
 
@@ -51,7 +52,34 @@ def show(table, label):
     print(f"  {inside} of {len(table)} within 0.8-1.25x")
 
 
+def inside(run, e) -> bool:
+    """Whether the measured seconds lie in the estimate's interval (for a static batch's
+    whole time, the decode interval's factors applied to it)."""
+    if run.metric == "ttft":
+        low, high = e.ttft_interval_s
+    else:
+        low, high = (e.total_s * f / e.tpot_s for f in e.interval_s)
+    return low <= run.measured_s <= high
+
+
+def markdown(table, half):
+    for run, e, r in table:
+        what = "first token" if run.metric == "ttft" else "batch time"
+        printed = (f"{run.measured * 1e3:g} ms" if run.metric == "ttft"
+                   else f"{run.measured:,.0f} tok/s/GPU")
+        verdict = "in band" if 0.8 <= r <= 1.25 else "**miss**"
+        print(f"| {half} | {run.model.name} | {run.hardware} x{run.tp} | {run.precision}, "
+              f"cache {run.kv_dtype} | {run.batch} | {run.prompt_len}/{run.gen_len} | "
+              f"{run.table} | {printed} | {what} {run.measured_s:.4g} s | "
+              f"{run.predicted_s(e):.4g} s | {r:.2f} | {verdict} | "
+              f"{'yes' if inside(run, e) else 'no'} |")
+
+
 if __name__ == "__main__":
+    if "--markdown" in sys.argv:
+        markdown(rows(S.development()), "development")
+        markdown(rows(S.held_out()), "held-out")
+        sys.exit()
     t = time.time()
     dev = rows(S.development())
     show(dev, "development")

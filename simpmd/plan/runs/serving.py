@@ -71,10 +71,12 @@ class ServingRun:
     source: str = SOURCE
     framework: str = "tensorrt-llm"
     notes: str = ""
-    # The engines are built without --paged_kv_cache, and TensorRT-LLM's grouped-query
-    # decode kernel (XQA) needs a paged cache (docs/source/gpt_attention.md, "XQA
-    # Optimization", at v0.7.1: "Paged KV cache (64 / 128 tokens per block)"): decode ran
-    # the masked multi-head attention kernel, one thread block per query head.
+    # The Llama engines are built without --paged_kv_cache (the page's build commands), and
+    # TensorRT-LLM's grouped-query decode kernel (XQA) takes only a paged cache
+    # (docs/source/gpt_attention.md, "XQA Optimization", support matrix: "Paged KV cache
+    # (64 / 128 tokens per block)"; the section is absent from the v0.5 text): decode ran
+    # the masked multi-head attention kernel, "a single CUDA thread-block per head" (the
+    # same page, "Generation Phase"), each query head reading its key/value head's cache.
     grouped_kernel: bool = False
 
     def serve(self):
