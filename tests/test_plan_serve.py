@@ -203,9 +203,9 @@ def test_the_measured_seconds_follow_from_the_printed_numbers():
     assert ttft.measured_s == 0.016
 
 
-# Runs outside 0.8-1.25x when this was written, with their ratio then (predicted /
-# measured; docs/validation.md, "Serving"): all predicted too fast. Each is still checked
-# within a wider band, so a change that moves it far is seen.
+# Runs outside 0.8-1.25x today, with predicted / measured (docs/validation.md, "Serving"):
+# all predicted too fast. Each is a strict expected failure, as tests/test_plan_validation.py
+# holds the training runs' misses: if the model comes within the band the test says so.
 KNOWN_MISSES = {
     "Llama 2 7B, 1 x H100 FP8, first token, 128 in": 0.52,
     "Llama 2 70B, 4 x H100 FP8, first token, 128 in": 0.68,
@@ -216,10 +216,17 @@ KNOWN_MISSES = {
 }
 
 
-@pytest.mark.parametrize("run", S.runs(), ids=lambda r: r.name)
+@pytest.mark.parametrize("run", [
+    pytest.param(r, marks=pytest.mark.xfail(
+        reason=f"predicted / measured = {KNOWN_MISSES[r.name]:.2f} today", strict=True))
+    if r.name in KNOWN_MISSES else r for r in S.runs()], ids=lambda r: r.name)
 def test_validation_run(run):
     ratio = _ratio(run)
-    if run.name in KNOWN_MISSES:
-        assert 0.35 <= ratio <= 2.5, (run.name, ratio)
-    else:
-        assert 0.8 <= ratio <= 1.25, (run.name, ratio)
+    assert 0.8 <= ratio <= 1.25, f"{run.name}: predicted / measured = {ratio:.3f}"
+
+
+def test_the_known_misses_are_where_the_docs_say():
+    """The misses' ratios as docs/validation.md prints them (to 0.01)."""
+    runs = {r.name: r for r in S.runs()}
+    for name, ratio in KNOWN_MISSES.items():
+        assert _ratio(runs[name]) == pytest.approx(ratio, abs=0.006), name
