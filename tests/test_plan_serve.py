@@ -6,6 +6,9 @@ import re
 import numpy as np
 import pytest
 
+pytest.importorskip("ml_dtypes", reason="plan.serve's programs are in bfloat16 and FP8, which "
+                    "ml_dtypes (jaxlib's) brings")
+
 from simpmd import plan
 from simpmd.cost import HARDWARE
 from simpmd.plan import serve as SV
