@@ -11,7 +11,6 @@ pytest.importorskip("ml_dtypes", reason="plan.serve's programs are in bfloat16 a
 
 from simpmd import plan
 from simpmd.cost import HARDWARE
-from simpmd.plan import serve as SV
 from simpmd.plan.layout import LayoutError
 from simpmd.plan.runs import serving as S
 

@@ -15,11 +15,11 @@ one predictor (:func:`simpmd.cost.predict.predict`), as ``plan.estimate`` costs 
 training step:
 
 * **tensor parallelism** (``tp``) is Megatron's: each chip holds ``heads / tp`` query heads
-  and their keys and values, half the MLP's columns and rows; one all-reduce after
+  and their keys and values, ``1 / tp`` of the MLP's columns and rows; one all-reduce after
   attention and one after the MLP. With more chips than key/value heads
   (grouped-query attention, ``kv_heads < tp``), each key/value head is held by
-  ``tp / kv_heads`` chips, as TensorRT-LLM and vLLM duplicate them: the cache splits over
-  ``min(tp, kv_heads)`` chips only;
+  ``tp / kv_heads`` chips (duplicated; splitting a head's width instead is not
+  modelled): the cache splits over ``min(tp, kv_heads)`` chips only;
 * **data parallelism** (``dp``) splits the batch: each replica serves ``batch / dp``
   sequences with every weight;
 * **sequence parallelism of the cache** (``cp``) splits the prompt's tokens, and so the
@@ -27,19 +27,26 @@ training step:
   queries (as context parallelism trains); each decode step's query is on every ``cp``
   chip, each attends over its own part of the cache, and one ``psum`` over ``cp``
   combines the parts (the combination of partial attentions by their log-sum-exps that
-  flash-decoding uses, Dao et al. 2023, "Flash-Decoding for long-context inference";
-  the psum moves the partial outputs, which is what that combination moves).
+  flash-decoding uses: T. Dao, D. Haziza, F. Massa, G. Sizov, "Flash-Decoding for
+  long-context inference", PyTorch blog, October 2023; the psum moves the partial
+  outputs, which is what that combination moves, and on values would need the parts'
+  log-sum-exps, which the program leaves out: it is for costing, on shapes).
 
 Decoding is bound by memory: each step reads every weight the chip holds and its share
 of the cache to produce one token per sequence, so ``tpot_s`` is at least those bytes
 over the chip's HBM bandwidth; a large enough batch makes the products' FLOPs the larger
 term. ``precision`` is the weights' and the products' type ("bf16", "fp16" or "fp8": FP8
 weights and activations, as TensorRT-LLM's FP8 engines run; the output projection onto
-the vocabulary stays 16-bit, as ModelOpt leaves ``lm_head``); ``kv_dtype`` the cache's
-("bf16", "fp16", "fp8" or "int8"; by default the precision's: FP8 engines keep an FP8
-cache, ``--fp8_kv_cache``).
+the vocabulary stays 16-bit, an assumption); ``kv_dtype`` the cache's
+("bf16", "fp16", "fp8" or "int8"; by default the precision's, as TensorRT-LLM's
+FP8 engines of :mod:`simpmd.plan.runs.serving` are built, ``--fp8_kv_cache``). The decode
+step's attention reads the cache in its own type (TensorRT-LLM's kernels dequantize "on
+the fly", docs/source/gpt_attention.md, "INT8/FP8 KV Caches").
 
-The decode step is costed once, at the cache's mean length over the generation,
+The decode step's attention is one kernel that reads each key/value head's cache once for
+its whole group of query heads (``grouped_kernel=True``), or, as TensorRT-LLM's masked
+multi-head attention kernel does, once per query head (``grouped_kernel=False``:
+:func:`decode_attention`). The decode step is costed once, at the cache's mean length over the generation,
 ``prompt_len + gen_len / 2`` (its attention grows linearly with the cache, so the mean
 step is the step at the mean length); ``kv_cache_bytes`` is the cache after the last
 token, ``prompt_len + gen_len`` tokens. Throughput is that of a static batch, as
@@ -48,7 +55,7 @@ first from the prefill) in ``ttft_s + (gen_len - 1) * tpot_s``, over the chips.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 import math
 
 import numpy as np
@@ -86,9 +93,11 @@ class ServingEstimate:
     token (``kv_cache_bytes``) and of the weights it holds (``weight_bytes``), and where
     each phase's time goes (``breakdown["prefill"]``, ``breakdown["decode"]``: the
     predictor's terms, adding up to ``ttft_s`` and ``tpot_s``). ``interval_s`` is where a
-    measured ``tpot_s`` should lie (``ttft_interval_s`` the same for ``ttft_s``), from
-    how far the predictions missed on ``validation_runs`` development runs
-    (:mod:`simpmd.plan.runs.serving`)."""
+    measured ``tpot_s`` should lie, from how far the predicted whole times of static
+    batches missed on ``validation_runs`` development runs (:mod:`simpmd.plan.runs.serving`,
+    ``simpmd/plan/serve_spreads.py``: ``tpot_s * exp(-(m +- 2 s))``, as
+    :mod:`simpmd.plan.interval` does for training); ``ttft_interval_s`` the same for
+    ``ttft_s`` from the first-token runs."""
 
     model: object
     layout: Layout
