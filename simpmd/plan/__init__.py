@@ -13,3 +13,4 @@ parallelism, FSDP, context parallelism, the optimizer) and costed by walking tha
 from .model import LLAMA3_8B, LLAMA3_70B, Transformer
 from .layout import Layout, LayoutError, check
 from .simulate import Estimate, estimate, sweep
+from .serve import ServingEstimate, serve
