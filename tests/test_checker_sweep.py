@@ -1,4 +1,4 @@
-"""Every exercise checker of lessons 2 to 16, swept with many plausible wrong answers.
+"""Every exercise checker of lessons 2 to 17, swept with many plausible wrong answers.
 
 Whatever a learner types, a checker must say "Not yet" without raising, must never print a
 factor that reads 1 ("off by a factor of 1": a near miss is called one), and must never
@@ -18,7 +18,7 @@ import pytest
 from simpmd import course
 from simpmd.exercises import (lesson02, lesson03, lesson04, lesson05, lesson06, lesson07,
                               lesson08, lesson09, lesson10, lesson11, lesson12, lesson13,
-                              lesson14, lesson15, lesson16)
+                              lesson14, lesson15, lesson16, lesson17)
 
 MIB = 2**20
 # One device's K (or V) block in lesson 14: 32768 / 8 tokens x 32 heads x 128 x 2 bytes
@@ -55,6 +55,14 @@ NUMERIC = {
     "lesson15.check_param_count": (lesson15.check_param_count, 8_030_261_248),
     # NeMo's LLaMA 2-70B: 4 replicas of TP 4 x PP 4, 128 / 4 = 32 micro-batches, v = 20
     "lesson15.check_bubble": (lesson15.check_bubble, 3 / (32 * 20 + 3)),
+    # LLaMA 3-8B's cache: K and V x 32 layers x 8 K/V heads x 128 x 2 bytes, per token; for
+    # 32 sequences of 8192 on 16 chips, split min(16, 8) ways; LLaMA 3-70B's (80 layers) of
+    # 4096 tokens over 5e10 bytes/s; the H100's bf16 peak over its HBM bandwidth
+    "lesson17.check_cache_per_token": (lesson17.check_cache_per_token, 2 * 32 * 8 * 128 * 2),
+    "lesson17.check_critical_batch": (lesson17.check_critical_batch, _I),
+    "lesson17.check_cache_per_chip": (lesson17.check_cache_per_chip,
+                                      2 * 32 * 8 * 128 * 2 * 8192 * 32 / 8),
+    "lesson17.check_move_seconds": (lesson17.check_move_seconds, 2 * 80 * 8 * 128 * 2 * 4096 / 5e10),
 }
 
 # Slips of scale and of counting, alone and two at a time

@@ -134,7 +134,7 @@ SOLUTIONS_AT_THE_END = ["02_pmap_basics.ipynb", "03_in_axes_out_axes.ipynb",
                         "12_explicit_sharding_and_jit.ipynb",
                         "13_pipeline_parallelism.ipynb",
                         "14_sequence_and_expert_parallelism.ipynb",
-                        "15_plan_a_training_run.ipynb"]
+                        "15_plan_a_training_run.ipynb", "17_serving.ipynb"]
 
 
 def _top_level_names(source):
