@@ -244,9 +244,11 @@ class ShardMapped:
             return bridge.jax.shard_map_on_jax(self)(*args)
         if machine.intercepts():                   # one process of simpmd.run_processes
             return machine.hosts.launch(self, args, kwargs)
-        if self.axis_names and self.axis_names != set(self.mesh.axis_names):
+        if (self.axis_names and self.axis_names != set(self.mesh.axis_names)) or \
+                _names_unreduced(self.in_specs) or _names_unreduced(self.out_specs):
             # Manual over some axes only: the compiler handles the others, as JAX's eager
             # shard_map has each operation on them compiled; simpmd's compiler is its jit.
+            # So for partial sums in or out: the arrays that hold them are jit's.
             return _jit(self)(*args, **kwargs)
         if kwargs:
             raise TypeError(
@@ -442,6 +444,12 @@ class ShardMapped:
                 "check_vma=False turns the check off.)")
         warnings.warn(message + " With check_vma=False simpmd returns the first device's "
                       "copy, as JAX does (JAX does not check).", stacklevel=4)
+
+
+def _names_unreduced(specs) -> bool:
+    """Whether a spec of ``specs`` (a pytree prefix of specs) names unreduced axes."""
+    leaves = tree.flatten(specs)[0] if not isinstance(specs, PartitionSpec) else [specs]
+    return any(isinstance(s, PartitionSpec) and s.unreduced for s in leaves)
 
 
 def _as_unreduced(leaf, spec):
