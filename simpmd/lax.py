@@ -97,7 +97,33 @@ def psum(x, axis_name, *, axis_index_groups=None):
         # size without communicating, and returns a Python number.
         size = context.run.axis_size(axes, "psum")
         return tree.unflatten(treedef, [v * size for v in leaves])
-    return _all_leaves(x, C.psum, axes=axes, axis_index_groups=_groups(axis_index_groups, "psum"))
+    leaves = [_unreduced_psum(leaf, axes, axis_index_groups) for leaf in leaves]
+    todo = [k for k, leaf in enumerate(leaves) if not isinstance(leaf, _Summed)]
+    summed = iter(bind(C.psum, *[leaves[k] for k in todo], axes=axes,
+                       axis_index_groups=_groups(axis_index_groups, "psum")) if todo else [])
+    return tree.unflatten(treedef, [leaf.value if isinstance(leaf, _Summed) else next(summed)
+                                    for leaf in leaves])
+
+
+class _Summed:
+    def __init__(self, value):
+        self.value = value
+
+
+def _unreduced_psum(leaf, axes, groups):
+    """A leaf holding partial sums over ``axes`` (``f32[4]{U:x}``, inside shard_map) is
+    summed by JAX's ``unreduced_psum`` (Unreduced -> Invariant); others are left to psum."""
+    aval = getattr(leaf, "aval", None)
+    if aval is None or not getattr(aval, "unreduced", None) or not set(axes) & aval.unreduced:
+        return leaf
+    if _pcast_from(aval, axes, "jax.lax.psum") != "unreduced":
+        return leaf
+    if groups is not None:
+        raise NotImplementedError(
+            f"psum with axis_index_groups of a value unreduced over {axes}: JAX has no such "
+            f"sum either (NotImplementedError). Sum over the whole axes.")
+    order = tuple(n for n, _ in context.run.axes if n in axes)
+    return _Summed(bind(C.unreduced_psum, leaf, axes=order))
 
 
 @_on_either_engine
@@ -139,12 +165,32 @@ def _gather_axis(leaf, axis, tiled, axes):
 
 
 @_on_either_engine
-def all_gather(x, axis_name, *, axis_index_groups=None, axis=0, tiled=False):
-    """Every device gets all devices' ``x``, stacked on a new ``axis`` (joined if ``tiled``)."""
+def all_gather(x, axis_name, *, axis_index_groups=None, axis=0, tiled=False, to="varying"):
+    """Every device gets all devices' ``x``, stacked on a new ``axis`` (joined if ``tiled``).
+    ``to='invarying'``: under ``check_vma`` the result is typed as the same on every device
+    (JAX's ``all_gather_invariant``), and its gradient is each device's slice, with no
+    communication."""
+    allowed = {"varying", "reduced", "invarying"}
+    if to not in allowed:
+        raise errors.CollectiveArgumentError(
+            f"Got unexpected `to` value for `jax.lax.all_gather`. Allowed `to` values are: "
+            f"{allowed} (JAX's words); got to={to!r}.")
+    if to == "reduced":
+        raise NotImplementedError(
+            "lax.all_gather(..., to='reduced') types its result as reduced inside "
+            "shard_map; simpmd types reduced values under jit with Explicit axes, not yet "
+            "inside shard_map. Use to='invarying' (the same values, typed as the same on "
+            "every device) or run this program on JAX.")
+    if to == "invarying" and axis_index_groups is not None:
+        raise NotImplementedError(
+            "lax.all_gather(..., to='invarying') with axis_index_groups: JAX has no such "
+            "gather either (NotImplementedError). Gather over whole axes, or keep "
+            "to='varying'.")
     axes, groups = _names(axis_name), _groups(axis_index_groups, "all_gather")
     size = C.group_size(axes, groups) if groups else context.run.axis_size(axes, "all_gather")
+    row = C.all_gather_invariant if to == "invarying" else C.all_gather
     return _each_leaf(x, lambda leaf: bind(
-        C.all_gather, leaf, all_gather_dimension=_gather_axis(leaf, axis, tiled, axes),
+        row, leaf, all_gather_dimension=_gather_axis(leaf, axis, tiled, axes),
         axis_name=axes, axis_index_groups=groups, axis_size=size, tiled=bool(tiled)))
 
 
@@ -703,13 +749,45 @@ def pcast(x, axis_name, *, to):
         raise errors.CollectiveArgumentError(
             f"Got unexpected `to` value {to!r}. Allowed `to` values are: {set(PCAST_TO)} "
             f"(JAX's words): to='varying' types a replicated value as varying over the axes.")
-    if to != "varying":
+    if to == "reduced":
         raise NotImplementedError(
-            f"lax.pcast(..., to={to!r}) makes a value {to} over {axes} inside shard_map; "
-            f"simpmd types unreduced and reduced values under jit with Explicit axes "
-            f"(PartitionSpec(unreduced=...), reshard), not yet inside shard_map. Run this "
-            f"program on JAX, or keep the sum explicit with lax.psum.")
+            f"lax.pcast(..., to='reduced') makes a value reduced over {axes} inside "
+            f"shard_map; simpmd types reduced values under jit with Explicit axes "
+            f"(PartitionSpec(reduced=...), reshard), not yet inside shard_map. Run this "
+            f"program on JAX, or keep the value replicated (it is, as a reduced one).")
+    if to == "unreduced":
+        return _each_leaf(x, lambda leaf: _unreduce(leaf, axes))
     return _each_leaf(x, lambda leaf: _vary(leaf, axes, "jax.lax.pcast"))
+
+
+def _pcast_from(aval, axes, name) -> str:
+    """What ``axes`` are to a value of type ``aval``: all 'varying', all 'unreduced' or
+    all 'invarying' (JAX's ``_get_from``; a mixture is refused, in JAX's words)."""
+    states = {"varying" if a in aval.vma else "unreduced" if a in aval.unreduced
+              else "invarying" for a in axes}
+    if len(states) > 1:
+        raise errors.VmaError(
+            f"{name} can only accept axis_name which corresponds to one of varying, "
+            f"unreduced, reduced or invarying state of the input. Got input type: "
+            f"{_type_text(aval)}, axes: {axes} and input state: {states} (JAX's words). "
+            f"Pass the axes of one state at a time.")
+    return states.pop()
+
+
+def _unreduce(leaf, axes):
+    """``pcast(leaf, axes, to='unreduced')``: each device's value, varying over ``axes``,
+    becomes its part of a sum over them (no data moves; a psum adds the parts)."""
+    run = context.run
+    run.axis_size(axes, "pcast")
+    start = _pcast_from(aval_of(leaf), axes, "jax.lax.pcast")
+    if start != "varying":
+        raise errors.VmaError(
+            f"Unsupported pcast from={start}, to='unreduced' (JAX's words): on {run.where()} "
+            f"the value of type {_type_text(aval_of(leaf))} is {start} over {axes}; only a "
+            f"value that varies over them (under shard_map(check_vma=True)) can be taken as "
+            f"the parts of a sum over them.")
+    order = tuple(n for n, _ in run.axes if n in axes)
+    return bind(C.vary_unreduced_cast, leaf, axes=order)
 
 
 def pvary(x, axis_name):

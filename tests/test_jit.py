@@ -334,9 +334,10 @@ def test_every_row_has_a_sharding_rule_but_collectives_and_calls():
                "dropout", "dropout_grad", "fp8_cast",      # imported)
                "fp8_operand", "fp8_grad", "fp8_scale_update", "fp8_after", "fp8_region"}
     assert [n for n in partition.rows_without_rules() if n not in planner] == sorted([
-        "all_gather", "all_to_all", "axis_index", "debug_callback", "shard_slice", "pmax",
-        "pmean", "pmin", "ppermute", "psum", "pvary", "reduce_scatter",
-        "slice_piece", "unreduce"])          # (the partitioner's rows on blocks)
+        "all_gather", "all_gather_invariant", "all_to_all", "axis_index", "debug_callback",
+        "shard_slice", "pmax", "pmean", "pmin", "ppermute", "psum", "pvary", "reduce_scatter",
+        "slice_piece", "unreduce", "unreduced_psum",
+        "vary_unreduced_cast"])          # (the partitioner's rows on blocks; shard_map's by hand)
 
 
 def test_a_collective_inside_jit_needs_shard_map(mesh):

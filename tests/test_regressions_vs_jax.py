@@ -453,3 +453,58 @@ def test_shard_map_body_promotes_and_varies_in_the_running_jaxs_order(jax8, name
             "this JAX varies an operand before promoting its dtype (jax 0.12); simpmd "
             "promotes first, as 0.10 does (docs/testing.md, issue 45 item 19)")))
     assert "pvary" in theirs and ours == theirs
+
+
+# -- 15: partial sums inside shard_map (unreduced), and all_gather(to='invarying')
+
+
+def _explicit_mesh(engine, shape, names):
+    return engine.make_mesh(shape, names,
+                            axis_types=(engine.sharding.AxisType.Explicit,) * len(shape))
+
+
+def _unreduced_outside_jit(engine, name):
+    """A shard_map called at the top level (no jit) whose specs name unreduced axes."""
+    P, x = engine.sharding.PartitionSpec, np.arange(8.0, dtype=np.float32)
+    m = _explicit_mesh(engine, (4,), ("x",))
+    with engine.sharding.set_mesh(m):
+        a = engine.device_put(x, P("x"))
+        if name == "pcast_out":
+            out = engine.shard_map(lambda v: lax.pcast(v, "x", to="unreduced"), mesh=m,
+                                   in_specs=P("x"), out_specs=P(unreduced={"x"}))(a)
+            return str(engine.typeof(out)), np.asarray(engine.sharding.reshard(out, P()))
+        u = engine.shard_map(lambda v: lax.pcast(v, "x", to="unreduced"), mesh=m,
+                             in_specs=P("x"), out_specs=P(unreduced={"x"}))(a)
+        out = engine.shard_map(lambda v: lax.psum(v + v, "x"), mesh=m,
+                               in_specs=P(unreduced={"x"}), out_specs=P())(u)
+        return str(engine.typeof(out)), np.asarray(out)
+
+
+@pytest.mark.parametrize("name", ["pcast_out", "unreduced_in"])
+def test_unreduced_shard_map_outside_jit_is_typed_and_summed_as_in_jax(jax8, name):
+    if not hasattr(jax8.lax, "pcast"):
+        pytest.skip(f"jax {jax8.__version__} has no lax.pcast")
+    ours, theirs = _unreduced_outside_jit(simpmd, name), _unreduced_outside_jit(jax8, name)
+    assert ours[0] == theirs[0]
+    np.testing.assert_allclose(ours[1], theirs[1], rtol=1e-6)
+
+
+def test_all_gather_invarying_prints_and_differentiates_as_jax(jax8):
+    import inspect
+    if "to" not in inspect.signature(jax8.lax.all_gather).parameters:
+        pytest.skip(f"jax {jax8.__version__}'s all_gather has no to=")
+
+    def program(engine):
+        P = engine.sharding.PartitionSpec
+        mapped = engine.shard_map(lambda v: lax.all_gather(v, "i", to="invarying", tiled=True),
+                                  mesh=_mesh(engine, (4,), ("i",)), in_specs=P("i"),
+                                  out_specs=P())
+        x, w = np.arange(8.0, dtype=np.float32), np.arange(8.0, dtype=np.float32) + 1
+        text = str(engine.make_jaxpr(lambda a: mapped(a))(x))
+        return text, np.asarray(mapped(x)), np.asarray(engine.grad(lambda a: (mapped(a) * w).sum())(x))
+    ours, theirs = program(simpmd), program(jax8)
+    gather = lambda text: [line.strip() for line in text.splitlines() if "all_gather" in line
+                           or "axis_" in line or "tiled" in line]
+    assert gather(ours[0]) == gather(theirs[0]) and "all_gather_invariant[" in theirs[0]
+    np.testing.assert_array_equal(ours[1], theirs[1])
+    np.testing.assert_array_equal(ours[2], theirs[2])

@@ -244,9 +244,11 @@ class ShardMapped:
             return bridge.jax.shard_map_on_jax(self)(*args)
         if machine.intercepts():                   # one process of simpmd.run_processes
             return machine.hosts.launch(self, args, kwargs)
-        if self.axis_names and self.axis_names != set(self.mesh.axis_names):
+        if (self.axis_names and self.axis_names != set(self.mesh.axis_names)) or \
+                _names_unreduced(self.in_specs) or _names_unreduced(self.out_specs):
             # Manual over some axes only: the compiler handles the others, as JAX's eager
             # shard_map has each operation on them compiled; simpmd's compiler is its jit.
+            # So for partial sums in or out: the arrays that hold them are jit's.
             return _jit(self)(*args, **kwargs)
         if kwargs:
             raise TypeError(
@@ -306,7 +308,7 @@ class ShardMapped:
             missing = tuple(n for n in self.mesh.axis_names if isinstance(spec, PartitionSpec)
                             and n in spec.mesh_axes() and n not in vma)
             made.append(bind(pvary, leaf, axes=missing) if missing and hasattr(leaf, "aval") else leaf)
-        return tree.unflatten(treedef, made)
+        return tree.unflatten(treedef, [_as_unreduced(leaf, spec) for leaf, spec in zip(made, specs)])
 
     # -- putting the blocks together -------------------------------------------------------
     def _assemble(self, stacks, treedef, run, coords, program=None):
@@ -442,6 +444,27 @@ class ShardMapped:
                 "check_vma=False turns the check off.)")
         warnings.warn(message + " With check_vma=False simpmd returns the first device's "
                       "copy, as JAX does (JAX does not check).", stacklevel=4)
+
+
+def _names_unreduced(specs) -> bool:
+    """Whether a spec of ``specs`` (a pytree prefix of specs) names unreduced axes."""
+    leaves = tree.flatten(specs)[0] if not isinstance(specs, PartitionSpec) else [specs]
+    return any(isinstance(s, PartitionSpec) and s.unreduced for s in leaves)
+
+
+def _as_unreduced(leaf, spec):
+    """jax 0.10 takes a result varying over an axis its out_specs call unreduced as the
+    parts of a sum over it (a ``vary_unreduced_cast``); later releases refuse it unless
+    the body made it so (``lax.pcast(x, axis, to='unreduced')``)."""
+    from ..core.collectives import vary_unreduced_cast
+    from ..partitioner.sharding import settings
+    aval = getattr(leaf, "aval", None)
+    if not isinstance(spec, PartitionSpec) or aval is None or not spec.unreduced:
+        return leaf
+    new = tuple(a for a, _ in context.run.axes if a in spec.unreduced and a not in aval.unreduced)
+    if not new or not settings.unreduced_out_cast:
+        return leaf
+    return bind(vary_unreduced_cast, leaf, axes=new)
 
 
 def _why(program, var, axis):

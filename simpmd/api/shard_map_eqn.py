@@ -106,6 +106,16 @@ def _check_in_spec(spec, aval, mesh, manual):
     layout = dims_of(aval) if aval.sharding is not None and aval.sharding.mesh == mesh \
         else whole(aval.ndim)
     have = [tuple(a for a in d if a in explicit) for d in layout]
+    held = aval.sharding.unreduced if aval.sharding is not None and aval.sharding.mesh == mesh \
+        else frozenset()
+    if spec.unreduced != held:
+        raise ShardingTypeError(
+            f"in_specs containing unreduced {spec!r} passed to shard_map should be equal to "
+            f"the unreduced present on the in_aval {R.type_text(aval)} (JAX's words). An "
+            f"unreduced in_specs hands each device its part of a sum, so the operand must "
+            f"hold partial sums over exactly those axes: "
+            + (f"reshard it to {spec!r} first." if not held else
+               f"write in_specs=P(..., unreduced={set(held)!r})."))
     if given != have:
         raise ShardingTypeError(
             f"in_specs passed to shard_map: {spec!r} does not match the specs of the input: "
@@ -131,16 +141,28 @@ def _block_aval(aval, spec, mesh, check_vma, manual):
         else whole(aval.ndim)
     rest = [tuple(a for a in d if a not in manual) for d in own]
     sharding = Sharding(mesh, rest) if set(manual) != set(mesh.axis_names) else None
+    held = getattr(aval.sharding, "unreduced", frozenset()) & frozenset(spec.unreduced)
     return Aval(R.block_shape(aval.shape, dims, mesh), aval.dtype, aval.weak_type,
                 vma=aval.vma | frozenset(a for d in dims for a in d) if check_vma else frozenset(),
-                sharding=sharding)
+                sharding=sharding, unreduced=held & set(manual) if check_vma else frozenset())
 
 
 def _check_replication(program, out_specs, check_vma, outer=()):
     """Under check_vma, a result must not vary over a newly manual axis its out_specs
     leaves out (the axes of an enclosing shard_map stay varying outside)."""
     for k, (v, spec) in enumerate(zip(program.outvars, out_specs)):
-        missing = sorted(aval_of(v).vma - set(spec.mesh_axes()) - set(outer)) if check_vma else []
+        if check_vma and spec.unreduced != aval_of(v).unreduced:
+            raise ShardingTypeError(
+                f"out_specs passed to shard_map should be equal to the unreduced present on "
+                f"the out_aval. Got out_specs={spec!r} and out_aval={aval_of(v).str_short()} "
+                f"(JAX's words). " + (
+                    f"Result {k} holds partial sums over {sorted(aval_of(v).unreduced)}: name "
+                    f"them in out_specs (P(..., unreduced={set(aval_of(v).unreduced)!r})) or "
+                    f"sum them first (lax.psum)." if aval_of(v).unreduced else
+                    f"Make result {k} the parts of a sum first: lax.pcast(x, "
+                    f"{tuple(sorted(spec.unreduced))!r}, to='unreduced')."))
+        missing = sorted((aval_of(v).vma | aval_of(v).unreduced) - set(spec.mesh_axes())
+                         - set(spec.unreduced) - set(outer)) if check_vma else []
         if missing:
             raise errors.SimpmdError(
                 f"shard_map's out_specs {spec!r} for result {k} leaves out mesh axis "
@@ -332,4 +354,5 @@ shard_map_p = Primitive(
                     ("jaxpr", p["jaxpr"]), ("manual_axes", p["manual_axes"]),
                     ("mesh", p["shard_mesh"]), ("out_specs", p["out_specs"])])
 shard_map_p.sharding = _sm_rule
+shard_map_p.unreduced_rule = "out_specs"      # its results are unreduced as out_specs say
 BODIES[shard_map_p] = partition_shard_map

@@ -7,6 +7,8 @@ themselves here when they are imported (``import simpmd`` imports them all):
 * ``jax``: :mod:`simpmd.jax.handoff`. An operation on JAX tracers sits inside a real JAX
   trace, and runs as JAX's own.
 * ``printer``: :func:`simpmd.api.printer.pretty`, which prints a program in JAX's notation.
+* ``unreduced``: :func:`simpmd.partitioner.unreduced.manual`, the unreduced axes of an
+  operation's results inside ``shard_map`` where an operand holds partial sums (JAX's rules).
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import sys
 eager = None
 jax = None
 printer = None
+unreduced = None
 
 def holds_jax_tracer(value) -> bool:
     """True if ``value``, or anything in its tuples, lists and dicts, is a JAX tracer: the

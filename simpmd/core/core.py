@@ -35,11 +35,13 @@ class Aval:
     mesh axes it varies over (``vma``, under ``shard_map(check_vma=True)``), and its
     sharding (under ``jit`` with Explicit axes). JAX calls it a ShapedArray."""
 
-    __slots__ = ("shape", "dtype", "weak_type", "vma", "sharding")
+    __slots__ = ("shape", "dtype", "weak_type", "vma", "sharding", "unreduced")
 
-    def __init__(self, shape, dtype, weak_type=False, vma=frozenset(), sharding=None):
+    def __init__(self, shape, dtype, weak_type=False, vma=frozenset(), sharding=None,
+                 unreduced=frozenset()):
         self.shape, self.dtype = tuple(int(s) for s in shape), np.dtype(dtype)
         self.weak_type, self.vma, self.sharding = weak_type, frozenset(vma), sharding
+        self.unreduced = frozenset(unreduced)    # inside shard_map: partial sums over these
 
     ndim = property(lambda self: len(self.shape))
     size = property(lambda self: int(np.prod(self.shape, dtype=np.int64)))
@@ -63,9 +65,12 @@ class Aval:
         if self.sharding is not None:
             dims = [d + self.sharding.dim_suffix(k) for k, d in enumerate(dims)]
         text = f"{dtypes.short_name(self.dtype)}[{','.join(dims)}]{getattr(self.sharding, 'suffix', str)()}"
-        if self.vma:
-            axes = sorted(self.vma, key=str)
-            text += "{V:" + (axes[0] if len(axes) == 1 else "(" + ",".join(axes) + ")") + "}"
+        sets = [(word, sorted(axes, key=str)) for word, axes in (("V", self.vma),
+                                                                 ("U", self.unreduced)) if axes]
+        if sets:       # f32[2]{V:y, U:x}: varying over y, partial sums over x (shard_map)
+            text += "{" + ", ".join(f"{word}:" + (axes[0] if len(axes) == 1 else
+                                                  "(" + ",".join(axes) + ")")
+                                    for word, axes in sets) + "}"
         return text
 
     __repr__ = str_short

@@ -19,7 +19,7 @@ import math
 
 import numpy as np
 
-from . import core, errors
+from . import bridge, core, errors
 from .core import Aval, aval_of, context
 from .log import Log
 from .values import StackedValue
@@ -152,7 +152,8 @@ class Run:
         self.axis_size(axes, prim.op)           # an unknown name first: it says which
         out = []
         for x in args:
-            missing = tuple(a for a in axes if a not in aval_of(x).vma)
+            missing = tuple(a for a in axes if a not in aval_of(x).vma
+                            and not (a in aval_of(x).unreduced and getattr(prim, "unreduces", False)))
             if missing and (len(missing) == len(axes) or not getattr(prim, "reduction", False)
                             or prim in settings.partial):
                 x = core.bind(pvary, x, axes=missing)
@@ -167,6 +168,10 @@ class Run:
         avals = [aval_of(x) for x in args]
         out = prim.abstract(*avals, **params)
         out_avals = out if prim.multiple_results else [out]
+        if any(a.unreduced for a in avals) and not getattr(prim, "unreduces", False):
+            # partial sums inside shard_map: what the row makes of them (JAX's rules)
+            sets = bridge.unreduced(prim, avals, params, len(out_avals))
+            out_avals = [a.update(unreduced=u) for a, u in zip(out_avals, sets)]
         if self.abstract or any(isinstance(x, StackedValue) and x.stack is None for x in args):
             if prim.collective:
                 self.collective(prim, None, params, avals, out_avals)

@@ -130,6 +130,25 @@ def shard_map_checks() -> bool:
 
 
 @functools.lru_cache(maxsize=None)
+def unreduced_out_cast() -> bool:
+    """Whether shard_map takes a result that varies over an axis its out_specs call
+    unreduced as the parts of a sum over it (jax 0.10: typed ``{U:X}``), or refuses it
+    unless the result is unreduced there already (0.12)."""
+    jax = _jax()
+    shard_map = getattr(jax, "shard_map", None)
+    if shard_map is None:
+        raise Unavailable("no jax.shard_map")
+    P = jax.sharding.PartitionSpec
+    out = _traced(lambda a: shard_map(lambda v: v.sum(), mesh=_mesh(), in_specs=P("X"),
+                                      out_specs=P(unreduced={"X"}))(a), typed((8,), "X"))
+    if isinstance(out, Exception):
+        return False
+    if not getattr(out.sharding.spec, "unreduced", None):
+        raise Unavailable("this JAX drops the unreduced type of a shard_map's result")
+    return True
+
+
+@functools.lru_cache(maxsize=None)
 def cotangent_swaps() -> bool:
     """Whether the gradient of a reduced operand of a product comes out unreduced (JAX's
     cotangent types swap reduced and unreduced), or plain."""

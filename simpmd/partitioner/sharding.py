@@ -63,14 +63,16 @@ class Settings:
     plain). ``spec_rank_checked``: ``out_sharding=``/``reshard`` refuse a spec with more
     entries than the value has dimensions (0.11; before, trailing ``None`` entries
     passed). ``reshape_ones``: a reshape finds its split or merge past dims of size 1
-    (0.12; before, ``(8, 4, 6)`` to ``(8, 24, 1)`` was refused). :meth:`ask` takes the rules of unreduced and reduced operands too
+    (0.12; before, ``(8, 4, 6)`` to ``(8, 24, 1)`` was refused). ``unreduced_out_cast``:
+    a shard_map result varying over an axis its out_specs call unreduced is taken as the
+    parts of a sum (0.10; 0.12 wants it unreduced there already, ``lax.pcast``). :meth:`ask` takes the rules of unreduced and reduced operands too
     (``simpmd.api.reductions``).
     """
 
     NEWEST = dict(batch_alike=True, matmul_batch=True, reshape_spread=True, reshape_ones=True,
                   strided_slice=True,
                   shard_map_checks=True, single_element=True, cotangent_swaps=True,
-                  spec_rank_checked=True, contraction_sets="axes")
+                  spec_rank_checked=True, contraction_sets="axes", unreduced_out_cast=False)
 
     def __init__(self):
         self.pinned = False
@@ -105,6 +107,7 @@ class Settings:
     reshape_ones = property(lambda self: self.ask("reshape_ones"))
     strided_slice = property(lambda self: self.ask("strided_slice"))
     shard_map_checks = property(lambda self: self.ask("shard_map_checks"))
+    unreduced_out_cast = property(lambda self: self.ask("unreduced_out_cast"))
     single_element = property(lambda self: self.ask("single_element"))
     cotangent_swaps = property(lambda self: self.ask("cotangent_swaps"))
     spec_rank_checked = property(lambda self: self.ask("spec_rank_checked"))

@@ -126,7 +126,9 @@ def _word(prim, start, avals, arrays) -> str:
 
 
 def _u(aval):
-    return getattr(aval.sharding, "unreduced", frozenset())
+    """The axes ``aval`` holds partial sums over: by its sharding under jit, by its own
+    type inside shard_map (``f32[2]{U:x}``)."""
+    return getattr(aval.sharding, "unreduced", frozenset()) | getattr(aval, "unreduced", frozenset())
 
 
 def _r(aval):
@@ -163,6 +165,8 @@ def types(prim, avals, params, n_outs, mesh) -> list:
     kind = getattr(prim, "unreduced_rule", None)
     if kind == "reshard":
         return [reductions_of(params["dst_sharding"], mesh)]
+    if kind == "out_specs":            # a shard_map's results are as its out_specs say
+        return [reductions_of(spec, mesh, "out_specs") for spec in params["out_specs"]]
     if kind == "product":
         return [_dot(prim, avals, params, mesh)]
     if kind == "body":                 # a body's results keep the types they were traced with
@@ -298,3 +302,30 @@ def _reduced(prim, avals, arrays):
                                 f"input is reduced on. Got input type: {_type(bare)} and "
                                 f"reduced spec: {_fs(reduced)}")
     return frozenset(), reduced
+
+
+def manual(prim, avals, params, n_outs) -> list:
+    """Inside ``shard_map(check_vma=True)``: the unreduced axes of each result of ``prim``
+    where an operand holds partial sums (``f32[2]{U:x}``), by the rules JAX types them
+    with under jit; a collective refuses an operand unreduced over its axes (JAX's
+    ``check_unreduced_args``), and keeps partial sums over other axes."""
+    if prim.collective or getattr(prim, "by_axes", False):
+        names = params.get("axes", params.get("axis_name"))
+        axes = set(names) if isinstance(names, (tuple, list)) else {names}
+        for a in avals:
+            if _u(a) & axes:
+                raise ValueError(
+                    f"{prim.name} cannot accept args which are unreduced. Got "
+                    f"{a.str_short()} and axes={axes} (JAX's words): the value holds "
+                    f"partial sums over {sorted(_u(a) & axes)}. Sum them first "
+                    f"(lax.psum(x, {tuple(sorted(_u(a) & axes))!r})).")
+        return [frozenset().union(*(_u(a) for a in avals))] * n_outs
+    return [u for u, _ in types(prim, avals, params, n_outs, None)]
+
+
+def _register():
+    from ..core import bridge
+    bridge.unreduced = manual
+
+
+_register()

@@ -129,6 +129,8 @@ DRAWINGS[K.reduce_scatter] = Picture(
     _scattered_by_destination, _own, "group", "sum + split",
     "colour = the {who} a block is summed onto: block i of every device is added and lands "
     "on {who} i", words=("to", "from"))
+DRAWINGS[K.unreduced_psum] = DRAWINGS[K.psum]             # the same sum, of partial sums
+DRAWINGS[K.all_gather_invariant] = DRAWINGS[K.all_gather]  # the same gather, typed invariant
 DRAWINGS[K.all_to_all] = Picture(_own, _joined_by_source, "group", "all-to-all",
                                  _BLOCKS + " (a transpose)", split=_split_blocks)
 DRAWINGS[K.ppermute] = Picture(_own, _permuted, "pairs", "",
