@@ -77,3 +77,8 @@ def test_the_moe_draw_is_the_committed_one():
 def test_measured_step_times_from_the_table():
     row = next(r for r in moe.ROWS if r[0] == "H100" and r[1] is moe.QWEN3_30B_A3B)
     assert moe.step_s(row) == pytest.approx(512 * 4096 / (5275 * 16))
+
+
+def test_estimate_refuses_a_mixture_of_experts_it_cannot_step_yet():
+    with pytest.raises(plan.LayoutError, match="mixture of experts"):
+        plan.estimate(plan.MIXTRAL_8X7B, plan.Layout(dp=8))
