@@ -10,7 +10,7 @@ The step is built as one SPMD program on shapes (:mod:`~simpmd.plan.step`: the l
 ``scan`` with ``checkpoint``, the pipeline's ticks a ``scan``, Megatron's tensor
 parallelism, FSDP, context parallelism, the optimizer) and costed by walking that program.
 """
-from .model import LLAMA3_8B, LLAMA3_70B, Transformer
+from .model import LLAMA3_8B, LLAMA3_70B, MIXTRAL_8X7B, Transformer
 from .layout import Layout, LayoutError, check
 from .simulate import Estimate, estimate, sweep
 from .serve import ServingEstimate, serve

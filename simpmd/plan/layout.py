@@ -153,6 +153,12 @@ def check(model, layout: Layout, chips: int | None = None):
     """Raise :class:`LayoutError` naming the first limit ``layout`` breaks for ``model``
     on ``chips`` chips (None: as many as the layout's axes make)."""
     m, lay = model, layout
+    if getattr(m, "experts", 0):
+        raise LayoutError(f"{m.name or 'this model'} is a mixture of experts ({m.experts} "
+                          f"experts, top {m.top_k}): plan.estimate does not build an "
+                          f"expert-parallel step yet, and pricing it as dense would be "
+                          f"wrong; its sizes (params, active_params, flops_per_token) are "
+                          f"ready")
     if chips is not None and chips != lay.chips:
         raise LayoutError(f"{chips} chips, but the layout's axes make dp x fsdp x tp x pp x "
                           f"cp = {lay.dp} x {lay.fsdp} x {lay.tp} x {lay.pp} x {lay.cp} = "

@@ -1,0 +1,101 @@
+"""Published, measured mixture-of-experts training runs, entered before the planner could
+predict any of them (issue 48), and their development / held-out draw.
+
+Source: NVIDIA-NeMo/Megatron-Bridge, docs/performance-summary.md at commit 00b7660be0,
+'25.11 NeMo Container', 'Pre-Training Performance', systems DGX-GB200, DGX-B200 and
+DGX-H100 (the MoE rows), plus the DGX-H100 Qwen3_235B_a22B row of the same container
+from docs/performance-summary-archive.md at commit 0a25f911b2 (the current page's row lacks
+its GBS). The table's note: in the MoE benchmarks the token distribution among experts is
+force-balanced and every run is token-dropless, so the router's load imbalance of these
+runs is 1 (the busiest expert gets the mean load). Megatron's data-parallel size is GPUs /
+(TP x PP x CP) and the expert-parallel group is carved out of it, so in ``plan.Layout``'s
+terms ``dp = GPUs / (TP x PP x CP x EP)`` (with EP > that data-parallel size, as in the
+H100 Qwen3-235B row, the experts fold over TP too: Megatron-Core's expert tensor
+parallelism of 1). Step time = GBS x sequence / (tokens/s/GPU x GPUs).
+
+Models, from each one's config.json on Hugging Face: Qwen/Qwen3-30B-A3B (48 layers,
+hidden 2048, 32 query and 4 key/value heads of 128, 128 experts of 768, 8 per token,
+vocabulary 151936), Qwen/Qwen3-235B-A22B (94 layers, hidden 4096, 64 and 4 heads of 128,
+128 experts of 1536, 8 per token), openai/gpt-oss-120b (36 layers, hidden 2880, 64 and 8
+heads of 64, 128 experts of 2880, 4 per token, vocabulary 201088; every other layer's
+attention is a 128-token sliding window, which the planner prices as full causal
+attention: an approximation, said so in the rows' notes). DeepSeek-V3's rows are left
+out: its multi-head latent attention is not a form ``plan.Transformer`` can state.
+
+NOT YET PREDICTED: at this commit ``plan.estimate`` has no expert-parallel step, so no row
+has been predicted; the draw below was made over the names alone.
+"""
+from __future__ import annotations
+
+from ..model import Transformer
+from .split import draw
+
+SOURCE = ("NVIDIA-NeMo/Megatron-Bridge docs/performance-summary.md at 00b7660be0, '25.11 "
+          "NeMo Container', Pre-Training Performance (H100 Qwen3-235B: "
+          "docs/performance-summary-archive.md at 0a25f911b2, same container)")
+
+QWEN3_30B_A3B = Transformer(layers=48, d_model=2048, heads=32, kv_heads=4, head_dim=128,
+                            d_ff=6144, vocab=151936, seq=4096, gated_mlp=True, experts=128,
+                            top_k=8, expert_d_ff=768, name="Qwen3-30B-A3B")
+QWEN3_235B_A22B = Transformer(layers=94, d_model=4096, heads=64, kv_heads=4, head_dim=128,
+                              d_ff=12288, vocab=151936, seq=4096, gated_mlp=True,
+                              experts=128, top_k=8, expert_d_ff=1536, name="Qwen3-235B-A22B")
+GPT_OSS_120B = Transformer(layers=36, d_model=2880, heads=64, kv_heads=8, head_dim=64,
+                           d_ff=2880, vocab=201088, seq=4096, gated_mlp=True, experts=128,
+                           top_k=4, expert_d_ff=2880, name="gpt-oss-120b")
+
+# system, model, precision, GPUs, GBS, MBS, seq, TP, PP, CP, VP, EP, tokens/s/GPU
+ROWS = [
+    ("GB200", GPT_OSS_120B, "bf16", 64, 1280, 1, 8192, 1, 1, 1, 1, 64, 15876),
+    ("GB200", QWEN3_30B_A3B, "fp8", 8, 512, 4, 4096, 1, 1, 1, 1, 8, 23766),
+    ("GB200", QWEN3_235B_A22B, "bf16", 256, 8192, 1, 4096, 1, 8, 1, 3, 32, 4916),
+    ("B200", GPT_OSS_120B, "bf16", 64, 512, 4, 4096, 1, 1, 1, 1, 8, 8213),
+    ("B200", QWEN3_30B_A3B, "fp8", 8, 512, 1, 4096, 1, 1, 1, 1, 8, 9299),
+    ("B200", QWEN3_235B_A22B, "fp8", 64, 1024, 1, 4096, 1, 8, 1, 2, 8, 3269),
+    ("H100", GPT_OSS_120B, "bf16", 64, 512, 4, 4096, 1, 4, 1, 1, 8, 5630),
+    ("H100", QWEN3_30B_A3B, "fp8", 16, 512, 2, 4096, 1, 2, 1, 24, 8, 5275),
+    ("H100", QWEN3_235B_A22B, "fp8", 256, 2048, 1, 4096, 2, 8, 1, 4, 32, 1575),
+]
+
+
+def name(row) -> str:
+    system, model, precision, gpus = row[:4]
+    return f"Megatron-Bridge {model.name}, {gpus} x {system}, {precision}"
+
+
+def step_s(row) -> float:
+    """The measured step: GBS x sequence / (tokens/s/GPU x GPUs)."""
+    gpus, gbs, seq, rate = row[3], row[4], row[6], row[-1]
+    return gbs * seq / (rate * gpus)
+
+
+SEED = 20261248      # this set's own seed (split.py's protocol: a new seed per added set)
+
+
+class _Named:        # what split.draw reads of a run: its name and (for its family) source
+    def __init__(self, row):
+        self.name, self.model, self.framework, self.hardware = (
+            name(row), row[1], "megatron", row[0])
+        self.axes = dict(tp=row[7], pp=row[8], cp=row[9], ep=row[11])
+
+
+def redraw() -> tuple:
+    """(development, held-out) names, drawn as :func:`simpmd.plan.runs.split.draw` draws."""
+    return draw([_Named(r) for r in ROWS], SEED)
+
+
+# The draw at SEED over the 9 rows above (2026-12-02), made before any of them was
+# predicted; tests/test_plan_moe.py redraws it. Tune on DEVELOPMENT only.
+DEVELOPMENT = (
+    'Megatron-Bridge Qwen3-235B-A22B, 256 x GB200, bf16',
+    'Megatron-Bridge gpt-oss-120b, 64 x B200, bf16',
+    'Megatron-Bridge gpt-oss-120b, 64 x GB200, bf16',
+    'Megatron-Bridge gpt-oss-120b, 64 x H100, bf16',
+)
+HELD_OUT = (
+    'Megatron-Bridge Qwen3-235B-A22B, 256 x H100, fp8',
+    'Megatron-Bridge Qwen3-235B-A22B, 64 x B200, fp8',
+    'Megatron-Bridge Qwen3-30B-A3B, 16 x H100, fp8',
+    'Megatron-Bridge Qwen3-30B-A3B, 8 x B200, fp8',
+    'Megatron-Bridge Qwen3-30B-A3B, 8 x GB200, fp8',
+)
