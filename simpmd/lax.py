@@ -23,10 +23,11 @@ from .core import primitives as P
 from .core.core import aval_of, bind, caller_source, context
 from .core.program import trace as program_trace
 from .core.values import StackedValue
+from .api import spelling as S
 
 __all__ = ["psum", "pmean", "pmax", "pmin", "all_gather", "psum_scatter", "ppermute",
            "pshuffle", "all_to_all", "pswapaxes", "axis_index", "axis_size", "cond", "switch",
-           "scan", "fori_loop", "while_loop", "pcast", "pvary"]
+           "scan", "fori_loop", "while_loop", "pcast", "pvary", "ragged_dot", "top_k"]
 
 
 def _names(axis_name) -> tuple:
@@ -835,6 +836,95 @@ def _vary(leaf, axes, name):
             f"Drop the {name.rsplit('.', 1)[-1]}: it is needed only for a value that does "
             f"not vary over an axis yet.")
     return bind(C.pvary, leaf, axes=axes)
+
+
+# -- operations of a mixture-of-experts layer: top_k routing and grouped matrix products ------
+
+
+def _jax_lax_or_none(values):
+    """jax.lax where the call belongs to JAX (JAX values, or no simulated run while JAX is
+    in use), else None."""
+    jax = sys.modules.get("jax")
+    if jax is not None and (bridge.inside_jax(values) or context.run is None):
+        return jax.lax
+    return None
+
+
+def top_k(operand, k):
+    """The ``k`` largest entries along the last axis and their positions (int32), largest
+    first, ties to the lower position and NaN counted largest: ``jax.lax.top_k``. Built
+    from a stable sort, so its gradient reaches the chosen entries only, as JAX's does."""
+    real = _jax_lax_or_none((operand,))
+    if real is not None:
+        return real.top_k(operand, k)
+    x = operand if isinstance(operand, StackedValue) else np.asarray(operand)
+    shape, dtype = tuple(aval_of(x).shape) if isinstance(x, StackedValue) else x.shape, \
+        aval_of(x).dtype if isinstance(x, StackedValue) else x.dtype
+    if not shape:
+        raise TypeError(f"lax.top_k needs an operand with at least one axis, got shape () "
+                        f"(a scalar): it picks the largest entries along the last axis.")
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 0 <= k <= shape[-1]:
+        raise ValueError(f"lax.top_k: k={k!r} must be an integer from 0 to the size of the "
+                         f"last axis, {shape[-1]} (the operand has shape {shape}).")
+    if isinstance(x, np.ndarray):
+        key = ~x if dtype.kind in "iu" else np.where(np.isnan(x), -np.inf, -x)
+        index = np.argsort(key, axis=-1, kind="stable")[..., :k].astype(np.int32)
+        return np.take_along_axis(x, index, axis=-1), index
+    # descending order as an ascending key: ~x reverses integers without overflow; a NaN
+    # sorts first, as in XLA's comparator
+    key = ~x if dtype.kind in "iu" else S.where(x != x, -np.inf, -x)
+    index = S.argsort(key, axis=-1)[..., :k]
+    picks = index[..., None] == S.FUNCTIONS["reshape"](
+        bind(P.iota, dtype=np.dtype(np.int32), shape=(shape[-1],), dimension=0, sharding=None),
+        (1,) * len(shape) + (shape[-1],))
+    values = S.where(picks, x[..., None, :], S.zeros_like(x[..., None, :])).sum(axis=-1)
+    return values, index
+
+
+def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=None,
+               group_offset=None):
+    """A grouped matrix product, ``jax.lax.ragged_dot``: ``lhs`` (m, k) holds consecutive
+    groups of rows, ``group_sizes[g]`` of them for group ``g``, and each group is multiplied
+    by its own matrix ``rhs[g]`` (``rhs``: (groups, k, n)); rows after the last group give
+    zeros. A mixture-of-experts layer's experts, on rows sorted by expert.
+
+    simpmd computes it as JAX does where no grouped kernel exists (on CPU): each group's
+    rows masked out of ``lhs`` and one batched product over the groups, ``groups`` times
+    the arithmetic of the rows themselves. Its gradient comes from those operations."""
+    real = _jax_lax_or_none((lhs, rhs, group_sizes))
+    if real is not None:
+        return real.ragged_dot(lhs, rhs, group_sizes, precision=precision,
+                               preferred_element_type=preferred_element_type,
+                               group_offset=group_offset)
+    if group_offset is not None:
+        raise NotImplementedError("lax.ragged_dot: group_offset (a slice of the groups) is not "
+                                  "simulated; pass all the groups' matrices in rhs.")
+    avals = [aval_of(v) if isinstance(v, StackedValue) else np.asarray(v)
+             for v in (lhs, rhs, group_sizes)]
+    (ls, rs, gs), kinds = ([tuple(a.shape) for a in avals], [a.dtype.kind for a in avals])
+    if len(ls) != 2 or len(rs) != 3 or len(gs) != 1:
+        raise TypeError(f"lax.ragged_dot takes lhs (rows, k), rhs (groups, k, n) and "
+                        f"group_sizes (groups,); got shapes {ls}, {rs} and {gs}.")
+    if kinds[2] not in "iu":
+        raise TypeError(f"lax.ragged_dot: group_sizes must hold integers (how many rows each "
+                        f"group has), got {avals[2].dtype}.")
+    if gs[0] != rs[0] or ls[1] != rs[1]:
+        raise TypeError(f"lax.ragged_dot: lhs {ls}, rhs {rs} and group_sizes {gs} do not fit: "
+                        f"rhs needs one (k, n) matrix per group ({gs[0]}) and k = lhs's "
+                        f"{ls[1]} columns.")
+    sizes = S.convert(group_sizes, np.int32) if isinstance(group_sizes, StackedValue) \
+        else np.asarray(group_sizes, np.int32)
+    ends = S.cumsum(sizes, axis=0) if isinstance(sizes, StackedValue) else np.cumsum(sizes)
+    starts = ends - sizes
+    row = np.arange(ls[0], dtype=np.int32)[None, :]
+    inside = (row >= starts[:, None]) & (row < ends[:, None])           # (groups, rows)
+    if not any(isinstance(v, StackedValue) for v in (lhs, rhs, inside)):
+        out = np.einsum("gmk,gkn->mn", np.where(inside[:, :, None], lhs, 0), rhs)
+        return out.astype(preferred_element_type or np.result_type(avals[0], avals[1]))
+    a, b = S.promoted(lhs, rhs, ranks=False)
+    masked = S.where(inside[:, :, None], a[None], S.zeros_like(a[None]))  # (groups, rows, k)
+    out = S.einsum("gmk,gkn->gmn", masked, b).sum(axis=0)
+    return out if preferred_element_type is None else S.convert(out, preferred_element_type)
 
 
 # -- how make_jaxpr prints a loop: as the installed JAX does --------------------------------

@@ -105,3 +105,11 @@ def test_a_value_that_matches_no_starting_block_is_drawn_as_unknown():
     # after the first call device 0 holds zeros (nobody sent); after the second, device 1
     # holds 3 x (device 0's zeros) = 0 and device 0 holds 3 x 1.0 = 3.0: neither a start block
     assert viz.permute_steps(g.trace) == [[0, 1], [None, 0], [None, None]]
+
+
+def test_dispatch_totals_count_what_each_receiver_got_of_its_slots():
+    # routed_ids: 16 tokens, token d*4 + j to device j, so every device receives 4 tokens
+    # in 4 senders x 2 slots; value_text writes each id as the test asks
+    fig = viz.draw_dispatch(routed_ids(), empty=-1, totals=True, value_text=lambda v: f"t{v}")
+    assert cells(fig, "received") == {str(d): "4 of 8 slots" for d in range(4)}
+    assert cells(fig, "cell")["1->2"] == "t6"

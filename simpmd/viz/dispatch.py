@@ -39,12 +39,12 @@ def _chunks(value, axis: int, p: int) -> list:
     return np.split(a, p, axis=axis % a.ndim)
 
 
-def _listing(values, empty, limit: int) -> tuple:
+def _listing(values, empty, limit: int, value_text=None) -> tuple:
     """(the text of a chunk's values, how many were shown): padding left out, in order."""
     flat = np.asarray(values).ravel()
     if empty is not None:
         flat = flat[~np.isclose(flat, empty)] if flat.dtype.kind in "fc" else flat[flat != empty]
-    words = [number(v) for v in flat[:limit]]
+    words = [(value_text or number)(v) for v in flat[:limit]]
     if len(flat) > limit:
         words.append(f"+{len(flat) - limit}")
     return " ".join(words), len(flat)
@@ -81,7 +81,7 @@ def dispatch_matrix(trace, call="all_to_all", *, leaf: int = 0, group: int = 0, 
 
 def draw_dispatch(trace, call="all_to_all", *, leaf: int = 0, group: int = 0, empty=None,
                   held_back=None, max_values: int = 12, labels=("device", "device"),
-                  title=None, ax=None):
+                  title=None, value_text=None, totals=False, ax=None):
     """Draw one all_to_all call as a sender x receiver matrix of the values it moves.
 
     ``call`` picks the call as :func:`draw_collective` does (an index into
@@ -93,7 +93,10 @@ def draw_dispatch(trace, call="all_to_all", *, leaf: int = 0, group: int = 0, em
     or labels such as ``"13→0"``) adds a last column for what each sender did not send. ``labels`` name the rows and
     columns ("device", or "expert" for the receivers). Cells are tagged
     ``simpmd:cell:<s>-><d>`` (the text is the cell's listing), the held-back column
-    ``simpmd:held_back:<s>``.
+    ``simpmd:held_back:<s>``. ``value_text`` (a function of one value) writes each value
+    (a token id with its expert, say); ``totals=True`` adds a last row saying, for each
+    receiver, how many values arrived against the slots its buffer has (padding
+    included), tagged ``simpmd:received:<d>``.
     """
     events = _call_events(trace, call)
     groups = _order(events) if events[0].op in ("all_to_all", "pswapaxes") else None
@@ -103,7 +106,7 @@ def draw_dispatch(trace, call="all_to_all", *, leaf: int = 0, group: int = 0, em
     if held_back is not None and len(held_back) != p:
         raise ValueError(f"held_back has {len(held_back)} entries; give one list per sender "
                          f"({p})")
-    texts = [[_listing(chunk, empty, max_values) for chunk in row] for row in matrix]
+    texts = [[_listing(chunk, empty, max_values, value_text) for chunk in row] for row in matrix]
     widest = max(len(t) for row in texts for t, _ in row)
     backs = None
     if held_back is not None:
@@ -111,7 +114,7 @@ def draw_dispatch(trace, call="all_to_all", *, leaf: int = 0, group: int = 0, em
         widest = max(widest, *(len(t) for t, _ in backs))
     cell_w, cell_h, label_w, head_h = float(np.clip(0.09 * widest + 0.35, 0.7, 2.6)), 0.42, 1.0, 0.7
     width = label_w + (p + (1 if backs is not None else 0)) * cell_w + 0.2
-    height = head_h + p * cell_h + 0.15
+    height = head_h + (p + (1 if totals else 0)) * cell_h + 0.15
     fig, ax = figure_and_axes(ax, width, height)
     ax.set_xlim(0, width)
     ax.set_ylim(0, height)
@@ -137,7 +140,20 @@ def draw_dispatch(trace, call="all_to_all", *, leaf: int = 0, group: int = 0, em
         if backs is not None:
             _cell(ax, (label_w + p * cell_w, y, cell_w, cell_h), backs[s], fs, HELD_BACK_FACE,
                   "held_back", s, held=True)
+    if totals:
+        _totals(ax, matrix, texts, top - (p + 1) * cell_h, label_w, cell_w, cell_h, fs)
     return fig
+
+
+def _totals(ax, matrix, texts, y, label_w, cell_w, cell_h, fs):
+    """The last row of a dispatch matrix: values received by each member, of its slots."""
+    ax.text(label_w - 0.08, y + cell_h / 2, "received", ha="right", va="center", fontsize=fs,
+            color=INK)
+    for d in range(len(matrix)):
+        got = sum(texts[s][d][1] for s in range(len(matrix)))
+        slots = sum(int(np.size(row[d])) for row in matrix)
+        _cell(ax, (label_w + d * cell_w, y, cell_w, cell_h), (f"{got} of {slots} slots", got),
+              fs, HELD_BACK_FACE, "received", d)
 
 
 def _cell(ax, box_at, listing, fs, face, kind, key, held=False):
