@@ -23,7 +23,8 @@ NOT_DIFFERENTIABLE = {
     "shift_right_arithmetic", "shift_right_logical", "is_finite", "argmax", "argmin",
     "reduce_and", "reduce_or", "iota", "sort", "cumprod", "cummax", "cummin", "nextafter",
     "imag", "scatter-mul", "scatter-min", "scatter-max", "pmax", "pmin", "axis_index",
-    "numpy_call", "debug_callback", "shard_slice", "slice_piece", "unreduce"}
+    "numpy_call", "debug_callback", "shard_slice", "slice_piece", "unreduce",
+    "decode_attention"}  # plan.serve's inference-only attention (no backward pass is served)
 
 
 @pytest.mark.parametrize("name", ROWS)
