@@ -9,14 +9,14 @@ from simpmd import P
 from simpmd.plan import pipeline as pl
 from simpmd import plan
 
-jax = pytest.importorskip("jax")
-jnp = jax.numpy
 
 SIZES = [(4, 8), (4, 16), (2, 4), (8, 16)]      # (p, m); the lesson shows p = 4, m = 8
 
 
 @pytest.mark.parametrize("name", pl.NAMES)
 def test_program_matches_jax_grad_of_the_unsplit_model(name):
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
     from simpmd.jax import on_jax
     p, m, d, rows = 4, 8, 8, 4
     s = pl.schedule(name, p, m)
@@ -102,6 +102,7 @@ def test_sizes_a_schedule_cannot_run_are_refused_naming_them():
 
 
 def test_planner_zero_bubble_schedules_below_1f1b_at_pp4_m8():
+    pytest.importorskip("ml_dtypes")          # the planner's bfloat16 shapes
     model = plan.LLAMA3_8B
     base = dict(pp=4, dp=2, microbatch=1, global_batch=16, recompute="full")  # m = 8
     runs = {s: plan.estimate(model, plan.Layout(schedule=s, **base), "H100")
