@@ -18,6 +18,8 @@ RECOMPUTE = ("none", "selective", "full")
 # MegatronBaseModel.setup_optimization sets for a bf16 model with distributed_fused_adam).
 MASTER_WEIGHTS = ("fp32", "remainders")
 AXES = ("pp", "dp", "fsdp", "cp", "tp")        # the mesh's axes, slowest-varying first
+# Pipeline schedules (simpmd.plan.pipeline); None: 1F1B, interleaved where vp > 1.
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "dualpipev")
 
 
 class LayoutError(ValueError):
@@ -57,6 +59,7 @@ class Layout:
     recompute_layers: int | None = None
     zero: int | None = None
     master_weights: str = "fp32"
+    schedule: str | None = None     # SCHEDULES; its bubble from simpmd.plan.pipeline
 
     def __post_init__(self):
         for f in fields(self):
@@ -72,6 +75,7 @@ class Layout:
                               f"{', '.join(map(repr, MASTER_WEIGHTS))}")
         self._zero_stage()
         self._partial_recompute()
+        self._schedule()
         if self.stage_layers is not None:
             object.__setattr__(self, "stage_layers", tuple(int(n) for n in self.stage_layers))
             if len(self.stage_layers) != self.pp * self.vp or min(self.stage_layers) < 0:
@@ -100,6 +104,19 @@ class Layout:
             object.__setattr__(self, "dp", 1)
         else:
             object.__setattr__(self, "distributed_optimizer", True)
+
+    def _schedule(self):
+        """``schedule``: one of :data:`SCHEDULES`, or None (1F1B; interleaved with
+        ``vp > 1``). Only the interleaved schedule runs virtual stages."""
+        if self.schedule is None:
+            return
+        if self.schedule not in SCHEDULES:
+            raise LayoutError(f"Layout(schedule={self.schedule!r}): choose one of "
+                              f"{', '.join(map(repr, SCHEDULES))}")
+        if (self.schedule == "interleaved") != (self.vp > 1):
+            raise LayoutError(f"Layout(schedule={self.schedule!r}, vp={self.vp}): the "
+                              f"interleaved schedule runs vp > 1 virtual stages, the others "
+                              f"one: set vp, or choose the schedule that matches it")
 
     def _partial_recompute(self):
         """Megatron-LM's ``--recompute-method block --recompute-num-layers k``: the first
@@ -143,6 +160,7 @@ class Layout:
         extras += ["master weights as bf16 remainders"] * (self.master_weights == "remainders")
         if self.stage_layers is not None:
             extras.append(f"stage layers {list(self.stage_layers)}")
+        extras += [f"schedule {self.schedule}"] * (self.schedule is not None)
         extras += ["sequence parallel"] * self.sequence_parallel
         extras += ["distributed optimizer"] * self.distributed_optimizer
         return (f"{' x '.join(parts) or 'one chip'}, micro-batch {self.microbatch}, global "

@@ -178,6 +178,30 @@ def trace_step(model, layout, hw_name: str, flash=True, framework="xla", precisi
     return run.trace.program
 
 
+def scheduled_bubble(layout: Layout, terms: dict, step_s: float):
+    """The bubble of ``layout.schedule``: the program's bubble, ``(pp - 1) / (m vp)`` of
+    the busy time (the circular SPMD pipeline's, which is 1F1B's and GPipe's with one
+    virtual stage and Megatron's interleaved schedule's with more), scaled to the idle
+    over busy ticks of the schedule's own program (:mod:`simpmd.plan.pipeline`, its
+    forward, input-gradient and weight-gradient passes one tick each, as the zero-bubble
+    paper counts them). The memory is GPipe's (every micro-batch) for "gpipe" and the
+    1F1B program's otherwise: ZB-H1 keeps ``pp``
+    micro-batches in flight on every stage, 1F1B's first stage's count; DualPipeV
+    ``2 pp + 1`` half-stages, half a micro-batch more."""
+    from . import pipeline
+    m = layout.microbatches
+    try:
+        grid = pipeline.schedule(layout.schedule, layout.pp, m, layout.vp)
+    except pipeline.ScheduleError as exc:
+        raise LayoutError(f"Layout(schedule={layout.schedule!r}): {exc}") from None
+    busy = len(grid.grid) / layout.pp
+    ratio = (grid.ticks - busy) / busy
+    old = (layout.pp - 1) / (m * layout.vp)
+    bubble = terms["bubble"] * ratio / old
+    step_s += bubble - terms["bubble"]
+    return dict(terms, bubble=bubble), step_s
+
+
 def in_flight(layout: Layout) -> Layout:
     """The layout with as many micro-batches as a 1F1B schedule keeps in flight."""
     m = layout.pp if layout.vp > 1 else 1
@@ -206,7 +230,10 @@ class Reuse:
         return self.programs[key]
 
     def peak(self, model, layout, hw_name, flash, framework, precision):
-        key = (model, in_flight(layout), hw_name, flash, framework, precision)
+        gpipe = layout.schedule == "gpipe"     # GPipe keeps every micro-batch: the step's
+        layout = replace(layout, schedule=None)        # own program, one forward scan
+        key = (model, layout if gpipe else in_flight(layout), hw_name, flash, framework,
+               precision)
         if key not in self.peaks:
             program = self.program(*key, layout.pp > 1)
             f = F.FRAMEWORKS[framework]
@@ -330,7 +357,8 @@ def estimate(model, layout: Layout, hardware="H100", chips: int | None = None,
         raise LayoutError(f"{hw.name} has no FP8 matrix units; use precision='bf16'")
     reuse = reuse or Reuse()
     ticks = layout.microbatches * layout.vp + layout.pp - 1      # step.py's pipeline loop
-    program = reuse.program(model, layout, hw.name, flash, framework, precision)
+    traced = replace(layout, schedule=None)      # the schedule changes the bubble only
+    program = reuse.program(model, traced, hw.name, flash, framework, precision)
     p = predict(program, hw, topology=reuse.machine(hw, layout.chips, slices),
                 walker=Walker(program, layout.shape, whole_recompute=runs.whole_recompute,
                               eager=runs.eager_fusion),
@@ -338,9 +366,12 @@ def estimate(model, layout: Layout, hardware="H100", chips: int | None = None,
                 accumulation_fusion=runs.accumulation_fusion,
                 collective_times=reuse.collectives.setdefault((hw.name, layout.chips, slices),
                                                               {}))
+    terms, step_s = dict(p.terms), p.time_s
+    if layout.schedule is not None and layout.pp > 1:
+        terms, step_s = scheduled_bubble(layout, terms, step_s)
     memory = reuse.peak(model, layout, hw.name, flash, framework, precision) if memory else 0
     capacity = HBM_CAPACITY.get(hw.name, float("inf"))
-    result = Estimate(model, layout, hw.name, precision, p.time_s, dict(p.terms), memory,
+    result = Estimate(model, layout, hw.name, precision, step_s, terms, memory,
                       capacity, hw.matmul_peak(precision), tuple(p.collectives),
                       p.communication_s, p.flops, runs.assumed(layout, flash, model))
     if framework == "xla" and memory and not result.fits and layout.recompute != "full":
