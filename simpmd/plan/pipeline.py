@@ -35,6 +35,41 @@ NAMES = ("gpipe", "1f1b", "interleaved", "zb-h1", "dualpipev")
 KINDS = {"idle": 0, "F": 1, "B": 2, "W": 3}
 
 
+def _tick_kernels():
+    """The four things a stage can do in one tick (idle, F, B, W), each returning
+    ``(out, g_used, dw, db, loss)``: the switch's branches in :meth:`Schedule.program`."""
+    from .. import numpy as snp
+    from ..api.grad import grad
+
+    def layer(w, b, h):
+        return snp.tanh(h @ w + b)
+
+    def idle(w, b, h, g, y, last, scale):
+        return h * 0.0, h * 0.0, w * 0.0, b * 0.0, (h * 0.0).sum()
+
+    def forward(w, b, h, g, y, last, scale):
+        return layer(w, b, h), h * 0.0, w * 0.0, b * 0.0, (h * 0.0).sum()
+
+    def backward(w, b, h, g, y, last, scale):      # the input's gradient only
+        out = layer(w, b, h)
+        g = snp.where(last == 1, 2.0 * (out - y) * scale, g)
+        dh = grad(lambda h: (layer(w, b, h) * g).sum())(h)
+        loss = snp.where(last == 1, ((out - y) ** 2).sum() * scale, 0.0)
+        return dh, g, w * 0.0, b * 0.0, loss
+
+    def weights(w, b, h, g, y, last, scale):       # the weights' gradient only
+        dw, db = grad(lambda w, b: (layer(w, b, h) * g).sum(), argnums=(0, 1))(w, b)
+        return h * 0.0, h * 0.0, dw, db, (h * 0.0).sum()
+    return idle, forward, backward, weights
+
+
+def _put(buffer, slot, value):
+    """``buffer`` with row ``slot`` replaced by ``value`` (a traced slot number)."""
+    from .. import numpy as snp
+    hit = (snp.arange(buffer.shape[0]) == slot)[:, None, None]
+    return snp.where(hit, value[None], buffer)
+
+
 class ScheduleError(ValueError):
     """Sizes a schedule cannot run; the message says which and why."""
 
@@ -228,7 +263,6 @@ class Schedule:
         ``y``; ``dw`` and ``db`` its gradients, in the layout of ``w`` and ``b``."""
         from .. import lax
         from .. import numpy as snp
-        from ..api.grad import grad
         tab, p = self.tables, self.p
         sizes = tab["slots"]
         fields = [k for k in tab if k != "slots"]
@@ -237,30 +271,7 @@ class Schedule:
         to_next = [(j, (j + 1) % p) for j in range(p)]
         to_prev = [(j, (j - 1) % p) for j in range(p)]
 
-        def layer(w, b, h):
-            return snp.tanh(h @ w + b)
-
-        def idle(w, b, h, g, y, last, scale):
-            return h * 0.0, h * 0.0, w * 0.0, b * 0.0, (h * 0.0).sum()
-
-        def forward(w, b, h, g, y, last, scale):
-            return layer(w, b, h), h * 0.0, w * 0.0, b * 0.0, (h * 0.0).sum()
-
-        def backward(w, b, h, g, y, last, scale):      # the input's gradient only
-            out = layer(w, b, h)
-            g = snp.where(last == 1, 2.0 * (out - y) * scale, g)
-            dh = grad(lambda h: (layer(w, b, h) * g).sum())(h)
-            loss = snp.where(last == 1, ((out - y) ** 2).sum() * scale, 0.0)
-            return dh, g, w * 0.0, b * 0.0, loss
-
-        def weights(w, b, h, g, y, last, scale):       # the weights' gradient only
-            dw, db = grad(lambda w, b: (layer(w, b, h) * g).sum(), argnums=(0, 1))(w, b)
-            return h * 0.0, h * 0.0, dw, db, (h * 0.0).sum()
-
-        def put(buffer, slot, value):
-            hit = (snp.arange(buffer.shape[0]) == slot)[:, None, None]
-            return snp.where(hit, value[None], buffer)
-
+        idle, forward, backward, weights, put = *_tick_kernels(), _put
         def step(w, b, x, y):
             w, b = w[:, 0], b[:, 0]                  # (v, d, d), (v, d): this stage's chunks
             stage = lax.axis_index(axis)
@@ -430,61 +441,64 @@ def dualpipev(p: int, m: int) -> Schedule:
     forward and a backward the file overlaps run here one after the other.
     ``m >= 2p``."""
     _check("DualPipeV", p, m, 2 * p)
-    orders = []
-    for r in range(p):
-        nf, nb, queue, order = [0, 0], [0, 0], [], []
+    orders = tuple(_dualpipev_rank(p, m, r) for r in range(p))
+    return Schedule("dualpipev", p, m, 2, "v", orders, paired=frozenset())
 
-        def F(c):
-            order.append(("F", nf[c], c))
-            nf[c] += 1
 
-        def B(c, zb=False):
-            j = nb[c]
-            nb[c] += 1
-            order.append(("B", j, c))
-            if zb:
-                queue.append((j, c))
-            else:
-                order.append(("W", j, c))
+def _dualpipev_rank(p: int, m: int, r: int) -> tuple:
+    """Rank ``r``'s order of work in :func:`dualpipev`, phase by phase."""
+    nf, nb, queue, order = [0, 0], [0, 0], [], []
 
-        def W():
-            j, c = queue.pop(0)
+    def F(c):
+        order.append(("F", nf[c], c))
+        nf[c] += 1
+
+    def B(c, zb=False):
+        j = nb[c]
+        nb[c] += 1
+        order.append(("B", j, c))
+        if zb:
+            queue.append((j, c))
+        else:
             order.append(("W", j, c))
 
-        for _ in range(2 * (p - r - 1)):                       # 1: F0 ...
-            F(0)
-        for _ in range(r + 1):                                 # 2: F0 F1 ...
-            F(0)
-            F(1)
-        for _ in range(p - r - 1):                             # 3: B1 W F1 (zero bubble)
-            B(1, True)
-            W()
-            F(1)
-        for _ in range(m - 2 * p + r + 1):                     # 4: F0&B1, F1&B0
-            F(0)
-            B(1)
-            F(1)
-            B(0)
-        for _ in range(p - r - 1):                             # 5: B1, F1&B0
-            B(1)
-            F(1)
-            B(0)
-        zb = False
-        for i in range(r + 1):                                 # 6: B1 B0, the second
-            if i == (r + 1) // 2 and r % 2 == 1:               # half zero bubble
-                zb = True
-            B(1, zb)
-            if i == (r + 1) // 2 and r % 2 == 0:
-                zb = True
-            B(0, zb)
-        for _ in range(p - r - 1):                             # 7: W B0 (zero bubble)
-            W()
-            B(0, True)
-        for _ in range(r + 1):                                 # 8: W ...
-            W()
-        assert not queue and nf == [m, m] and nb == [m, m]
-        orders.append(tuple(order))
-    return Schedule("dualpipev", p, m, 2, "v", tuple(orders), paired=frozenset())
+    def W():
+        j, c = queue.pop(0)
+        order.append(("W", j, c))
+
+    for _ in range(2 * (p - r - 1)):                       # 1: F0 ...
+        F(0)
+    for _ in range(r + 1):                                 # 2: F0 F1 ...
+        F(0)
+        F(1)
+    for _ in range(p - r - 1):                             # 3: B1 W F1 (zero bubble)
+        B(1, True)
+        W()
+        F(1)
+    for _ in range(m - 2 * p + r + 1):                     # 4: F0&B1, F1&B0
+        F(0)
+        B(1)
+        F(1)
+        B(0)
+    for _ in range(p - r - 1):                             # 5: B1, F1&B0
+        B(1)
+        F(1)
+        B(0)
+    zb = False
+    for i in range(r + 1):                                 # 6: B1 B0, the second
+        if i == (r + 1) // 2 and r % 2 == 1:               # half zero bubble
+            zb = True
+        B(1, zb)
+        if i == (r + 1) // 2 and r % 2 == 0:
+            zb = True
+        B(0, zb)
+    for _ in range(p - r - 1):                             # 7: W B0 (zero bubble)
+        W()
+        B(0, True)
+    for _ in range(r + 1):                                 # 8: W ...
+        W()
+    assert not queue and nf == [m, m] and nb == [m, m]
+    return tuple(order)
 
 
 def schedule(name: str, p: int, m: int, v: int = 2) -> Schedule:

@@ -121,15 +121,8 @@ def draw_dispatch(trace, call="all_to_all", *, leaf: int = 0, group: int = 0, em
     ax.set_axis_off()
     fs = max(MIN_FONT, 8.0)
     sender_word, receiver_word = labels
-    heading = title or (f"{members[0].op}({', '.join(map(repr, members[0].axes))}): row = the "
-                        f"{sender_word} that sends, column = the {receiver_word} that receives")
-    ax.text(0.05, height - 0.12, textwrap.fill(heading, int(width * 14)), fontsize=fs + 1,
-            va="top", color=INK)
-    top = height - head_h
-    heads = [f"to {receiver_word} {d}" for d in range(p)] + (["not sent"] if backs else [])
-    for d, head in enumerate(heads):
-        ax.text(label_w + d * cell_w + cell_w / 2, top + 0.08, head, ha="center", va="bottom",
-                fontsize=fs, color=INK)
+    top = _heads(ax, members, labels, title, (width, height, head_h, label_w, cell_w), p,
+                 backs is not None, fs)
     for s, e in enumerate(members):
         y = top - (s + 1) * cell_h
         ax.text(label_w - 0.08, y + cell_h / 2, _row_label(e).replace("device", sender_word),
@@ -143,6 +136,22 @@ def draw_dispatch(trace, call="all_to_all", *, leaf: int = 0, group: int = 0, em
     if totals:
         _totals(ax, matrix, texts, top - (p + 1) * cell_h, label_w, cell_w, cell_h, fs)
     return fig
+
+
+def _heads(ax, members, labels, title, sizes, p, held, fs):
+    """A dispatch matrix's title and column heads; returns the top of its first row."""
+    width, height, head_h, label_w, cell_w = sizes
+    sender_word, receiver_word = labels
+    heading = title or (f"{members[0].op}({', '.join(map(repr, members[0].axes))}): row = the "
+                        f"{sender_word} that sends, column = the {receiver_word} that receives")
+    ax.text(0.05, height - 0.12, textwrap.fill(heading, int(width * 14)), fontsize=fs + 1,
+            va="top", color=INK)
+    top = height - head_h
+    heads = [f"to {receiver_word} {d}" for d in range(p)] + (["not sent"] if held else [])
+    for d, head in enumerate(heads):
+        ax.text(label_w + d * cell_w + cell_w / 2, top + 0.08, head, ha="center", va="bottom",
+                fontsize=fs, color=INK)
+    return top
 
 
 def _totals(ax, matrix, texts, y, label_w, cell_w, cell_h, fs):
