@@ -23,6 +23,7 @@ from .core import primitives as P
 from .core.core import aval_of, bind, caller_source, context
 from .core.program import trace as program_trace
 from .core.values import StackedValue
+from .api.printer import forms
 
 __all__ = ["psum", "pmean", "pmax", "pmin", "all_gather", "psum_scatter", "ppermute",
            "pshuffle", "all_to_all", "pswapaxes", "axis_index", "axis_size", "cond", "switch",
@@ -284,7 +285,7 @@ def cond(pred, true_fun, false_fun, *operands):
     the devices in each branch if a collective is reached by only some of its group.
     """
     if bridge.inside_jax((pred, operands)):
-        import jax
+        import jax  # optional: JAX
         return jax.lax.cond(pred, true_fun, false_fun, *operands)
     return _branching(pred, (false_fun, true_fun), operands, "cond")
 
@@ -296,7 +297,7 @@ def switch(index, branches, *operands):
     if not branches:
         raise ValueError("lax.switch needs at least one branch")
     if bridge.inside_jax((index, operands)):
-        import jax
+        import jax  # optional: JAX
         return jax.lax.switch(index, branches, *operands)
     dtype = aval_of(index).dtype if isinstance(index, StackedValue) else np.result_type(index)
     if dtype.kind not in "iu":
@@ -544,7 +545,7 @@ def scan(f, init, xs=None, length=None, reverse=False, unroll=1, _split_transpos
     in reverse.
     """
     if _on_jax(init, xs):
-        import jax
+        import jax  # optional: JAX
         return jax.lax.scan(f, init, xs, length=length, reverse=reverse, unroll=unroll)
     x_leaves, x_tree = tree.flatten(xs)
     length = _scan_length(x_leaves, length)
@@ -617,7 +618,7 @@ def fori_loop(lower, upper, body_fun, init_val, *, unroll=None):
     ``scan`` over the pair (i, val), as in JAX, and can be differentiated; with bounds that
     are device values it is a ``while_loop``, which cannot."""
     if _on_jax(lower, upper, init_val):
-        import jax
+        import jax  # optional: JAX
         return jax.lax.fori_loop(lower, upper, body_fun, init_val, unroll=unroll)
     if _static_int(lower) and _static_int(upper):
         def scanned(carry, _):
@@ -651,7 +652,7 @@ def while_loop(cond_fun, body_fun, init_val):
     refuses it, as ``jax.grad`` does: use ``scan`` or a ``fori_loop`` with static bounds.
     """
     if _on_jax(init_val):
-        import jax
+        import jax  # optional: JAX
         return jax.lax.while_loop(cond_fun, body_fun, init_val)
     leaves, init_tree = tree.flatten(init_val)
     out_trees = []
@@ -770,7 +771,6 @@ def _scan_shown(params) -> dict:
     """As the running JAX prints them: ft_in and ft_out, the flat trees of its inputs and
     outputs (jax 0.11 on); num_carry and num_consts (0.8-0.10); those with
     _split_transpose and linear (0.7)."""
-    from .api.printer import forms
     body, nc, nk = params["jaxpr"], params["num_consts"], params["num_carry"]
     shown = {k: params[k] for k in ("jaxpr", "length", "reverse", "unroll")}
     form = forms().scan_form()

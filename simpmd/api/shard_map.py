@@ -42,7 +42,7 @@ from .partition import explicit_axes, get_mesh
 from .shard_map_eqn import MeshArray, shard_map_equation
 from .shapes import aval_of_shape, is_shape, struct_of
 from .spmd import Piece, positional_names, value_or_shape
-from ..viz.text import summarize
+from .text import summarize
 
 _REQUIRED = object()
 _INFER = object()            # in_specs left out: read from the arguments' types, as JAX's Infer

@@ -25,7 +25,7 @@ from matplotlib.collections import LineCollection
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle
 
 from ..core import collectives as K
-from .text import needs_values
+from ..api.text import needs_values
 from .canvas import (INK, MIN_FONT, SUM, ZERO, device_color, dtype_shape, face_color,
                      elide, figure_and_axes, new_figure, number, tag)
 
