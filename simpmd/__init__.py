@@ -29,7 +29,7 @@ from .api.jaxpr import eval_shape, make_jaxpr           # shapes without values,
 from .api.shapes import ShapeDtypeStruct
 from . import eager                                    # eager=True: one program per device
 from . import viz                                      # pictures; matplotlib loads on first drawing
-from .viz import text as _text                         # a trace as text (print(trace))
+from .api import text as _text                         # a trace as text (print(trace))
 
 __version__ = "0.1.0"
 

@@ -21,7 +21,7 @@ def print(fmt: str, *args, **kwargs) -> None:  # noqa: A001 (mirrors jax.debug.p
     """Format ``fmt`` with the arguments' values and print it, once per device."""
     if context.run is None or bridge.inside_jax((args, kwargs)):
         if "jax" in sys.modules:
-            import jax
+            import jax  # optional: JAX
             return jax.debug.print(fmt, *args, **kwargs)
         builtins.print(fmt.format(*args, **kwargs))
         return None

@@ -18,12 +18,14 @@ import numpy as np
 from .core import bridge, control, dtypes, errors, loops
 from .api import tree
 from .core import collectives as C
+from .api import unreduced_ops as U
 from .core import core as core_mod
 from .core import primitives as P
 from .core.core import aval_of, bind, caller_source, context
 from .core.program import trace as program_trace
 from .core.values import StackedValue
 from .api import spelling as S
+from .api.printer import forms
 
 __all__ = ["psum", "pmean", "pmax", "pmin", "all_gather", "psum_scatter", "ppermute",
            "pshuffle", "all_to_all", "pswapaxes", "axis_index", "axis_size", "cond", "switch",
@@ -124,7 +126,7 @@ def _unreduced_psum(leaf, axes, groups):
             f"psum with axis_index_groups of a value unreduced over {axes}: JAX has no such "
             f"sum either (NotImplementedError). Sum over the whole axes.")
     order = tuple(n for n, _ in context.run.axes if n in axes)
-    return _Summed(bind(C.unreduced_psum, leaf, axes=order))
+    return _Summed(bind(U.unreduced_psum, leaf, axes=order))
 
 
 @_on_either_engine
@@ -189,7 +191,7 @@ def all_gather(x, axis_name, *, axis_index_groups=None, axis=0, tiled=False, to=
             "to='varying'.")
     axes, groups = _names(axis_name), _groups(axis_index_groups, "all_gather")
     size = C.group_size(axes, groups) if groups else context.run.axis_size(axes, "all_gather")
-    row = C.all_gather_invariant if to == "invarying" else C.all_gather
+    row = U.all_gather_invariant if to == "invarying" else C.all_gather
     return _each_leaf(x, lambda leaf: bind(
         row, leaf, all_gather_dimension=_gather_axis(leaf, axis, tiled, axes),
         axis_name=axes, axis_index_groups=groups, axis_size=size, tiled=bool(tiled)))
@@ -331,7 +333,7 @@ def cond(pred, true_fun, false_fun, *operands):
     the devices in each branch if a collective is reached by only some of its group.
     """
     if bridge.inside_jax((pred, operands)):
-        import jax
+        import jax  # optional: JAX
         return jax.lax.cond(pred, true_fun, false_fun, *operands)
     return _branching(pred, (false_fun, true_fun), operands, "cond")
 
@@ -343,7 +345,7 @@ def switch(index, branches, *operands):
     if not branches:
         raise ValueError("lax.switch needs at least one branch")
     if bridge.inside_jax((index, operands)):
-        import jax
+        import jax  # optional: JAX
         return jax.lax.switch(index, branches, *operands)
     dtype = aval_of(index).dtype if isinstance(index, StackedValue) else np.result_type(index)
     if dtype.kind not in "iu":
@@ -591,7 +593,7 @@ def scan(f, init, xs=None, length=None, reverse=False, unroll=1, _split_transpos
     in reverse.
     """
     if _on_jax(init, xs):
-        import jax
+        import jax  # optional: JAX
         return jax.lax.scan(f, init, xs, length=length, reverse=reverse, unroll=unroll)
     x_leaves, x_tree = tree.flatten(xs)
     length = _scan_length(x_leaves, length)
@@ -664,7 +666,7 @@ def fori_loop(lower, upper, body_fun, init_val, *, unroll=None):
     ``scan`` over the pair (i, val), as in JAX, and can be differentiated; with bounds that
     are device values it is a ``while_loop``, which cannot."""
     if _on_jax(lower, upper, init_val):
-        import jax
+        import jax  # optional: JAX
         return jax.lax.fori_loop(lower, upper, body_fun, init_val, unroll=unroll)
     if _static_int(lower) and _static_int(upper):
         def scanned(carry, _):
@@ -698,7 +700,7 @@ def while_loop(cond_fun, body_fun, init_val):
     refuses it, as ``jax.grad`` does: use ``scan`` or a ``fori_loop`` with static bounds.
     """
     if _on_jax(init_val):
-        import jax
+        import jax  # optional: JAX
         return jax.lax.while_loop(cond_fun, body_fun, init_val)
     leaves, init_tree = tree.flatten(init_val)
     out_trees = []
@@ -788,7 +790,7 @@ def _unreduce(leaf, axes):
             f"value that varies over them (under shard_map(check_vma=True)) can be taken as "
             f"the parts of a sum over them.")
     order = tuple(n for n, _ in run.axes if n in axes)
-    return bind(C.vary_unreduced_cast, leaf, axes=order)
+    return bind(U.vary_unreduced_cast, leaf, axes=order)
 
 
 def pvary(x, axis_name):
@@ -938,7 +940,6 @@ def _scan_shown(params) -> dict:
     """As the running JAX prints them: ft_in and ft_out, the flat trees of its inputs and
     outputs (jax 0.11 on); num_carry and num_consts (0.8-0.10); those with
     _split_transpose and linear (0.7)."""
-    from .api.printer import forms
     body, nc, nk = params["jaxpr"], params["num_consts"], params["num_carry"]
     shown = {k: params[k] for k in ("jaxpr", "length", "reverse", "unroll")}
     form = forms().scan_form()

@@ -79,7 +79,7 @@ def _lookup(namespace: tuple, name: str, jax_side: bool):
         jax = _sys.modules.get("jax")
         if jax is None:
             return _MISSING
-        import jax.numpy as target
+        import jax.numpy as target  # optional: JAX
     else:
         target = _np
     for part in namespace + (name,):
@@ -160,7 +160,7 @@ def _resolve(namespace: tuple, name: str):
         return _dispatching(namespace, name)
     if not namespace and name in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
         try:                                # JAX's 16- and 8-bit floats without JAX
-            import ml_dtypes
+            import ml_dtypes  # optional: JAX (ml_dtypes comes with it)
             return getattr(ml_dtypes, name)
         except ImportError:
             pass

@@ -29,9 +29,12 @@ from .grad import grad as _grad, value_and_grad as _value_and_grad
 from .jit_call import arg_aval, call_in_body, split_static, traced_call
 from .spmd import record_trace
 from .trace import Trace
+from ..machine.devices import devices
+from ..machine.array import Shard
+from ..machine.mesh import block_slices, replica_id as replica_of
+from .spmd import Piece
 
 def _one_device_mesh():
-    from ..machine.devices import devices
     return Mesh(np.array(devices()[0], dtype=object).reshape(()), ())
 
 
@@ -69,7 +72,7 @@ def typeof(x) -> ShapedArray:
     """The type of ``x`` with its sharding, like ``jax.typeof``: ``float32[16@data,32@model]``
     (inside a jit body too, where it is the traced value's type)."""
     if bridge.inside_jax(x) or type(x).__module__.startswith("jax"):
-        import jax
+        import jax  # optional: JAX
         return jax.typeof(x)
     if isinstance(x, (ShardedArray, StackedValue)):
         return ShapedArray(x.aval)
@@ -110,8 +113,6 @@ class ShardedArray:
 
     @property
     def addressable_shards(self) -> list:
-        from ..machine.array import Shard
-        from ..machine.mesh import block_slices, replica_id as replica_of
         spec = self.sharding.spec
         return [Shard(d, block_slices(spec, self.mesh, self.shape, self.mesh.coords_of(k)),
                       self.stack[k], replica_of(spec, self.mesh, self.mesh.coords_of(k)))
@@ -236,7 +237,7 @@ def device_put(x, sharding=None):
     or a ``P(...)`` over the mesh of ``set_mesh``; None replicates it over that mesh.
     Float64 becomes float32, as JAX does without ``jax_enable_x64``."""
     if bridge.inside_jax(x) or type(x).__module__.startswith("jax"):
-        import jax
+        import jax  # optional: JAX
         return jax.device_put(x, sharding)
     if isinstance(sharding, NamedSharding):
         mesh, spec = sharding.mesh, sharding.spec
@@ -264,7 +265,7 @@ def reshard(x, spec):
     leaving a dimension is an all-gather, an axis moving to another dimension an
     all-to-all, a finer split a slice each device cuts from its own block."""
     if bridge.inside_jax(x) or type(x).__module__.startswith("jax"):
-        import jax
+        import jax  # optional: JAX
         return jax.sharding.reshard(x, to_jax_spec(spec))
     R.check_placed(spec, "reshard")
     if isinstance(x, ShardedArray):
@@ -283,7 +284,7 @@ def reshard(x, spec):
 def to_jax_spec(spec):
     """simpmd's ``P(...)`` as ``jax.sharding.PartitionSpec`` (other values pass through)."""
     if isinstance(spec, PartitionSpec):
-        from jax.sharding import PartitionSpec as JaxP
+        from jax.sharding import PartitionSpec as JaxP  # optional: JAX
         return JaxP(*spec)
     return spec
 
@@ -400,8 +401,6 @@ class _Operation:
 
 def _piece(run, x, what):
     """What each device holds of ``x``, described when the log is read."""
-    from ..machine.mesh import block_slices
-    from .spmd import Piece
     aval = x.aval
 
     def detail(k):

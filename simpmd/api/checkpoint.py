@@ -26,6 +26,8 @@ from ..core import core as core_mod
 from ..core import loops
 from ..core.core import aval_of, bind, context
 from ..core.program import trace
+from .shard_map_eqn import host_result
+from .printer import forms
 
 __all__ = ["checkpoint", "remat", "checkpoint_policies", "checkpoint_name"]
 
@@ -105,7 +107,7 @@ def checkpoint_name(x, name):
     """``jax.ad_checkpoint.checkpoint_name``: ``x`` itself, named for the policies
     ``save_only_these_names`` and ``save_any_names_but_these``."""
     if bridge.inside_jax(x):
-        from jax.ad_checkpoint import checkpoint_name as on_jax
+        from jax.ad_checkpoint import checkpoint_name as on_jax  # optional: JAX
         return on_jax(x, name)
     leaves, treedef = tree.flatten(x)
     return tree.unflatten(treedef, [bind(loops.name_p, leaf, name=name) if hasattr(leaf, "aval")
@@ -131,7 +133,7 @@ def checkpoint(fun=None, *, prevent_cse=True, policy=None, static_argnums=(),
     @functools.wraps(fun)
     def checkpointed(*args, **kwargs):
         if bridge.inside_jax((args, kwargs)):
-            import jax
+            import jax  # optional: JAX
             given = {"static_argnames": static_argnames} if static_argnames else {}  # jax 0.7
             return jax.checkpoint(fun, prevent_cse=prevent_cse, policy=policy,  # has none
                                   static_argnums=static_argnums, **given)(*args, **kwargs)
@@ -155,7 +157,6 @@ def checkpoint(fun=None, *, prevent_cse=True, policy=None, static_argnums=(),
         outs = bind(loops.remat, *lifted, *leaves, jaxpr=loops.closed(program),
                     prevent_cse=prevent_cse, differentiated=False, policy=policy)
         if context.run is None:               # outside any mapped body: NumPy arrays
-            from .shard_map_eqn import host_result
             outs = [host_result(o.stack) for o in outs]
         return tree.unflatten(out_tree[0], outs)
     return checkpointed
@@ -166,7 +167,6 @@ remat = checkpoint
 
 def _policy_text(policy) -> str:
     """A policy as the running JAX prints it in a jaxpr (the newest JAX's way without one)."""
-    from .printer import forms
     if policy is None:
         return "None"
     made = getattr(policy, "jax_made", None)

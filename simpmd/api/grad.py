@@ -12,6 +12,7 @@ from ..core.autodiff import NotDifferentiableError, value_and_vjp
 from ..core.core import aval_of, bind, context
 from ..core.primitives import broadcast_in_dim as _bid, convert_element_type as _convert
 from ..core.values import StackedValue
+from .shard_map_eqn import host_result
 
 
 def _check_argnums(argnums, nargs):
@@ -86,7 +87,6 @@ def _as_result(x):
     """Outside any mapped body, a result is a NumPy array (the only device's value), or
     the MeshArray a shard_map laid it out as."""
     if context.run is None and isinstance(x, StackedValue):
-        from .shard_map_eqn import host_result
         return host_result(x.stack)
     return x
 
@@ -101,7 +101,7 @@ def value_and_grad(fun, argnums=0, has_aux=False):
     Inside a real JAX trace it is ``jax.value_and_grad`` itself."""
     def value_and_grad_fun(*args, **kwargs):
         if _uses_jax((args, kwargs)):
-            import jax
+            import jax  # optional: JAX
             return jax.value_and_grad(fun, argnums, has_aux)(*args, **kwargs)
         value, aux, grads = _value_and_grad(fun, argnums, has_aux, args, kwargs)
         return ((value, aux), grads) if has_aux else (value, grads)
@@ -118,7 +118,7 @@ def grad(fun, argnums=0, has_aux=False):
     """
     def grad_fun(*args, **kwargs):
         if _uses_jax((args, kwargs)):
-            import jax
+            import jax  # optional: JAX
             return jax.grad(fun, argnums, has_aux)(*args, **kwargs)
         _, aux, grads = _value_and_grad(fun, argnums, has_aux, args, kwargs)
         return (grads, aux) if has_aux else grads

@@ -11,6 +11,7 @@ from ..core.program import trace
 from ..core.run import Run
 from .shapes import aval_of_shape, as_shapes, is_shape, struct_of
 from .spmd import refuse_non_arrays
+from ..partitioner.sharded import ShardingRun
 
 
 def make_jaxpr(fun, static_argnums=(), axis_env=None, return_shape=False):
@@ -44,7 +45,6 @@ def trace_function(fun, args, kwargs, static=(), axis_env=None, keep_weak=False)
     run = Run([], axes, abstract=True)
     placed = [x for x in tree.flatten((args, kwargs))[0] if hasattr(x, "layout")]
     if placed and not axes:                # arrays on a mesh: their sharding types
-        from ..partitioner.sharded import ShardingRun
         run = ShardingRun(placed[0].mesh)
     positions = {a % max(len(args), 1) for a in static}
     dynamic = [i for i in range(len(args)) if i not in positions]

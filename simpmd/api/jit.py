@@ -142,7 +142,7 @@ class Jitted:
     # -- calling -----------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
         if bridge.inside_jax((args, kwargs)):
-            import jax
+            import jax  # optional: JAX
             return jax.jit(self.fun, static_argnums=self.static_argnums,
                            static_argnames=self.static_argnames)(*args, **kwargs)
         if context.run is not None:               # inside another body: one jit equation

@@ -31,6 +31,7 @@ from ..machine.mesh import ShardingError
 from . import nested, spmd
 from .shapes import aval_of_shape, is_shape, struct_of
 from .spmd import Piece, as_array, positional_names, value_or_shape
+from ..machine.devices import intercepts
 
 
 def pmap(fun=None, axis_name=None, *, in_axes=0, out_axes=0, static_broadcasted_argnums=(),
@@ -249,7 +250,6 @@ class Pmapped:
             self._check_nesting(run)
             if not run.eager:
                 return self._nested(args, kwargs)
-        from ..machine.devices import intercepts
         if intercepts():
             raise NotImplementedError(
                 "simpmd.pmap inside simpmd.run_processes is not simulated (in multi-process "

@@ -23,7 +23,7 @@ def dtype_of(dtype) -> np.dtype:
     jaxlib; simpmd itself does not need JAX)."""
     if isinstance(dtype, str) and dtype in ("bfloat16", "bf16"):
         try:
-            import ml_dtypes
+            import ml_dtypes  # optional: JAX (ml_dtypes comes with it)
         except ImportError:
             raise TypeError("bfloat16 needs the ml_dtypes package (pip install ml_dtypes; it "
                             "comes with jaxlib).") from None

@@ -42,7 +42,9 @@ from .partition import explicit_axes, get_mesh
 from .shard_map_eqn import MeshArray, shard_map_equation
 from .shapes import aval_of_shape, is_shape, struct_of
 from .spmd import Piece, positional_names, value_or_shape
-from ..viz.text import summarize
+from .text import summarize
+from .unreduced_ops import vary_unreduced_cast
+from ..partitioner.sharding import settings
 
 _REQUIRED = object()
 _INFER = object()            # in_specs left out: read from the arguments' types, as JAX's Infer
@@ -456,8 +458,6 @@ def _as_unreduced(leaf, spec):
     """jax 0.10 takes a result varying over an axis its out_specs call unreduced as the
     parts of a sum over it (a ``vary_unreduced_cast``); later releases refuse it unless
     the body made it so (``lax.pcast(x, axis, to='unreduced')``)."""
-    from ..core.collectives import vary_unreduced_cast
-    from ..partitioner.sharding import settings
     aval = getattr(leaf, "aval", None)
     if not isinstance(spec, PartitionSpec) or aval is None or not spec.unreduced:
         return leaf

@@ -19,6 +19,12 @@ from ..core import primitives as P
 from ..core.core import Aval, aval_of, bind, context
 from ..core.values import StackedValue
 from .jit_call import call_in_body
+from .printer import forms
+from ..partitioner.rows import broadcast_sharding
+from ..partitioner.sharding import Sharding, reductions_of, resolve
+from ..core.collectives import pvary
+from ..partitioner.sharding import check_placed
+from ..partitioner.sharding import settings
 
 
 def refused_numpy(name, args):
@@ -190,7 +196,6 @@ def floor_divide(a, b):
 
 def _float_divmod(a, b):
     """jnp's float floor division (CPython's float_divmod): the quotient and the modulus."""
-    from .printer import forms
     mod = bind(P.rem, a, b)
     if forms().guards_zero_divisor():           # (the running JAX's body; jax 0.7 had none)
         div = bind(P.div, _where(bind(P.eq, b, _like(b, 0)), a, bind(P.sub, a, mod)), b)
@@ -269,8 +274,6 @@ def _broadcast_layout(*xs):
     mesh = getattr(context.run, "mesh", None)
     if mesh is None or all(aval_of(x).sharding is None for x in xs):
         return None
-    from ..partitioner.rows import broadcast_sharding
-    from ..partitioner.sharding import Sharding
     return Sharding(mesh, broadcast_sharding(mesh, [aval_of(x) for x in xs]))
 
 
@@ -398,7 +401,6 @@ def full_like(x, fill_value, dtype=None, shape=None):
                broadcast_dimensions=(), sharding=None)
     run = context.run
     if aval.vma and run is not None and run.check_vma:        # as jnp: it varies as x does
-        from ..core.collectives import pvary
         out = bind(pvary, out, axes=tuple(a for a, _ in run.axes if a in aval.vma))
     return out
 
@@ -533,7 +535,6 @@ def argsort(x, axis=-1):
 def _needs_mesh(out_sharding):
     """A bare P(...) as out_sharding names the axes of the mesh set by set_mesh."""
     if out_sharding is not None:
-        from ..partitioner.sharding import check_placed
         check_placed(out_sharding)
 
 
@@ -563,7 +564,6 @@ def matmul(a, b, out_sharding=None, preferred_element_type=None):
 def _check_batch_shardings(a, b, batch):
     """Under jit, jnp.matmul wants each batch dim split alike on both operands."""
     sa, sb = aval_of(a).sharding, aval_of(b).sharding
-    from ..partitioner.sharding import settings
     if (sa is None and sb is None) or not settings.matmul_batch:
         return
     da = sa.dims if sa is not None else ((),) * aval_of(a).ndim
@@ -626,7 +626,6 @@ def einsum(subscripts, *operands, out_sharding=None, **kwargs):
     got = batch + [c for c in sa if c not in sb] + [c for c in sb if c not in sa]
     mesh = getattr(context.run, "mesh", None)
     if out_sharding is not None and mesh is not None:    # the product's dims: `got`'s order
-        from ..partitioner.sharding import reductions_of, resolve, Sharding
         layout = resolve(out_sharding, mesh, len(out))
         out_sharding = Sharding(mesh, [layout[out.index(c)] for c in got],
                                 *reductions_of(out_sharding, mesh, "out_sharding"))
@@ -704,7 +703,6 @@ def _dynamic_index(x, index):
     """``x[i]`` with a traced integer ``i``, as jnp indexes it: each start normalized (a
     negative one counts from the end), one ``dynamic_slice``, the indexed dims squeezed.
     (Whether a slice's start is normalized too is the running JAX's choice.)"""
-    from .printer import forms
     every = forms().normalizes_slice_starts()
     index = _expand_ellipsis(index, x.aval.ndim)
     starts, sizes, squeezed, new_axes, d = [], [], [], [], 0

@@ -11,7 +11,17 @@ from collections.abc import Sequence
 
 from . import events as _events
 from ..core.collectives import COLLECTIVES
-from ..viz import text as _text
+from . import text as _text
+
+VIEWS = None      # simpmd.viz, which sets itself here when imported: it comes after api/
+
+
+def _views():
+    """The pictures of a trace: :mod:`simpmd.viz`, a later layer than this one."""
+    if VIEWS is None:
+        raise RuntimeError("trace.draw() and trace.draw_timeline() are drawn by simpmd.viz, "
+                           "which is not imported: import simpmd (or simpmd.viz) first")
+    return VIEWS
 
 
 class _EventList(Sequence):
@@ -135,14 +145,12 @@ class Trace:
 
     def draw(self, call=None, **kwargs):
         """Draw the run's collectives, before and after (``call=k``: only the k-th)."""
-        from .. import viz as views
-        return views.draw_trace(self, **kwargs) if call is None else \
-            views.draw_collective(self, call, **kwargs)
+        return _views().draw_trace(self, **kwargs) if call is None else \
+            _views().draw_collective(self, call, **kwargs)
 
     def draw_timeline(self, hardware="TPU v4", **kwargs):
         """The modelled per-device timeline of this run (see simpmd.viz.draw_timeline)."""
-        from .. import viz
-        return viz.draw_timeline(self, hardware, **kwargs)
+        return _views().draw_timeline(self, hardware, **kwargs)
 
     def __str__(self):
         return _text.text(self)

@@ -7,8 +7,7 @@ themselves here when they are imported (``import simpmd`` imports them all):
 * ``jax``: :mod:`simpmd.jax.handoff`. An operation on JAX tracers sits inside a real JAX
   trace, and runs as JAX's own.
 * ``printer``: :func:`simpmd.api.printer.pretty`, which prints a program in JAX's notation.
-* ``unreduced``: :func:`simpmd.partitioner.unreduced.manual`, the unreduced axes of an
-  operation's results inside ``shard_map`` where an operand holds partial sums (JAX's rules).
+* ``unreduced``: the unreduced axes of results in ``shard_map`` (partitioner.unreduced.manual).
 """
 from __future__ import annotations
 

@@ -335,11 +335,9 @@ ppermute = _collective("ppermute", "ppermute", _ppermute, _ppermute_abstract, _p
 
 def _pvary_abstract(x, *, axes, axis_index_groups=None):
     if x.unreduced & set(axes):
-        raise errors.VmaError(
-            f"pvary cannot accept args which are unreduced. Got {x.str_short()} and "
-            f"axes={set(axes)} (JAX's words): a value holding partial sums over "
-            f"{sorted(x.unreduced & set(axes))} cannot also vary there (an operation needs "
-            f"it to, or out_specs split it). Sum the partial sums first (lax.psum).")
+        raise errors.VmaError(                # JAX's words, then what to do
+            f"pvary cannot accept args which are unreduced. Got {x.str_short()} and axes="
+            f"{set(axes)}: sum the partial sums first (lax.psum), then vary the total.")
     return _typed(x, x.vma | set(axes))
 
 pvary = Primitive(          # no data moves: the value's type now says it varies over axes
@@ -348,78 +346,6 @@ pvary = Primitive(          # no data moves: the value's type now says it varies
         bind(psum, ct, axes=axes, axis_index_groups=None)[0]] if wants[0] else [None],
     cost=lambda ins, outs, **p: (0, 0), show=lambda p: {"axes": p["axes"]},
     by_axes=True)             # (it names mesh axes, as a collective does)
-
-def _unreduced_cast_abstract(x, *, axes):
-    """``pcast(x, axes, to='unreduced')``: each device's value, varying over ``axes``, is
-    now typed as its part of a sum over them (JAX's ``vary_unreduced_cast``)."""
-    if not x.vma & set(axes):
-        raise errors.VmaError(
-            f"vary_unreduced_cast is a Varying->Unreduced collective. This means that the "
-            f"axis names mentioned in `axes` passed to `vary_unreduced_cast` must be present "
-            f"in `jax.typeof(x).mat.varying`. Got axes={axes} and "
-            f"jax.typeof(x).mat.varying={set(x.vma) or 'frozenset()'} (JAX's words)")
-    return x.update(vma=x.vma - set(axes), unreduced=x.unreduced | set(axes))
-
-def _reduced_ct(ct, axes):
-    """The cotangent of a cast between varying and unreduced: the same value, varying
-    again (JAX's transposes pass through its reduced type, which simpmd does not keep
-    inside shard_map)."""
-    if ct is None or context.run is None or not context.run.check_vma:
-        return ct
-    return _pvary_ct(ct, axes)
-
-vary_unreduced_cast = Primitive(   # no data moves: the blocks are now the parts of a sum
-    "vary_unreduced_cast", lambda x, axes: x, _unreduced_cast_abstract,
-    vjp=lambda ct, ins, outs, wants, axes: [_reduced_ct(ct, axes)] if wants[0] else [None],
-    cost=lambda ins, outs, **p: (0, 0), show=lambda p: {"axes": p["axes"]},
-    by_axes=True, unreduces=True)
-
-def _unreduced_psum_abstract(x, *, axes):
-    """The sum of partial sums over ``axes``: the same total on every device (JAX's
-    ``unreduced_psum``, Unreduced -> Invariant)."""
-    if not x.unreduced & set(axes):
-        raise errors.VmaError(
-            f"unreduced_psum is a Unreduced -> Invariant collective. This means that the "
-            f"axes={axes} passed to `unreduced_psum` must be present in "
-            f"jax.typeof(x).mat.unreduced={set(x.unreduced) or 'frozenset()'} (JAX's words)")
-    if x.vma & set(axes):
-        raise errors.VmaError(
-            f"unreduced_psum's input cannot be varying across the  axis_name provided. Got "
-            f"x={x.str_short()} and axes={axes} (JAX's words)")
-    return x.update(unreduced=x.unreduced - set(axes), weak_type=False)
-
-unreduced_psum = _collective(
-    "unreduced_psum", "psum", lambda g: _psum(g), _unreduced_psum_abstract, _all_reduce_bytes,
-    lambda ct, ins, outs, wants, axes: [ct] if wants[0] else [None],
-    hlo="all-reduce", unreduces=True, reduction=True)
-unreduced_psum.show = lambda p: {"axes": p["axes"]}
-
-def _gather_invariant_abstract(x, **params):
-    out = _gather_abstract(x, **params)
-    return out.update(vma=x.vma - set(params["axis_name"]) if context.run is not None
-                      and context.run.check_vma else frozenset())
-
-def _gather_invariant_vjp(ct, ins, outs, wants, *, all_gather_dimension, axis_name,
-                          axis_size, tiled, axis_index_groups=None):
-    """The cotangent is the same on every device; each takes back its own slice (JAX
-    transposes all_gather_invariant to a dynamic_slice at its axis_index)."""
-    from .primitives import dynamic_slice, squeeze, mul
-    if not wants[0] or ct is None:
-        return [None]
-    d = all_gather_dimension
-    size = aval_of(ct).shape[d] // axis_size
-    start = bind(mul, bind(axis_index, axis_name=tuple(axis_name)), np.int32(size))
-    starts = [start if k == d else np.int32(0) for k in range(aval_of(ct).ndim)]
-    sizes = tuple(size if k == d else n for k, n in enumerate(aval_of(ct).shape))
-    out = bind(dynamic_slice, ct, *starts, slice_sizes=sizes)
-    return [out if tiled else bind(squeeze, out, dimensions=(d,))]
-
-all_gather_invariant = _collective(   # all_gather(..., to='invarying'): Varying -> Invariant
-    "all_gather_invariant", "all_gather", _all_gather, _gather_invariant_abstract,
-    _all_gather_bytes, _gather_invariant_vjp,
-    lambda p: {"axis": p["all_gather_dimension"], "tiled": p["tiled"]}, hlo="all-gather")
-all_gather_invariant.show = lambda p: {k: p[k] for k in (
-    "all_gather_dimension", "axis_name", "axis_size", "tiled")}
 
 def _index_abstract(*, axis_name):
     axes = axis_name if isinstance(axis_name, tuple) else (axis_name,)

@@ -18,6 +18,8 @@ from .autodiff import differentiable
 from .core import Primitive, Program, Var, aval_of, bind, context
 from .program import eval_program, trace
 from .values import StackedValue
+from .loops import Split, _depends, split_call, zeros
+from .loops import split_vjp
 
 def common_consts(traced, order):
     """Branches as JAX's closure conversion leaves them: the values any branch read from
@@ -63,7 +65,6 @@ def _cond_linearize(eqn, wants):
     """Each branch cut by ``loops.split_call``; the cond also returns every branch's
     residuals, a branch filling the others' with zeros (as JAX joins them), and its
     derivative is a cond of the backward halves."""
-    from .loops import Split, _depends, split_call, zeros
     branches, n_out, n_ops = eqn.params["branches"], len(eqn.outvars), len(eqn.invars) - 1
     active = [w and differentiable(v) for w, v in zip(wants[1:], branches[0].invars)]
     with_ct = [any(c) for c in zip(*(_depends(b, active) for b in branches))]
@@ -89,7 +90,6 @@ def _cond_linearize(eqn, wants):
 
 def _cond_vjp(cts, ins, outs, wants, branches, _what, _source, _vjp):
     """A cond of the backward halves on the inputs, the residuals and the cotangents."""
-    from .loops import split_vjp
     backwards, split = _vjp
     return [None] + split_vjp(cts, ins[1:], outs, split, lambda operands: bind(
         cond, ins[0], *operands, branches=backwards, _what=_what, _source=_source))

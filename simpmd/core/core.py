@@ -65,13 +65,9 @@ class Aval:
         if self.sharding is not None:
             dims = [d + self.sharding.dim_suffix(k) for k, d in enumerate(dims)]
         text = f"{dtypes.short_name(self.dtype)}[{','.join(dims)}]{getattr(self.sharding, 'suffix', str)()}"
-        sets = [(word, sorted(axes, key=str)) for word, axes in (("V", self.vma),
-                                                                 ("U", self.unreduced)) if axes]
-        if sets:       # f32[2]{V:y, U:x}: varying over y, partial sums over x (shard_map)
-            text += "{" + ", ".join(f"{word}:" + (axes[0] if len(axes) == 1 else
-                                                  "(" + ",".join(axes) + ")")
-                                    for word, axes in sets) + "}"
-        return text
+        sets = [f"{w}:" + (a[0] if len(a) == 1 else "(" + ",".join(a) + ")") for w, a in
+                (("V", sorted(self.vma, key=str)), ("U", sorted(self.unreduced, key=str))) if a]
+        return text + ("{" + ", ".join(sets) + "}" if sets else "")  # f32[2]{V:y, U:x}
 
     __repr__ = str_short
 

@@ -98,7 +98,7 @@ def _dtype(node) -> np.dtype:
     if node.endswith("*"):
         return default(node[0])
     if node == "bf2":
-        import ml_dtypes
+        import ml_dtypes  # optional: JAX (ml_dtypes comes with it)
         return np.dtype(ml_dtypes.bfloat16)
     if node == "b1":
         return np.dtype(np.bool_)

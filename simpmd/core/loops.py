@@ -204,7 +204,6 @@ def _saveable(policy):
 # get a cotangent.
 Split = collections.namedtuple("Split", "used n_saved active with_ct")
 
-
 def split_call(body, wants, saveable=None, every_input=False, with_ct=None):
     """A body that runs once (a checkpoint, a jit, a shard_map, a cond's branch) cut for
     its derivative, as JAX's partial evaluation cuts it: the forward half returns its
@@ -226,7 +225,6 @@ def split_call(body, wants, saveable=None, every_input=False, with_ct=None):
                        joint.outvars[n_out:], axis_env=body.axis_env)
     return forward, backward, Split(used, len(saved), active, with_ct)
 
-
 def split_vjp(cts, ins, outs, split, run_backward):
     """The cotangents of a split row's inputs: ``run_backward(operands)`` binds its
     backward half on the inputs it reads, the residuals and the results' cotangents."""
@@ -237,7 +235,6 @@ def split_vjp(cts, ins, outs, split, run_backward):
           for k in range(n_out) if split.with_ct[k]]
     got = iter(run_backward([ins[i] for i in split.used] + list(outs[n_out:]) + ct))
     return [next(got) if a else None for a in split.active]
-
 
 def _remat_linearize(eqn, wants):
     p = eqn.params

@@ -91,7 +91,6 @@ def _ew_vjp(*partials):
                 for p, x, w in zip(partials, ins, wants)]
     return vjp
 
-
 def elementwise(name, fn, *partials, compare=False, result=None, **params):
     """A row for an elementwise primitive computed by NumPy's ``fn``."""
     return Primitive(name, _elementwise_stacked(fn, compare),

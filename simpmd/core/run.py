@@ -23,6 +23,7 @@ from . import bridge, core, errors
 from .core import Aval, aval_of, context
 from .log import Log
 from .values import StackedValue
+from .collectives import pvary, settings
 
 def coords_text(coords) -> str:
     """'data=1, model=0'; an unnamed axis (axis_name=None) shows as 'index 1'."""
@@ -137,7 +138,6 @@ class Run:
         union = frozenset().union(*vmas)
         if all(v == union for v in vmas):
             return args
-        from .collectives import pvary             # constants too, as JAX's literals
         return [core.bind(pvary, x, axes=tuple(a for a in self._order(union) if a not in v))
                 if v != union else x for x, v in zip(args, vmas)]
 
@@ -145,7 +145,6 @@ class Run:
         """A collective's operand is made to vary over its axes first; a reduction's that
         varies over some of them only if the running JAX allows it (the type rule refuses
         it otherwise)."""
-        from .collectives import pvary, settings
         if getattr(prim, "by_position", False):
             return args
         axes = tuple(params.get("axes") or _names(params.get("axis_name")))
@@ -169,8 +168,7 @@ class Run:
         out = prim.abstract(*avals, **params)
         out_avals = out if prim.multiple_results else [out]
         if any(a.unreduced for a in avals) and not getattr(prim, "unreduces", False):
-            # partial sums inside shard_map: what the row makes of them (JAX's rules)
-            sets = bridge.unreduced(prim, avals, params, len(out_avals))
+            sets = bridge.unreduced(prim, avals, params, len(out_avals))  # JAX's rules
             out_avals = [a.update(unreduced=u) for a, u in zip(out_avals, sets)]
         if self.abstract or any(isinstance(x, StackedValue) and x.stack is None for x in args):
             if prim.collective:

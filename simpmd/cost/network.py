@@ -64,6 +64,8 @@ from .hardware import Hardware, MeasuredFit, hardware_preset
 from .rows import COLLECTIVES, collective_of  # noqa: F401 (the families, by each row's column)
 from .topology import (FullyConnected, GroupAxis, Ring, Torus, Torus2D,  # noqa: F401 (their
                        Torus3D, describe)                       # names, where the formulas were)
+from ..machine.devices import platform
+from ..api.events import bytes_moved as _bytes_moved
 
 
 # -- nccl-tests conventions: which size S, which bus-bandwidth factor --------------------
@@ -532,7 +534,6 @@ def _platform(trace=None):
     """The simulated platform a trace ran on (its own, if it carries one, else the current)."""
     plat = getattr(trace, "platform", None)
     if plat is None:
-        from ..machine.devices import platform    # the module; simpmd.devices is the function
         plat = platform()
     return plat
 
@@ -1308,7 +1309,6 @@ def _ids_of(run) -> np.ndarray:
 
 
 def _log_bytes(record, p):
-    from ..api.events import bytes_moved as _bytes_moved
     return _bytes_moved(record.fields, p)
 
 

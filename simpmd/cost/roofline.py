@@ -29,6 +29,8 @@ from .precision import eqn_path
 from .rows import by_lax_name, column
 from .walk import (Walker, _axis_sizes, _dtype_name, _equation_list, _nbytes, _primitive_name,
                    _row, _typed, flops_and_bytes, is_collective, shapes_text, traced)
+from .predict import predict
+from .memory import peak_memory
 
 
 @dataclass(frozen=True)
@@ -104,7 +106,6 @@ class Roofline:
         """What the program will take on the machine (:func:`simpmd.cost.predict.predict`),
         read by the same walk as this roofline (the branches and trips a run on values
         counted, or ``while_trips``: then every while loop runs that many times)."""
-        from .predict import predict
         if not self.context:
             raise ValueError("this Roofline was built without its program: make it with "
                              "cost.roofline_of(program, ...) or cost.roofline(fun, ...)")
@@ -334,7 +335,6 @@ def _cost_row(visit, hw, topology) -> EquationCost:
 def peak_bytes(program, walker=None) -> int:
     """The most bytes alive at once while ``program`` runs, as jax.experimental.roofline
     counts ``peak_hbm_bytes`` (``simpmd.cost.memory.peak_memory`` with ``like_jax=True``)."""
-    from .memory import peak_memory
     return peak_memory(program, like_jax=True, walker=walker).peak
 
 

@@ -32,6 +32,16 @@ import numpy as np
 
 from ..core.core import PRIMITIVES, Aval, Primitive, context
 from .rows import by_jax_name, column
+from ..core.core import Equation, Program
+from ..core.core import running
+from ..core.program import eval_program, recording
+from ..core import dtypes
+from ..core.run import Run
+from ..core.values import StackedValue
+from ..api import tree
+from ..api.shapes import as_shapes
+from ..api.jaxpr import make_jaxpr
+from ..api.shard_map import shard_map
 
 # Primitives of JAX that simpmd has no row for: what JAX's roofline counts for them.
 # NO_COST cost nothing (JAX registers them with its zero rule); JAX_UNARY one FLOP per
@@ -257,7 +267,6 @@ def live_equations(program, keep_recompute=False):
     value, say), as ``jax.experimental.roofline`` drops them (``dce_jaxpr``) and XLA does
     when it compiles; an equation with no results (a debug print) or with an effect stays,
     and with ``keep_recompute`` one a checkpoint runs again (phase ``'recompute'``)."""
-    from ..core.core import Program
     inner = getattr(program, "jaxpr", program)
     if not hasattr(inner, "outvars"):            # a list of equations: no results to read
         return Program([], list(inner), [])
@@ -279,7 +288,7 @@ def live_equations(program, keep_recompute=False):
 def _jax_dce(jaxpr):
     """A jaxpr of real JAX after JAX's own dead-code removal (``dce_jaxpr``: its rules also
     drop a loop's unread results), as ``jax.experimental.roofline`` removes it."""
-    from jax._src.interpreters.partial_eval import dce_jaxpr    # JAX made this program
+    from jax._src.interpreters.partial_eval import dce_jaxpr  # optional: JAX made this program
     return dce_jaxpr(jaxpr, [True] * len(jaxpr.outvars))[0]
 
 
@@ -483,7 +492,6 @@ def _rerun(backward, forward, n):
     ``n`` inputs (the forward's), marked ``'recompute'``; then the backward equations,
     reading what it computed (the equations the backward body recomputes are copies of
     forward ones, in order, with the same parameters: their results are those)."""
-    from ..core.core import Equation, Program
     inner = getattr(backward, "jaxpr", backward)
     names = dict(zip(getattr(forward, "jaxpr", forward).invars, inner.invars[:n]))
     again = [e for e in inner.eqns if e.phase == "recompute"]
@@ -566,8 +574,6 @@ class _Counting:
 def replay(program, run, inputs) -> Taken:
     """Run ``program`` on ``run`` with ``inputs`` (StackedValues), counting what each
     device runs."""
-    from ..core.core import running
-    from ..core.program import eval_program, recording
     taken = Taken(run.n)
     with recording(_Counting(run, taken)), running(run):
         eval_program(program, [], list(inputs))
@@ -591,9 +597,6 @@ def taken_in(trace):
     """The counts of the run ``trace`` logged (its program replayed on the values its
     devices received), or None when they are not known: a run on shapes alone, an eager
     run, a nested pmap's run, or a program that no value decides."""
-    from ..core import dtypes
-    from ..core.run import Run
-    from ..core.values import StackedValue
     program, log = getattr(trace, "program", None), getattr(trace, "_log", None)
     if program is None or log is None or getattr(trace, "shapes_only", True) \
             or not decides(program):
@@ -614,9 +617,6 @@ def taken_in(trace):
 def taken_on(program, args, axis_env=None):
     """The counts of ``program`` (traced from a function of ``args``) run on ``args``,
     every device of ``axis_env`` given the same values, as ``make_jaxpr`` traced it."""
-    from ..api import tree
-    from ..core.run import Run
-    from ..core.values import StackedValue
     axes = tuple((str(k), int(v)) for k, v in _axis_sizes(axis_env).items())
     n = math.prod(s for _, s in axes)
     run = Run([_Device(k) for k in range(n)], axes)
@@ -639,15 +639,12 @@ def traced(fun, args, axis_env=None, mesh=None, in_specs=None, out_specs=None) -
     ``in_specs``, ``out_specs``: ``fun`` wrapped in ``shard_map`` first), and where the
     arguments are values and they decide what runs (a cond, a while loop), the counts of
     a run on them (``fun`` called, when it is a pmap or shard_map)."""
-    import simpmd
-    from ..api import tree
-    from ..api.shapes import as_shapes
     if mesh is not None:
-        fun = simpmd.shard_map(fun, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
+        fun = shard_map(fun, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
     if hasattr(fun, "lower"):    # a simpmd.jit function: its compiled per-device program
         program = fun.lower(*args).compile().program
     else:
-        program = simpmd.make_jaxpr(fun, axis_env=axis_env)(*as_shapes(args))
+        program = make_jaxpr(fun, axis_env=axis_env)(*as_shapes(args))
     if axis_env is None:         # a pmapped or shard_mapped function: the axes it ran over
         axis_env = getattr(program, "axis_env", None)
     valued = all(hasattr(x, "__array__") or isinstance(x, (int, float, complex, np.generic))

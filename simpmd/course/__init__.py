@@ -26,6 +26,11 @@ import math
 import sys
 
 import numpy as np
+import os
+import warnings
+from ..jax.devices import use_jax_devices
+from ..jax.crosscheck import quiet_jax
+import textwrap
 
 # Where notebooks opened outside a clone (Colab) install simpmd from: the one place to
 # change it. SETUP_CELL and the README's "Open in Colab" links are built from it (tests keep
@@ -60,12 +65,9 @@ def start(device_count: int = 8):
     when the course runs in CI, so that the day JAX deprecates an API the course uses,
     CI fails instead of the learner.
     """
-    import os
-    import warnings
     if os.environ.get("SIMPMD_STRICT_DEPRECATIONS"):
         warnings.filterwarnings("error", category=DeprecationWarning, module=r"jax(\..*)?$")
         warnings.filterwarnings("error", category=DeprecationWarning, message=r".*\bjax\b")
-    from .. import use_jax_devices
     use_jax_devices(device_count)       # prints its choice; simpmd.crosscheck reuses it
 
 
@@ -86,7 +88,6 @@ def jax_outcome(call):
     """``(result, None)`` or ``(None, exception)`` of a call into JAX, keeping out of the
     notebook what some releases print as they raise (jax 0.12 prints the source line of a
     sharding error), so that a lesson's output reads the same on every release."""
-    from ..jax.crosscheck import quiet_jax
     try:
         with quiet_jax():
             return call(), None
@@ -102,7 +103,6 @@ def show_error(engine: str, run, first_line_only: bool = False) -> None:
     is printed on one line that starts "On this JAX (version):", which the course's tests
     leave out when they compare a lesson's output across JAX versions.
     """
-    import textwrap
     on_jax = engine.strip().startswith("jax")
     if on_jax:
         _, exc = jax_outcome(run)

@@ -16,6 +16,8 @@ import numpy as np
 
 import simpmd
 from simpmd import algorithms, lax
+import simpmd.numpy as snp
+from simpmd import viz
 
 DPI = 150                  # with the drawings' 7 pt floor, the smallest text is ~15 px high
 GIF_DPI = 200              # the README's animation: 2x the 100 dpi it had, about 920 px wide
@@ -89,7 +91,6 @@ def grad_step_run():
     """One FSDP training step: the sharded weights are all-gathered in the forward pass,
     their gradients reduce-scattered in the backward pass; the replicated bias's gradient
     is all-reduced (pmean) after. Device i holds weight i + 1."""
-    import simpmd.numpy as snp
 
     def step(w_row, b, x):
         def loss(w_row, b):
@@ -112,8 +113,8 @@ def _ring_run():
 # -- the figures ------------------------------------------------------------------------------
 
 def _mesh_figure():
-    from simpmd.viz import draw_mesh
-    from simpmd.viz.canvas import new_figure
+    from simpmd.viz import draw_mesh  # optional: matplotlib
+    from simpmd.viz.canvas import new_figure  # optional: matplotlib
     fig = new_figure(12.0, 4.2)
     for k, axis in enumerate(("model", "data")):
         ax = fig.add_axes((k / 2, 0.0, 0.5, 1.0))
@@ -125,7 +126,6 @@ def _mesh_figure():
 
 def _figures():
     """Name -> a function drawing that figure (PNG) or writing that file (GIF)."""
-    from simpmd import viz
     return {
         "mesh_2x4.png": _mesh_figure,
         "psum.png": lambda: viz.draw_collective(psum_run(), 0),
@@ -156,7 +156,6 @@ def save_png(fig, path) -> None:
 
 def build(out="figures") -> list:
     """Write every figure into ``out``; return the paths written, in order."""
-    from simpmd import viz
     out = pathlib.Path(out)
     out.mkdir(parents=True, exist_ok=True)
     before = simpmd.platform()

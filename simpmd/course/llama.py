@@ -37,6 +37,8 @@ import numpy as np
 from .. import lax
 from .. import numpy as snp
 from ..machine.mesh import PartitionSpec as P
+from ..api.jit import grad, value_and_grad
+from ..machine.devices import devices, platform
 
 
 @dataclass(frozen=True)
@@ -235,7 +237,6 @@ def train_step(cfg: Config):
 
 
 def _value_and_grad(cfg, params, tokens, targets):
-    from .. import value_and_grad
     return value_and_grad(lambda p: loss(cfg, p, tokens, targets))(params)
 
 
@@ -266,7 +267,6 @@ def layers_step(cfg: Config):
     backward through ``cfg.layers`` decoder layers on activations ``x`` (no embeddings; the
     loss is the outputs' sum), with the layers' collectives and nothing else. The per-layer
     cost that the Scaling Book's formulas count, or one pipeline stage's."""
-    from .. import grad
 
     def step(layers, x):
         return grad(lambda ls: decoder(cfg, ls, x).astype(snp.float32).sum())(layers)
@@ -285,7 +285,6 @@ def torus_mesh(fsdp: int, tp: int, make_mesh):
     block of neighbours (a pair along the first axis for ``tp = 2``, a 2 x 2 square in the
     first two axes for ``tp = 4``); an FSDP group then takes every ``tp``-th block. Pass
     ``make_mesh=simpmd.Mesh``."""
-    from .. import devices, platform
     shape = platform().topology
     grid = np.empty(len(devices()), dtype=object)
     grid[:] = devices()

@@ -153,7 +153,7 @@ def _mapped_names(fn) -> set | None:
     axis), so only axes mapped over devices (jax.pmap, jax.shard_map) keep their names.
     None if the program cannot be traced (the value check has already run it).
     """
-    import jax
+    import jax  # optional: JAX
     try:
         text = str(jax.make_jaxpr(fn)(X_2x4, P_2x4))
     except Exception:                              # noqa: BLE001 - only a finer hint is lost

@@ -12,6 +12,7 @@ import numpy as np
 
 from simpmd.course import (Factor, Verdict, check_quantity, error_summary, is_pmapped,
                            is_shard_mapped, say as _say)
+from simpmd import P
 
 
 __all__ = ["check_specs", "check_block_shapes", "centering_data", "check_centering",
@@ -110,7 +111,6 @@ def check_specs(in_specs, out_specs) -> bool:
 
 
 def _P():
-    from simpmd import P
     return P()
 
 

@@ -12,6 +12,8 @@ import numpy as np
 
 from simpmd.course import (Factor, Verdict, check_quantity, error_summary,
                            is_placeholder as _placeholder, say as _say)
+import types
+from simpmd import P
 
 
 __all__ = ["check_result_type", "megatron_data", "check_megatron", "check_reshard_collectives",
@@ -85,7 +87,6 @@ def _modules_used(fn) -> set:
     the code of functions defined in it: ``np.tanh`` names np and ``tanh`` imported from
     jax.numpy names tanh, each looked up in fn's globals and closure; an import inside fn
     names the module itself."""
-    import types
     scope = dict(getattr(fn, "__globals__", {}))
     for name, cell in zip(getattr(getattr(fn, "__code__", None), "co_freevars", ()),
                           getattr(fn, "__closure__", None) or ()):
@@ -156,7 +157,6 @@ def check_megatron(layer) -> Verdict:
     P(None, 'model') and W2 split P('model', None) on the 2x4 mesh: it must compute
     ``tanh(x @ W1) @ W2``, return ``float32[16@data,8]``, and need one all-reduce only."""
     import simpmd
-    from simpmd import P
     if _placeholder(layer) or not callable(layer):
         return _say(False, "layer is still a placeholder; write def layer(x, w1, w2): ...")
     used = _modules_used(layer)

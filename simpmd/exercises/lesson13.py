@@ -13,6 +13,8 @@ import warnings
 import numpy as np
 
 from simpmd.course import Verdict, error_summary, is_placeholder, near_miss, say as _say
+import simpmd.numpy as snp
+from simpmd import P, lax
 
 __all__ = ["check_bubble", "check_training_idle", "check_send_perm", "pipeline_data",
            "check_activations_held"]
@@ -160,8 +162,6 @@ def _gpipe_with(perm):
     """The lesson's GPipe forward pass, as a simpmd.shard_map over 'stage', sending with
     ``perm``."""
     import simpmd
-    import simpmd.numpy as snp
-    from simpmd import P, lax
 
     def body(w, b, x):
         w, b = w[0], b[0]

@@ -12,6 +12,8 @@ import itertools
 import math
 
 from simpmd.course import Verdict, check_against_mistakes, is_placeholder, say
+from simpmd import plan
+from dataclasses import replace
 
 __all__ = ["LLAMA3_8B", "NEMO", "check_param_count", "check_state_per_chip",
            "check_training_days", "check_bubble", "check_layout_under_budget",
@@ -237,13 +239,11 @@ BUDGET_LAYOUTS = [dict(fsdp=4096 // tp, tp=tp, recompute=r) for tp in (4, 8)
 
 
 def _estimate(model, layout, **options):
-    from simpmd import plan
     return plan.estimate(model, layout, hardware="TPU v5p", slices=2, **options)
 
 
 def _layout_problem(layout, chips: int, global_batch: int, seq: int):
     """A sentence about what makes ``layout`` the wrong shape for the question, or None."""
-    from simpmd import plan
     if is_placeholder(layout):
         return "the layout is still a placeholder; give a plan.Layout(...)"
     if not isinstance(layout, plan.Layout):
@@ -260,8 +260,6 @@ def _layout_problem(layout, chips: int, global_batch: int, seq: int):
 def check_layout_under_budget(layout, model) -> Verdict:
     """Exercise 5: the fastest layout of section 2's step whose peak memory per chip stays
     under :data:`BUDGET_BYTES`, among FSDP x TP 4 or 8 with any recomputation."""
-    from dataclasses import replace
-    from simpmd import plan
     problem = _layout_problem(layout, 8192, 2048, model.seq)
     if problem:
         return say(False, problem + ".")
@@ -296,7 +294,6 @@ def check_context_parallel(layout, model) -> Verdict:
     """Exercise 6: LLaMA 3's 8,192-token sequences, 4M tokens a step, on both slices with
     dp=2 and tp=4: each FSDP rank needs whole sequences, so 512 sequences allow at most
     256 FSDP ranks per slice, and cp = 8192 / (2 x 256 x 4) = 4 splits each sequence."""
-    from simpmd import plan
     if getattr(model, "seq", None) != CP_SEQ:
         return say(False, f"the model's sequences should be {CP_SEQ:,} tokens: "
                    f"replace(plan.LLAMA3_70B, seq={CP_SEQ})")

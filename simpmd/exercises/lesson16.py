@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from simpmd.course import Verdict, error_summary, is_placeholder, say
+from simpmd.core.errors import DeadlockError
 
 __all__ = ["check_global_shape", "check_crossing", "local_rows", "check_fixed_report",
            "check_checkpoint_bytes"]
@@ -133,7 +134,6 @@ def check_fixed_report(main) -> Verdict:
     """``main(jax)`` must compute the mean of x*x over the global rows on every process and
     print 'loss <value>' on process 0 only; run on 4 simulated processes."""
     import simpmd
-    from simpmd.core.errors import DeadlockError
     if is_placeholder(main) or not callable(main):
         return say(False, "report_fixed is still a placeholder; write def report_fixed(jax): ...")
     try:

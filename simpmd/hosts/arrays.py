@@ -28,6 +28,7 @@ from ..machine.array import Shard
 from ..machine.mesh import (NamedSharding, PartitionSpec, block_slices, check_spec, join_blocks,
                             replica_id)
 from ..machine import devices as machine
+from ..partitioner.sharding import settings
 
 NOT_ADDRESSABLE = (
     "Fetching value for `jax.Array` that spans non-addressable (non process local) devices "
@@ -105,7 +106,6 @@ class ProcessArray(ShardedArray):
         """The values when readable; else the repr (jax 0.10 on), or JAX's error (0.7.2)."""
         if self.is_fully_addressable or self.is_fully_replicated:
             return str(np.asarray(self))
-        from ..partitioner.sharding import settings
         if settings.version <= (0, 7, 2):
             raise RuntimeError(NOT_ADDRESSABLE)
         return repr(self)

@@ -23,6 +23,11 @@ from ..machine import devices as machine
 from ..machine.mesh import Mesh, NamedSharding, PartitionSpec
 from . import arrays
 from .scheduler import Call, _Raised, where_called
+from ..partitioner.sharding import dims_of
+from .crossing import collective_calls
+from .crossing import calls_text
+from ..core import program
+from ..partitioner.sharding import settings
 
 
 @contextlib.contextmanager
@@ -113,7 +118,6 @@ def _reads_other_hosts(leaves, mine) -> bool:
     """Whether an argument is split over Auto axes across processes: its type says it is
     whole, so every device reads the blocks of the others, which XLA gathers across the
     processes (simpmd's program holds it whole; a process alone would see zeros)."""
-    from ..partitioner.sharding import dims_of
     return any(isinstance(x, ShardedArray) and tuple(x.layout) != dims_of(x.aval)
                and not {d.id for d in x.mesh.devices.flat} <= mine for x in leaves)
 
@@ -125,7 +129,6 @@ def _crosses_hosts(fn, call, host) -> bool:
     running (checked on jax 0.7.2 and 0.10.2)."""
     known = host.processes.crossing.get(call.signature)
     if known is None:
-        from .crossing import collective_calls
         try:
             with _trial():
                 _stand_in_run(fn, call)
@@ -226,7 +229,6 @@ def _stand_in_run(fn, call):
 def _collectives_of(fn, call) -> str:
     """The collectives the computation would run, read off a run on stand-in values: the
     deadlock message names them."""
-    from .crossing import calls_text
     with _trial():
         _stand_in_run(fn, call)
     return calls_text(last_trace())
@@ -237,7 +239,6 @@ def _trial():
     """A run only to read its collectives: it prints nothing, and the programs it traces
     are forgotten, so that the real run traces them (and prints what tracing prints) in
     the process that makes it, as each JAX process traces for itself."""
-    from ..core import program
     before = {f: dict(entries) for f, entries in program._cache.items()}
     try:
         with passing_through(), contextlib.redirect_stdout(io.StringIO()), \
@@ -291,7 +292,6 @@ def unequal(values) -> list:
     process's from jax 0.10 (all fail when any differs), with process 0's on 0.7.2 (checked
     on 0.7.2, 0.10.2, 0.12.0.1). So a float64 value that float32 cannot hold exactly (0.1)
     fails even when every process passes the same one."""
-    from ..partitioner.sharding import settings
     gathered = [v.astype(dtypes.canonical(v.dtype)) for v in values]
     against = gathered if settings.version > (0, 7, 2) else gathered[:1]
     out = []

@@ -54,6 +54,9 @@ from .handoff import (Translation, find_shard_map, shard_map_on_jax, translating
 from ..api.pmap import Pmapped, pmap as simpmd_pmap
 from ..api.shard_map import ShardMapped
 from ..api.jit import Jitted
+from .. import api
+from .jit import hlo_collective_counts, jax_mesh, type_text
+from ..machine.mesh import AxisType, axis_types_of
 
 # Collective parameters that jax < 0.11 cannot lower when negative (0.10 may abort the
 # process): a column of the rows (their lax keywords), read under the rows' names, simpmd's
@@ -541,7 +544,7 @@ def negative_axes_fail(jax) -> bool:
     in jax 0.11), found once per process by compiling a ``psum_scatter`` over the last
     dimension on one CPU device (the host's, beside any accelerator: the verifier is
     XLA's own, and a CPU compile cannot take an accelerator's process down)."""
-    from jax.sharding import Mesh, PartitionSpec as JP
+    from jax.sharding import Mesh, PartitionSpec as JP  # optional: JAX
     shard_map, check = find_shard_map(jax)
     mesh = Mesh(np.array(jax.devices("cpu")[:1]), ("i",))
     scatter = shard_map(lambda x: jax.lax.psum_scatter(x, "i", scatter_dimension=-1,
@@ -591,7 +594,7 @@ def crosscheck(fun, *args, axis_name=None, in_axes=0, out_axes=0, static_broadca
     devices = _jax_devices_for(sim, first, grid, size, rtol, atol)
     if devices is None:
         return _logged(CrossCheckReport(name, runs, notes))
-    import jax
+    import jax  # optional: JAX
     guard = negative_axes_fail(jax)
     # Known crashes: negative collective axes reach an old JAX counted from the front.
     found = _negative_axes_in_trace(trace) if guard else []
@@ -752,7 +755,7 @@ def _crosscheck_shard_map(program, args, rtol, atol) -> CrossCheckReport:
                 with quiet_jax():
                     on_jax = shard_map_on_jax(program, devices=devices)
                     if _all_arrays(program, args):      # compiled once, as jax.jit runs it
-                        import jax
+                        import jax  # optional: JAX
                         on_jax = jax.jit(on_jax)
                     other.outputs = _to_numpy(on_jax(*args))
             except Exception as exc:
@@ -780,8 +783,6 @@ def _crosscheck_jit(jitted, args, rtol, atol) -> CrossCheckReport:
     """A ``simpmd.jit`` program against ``jax.jit`` on a mesh of the same shape and axis
     types, its arguments placed as simpmd's are: the values, the result types, and the
     kinds of collectives, simpmd's inserted ones against those in XLA's compiled HLO."""
-    from .. import api
-    from .jit import hlo_collective_counts, jax_mesh, type_text
     J = api.jit
     name = getattr(jitted.fun, "__name__", "jit program")
     mesh = J._mesh_of(tree.flatten(args)[0])
@@ -798,7 +799,7 @@ def _crosscheck_jit(jitted, args, rtol, atol) -> CrossCheckReport:
     except Exception as exc:
         sim.error = exc
     try:
-        import jax
+        import jax  # optional: JAX
         devices = chosen_devices()
         if devices is None or len(devices) < mesh.size:
             use_jax_devices(max(mesh.size, 8))
@@ -836,7 +837,6 @@ def _crosscheck_jit(jitted, args, rtol, atol) -> CrossCheckReport:
 
 
 def _collectives_note(sim, xla, mesh) -> str:
-    from ..machine.mesh import AxisType, axis_types_of
     text = lambda kinds: ", ".join(sorted(kinds)) or "none"        # noqa: E731
     line = f"collectives: simpmd inserted {text(sim)}; XLA on CPU compiled {text(xla)}"
     if any(t is AxisType.Auto for t in axis_types_of(mesh)):
@@ -910,7 +910,7 @@ def _run_on_mesh(jax, fun, args, axis_name, in_axes, out_axes, static, grid, inn
         except JaxDevicesError:
             run.not_run = f"the {outer_size}x{inner_size} mesh needs {count} JAX devices"
             return run
-    from jax.sharding import Mesh
+    from jax.sharding import Mesh  # optional: JAX
     mesh = Mesh(np.array(devices[:count], dtype=object).reshape(outer_size, inner_size),
                 (outer_name, inner_name))
     run.devices = f"{outer_size}x{inner_size} {_device_text(devices[:1]).split(' ', 1)[1]} mesh"
@@ -972,7 +972,7 @@ def _mesh_axes(run, jax, shard_map, grid, inner, axis_name, size):
 def _mesh_inputs(args, in_axes, static, outer_name):
     """Every leaf of every non-static argument, split along its outer mapped axis: the
     leaves, their specs, their mapped axes, and each argument's (treedef, leaf count)."""
-    from jax.sharding import PartitionSpec as P
+    from jax.sharding import PartitionSpec as P  # optional: JAX
     import jax.numpy as jnp
     per_arg = _per_arg_axes(in_axes, len(args))
     flat, specs, axes, defs = [], [], [], []
@@ -993,7 +993,7 @@ def _mesh_inputs(args, in_axes, static, outer_name):
 def _mesh_out_specs(sim, out_axes, outer_name):
     """(each output leaf's axis or None, out_specs): one spec per leaf from simpmd's
     result, or one for all if out_axes is plain; None when neither can say."""
-    from jax.sharding import PartitionSpec as P
+    from jax.sharding import PartitionSpec as P  # optional: JAX
     if sim.outputs is not None:
         leaf_axes = _leaf_out_axes(out_axes, sim.outputs)
         return leaf_axes, tuple(P() if k is None else P(*([None] * k), outer_name)
@@ -1006,7 +1006,7 @@ def _mesh_out_specs(sim, out_axes, outer_name):
 def _mesh_body(fun, args, defs, in_leaf_axes, out_leaf_axes, out_axes, out_def):
     """The shard_map body: each block without its outer axis, the function, each result
     given the axis back."""
-    import jax.numpy as jnp
+    import jax.numpy as jnp  # optional: JAX
 
     def body(*blocks):
         it = iter(zip(blocks, in_leaf_axes))

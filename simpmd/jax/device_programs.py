@@ -18,10 +18,12 @@ from dataclasses import dataclass
 import math
 import statistics
 import time
+from simpmd import cost
+from simpmd.cost.hardware import preset_for_device_kind
 
 
 def _jax():
-    import jax
+    import jax  # optional: JAX
     import jax.numpy as jnp
     return jax, jnp
 
@@ -201,7 +203,6 @@ def find(name: str) -> Program:
 def predict(fn, args, hardware, *, overlap=True):
     """simpmd's prediction of ``fn(*args)`` (abstract arguments) on ``hardware``."""
     jax, _ = _jax()
-    from simpmd import cost
     return cost.roofline_of(jax.make_jaxpr(fn)(*args), hardware=hardware).predict(overlap=overlap)
 
 
@@ -219,7 +220,6 @@ def accelerator():
 
 def preset_for(device):
     """The simpmd.cost preset that matches ``device`` (its ``device_kind``), or None."""
-    from simpmd.cost.hardware import preset_for_device_kind
     return None if device.platform == "cpu" else preset_for_device_kind(device.device_kind)
 
 

@@ -28,6 +28,7 @@ import subprocess
 import sys
 
 from ..core.errors import SimpmdError
+from .handoff import follow_rules
 
 DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
 ACCELERATOR_PLATFORMS = {"tpu": "TPU", "gpu": "GPU", "cuda": "GPU", "rocm": "GPU"}
@@ -96,7 +97,7 @@ def accelerator_plugins_installed() -> bool:
     if importlib.util.find_spec("libtpu") is not None:
         return True
     try:
-        import jax_plugins            # a namespace package: importing it runs no plugin code
+        import jax_plugins  # optional, as JAX is; a namespace package: it runs no plugin code
     except ImportError:
         return False
     return any(True for _ in pkgutil.iter_modules(getattr(jax_plugins, "__path__", [])))
@@ -255,7 +256,7 @@ def use_jax_devices(n: int = 8, *, verbose: bool = True) -> list:
     if not started:
         prepare(n)
     try:
-        import jax
+        import jax  # optional: JAX
     except ImportError as exc:
         raise ImportError(
             f"simpmd.use_jax_devices needs JAX ({exc}). Install it with `pip install jax` "
@@ -278,7 +279,6 @@ def use_jax_devices(n: int = 8, *, verbose: bool = True) -> list:
             f"but JAX still made fewer CPU devices: something else (JAX_NUM_CPU_DEVICES, "
             f"jax_platforms) may override it.") from None
     _chosen = devices
-    from .handoff import follow_rules
     follow_rules(jax, devices[0])      # simpmd's type rules are those of the JAX running
     if verbose:
         print(line)

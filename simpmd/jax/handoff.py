@@ -31,6 +31,9 @@ from ..api import tree
 from ..core.core import context
 from ..api.shard_map import shard_map
 from ..machine.mesh import PartitionSpec
+from ..numpy import uses_jax as _uses
+from ..core.collectives import settings
+from ..core.core import PRIMITIVES
 
 
 holds_tracer = bridge.holds_jax_tracer       # True inside a JAX trace
@@ -38,7 +41,6 @@ holds_tracer = bridge.holds_jax_tracer       # True inside a JAX trace
 
 def uses_jax(value) -> bool:
     """True if ``value`` holds a JAX array or tracer (inside lists, tuples and dicts too)."""
-    from ..numpy import uses_jax as _uses
     return _uses(value)
 
 
@@ -68,7 +70,7 @@ def find_shard_map(jax):
     fn = getattr(jax, "shard_map", None)
     if fn is None:
         try:
-            from jax.experimental.shard_map import shard_map as fn
+            from jax.experimental.shard_map import shard_map as fn  # optional: JAX
         except ImportError:
             return None, None
     try:
@@ -96,11 +98,9 @@ def follow_rules(jax, device=None) -> frozenset:
     global _followed
     if _followed is not None:
         return _followed
-    from jax.sharding import Mesh, PartitionSpec as JP
-    from ..core.collectives import settings
-    from ..core.core import PRIMITIVES
+    from jax.sharding import Mesh, PartitionSpec as JP  # optional: JAX
     try:
-        from jax.sharding import AbstractMesh, AxisType
+        from jax.sharding import AbstractMesh, AxisType  # optional: JAX
         mesh = AbstractMesh((1, 1), ("a", "b"), axis_types=(AxisType.Auto,) * 2)
     except Exception:
         mesh = Mesh(np.array([device or jax.devices()[0]]).reshape(1, 1), ("a", "b"))
@@ -128,7 +128,7 @@ def followed_rules():
         return _followed
     if not hasattr(getattr(jax, "sharding", None), "AbstractMesh"):
         try:
-            from jax._src import xla_bridge
+            from jax._src import xla_bridge  # optional: JAX
             if not xla_bridge.backends_are_initialized():
                 return None
         except Exception:                  # a JAX without that function: ask its devices
@@ -221,7 +221,7 @@ def _inner_on_mesh(jax, translation, pmapped, args, kwargs, static, per_arg, siz
     out = pmapped.fun(*new_args, **new_kwargs)
     leaves, td = tree.flatten(out)
     axes = tree.broadcast_prefix(pmapped.out_axes, out, what="out_axes")
-    import jax.numpy as jnp
+    import jax.numpy as jnp  # optional: JAX
     gathered = []
     for leaf, ax in zip(leaves, axes):
         leaf = jnp.asarray(leaf)
@@ -265,7 +265,7 @@ def shard_map_on_jax(shard_mapped, *, devices=None, check_vma=None):
     mesh's device ids). ``check_vma`` defaults to the simpmd program's setting; JAX checks
     replication from types, so it refuses some programs that are replicated in value.
     """
-    import jax
+    import jax  # optional: JAX
     from jax.sharding import Mesh as JaxMesh, PartitionSpec as JaxP
 
     if shard_mapped.eager:

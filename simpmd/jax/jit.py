@@ -29,7 +29,7 @@ from ..machine.mesh import AxisType, axis_types_of
 
 def jax_has_explicit_axes() -> tuple:
     """(True, '') if the running JAX has what the comparison needs, else (False, what lacks)."""
-    import jax
+    import jax  # optional: JAX
     missing = [name for name, ok in [
         ("jax.sharding.AxisType", hasattr(jax.sharding, "AxisType")),
         ("jax.set_mesh", hasattr(jax, "set_mesh")),
@@ -127,7 +127,7 @@ def type_text(y, mesh) -> str:
 
 def jax_mesh(mesh):
     """A JAX mesh of ``mesh``'s shape, names and axis types."""
-    import jax
+    import jax  # optional: JAX
     kinds = [getattr(jax.sharding.AxisType, t.name) for t in axis_types_of(mesh)]
     return jax.make_mesh(tuple(mesh.axis_sizes), tuple(mesh.axis_names), axis_types=tuple(kinds))
 
@@ -137,7 +137,7 @@ def compare(fun, *args, mesh, in_specs, name: str | None = None, rtol=1e-4, atol
     """Run ``fun(*args)`` (NumPy arrays placed by ``in_specs`` on ``mesh``) on both engines,
     under ``jit`` (``jit=False``: operation by operation, as JAX runs code outside jit).
     ``fun`` may be a ``simpmd.jit`` function or a plain one."""
-    import jax
+    import jax  # optional: JAX
     body = getattr(fun, "fun", fun)
     name = name or getattr(body, "__name__", "program")
     report = Comparison(name, auto_axes=tuple(n for n, t in zip(mesh.axis_names, axis_types_of(mesh))

@@ -38,6 +38,11 @@ import contextlib
 import numpy as np
 
 from .devices import DEVICE_COUNT_FLAG
+import importlib.metadata as metadata
+from ..core.errors import DeadlockError
+from ..hosts import ProcessError, run_processes
+from ..machine import devices as machine
+from .crosscheck import log_verdict
 
 # -- a process's view, the same on both engines -----------------------------------------------
 
@@ -167,9 +172,9 @@ def worker(spec_path: str, process_id: int) -> None:
     folder = pathlib.Path(spec["folder"])
     with open(folder / f"progress{process_id}", "a", buffering=1) as progress:
         progress.write("starting\n")
-        import jax
+        import jax  # optional: JAX
         import jax.experimental.mesh_utils          # as simpmd.experimental has them, so that
-        import jax.experimental.multihost_utils     # a program may spell jax.experimental.X
+        import jax.experimental.multihost_utils  # optional: JAX; a program may spell it
         jax.config.update("jax_platforms", "cpu")
         jax.distributed.initialize(f"localhost:{spec['port']}", num_processes=spec["processes"],
                                    process_id=process_id,
@@ -381,7 +386,6 @@ def run_on_jax(programs, num_processes: int = 4, local_device_count: int = 2, *,
         launch.stop()
         pids = [p.pid for p in launch.popen]
         shutil.rmtree(launch.folder, ignore_errors=True)
-    import importlib.metadata as metadata
     return RealRun(outcomes, dict(launch.hung), time.monotonic() - begun,
                    metadata.version("jax"), pids)
 
@@ -392,15 +396,11 @@ def run_on_jax(programs, num_processes: int = 4, local_device_count: int = 2, *,
 def run_on_simpmd(programs, num_processes: int = 4, local_device_count: int = 2) -> list:
     """Each program on ``simpmd.run_processes``: per program, each process's outcome in
     the form the workers write (a deadlock is every process's outcome ``hung``)."""
-    import simpmd
-    from ..core.errors import DeadlockError
-    from ..hosts import ProcessError
-    from ..machine import devices as machine
     out = []
     with machine.platform_for(num_processes * local_device_count, processes=num_processes):
         for main in programs:
             try:
-                run = simpmd.run_processes(main, show=False)
+                run = run_processes(main, show=False)
             except DeadlockError as exc:
                 out.append([{"hung": str(exc)}] * num_processes)
                 continue
@@ -532,7 +532,6 @@ def crosscheck_processes(programs, num_processes: int = 4, local_device_count: i
                       hang_timeout=hang_timeout)
     names = [getattr(p, "__name__", f"program {k}") for k, p in enumerate(programs)]
     report = ProcessCheckReport(names, sim, real, num_processes, local_device_count)
-    from .crosscheck import log_verdict
     for name, _, _, verdict, _ in report.rows:
         log_verdict(verdict in AGREE, f"{name}: simpmd and {num_processes} JAX processes x "
                                       f"{local_device_count} CPU devices, {verdict}")

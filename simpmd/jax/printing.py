@@ -104,7 +104,7 @@ def shard_map_text() -> tuple:
     up to 0.7), and whether ``psum_invariant`` prints ``axis_index_groups=None``. Read off
     a shard_map over an abstract one-device mesh (no device is used)."""
     jax = _jax()
-    from jax.sharding import AbstractMesh, AxisType, PartitionSpec
+    from jax.sharding import AbstractMesh, AxisType, PartitionSpec  # optional: JAX
     mesh = AbstractMesh((1,), ("i",), axis_types=(AxisType.Auto,))
     mapped = jax.shard_map(lambda x: jax.lax.psum(x, "i"), mesh=mesh,
                            in_specs=PartitionSpec("i"), out_specs=PartitionSpec())

@@ -77,7 +77,7 @@ def profile_step(fn, args, logdir, *, repeats: int = 3):
     """Run ``jax.jit(fn)(*args)`` ``repeats`` times under ``jax.profiler.trace(logdir)``
     (compiled and run once before, so the trace holds no compilation), and return the
     trace's events and the compiled program's HLO text."""
-    import jax
+    import jax  # optional: JAX
 
     step = jax.jit(fn)
     compiled = step.lower(*args).compile()
@@ -92,7 +92,7 @@ def draw_profile(events, hlo_text: str, *, ax=None):
     """A timeline of a profiled step: one row per thread that ran a kernel, plus the
     Python thread's dispatch (``PjitFunction`` events); kernels whose name holds "fusion"
     in one colour, other kernels in another. Returns the Figure."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional: matplotlib
 
     ran = kernels(events, hlo_text)
     dispatch = [e for e in events if e.name.startswith("PjitFunction")]

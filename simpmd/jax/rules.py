@@ -29,7 +29,7 @@ def _jax():
 def _mesh():
     jax = _jax()
     try:
-        from jax.sharding import AbstractMesh, AxisType
+        from jax.sharding import AbstractMesh, AxisType  # optional: JAX
         return AbstractMesh((2, 2), ("X", "Y"), axis_types=(AxisType.Explicit,) * 2)
     except Exception as exc:
         raise Unavailable(f"jax {getattr(jax, '__version__', '?')}: {exc}") from exc

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from numpy.lib.mixins import NDArrayOperatorsMixin
+from .mesh import Mesh, NamedSharding, PartitionSpec
 
 
 @dataclass(frozen=True)
@@ -136,7 +137,6 @@ class Array(HostArray):
         if self._sharding is None and self._layout is not None:
             self._sharding = GridSharding(self._devices, self.mapped_axis)
         elif self._sharding is None:
-            from .mesh import Mesh, NamedSharding, PartitionSpec
             name = "_internal_pmap_axis_name" if self._axis_name is None else self._axis_name
             mesh = Mesh(np.array(self._devices, dtype=object), (name,))
             spec = PartitionSpec() if self.mapped_axis is None else PartitionSpec(

@@ -19,6 +19,7 @@ import numpy as np
 
 from .devices import SimDevice, devices as platform_devices
 from ..core.errors import MappedAxisError, SimpmdError
+from .devices import current_process
 
 
 class ShardingError(SimpmdError, ValueError):
@@ -109,7 +110,6 @@ class Mesh:
         """The part of the mesh this process drives, as JAX's ``mesh.local_mesh``: along
         each axis, the positions where its devices sit (in a process of
         ``simpmd.run_processes``; outside one, the whole mesh)."""
-        from .devices import current_process
         host = current_process()
         if host is None:
             return self

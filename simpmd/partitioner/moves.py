@@ -18,6 +18,9 @@ from ..core import collectives as K
 from ..core.core import Primitive, context, running
 from ..core.run import Run
 from .sharding import block_shape, count
+from ..core.core import Equation, Var
+from ..core.core import Aval
+from .sharding import dims_of
 
 
 class Moves:
@@ -33,7 +36,6 @@ class Moves:
     def emit(self, prim, params, ins, cause=None, origin=None, by_hand=False) -> list:
         """``prim[params](ins)`` on blocks: its result variables, typed on one device
         (without the axes a shard_map body's values vary over, but ``by_hand``)."""
-        from ..core.core import Equation, Var
         avals = [a.aval if by_hand else a.aval.update(vma=frozenset()) for a in ins]
         with running(self.blocks):
             out = prim.abstract(*avals, **params)
@@ -206,6 +208,4 @@ unreduce = Primitive(        # no communication: each device's part of a partial
 
 def block_aval(aval, mesh):
     """One device's block of a value of type ``aval`` (its shape cut by its sharding)."""
-    from ..core.core import Aval
-    from .sharding import dims_of
     return Aval(block_shape(aval.shape, dims_of(aval), mesh), aval.dtype, aval.weak_type)

@@ -7,6 +7,8 @@ from ..core import collectives as K
 from ..core.collectives import ppermute as _ppermute
 from .rules import _assign
 from .sharding import block_shape, count, dims_of, whole
+from ..core import primitives as P
+from .moves import slice_piece
 
 
 # -- the plans: how each device computes its block -------------------------------------------
@@ -233,8 +235,6 @@ def _permuted_slice(d, axes, start, ib, ob, source):
     ``source[i]`` along ``axes``, which cuts it from its block; one collective permute
     per round, each device sending at most once a round. A device receives at most once,
     and its other rounds bring zeros, so the pieces add up to its block."""
-    from ..core import primitives as P
-    from .moves import slice_piece
 
     def route(moves, v, cause):
         def cut(wanted):

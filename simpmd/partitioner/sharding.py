@@ -33,6 +33,11 @@ import sys
 import numpy as np
 
 from ..core import errors
+from ..core import bridge
+from importlib.metadata import version as installed
+from ..machine.mesh import Mesh
+from ..machine.mesh import PartitionSpec, ShardingError
+from ..machine.mesh import AxisType, axis_types_of
 
 
 class ShardingTypeError(errors.SimpmdError, TypeError):
@@ -81,7 +86,6 @@ class Settings:
         """The running JAX's answer to ``question`` (a function of simpmd.jax.rules), or
         the newest JAX's. ``on_operand(row, start)``'s newest answers are a column of the
         row (``unreduced_newest``)."""
-        from ..core import bridge
         if not self.pinned and "jax" in sys.modules and bridge.jax is not None:
             try:
                 return getattr(bridge.jax.rules, question)(*args)
@@ -118,7 +122,6 @@ class Settings:
         (99,) without one: only for the multi-process rules, which one process cannot
         probe (``simpmd.hosts``)."""
         try:
-            from importlib.metadata import version as installed
             return tuple(int(p) for p in installed("jax").split(".")[:3] if p.isdigit())
         except Exception:
             return (99,)
@@ -138,7 +141,6 @@ class set_mesh:
     back at the end of the block."""
 
     def __init__(self, mesh):
-        from ..machine.mesh import Mesh
         if not isinstance(mesh, Mesh):
             raise TypeError(f"set_mesh takes a simpmd Mesh (simpmd.make_mesh(...)), got {mesh!r}")
         self.mesh, self._token = mesh, _MESH.set(mesh)
@@ -160,7 +162,6 @@ def check_placed(spec, what="out_sharding"):
     """A bare ``P(...)`` a program passes (``out_sharding=``, ``reshard``, ``device_put``)
     names axes of the mesh set by ``set_mesh``; without one JAX refuses it, even where the
     operands' mesh would do (a ``NamedSharding`` carries its own mesh)."""
-    from ..machine.mesh import PartitionSpec, ShardingError
     if isinstance(spec, PartitionSpec) and get_mesh() is None:
         raise ShardingError(
             f"Using PartitionSpec when you are not under a mesh context is not allowed. Please "
@@ -210,7 +211,6 @@ class Sharding:
 
     @property
     def spec(self):
-        from ..machine.mesh import PartitionSpec
         return PartitionSpec(*[None if not a else (a[0] if len(a) == 1 else a) for a in self.dims],
                              unreduced=self.unreduced, reduced=self.reduced)
 
@@ -268,7 +268,6 @@ def block_shape(shape, dims, mesh) -> tuple:
 
 
 def explicit_axes(mesh) -> tuple:
-    from ..machine.mesh import AxisType, axis_types_of
     return tuple(n for n, t in zip(mesh.axis_names, axis_types_of(mesh))
                  if t is AxisType.Explicit)
 
@@ -277,7 +276,6 @@ class all_explicit:
     """A mesh seen as if every axis were Explicit (a placement may name any axis)."""
 
     def __init__(self, mesh):
-        from ..machine.mesh import AxisType
         self.mesh, self.axis_names, self.shape = mesh, mesh.axis_names, mesh.shape
         self.axis_types = (AxisType.Explicit,) * len(mesh.axis_names)
 
@@ -289,7 +287,6 @@ def _within_rank(parts, ndim, spec, what):
     """A spec's entries for a value of rank ``ndim``: more entries than dimensions are
     refused, or, where the running JAX lets them pass (jax 0.10 and before), trailing
     ``None`` entries are dropped (others fail an assertion there)."""
-    from ..machine.mesh import ShardingError
     if settings.spec_rank_checked or what in ("device_put", "in_specs", "out_specs") \
             or any(p is not None for p in parts[ndim:]):
         raise ShardingError(

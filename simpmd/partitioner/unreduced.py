@@ -25,6 +25,9 @@ import sys
 
 from ..core import errors
 from .sharding import ShardingTypeError, reductions_of, settings, type_text
+from ..core import loops, primitives as P
+from ..core.core import PRIMITIVES
+from ..core import bridge
 
 NO = (frozenset(), frozenset())
 _KEEPS = ("keeps", "keeps")
@@ -42,8 +45,6 @@ def attach():
     ``unreduced_word`` (the name JAX's message gives it) and ``divides`` (a quotient: its
     denominator, not its numerator, must be reduced). A row without a probe is asked as
     :func:`_asked_row` says."""
-    from ..core import loops, primitives as P
-    from ..core.core import PRIMITIVES
     one_operand = (P.abs_, P.acos, P.acosh, P.asin, P.asinh, P.atan, P.atanh, P.cbrt, P.ceil,
                    P.conj, P.cos, P.cosh, P.exp, P.exp2, P.expm1, P.floor, P.imag,
                    P.is_finite, P.log, P.log1p, P.logistic, P.not_, P.real,
@@ -103,7 +104,6 @@ def _asked_row(prim, start, arrays):
     an elementwise row answers as ``tanh`` (and any other refuses, no rule); on a reduced
     one, an elementwise row of one operand as ``tanh``, of several as ``add``, any other
     row of one operand as ``transpose``."""
-    from ..core import primitives as P
     if hasattr(prim, "unreduced_probe"):
         return prim
     if prim is P.add_any:
@@ -324,7 +324,6 @@ def manual(prim, avals, params, n_outs) -> list:
 
 
 def _register():
-    from ..core import bridge
     bridge.unreduced = manual
 
 

@@ -209,7 +209,7 @@ def flash_attention(q, k, v, causal=True, q_offset=None, dropout=0.0, seed=0):
         if dropout:
             raise NotImplementedError("jax.nn.dot_product_attention has no dropout: plan "
                                       "a model with attention_dropout=0 to run it on JAX")
-        import jax
+        import jax  # optional: JAX
         if q_offset is None:
             return jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=causal)
         seen = (q_offset + np.arange(q.shape[1]))[:, None] >= np.arange(k.shape[1])[None]

@@ -126,7 +126,7 @@ def dropout(x, rate: float, seed: int, *, own_kernel: bool = False, site: str = 
     if not rate:
         return x
     if bridge.inside_jax(x):
-        import jax
+        import jax  # optional: JAX
         keep = jax.random.bernoulli(jax.random.key(seed), 1.0 - rate, x.shape)
         return jax.numpy.where(keep, x / (1.0 - rate), 0).astype(x.dtype)
     return bind(dropout_p, x, rate=float(rate), seed=int(seed), own_kernel=bool(own_kernel),

@@ -55,7 +55,7 @@ AMAX = np.dtype(np.uint32)
 
 
 def _fp8(dtype):
-    import ml_dtypes
+    import ml_dtypes  # optional: JAX (ml_dtypes comes with it)
     return np.dtype(getattr(ml_dtypes, dtype))
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 
 from .families import family
+from .spreads import SPREADS
 
 K = 2.0          # half-width in standard deviations of ln(predicted / measured)
 VALIDATED = 3    # development runs a family needs for its own spread
@@ -25,7 +26,6 @@ WIDEN = 2.0      # how much a borrowed (pooled) spread's deviation is widened
 
 
 def _spreads():
-    from .spreads import SPREADS
     return SPREADS
 
 

@@ -70,7 +70,7 @@ def vary(x, axes):
     """``x`` typed as varying over each of ``axes`` (``lax.pcast`` of the ones it does not
     vary over yet, as JAX refuses a cast to an axis it already varies over)."""
     if bridge.inside_jax(x):
-        import jax
+        import jax  # optional: JAX
         typed = jax.typeof(x)          # jax 0.7: .vma; from 0.10: .manual_axis_type.varying
         have = getattr(typed, "vma", None)
         if have is None:

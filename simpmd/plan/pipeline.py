@@ -31,6 +31,10 @@ from functools import cached_property
 
 import numpy as np
 
+from .. import lax
+from .. import numpy as snp
+from ..api.grad import grad
+
 NAMES = ("gpipe", "1f1b", "interleaved", "zb-h1", "dualpipev")
 KINDS = {"idle": 0, "F": 1, "B": 2, "W": 3}
 
@@ -38,8 +42,6 @@ KINDS = {"idle": 0, "F": 1, "B": 2, "W": 3}
 def _tick_kernels():
     """The four things a stage can do in one tick (idle, F, B, W), each returning
     ``(out, g_used, dw, db, loss)``: the switch's branches in :meth:`Schedule.program`."""
-    from .. import numpy as snp
-    from ..api.grad import grad
 
     def layer(w, b, h):
         return snp.tanh(h @ w + b)
@@ -65,7 +67,6 @@ def _tick_kernels():
 
 def _put(buffer, slot, value):
     """``buffer`` with row ``slot`` replaced by ``value`` (a traced slot number)."""
-    from .. import numpy as snp
     hit = (snp.arange(buffer.shape[0]) == slot)[:, None, None]
     return snp.where(hit, value[None], buffer)
 
@@ -189,7 +190,7 @@ class Schedule:
         """The grid as a :class:`simpmd.viz.Timeline` (one tick ``tick_s`` seconds): each
         item a labelled compute segment (``F``/``B``/``W``, chunk, micro-batch), idle
         ticks idle."""
-        from ..viz.timeline import Segment, Timeline
+        from ..viz.timeline import Segment, Timeline   # optional: loads matplotlib
         segs = []
         for s, row in enumerate(self.table()):
             for t, item in enumerate(row):
@@ -261,8 +262,6 @@ class Schedule:
         ``[c, s]`` (:meth:`stack` puts a model's layers there); ``x`` and ``y`` are
         ``(m, rows, d)``. The loss is the mean squared error over every element of
         ``y``; ``dw`` and ``db`` its gradients, in the layout of ``w`` and ``b``."""
-        from .. import lax
-        from .. import numpy as snp
         tab, p = self.tables, self.p
         sizes = tab["slots"]
         fields = [k for k in tab if k != "slots"]

@@ -77,6 +77,7 @@ from . import attention as A
 from .attention import flash_attention
 from .layout import Layout, LayoutError
 from .simulate import HBM_CAPACITY, machine
+from .serve_spreads import SPREADS
 
 AXES = ("dp", "cp", "tp")          # the serving mesh, slowest-varying first
 TYPES = {"bf16": "bfloat16", "fp16": "float16", "fp8": "float8_e4m3fn", "int8": "int8"}
@@ -277,7 +278,7 @@ def weight_bytes(model, layout, precision) -> int:
 
 def _dtype(name):
     if name.startswith("float8"):
-        import ml_dtypes
+        import ml_dtypes   # optional: it comes with JAX
         return getattr(ml_dtypes, name)
     return np.dtype(name)
 
@@ -504,7 +505,6 @@ def _interval(value, spread):
 
 
 def _spreads():
-    from .serve_spreads import SPREADS
     return SPREADS
 
 

@@ -40,6 +40,7 @@ from . import frameworks as F
 from . import step as St
 from .interval import VALIDATED, interval
 from .layout import Layout, LayoutError, check
+from . import pipeline
 
 # HBM per chip, bytes: each vendor's table.
 HBM_CAPACITY = {
@@ -188,7 +189,6 @@ def scheduled_bubble(layout: Layout, terms: dict, step_s: float):
     1F1B program's otherwise: ZB-H1 keeps ``pp``
     micro-batches in flight on every stage, 1F1B's first stage's count; DualPipeV
     ``2 pp + 1`` half-stages, half a micro-batch more."""
-    from . import pipeline
     m = layout.microbatches
     try:
         grid = pipeline.schedule(layout.schedule, layout.pp, m, layout.vp)

@@ -33,6 +33,8 @@ from ..machine.mesh import PartitionSpec as P
 from . import fp8
 from . import layers as L
 from .layout import AXES, stage_split
+from ..api.grad import value_and_grad
+from ..api.grad import grad
 
 LAYER_SPLIT = {"attn_norm": (None, None), "mlp_norm": (None, None), "wqkv": ("fsdp", "tp"),
                "wo": ("tp", "fsdp"), "w_in": ("fsdp", "tp"), "w_out": ("tp", "fsdp")}
@@ -244,7 +246,6 @@ def train_step(model, layout, flash=True, framework="xla", precision="bf16",
     micro-batch's loss and its backward pass together on the last stage (Narayanan et al.
     2021), which holds one micro-batch's logits at a time, where the SPMD step keeps every
     micro-batch's until its backward scan."""
-    from ..api.grad import value_and_grad
     s = L.Shard(model, layout.shape, layout.recompute, layout.sequence_parallel, flash,
                 framework, precision == "fp8", layout.recompute_layers)
     whole = {k: _split(k, False, layout) for k in param_shapes(model, layout)}
@@ -285,7 +286,6 @@ def layer_step(model, layout, flash=True, framework="xla"):
     output ``y``, which is returned too, as the next layer would read it), without the
     loop around it: what the step's scan repeats, written out so that a roofline that
     counts a loop's body once (``jax.experimental.roofline``) counts what simpmd counts."""
-    from ..api.grad import grad
     s = L.Shard(model, layout.shape, layout.recompute, layout.sequence_parallel, flash,
                 framework)
     one = {k: P(*_split(k, False, layout)[3:]) for k in LAYER_SPLIT}   # one layer's split

@@ -21,6 +21,9 @@ loads its module on first use, so ``import simpmd`` stays NumPy-only.
 from __future__ import annotations
 
 import importlib
+import sys
+
+from ..api import trace as _trace
 
 _WHERE = {
     "draw_mesh": "mesh",
@@ -60,3 +63,6 @@ def __getattr__(name):
 def __dir__():
     return sorted(list(globals()) + __all__)
 
+
+
+_trace.VIEWS = sys.modules[__name__]      # trace.draw() draws with this package

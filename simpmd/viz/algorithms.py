@@ -550,7 +550,7 @@ def algorithm_html(run, *, interval: int = 900, show: str = "sources"):
     the HTML text itself when IPython is not installed)."""
     text = animate_algorithm(run, interval=interval, show=show).to_jshtml()
     try:
-        from IPython.display import HTML
+        from IPython.display import HTML  # optional: IPython
     except ImportError:
         return text
     return HTML(text)

@@ -25,7 +25,8 @@ from matplotlib.collections import LineCollection
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle
 
 from ..core import collectives as K
-from .text import needs_values
+from ..api import unreduced_ops as U
+from ..api.text import needs_values
 from .canvas import (INK, MIN_FONT, SUM, ZERO, device_color, dtype_shape, face_color,
                      elide, figure_and_axes, new_figure, number, tag)
 
@@ -129,8 +130,8 @@ DRAWINGS[K.reduce_scatter] = Picture(
     _scattered_by_destination, _own, "group", "sum + split",
     "colour = the {who} a block is summed onto: block i of every device is added and lands "
     "on {who} i", words=("to", "from"))
-DRAWINGS[K.unreduced_psum] = DRAWINGS[K.psum]             # the same sum, of partial sums
-DRAWINGS[K.all_gather_invariant] = DRAWINGS[K.all_gather]  # the same gather, typed invariant
+DRAWINGS[U.unreduced_psum] = DRAWINGS[K.psum]             # the same sum, of partial sums
+DRAWINGS[U.all_gather_invariant] = DRAWINGS[K.all_gather]  # the same gather, typed invariant
 DRAWINGS[K.all_to_all] = Picture(_own, _joined_by_source, "group", "all-to-all",
                                  _BLOCKS + " (a transpose)", split=_split_blocks)
 DRAWINGS[K.ppermute] = Picture(_own, _permuted, "pairs", "",

@@ -23,7 +23,7 @@ import textwrap
 import numpy as np
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
-from .text import needs_values
+from ..api.text import needs_values
 from .canvas import INK, MIN_FONT, ZERO, face_color, figure_and_axes, number, tag
 from .collectives import _call_events, _order, _row_label
 

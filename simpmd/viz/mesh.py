@@ -12,7 +12,7 @@ import math
 import numpy as np
 from matplotlib.patches import FancyBboxPatch, Rectangle
 
-from .text import needs_values
+from ..api.text import needs_values
 from .canvas import INK, MIN_FONT, device_color, figure_and_axes, short, tag, tint
 
 BOX = 1.0         # a device box is BOX x BOX data units

@@ -86,7 +86,7 @@ def draw_sharding(shape_or_array, mesh=None, spec=None, *, ax=None, title=None):
     Call as ``draw_sharding((8, 8), mesh, P('data', 'model'))`` or ``draw_sharding(result)``
     for a ``shard_map``/``pmap`` result. Returns the matplotlib Axes.
     """
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional: matplotlib
     from matplotlib.patches import Rectangle
 
     shape, blocks = sharding_blocks(shape_or_array, mesh, spec)
@@ -94,7 +94,7 @@ def draw_sharding(shape_or_array, mesh=None, spec=None, *, ax=None, title=None):
     if ax is None:
         aspect = rows / cols if cols else 1
         _, ax = plt.subplots(figsize=(5, max(1.2, min(5, 5 * aspect))))
-    from .canvas import OKABE_ITO, tint
+    from .canvas import OKABE_ITO, tint  # optional: matplotlib
     groups = sorted({tuple(sorted(v)) for v in cells.values()})
     for (r, c), ids in sorted(cells.items()):
         # Okabe-Ito hues, lightened so the labels stay readable (safe for colour-blind readers)

@@ -120,7 +120,7 @@ class Timeline:
 def _comm_times(trace, hardware, topology):
     """Seconds per collective step, the HBM bandwidth, and a label saying where they came from."""
     try:
-        from .. import cost
+        from .. import cost           # optional: a timeline without the cost model says so
         estimate = cost.estimate_trace(trace, hardware=hardware, topology=topology)
         machine = cost._hardware_of(hardware, trace)       # a preset, or a Hardware given
         hbm = machine.hbm_bandwidth
@@ -160,7 +160,7 @@ def _roofline_segments(trace, hardware, fused=False, while_trips=None):
     if program is None:
         return None
     try:
-        from .. import cost           # on values, the branches and trips each device ran
+        from .. import cost           # optional; on values, the branches and trips each device ran
         r = cost.roofline_of(program, hardware, getattr(program, "axis_env", None),
                              taken=cost.taken_in(trace), while_trips=while_trips)
     except (ImportError, ValueError, KeyError):
@@ -183,7 +183,7 @@ def _roofline_segments(trace, hardware, fused=False, while_trips=None):
 def _columnar(trace):
     """The trace's columnar log, read call by call (None for an eager or nested run)."""
     try:
-        from ..cost import _columnar_log
+        from ..cost import _columnar_log      # optional, as above
     except ImportError:
         return None
     return _columnar_log(trace)

@@ -13,6 +13,9 @@ from __future__ import annotations
 from .. import published
 from . import (deepspeed_runs, llama3, llm_foundry, maxtext_more, maxtext_v5e, megatron_bridge,
                torchtitan)
+from ...cost.hardware import hardware_preset
+from .. import simulate
+from ..layout import LayoutError, check
 
 
 def every() -> list:
@@ -31,9 +34,6 @@ def blocker(run) -> str:
     """Why ``plan.estimate`` cannot take ``run`` as its source prints it today (empty: it
     can): the framework's name, the hardware, or the layout, checked as ``estimate``
     checks them, without tracing the step."""
-    from ...cost.hardware import hardware_preset
-    from .. import simulate
-    from ..layout import LayoutError, check
 
     reasons = []
     if run.framework not in simulate.FRAMEWORKS:

@@ -39,6 +39,7 @@ import numpy as np
 from ..families import family
 from ..layout import Layout
 from ..model import Transformer
+from ..serve import serve
 
 SOURCE = ("NVIDIA TensorRT-LLM, docs/source/performance.md at commit 138f96d4 (github.com/"
           "NVIDIA/TensorRT-LLM; 'updated for v0.6.1', Dec 2023; low-latency rows from v0.5)")
@@ -81,7 +82,6 @@ class ServingRun:
 
     def serve(self):
         """``plan.serve`` of this run's configuration."""
-        from ..serve import serve
         return serve(self.model, self.layout, hardware=self.hardware, batch=self.batch,
                      prompt_len=self.prompt_len, gen_len=self.gen_len,
                      precision=self.precision, kv_dtype=self.kv_dtype,
