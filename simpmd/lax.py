@@ -7,7 +7,6 @@ use, each is ``jax.lax``'s own, so one function body runs on both engines.
 """
 from __future__ import annotations
 
-import difflib
 import functools
 import inspect
 import numbers
@@ -31,31 +30,6 @@ from .api.printer import SHOWN, forms
 __all__ = ["psum", "pmean", "pmax", "pmin", "all_gather", "psum_scatter", "ppermute",
            "pshuffle", "all_to_all", "pswapaxes", "axis_index", "axis_size", "cond", "switch",
            "scan", "fori_loop", "while_loop", "pcast", "pvary", "ragged_dot", "top_k"]
-
-
-def unbound_axis_message(opname, name, where, coords, under_shard_map) -> str:
-    """Why a collective's axis name is unknown here, and which names the learner can use.
-
-    ``coords`` are the caller's ``(axis name, index, size)`` triples: the axes in scope.
-    """
-    scope = ", ".join(f"{n!r} (size {s})" for n, _, s in coords if n is not None) or "none"
-    close = difflib.get_close_matches(str(name), [str(n) for n, _, _ in coords if n is not None], 1)
-    guess = f"Did you mean {close[0]!r}? " if close else ""
-    if name is None:
-        return (f"{opname} on {where} was given axis_name=None. A collective must name the "
-                f"axis it runs over (real JAX raises 'unbound axis name: None'). Give the map "
-                f"a name, e.g. simpmd.pmap(f, axis_name='i'), and pass the same name: "
-                f"lax.{opname}(x, 'i'). Axis names in scope: {scope}.")
-    if under_shard_map:
-        return (f"{opname} on {where} names axis {name!r}, but the shard_map's mesh has no "
-                f"such axis: its axes are {scope}. {guess}Use one of the mesh's axis names (or a "
-                f"tuple of them), or build the mesh with an axis called {name!r}, e.g. "
-                f"simpmd.make_mesh((2, 4), ({name!r}, 'other')).")
-    if any(n is None for n, _, _ in coords):
-        scope += "; a pmap here was given no axis_name"
-    return (f"{opname} on {where} names axis {name!r}, but no enclosing pmap binds it. "
-            f"Axis names in scope: {scope}. {guess}Pass axis_name={name!r} to the pmap that maps "
-            f"this axis, or use one of the names in scope.")
 
 
 def _names(axis_name) -> tuple:
@@ -88,7 +62,7 @@ def _check_axis_name(axis_name, op):
     """A collective names its axis: None (the default of a pmap's axis_name) is no name."""
     if axis_name is None or (isinstance(axis_name, (tuple, list)) and None in axis_name):
         run = context.run
-        raise errors.UnboundAxisError(unbound_axis_message(
+        raise errors.UnboundAxisError(errors.unbound_axis_message(
             op, None, run.where(), run.coords, run.maps_a_mesh))
 
 

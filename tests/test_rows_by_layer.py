@@ -3,7 +3,7 @@ registers their columns, imported alone in a fresh process, leaves every row it 
 with the columns it has once the whole package is imported (issue 46 item 2).
 
 A later layer's columns live in its own table: the cost model's (simpmd/cost/rows.py, read
-with ``column``), the partitioner's (simpmd/partitioner/columns.py, read as ``row.sharding``)
+with ``column``), the partitioner's (simpmd/partitioner/columns.py, read with its ``column``)
 and the printer's (``SHOWN`` and ``PRINTED`` in simpmd/api/printer.py); each is read here
 too, after the module, as any reader of it would.
 ``SIMPMD_ROWS_ALL_MODULES=1`` checks every module of the package (slow: one process each).
@@ -82,23 +82,26 @@ def test_every_rows_columns_are_the_same_whatever_is_imported():
     assert not differ, f"imported alone, these rows have other columns than with everything: {differ}"
 
 
-def test_a_row_refuses_a_column_that_no_layer_declared():
-    """The schema is declared: a core row takes only the core's columns; a later layer's
-    column is written to that layer's table and read from it; a name no layer declared is
-    an error, not a default."""
+def test_every_row_holds_only_the_cores_declared_columns():
+    """The schema is declared: the core's columns are the constructor's and those the
+    ``Primitive`` class gives a default; with everything imported, no row holds another
+    (a later layer's column lives in that layer's table); an undeclared column is an
+    error to read, not a default."""
+    import simpmd.plan, simpmd.viz, simpmd.jax  # noqa: F401  (every layer registered)
     from simpmd.core import primitives as P
-    from simpmd.core.core import declare
-    from simpmd.partitioner.columns import TABLE, register
-    with pytest.raises(AttributeError, match="'colour' is not a column"):
-        P.add.colour = "red"
-    with pytest.raises(AttributeError, match="later layer"):
-        P.add.sharding = None             # the partitioner's, kept in its own table
-    with pytest.raises(AttributeError, match="'colour' is not a declared column"):
+    from simpmd.core.core import PRIMITIVES, Primitive
+    from simpmd.partitioner.columns import TABLE, column, register
+    declared = {k for k, v in vars(Primitive).items() if not k.startswith("_") and not callable(v)}
+    declared |= {"name", "stacked", "abstract", "vjp", "cost", "show"}
+    extra = {n: sorted(set(vars(r)) - declared) for n, r in PRIMITIVES.items()}
+    assert not {n: e for n, e in extra.items() if e}, "columns no layer declared on the row"
+    with pytest.raises(AttributeError):
         P.add.colour
     assert P.add.elementwise is True and P.dot_general.elementwise is False   # core, default
-    assert P.dot_general.defers_sums is True and P.add.defers_sums is False   # partitioner's
+    assert column(P.dot_general, "defers_sums") is True
+    assert column(P.add, "defers_sums") is False                             # its default
     assert "sharding" not in vars(P.add) and "sharding" in TABLE[P.add]
-    with pytest.raises(ValueError, match="already declared"):
-        declare({}, sharding=None)        # no layer takes over another's column
     with pytest.raises(KeyError, match="not a partitioner column"):
         register(P.add, elementwise=False)
+    with pytest.raises(KeyError, match="not a partitioner column"):
+        column(P.add, "colour")

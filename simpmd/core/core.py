@@ -149,8 +149,7 @@ class Program:
 
     __repr__ = __str__
 
-    def _repr_pretty_(self, p, cycle):
-        p.text(str(self))
+    _repr_pretty_ = lambda self, p, cycle: p.text(str(self))     # noqa: E731 (IPython's)
 
 # -- primitives ------------------------------------------------------------------------------
 
@@ -169,14 +168,12 @@ class Primitive:
       ``unfused_flops`` and ``unfused_hbm_bytes`` where it has a rule;
     * ``show(params)``: the parameters as ``jax.make_jaxpr`` prints them.
 
-    Collectives, loops and calls add their own, each given a default below; a row takes no
-    other. A later layer keeps its columns in a table of its own (:func:`declare`).
+    Collectives, loops and calls add their own, each declared below with its default.
     """
 
     multiple_results = collective = elementwise = needs_run = same_names = by_axes = False
     by_position = unequal_groups = unreduces = same_bytes = unlogged = False
-    linearize = named = reduction = op = lax_params = probe_keywords = math = hlo = None
-    wire_bytes = None
+    linearize = named = reduction = op = lax_params = probe_keywords = math = hlo = wire_bytes = None
 
     def __init__(self, name, stacked=None, abstract=None, *, vjp=None, cost=None, show=None,
                  multiple_results=False, **columns):
@@ -188,32 +185,11 @@ class Primitive:
             setattr(self, key, value)
         PRIMITIVES[name] = self
 
-    def __setattr__(self, key, value):
-        if key not in COLUMNS:
-            raise AttributeError(f"row {self.name!r}: {key!r} is not a column of the core's"
-                                 f"{' (a later layer keeps it)' if key in LATER else ''}")
-        object.__setattr__(self, key, value)
-
-    def __getattr__(self, key):     # a later layer's column, from that layer's table
-        if key not in LATER:
-            raise AttributeError(f"{key!r} is not a declared column of a row")
-        return LATER[key][0].get(self, {}).get(key, LATER[key][1])
-
     def bind(self, *args, **params):
         return bind(self, *args, **params)
 
     def __repr__(self):
         return self.name
-
-COLUMNS = {k for k, v in vars(Primitive).items() if not k.startswith("_") and not callable(v)}
-COLUMNS |= {"name", "stacked", "abstract", "vjp", "cost", "show"}
-LATER: dict = {}    # a later layer's column -> (its table: row -> {column: value}, default)
-
-def declare(table: dict, **defaults):
-    for key, default in defaults.items():
-        if key in COLUMNS or LATER.get(key, (table,))[0] is not table:
-            raise ValueError(f"column {key!r} is already declared by another layer")
-        LATER[key] = (table, default)
 
 PRIMITIVES: dict = {}       # name -> Primitive: every row (a test checks their columns)
 

@@ -29,7 +29,6 @@ from ..core import dtypes, errors
 from ..api import tree
 from ..core.core import Aval, aval_of, caller_source, context
 from ..api.events import Event
-from ..lax import unbound_axis_message
 from ..api.trace import Trace
 from ..core.run import Run, check_groups, coords_text
 from ..core.values import StackedValue
@@ -146,7 +145,7 @@ class Task(Run):
         index, size = 0, 1
         for name in axis_names:
             if name not in env or name is None:
-                raise errors.UnboundAxisError(unbound_axis_message(
+                raise errors.UnboundAxisError(errors.unbound_axis_message(
                     op, name, self.where(), self.coords, self.maps_a_mesh))
             i, s = env[name]
             index, size = index * s + i, size * s
@@ -158,7 +157,7 @@ class Task(Run):
     def collective(self, prim, stacks, params, avals, out_avals):
         """Join the collective with this device's operands; wait for the group."""
         axes = tuple(params.get("axes") or _names(params.get("axis_name")))
-        if prim.by_position:          # axis_index: this device's index
+        if getattr(prim, "by_position", False):          # axis_index: this device's index
             return [np.asarray([self.position(axes, prim.op)[0]], dtype=np.int32)]
         values = [s[0] for s in stacks]
         outs = self.sim.collective(self, prim, axes, values, params)

@@ -1,6 +1,6 @@
 """The partitioner's columns of each row, in the partitioner's own table (as the cost model
 keeps its own in ``simpmd/cost/rows.py``): a row of the core is the same object whatever is
-imported, and reads its partitioner columns as ``row.sharding`` from here. The columns and
+imported, and its partitioner columns are read with :func:`column`. The columns and
 their defaults:
 
 * ``sharding(mesh, avals, **params)``: the result's shardings from the operands' (``rules.py``);
@@ -16,23 +16,31 @@ their defaults:
 """
 from __future__ import annotations
 
-from ..core.core import LATER, declare
+DEFAULTS = dict(sharding=None, partition=None, combine=None, defers_sums=False,
+                carries_sums=None, resolves_sums=False, unreduced_rule=None,
+                unreduced_probe=None, unreduced_newest=None, unreduced_kind=None,
+                unreduced_body=None, unreduced_word=None, divides=False)
 
-TABLE: dict = {}     # row -> {column: value}
+TABLE: dict = {}     # row -> {column: value}, the columns it was registered with
 
-declare(TABLE, sharding=None, partition=None, combine=None, defers_sums=False,
-        carries_sums=None, resolves_sums=False, unreduced_rule=None, unreduced_probe=None,
-        unreduced_newest=None, unreduced_kind=None, unreduced_body=None, unreduced_word=None,
-        divides=False)
+
+def _known(name):
+    if name not in DEFAULTS:
+        raise KeyError(f"{name!r} is not a partitioner column of a row; they are "
+                       f"{', '.join(DEFAULTS)} (simpmd/partitioner/columns.py)")
 
 
 def register(row, **columns):
-    """Give ``row`` these partitioner columns."""
-    for key in columns:
-        if LATER.get(key, (None,))[0] is not TABLE:
-            raise KeyError(f"{key!r} is not a partitioner column of a row; they are "
-                           f"{', '.join(k for k, (t, _) in LATER.items() if t is TABLE)}")
+    """Give ``row`` these partitioner columns (each one of :data:`DEFAULTS`'s names)."""
+    for name in columns:
+        _known(name)
     TABLE.setdefault(row, {}).update(columns)
+
+
+def column(row, name):
+    """Row ``row``'s partitioner column ``name``, or its default where it has none."""
+    _known(name)
+    return TABLE.get(row, {}).get(name, DEFAULTS[name])
 
 
 class on:

@@ -14,7 +14,7 @@ from .rules import (_body, _branches, _broadcast_in_dim, _broadcasting, _clamp, 
                     _convert, _cumulative, _dot_general, _first, _gather, _iota, _numpy_call,
                     _reduce, _reshape, _scan, _scatter, _select, _sort, _squeeze, _transpose,
                     _varying_shape, _while)
-from .columns import on, register
+from .columns import column, on, register
 from .sharding import dims_of, resolve, whole
 
 
@@ -82,7 +82,7 @@ def attach():
 
 def rows_without_rules() -> list:
     """Rows with no sharding column (a test keeps this to the collectives and calls)."""
-    return sorted(n for n, p in PRIMITIVES.items() if p.sharding is None)
+    return sorted(n for n, p in PRIMITIVES.items() if column(p, "sharding") is None)
 
 
 # -- the type of a whole program's arguments -------------------------------------------------

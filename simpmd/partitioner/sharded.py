@@ -13,6 +13,7 @@ from ..core import errors
 from ..core.core import aval_of
 from ..core.run import Run
 from ..core.values import StackedValue
+from .columns import column
 from . import unreduced
 from .sharding import Sharding, ShardingTypeError, block_shape, check_layout, dims_of
 
@@ -49,7 +50,7 @@ class ShardingRun(Run):
                 f"named axis exists only inside shard_map (real JAX: 'unbound axis name'). "
                 f"Write the computation for whole arrays, or wrap the per-device part in "
                 f"simpmd.shard_map.")
-        rule = prim.sharding
+        rule = column(prim, "sharding")
         if rule is None:
             raise ShardingTypeError(f"{prim.name} has no sharding rule in simpmd, so it cannot "
                                     f"run under jit outside shard_map.")

@@ -28,7 +28,7 @@ from .sharding import ShardingTypeError, reductions_of, settings, type_text
 from ..core import loops, primitives as P
 from ..core.core import PRIMITIVES
 from ..core import bridge
-from .columns import on
+from .columns import column, on
 
 NO = (frozenset(), frozenset())
 _KEEPS = ("keeps", "keeps")
@@ -61,7 +61,7 @@ def attach():
                 P.squeeze, P.copy, P.neg, P.reshape):
         on(row).unreduced_rule = "linear"
     for row in (P.mul, P.div) + tuple(r for r in PRIMITIVES.values()
-                                       if r.unreduced_rule == "linear"):
+                                       if column(r, "unreduced_rule") == "linear"):
         on(row).unreduced_newest = _KEEPS
     for row, kind in ((P.reduce_max, "max"), (P.reduce_min, "min"), (P.argmax, "max"),
                       (P.argmin, "min")):
@@ -105,13 +105,13 @@ def _asked_row(prim, start, arrays):
     an elementwise row answers as ``tanh`` (and any other refuses, no rule); on a reduced
     one, an elementwise row of one operand as ``tanh``, of several as ``add``, any other
     row of one operand as ``transpose``."""
-    if prim.unreduced_probe is not None:
+    if column(prim, "unreduced_probe") is not None:
         return prim
     if prim is P.add_any:
         return P.add
     elementwise = prim.elementwise
     if start == "unreduced":
-        return P.tanh if elementwise or prim.unreduced_rule == "unary" else None
+        return P.tanh if elementwise or column(prim, "unreduced_rule") == "unary" else None
     if len(arrays) > 1:
         return P.add
     return P.tanh if elementwise else P.transpose
@@ -163,7 +163,7 @@ def _no_rule(name):
 def types(prim, avals, params, n_outs, mesh) -> list:
     """(unreduced, reduced) axes of each result of ``prim`` on ``avals``, or JAX's error
     where it refuses them."""
-    kind = prim.unreduced_rule
+    kind = column(prim, "unreduced_rule")
     if kind == "reshard":
         return [reductions_of(params["dst_sharding"], mesh)]
     if kind == "out_specs":            # a shard_map's results are as its out_specs say
@@ -171,7 +171,7 @@ def types(prim, avals, params, n_outs, mesh) -> list:
     if kind == "product":
         return [_dot(prim, avals, params, mesh)]
     if kind == "body":                 # a body's results keep the types they were traced with
-        return [(_u(a), _r(a)) for a in params[prim.unreduced_body].out_avals]
+        return [(_u(a), _r(a)) for a in params[column(prim, "unreduced_body")].out_avals]
     arrays = [a for a in avals if a.sharding is not None]
     if any(_u(a) for a in avals):
         return [_unreduced(prim, avals, arrays)] * n_outs
@@ -212,9 +212,9 @@ def _unreduced(prim, avals, arrays):
         return NO
     if word != "keeps":
         raise _refusal(word, prim, next(a for a in avals if _u(a)))
-    kind = prim.unreduced_rule
+    kind = column(prim, "unreduced_rule")
     if kind == "sum":
-        return _sum_of_partial_sums(prim.unreduced_word or prim.name, avals)
+        return _sum_of_partial_sums(column(prim, "unreduced_word") or prim.name, avals)
     if kind == "scaled":
         return _scaled(prim, avals)
     return next(_u(a) for a in avals if _u(a)), frozenset()
@@ -228,8 +228,9 @@ def _refusal(word, prim, shown):
         use = "spec.partitions[...]" if word == "pspec[...]" else "*spec.partitions"
         return ValueError(f"Using {how} is dangerous when PartitionSpec has non-empty "
                           f"unreduced/reduced set. Please use {use}")
+    kind = column(prim, "unreduced_kind")
     if word == "kind":
-        return ValueError(f"Expected unreduced_kind=UnreducedKind.{prim.unreduced_kind} but "
+        return ValueError(f"Expected unreduced_kind=UnreducedKind.{kind} but "
                           f"got UnreducedKind.sum")
     if word == "nonlinear":
         return ShardingTypeError(f"{name} is a non-linear operation and cannot accept input "
@@ -237,10 +238,10 @@ def _refusal(word, prim, shown):
     if word == "partial":
         version = getattr(sys.modules.get("jax"), "__version__", "?")
         return UnreducedRuleError(
-            f"the {prim.unreduced_kind} of partial sums is not the {prim.unreduced_kind} of "
+            f"the {kind} of partial sums is not the {kind} of "
             f"their sum ({name} of {_type(shown)}). This JAX ({version}) accepts it as an "
-            f"unreduced {prim.unreduced_kind} and reshard then takes the "
-            f"{prim.unreduced_kind} of the partial results, a wrong value; simpmd refuses. "
+            f"unreduced {kind} and reshard then takes the "
+            f"{kind} of the partial results, a wrong value; simpmd refuses. "
             f"reshard the value to an ordinary sharding first.")
     if word == "refused":
         return ShardingTypeError(f"{name} refuses an operand of type {_type(shown)} on this "
@@ -263,7 +264,7 @@ def _scaled(prim, avals):
     """A partial sum times (or over) a value that is the same everywhere: still a partial
     sum, provided that value is reduced along the same axes."""
     lhs, rhs = avals
-    if prim.divides:                  # over a value reduced alike
+    if column(prim, "divides"):                  # over a value reduced alike
         if _r(rhs) >= _u(lhs) and not _u(rhs):
             return _u(lhs), frozenset()
         raise ValueError(f"Denominator should be reduced along the same axes numerator is "
@@ -290,7 +291,7 @@ def _reduced(prim, avals, arrays):
         return NO
     if word != "keeps":
         raise _refusal(word, prim, next(a for a in arrays if _r(a)))
-    if prim.unreduced_rule == "linear" or len(arrays) == 1:
+    if column(prim, "unreduced_rule") == "linear" or len(arrays) == 1:
         return frozenset(), _r(arrays[0])
     sets = {_r(a) for a in arrays}
     if len(sets - {frozenset()}) > 1:
