@@ -25,7 +25,7 @@ from .core.core import aval_of, bind, caller_source, context
 from .core.program import trace as program_trace
 from .core.values import StackedValue
 from .api import spelling as S
-from .api.printer import forms
+from .api.printer import SHOWN, forms
 
 __all__ = ["psum", "pmean", "pmax", "pmin", "all_gather", "psum_scatter", "ppermute",
            "pshuffle", "all_to_all", "pswapaxes", "axis_index", "axis_size", "cond", "switch",
@@ -958,4 +958,4 @@ def _scan_shown(params) -> dict:
     return shown
 
 
-loops.scan.show = _scan_shown
+SHOWN[loops.scan] = _scan_shown

@@ -2,8 +2,10 @@
 registers their columns, imported alone in a fresh process, leaves every row it can see
 with the columns it has once the whole package is imported (issue 46 item 2).
 
-The cost model's columns live in its own table (simpmd/cost/rows.py, read with
-``column``), which is read here too, after the module, as any reader of it would.
+A later layer's columns live in its own table: the cost model's (simpmd/cost/rows.py, read
+with ``column``), the partitioner's (simpmd/partitioner/columns.py, read with its ``column``)
+and the printer's (``SHOWN`` and ``PRINTED`` in simpmd/api/printer.py); each is read here
+too, after the module, as any reader of it would.
 ``SIMPMD_ROWS_ALL_MODULES=1`` checks every module of the package (slow: one process each).
 """
 import concurrent.futures
@@ -18,7 +20,8 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "simpmd"
-WRITES_ROWS = re.compile(r"Primitive\(|register\(|attach\(|\.(drawing|show|printed) = ")
+WRITES_ROWS = re.compile(r"Primitive\(|register\(|attach\(|\bon\(|SHOWN\[|PRINTED\[|"
+                        r"\.(drawing|show|printed) = ")
 
 DUMP = r'''
 import importlib, json, pkgutil, re, sys
@@ -30,6 +33,8 @@ for name in names:
     importlib.import_module(name)
 from simpmd.core.core import PRIMITIVES
 from simpmd.cost import rows
+from simpmd.partitioner import columns
+from simpmd.api import printer
 
 def shown(v):
     if callable(v) and hasattr(v, "__qualname__"):
@@ -37,7 +42,10 @@ def shown(v):
     return re.sub(r" at 0x[0-9a-f]+", "", repr(v))
 
 json.dump({n: {**{k: shown(v) for k, v in vars(p).items()},
-               **{"cost." + k: shown(v) for k, v in rows.TABLE.get(p, {}).items()}}
+               **{"cost." + k: shown(v) for k, v in rows.TABLE.get(p, {}).items()},
+               **{"partitioner." + k: shown(v) for k, v in columns.TABLE.get(p, {}).items()},
+               **{"printer." + t: shown(table[p]) for t, table in
+                  (("shown", printer.SHOWN), ("printed", printer.PRINTED)) if p in table}}
            for n, p in PRIMITIVES.items()}, sys.stdout)
 '''
 
@@ -72,3 +80,28 @@ def test_every_rows_columns_are_the_same_whatever_is_imported():
             if changed:
                 differ.setdefault(module, {})[row] = changed
     assert not differ, f"imported alone, these rows have other columns than with everything: {differ}"
+
+
+def test_every_row_holds_only_the_cores_declared_columns():
+    """The schema is declared: the core's columns are the constructor's and those the
+    ``Primitive`` class gives a default; with everything imported, no row holds another
+    (a later layer's column lives in that layer's table); an undeclared column is an
+    error to read, not a default."""
+    import simpmd.plan, simpmd.viz, simpmd.jax  # noqa: F401  (every layer registered)
+    from simpmd.core import primitives as P
+    from simpmd.core.core import PRIMITIVES, Primitive
+    from simpmd.partitioner.columns import TABLE, column, register
+    declared = {k for k, v in vars(Primitive).items() if not k.startswith("_") and not callable(v)}
+    declared |= {"name", "stacked", "abstract", "vjp", "cost", "show"}
+    extra = {n: sorted(set(vars(r)) - declared) for n, r in PRIMITIVES.items()}
+    assert not {n: e for n, e in extra.items() if e}, "columns no layer declared on the row"
+    with pytest.raises(AttributeError):
+        P.add.colour
+    assert P.add.elementwise is True and P.dot_general.elementwise is False   # core, default
+    assert column(P.dot_general, "defers_sums") is True
+    assert column(P.add, "defers_sums") is False                             # its default
+    assert "sharding" not in vars(P.add) and "sharding" in TABLE[P.add]
+    with pytest.raises(KeyError, match="not a partitioner column"):
+        register(P.add, elementwise=False)
+    with pytest.raises(KeyError, match="not a partitioner column"):
+        column(P.add, "colour")

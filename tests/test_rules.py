@@ -45,10 +45,11 @@ def test_every_rule_is_read_from_this_jax_without_starting_its_backend():
         "from jax._src import xla_bridge\n"
         "from simpmd.api.partition import settings\n"
         "from simpmd.core.core import PRIMITIVES\n"
+        "from simpmd.partitioner.columns import column\n"
         f"for q in {QUESTIONS!r}:\n"
         "    print(q, settings.ask(q))\n"
         "for row in PRIMITIVES.values():\n"
-        "    if hasattr(row, 'unreduced_probe'):\n"
+        "    if column(row, 'unreduced_probe') is not None:\n"
         "        print(row.name, settings.ask('on_operand', row, 'unreduced'), '|',\n"
         "              settings.ask('on_operand', row, 'reduced'))\n"
         "from simpmd.core.collectives import settings as vma\n"
@@ -68,14 +69,15 @@ def test_the_newest_answers_are_the_newest_jaxs(jax8):
     from simpmd.api.partition import settings
     from simpmd.core.core import PRIMITIVES
     from simpmd.jax.handoff import jax_version
+    from simpmd.partitioner.columns import column
     from simpmd.jax import rules
     if jax_version(jax8) < (0, 12):
         pytest.skip(f"the newest answers are jax 0.12's; this is {jax8.__version__}")
     for q in QUESTIONS:
         assert getattr(rules, q)() == settings.NEWEST[q], q
-    for row in (r for r in PRIMITIVES.values() if hasattr(r, "unreduced_probe")):
+    for row in (r for r in PRIMITIVES.values() if column(r, "unreduced_probe") is not None):
         theirs = (rules.on_operand(row, "unreduced"), rules.on_operand(row, "reduced"))
-        assert theirs == tuple(row.unreduced_newest), row.name
+        assert theirs == tuple(column(row, "unreduced_newest")), row.name
 
 
 def test_newest_pins_the_newest_rules_inside_the_block(jax8):

@@ -27,7 +27,7 @@ from ..core import loops
 from ..core.core import aval_of, bind, context
 from ..core.program import trace
 from .shard_map_eqn import host_result
-from .printer import forms
+from .printer import SHOWN, forms
 
 __all__ = ["checkpoint", "remat", "checkpoint_policies", "checkpoint_name"]
 
@@ -177,6 +177,6 @@ def _policy_text(policy) -> str:
     return f"<function {policy.__qualname__} at {address}>"
 
 
-loops.remat.show = lambda p: {"differentiated": p["differentiated"], "jaxpr": p["jaxpr"],
+SHOWN[loops.remat] = lambda p: {"differentiated": p["differentiated"], "jaxpr": p["jaxpr"],
                               "policy": _policy_text(p["policy"]),
                               "prevent_cse": p["prevent_cse"]}

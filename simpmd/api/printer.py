@@ -30,6 +30,13 @@ class NewestForms:
     shard_map_text = staticmethod(lambda: ("newly_manual_axes", False))
 
 
+# The printer's own tables, keyed by row (the rows themselves are the core's or their
+# layer's): a row whose parameters the running JAX prints otherwise than its ``show``
+# (SHOWN: params -> what is printed), and one JAX spells as several equations (PRINTED).
+SHOWN: dict = {}
+PRINTED: dict = {}
+
+
 def forms():
     """The printed forms of the running JAX (``simpmd.jax.printing``, which prints tiny
     programs on it), or the newest ones when JAX is not imported."""
@@ -88,7 +95,7 @@ def _literal(v, like, weak=False) -> str:
 def _literal_dtype(eqn):
     """The dtype a weak literal operand of ``eqn`` is printed in: its first variable's (or
     result's); none for an equation that holds a body, whose operands keep their own."""
-    if getattr(eqn.primitive, "needs_run", False):
+    if eqn.primitive.needs_run:
         return None
     like = next((v.aval.dtype for v in eqn.invars if type(v) is Var), None)
     return like if like is not None else (eqn.outvars[0].aval.dtype if eqn.outvars else None)
@@ -98,7 +105,7 @@ def _meets_weak(eqn) -> bool:
     """Whether a literal of ``eqn`` meets a weak value (its first variable operand is
     weak): JAX then keeps the literal the Python number it was."""
     var = next((v for v in eqn.invars if type(v) is Var), None)
-    return var is not None and var.aval.weak_type and not getattr(eqn.primitive, "needs_run", False)
+    return var is not None and var.aval.weak_type and not eqn.primitive.needs_run
 
 
 def _same_names(eqn, names, name):
@@ -219,21 +226,21 @@ def _rows(program, width, names, shared, top=False) -> list:
     lines = [f"{{ lambda {consts}; {' '.join(typed(v) for v in program.invars)}. let"]
     for eqn in program.eqns:
         ins = " ".join(operand(v, _literal_dtype(eqn), _meets_weak(eqn)) for v in eqn.invars)
-        printed = getattr(eqn.primitive, "printed", None)
+        printed = PRINTED.get(eqn.primitive)
         if printed is not None:       # a row that JAX spells as several equations (pmean)
             for prim_name, params, text_ins, out_vars in printed(eqn, name, typed, ins):
                 lines += line(out_vars, prim_name, params, text_ins)
             continue
-        if getattr(eqn.primitive, "same_names", False) and eqn.params["jaxpr"] not in shared:
+        if eqn.primitive.same_names and eqn.params["jaxpr"] not in shared:
             _same_names(eqn, names, name)
         outs = " ".join(result(v) for v in eqn.outvars)
-        lines += line(outs, eqn.primitive.name, eqn.primitive.show(eqn.params), ins)
+        lines += line(outs, eqn.primitive.name, SHOWN.get(eqn.primitive, eqn.primitive.show)(eqn.params), ins)
     outs = ", ".join(name(v) if type(v) is Var else operand(v, None) for v in program.outvars)
     lines.append(f"  in ({outs}{',' if len(program.outvars) == 1 else ''}) }}")
     return "\n".join(lines).split("\n")         # one row per printed line
 
 
-# -- rows JAX prints as other equations: a column of theirs, set here -----------------------
+# -- rows JAX prints as other equations, or with other parameters: the tables above ---------
 
 
 def _psum_name(eqn):
@@ -271,7 +278,7 @@ def _pmean_printed(eqn, name, typed, ins):
     return lines
 
 
-K.psum.printed, K.pmean.printed = _psum_printed, _pmean_printed
+PRINTED[K.psum], PRINTED[K.pmean] = _psum_printed, _pmean_printed
 
 
 def _broadcast_shown(params, short=P.broadcast_in_dim.show):
@@ -280,7 +287,7 @@ def _broadcast_shown(params, short=P.broadcast_in_dim.show):
     return params if forms().shows_default_params() else short(params)
 
 
-P.broadcast_in_dim.show = _broadcast_shown
+SHOWN[P.broadcast_in_dim] = _broadcast_shown
 
 
 def _shard_map_shown(p) -> list:
@@ -295,5 +302,5 @@ def _shard_map_shown(p) -> list:
     return sorted(shown, key=lambda item: item[0])
 
 
-shard_map_eqn.shard_map_p.show = _shard_map_shown
+SHOWN[shard_map_eqn.shard_map_p] = _shard_map_shown
 bridge.printer = pretty

@@ -168,7 +168,7 @@ def _trace_of(grid, program, shapes_only):
     trace_.program, trace_.shapes_only = program, shapes_only
     if shapes_only and program is not None:     # what a run on types cannot log
         trace_.unlogged = sorted({e.primitive.unlogged for e in program.eqns   # the rows'
-                                  if getattr(e.primitive, "unlogged", None)})   # own words
+                                  if e.primitive.unlogged})   # own words
     return trace_
 
 

@@ -44,7 +44,7 @@ def _no_rule(eqn) -> NotDifferentiableError:
             f"Differentiation rule for {eqn.primitive.op!r} not implemented (as in JAX, which "
             f"raises NotImplementedError for grad of lax.{eqn.primitive.op}){line}. To take a "
             f"maximum that gradients flow through, all_gather the values and use .max() on them.")
-    name = getattr(eqn.primitive, "named", lambda params: name)(eqn.params)
+    name = eqn.primitive.named(eqn.params) if eqn.primitive.named else name
     return NotDifferentiableError(f"simpmd.grad has no derivative rule for {name!r}{line}. {_INSTEAD}")
 
 def differentiable(var) -> bool:
@@ -99,7 +99,7 @@ def linearize(program, active):
     for eqn in program.eqns:
         wants = [type(v) is Var and v in active for v in eqn.invars]
         if any(wants):
-            rule = getattr(eqn.primitive, "linearize", None)
+            rule = eqn.primitive.linearize
             eqn = eqn if rule is None else rule(eqn, wants)
             active.update(v for v in eqn.outvars if differentiable(v))
         eqns.append(eqn)

@@ -149,8 +149,7 @@ class Program:
 
     __repr__ = __str__
 
-    def _repr_pretty_(self, p, cycle):
-        p.text(str(self))
+    _repr_pretty_ = lambda self, p, cycle: p.text(str(self))     # noqa: E731 (IPython's)
 
 # -- primitives ------------------------------------------------------------------------------
 
@@ -169,11 +168,12 @@ class Primitive:
       ``unfused_flops`` and ``unfused_hbm_bytes`` where it has a rule;
     * ``show(params)``: the parameters as ``jax.make_jaxpr`` prints them.
 
-    Collectives, loops and calls add their own columns (see ``collectives.py``).
+    Collectives, loops and calls add their own, each declared below with its default.
     """
 
-    multiple_results = False
-    collective = False          # a collective's stacked rule asks the run for its groups
+    multiple_results = collective = elementwise = needs_run = same_names = by_axes = False
+    by_position = unequal_groups = unreduces = same_bytes = unlogged = False
+    linearize = named = reduction = op = lax_params = probe_keywords = math = hlo = wire_bytes = None
 
     def __init__(self, name, stacked=None, abstract=None, *, vjp=None, cost=None, show=None,
                  multiple_results=False, **columns):

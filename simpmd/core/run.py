@@ -128,7 +128,7 @@ class Run:
         """Under ``check_vma``, an operand that varies over fewer mesh axes than another
         is first made to vary over them (``pvary``), as JAX inserts it; so is the operand of
         a reduction over axes it does not vary over (``psum`` of a replicated value)."""
-        if not self.check_vma or getattr(prim, "needs_run", False):   # a body keeps its types
+        if not self.check_vma or prim.needs_run:   # a body keeps its types
             return args
         if prim.collective:
             return self._vary_for(prim, args, params)
@@ -145,15 +145,15 @@ class Run:
         """A collective's operand is made to vary over its axes first; a reduction's that
         varies over some of them only if the running JAX allows it (the type rule refuses
         it otherwise)."""
-        if getattr(prim, "by_position", False):
+        if prim.by_position:
             return args
         axes = tuple(params.get("axes") or _names(params.get("axis_name")))
         self.axis_size(axes, prim.op)           # an unknown name first: it says which
         out = []
         for x in args:
             missing = tuple(a for a in axes if a not in aval_of(x).vma
-                            and not (a in aval_of(x).unreduced and getattr(prim, "unreduces", False)))
-            if missing and (len(missing) == len(axes) or not getattr(prim, "reduction", False)
+                            and not (a in aval_of(x).unreduced and prim.unreduces))
+            if missing and (len(missing) == len(axes) or not prim.reduction
                             or prim in settings.partial):
                 x = core.bind(pvary, x, axes=missing)
             out.append(x)
@@ -167,7 +167,7 @@ class Run:
         avals = [aval_of(x) for x in args]
         out = prim.abstract(*avals, **params)
         out_avals = out if prim.multiple_results else [out]
-        if any(a.unreduced for a in avals) and not getattr(prim, "unreduces", False):
+        if any(a.unreduced for a in avals) and not prim.unreduces:
             sets = bridge.unreduced(prim, avals, params, len(out_avals))  # JAX's rules
             out_avals = [a.update(unreduced=u) for a, u in zip(out_avals, sets)]
         if self.abstract or any(isinstance(x, StackedValue) and x.stack is None for x in args):
@@ -179,7 +179,7 @@ class Run:
     def compute(self, prim, args, params, avals, out_avals) -> list:
         """``prim``'s values for every device, its result types known (from the abstract
         evaluation, or, replaying a program, from its equation)."""
-        if getattr(prim, "needs_run", False):     # it runs programs: it gets the values
+        if prim.needs_run:     # it runs programs: it gets the values
             results = prim.stacked(*args, **params)   # (stacks, or its body's values)
             return [StackedValue(a, self.stack_of(r, a) if isinstance(r, StackedValue) else r)
                     for a, r in zip(out_avals, results)]
@@ -212,7 +212,7 @@ class Run:
         """Run ``prim`` for every group at once; log it; the outputs, stacked (None when
         the run has types only)."""
         axes = tuple(params.get("axes") or _names(params.get("axis_name")))
-        if getattr(prim, "by_position", False):
+        if prim.by_position:
             return [np.asarray(self.positions(axes))] if stacks is not None else None
         sets = self.groups(axes, params.get("axis_index_groups"), prim)
         logged = self._taking_branch(sets, prim.op, axes) if self.branches else sets
@@ -357,7 +357,7 @@ def check_groups(groups, size, prim, where, axis_names):
             f"index of axis {axis_names} (size {size}) exactly once; it covers {flat}. List "
             f"each index 0..{size - 1} in exactly one group.")
     sizes = {len(g) for g in groups}
-    if len(sizes) > 1 and not getattr(prim, "unequal_groups", False):
+    if len(sizes) > 1 and not prim.unequal_groups:
         raise errors.CollectiveArgumentError(
             f"{op} over {axis_names} on {where}: axis_index_groups={groups} has groups of sizes "
             f"{sorted(len(g) for g in groups)}; {op} needs groups of equal size. Split the "

@@ -90,9 +90,9 @@ def fusion_kind(eqn) -> str:
     fusion = column(row, "fusion")
     if fusion:                                     # a kind, or a rule of the parameters
         return fusion(eqn.params) if callable(fusion) else fusion
-    if row is not None and getattr(row, "collective", False):
+    if row is not None and row.collective:
         return "collective"
-    if row is not None and getattr(row, "elementwise", False):
+    if row is not None and row.elementwise:
         return "elementwise"
     return jax_fusion(eqn)
 

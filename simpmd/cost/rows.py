@@ -193,7 +193,7 @@ def by_lax_name() -> dict:
     """Every collective row under its ``jax.lax`` spellings (``'psum'``, ``'pshuffle'``)."""
     found = {}
     for row in list(PRIMITIVES.values()):
-        if getattr(row, "collective", False):
+        if row.collective:
             for name in (row.op, row.name, *column(row, "lax_names")):
                 found.setdefault(name, row)
     return found

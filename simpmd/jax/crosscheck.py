@@ -59,12 +59,11 @@ from .jit import hlo_collective_counts, jax_mesh, type_text
 from ..machine.mesh import AxisType, axis_types_of
 
 # Collective parameters that jax < 0.11 cannot lower when negative (0.10 may abort the
-# process): a column of the rows (their lax keywords), read under the rows' names, simpmd's
-# and lax's (trace events, and JAX's jaxprs, which name reduce_scatter so too).
-K.all_to_all.jax_negative_axes = ("split_axis", "concat_axis")
-K.reduce_scatter.jax_negative_axes = ("scatter_dimension",)
-NEGATIVE_AXIS_CRASHES = {name: row.jax_negative_axes for row in (K.all_to_all, K.reduce_scatter)
-                         for name in (row.name, row.op)}
+# process): the rows' lax keywords, under the rows' names, simpmd's and lax's (trace events,
+# and JAX's jaxprs, which name reduce_scatter so too).
+NEGATIVE_AXIS_CRASHES = {name: axes for row, axes in (
+    (K.all_to_all, ("split_axis", "concat_axis")), (K.reduce_scatter, ("scatter_dimension",)))
+    for name in (row.name, row.op)}
 NEGATIVE_AXIS_CRASHES["pswapaxes"] = ("axis",)      # (jax's own primitive; simpmd's is all_to_all)
 FIXED_IN = (0, 11)          # (for the notes; whether this JAX has the bug is asked of it)
 # The JAX releases the course is tested on (scripts/test_matrix.sh), for notes about bugs

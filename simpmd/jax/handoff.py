@@ -107,7 +107,7 @@ def follow_rules(jax, device=None) -> frozenset:
     shard_map, check = find_shard_map(jax)
     accepted = set()
     for row in (r for r in PRIMITIVES.values() if getattr(r, "reduction", False)):
-        op, keywords = getattr(jax.lax, row.op), getattr(row, "probe_keywords", {})
+        op, keywords = getattr(jax.lax, row.op), row.probe_keywords or {}
         body = shard_map(lambda x, op=op, kw=keywords: op(x, ("a", "b"), **kw), mesh=mesh,
                          in_specs=JP("a"), out_specs=JP(("a", "b")),
                          **{check or "check_vma": True})

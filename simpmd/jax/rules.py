@@ -17,6 +17,8 @@ import threading
 
 import numpy as np
 
+from ..partitioner.columns import column
+
 
 class Unavailable(Exception):
     """This JAX cannot trace the probes (no abstract meshes or Explicit axes)."""
@@ -214,7 +216,7 @@ def on_operand(row, start) -> str:
     column: (the operand's shape, a function of ``jax.numpy``, ``jax.lax``, the operand
     and a scalar reduced over X)."""
     jax = _jax()
-    shape, program = row.unreduced_probe
+    shape, program = column(row, "unreduced_probe")
     jnp, P = jax.numpy, jax.sharding.PartitionSpec
     reshard = getattr(jax, "reshard", None) or jax.sharding.reshard
 

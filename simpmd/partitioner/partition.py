@@ -27,6 +27,7 @@ from ..core import control, loops
 from ..core.collectives import psum
 from ..core.core import Lit, Program, Var
 from ..core.run import Run
+from .columns import column
 from .moves import Moves, block_aval, unreduce
 from .plans import computed_whole
 from .rows import jit_p
@@ -118,7 +119,7 @@ class Partitioner(Moves):
         primitive on blocks, partial sums combined, results moved to their types' layout."""
         prim, params = eqn.primitive, eqn.params
         avals, outs = [v.aval for v in eqn.invars], [v.aval for v in eqn.outvars]
-        resolves = getattr(prim, "resolves_sums", False)         # reshard
+        resolves = column(prim, "resolves_sums")         # reshard
         first = self.slot(eqn.invars[0]) if eqn.invars else None
         found = (first.sums, first.origin) if first is not None and first.sums else None
         if found is not None and not (resolves or self._carries(prim, avals[0], outs[0], found)):
@@ -127,7 +128,7 @@ class Partitioner(Moves):
             found = self._reducing(avals[0], outs[0], found)
         ins = [first.atom if k == 0 and found else self.settled(v)
                for k, v in enumerate(eqn.invars)]
-        plan = (getattr(prim, "partition", None) or computed_whole)(avals, outs, **params)
+        plan = (column(prim, "partition") or computed_whole)(avals, outs, **params)
         cause = f"jit: {prim.name}"
         values = [self.block(x, a, want, cause, scatter=found if resolves and k == 0 else None)
                   for k, (x, a, want) in enumerate(zip(ins, avals, plan.ins))]
@@ -137,7 +138,7 @@ class Partitioner(Moves):
         carried = list(found[0]) if found is not None and not resolves else []
         for r, layout, o, var in zip(results, plan.out, outs, eqn.outvars):
             r, layout, pending = self.combine(r, layout, plan.sums, o.sharding.dims, cause,
-                                              defer=getattr(prim, "defers_sums", False))
+                                              defer=column(prim, "defers_sums"))
             pending = [axes for axes in pending if not set(axes) <= o.sharding.unreduced]
             moved = self.move(r, o.shape, layout, o.sharding.dims, cause)
             if resolves:
@@ -148,7 +149,7 @@ class Partitioner(Moves):
     def _carries(self, prim, aval, out, found):
         """A layout-only, linear primitive passes pending partial sums on (the transpose
         of a product's partial sums is the partial sums of its transpose)."""
-        carries = getattr(prim, "carries_sums", None)
+        carries = column(prim, "carries_sums")
         if carries is None or not carries(aval, out):
             return False
         used = {a for d in out.sharding.dims for a in d}

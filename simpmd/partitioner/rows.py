@@ -14,6 +14,7 @@ from .rules import (_body, _branches, _broadcast_in_dim, _broadcasting, _clamp, 
                     _convert, _cumulative, _dot_general, _first, _gather, _iota, _numpy_call,
                     _reduce, _reshape, _scan, _scatter, _select, _sort, _squeeze, _transpose,
                     _varying_shape, _while)
+from .columns import column, on, register
 from .sharding import dims_of, resolve, whole
 
 
@@ -23,9 +24,7 @@ from .sharding import dims_of, resolve, whole
 def _rule(rows, sharding, partition, **columns):
     """Give each of ``rows`` its ``sharding`` and ``partition`` columns (and ``columns``)."""
     for row in rows:
-        row.sharding, row.partition = sharding, partition
-        for key, value in columns.items():
-            setattr(row, key, value)
+        register(row, sharding=sharding, partition=partition, **columns)
 
 
 def _sliced(avals, params):
@@ -43,7 +42,7 @@ def attach():
     (a product's partial sums wait for their next use), ``carries_sums(in, out)`` (a
     layout-only, linear row passes pending partial sums on)."""
     for row in PRIMITIVES.values():
-        if getattr(row, "elementwise", False):
+        if row.elementwise:
             _rule([row], _broadcasting(row.name), _elementwise_plan)
     _rule([P.convert_element_type], _convert, _elementwise_plan,
           carries_sums=lambda a, o: a.dtype.kind + o.dtype.kind == "ff")
@@ -54,7 +53,7 @@ def attach():
     _rule([P.broadcast_in_dim], _broadcast_in_dim, _bid_plan)
     _rule([P.transpose], _transpose, _as_is, carries_sums=lambda a, o: True)
     _rule([P.squeeze], _squeeze, _as_is, carries_sums=lambda a, o: True)
-    P.copy.carries_sums = lambda a, o: True
+    register(P.copy, carries_sums=lambda a, o: True)
     _rule([P.rev], _first, _whole_dims(_changed))
     _rule([P.concatenate], _concatenate, _whole_dims(lambda avals, p: [p["dimension"]]))
     _rule([P.pad], _varying_shape(P.pad, "padding"), _whole_dims(_changed))
@@ -76,13 +75,14 @@ def attach():
     _rule([P.cumsum, P.cumprod, P.cummax, P.cummin], _cumulative, _as_is)
     _rule([P.scatter, P.scatter_add, P.scatter_mul, P.scatter_min, P.scatter_max], _scatter,
           computed_whole)
-    loops.scan.sharding, loops.while_.sharding = _scan, _while
+    register(loops.scan, sharding=_scan)
+    register(loops.while_, sharding=_while)
 
 
 
 def rows_without_rules() -> list:
     """Rows with no sharding column (a test keeps this to the collectives and calls)."""
-    return sorted(n for n, p in PRIMITIVES.items() if getattr(p, "sharding", None) is None)
+    return sorted(n for n, p in PRIMITIVES.items() if column(p, "sharding") is None)
 
 
 # -- the type of a whole program's arguments -------------------------------------------------
@@ -136,7 +136,7 @@ jit_p = Primitive(
     "jit", _jit_stacked, lambda *avals, jaxpr, **p: [aval_of(v) for v in jaxpr.outvars],
     vjp=_jit_vjp, multiple_results=True, needs_run=True, cost=lambda ins, outs, **p: (0, 0),
     linearize=_jit_linearize, same_names=True, show=_jit_show)
-jit_p.sharding = lambda mesh, avals, jaxpr, **p: [dims_of(aval_of(v)) for v in jaxpr.outvars]
+on(jit_p).sharding = lambda mesh, avals, jaxpr, **p: [dims_of(aval_of(v)) for v in jaxpr.outvars]
 
 
 def _reshard_vjp(ct, ins, outs, wants, dst_sharding):
@@ -147,10 +147,10 @@ def _reshard_vjp(ct, ins, outs, wants, dst_sharding):
 
 reshard_p = Primitive("reshard", lambda x, dst_sharding: x, lambda x, dst_sharding: x,
                       vjp=_reshard_vjp, cost=lambda ins, outs, **p: (0, 0), show=lambda p: {})
-reshard_p.sharding, reshard_p.partition = reshard_rule, reshard_plan
-reshard_p.resolves_sums = True       # pending partial sums end here: a reduce-scatter each
-reshard_p.unreduced_rule = "reshard"   # its destination says what is unreduced or reduced
-jit_p.unreduced_rule, jit_p.unreduced_body = "body", "jaxpr"
+register(reshard_p, sharding=reshard_rule, partition=reshard_plan)
+on(reshard_p).resolves_sums = True       # pending partial sums end here: a reduce-scatter each
+on(reshard_p).unreduced_rule = "reshard"   # its destination says what is unreduced or reduced
+register(jit_p, unreduced_rule="body", unreduced_body="jaxpr")
 
 
 class MeshText:

@@ -13,6 +13,7 @@ from ..core import errors
 from ..core.core import aval_of
 from ..core.run import Run
 from ..core.values import StackedValue
+from .columns import column
 from . import unreduced
 from .sharding import Sharding, ShardingTypeError, block_shape, check_layout, dims_of
 
@@ -42,14 +43,14 @@ class ShardingRun(Run):
     def apply(self, prim, args, params):
         if self.by_hand(prim, params):
             return super().apply(prim, args, params)
-        if prim.collective or getattr(prim, "by_axes", False):
+        if prim.collective or prim.by_axes:
             raise errors.UnboundAxisError(
                 f"{prim.name} over {params.get('axes', params.get('axis_name'))} inside jit, "
                 f"outside shard_map: under jit the compiler writes the collectives, and a "
                 f"named axis exists only inside shard_map (real JAX: 'unbound axis name'). "
                 f"Write the computation for whole arrays, or wrap the per-device part in "
                 f"simpmd.shard_map.")
-        rule = getattr(prim, "sharding", None)
+        rule = column(prim, "sharding")
         if rule is None:
             raise ShardingTypeError(f"{prim.name} has no sharding rule in simpmd, so it cannot "
                                     f"run under jit outside shard_map.")
@@ -70,5 +71,5 @@ def by_hand(prim, params, manual) -> bool:
     """Whether ``prim`` is a collective over the manual axes ``manual`` only."""
     names = params.get("axes", params.get("axis_name"))
     names = names if isinstance(names, (tuple, list)) else (names,)
-    return (prim.collective or getattr(prim, "by_axes", False)) and bool(manual) and \
+    return (prim.collective or prim.by_axes) and bool(manual) and \
         set(names) <= set(manual)

@@ -34,6 +34,7 @@ import numpy as np
 
 from ..core import errors
 from ..core import bridge
+from .columns import column
 from importlib.metadata import version as installed
 from ..machine.mesh import Mesh
 from ..machine.mesh import PartitionSpec, ShardingError
@@ -93,7 +94,7 @@ class Settings:
                 pass
         if question == "on_operand":
             row, start = args
-            return row.unreduced_newest[start == "reduced"]
+            return column(row, "unreduced_newest")[start == "reduced"]
         return self.NEWEST[question]
 
     @contextlib.contextmanager

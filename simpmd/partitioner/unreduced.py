@@ -28,6 +28,7 @@ from .sharding import ShardingTypeError, reductions_of, settings, type_text
 from ..core import loops, primitives as P
 from ..core.core import PRIMITIVES
 from ..core import bridge
+from .columns import column, on
 
 NO = (frozenset(), frozenset())
 _KEEPS = ("keeps", "keeps")
@@ -50,27 +51,27 @@ def attach():
                    P.is_finite, P.log, P.log1p, P.logistic, P.not_, P.real,
                    P.round_, P.rsqrt, P.sign, P.sin, P.sinh, P.sqrt, P.square, P.tan, P.tanh)
     for row in one_operand:
-        row.unreduced_rule, row.unreduced_newest = "unary", ("nonlinear", "keeps")
+        on(row).unreduced_rule, on(row).unreduced_newest = "unary", ("nonlinear", "keeps")
     for row in (P.add, P.add_any, P.sub):
-        row.unreduced_rule, row.unreduced_newest = "sum", _KEEPS
-    P.add_any.unreduced_word = "add"
-    P.mul.unreduced_rule = P.div.unreduced_rule = "scaled"
-    P.div.divides = True
+        on(row).unreduced_rule, on(row).unreduced_newest = "sum", _KEEPS
+    on(P.add_any).unreduced_word = "add"
+    on(P.mul).unreduced_rule = on(P.div).unreduced_rule = "scaled"
+    on(P.div).divides = True
     for row in (P.transpose, P.reduce_sum, P.convert_element_type, P.select_n, P.concatenate,
                 P.squeeze, P.copy, P.neg, P.reshape):
-        row.unreduced_rule = "linear"
+        on(row).unreduced_rule = "linear"
     for row in (P.mul, P.div) + tuple(r for r in PRIMITIVES.values()
-                                       if getattr(r, "unreduced_rule", None) == "linear"):
-        row.unreduced_newest = _KEEPS
+                                       if column(r, "unreduced_rule") == "linear"):
+        on(row).unreduced_newest = _KEEPS
     for row, kind in ((P.reduce_max, "max"), (P.reduce_min, "min"), (P.argmax, "max"),
                       (P.argmin, "min")):
-        row.unreduced_rule, row.unreduced_kind = "extreme", kind
-        row.unreduced_newest = ("kind", "keeps") if row.name.startswith("reduce") \
+        on(row).unreduced_rule, on(row).unreduced_kind = "extreme", kind
+        on(row).unreduced_newest = ("kind", "keeps") if row.name.startswith("reduce") \
             else ("pspec[...]", "pspec[...]")
-    P.integer_pow.unreduced_newest = ("no rule", "no rule")
-    P.dot_general.unreduced_rule, P.dot_general.unreduced_newest = "product", ("refused", "drops")
+    on(P.integer_pow).unreduced_newest = ("no rule", "no rule")
+    on(P.dot_general).unreduced_rule, on(P.dot_general).unreduced_newest = "product", ("refused", "drops")
     for row, body in ((loops.scan, "jaxpr"), (loops.remat, "jaxpr"), (loops.while_, "body_jaxpr")):
-        row.unreduced_rule, row.unreduced_body = "body", body
+        on(row).unreduced_rule, on(row).unreduced_body = "body", body
     _attach_probes(P)
 
 
@@ -95,8 +96,8 @@ def _attach_probes(P):
             (P.tanh, lambda jnp, lax, v, two: jnp.tanh(v)),
             (P.integer_pow, lambda jnp, lax, v, two: lax.integer_pow(v, 3)),
             (P.dot_general, lambda jnp, lax, v, two: v @ jnp.eye(4, dtype=v.dtype))):
-        row.unreduced_probe = (square, program)
-    P.squeeze.unreduced_probe = ((1, 4), lambda jnp, lax, v, two: lax.squeeze(v, (0,)))
+        on(row).unreduced_probe = (square, program)
+    on(P.squeeze).unreduced_probe = ((1, 4), lambda jnp, lax, v, two: lax.squeeze(v, (0,)))
 
 
 def _asked_row(prim, start, arrays):
@@ -104,13 +105,13 @@ def _asked_row(prim, start, arrays):
     an elementwise row answers as ``tanh`` (and any other refuses, no rule); on a reduced
     one, an elementwise row of one operand as ``tanh``, of several as ``add``, any other
     row of one operand as ``transpose``."""
-    if hasattr(prim, "unreduced_probe"):
+    if column(prim, "unreduced_probe") is not None:
         return prim
     if prim is P.add_any:
         return P.add
-    elementwise = getattr(prim, "elementwise", False)
+    elementwise = prim.elementwise
     if start == "unreduced":
-        return P.tanh if elementwise or getattr(prim, "unreduced_rule", None) == "unary" else None
+        return P.tanh if elementwise or column(prim, "unreduced_rule") == "unary" else None
     if len(arrays) > 1:
         return P.add
     return P.tanh if elementwise else P.transpose
@@ -162,7 +163,7 @@ def _no_rule(name):
 def types(prim, avals, params, n_outs, mesh) -> list:
     """(unreduced, reduced) axes of each result of ``prim`` on ``avals``, or JAX's error
     where it refuses them."""
-    kind = getattr(prim, "unreduced_rule", None)
+    kind = column(prim, "unreduced_rule")
     if kind == "reshard":
         return [reductions_of(params["dst_sharding"], mesh)]
     if kind == "out_specs":            # a shard_map's results are as its out_specs say
@@ -170,7 +171,7 @@ def types(prim, avals, params, n_outs, mesh) -> list:
     if kind == "product":
         return [_dot(prim, avals, params, mesh)]
     if kind == "body":                 # a body's results keep the types they were traced with
-        return [(_u(a), _r(a)) for a in params[prim.unreduced_body].out_avals]
+        return [(_u(a), _r(a)) for a in params[column(prim, "unreduced_body")].out_avals]
     arrays = [a for a in avals if a.sharding is not None]
     if any(_u(a) for a in avals):
         return [_unreduced(prim, avals, arrays)] * n_outs
@@ -211,9 +212,9 @@ def _unreduced(prim, avals, arrays):
         return NO
     if word != "keeps":
         raise _refusal(word, prim, next(a for a in avals if _u(a)))
-    kind = getattr(prim, "unreduced_rule", None)
+    kind = column(prim, "unreduced_rule")
     if kind == "sum":
-        return _sum_of_partial_sums(getattr(prim, "unreduced_word", prim.name), avals)
+        return _sum_of_partial_sums(column(prim, "unreduced_word") or prim.name, avals)
     if kind == "scaled":
         return _scaled(prim, avals)
     return next(_u(a) for a in avals if _u(a)), frozenset()
@@ -227,8 +228,9 @@ def _refusal(word, prim, shown):
         use = "spec.partitions[...]" if word == "pspec[...]" else "*spec.partitions"
         return ValueError(f"Using {how} is dangerous when PartitionSpec has non-empty "
                           f"unreduced/reduced set. Please use {use}")
+    kind = column(prim, "unreduced_kind")
     if word == "kind":
-        return ValueError(f"Expected unreduced_kind=UnreducedKind.{prim.unreduced_kind} but "
+        return ValueError(f"Expected unreduced_kind=UnreducedKind.{kind} but "
                           f"got UnreducedKind.sum")
     if word == "nonlinear":
         return ShardingTypeError(f"{name} is a non-linear operation and cannot accept input "
@@ -236,10 +238,10 @@ def _refusal(word, prim, shown):
     if word == "partial":
         version = getattr(sys.modules.get("jax"), "__version__", "?")
         return UnreducedRuleError(
-            f"the {prim.unreduced_kind} of partial sums is not the {prim.unreduced_kind} of "
+            f"the {kind} of partial sums is not the {kind} of "
             f"their sum ({name} of {_type(shown)}). This JAX ({version}) accepts it as an "
-            f"unreduced {prim.unreduced_kind} and reshard then takes the "
-            f"{prim.unreduced_kind} of the partial results, a wrong value; simpmd refuses. "
+            f"unreduced {kind} and reshard then takes the "
+            f"{kind} of the partial results, a wrong value; simpmd refuses. "
             f"reshard the value to an ordinary sharding first.")
     if word == "refused":
         return ShardingTypeError(f"{name} refuses an operand of type {_type(shown)} on this "
@@ -262,7 +264,7 @@ def _scaled(prim, avals):
     """A partial sum times (or over) a value that is the same everywhere: still a partial
     sum, provided that value is reduced along the same axes."""
     lhs, rhs = avals
-    if getattr(prim, "divides", False):                  # over a value reduced alike
+    if column(prim, "divides"):                  # over a value reduced alike
         if _r(rhs) >= _u(lhs) and not _u(rhs):
             return _u(lhs), frozenset()
         raise ValueError(f"Denominator should be reduced along the same axes numerator is "
@@ -289,7 +291,7 @@ def _reduced(prim, avals, arrays):
         return NO
     if word != "keeps":
         raise _refusal(word, prim, next(a for a in arrays if _r(a)))
-    if getattr(prim, "unreduced_rule", None) == "linear" or len(arrays) == 1:
+    if column(prim, "unreduced_rule") == "linear" or len(arrays) == 1:
         return frozenset(), _r(arrays[0])
     sets = {_r(a) for a in arrays}
     if len(sets - {frozenset()}) > 1:
@@ -309,7 +311,7 @@ def manual(prim, avals, params, n_outs) -> list:
     where an operand holds partial sums (``f32[2]{U:x}``), by the rules JAX types them
     with under jit; a collective refuses an operand unreduced over its axes (JAX's
     ``check_unreduced_args``), and keeps partial sums over other axes."""
-    if prim.collective or getattr(prim, "by_axes", False):
+    if prim.collective or prim.by_axes:
         names = params.get("axes", params.get("axis_name"))
         axes = set(names) if isinstance(names, (tuple, list)) else {names}
         for a in avals:
