@@ -5,7 +5,7 @@
 
 Two measurements, each reported as a ratio against a baseline measured in the same run:
 
-1. Time to each error of tests/test_malformed.py's mistakes on 8 devices, beside the time
+1. Time to each error of tests/api/test_malformed.py's mistakes on 8 devices, beside the time
    of a correct program of the same kind (``pmap(lambda v: lax.psum(v, 'i'))``): a ratio
    near 1 or below means a mistake costs no more than a run.
 2. Deadlock detection with ``eager=True`` (the threaded per-device runtime) on up to 16384

@@ -9,7 +9,7 @@ the theme ships its fonts and icons, and math is turned into MathML at build tim
 
 Sphinx with myst-nb and sphinx-book-theme is what JAX's own documentation is built with;
 all of it installs from PyPI (the site extra) and builds offline. docs/testing.md says
-more, and how tests/test_site.py reads the result in a real browser.
+more, and how tests/course/test_site.py reads the result in a real browser.
 """
 import json
 import pathlib

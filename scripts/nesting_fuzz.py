@@ -5,7 +5,7 @@ run on simpmd and on real JAX (8 fake CPU devices), and how many agree.
 
 Prints the count of agreeing programs, the count per transformation and per family
 (the layers, outer to inner), and every program that differs with what each engine did.
-docs/testing.md holds the last run's numbers. tests/test_nesting_vs_jax.py runs a quick
+docs/testing.md holds the last run's numbers. tests/conformance/test_nesting_vs_jax.py runs a quick
 draw of the same generator in the test suite.
 """
 import os

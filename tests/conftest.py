@@ -5,12 +5,24 @@ set here at import time, before any test module can import jax, by the same func
 course uses (simpmd.jax.devices.prepare). On a machine with one GPU or one TPU core that
 makes the CPU, with its 8 fake devices, JAX's default backend, as in the lessons. test.sh
 exports the flag as well; setting it here too lets a bare `python -m pytest` behave the same.
+
+The tests sit in folders that mirror the package (tests/core, tests/api, ..., docs/testing.md
+lists them). The shared case modules stay here in tests/, and every folder that is not a
+package is put on sys.path, so a test module imports another's helpers by name whichever
+was collected first (a package's, such as conformance's, by its dotted name).
 """
 import os
+import pathlib
 import random
 import sys
 
 import pytest
+
+_HERE = pathlib.Path(__file__).resolve().parent
+for _folder in sorted(p for p in _HERE.iterdir() if p.is_dir() and p.name[0] not in "._"
+                      and not (p / "__init__.py").exists()):
+    if str(_folder) not in sys.path:
+        sys.path.append(str(_folder))
 
 from fuzz_seeds import ENV as FUZZ_SEED_ENV
 

@@ -1,4 +1,4 @@
-"""Explicit-sharding programs run on simpmd.jit and jax.jit (tests/test_explicit_vs_jax.py).
+"""Explicit-sharding programs run on simpmd.jit and jax.jit (tests/conformance/test_explicit_vs_jax.py).
 
 Each case: a name, the mesh ((name, size), ...), the arguments' shapes and specs, the
 function (written for both engines), and ``xla_differs``: the collective counts XLA on

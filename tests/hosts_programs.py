@@ -1,4 +1,4 @@
-"""Programs for simulated and real processes (tests/test_hosts.py runs them on both).
+"""Programs for simulated and real processes (tests/hosts/test_hosts.py runs them on both).
 
 Each is a ``main(jax)`` for 4 processes x 2 devices, written against JAX's names: simpmd
 runs it with ``simpmd`` as ``jax``, the real processes with ``jax`` itself. Each returns

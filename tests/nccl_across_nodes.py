@@ -1,5 +1,5 @@
 """Published nccl-tests (and equivalent) runs of collectives whose group spans nodes, each
-with its source: the measurements tests/test_network_at_scale.py holds simpmd's network
+with its source: the measurements tests/cost/test_network_at_scale.py holds simpmd's network
 model to (docs/benchmarks.md, "Collectives across nodes"). No row here set a parameter of
 the model, except the rows listed in CALIBRATION, which are kept apart and not tested.
 

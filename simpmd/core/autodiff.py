@@ -16,7 +16,7 @@ axes it varies over; a ``psum`` makes a varying value invariant, and its derivat
 hands the cotangent back, while combining an invariant value with a varying one inserts
 ``pvary``, whose derivative is the ``psum``. So on 8 devices the gradient of
 ``psum((v*v).sum(), 'i')`` is ``8 * 2v`` under ``pmap`` and ``2v`` under ``shard_map``, as
-in JAX (tests/test_grad_vs_jax.py).
+in JAX (tests/conformance/test_grad_vs_jax.py).
 """
 from __future__ import annotations
 

@@ -42,7 +42,7 @@ class MeasuredFit:
 # Published nccl-tests results on ONE node of 8 H100 SXM GPUs (NVLink 4 + NVSwitch), as
 # (S, busbw) pairs in nccl-tests' units: S in bytes (the buffer of an all-reduce, the
 # gathered output of an all-gather), busbw in bytes/s. The fits below are made from these;
-# tests/test_cost_measured.py holds the model to each point.
+# tests/cost/test_cost_measured.py holds the model to each point.
 NCCL_TESTS_H100 = {
     # Azure/AI-benchmarking-guide, "Azure Results/ND_H100_v5_results.md" (Microsoft Azure,
     # https://github.com/Azure/AI-benchmarking-guide), section "NCCL Bandwidth": one ND H100
@@ -98,7 +98,7 @@ _NCCL_TESTS_212 = ("NVIDIA/nccl-tests issue 212 (https://github.com/NVIDIA/nccl-
                    "NVLink line rate as busbw for non-allreduce operations; the all-reduce runs "
                    "in the switch (NVLink SHARP) and peaks near 480 GB/s busbw on 8 GPUs")
 
-# The fits (tests/test_cost_measured.py redoes each from the published points): alpha and
+# The fits (tests/cost/test_cost_measured.py redoes each from the published points): alpha and
 # busbw that minimise the largest |log(model / measured)| over the 14 points from 1 MiB to
 # 8 GiB. All-reduce, the Azure table: +-13% (the affine form cannot follow both the slow
 # middle, 8-32 MiB, and the 479 GB/s reached at 8 GiB). All-gather and reduce-scatter,
@@ -472,7 +472,7 @@ HARDWARE = {
 
 # -- what each chip does with a program (simpmd.cost.predict) and between nodes -----------
 # Every number from a published source, none chosen from the measurements
-# tests/test_predictions_vs_measured.py holds (docs/benchmarks.md, "Predicted against
+# tests/cost/test_predictions_vs_measured.py holds (docs/benchmarks.md, "Predicted against
 # measured"). Where a preset has no source of its own, the note says whose number it takes.
 
 _MAMF = ("S. Bekman, 'Machine Learning Engineering', compute/accelerator/README.md, 'Maximum "

@@ -22,7 +22,7 @@ BF16_BYTES = 2
 # (cost.estimate(..., algorithm="ring" or "tree")); the preset's default estimate follows
 # published measurements instead (cost.MeasuredFit), which the exercises do not use.
 # Written out here so the checks do not depend on the code they check;
-# tests/test_exercises_lesson06.py keeps them equal to the preset.
+# tests/course/test_exercises_lesson06.py keeps them equal to the preset.
 H100_ALPHA_S = 1e-6
 H100_BANDWIDTH = 450e9          # bytes/s, one GPU, one direction
 H100_LINK = 25e9                # bytes/s, one NVLink, one direction

@@ -3,7 +3,7 @@
 Every expected value is worked out here by hand from the constants written below (the H100
 preset's all-reduce fit, the TPU v5e's ICI links, the H100's peak FLOP/s and HBM
 bandwidth), never with simpmd.cost or the lesson's reference solution;
-tests/test_exercises_lesson07.py keeps the constants equal to the presets. A check names
+tests/course/test_exercises_lesson07.py keeps the constants equal to the presets. A check names
 the unit or factor that is off, and returns a Verdict (true or false), so that a reference
 solution can ``assert`` it.
 """

@@ -9,7 +9,7 @@ attention, a SwiGLU MLP and a whole LLaMA-sized transformer layer, and gradients
 issue 36 measured them); ``size=16`` divides the dimensions by 16 for a CPU.
 
 :data:`RECORDED` holds what was measured on real GPUs by an earlier session of this
-project, with its provenance; ``tests/test_predictions_vs_measured.py`` holds the
+project, with its provenance; ``tests/cost/test_predictions_vs_measured.py`` holds the
 predictions to them.
 """
 from __future__ import annotations

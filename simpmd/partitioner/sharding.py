@@ -11,7 +11,7 @@ drawings are):
   mesh axes per dimension (``(('data',), ())`` is ``P('data', None)``). These are JAX's
   rules (the ``_..._sharding_rule`` functions beside each primitive in
   jax/_src/lax/lax.py), checked against the running JAX on named and random programs
-  (tests/test_explicit_vs_jax.py, tests/test_jit_random_vs_jax.py).
+  (tests/conformance/test_explicit_vs_jax.py, tests/test_jit_random_vs_jax.py).
 * ``partition(avals, outs, **params)``: how each device computes its block, as a
   :class:`Plan`: the layout each operand must be in first (moving it there is what the
   compiler inserts: an all-gather, an all-to-all, or a slice each device cuts from what

@@ -1,5 +1,5 @@
 """Published, measured training runs with their configurations: what the planner is
-checked against (``docs/validation.md``, ``tests/test_plan_validation.py``).
+checked against (``docs/validation.md``, ``tests/plan/test_plan_validation.py``).
 
 No number here chose any parameter of the planner: the hardware presets' rates come
 from their own cited sources (``simpmd.cost.HARDWARE[...].citations``), and each run is

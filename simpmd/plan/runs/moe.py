@@ -85,7 +85,7 @@ def redraw() -> tuple:
 
 
 # The draw at SEED over the 9 rows above (2026-12-02), made before any of them was
-# predicted; tests/test_plan_moe.py redraws it. Tune on DEVELOPMENT only.
+# predicted; tests/plan/test_plan_moe.py redraws it. Tune on DEVELOPMENT only.
 DEVELOPMENT = (
     'Megatron-Bridge Qwen3-235B-A22B, 256 x GB200, bf16',
     'Megatron-Bridge gpt-oss-120b, 64 x B200, bf16',

@@ -1,5 +1,5 @@
 """Published, measured inference runs with their configurations: what ``plan.serve`` is
-checked against (``docs/validation.md``, "Serving"; ``tests/test_plan_serve.py``).
+checked against (``docs/validation.md``, "Serving"; ``tests/plan/test_plan_serve.py``).
 
 The source is NVIDIA's TensorRT-LLM performance page, ``docs/source/performance.md`` of
 github.com/NVIDIA/TensorRT-LLM as stored at commit 138f96d45f90b9667426f7c47297d8c06bafac73

@@ -6,7 +6,7 @@ Mechanisms are chosen by the development half only; the held-out half is the hea
 by family (:mod:`simpmd.plan.families`): within each family the runs are permuted by
 ``numpy.random.default_rng(SEED)``, taken family by family in sorted order, and the first
 half goes to development (an odd family's extra run to either half by the same
-generator's coin). ``tests/test_plan_validation.py`` redraws it from ``SEED`` and checks
+generator's coin). ``tests/plan/test_plan_validation.py`` redraws it from ``SEED`` and checks
 it is the one stored here. Runs added later are drawn by :func:`draw` among themselves,
 with a seed of their own, and appended, so that no run already held out changes half.
 """

@@ -157,7 +157,7 @@ def test_the_fastest_algorithm_is_a_tree_for_tiny_messages_and_a_ring_for_large(
     assert (tiny.algorithm, large.algorithm) == ("tree", "ring")
     assert tiny.time_s <= C.estimate("psum", 8, 8, hardware="H100", algorithm="ring").time_s
     # Without a fit to measurements, the default is the fastest formula too (A100);
-    # the H100's default is its fit (tests/test_cost_measured.py).
+    # the H100's default is its fit (tests/cost/test_cost_measured.py).
     assert [C.estimate("psum", n, 8, hardware="A100").algorithm for n in (8, 2**30)] == ["tree", "ring"]
     assert C.estimate("psum", 8, 8, hardware="H100").algorithm == "nccl"
 

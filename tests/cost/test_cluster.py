@@ -134,7 +134,7 @@ def test_a_group_inside_one_node_is_unchanged():
 
 
 # Published multi-node nccl-tests runs (Voltage Park's 4 x 8 H100 among them) are in
-# tests/nccl_across_nodes.py and checked by tests/test_network_at_scale.py.
+# tests/nccl_across_nodes.py and checked by tests/cost/test_network_at_scale.py.
 
 
 def test_tpu_multislice_goes_over_dcn():

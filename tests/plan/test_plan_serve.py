@@ -206,7 +206,7 @@ def test_the_measured_seconds_follow_from_the_printed_numbers():
 
 
 # Runs outside 0.8-1.25x today, with predicted / measured (docs/validation.md, "Serving"):
-# all predicted too fast. Each is a strict expected failure, as tests/test_plan_validation.py
+# all predicted too fast. Each is a strict expected failure, as tests/plan/test_plan_validation.py
 # holds the training runs' misses: if the model comes within the band the test says so.
 KNOWN_MISSES = {
     "Llama 2 7B, 1 x H100 FP8, first token, 128 in": 0.52,

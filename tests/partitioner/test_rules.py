@@ -1,14 +1,14 @@
 """simpmd's jit follows the sharding rules of the JAX running beside it, read from that JAX
 by tiny programs (simpmd.jax.rules), and the newest JAX's rules where no JAX is imported.
 Whether the rules read are JAX's is checked by the random programs compared with JAX
-(tests/test_explicit_vs_jax.py, tests/test_unreduced.py); here, how they are read."""
+(tests/conformance/test_explicit_vs_jax.py, tests/partitioner/test_unreduced.py); here, how they are read."""
 import os
 import subprocess
 import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 QUESTIONS = ["batch_alike", "matmul_batch", "single_element", "reshape_spread", "strided_slice",
              "spec_rank_checked",
              "shard_map_checks", "cotangent_swaps", "contraction_sets"]

@@ -4,7 +4,7 @@ expected value is a NumPy closed form over the stacked inputs, never simpmd itse
 
 The data is float64 and the run has x64 enabled (simpmd.config, as jax.config's
 jax_enable_x64), so the closed forms can be held to 1e-12: these tests are about the
-collectives' math, not about JAX's 32-bit default (tests/test_dtypes.py).
+collectives' math, not about JAX's 32-bit default (tests/core/test_dtypes.py).
 """
 from contextlib import contextmanager
 

@@ -29,7 +29,7 @@ import pytest
 
 from simpmd.course import REPOSITORY
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 SITE = ROOT / "site"
 SCREENSHOT = ROOT / "build" / "site-test" / "01_devices_and_meshes.png"
 LESSONS = sorted(p.stem for p in (ROOT / "notebooks").glob("*.ipynb"))
@@ -373,5 +373,5 @@ def test_ci_builds_the_site_and_requires_the_browser_test():
                 if line.strip() and not line.lstrip().startswith("#")]
     order = [next(i for i, line in enumerate(commands) if wanted in line) for wanted in (
         "bash scripts/test_matrix.sh", "apt-get install -y -qq chromium chromium-driver",
-        "bash course.sh --site", "SIMPMD_REQUIRE_BROWSER=1 bash test.sh tests/test_site.py")]
+        "bash course.sh --site", "SIMPMD_REQUIRE_BROWSER=1 bash test.sh tests/course/test_site.py")]
     assert order == sorted(order), commands

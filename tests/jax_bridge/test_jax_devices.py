@@ -18,7 +18,7 @@ from simpmd.jax import devices as jax_devices
 from simpmd.jax.devices import (JaxDevicesError, backend_started, choose_devices,
                                 flag_device_count, xla_flags_with_device_count)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FLAG = "--xla_force_host_platform_device_count"
 
 

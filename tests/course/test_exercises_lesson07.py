@@ -169,7 +169,7 @@ def _lesson_text():
     """The markdown of lesson 7, its line breaks read as spaces."""
     import json
     import pathlib
-    path = pathlib.Path(__file__).resolve().parent.parent / "notebooks" / \
+    path = pathlib.Path(__file__).resolve().parents[2] / "notebooks" / \
         "07_roofline_and_measured_collectives.ipynb"
     cells = json.loads(path.read_text())["cells"]
     return " ".join(" ".join("".join(c["source"]).split()) for c in cells

@@ -2,7 +2,7 @@
 
 Expected values never come from simpmd: central finite differences of the same NumPy
 function in float64, or gradients worked out by hand (d/dv of psum(v.v) is 2v per device,
-times the axis size under pmap; see tests/test_grad_vs_jax.py for real JAX).
+times the axis size under pmap; see tests/conformance/test_grad_vs_jax.py for real JAX).
 """
 import numpy as np
 import pytest

@@ -12,6 +12,8 @@ import pytest
 import simpmd
 from simpmd import cost
 from simpmd.core import collectives, control, core, loops, primitives  # noqa: F401 (rows)
+import simpmd.plan  # noqa: F401  (the planner's rows: the list below is read at collection,
+import simpmd.plan.serve  # noqa: F401  whichever test module was collected before this one)
 from simpmd.viz import collectives as drawings
 
 ROWS = sorted(core.PRIMITIVES)

@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("matplotlib")
 from simpmd.course import figures  # noqa: E402
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXPECTED = {
     "mesh_2x4.png", "psum.png", "all_gather.png", "psum_scatter.png", "ppermute.png",
     "all_to_all.png", "nested_2x2.png", "timeline.png", "ring_allreduce.png",

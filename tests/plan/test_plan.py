@@ -1,6 +1,6 @@
 """simpmd.plan: the step it builds computes what one device computes, on simpmd and on real
 JAX; its memory fits what the runs held (the scheduling and memory rules it is costed by are
-simpmd.cost's, tested in tests/test_predict.py on hand-worked programs); layouts that
+simpmd.cost's, tested in tests/cost/test_predict.py on hand-worked programs); layouts that
 cannot run are refused naming the limit.
 
 Expectations are computed here independently: a one-device step of the same model (the

@@ -23,7 +23,7 @@ try:
 except ImportError:  # tests/ on sys.path rather than the project root
     from jax_cases import CASES
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(autouse=True)

@@ -17,7 +17,7 @@ import simpmd
 from simpmd import P, lax
 import simpmd.numpy as snp
 
-from test_shard_map_vs_jax import jax_mesh, jax_shard_map
+from conformance.test_shard_map_vs_jax import jax_mesh, jax_shard_map
 
 SPECS_IN = ["ab", "a", "b", "", "ba"]
 SPECS_OUT = ["ab", "a", "b", "", "a.b"]

@@ -12,7 +12,7 @@ from test_checker_sweep import assert_readable, wrong_answers
 from verdicts import verdict
 
 # The planner's steps are in bfloat16, which ml_dtypes (jaxlib's) brings: without JAX the
-# exercises that run the planner are skipped, as tests/test_plan.py's are.
+# exercises that run the planner are skipped, as tests/plan/test_plan.py's are.
 needs_bf16 = pytest.mark.skipif(importlib.util.find_spec("ml_dtypes") is None,
                                 reason="the planner's steps are in bfloat16 (ml_dtypes)")
 

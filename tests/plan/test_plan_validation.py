@@ -28,7 +28,7 @@ from simpmd.plan.runs import blocker, every, measure, split  # noqa: E402
 from simpmd.plan.spreads import SPREADS  # noqa: E402
 
 RUNS = every()
-LESSON15 = (pathlib.Path(__file__).resolve().parents[1]
+LESSON15 = (pathlib.Path(__file__).resolve().parents[2]
             / "notebooks/15_plan_a_training_run.ipynb")
 BY_NAME = {r.name: r for r in RUNS}
 WITHIN = 1.25

@@ -196,7 +196,7 @@ def test_an_mlp_block_all_reduces_once_forward_and_once_backward():
 def _section5_text():
     import json
     import pathlib
-    path = pathlib.Path(__file__).resolve().parent.parent / "notebooks" / "16_many_hosts.ipynb"
+    path = pathlib.Path(__file__).resolve().parents[2] / "notebooks" / "16_many_hosts.ipynb"
     cells = json.loads(path.read_text())["cells"]
     return " ".join(" ".join("".join(c["source"]).split()) for c in cells
                     if c["cell_type"] == "markdown")

@@ -23,7 +23,7 @@ if len(jax.devices()) < 8:
     pytest.skip("needs 8 JAX devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)",
                 allow_module_level=True)
 
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 from explicit_cases import CASES, SHARD_MAP_CASES, random_cases  # noqa: E402
 from simpmd.jax.jit import compare, jax_has_explicit_axes   # noqa: E402
 
