@@ -17,8 +17,11 @@ program's name gives its full size. docs/benchmarks.md holds the full-size table
 on an NVIDIA H200 with jax 0.11.2 (2026-11-28; ten programs within 0.59-1.23x of their
 predictions, geometric mean 0.81); no preset number was chosen from those times.
 
-On a CPU no preset matches: the script says so and prints what it measured. --preset names
-one to compare with anyway; --no-overlap turns off overlapping collectives with compute.
+On a CPU no datasheet preset matches: the script measures one first
+(simpmd.jax.device_programs.measure_cpu: the CPU's matmul, streaming, elementwise and
+per-call rates, from four small probes none of which is a program of the table) and
+compares with it. --preset names a preset to compare with instead; --no-overlap turns off
+overlapping collectives with compute.
 """
 from __future__ import annotations
 
@@ -53,8 +56,13 @@ def run(size, repeats, only=None, preset=None, overlap=True, out=print):
     preset = preset or dp.preset_for(device)
     out(f"device: {device.device_kind} ({device.platform}); jax {jax.__version__}; "
         f"sizes divided by {size}")
-    out(f"preset: {preset}" if preset else
-        "preset: none matches this device (a CPU has no preset): measured times only")
+    label = preset
+    if preset is None and device.platform == "cpu":    # a CPU has no preset: measure one
+        preset, label = dp.measure_cpu(device), "this CPU, measured"
+        out(f"preset: {preset.citations[0]}")
+    else:
+        out(f"preset: {preset}" if preset else
+            "preset: none matches this device: measured times only")
     rows = []
     for program in dp.programs():
         if only and only.lower() not in program.name.lower():
@@ -68,7 +76,7 @@ def run(size, repeats, only=None, preset=None, overlap=True, out=print):
         p = dp.predict(fn, args, preset, overlap=overlap) if preset else None
         rows.append(dp.Row(sized_name(program.name, args, size), p.time_s if p else None, measured,
                            p.bound if p else ""))
-    out(dp.table(rows, preset))
+    out(dp.table(rows, label))
     return rows
 
 

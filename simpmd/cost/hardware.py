@@ -159,6 +159,8 @@ class Hardware:
     memory_efficiency: float | None = None
     kernel_launch_s: float = 0.0
     dispatch_s: float = 0.0
+    elementwise_flops: float | None = None   # FLOP/s of arithmetic off the matrix units, where
+    #                          it is not the fp32 rate (a CPU's, measured by measure_cpu)
 
     def peak_flops(self, dtype) -> float:
         """Peak FLOP/s for arithmetic in ``dtype``.
@@ -226,8 +228,9 @@ class Hardware:
 
     @property
     def vector_flops(self) -> float:
-        """FLOP/s of the elementwise units (a GPU's CUDA cores: its FP32 rate)."""
-        return self.peak_fp32_flops or self.peak_bf16_flops
+        """FLOP/s of the elementwise units (a GPU's CUDA cores: its FP32 rate; a CPU
+        measured by :func:`simpmd.jax.device_programs.measure_cpu`: its own)."""
+        return self.elementwise_flops or self.peak_fp32_flops or self.peak_bf16_flops
 
     @property
     def critical_intensity(self) -> float:

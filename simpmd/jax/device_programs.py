@@ -14,12 +14,12 @@ predictions to them.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 import math
 import statistics
 import time
 from simpmd import cost
-from simpmd.cost.hardware import preset_for_device_kind
+from simpmd.cost.hardware import HARDWARE, preset_for_device_kind
 
 
 def _jax():
@@ -248,6 +248,53 @@ def time_on(fn, args, device, repeats=10):
         jax.block_until_ready(compiled(*values))
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def _horner(x):
+    """A degree-8 polynomial, 16 multiplies and adds per value, all in one fused kernel."""
+    y = x
+    for _ in range(8):
+        y = y * x + 1.0
+    return y
+
+
+def measure_cpu(device=None, repeats=5, n=1024, stream_bytes=2**22):
+    """A preset for this machine's CPU whose rates are measured here, with ``jax.jit``:
+
+    * the cost of one call: a jitted ``x + 1`` on 8 values (``dispatch_s``);
+    * matmul FLOP/s, float32 and bfloat16: an ``n``-cubed product (2 n^3 FLOPs);
+    * memory bandwidth: the bytes a maximum over ``stream_bytes`` of float32 reads;
+    * elementwise FLOP/s: a fused degree-8 polynomial over 2^16 float32 values, its FLOPs
+      counted as simpmd's roofline counts them.
+
+    Each is the median of ``repeats`` calls after one that compiles (:func:`time_on`), less
+    the cost of a call. The rest (links, latencies) is the toy ``"CPU"`` preset's. A CPU's
+    caches make its rates depend on sizes: the defaults are those of the programs
+    :func:`programs` builds at a sixteenth of their size (4 MiB arrays)."""
+    jax, jnp = _jax()
+    device = device or jax.devices("cpu")[0]
+    call = time_on(lambda a: a + 1, (jax.ShapeDtypeStruct((8,), jnp.float32),), device,
+                   max(repeats, 50))
+
+    def rate(work, fn, *shapes):
+        seconds = time_on(fn, tuple(jax.ShapeDtypeStruct(*a) for a in shapes), device, repeats)
+        return work / max(seconds - call, seconds / 10)
+
+    matmul = {dt: rate(2 * n**3, lambda a, b: a @ b, ((n, n), dt), ((n, n), dt))
+              for dt in (jnp.float32, jnp.bfloat16)}
+    bandwidth = rate(stream_bytes, jnp.max, ((stream_bytes // 4,), jnp.float32))
+    values = jax.ShapeDtypeStruct((2**16,), jnp.float32)
+    polynomial = cost.roofline_of(jax.make_jaxpr(_horner)(values)).unfused_flops
+    elementwise = rate(polynomial, _horner, ((2**16,), jnp.float32))
+    note = (f"measured on this machine's CPU with jax {jax.__version__} by simpmd.jax."
+            f"device_programs.measure_cpu: {matmul[jnp.float32] / 1e9:.3g} and "
+            f"{matmul[jnp.bfloat16] / 1e9:.3g} GFLOP/s (f32, bf16 {n}^3 matmuls), "
+            f"{bandwidth / 1e9:.3g} GB/s (max over {stream_bytes / 2**20:g} MiB), "
+            f"{elementwise / 1e9:.3g} GFLOP/s elementwise, {call * 1e6:.3g} us a call")
+    return replace(HARDWARE["CPU"], peak_fp32_flops=matmul[jnp.float32],
+                   peak_bf16_flops=matmul[jnp.bfloat16], hbm_bandwidth=bandwidth,
+                   elementwise_flops=elementwise, dispatch_s=call, memory_efficiency=None,
+                   matmul_efficiency=(), citations=(note,))
 
 
 LAUNCH_BOUND_S = 50e-6     # programs measured below this are reported, not judged
