@@ -1,7 +1,7 @@
 """How long simpmd.plan takes: one LLaMA-3-70B estimate on 8,192 TPU v5p chips, and a sweep
 over layouts with and without reusing what does not change between them.
 
-    python benchmarks/plan_sweep.py            # 1 estimate, a sweep of 36 layouts
+    python benchmarks/plan_sweep.py            # 1 estimate, a sweep of 120 layouts
     python benchmarks/plan_sweep.py --quick    # 6 layouts
     python benchmarks/plan_sweep.py --json
 
@@ -23,12 +23,16 @@ import time
 
 
 def layouts(quick: bool):
-    """Splits of each 4,096-chip slice into FSDP x context x tensor parallelism, at global
-    batches of 4M to 16M tokens (sequences of 8,192), each with full or selective
-    recomputation; the ones that cannot run come back as their LayoutError."""
+    """Splits of each 4,096-chip slice into FSDP x context x tensor parallelism (every one
+    with context 1, 2, 4 or 8 and tensor 1 to 16: 20), at global batches of 4M to 16M
+    tokens (sequences of 8,192), each with full or selective recomputation: 120 layouts
+    (--quick: 6 splits at one batch, full recomputation); the ones that cannot run come
+    back as their LayoutError."""
     from simpmd import plan
-    splits = [(1024, 1, 4), (512, 2, 4), (256, 4, 4), (512, 1, 8), (2048, 1, 2),
-              (256, 2, 8)]
+    splits = [(4096 // (c * t), c, t) for c in (1, 2, 4, 8) for t in (1, 2, 4, 8, 16)]
+    if quick:
+        splits = [(1024, 1, 4), (512, 2, 4), (256, 4, 4), (512, 1, 8), (2048, 1, 2),
+                  (256, 2, 8)]
     batches = [512, 1024, 2048] if not quick else [1024]
     recompute = ["full", "selective"] if not quick else ["full"]
     return [plan.Layout(dp=2, fsdp=f, cp=c, tp=t, global_batch=b, recompute=r,
