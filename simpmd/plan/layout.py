@@ -19,7 +19,7 @@ RECOMPUTE = ("none", "selective", "full")
 MASTER_WEIGHTS = ("fp32", "remainders")
 AXES = ("pp", "dp", "fsdp", "cp", "tp")        # the mesh's axes, slowest-varying first
 # Pipeline schedules (simpmd.plan.pipeline); None: 1F1B, interleaved where vp > 1.
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "dualpipev")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipev")
 
 
 class LayoutError(ValueError):

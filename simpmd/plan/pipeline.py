@@ -1,4 +1,4 @@
-"""Pipeline schedules as SPMD programs: GPipe, 1F1B, interleaved 1F1B, ZB-H1 and DualPipeV.
+"""Pipeline schedules as SPMD programs: GPipe, 1F1B, interleaved 1F1B, ZB-H1, ZB-V and DualPipeV.
 
 A schedule is each stage's list of work, in the order the stage runs it: ``F`` (a
 forward of one micro-batch through one of the stage's chunks of layers), ``B`` (the
@@ -35,7 +35,7 @@ from .. import lax
 from .. import numpy as snp
 from ..api.grad import grad
 
-NAMES = ("gpipe", "1f1b", "interleaved", "zb-h1", "dualpipev")
+NAMES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipev")
 KINDS = {"idle": 0, "F": 1, "B": 2, "W": 3}
 
 
@@ -87,6 +87,7 @@ class Schedule:
     placement: str
     orders: tuple
     paired: frozenset = frozenset()    # (stage, position): an F that starts with the B after it
+    split: bool = False                # every backward split, even a W right after its B
 
     # -- where each chunk sits in the model ---------------------------------------------
     def layer(self, c: int, s: int) -> int:
@@ -124,7 +125,10 @@ class Schedule:
     @cached_property
     def fused(self) -> frozenset:
         """The ``(micro-batch, chunk, stage)`` whose backward is not split: their ``W``
-        comes right after their ``B`` in the stage's order (one backward pass)."""
+        comes right after their ``B`` in the stage's order (one backward pass), unless the
+        schedule splits every backward (ZB-V: its ``B`` hands its gradient on at once)."""
+        if self.split:
+            return frozenset()
         return frozenset((j, c, s) for s, order in enumerate(self.orders)
                          for a, z in zip(order, order[1:])
                          if a[0] == "B" and z == ("W",) + a[1:] for j, c in [a[1:]])
@@ -431,6 +435,50 @@ def zb_h1(p: int, m: int) -> Schedule:
     return Schedule("zb-h1", p, m, 1, "line", tuple(orders))
 
 
+def zb_v(p: int, m: int) -> Schedule:
+    """ZB-V (Qi et al., *Zero Bubble Pipeline Parallelism*, ICLR 2024, arXiv:2401.10241,
+    section 6): two chunks a stage in a V (chunk 0 down the stages, chunk 1 back up, the
+    loss on stage 0), the backward split, each stage's order as PyTorch's
+    ``torch.distributed.pipelining.ScheduleZBVZeroBubble`` builds it: a warm-up of
+    ``2(p - s) - 1`` chunk-0 forwards, ``s`` pairs of chunk-1 and chunk-0 forwards, then
+    ``p - s`` chunk-1 forwards each with its backward; a steady state of F, B, W on each
+    chunk in turn; a cool-down whose input gradients run first and whose weight gradients
+    fill the end. Sizes below ``2p - 1`` micro-batches drop the items of the missing ones."""
+    _check("ZB-V", p, m)
+    n = max(2 * p - 1, m)
+    orders = []
+    for r in range(p):
+        f, b, w, order = [0, 0], [0, 0], [0, 0], []
+
+        def run(kind, c, count=None):
+            j = (f if kind == "F" else b if kind == "B" else w)[c]
+            order.append((kind, j, c))
+            (f if kind == "F" else b if kind == "B" else w)[c] += 1
+
+        for _ in range(2 * (p - r) - 1):
+            run("F", 0)
+        for _ in range(r):
+            run("F", 1)
+            run("F", 0)
+        for _ in range(p - r):
+            run("F", 1), run("B", 1), run("W", 1)
+        while f[1] < f[0] or f[0] < n:
+            if f[0] < n:
+                run("F", 0)
+            run("B", 0), run("W", 0), run("F", 1), run("B", 1), run("W", 1)
+        for _ in range(r):
+            run("B", 0), run("B", 1)
+        for _ in range(p - r):
+            run("B", 0), run("W", 0)
+        while w[1] < b[1]:
+            run("W", 1)
+        while w[0] < b[0]:
+            run("W", 0)
+        assert f == b == w == [n, n]
+        orders.append(tuple(item for item in order if item[1] < m))
+    return Schedule("zb-v", p, m, 2, "v", tuple(orders), split=True)
+
+
 def dualpipev(p: int, m: int) -> Schedule:
     """DualPipeV (deepseek-ai/DualPipe, ``dualpipe/dualpipev.py``, 2025: DualPipe of the
     DeepSeek-V3 technical report, arXiv:2412.19437, cut in half into a V): ``p`` ranks,
@@ -503,7 +551,8 @@ def _dualpipev_rank(p: int, m: int, r: int) -> tuple:
 def schedule(name: str, p: int, m: int, v: int = 2) -> Schedule:
     """The schedule called ``name`` (one of :data:`NAMES`) for ``p`` stages and ``m``
     micro-batches (``v``: the interleaved schedule's chunks per stage)."""
-    makers = {"gpipe": gpipe, "1f1b": one_f_one_b, "zb-h1": zb_h1, "dualpipev": dualpipev,
+    makers = {"gpipe": gpipe, "1f1b": one_f_one_b, "zb-h1": zb_h1, "zb-v": zb_v,
+              "dualpipev": dualpipev,
               "interleaved": lambda p, m: interleaved(p, m, v)}
     if name not in makers:
         raise ScheduleError(f"schedule={name!r}: choose one of {', '.join(map(repr, NAMES))}")
@@ -518,9 +567,14 @@ def paper_bubble(name: str, p: int, m: int, v: int = 2, F=1.0, B=1.0, W=1.0) -> 
     al. 2019; Narayanan et al. 2021, section 2.2.1); interleaved: the same over ``v m``
     chunks (section 2.2.2); ZB-H1: ``(p - 1)(F + B - W)`` (Qi et al. 2024, section 2.1;
     DualPipe's table writes it ``(PP - 1)(F + B - 2W)`` with B the full backward);
-    DualPipeV: ``(PP/2 - 1)(F&B + B - 3W)`` for ``PP = 2p`` stages of one chunk, with B
-    the full backward and ``F&B`` a forward and a backward overlapped, here one after
-    the other, ``F + B`` (deepseek-ai/DualPipe's README, its table of bubbles)."""
+    ZB-V: no stage idles between its first item and its last (sail-sg/zero-bubble-pipeline-
+    parallelism's README, its table of schedules at ``T_F = T_B = T_W``: a bubble rate of
+    0); what is left is the ramp, the ``p - 1`` chunk forwards by which the last stage
+    starts after the first and the first ends after the last: ``(p - 1) F`` idle of each
+    stage's ``2m (F + B + W)``. DualPipeV: ``(PP/2 - 1)(F&B + B - 3W)`` for ``PP = 2p``
+    stages of one chunk, with B the full backward and ``F&B`` a forward and a backward
+    overlapped, here one after the other, ``F + B`` (deepseek-ai/DualPipe's README, its
+    table of bubbles)."""
     busy = F + B + W
     if name in ("gpipe", "1f1b"):
         idle, work = (p - 1) * busy, m * busy
@@ -528,6 +582,8 @@ def paper_bubble(name: str, p: int, m: int, v: int = 2, F=1.0, B=1.0, W=1.0) -> 
         idle, work = (p - 1) * busy, v * m * busy
     elif name == "zb-h1":
         idle, work = (p - 1) * (F + B - W), m * busy
+    elif name == "zb-v":
+        idle, work = (p - 1) * F, 2 * m * busy
     elif name == "dualpipev":
         full = B + W
         idle, work = (p - 1) * ((F + full) + full - 3 * W), 2 * m * busy

@@ -187,7 +187,8 @@ def scheduled_bubble(layout: Layout, terms: dict, step_s: float):
     forward, input-gradient and weight-gradient passes one tick each, as the zero-bubble
     paper counts them). The memory is GPipe's (every micro-batch) for "gpipe" and the
     1F1B program's otherwise: ZB-H1 keeps ``pp``
-    micro-batches in flight on every stage, 1F1B's first stage's count; DualPipeV
+    micro-batches in flight on every stage, 1F1B's first stage's count, and ZB-V ``2 pp``
+    half-stages, the same; DualPipeV
     ``2 pp + 1`` half-stages, half a micro-batch more."""
     m = layout.microbatches
     try:

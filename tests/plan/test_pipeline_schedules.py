@@ -56,6 +56,9 @@ def test_bubble_equals_the_papers_formulas(p, m):
         "1f1b": (p - 1) / (m + p - 1),                  # Narayanan et al. 2021, 2.2.1
         "interleaved": (p - 1) / (2 * m + p - 1),       # the same, v = 2 chunks, 2.2.2
         "zb-h1": (p - 1) / (3 * m + p - 1),             # (p-1)(F+B-W) idle: Qi et al. 2.1
+        # ZB-V: two chunks of 3m ticks a stage, no gap inside a stage's span; the last
+        # stage starts p - 1 ticks after the first, which ends p - 1 ticks after it
+        "zb-v": (p - 1) / (6 * m + p - 1),
     }
     for name, want in expect.items():
         s = pl.schedule(name, p, m)
@@ -83,6 +86,8 @@ def test_micro_batches_held_per_stage(p, m):
     assert pl.schedule("interleaved", p, m).held() == [2 * (p - s - 1) + p + 1
                                                        for s in range(p)]
     assert pl.schedule("zb-h1", p, m).held() == [p] * p
+    # ZB-V: 2p chunks (p stages' worth, 1F1B's first stage) on every stage, m >= 2p - 1
+    assert pl.schedule("zb-v", p, m).held() == [2 * p] * p
     assert pl.schedule("dualpipev", p, m).held() == [2 * p + 1] * p
 
 
@@ -98,7 +103,7 @@ def test_sizes_a_schedule_cannot_run_are_refused_naming_them():
     with pytest.raises(pl.ScheduleError, match="multiple of 4"):
         pl.schedule("interleaved", 4, 6)
     with pytest.raises(pl.ScheduleError, match="choose one of"):
-        pl.schedule("zb-v", 4, 8)
+        pl.schedule("zb-h2", 4, 8)
 
 
 def test_planner_zero_bubble_schedules_below_1f1b_at_pp4_m8():
@@ -106,17 +111,20 @@ def test_planner_zero_bubble_schedules_below_1f1b_at_pp4_m8():
     model = plan.LLAMA3_8B
     base = dict(pp=4, dp=2, microbatch=1, global_batch=16, recompute="full")  # m = 8
     runs = {s: plan.estimate(model, plan.Layout(schedule=s, **base), "H100")
-            for s in (None, "1f1b", "gpipe", "zb-h1", "dualpipev")}
+            for s in (None, "1f1b", "gpipe", "zb-h1", "zb-v", "dualpipev")}
     one = runs["1f1b"]
     assert runs[None].step_s == one.step_s and runs[None].breakdown == one.breakdown
     assert runs["gpipe"].breakdown["bubble"] == one.breakdown["bubble"]
     assert runs["gpipe"].peak_bytes > one.peak_bytes          # GPipe keeps all 8
-    for s in ("zb-h1", "dualpipev"):
+    for s in ("zb-h1", "zb-v", "dualpipev"):
         assert runs[s].breakdown["bubble"] < one.breakdown["bubble"]
         assert runs[s].step_s < one.step_s
     # ZB-H1's bubble over 1F1B's, both over the same busy time: (F+B-W)/(F+B+W) = 1/3
     assert runs["zb-h1"].breakdown["bubble"] == pytest.approx(
         one.breakdown["bubble"] / 3, rel=1e-9)
+    # ZB-V's, idle over busy: (p - 1) over 2m (F+B+W) = 6m ticks, a sixth of 1F1B's
+    assert runs["zb-v"].breakdown["bubble"] == pytest.approx(
+        one.breakdown["bubble"] / 6, rel=1e-9)
     busy = one.step_s - one.breakdown["bubble"]
     assert runs["zb-h1"].step_s == pytest.approx(busy + one.breakdown["bubble"] / 3, rel=1e-9)
 
