@@ -264,8 +264,17 @@ def test_the_h800_preset_holds_its_datasheet_numbers():
 # -- validation: each run's predicted / measured ----------------------------------------------
 
 # predicted / measured of the runs the planner misses (docs/validation.md, "Mixtures of
-# experts"): every one too fast.
-MISSES = {}
+# experts"), at the one look at the held-out half (2026-12-02 14:39 UTC): every one too fast.
+MISSES = {
+    "Megatron-Bridge Qwen3-235B-A22B, 256 x GB200, bf16": 0.78,
+    "Megatron-Bridge gpt-oss-120b, 64 x B200, bf16": 0.63,
+    "Megatron-Bridge gpt-oss-120b, 64 x GB200, bf16": 0.45,
+    "Megatron-Bridge gpt-oss-120b, 64 x H100, bf16": 0.65,
+    "Megatron-Bridge Qwen3-235B-A22B, 64 x B200, fp8": 0.47,
+    "Megatron-Bridge Qwen3-30B-A3B, 16 x H100, fp8": 0.39,
+    "Megatron-Bridge Qwen3-30B-A3B, 8 x B200, fp8": 0.22,
+    "Megatron-Bridge Qwen3-30B-A3B, 8 x GB200, fp8": 0.52,
+}
 
 
 @pytest.fixture(scope="module")
@@ -280,3 +289,13 @@ def ratios():
     if n in MISSES else n for n in moe.DEVELOPMENT + moe.HELD_OUT])
 def test_each_moe_run_within_0_8_to_1_25(ratios, name):
     assert 0.8 <= ratios[name] <= 1.25, ratios[name]
+
+
+@needs_bf16
+def test_the_misses_are_as_docs_validation_md_prints_them(ratios):
+    for name, printed in MISSES.items():
+        assert ratios[name] == pytest.approx(printed, abs=0.006), name
+    held = measure.summary([ratios[n] for n in moe.HELD_OUT])
+    dev = measure.summary([ratios[n] for n in moe.DEVELOPMENT])
+    assert (round(held["error"], 2), held["within"]) == (1.24, 1)   # docs/validation.md
+    assert (round(dev["error"], 2), dev["within"]) == (0.61, 0)
