@@ -299,3 +299,31 @@ def test_the_misses_are_as_docs_validation_md_prints_them(ratios):
     dev = measure.summary([ratios[n] for n in moe.DEVELOPMENT])
     assert (round(held["error"], 2), held["within"]) == (1.24, 1)   # docs/validation.md
     assert (round(dev["error"], 2), dev["within"]) == (0.61, 0)
+
+
+def test_the_expert_parallel_step_runs_on_real_jax_with_the_same_results(jax8):
+    """The same step function under jax.shard_map on 8 CPU devices (dp 2 x ep 2 x tp 2,
+    sequence parallelism, the distributed optimizer): JAX's loss and moments are simpmd's
+    (its top_k, sort, gathers and all_to_alls JAX's own)."""
+    from jax.sharding import Mesh
+    from test_shapes import jax_specs
+    layout = plan.Layout(dp=2, ep=2, tp=2, sequence_parallel=True, distributed_optimizer=True,
+                         global_batch=4, microbatch=1, expert_load=ROOM)
+    weights = {k: _by_rank(w, k, 2) for k, w in _weights(SMALL, layout).items()}
+    ours = _run(SMALL, layout, weights)
+    rng = np.random.default_rng(1)
+    shape = (layout.microbatches, layout.replicas * layout.microbatch, SMALL.seq)
+    batch = [t.reshape(shape).astype(np.int32) for t in
+             rng.integers(0, SMALL.vocab, (2, layout.global_batch, SMALL.seq))]
+    devices = np.array(jax8.devices()[:8]).reshape(tuple(layout.shape.values()))
+    ins, outs = St.specs(SMALL, layout)
+    opt = {"master": weights, "mu": {k: np.zeros_like(w) for k, w in weights.items()},
+           "nu": {k: np.zeros_like(w) for k, w in weights.items()}}
+    theirs = jax8.jit(jax8.shard_map(St.train_step(SMALL, layout),
+                                     mesh=Mesh(devices, tuple(layout.shape)),
+                                     in_specs=jax_specs(ins), out_specs=jax_specs(outs)))(
+        weights, opt, *batch)
+    assert float(theirs[2]) == pytest.approx(float(ours[2]), rel=1e-5)
+    for k in weights:
+        np.testing.assert_allclose(np.asarray(theirs[1]["mu"][k]), np.asarray(ours[1]["mu"][k]),
+                                   rtol=2e-4, atol=2e-7, err_msg=k)
