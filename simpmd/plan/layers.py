@@ -51,7 +51,7 @@ class Shard:
     framework: str = "xla"
     fp8: bool = False
     recompute_layers: int | None = None    # full recomputation of this many per stage
-    expert_load: float = 1.0               # Layout.expert_load: the busiest rank's share
+    expert_load: float = 1.0               # Layout.expert_load: the busiest expert's load
 
     @property
     def eager(self) -> bool:
@@ -286,8 +286,12 @@ def expert_group(s: Shard) -> tuple:
 def expert_slots(s: Shard, tokens: int) -> int:
     """Slots each expert has for one rank's ``tokens``: the mean load, ``tokens x top_k /
     experts``, times the capacity factor (tokens past it dropped), or for dropless routing
-    times ``expert_load``, the busiest rank's load over the mean, which every rank's
-    buffers are sized for: a synchronous step waits for its busiest expert-parallel rank."""
+    times ``expert_load``, the busiest expert's load over the mean, which every expert's
+    slots are sized for (a static program's buffers; a synchronous step waits for the
+    rank with the busiest experts, and a rank's load is never more uneven than its busiest
+    expert's). The runs validated here force a balanced load, ``expert_load = 1``
+    (Megatron-Bridge's performance summary says so); a learned router's imbalance is
+    the user's to state, from a measurement of their own."""
     m = s.model
     factor = m.capacity_factor if m.capacity_factor is not None else s.expert_load
     return max(1, math.ceil(tokens * m.top_k / m.experts * factor))

@@ -49,7 +49,11 @@ class Layout:
     stages). ``stage_layers``: the layers of each virtual stage, where not the even (or
     Megatron-Core's) split; ``recompute_layers``: with ``recompute="full"``, how many of
     each virtual stage's layers are recomputed (Megatron's block method);
-    ``master_weights``: :data:`MASTER_WEIGHTS`."""
+    ``master_weights``: :data:`MASTER_WEIGHTS`. ``ep``: expert parallelism, the routed
+    experts of a mixture of experts split over ``ep`` ranks (and over ``tp`` too: expert
+    tensor parallelism 1), every other weight data-parallel over ``dp x ep``;
+    ``expert_load``: the busiest expert's tokens over the mean load, which the experts'
+    slots are sized for (dropless routing)."""
 
     dp: int = 1
     fsdp: int = 1
@@ -68,9 +72,9 @@ class Layout:
     master_weights: str = "fp32"
     schedule: str | None = None     # SCHEDULES; its bubble from simpmd.plan.pipeline
     ep: int = 1                     # expert parallelism (a mixture of experts only)
-    # The busiest expert-parallel rank's routed tokens over the mean (1: balanced). Every
+    # The busiest expert's routed tokens over the mean load (1: balanced). Every
     # rank's grouped products and all_to_all buffers are sized for it (the step waits for
-    # the busiest rank); state where it comes from (see simpmd.plan.layers.moe_block).
+    # the busiest expert); state where it comes from (see simpmd.plan.layers.expert_slots).
     expert_load: float = 1.0
 
     def __post_init__(self):
@@ -86,7 +90,7 @@ class Layout:
             raise LayoutError(f"Layout(master_weights={self.master_weights!r}): choose one of "
                               f"{', '.join(map(repr, MASTER_WEIGHTS))}")
         if not self.expert_load >= 1.0:
-            raise LayoutError(f"Layout(expert_load={self.expert_load!r}): the busiest rank's "
+            raise LayoutError(f"Layout(expert_load={self.expert_load!r}): the busiest expert's "
                               f"tokens over the mean, at least 1")
         self._zero_stage()
         self._partial_recompute()
@@ -177,7 +181,7 @@ class Layout:
         if self.stage_layers is not None:
             extras.append(f"stage layers {list(self.stage_layers)}")
         extras += [f"schedule {self.schedule}"] * (self.schedule is not None)
-        extras += [f"busiest expert rank {self.expert_load:g}x the mean"] * (
+        extras += [f"busiest expert {self.expert_load:g}x the mean load"] * (
             self.expert_load != 1.0)
         extras += ["sequence parallel"] * self.sequence_parallel
         extras += ["distributed optimizer"] * self.distributed_optimizer
