@@ -364,3 +364,12 @@ def test_lesson15_deepseek_v3_against_the_reports_gpu_hours():
                       for o in c.get("outputs", []) if "text" in o)
     assert f"the report 180K: {hours / 180e3:.2f}x" in printed
     assert f"({hidden_hours / 180e3:.2f}x)" in printed
+
+
+def test_an_expert_parallel_layout_is_a_family_of_its_own():
+    """The intervals' families name ep, so no dense family's spread is taken for an MoE
+    estimate's: its interval is the pooled one, widened (no MoE run is in the spreads)."""
+    from simpmd.plan import families
+    lay = moe.layout(next(r for r in moe.ROWS if moe.name(r) == moe.DEVELOPMENT[1]))
+    assert families.kinds(lay) == "dp+ep"
+    assert families.kinds(plan.Layout(dp=8)) == "dp"
