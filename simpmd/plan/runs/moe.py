@@ -28,7 +28,7 @@ expert-parallel step. :func:`runs` gives the rows as :class:`simpmd.plan.publish
 it and not checked against their scripts: no recomputation, the distributed optimizer,
 sequence parallelism with TP > 1, flash attention, and the force-balanced router's
 ``expert_load`` of 1. They are kept apart from :func:`simpmd.plan.runs.every` (the dense
-validation) and checked in tests/test_plan_moe.py.
+validation) and checked in tests/plan/test_plan_moe.py (tests/ before issue 46 item 5).
 """
 from __future__ import annotations
 
