@@ -441,7 +441,7 @@ HARDWARE = {
                    "FP32 67 TFLOPS", _NCCL_LATENCY, _AZURE_H100, _TOGETHER_H100, _NCCL_TESTS_326,
                    _NCCL_TESTS_212),
         measured=_H100_MEASURED,
-        aliases=("NVIDIA H100", "H100 SXM", "H800")),
+        aliases=("NVIDIA H100", "H100 SXM")),
     "H200": Hardware(
         "H200", "NVLink 4.0 + NVSwitch", link_bandwidth=25e9, links_per_device=18,
         hop_latency=1e-6, hbm_bandwidth=4.8e12, peak_bf16_flops=9.9e14, peak_fp32_flops=6.7e13, node_size=8,
@@ -660,8 +660,21 @@ HARDWARE.update({
                    _DISPATCH_GPU, _IB_NDR, _NET_STEP),
         aliases=("NVIDIA GB200", "GB200 NVL72")),
 })
+# The H800 (issue 48): the H100 SXM for China, its NVLink cut to 400 GB/s.
+_H800 = ("NVIDIA H800 Tensor Core GPU datasheet (SXM): 80 GB HBM3 at 3.35 TB/s, FP8 3,958 "
+         "TFLOPS and BF16 1,979 TFLOPS with sparsity (the H100 SXM's), NVLink 400 GB/s (both "
+         "directions together: 8 of the H100's 18 links, 200 GB/s each way); DeepSeek-AI, "
+         "'DeepSeek-V3 Technical Report' (arXiv:2412.19437, 2024), section 3.2.2: in its H800 "
+         "cluster 'NVLink offers a bandwidth of 160 GB/s, roughly 3.2 times that of IB (50 "
+         "GB/s)', eight GPUs a node (section 3.1), InfiniBand across nodes: the H100's "
+         "400 Gb/s NDR per GPU")
+HARDWARE["H800"] = replace(
+    HARDWARE["H100"], name="H800", links_per_device=8, measured=(),
+    citations=(_H800, _COPIED + "H100 (SXM), but its NVLink links") + HARDWARE["H100"].citations[1:],
+    aliases=("NVIDIA H800", "H800 SXM"))
 # The capacity of each new part's HBM, bytes (the datasheets above).
-NEW_HBM = {"H100 PCIe": 80e9, "H100 NVL": 94e9, "H100 96GB": 96e9, "GB200": 186e9}
+NEW_HBM = {"H100 PCIe": 80e9, "H100 NVL": 94e9, "H100 96GB": 96e9, "GB200": 186e9,
+           "H800": 80e9}
 
 
 def _key(name: str) -> str:

@@ -2,7 +2,7 @@
 (the framework), the chip's generation, and the kinds of parallelism it used."""
 from __future__ import annotations
 
-KINDS = ("dp", "fsdp", "tp", "pp", "cp")
+KINDS = ("dp", "fsdp", "tp", "pp", "cp", "ep")
 # A chip's generation: the parts of one generation share a family (their kernels and
 # their frameworks' defaults are the same; their memories and clocks are not).
 GENERATIONS = {"A100": "A100", "A100 40GB": "A100", "H100": "H100", "H100 96GB": "H100",

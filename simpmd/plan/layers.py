@@ -19,6 +19,7 @@ splits each sequence over ``cp``; attention gathers every chip's keys and values
 from __future__ import annotations
 
 from dataclasses import dataclass
+import math
 
 import numpy as np
 
@@ -50,6 +51,7 @@ class Shard:
     framework: str = "xla"
     fp8: bool = False
     recompute_layers: int | None = None    # full recomputation of this many per stage
+    expert_load: float = 1.0               # Layout.expert_load: the busiest expert's load
 
     @property
     def eager(self) -> bool:
@@ -273,12 +275,118 @@ def gather_flat(s: Shard, w, shapes=None) -> dict:
     return out
 
 
+# -- a mixture of experts' MLP ----------------------------------------------------------------
+
+def expert_group(s: Shard) -> tuple:
+    """The axes a token's experts may be on: ``ep``, and ``tp`` where the experts fold over
+    it (:func:`simpmd.plan.step.expert_axes`)."""
+    return tuple(a for a in ("ep", "tp") if s.size(a) > 1)
+
+
+def expert_slots(s: Shard, tokens: int) -> int:
+    """Slots each expert has for one rank's ``tokens``: the mean load, ``tokens x top_k /
+    experts``, times the capacity factor (tokens past it dropped), or for dropless routing
+    times ``expert_load``, the busiest expert's load over the mean, which every expert's
+    slots are sized for (a static program's buffers; a synchronous step waits for the
+    rank with the busiest experts, and a rank's load is never more uneven than its busiest
+    expert's). The runs validated here force a balanced load, ``expert_load = 1``
+    (Megatron-Bridge's performance summary says so); a learned router's imbalance is
+    the user's to state, from a measurement of their own."""
+    m = s.model
+    factor = m.capacity_factor if m.capacity_factor is not None else s.expert_load
+    return max(1, math.ceil(tokens * m.top_k / m.experts * factor))
+
+
+def route(s: Shard, flat, router):
+    """The router: logits [tokens, experts] in float32, their softmax, the ``top_k``
+    experts of each token with their gates (renormalized over the chosen, as Qwen3's
+    ``norm_topk_prob`` does), the count of each token's choices per expert, and the
+    load-balancing loss of Switch Transformer (Fedus et al. 2021, arXiv:2101.03961,
+    eq. 4: experts x sum over experts of the fraction routed times the mean probability)."""
+    m = s.model
+    logits = (flat @ gather_weight(s, router, 0)).astype(snp.float32)
+    e = snp.exp(logits - logits.max(axis=-1, keepdims=True))
+    probs = e / e.sum(axis=-1, keepdims=True)
+    gates, chosen = lax.top_k(probs, m.top_k)
+    gates = gates / gates.sum(axis=-1, keepdims=True)
+    hits = (chosen[..., None] == np.arange(m.experts, dtype=np.int32)).astype(snp.float32)
+    per_expert = hits.sum(axis=1)                                  # [tokens, experts]
+    aux = m.experts * (per_expert.mean(axis=0) / m.top_k * probs.mean(axis=0)).sum()
+    return gates, chosen, per_expert, aux
+
+
+def grouped(s: Shard, tokens, w, key: str, axis: int):
+    """The grouped product of every local expert's tokens [experts, slots, D] with its own
+    matrix (one batched product: the groups are the experts, each the same number of slots;
+    ``lax.ragged_dot`` is the same product on rows of uneven groups). In FP8 the tokens are
+    cast with their transpose and the output's gradient cast, as Transformer Engine's
+    ``GroupedLinear`` runs it; and its amaxes."""
+    if not s.fp8:
+        return snp.einsum("ecd,edf->ecf", tokens, weight(s, w, key, axis)), []
+    t8, t8t, amax = fp8.cast(tokens, transpose=True, own_kernel=s.eager)
+    y = snp.einsum("ecd,edf->ecf", fp8.operand(t8, t8t, dtype=tokens.dtype),
+                   weight(s, w, key, axis))
+    return fp8.grad_cast(y, transpose=True, own_kernel=s.eager), [amax]
+
+
+def moe_block(s: Shard, x, w):
+    """A mixture of experts' MLP, dropless or with a capacity, over expert parallelism:
+    norm; the router (:func:`route`); the *permutation*, each token copied into the slots
+    of its ``top_k`` experts in expert order (a stable sort of the choices, a gather: the
+    kernel Megatron-Core's ``permute`` runs); the *dispatch* ``all_to_all`` over the
+    expert-parallel ranks, after which each rank holds its own experts' slots from every
+    rank; the grouped products and activation; the *combine* ``all_to_all`` back; the
+    *unpermutation*, each token's outputs gathered and weighted by its gates; the shared
+    experts (an MLP every token runs, tensor-parallel as the dense one) beside them. Slots
+    beyond a token's expert's count hold zeros (:func:`expert_slots` sizes them). The
+    load-balancing loss is added to the output times zero, so that its kernels run forward
+    and backward (as Megatron-Core's ``MoEAuxLossAutoScaler`` injects its gradient) without
+    changing the layer's value; its gradient here is zero, its cost the same."""
+    m = s.model
+    h = rms_norm(x, w["mlp_norm"])
+    b, t, D = h.shape
+    n, k, E = b * t, m.top_k, m.experts
+    flat = h.reshape(n, D)
+    gates, chosen, per_expert, aux = route(s, flat, w["router"])
+    C = expert_slots(s, n)
+    choice = chosen.reshape(n * k)
+    order = snp.argsort(choice)                            # by expert, then token
+    counts = per_expert.sum(axis=0).astype(snp.int32)     # [experts]
+    starts = snp.cumsum(counts) - counts
+    slot = np.arange(C, dtype=np.int32)
+    token = order[snp.clip(starts[:, None] + slot[None, :], 0, n * k - 1)] // k
+    filled = slot[None, :] < counts[:, None]                           # [experts, slots]
+    sent = snp.where(filled[..., None], flat[token], snp.zeros((), h.dtype))
+    group = expert_group(s)
+    if group:
+        sent = lax.all_to_all(sent, group if len(group) > 1 else group[0], 0, 1, tiled=True)
+    u, amaxes = grouped(s, sent, w, "e_in", 1)
+    u = swiglu(u) if m.gated_mlp else gelu(u)
+    y, more = grouped(s, u, w, "e_out", 2)
+    if group:
+        y = lax.all_to_all(y, group if len(group) > 1 else group[0], 1, 0, tiled=True)
+    place = snp.argsort(order) - starts[choice]          # each choice's slot of its expert
+    kept = place < C
+    back = y.reshape(E * C, D)[snp.clip(choice * C + place, 0, E * C - 1)]
+    weights = snp.where(kept, gates.reshape(n * k), 0.0).astype(h.dtype)
+    out = (back * weights[:, None]).reshape(n, k, D).sum(axis=1).reshape(b, t, D)
+    if m.shared_experts:
+        u, first = column_linear(s, h, w, "w_in")
+        u = swiglu(u) if m.gated_mlp else gelu(u)
+        shared, second = row_linear(s, u, w, "w_out")
+        out, amaxes = out + shared, first + second + amaxes + more
+    else:
+        amaxes = amaxes + more
+    out = out + (0.0 * aux).astype(out.dtype)
+    return residual(s, x, out, seed=3), amaxes
+
+
 def layer(s: Shard, x, w):
     """One decoder layer: its output, and the amaxes of its FP8 casts (None without)."""
     if flat_fsdp(s) and "wqkv" in w and w["wqkv"].shape[0] != s.model.d_model:
         w = gather_flat(s, w)                          # (one layer on its own)
     x, first = attention_block(s, x, w)
-    x, second = mlp_block(s, x, w)
+    x, second = (moe_block if s.model.moe else mlp_block)(s, x, w)
     return x, (snp.stack(first + second) if s.fp8 else None)
 
 

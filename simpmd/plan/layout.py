@@ -5,7 +5,10 @@ The axes are the field's: data parallelism (``dp``, each replica holds every wei
 fully sharded data parallelism (``fsdp``, weights split and gathered just in time),
 tensor parallelism (``tp``, Megatron's split of heads and hidden units), pipeline
 parallelism (``pp`` stages, each holding ``vp`` virtual stages of layers), context
-parallelism (``cp``, each sequence split). Batches count sequences, as Megatron's
+parallelism (``cp``, each sequence split) and, for a mixture of experts, expert
+parallelism (``ep``: the routed experts split over ``ep`` ranks, each token sent to its
+experts' ranks and back by two ``all_to_all`` s; attention, the router and every dense
+weight stay data-parallel over ``dp x ep``). Batches count sequences, as Megatron's
 micro and global batch sizes do.
 """
 from __future__ import annotations
@@ -17,7 +20,11 @@ RECOMPUTE = ("none", "selective", "full")
 # bf16 weight lacks (Apex's DistributedFusedAdam, store_param_remainders=True, which NeMo's
 # MegatronBaseModel.setup_optimization sets for a bf16 model with distributed_fused_adam).
 MASTER_WEIGHTS = ("fp32", "remainders")
-AXES = ("pp", "dp", "fsdp", "cp", "tp")        # the mesh's axes, slowest-varying first
+AXES = ("pp", "dp", "fsdp", "ep", "cp", "tp")  # the mesh's axes, slowest-varying first
+# ``ep`` is on the mesh only where ep > 1 (a dense step's program is then unchanged); it
+# sits inside ``dp`` and outside ``cp`` and ``tp``, as Megatron-Core orders its ranks
+# (tp-cp-ep-dp-pp, tp fastest: megatron/core/parallel_state.py, ``initialize_model_parallel``
+# with ``order="tp-cp-ep-dp-pp"``), so an expert-parallel group of 8 is one node's GPUs.
 # Pipeline schedules (simpmd.plan.pipeline); None: 1F1B, interleaved where vp > 1.
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "dualpipev")
 
@@ -42,7 +49,11 @@ class Layout:
     stages). ``stage_layers``: the layers of each virtual stage, where not the even (or
     Megatron-Core's) split; ``recompute_layers``: with ``recompute="full"``, how many of
     each virtual stage's layers are recomputed (Megatron's block method);
-    ``master_weights``: :data:`MASTER_WEIGHTS`."""
+    ``master_weights``: :data:`MASTER_WEIGHTS`. ``ep``: expert parallelism, the routed
+    experts of a mixture of experts split over ``ep`` ranks (and over ``tp`` too: expert
+    tensor parallelism 1), every other weight data-parallel over ``dp x ep``;
+    ``expert_load``: the busiest expert's tokens over the mean load, which the experts'
+    slots are sized for (dropless routing)."""
 
     dp: int = 1
     fsdp: int = 1
@@ -60,6 +71,11 @@ class Layout:
     zero: int | None = None
     master_weights: str = "fp32"
     schedule: str | None = None     # SCHEDULES; its bubble from simpmd.plan.pipeline
+    ep: int = 1                     # expert parallelism (a mixture of experts only)
+    # The busiest expert's routed tokens over the mean load (1: balanced). Every
+    # rank's grouped products and all_to_all buffers are sized for it (the step waits for
+    # the busiest expert); state where it comes from (see simpmd.plan.layers.expert_slots).
+    expert_load: float = 1.0
 
     def __post_init__(self):
         for f in fields(self):
@@ -73,6 +89,9 @@ class Layout:
         if self.master_weights not in MASTER_WEIGHTS:
             raise LayoutError(f"Layout(master_weights={self.master_weights!r}): choose one of "
                               f"{', '.join(map(repr, MASTER_WEIGHTS))}")
+        if not self.expert_load >= 1.0:
+            raise LayoutError(f"Layout(expert_load={self.expert_load!r}): the busiest expert's "
+                              f"tokens over the mean, at least 1")
         self._zero_stage()
         self._partial_recompute()
         self._schedule()
@@ -132,12 +151,13 @@ class Layout:
 
     @property
     def chips(self) -> int:
-        return self.dp * self.fsdp * self.tp * self.pp * self.cp
+        return self.dp * self.fsdp * self.tp * self.pp * self.cp * self.ep
 
     @property
     def replicas(self) -> int:
-        """Ranks that take different sequences: data parallel and FSDP."""
-        return self.dp * self.fsdp
+        """Ranks that take different sequences: data parallel, FSDP and expert parallel
+        (outside the experts an expert-parallel rank is one more data-parallel rank)."""
+        return self.dp * self.fsdp * self.ep
 
     @property
     def microbatches(self) -> int:
@@ -148,10 +168,10 @@ class Layout:
     def shape(self) -> dict:
         """The mesh: every axis with its size, slowest-varying first (``tp`` innermost,
         so a tensor-parallel group is neighbouring chips, as Megatron orders its ranks)."""
-        return {a: getattr(self, a) for a in AXES}
+        return {a: getattr(self, a) for a in AXES if a != "ep" or self.ep > 1}
 
     def __str__(self):
-        parts = [f"{a}={getattr(self, a)}" for a in ("dp", "fsdp", "tp", "pp", "vp", "cp")
+        parts = [f"{a}={getattr(self, a)}" for a in ("dp", "fsdp", "tp", "pp", "vp", "cp", "ep")
                  if getattr(self, a) > 1]
         extras = [f"recompute={self.recompute}"] if self.recompute != "none" else []
         if self.recompute_layers is not None:
@@ -161,6 +181,8 @@ class Layout:
         if self.stage_layers is not None:
             extras.append(f"stage layers {list(self.stage_layers)}")
         extras += [f"schedule {self.schedule}"] * (self.schedule is not None)
+        extras += [f"busiest expert {self.expert_load:g}x the mean load"] * (
+            self.expert_load != 1.0)
         extras += ["sequence parallel"] * self.sequence_parallel
         extras += ["distributed optimizer"] * self.distributed_optimizer
         return (f"{' x '.join(parts) or 'one chip'}, micro-batch {self.microbatch}, global "
@@ -171,16 +193,11 @@ def check(model, layout: Layout, chips: int | None = None):
     """Raise :class:`LayoutError` naming the first limit ``layout`` breaks for ``model``
     on ``chips`` chips (None: as many as the layout's axes make)."""
     m, lay = model, layout
-    if getattr(m, "experts", 0):
-        raise LayoutError(f"{m.name or 'this model'} is a mixture of experts ({m.experts} "
-                          f"experts, top {m.top_k}): plan.estimate does not build an "
-                          f"expert-parallel step yet, and pricing it as dense would be "
-                          f"wrong; its sizes (params, active_params, flops_per_token) are "
-                          f"ready")
     if chips is not None and chips != lay.chips:
         raise LayoutError(f"{chips} chips, but the layout's axes make dp x fsdp x tp x pp x "
-                          f"cp = {lay.dp} x {lay.fsdp} x {lay.tp} x {lay.pp} x {lay.cp} = "
-                          f"{lay.chips}: the axes must multiply to the chip count")
+                          f"cp x ep = {lay.dp} x {lay.fsdp} x {lay.tp} x {lay.pp} x {lay.cp} "
+                          f"x {lay.ep} = {lay.chips}: the axes must multiply to the chip count")
+    _check_experts(m, lay)
     limits = [
         (m.heads % lay.tp, f"heads = {m.heads} do not split over tp = {lay.tp}: tensor "
                            f"parallelism gives each chip whole heads"),
@@ -207,6 +224,30 @@ def check(model, layout: Layout, chips: int | None = None):
         raise LayoutError(f"{lay.microbatches} micro-batches per rank, fewer than pp = "
                           f"{lay.pp} stages: the interleaved schedule needs at least one "
                           f"micro-batch per stage")
+
+
+def _check_experts(m, lay):
+    """Expert parallelism's limits: experts to split, whole experts on each rank, and (with
+    tensor parallelism) sequence parallelism, whose tokens the experts route."""
+    if not getattr(m, "experts", 0):
+        if lay.ep > 1:
+            raise LayoutError(f"Layout(ep={lay.ep}) splits a mixture of experts' experts; "
+                              f"{m.name or 'this model'} is dense")
+        return
+    group = lay.ep * lay.tp
+    if m.experts % group:
+        raise LayoutError(f"experts = {m.experts} do not split over ep x tp = {lay.ep} x "
+                          f"{lay.tp}: each rank holds whole experts (expert tensor "
+                          f"parallelism 1: the experts fold over tp too)")
+    if lay.tp > 1 and not lay.sequence_parallel:
+        raise LayoutError(f"a mixture of experts with tp = {lay.tp} needs "
+                          f"sequence_parallel=True: each tensor-parallel rank routes its own "
+                          f"tokens (Megatron-Core's rule for MoE with tensor parallelism)")
+    tokens = lay.microbatch * m.seq // (lay.cp * lay.tp)
+    if tokens * m.top_k % m.experts and lay.expert_load == 1.0 and m.capacity_factor is None:
+        raise LayoutError(f"{tokens} tokens per rank x top_k = {m.top_k} do not split evenly "
+                          f"over {m.experts} experts: a balanced dropless load needs a whole "
+                          f"number per expert (state expert_load > 1 to pad)")
 
 
 def stage_split(model, layout) -> tuple:

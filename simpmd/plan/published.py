@@ -58,7 +58,7 @@ class Run:
     @property
     def chips(self) -> int:
         axes = self.axes if isinstance(self.axes, dict) else self.axes.shape
-        return math.prod(axes.get(a, 1) for a in ("dp", "fsdp", "tp", "pp", "cp"))
+        return math.prod(axes.get(a, 1) for a in ("dp", "fsdp", "tp", "pp", "cp", "ep"))
 
     @property
     def complete(self) -> bool:

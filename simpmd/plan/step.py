@@ -32,12 +32,41 @@ from .. import numpy as snp
 from ..machine.mesh import PartitionSpec as P
 from . import fp8
 from . import layers as L
-from .layout import AXES, stage_split
+from .layout import stage_split
 from ..api.grad import value_and_grad
 from ..api.grad import grad
 
 LAYER_SPLIT = {"attn_norm": (None, None), "mlp_norm": (None, None), "wqkv": ("fsdp", "tp"),
-               "wo": ("tp", "fsdp"), "w_in": ("fsdp", "tp"), "w_out": ("tp", "fsdp")}
+               "wo": ("tp", "fsdp"), "w_in": ("fsdp", "tp"), "w_out": ("tp", "fsdp"),
+               # a mixture of experts' layer: the router, and the routed experts' matrices
+               # stacked [experts, ...], split over the expert-parallel ranks (EXPERTS)
+               "router": ("fsdp", None), "e_in": ("E", "fsdp", None),
+               "e_out": ("E", None, "fsdp")}
+EXPERT_KEYS = ("router", "e_in", "e_out")
+
+
+def expert_axes(layout) -> tuple:
+    """The mesh axes the routed experts are split over: ``ep``, and ``tp`` too (Megatron-
+    Core's expert tensor parallelism of 1, where the experts fold over the tensor-parallel
+    ranks, each routing its own sequence-parallel tokens)."""
+    return tuple(a for a in ("ep", "tp") if layout.shape.get(a, 1) > 1)
+
+
+def layer_shapes(model) -> dict:
+    """One layer's weights as the step stores them: :meth:`Transformer.layer_shapes`; in a
+    mixture of experts the MLP's matrices are the shared experts' (``shared_experts x
+    expert_d_ff`` wide, absent without them), beside the router [d_model, experts] and the
+    routed experts' [experts, d_model, gate and up] and [experts, expert_d_ff, d_model]."""
+    shapes = model.layer_shapes()
+    if not model.moe:
+        return shapes
+    D, F, E, gates = model.d_model, model.expert_d_ff, model.experts, model.mlp_matrices - 1
+    del shapes["w_in"], shapes["w_out"]
+    if model.shared_experts:
+        shapes["w_in"] = (D, gates * model.shared_experts * F)
+        shapes["w_out"] = (model.shared_experts * F, D)
+    shapes.update(router=(D, E), e_in=(E, D, gates * F), e_out=(E, F, D))
+    return shapes
 OTHER_SPLIT = {"embed": ("tp", "fsdp"), "head": ("fsdp", "tp"), "final_norm": (None,)}
 
 
@@ -51,7 +80,7 @@ def param_shapes(model, layout) -> dict:
     3.2.1), and each use reads the unpadded part."""
     per = max(stage_split(model, layout))
     lead = (layout.pp, layout.vp, per)
-    shapes = {k: lead + s for k, s in model.layer_shapes().items()}
+    shapes = {k: lead + s for k, s in layer_shapes(model).items()}
     shapes.update(model.other_shapes())
     return {k: _padded(k, shape, layout) for k, shape in shapes.items()}
 
@@ -81,25 +110,34 @@ def unpadded(w, axis: int, size: int):
     return w[(slice(None),) * axis + (slice(0, size),)]
 
 
-def optimizer_axes(layout) -> tuple:
+def optimizer_axes(layout, key=None) -> tuple:
     """The axes the distributed optimizer splits the optimizer's state over: every rank
     that holds the same weights, ``dp`` and ``cp`` (Megatron-LM builds its distributed
     optimizer on ``get_data_parallel_group(with_context_parallel=True)``:
-    megatron/core/optimizer/__init__.py, ``get_megatron_optimizer``, at d086a2e3)."""
+    megatron/core/optimizer/__init__.py, ``get_megatron_optimizer``, at d086a2e3), and
+    ``ep`` for every weight but the routed experts' (theirs is the expert data-parallel
+    group, ``dp``)."""
     if not layout.distributed_optimizer:
         return ()
-    return ("dp",) + (("cp",) if layout.cp > 1 else ())
+    ep = ("ep",) if layout.ep > 1 and key not in ("e_in", "e_out") else ()
+    return ("dp",) + ep + (("cp",) if layout.cp > 1 else ())
+
+
+def _one(axes):
+    return axes if len(axes) > 1 else axes[0]
 
 
 def _split(key, optimizer_state, layout):
     """A weight's PartitionSpec; the optimizer's state is split over :func:`optimizer_axes`
     too with the distributed optimizer (along the dimension FSDP splits)."""
     if key in LAYER_SPLIT:
-        dims = ("pp", None, None) + LAYER_SPLIT[key][:1 if key.endswith("norm") else 2]
+        dims = ("pp", None, None) + LAYER_SPLIT[key][:1 if key.endswith("norm") else 3]
+        experts = expert_axes(layout)
+        dims = tuple((_one(experts) if experts else None) if d == "E" else d for d in dims)
     else:
         dims = OTHER_SPLIT[key]
     if optimizer_state and layout.distributed_optimizer:
-        more = optimizer_axes(layout)
+        more = optimizer_axes(layout, key)
         fsdp_dim = dims.index("fsdp") if "fsdp" in dims else len(dims) - 1
         dims = tuple(("fsdp",) + more if d == "fsdp" else more if i == fsdp_dim and d is None
                      else d for i, d in enumerate(dims))
@@ -112,7 +150,7 @@ def specs(model, layout):
     state = {k: _split(k, True, layout) for k in keys}
     weights = state if layout.distributed_optimizer else {k: _split(k, False, layout)
                                                            for k in keys}
-    batch = P(None, ("dp", "fsdp"), "cp")
+    batch = P(None, ("dp", "fsdp") + (("ep",) if layout.ep > 1 else ()), "cp")
     ins = (weights, {"master": state, "mu": state, "nu": state}, batch, batch)
     return ins, (weights, {"master": state, "mu": state, "nu": state}, P())
 
@@ -177,7 +215,7 @@ def loss(s, lay, params, tokens, targets, copies=None, one_at_a_time=False):
     stacked.update(copies or {})
     ys = _stage_ticks(s, lay, stacked, x0)
     head = {k: params[k] for k in ("final_norm", "head", "embed") if k in params}
-    summed = tuple(a for a in AXES if not (a == "tp" and s.size("tp") > 1))
+    summed = tuple(a for a in lay.shape if not (a == "tp" and s.size("tp") > 1))
     losses = lambda y, h, t: L.token_losses(s, y, h, t)
     if one_at_a_time:
         losses = L.checkpoint(losses)
@@ -197,7 +235,7 @@ def fp8_weights(s, params) -> dict:
         return {}
     out = {}
     for k, w in params.items():
-        if k in LAYER_SPLIT and not k.endswith("norm"):
+        if k in LAYER_SPLIT and not k.endswith("norm") and k != "router":
             out[k + L.FP8], out[k + L.FP8T], _ = fp8.cast(w[0], transpose=True,
                                                           own_kernel=s.eager)
     return out
@@ -209,15 +247,18 @@ def _replicated(spec, lay, smallest=2) -> tuple:
     """The mesh axes (of ``smallest`` devices or more) a weight with ``spec`` is held
     whole on."""
     named = {a for d in spec for a in ((d,) if isinstance(d, str) else (d or ()))}
-    return tuple(a for a in AXES if a not in named and lay.shape[a] >= smallest)
+    return tuple(a for a in lay.shape if a not in named and lay.shape[a] >= smallest)
 
 
-def _reduce(g, spec, lay):
+def _reduce(g, spec, lay, key=None):
     """A weight's float32 gradient summed over the ranks that share the weight: a
-    reduce-scatter over ``dp`` with the distributed optimizer, an all-reduce otherwise."""
+    reduce-scatter over ``dp`` with the distributed optimizer, an all-reduce otherwise.
+    The ranks that share a weight are those its spec does not split it over: a routed
+    expert's gradient is summed over ``dp`` (and ``cp``), not over ``ep``, whose ranks
+    hold other experts; every other weight's over ``dp`` and ``ep`` both."""
     axes = _replicated(spec, lay, 1)          # size-1 axes too, to make the type invariant
     g = g.astype(snp.float32)
-    split = optimizer_axes(lay)
+    split = optimizer_axes(lay, key)
     if split and set(split) <= set(axes):
         dims = [d for d in spec] + [None] * (g.ndim - len(spec))
         dim = dims.index("fsdp") if "fsdp" in dims else g.ndim - 1
@@ -247,15 +288,18 @@ def train_step(model, layout, flash=True, framework="xla", precision="bf16",
     2021), which holds one micro-batch's logits at a time, where the SPMD step keeps every
     micro-batch's until its backward scan."""
     s = L.Shard(model, layout.shape, layout.recompute, layout.sequence_parallel, flash,
-                framework, precision == "fp8", layout.recompute_layers)
+                framework, precision == "fp8", layout.recompute_layers, layout.expert_load)
     whole = {k: _split(k, False, layout) for k in param_shapes(model, layout)}
 
+    def _gathered(k, w):
+        split = optimizer_axes(layout, k)
+        if int(np.prod([layout.shape[a] for a in split])) == 1:
+            return w
+        return lax.all_gather(w, _one(split), axis=_fsdp_dim(whole[k], w.ndim), tiled=True)
+
     def step(params, opt, tokens, targets):
-        split = optimizer_axes(layout)
-        if layout.distributed_optimizer and layout.dp * layout.cp > 1:   # this rank's slice,
-            params = {k: lax.all_gather(w, split if len(split) > 1 else split[0],  # gathered
-                                        axis=_fsdp_dim(whole[k], w.ndim), tiled=True)
-                      for k, w in params.items()}
+        if layout.distributed_optimizer and layout.dp * layout.cp * layout.ep > 1:
+            params = {k: _gathered(k, w) for k, w in params.items()}  # this rank's slice
             params = {k: w if layout.fsdp > 1 and "fsdp" in _named(whole[k]) else unpadded(
                 w, _fsdp_dim(whole[k], w.ndim), model.d_model) for k, w in params.items()}
         varying = {k: L.vary(w, _replicated(whole[k], layout, 1)) for k, w in params.items()}
@@ -264,13 +308,13 @@ def train_step(model, layout, flash=True, framework="xla", precision="bf16",
                                                      one_loss_at_a_time))(varying)
         new, state = {}, {"master": {}, "mu": {}, "nu": {}}
         for k in sorted(params):
-            g = _reduce(grads[k], whole[k], layout)
+            g = _reduce(grads[k], whole[k], layout, k)
             held = opt["master"][k]
             master, mu, nu = _adam(held.astype(snp.float32), opt["mu"][k], opt["nu"][k], g)
             new[k] = master.astype(params[k].dtype)
             state["master"][k], state["mu"][k], state["nu"][k] = \
                 master.astype(held.dtype), mu, nu
-        summed = tuple(a for a in AXES if a not in ("tp", "pp") or layout.shape[a] == 1)
+        summed = tuple(a for a in layout.shape if a not in ("tp", "pp") or layout.shape[a] == 1)
         return new, state, lax.psum(value, summed)
     return step
 

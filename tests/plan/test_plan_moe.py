@@ -1,10 +1,25 @@
-"""Mixture-of-experts sizes in the planner (issue 48): parameters and model FLOPs against
-closed forms written out here and against the published totals, and the committed
-development / held-out draw of the MoE validation runs."""
+"""Mixture-of-experts in the planner (issue 48): parameters and model FLOPs against closed
+forms written out here and against the published totals; the committed development /
+held-out draw of the MoE validation runs; the expert-parallel step on values against the
+one-device step and the MoE layer against a mixture of experts written in NumPy here; the
+step's all_to_alls and gradient reductions against their closed forms; and each
+validation run's predicted / measured step (a miss is a strict expected failure with its
+ratio)."""
+import importlib.util
+import math
+from dataclasses import replace
+
+import numpy as np
 import pytest
 
+import simpmd
 from simpmd import plan
-from simpmd.plan.runs import moe
+from simpmd.cost import hardware_preset
+from simpmd.plan import layers as L, step as St
+from simpmd.plan.runs import measure, moe
+
+needs_bf16 = pytest.mark.skipif(importlib.util.find_spec("ml_dtypes") is None,
+                                reason="the planner's steps are in bfloat16 (ml_dtypes)")
 
 
 def _closed_form(L, D, H, KV, hd, V, E, k, F, shared=0, dense=0, dense_ff=0, active=False):
@@ -79,6 +94,283 @@ def test_measured_step_times_from_the_table():
     assert moe.step_s(row) == pytest.approx(512 * 4096 / (5275 * 16))
 
 
-def test_estimate_refuses_a_mixture_of_experts_it_cannot_step_yet():
-    with pytest.raises(plan.LayoutError, match="mixture of experts"):
-        plan.estimate(plan.MIXTRAL_8X7B, plan.Layout(dp=8))
+# -- layouts ----------------------------------------------------------------------------------
+
+def test_chips_count_the_expert_axis_and_tokens_are_data_parallel_over_it():
+    lay = plan.Layout(dp=2, tp=2, pp=2, ep=4, sequence_parallel=True, microbatch=1)
+    assert lay.chips == 32 and lay.replicas == 8 and lay.global_batch == 8
+    assert "ep" not in plan.Layout(dp=8).shape          # a dense step's mesh is unchanged
+
+
+@pytest.mark.parametrize("layout, says", [
+    (dict(ep=3), "do not split over ep"),
+    (dict(ep=2, tp=2), "sequence_parallel=True"),
+])
+def test_expert_layouts_that_cannot_run_are_refused(layout, says):
+    with pytest.raises(plan.LayoutError, match=says):
+        plan.layout.check(plan.MIXTRAL_8X7B, plan.Layout(**layout))
+
+
+def test_expert_parallelism_of_a_dense_model_is_refused():
+    with pytest.raises(plan.LayoutError, match="dense"):
+        plan.layout.check(plan.LLAMA3_8B, plan.Layout(ep=2))
+
+
+# -- values -----------------------------------------------------------------------------------
+
+SMALL = plan.Transformer(layers=2, d_model=16, heads=2, kv_heads=2, d_ff=24, vocab=32, seq=8,
+                         gated_mlp=True, experts=4, top_k=2, expert_d_ff=8, shared_experts=1)
+ROOM = SMALL.experts / SMALL.top_k       # expert_load at which no slot can overflow
+
+
+def _weights(model, layout, seed=0):
+    rng = np.random.default_rng(seed)
+    return {k: np.ones(s, np.float32) if k.endswith("norm") else
+            (rng.normal(size=s) / math.sqrt(s[-2])).astype(np.float32)
+            for k, s in St.param_shapes(model, layout).items()}
+
+
+def _run(model, layout, weights, seed=1):
+    simpmd.set_device_count(layout.chips)
+    mesh = simpmd.make_mesh(tuple(layout.shape.values()), tuple(layout.shape))
+    ins, outs = St.specs(model, layout)
+    opt = {"master": {k: w.copy() for k, w in weights.items()},
+           "mu": {k: np.zeros_like(w) for k, w in weights.items()},
+           "nu": {k: np.zeros_like(w) for k, w in weights.items()}}
+    rng = np.random.default_rng(seed)
+    shape = (layout.microbatches, layout.replicas * layout.microbatch, model.seq)
+    batch = [t.reshape(shape).astype(np.int32) for t in
+             rng.integers(0, model.vocab, (2, layout.global_batch, model.seq))]
+    step = simpmd.shard_map(St.train_step(model, layout), mesh=mesh, in_specs=ins,
+                            out_specs=outs)
+    return step(weights, opt, *batch)
+
+
+@pytest.mark.parametrize("layout", [
+    plan.Layout(ep=2, global_batch=4, microbatch=2, expert_load=ROOM),
+    plan.Layout(dp=2, ep=2, global_batch=8, microbatch=1, expert_load=ROOM,
+                distributed_optimizer=True),
+    plan.Layout(ep=2, tp=2, sequence_parallel=True, global_batch=4, microbatch=2,
+                expert_load=ROOM),
+])
+def test_an_expert_parallel_step_computes_the_one_device_step(layout):
+    """The loss and every weight's Adam moment (its gradient: a routed expert's summed over
+    dp, not ep) equal the one-device step's, each expert on its own rank."""
+    one = plan.Layout(global_batch=layout.global_batch, microbatch=layout.microbatch,
+                      expert_load=ROOM)
+    weights = _weights(SMALL, one)
+    _, ref_opt, ref_loss = _run(SMALL, one, weights)
+    _, opt, loss = _run(SMALL, layout, {k: _by_rank(w, k, layout.tp)
+                                        for k, w in weights.items()})
+    assert float(loss) == pytest.approx(float(ref_loss), rel=1e-5)
+    for k in weights:
+        np.testing.assert_allclose(np.asarray(opt["mu"][k]),
+                                   _by_rank(np.asarray(ref_opt["mu"][k]), k, layout.tp),
+                                   rtol=2e-4, atol=1e-7, err_msg=k)
+
+
+def _by_rank(w, key, tp):
+    """A fused matrix's columns grouped by tensor-parallel rank, as the step holds them:
+    each rank's queries, keys and values (or gate and up) side by side."""
+    if tp == 1 or key not in ("wqkv", "w_in"):
+        return w
+    hd = SMALL.head_dim
+    parts = [SMALL.heads * hd, SMALL.kv_heads * hd, SMALL.kv_heads * hd] if key == "wqkv" \
+        else [w.shape[-1] // 2] * 2
+    pieces = np.split(w, np.cumsum(parts)[:-1], axis=-1)
+    return np.concatenate([np.split(p, tp, axis=-1)[r] for r in range(tp) for p in pieces],
+                          axis=-1)
+
+
+def _numpy_moe(x, w, model):
+    """A mixture of experts' MLP by hand: RMS norm, softmax router, top-k with gates
+    renormalized, each chosen expert's SwiGLU MLP weighted, the shared expert, residual."""
+    h = x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-5) * w["mlp_norm"]
+    logits = h @ w["router"]
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    out = np.zeros_like(x)
+    F = model.expert_d_ff
+    silu = lambda a: a / (1 + np.exp(-a))
+    for i in range(x.shape[0]):
+        top = np.argsort(-p[i], kind="stable")[:model.top_k]
+        g = p[i, top] / p[i, top].sum()
+        for e, ge in zip(top, g):
+            u = h[i] @ w["e_in"][e]
+            out[i] += ge * ((silu(u[:F]) * u[F:]) @ w["e_out"][e])
+    u = h @ w["w_in"]
+    out += (silu(u[:, :F]) * u[:, F:]) @ w["w_out"]
+    return x + out
+
+
+def test_the_moe_layer_is_a_mixture_of_experts():
+    """One device's MoE block on 12 tokens against :func:`_numpy_moe`."""
+    rng = np.random.default_rng(3)
+    shapes = St.layer_shapes(SMALL)
+    w = {k: np.ones(s, np.float32) if k.endswith("norm") else
+         rng.normal(size=s).astype(np.float32) / math.sqrt(s[-2])
+         for k, s in shapes.items() if k not in ("attn_norm", "wqkv", "wo")}
+    x = rng.normal(size=(2, 6, SMALL.d_model)).astype(np.float32)
+    s = L.Shard(SMALL, {}, expert_load=ROOM)
+    got, _ = L.moe_block(s, x, w)
+    np.testing.assert_allclose(np.asarray(got).reshape(12, -1),
+                               _numpy_moe(x.reshape(12, -1), w, SMALL), rtol=1e-4, atol=1e-5)
+
+
+def test_a_capacity_drops_the_tokens_past_it():
+    """With a capacity of one mean load (capacity_factor=1) and every token routed to the
+    same two experts, each expert keeps as many tokens as its slots: the rest pass through
+    the routed experts as zero (only the shared expert and the residual remain)."""
+    m = replace(SMALL, capacity_factor=1.0, shared_experts=0)
+    shapes = St.layer_shapes(m)
+    rng = np.random.default_rng(4)
+    w = {k: rng.normal(size=s).astype(np.float32) for k, s in shapes.items()}
+    w["mlp_norm"] = np.ones(shapes["mlp_norm"], np.float32)
+    w["router"] = np.zeros(shapes["router"], np.float32)
+    w["router"][:, :2] = 0.0       # every logit equal: top-2 picks experts 0 and 1 (ties low)
+    x = rng.normal(size=(1, 8, m.d_model)).astype(np.float32)
+    got, _ = L.moe_block(L.Shard(m, {}), x, w)
+    changed = ~np.isclose(np.asarray(got)[0], x[0]).all(axis=-1)
+    assert L.expert_slots(L.Shard(m, {}), 8) == 8 * 2 // 4
+    assert changed.tolist() == [True] * 4 + [False] * 4
+
+
+# -- the step on shapes: all_to_alls and reductions against closed forms ----------------------
+
+@needs_bf16
+def test_all_to_alls_and_expert_gradients_by_hand():
+    """gpt-oss-120b on 64 H100 (pp 4, ep 8, dp 2, micro-batch 4 of 4,096): each all_to_all
+    moves a rank's tokens x top_k x d_model in bf16, two forward and two backward per layer
+    and micro-batch; the routed experts' gradients are reduce-scattered over dp only (the
+    distributed optimizer), never over ep."""
+    run = next(r for r in moe.runs() if r.name == "Megatron-Bridge gpt-oss-120b, 64 x H100, bf16")
+    est = measure.estimate(run)
+    a2a = [c for c in est.collectives if c[0] == "all_to_all"]
+    assert {c[2] for c in a2a} == {4 * 4096 * 4 * 2880 * 2} and {c[1] for c in a2a} == {("ep",)}
+    grads = {c[1] for c in est.collectives if c[0] == "reduce_scatter"
+             and c[2] == 9 * 16 * 2880 * 2 * 2880 * 4}     # e_in's fp32 gradient, a stage
+    assert grads == {("dp",)}
+    assert est.mfu == pytest.approx(run.model.flops_per_token() * est.tokens_per_s_per_chip
+                                    / est.peak_flops)
+
+
+def test_the_h800_preset_holds_its_datasheet_numbers():
+    h800, h100 = hardware_preset("H800"), hardware_preset("H100")
+    assert h800.name == "H800" and h800.link_bandwidth * h800.links_per_device == 200e9
+    assert h800.matmul_peak("fp8") == h100.matmul_peak("fp8") == 1.979e15
+    assert h800.scale_out_bandwidth == 50e9      # DeepSeek-V3 report: IB 50 GB/s
+
+
+# -- validation: each run's predicted / measured ----------------------------------------------
+
+# predicted / measured of the runs the planner misses (docs/validation.md, "Mixtures of
+# experts"), at the one look at the held-out half (2026-12-02 14:39 UTC): every one too fast.
+MISSES = {
+    "Megatron-Bridge Qwen3-235B-A22B, 256 x GB200, bf16": 0.78,
+    "Megatron-Bridge gpt-oss-120b, 64 x B200, bf16": 0.63,
+    "Megatron-Bridge gpt-oss-120b, 64 x GB200, bf16": 0.45,
+    "Megatron-Bridge gpt-oss-120b, 64 x H100, bf16": 0.65,
+    "Megatron-Bridge Qwen3-235B-A22B, 64 x B200, fp8": 0.47,
+    "Megatron-Bridge Qwen3-30B-A3B, 16 x H100, fp8": 0.39,
+    "Megatron-Bridge Qwen3-30B-A3B, 8 x B200, fp8": 0.22,
+    "Megatron-Bridge Qwen3-30B-A3B, 8 x GB200, fp8": 0.52,
+}
+
+
+@pytest.fixture(scope="module")
+def ratios():
+    return {r.name: measure.estimate(r).step_s / r.measured_s for r in moe.runs()}
+
+
+@needs_bf16
+@pytest.mark.parametrize("name", [pytest.param(
+    n, marks=pytest.mark.xfail(strict=True, reason=f"predicted / measured {MISSES[n]:.2f}: "
+                               f"too fast (docs/validation.md, Mixtures of experts)"))
+    if n in MISSES else n for n in moe.DEVELOPMENT + moe.HELD_OUT])
+def test_each_moe_run_within_0_8_to_1_25(ratios, name):
+    assert 0.8 <= ratios[name] <= 1.25, ratios[name]
+
+
+@needs_bf16
+def test_the_misses_are_as_docs_validation_md_prints_them(ratios):
+    for name, printed in MISSES.items():
+        assert ratios[name] == pytest.approx(printed, abs=0.006), name
+    held = measure.summary([ratios[n] for n in moe.HELD_OUT])
+    dev = measure.summary([ratios[n] for n in moe.DEVELOPMENT])
+    assert (round(held["error"], 2), held["within"]) == (1.24, 1)   # docs/validation.md
+    assert (round(dev["error"], 2), dev["within"]) == (0.61, 0)
+
+
+def test_the_expert_parallel_step_runs_on_real_jax_with_the_same_results(jax8):
+    """The same step function under jax.shard_map on 8 CPU devices (dp 2 x ep 2 x tp 2,
+    sequence parallelism, the distributed optimizer): JAX's loss and moments are simpmd's
+    (its top_k, sort, gathers and all_to_alls JAX's own)."""
+    from jax.sharding import Mesh
+    from test_shapes import jax_specs
+    layout = plan.Layout(dp=2, ep=2, tp=2, sequence_parallel=True, distributed_optimizer=True,
+                         global_batch=4, microbatch=1, expert_load=ROOM)
+    weights = {k: _by_rank(w, k, 2) for k, w in _weights(SMALL, layout).items()}
+    ours = _run(SMALL, layout, weights)
+    rng = np.random.default_rng(1)
+    shape = (layout.microbatches, layout.replicas * layout.microbatch, SMALL.seq)
+    batch = [t.reshape(shape).astype(np.int32) for t in
+             rng.integers(0, SMALL.vocab, (2, layout.global_batch, SMALL.seq))]
+    devices = np.array(jax8.devices()[:8]).reshape(tuple(layout.shape.values()))
+    ins, outs = St.specs(SMALL, layout)
+    opt = {"master": weights, "mu": {k: np.zeros_like(w) for k, w in weights.items()},
+           "nu": {k: np.zeros_like(w) for k, w in weights.items()}}
+    theirs = jax8.jit(jax8.shard_map(St.train_step(SMALL, layout),
+                                     mesh=Mesh(devices, tuple(layout.shape)),
+                                     in_specs=jax_specs(ins), out_specs=jax_specs(outs)))(
+        weights, opt, *batch)
+    assert float(theirs[2]) == pytest.approx(float(ours[2]), rel=1e-5)
+    for k in weights:
+        np.testing.assert_allclose(np.asarray(theirs[1]["mu"][k]), np.asarray(ours[1]["mu"][k]),
+                                   rtol=2e-4, atol=2e-7, err_msg=k)
+
+
+# -- lesson 15's frontier run -----------------------------------------------------------------
+
+DEEPSEEK_V3 = plan.Transformer(
+    layers=61, d_model=7168, heads=128, kv_heads=8, head_dim=128, d_ff=18432, vocab=129280,
+    seq=4096, gated_mlp=True, experts=256, top_k=8, expert_d_ff=2048, shared_experts=1,
+    dense_layers=3, name="DeepSeek-V3 (MLA as GQA)")
+
+
+def test_deepseek_v3_sizes_near_the_report():
+    """DeepSeek-V3 report (arXiv:2412.19437): 671e9 parameters, 37e9 active; MLA written as
+    GQA holds more attention weights (lesson 15 says so): within 1% and 12%."""
+    assert DEEPSEEK_V3.params / 671e9 == pytest.approx(1, abs=0.01)
+    assert DEEPSEEK_V3.active_params / 37e9 == pytest.approx(1, abs=0.12)
+
+
+@needs_bf16
+def test_lesson15_deepseek_v3_against_the_reports_gpu_hours():
+    """The planner's GPU-hours per 1e12 tokens over the report's 180K (its section 1) is the
+    1.80x lesson 15 prints; with every collective hidden, 0.77x: the report lies between."""
+    import json
+    import pathlib
+    layout = plan.Layout(dp=2, pp=16, ep=64, microbatch=1, global_batch=15360,
+                         distributed_optimizer=True, schedule="dualpipev")
+    est = plan.estimate(DEEPSEEK_V3, layout, hardware="H800", precision="fp8",
+                        framework="megatron", check_memory=False, memory=False)
+    hours = 1e12 / est.tokens_per_s_per_chip / 3600
+    hidden = est.step_s - est.breakdown["communication"]
+    hidden_hours = hours * hidden / est.step_s
+    assert hidden_hours < 180e3 < hours
+    root = next(p for p in pathlib.Path(__file__).resolve().parents if (p / "notebooks").is_dir())
+    lesson = root / "notebooks/15_plan_a_training_run.ipynb"     # (tests/ or tests/plan/)
+    printed = "".join(o.get("text", "") if isinstance(o.get("text"), str) else "".join(o["text"])
+                      for c in json.loads(lesson.read_text())["cells"] if c["cell_type"] == "code"
+                      for o in c.get("outputs", []) if "text" in o)
+    assert f"the report 180K: {hours / 180e3:.2f}x" in printed
+    assert f"({hidden_hours / 180e3:.2f}x)" in printed
+
+
+def test_an_expert_parallel_layout_is_a_family_of_its_own():
+    """The intervals' families name ep, so no dense family's spread is taken for an MoE
+    estimate's: its interval is the pooled one, widened (no MoE run is in the spreads)."""
+    from simpmd.plan import families
+    lay = moe.layout(next(r for r in moe.ROWS if moe.name(r) == moe.DEVELOPMENT[1]))
+    assert families.kinds(lay) == "dp+ep"
+    assert families.kinds(plan.Layout(dp=8)) == "dp"

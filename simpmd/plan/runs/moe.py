@@ -22,12 +22,21 @@ attention is a 128-token sliding window, which the planner prices as full causal
 attention: an approximation, said so in the rows' notes). DeepSeek-V3's rows are left
 out: its multi-head latent attention is not a form ``plan.Transformer`` can state.
 
-NOT YET PREDICTED: at this commit ``plan.estimate`` has no expert-parallel step, so no row
-has been predicted; the draw below was made over the names alone.
+The draw below was made over the names alone, before ``plan.estimate`` had an
+expert-parallel step. :func:`runs` gives the rows as :class:`simpmd.plan.published.Run` s
+(framework ``"megatron"``); what the table does not print is taken as NeMo's recipes set
+it and not checked against their scripts: no recomputation, the distributed optimizer,
+sequence parallelism with TP > 1, flash attention, and the force-balanced router's
+``expert_load`` of 1. They are kept apart from :func:`simpmd.plan.runs.every` (the dense
+validation) and checked in tests/plan/test_plan_moe.py (tests/ before issue 46 item 5).
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
+from ..layout import Layout
 from ..model import Transformer
+from ..published import Run
 from .split import draw
 
 SOURCE = ("NVIDIA-NeMo/Megatron-Bridge docs/performance-summary.md at 00b7660be0, '25.11 "
@@ -99,3 +108,28 @@ HELD_OUT = (
     'Megatron-Bridge Qwen3-30B-A3B, 8 x B200, fp8',
     'Megatron-Bridge Qwen3-30B-A3B, 8 x GB200, fp8',
 )
+
+
+NOTES = ("no recomputation, the distributed optimizer, sequence parallelism with TP > 1 and "
+         "flash attention taken as NeMo's recipes' defaults (not read from the scripts); the "
+         "router force-balanced, so expert_load = 1 (the table's note); FP8 is Megatron's "
+         "current scaling, priced as Transformer Engine's delayed scaling; gpt-oss's sliding-"
+         "window layers and attention sinks priced as full causal attention")
+
+
+def layout(row) -> Layout:
+    """The row's layout: ``dp = GPUs / (TP x PP x CP x EP)``; where EP is more than
+    Megatron's data-parallel size, the experts fold over TP (``ep = EP / TP``)."""
+    gpus, gbs, mbs, _, tp, pp, cp, vp, ep = row[3:12]
+    if gpus % (tp * pp * cp * ep):
+        ep //= tp
+    return Layout(dp=gpus // (tp * pp * cp * ep), tp=tp, pp=pp, cp=cp, vp=vp, ep=ep,
+                  microbatch=mbs, global_batch=gbs, sequence_parallel=tp > 1,
+                  distributed_optimizer=True)
+
+
+def runs() -> list:
+    """The rows as :class:`Run` s, each model at its row's sequence length."""
+    return [Run(name(r), replace(r[1], seq=r[6]), layout(r), r[0], r[2], step_s(r), SOURCE,
+                f"{r[-1]:,} tokens/s/GPU: {r[4]} x {r[6]} / ({r[-1]} x {r[3]})",
+                framework="megatron", notes=NOTES) for r in ROWS]
