@@ -232,3 +232,15 @@ def test_the_known_misses_are_where_the_docs_say():
     runs = {r.name: r for r in S.runs()}
     for name, ratio in KNOWN_MISSES.items():
         assert _ratio(runs[name]) == pytest.approx(ratio, abs=0.006), name
+
+
+def test_a_first_token_row_is_a_one_token_batch_of_one_with_no_decode_step():
+    """TensorRT-LLM's gptSessionBenchmark times GptSession::generate whole; asked for one
+    token, generateSingleBatch (cpp/tensorrt_llm/runtime/gptSession.cpp at 027cd518) runs
+    the context step and no generation step, so the row compares the prefill alone."""
+    rows = [r for r in S.runs() if r.metric == "ttft"]
+    assert len(rows) == 8
+    for run in rows:
+        assert (run.batch, run.gen_len) == (1, 1), run.name
+        e = run.serve()
+        assert e.total_s == e.ttft_s == run.predicted_s(e)
