@@ -33,6 +33,16 @@ def test_committed_executed(path):
     assert counts == sorted(counts), f"{path.name}: cells were run out of order"
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_cell_has_a_unique_id(path):
+    """nbformat 4.5 gives every cell an id (nbformat warns without one, and will refuse)."""
+    nb = json.loads(path.read_text())
+    ids = [c.get("id") for c in nb["cells"]]
+    assert (nb["nbformat"], nb["nbformat_minor"]) >= (4, 5), path.name
+    assert None not in ids, f"{path.name}: cells {[i for i, x in enumerate(ids) if x is None]} have no id"
+    assert len(set(ids)) == len(ids), f"{path.name}: repeated cell ids"
+
+
 # What runs a lesson's program on real JAX: simpmd.crosscheck (logged for course.sh), the
 # multi-process cross-check, or a JAX transformation the lesson calls and compares itself.
 RUNS_ON_JAX = re.compile(r"crosscheck\(|crosscheck_processes\(|on_jax\(|jax_roofline\.|"
