@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import simpmd
+from test_plan import _run as plan_run
 from simpmd import plan
 from simpmd.cost import hardware_preset
 from simpmd.plan import layers as L, step as St
@@ -130,20 +131,9 @@ def _weights(model, layout, seed=0):
             for k, s in St.param_shapes(model, layout).items()}
 
 
-def _run(model, layout, weights, seed=1):
-    simpmd.set_device_count(layout.chips)
-    mesh = simpmd.make_mesh(tuple(layout.shape.values()), tuple(layout.shape))
-    ins, outs = St.specs(model, layout)
-    opt = {"master": {k: w.copy() for k, w in weights.items()},
-           "mu": {k: np.zeros_like(w) for k, w in weights.items()},
-           "nu": {k: np.zeros_like(w) for k, w in weights.items()}}
-    rng = np.random.default_rng(seed)
-    shape = (layout.microbatches, layout.replicas * layout.microbatch, model.seq)
-    batch = [t.reshape(shape).astype(np.int32) for t in
-             rng.integers(0, model.vocab, (2, layout.global_batch, model.seq))]
-    step = simpmd.shard_map(St.train_step(model, layout), mesh=mesh, in_specs=ins,
-                            out_specs=outs)
-    return step(weights, opt, *batch)
+def _run(model, layout, weights):
+    """One training step of ``model`` on ``layout`` (test_plan's, with its batch)."""
+    return plan_run(layout, weights, model=model)
 
 
 @pytest.mark.parametrize("layout", [
