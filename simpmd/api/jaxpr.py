@@ -17,18 +17,19 @@ from ..partitioner.sharded import ShardingRun
 def make_jaxpr(fun, static_argnums=(), axis_env=None, return_shape=False):
     """``jax.make_jaxpr``: ``make_jaxpr(f, axis_env=[("i", 8)])(x)`` traces ``f`` as one
     device would run it, inside a map over the named axes, and returns its program, which
-    prints in JAX's notation (collectives included). ``f`` may also be a ``simpmd.pmap``-,
-    ``jit``- or ``shard_map``-ed function: a shard_map is one ``shard_map`` equation holding
-    its body, as JAX prints it (:func:`body_program` gives the body as each device runs
-    it). Nothing is computed: the
+    prints in JAX's notation (collectives included). ``f`` may also be a ``simpmd.pmap``-
+    or ``shard_map``-ed function: then the program is its body's, as each device runs it
+    (:func:`body_program`; JAX prints the same body inside a ``shard_map`` equation, which
+    ``make_jaxpr(lambda x: f(x))`` gives here too). Nothing is computed: the
     body runs on types alone; arguments may be arrays or ShapeDtypeStructs, and with
     ``return_shape=True`` the results' types come back as ShapeDtypeStructs, as in JAX.
     """
     static = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
 
     def traced(*args, **kwargs):
-        if hasattr(fun, "traced") and hasattr(fun, "fun") and not _shard_mapped(fun):
-            # a pmap or jit
+        if hasattr(fun, "traced") and hasattr(fun, "fun"):     # a pmap, shard_map or jit
+            # (JAX prints a shard_map called directly as one shard_map equation; simpmd
+            # still gives its body, which lessons 9 and 13 read: issue 45 item 19)
             program = fun.traced(*args, **kwargs)
             if not return_shape:
                 return program
@@ -38,11 +39,6 @@ def make_jaxpr(fun, static_argnums=(), axis_env=None, return_shape=False):
             return program
         return program, tree.unflatten(out_tree, [struct_of(a) for a in program.out_avals])
     return traced
-
-
-def _shard_mapped(fun) -> bool:
-    """Whether ``fun`` is a ``simpmd.shard_map``-ed function (JAX traces it as a call)."""
-    return getattr(fun, "runs_over_devices", False) and hasattr(fun, "out_specs")
 
 
 def body_program(fun, *args):
