@@ -17,9 +17,10 @@ from ..partitioner.sharded import ShardingRun
 def make_jaxpr(fun, static_argnums=(), axis_env=None, return_shape=False):
     """``jax.make_jaxpr``: ``make_jaxpr(f, axis_env=[("i", 8)])(x)`` traces ``f`` as one
     device would run it, inside a map over the named axes, and returns its program, which
-    prints in JAX's notation (collectives included). ``f`` may also be a ``simpmd.pmap``-ed
+    prints in JAX's notation (collectives included). ``f`` may also be a ``simpmd.pmap``-
     or ``shard_map``-ed function: then the program is its body's, as each device runs it
-    (JAX prints the same body inside a ``shard_map`` equation). Nothing is computed: the
+    (:func:`body_program`; JAX prints the same body inside a ``shard_map`` equation, which
+    ``make_jaxpr(lambda x: f(x))`` gives here too). Nothing is computed: the
     body runs on types alone; arguments may be arrays or ShapeDtypeStructs, and with
     ``return_shape=True`` the results' types come back as ShapeDtypeStructs, as in JAX.
     """
@@ -27,6 +28,8 @@ def make_jaxpr(fun, static_argnums=(), axis_env=None, return_shape=False):
 
     def traced(*args, **kwargs):
         if hasattr(fun, "traced") and hasattr(fun, "fun"):     # a pmap, shard_map or jit
+            # (JAX prints a shard_map called directly as one shard_map equation; simpmd
+            # still gives its body, which lessons 9 and 13 read: issue 45 item 19)
             program = fun.traced(*args, **kwargs)
             if not return_shape:
                 return program
@@ -36,6 +39,15 @@ def make_jaxpr(fun, static_argnums=(), axis_env=None, return_shape=False):
             return program
         return program, tree.unflatten(out_tree, [struct_of(a) for a in program.out_avals])
     return traced
+
+
+def body_program(fun, *args):
+    """The program a ``simpmd.pmap``- or ``shard_map``-ed function runs on each device,
+    traced on ``args`` (arrays or ShapeDtypeStructs): what the cost walker reads. For
+    another function, its ``make_jaxpr`` program."""
+    if hasattr(fun, "traced") and hasattr(fun, "fun"):
+        return fun.traced(*args)
+    return make_jaxpr(fun)(*args)
 
 
 def trace_function(fun, args, kwargs, static=(), axis_env=None, keep_weak=False):

@@ -40,7 +40,7 @@ from ..core.run import Run
 from ..core.values import StackedValue
 from ..api import tree
 from ..api.shapes import as_shapes
-from ..api.jaxpr import make_jaxpr
+from ..api.jaxpr import body_program, make_jaxpr
 from ..api.shard_map import shard_map
 
 # Primitives of JAX that simpmd has no row for: what JAX's roofline counts for them.
@@ -643,6 +643,8 @@ def traced(fun, args, axis_env=None, mesh=None, in_specs=None, out_specs=None) -
         fun = shard_map(fun, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
     if hasattr(fun, "lower"):    # a simpmd.jit function: its compiled per-device program
         program = fun.lower(*args).compile().program
+    elif hasattr(fun, "traced") and hasattr(fun, "fun"):  # a pmap or shard_map: its body
+        program = body_program(fun, *as_shapes(args))
     else:
         program = make_jaxpr(fun, axis_env=axis_env)(*as_shapes(args))
     if axis_env is None:         # a pmapped or shard_mapped function: the axes it ran over

@@ -15,6 +15,7 @@ from fuzz_seeds import new_seed_param, seeds
 
 import simpmd
 from simpmd import P, lax
+from simpmd.api.jaxpr import body_program
 import simpmd.numpy as snp
 
 from conformance.test_shard_map_vs_jax import jax_mesh, jax_shard_map
@@ -165,9 +166,9 @@ def test_each_rule_gives_the_type_jax_gives(jax8, name):
     f = jax_shard_map(jax8, make(jax8.lax), jax_mesh(jax8, (("a", 2), ("b", 4))),
                       spec(PartitionSpec, s_in), PartitionSpec(("a", "b")), True)
     want = _jax_out_vma(jax8, f, x)
-    program = simpmd.make_jaxpr(simpmd.shard_map(
+    program = body_program(simpmd.shard_map(
         make(lax), mesh=simpmd.make_mesh((2, 4), ("a", "b")), in_specs=spec(P, s_in),
-        out_specs=P(("a", "b"))))(x)
+        out_specs=P(("a", "b"))), x)
     made_by = {v: e for e in program.eqns for v in e.outvars}
     got = []
     for v in program.outvars:        # before the pvary that matches out_specs, as for JAX
@@ -224,7 +225,7 @@ def test_random_programs_insert_pvary_where_jax_does(jax8, shape, seed):
     psum_invariant: the printed programs bind the same primitives in the same order."""
     from jax.sharding import PartitionSpec
     jmesh = jax_mesh(jax8, (("a", shape[0]), ("b", shape[1])))
-    mesh = simpmd.make_mesh(shape, ("a", "b"))
+    mesh = simpmd.make_mesh(shape, ("a", "b"), axis_types=(simpmd.sharding.AxisType.Auto,) * 2)
     x = np.arange(64, dtype=np.float32).reshape(8, 8) / 7
     compared = 0
     for ops, s_in, _ in programs(seed=seed, count=60):

@@ -181,6 +181,29 @@ CASES.append(Case("pcast_to_unreduced", _pcast_unreduced, lambda: (ar(8),),
                   follows=SM + "test_pcast_to_unreduced", needs=_has_pcast))
 
 
+def _pcast_reduced(jx, x):
+    """An invarying operand made reduced over 'x' (JAX's ``preduced``): typed
+    ``float32[8]{R:x}`` in the body and in the result of out_specs=P(reduced={'x'})."""
+    m = mesh(jx, (4,), ("x",), types="explicit")
+    seen = []
+
+    def body(v):
+        r = jx.lax.pcast(v, "x", to="reduced")
+        seen.append(str(jx.typeof(r)))
+        return r
+    f = jx.shard_map(body, mesh=m, in_specs=jx.P(), out_specs=jx.P(reduced={"x"}))
+    with jx.set_mesh(m):
+        out = jx.jit(f)(put(jx, x, m))
+        return str(jx.typeof(out)), seen, jx.sharding.reshard(out, jx.P())
+
+
+CASES.append(Case("pcast_to_reduced", _pcast_reduced, lambda: (ar(8),),
+                  follows=SM + "test_unreduced_psum_fwd_preduced_bwd (its preduced step)",
+                  needs=_has_pcast, xfail="issue 45: lax.pcast(..., to='reduced') inside "
+                  "shard_map is refused (NotImplementedError); jax 0.10.2 and 0.12.0.1 type it "
+                  "{R:x} (checked 2026-12-02)"))
+
+
 def _in_body(body, in_spec=("x",), out_spec=None, shape=(4, 4), grad=False):
     """``body`` in a jit of a shard_map over a (2, 4) Explicit mesh ('x', 'y'): the
     result's type, its value reduced (resharded to P()), and the type seen in the body."""

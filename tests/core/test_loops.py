@@ -14,6 +14,7 @@ from fuzz_seeds import seeds
 import simpmd
 import simpmd.numpy as snp
 from simpmd import lax
+from simpmd.api.jaxpr import body_program
 
 N = 8
 PERM = [(j, (j + 1) % N) for j in range(N)]
@@ -485,7 +486,7 @@ def test_memory_like_jax_reproduces_the_roofline_peak(jax8, ck):
     jax_body = jax8.make_jaxpr(jax8.shard_map(theirs, mesh=jmesh, in_specs=(JP(), JP("i")),
                                               out_specs=JP()))(w, x).eqns[-1].params["jaxpr"]
     assert peak_memory(jax_body, like_jax=True).peak == r.peak_hbm_bytes   # its definition
-    program = simpmd.make_jaxpr(mine)(w, x)
+    program = body_program(mine, w, x)
 
     def stacked(p):           # the forward scan's results: the carry, and what it keeps
         return [v.aval.shape for e in p.eqns if e.primitive.name == "scan" for v in e.outvars][:8]

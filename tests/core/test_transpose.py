@@ -14,6 +14,7 @@ from simpmd import lax
 import simpmd.numpy as snp
 from simpmd.core import autodiff, core  # noqa: F401
 from simpmd.core.autodiff import NotDifferentiableError
+from simpmd.api.jaxpr import body_program
 
 N = 8
 RING = [(k, (k + 1) % N) for k in range(N)]
@@ -112,7 +113,7 @@ def test_shard_map_check_vma_transposes_psum_to_nothing_and_pvary_to_psum(jax8):
     mesh = simpmd.make_mesh((N,), ("i",))
     f = simpmd.shard_map(make(lax, snp, simpmd.grad), mesh=mesh, in_specs=(simpmd.P(), simpmd.P("i")),
                          out_specs=simpmd.P(), check_vma=True)
-    mine = simpmd.make_jaxpr(f)(w, x)
+    mine = body_program(f, w, x)
     assert _of_simpmd(mine) == _of_jax(theirs) == ([("psum", [()]), ("psum", [(6, 8)])], 2)
     # and the values: d/dw sum over devices of sum(tanh(x_k w)) = sum_k x_k^T (1 - tanh^2)
     got = np.asarray(f(w, x))
