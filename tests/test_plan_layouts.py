@@ -173,7 +173,11 @@ def test_new_presets_hold_their_datasheets_numbers():
     assert hardware_preset("H100 NVL").hbm_bandwidth == 3.9e12
     assert hardware_preset("GB200").matmul_peak("fp8") == pytest.approx(720e15 / 72 / 2)
     assert hardware_preset("GB200").hbm_bandwidth == pytest.approx(576e12 / 72)
-    assert hardware_preset("GH200").name == "H100 96GB"
+    assert hardware_preset("GH200").name == "GH200"
+    assert hardware_preset("GH200").hbm_bandwidth == 4e12
+    # torchtitan's benchmark page: 96GB HBM2e at 2.4 TB/s, peak between SXM and NVL
+    assert hardware_preset("H100 96GB").hbm_bandwidth == 2.4e12
+    assert 835.5e12 < hardware_preset("H100 96GB").matmul_peak("bf16") < 989e12
     from simpmd.plan.simulate import HBM_CAPACITY
     assert HBM_CAPACITY["H100 NVL"] == 94e9 and HBM_CAPACITY["GB200"] == 186e9
 

@@ -612,15 +612,22 @@ _H100_PCIE = ("NVIDIA H100 PCIe product brief PB-11133-001_v02 (November 2022): 
 _H100_NVL = ("NVIDIA H100 datasheet, H100 NVL column: 94 GB HBM3 at 3.9 TB/s, FP32 60 TFLOPS, "
              "TF32 835, BF16 1,671, FP8 3,341 TFLOPS with sparsity (half dense), 350-400 W, "
              "NVLink bridge 600 GB/s (pairs of cards), PCIe Gen5 128 GB/s")
-_H100_96 = ("NVIDIA GH200 Grace Hopper Superchip datasheet: the H100 of a GH200 has 96 GB of HBM3 "
-            "at 4 TB/s, with the H100 SXM's compute (FP8 3,958 TFLOPS, BF16 1,979 with "
-            "sparsity) and 900 GB/s NVLink; issue 44's '96 GB HBM2e at 2.4 TB/s, 500 W' is not "
-            "in any NVIDIA datasheet read, so this preset is the GH200's part")
+_H100_96 = ("pytorch/torchtitan, benchmarks/llama3_h100_202412_torchtitan.md (commit 31a17bf): "
+            "Grand Teton's H100 'is equipped with 96GB HBM2e with 2.4 TB/sec peak memory "
+            "bandwidth', run at 'the default 500W power limit'; its footnote: the part is an "
+            "'HBM2e-based SXM H100 with lower TDP, the actual peak TFLOPs number is between "
+            "SXM and NVL, and we don't know its exact value'. simpmd takes the middle of that "
+            "range: (989 + 835.5) / 2 = 912 TFLOPS dense BF16 (NVIDIA H100 datasheet, SXM and "
+            "NVL columns), FP8 and TF32 in the same proportion")
+_GH200 = ("NVIDIA GH200 Grace Hopper Superchip datasheet: the H100 of a GH200 has 96 GB of HBM3 "
+          "at 4 TB/s, with the H100 SXM's compute (FP8 3,958 TFLOPS, BF16 1,979 with "
+          "sparsity) and 900 GB/s NVLink")
 _GB200 = ("NVIDIA GB200 NVL72 datasheet, per rack of 72 Blackwell GPUs: HBM3e 13.4 TB at 576 "
           "TB/s (186 GB and 8 TB/s per GPU), FP8 720 PFLOPS, FP16/BF16 360 PFLOPS, TF32 180 "
           "PFLOPS with sparsity (5, 2.5 and 1.25 PFLOPS dense per GPU), FP32 5,760 TFLOPS "
           "(80 per GPU), fifth-generation NVLink 130 TB/s (1.8 TB/s per GPU, 18 links) in one "
           "NVLink domain of 72 GPUs")
+_H100_96_PEAK = (9.89e14 + 8.355e14) / 2     # _H100_96: between the SXM's and the NVL's
 _COPIED = "network fields (links, latency, the network between nodes, floors) copied from "
 
 HARDWARE.update({
@@ -645,9 +652,16 @@ HARDWARE.update({
                    _NET_STEP),
         aliases=("NVIDIA H100 NVL", "H100 94GB")),
     "H100 96GB": replace(
-        HARDWARE["H100"], name="H100 96GB", hbm_bandwidth=4.0e12, measured=(),
+        HARDWARE["H100"], name="H100 96GB", hbm_bandwidth=2.4e12,
+        peak_bf16_flops=_H100_96_PEAK, peak_fp32_flops=6.7e13 * _H100_96_PEAK / 9.89e14,
+        matmul_peaks=tuple((path, peak * _H100_96_PEAK / 9.89e14) for path, peak in _HOPPER),
+        measured=(),
         citations=(_H100_96, _COPIED + "H100 (SXM)") + HARDWARE["H100"].citations[1:],
-        aliases=("GH200", "H100 96 GB", "NVIDIA GH200")),
+        aliases=("H100 96 GB", "H100 HBM2e")),
+    "GH200": replace(
+        HARDWARE["H100"], name="GH200", hbm_bandwidth=4.0e12, measured=(),
+        citations=(_GH200, _COPIED + "H100 (SXM)") + HARDWARE["H100"].citations[1:],
+        aliases=("NVIDIA GH200", "GH200 96GB")),
     "GB200": replace(
         HARDWARE["B200"], name="GB200", hbm_bandwidth=8e12, peak_bf16_flops=2.5e15,
         peak_fp32_flops=8e13, node_size=72,
@@ -658,7 +672,8 @@ HARDWARE.update({
         aliases=("NVIDIA GB200", "GB200 NVL72")),
 })
 # The capacity of each new part's HBM, bytes (the datasheets above).
-NEW_HBM = {"H100 PCIe": 80e9, "H100 NVL": 94e9, "H100 96GB": 96e9, "GB200": 186e9}
+NEW_HBM = {"H100 PCIe": 80e9, "H100 NVL": 94e9, "H100 96GB": 96e9, "GH200": 96e9,
+           "GB200": 186e9}
 
 
 def _key(name: str) -> str:
@@ -682,7 +697,7 @@ def hardware_preset(hardware) -> Hardware:
 
 
 # What jax.devices()[0].device_kind says on each chip -> the preset (first match wins).
-_DEVICE_KINDS = (("gh200", "H100 96GB"), ("h200", "H200"), ("h100 nvl", "H100 NVL"),
+_DEVICE_KINDS = (("gh200", "GH200"), ("h200", "H200"), ("h100 nvl", "H100 NVL"),
                  ("h100 pcie", "H100 PCIe"), ("h100", "H100"), ("h800", "H100"),
                  ("gb200", "GB200"), ("b200", "B200"),
                  ("a100", None), ("l4", "L4"), ("t4", "T4"), ("tpu v6 lite", "TPU v6e"),
