@@ -498,7 +498,15 @@ _ATTENTION_H100 = (
     "sequence 2k / 4k / 8k; Figure 6(b), backward without a causal mask (the paper gives no "
     "causal backward), cuDNN 465 / 499 / 518. simpmd takes the 4k column, the NeMo runs' "
     "queries per GPU: 518 and 499 of 989 dense (52.4% forward, 50.5% backward); the "
-    "other presets time attention as a large matmul (no source read for them)")
+    "other presets but Blackwell's (_ATTENTION_B200) time attention as a large matmul (no "
+    "source read for them)")
+_ATTENTION_B200 = (
+    "Fused attention on Blackwell (B200, GB200): cuDNN's, as Transformer Engine runs it. "
+    "Zadouri, Dao et al. 2026, 'FlashAttention-4' (arXiv:2603.05451), abstract: on B200 in "
+    "BF16 FlashAttention-4 reaches 'up to 1613 TFLOPs/s (71% utilization)' and 'up to 1.3x "
+    "speedup over cuDNN 9.13': simpmd takes cuDNN at 1613 / 1.3 = 1,241 TFLOP/s of the "
+    "2,250 dense (55.1%) for the forward pass, and for the backward pass too (no backward "
+    "figure read; on H100 cuDNN's backward is within 4% of its forward, _ATTENTION_H100)")
 _HBM_H100 = ("HBM sustained: NVBench device-to-device copy on an 8 x H100 80GB HBM3 node, 2,903 "
              "GB/s of 3,350 (86.7%), its best at a 13 MB transfer (Voltage Park and Georgia Tech, "
              "github.com/ZiyanIshani/vpbenchmarking, results/stream_nvbench/"
@@ -584,9 +592,12 @@ _MACHINE = {
               _NET_STEP, _NVLS)),
     "B200": (dict(matmul_peaks=(("tf32", 1.1e15), ("fp8", 4.5e15), ("int8", 4.5e15)),
                   matmul_efficiency=(("bf16", 0.776), ("fp8", 0.763)),
+                  attention_efficiency=(("forward", 1613 / 1.3 / 2250),
+                                        ("backward", 1613 / 1.3 / 2250)),
                   scale_out_bandwidth=5e10, scale_out_latency=1.4e-5, scale_out_efficiency=0.94,
                   nvlink_sharp=0.74, **_GPU_FLOORS),
-             (_PRECISION, _PATHS_B200, _MAMF, _HBM_H100, _LAUNCH_GPU, _DISPATCH_GPU, _IB_NDR,
+             (_PRECISION, _PATHS_B200, _MAMF, _ATTENTION_B200, _HBM_H100, _LAUNCH_GPU,
+              _DISPATCH_GPU, _IB_NDR,
               _NET_STEP, _NVLS)),
     "L4": (dict(matmul_peaks=(("tf32", 6.0e13), ("fp8", 2.425e14), ("int8", 2.425e14)),
                 **_GPU_FLOORS),
@@ -667,7 +678,7 @@ HARDWARE.update({
         peak_fp32_flops=8e13, node_size=72,
         matmul_peaks=(("tf32", 1.25e15), ("fp8", 5e15), ("int8", 5e15)),
         citations=(_GB200, _COPIED + "B200 (its NVLink 5 links; the NVLink domain of 72 GPUs "
-                   "is the datasheet's)", _PRECISION, _MAMF, _HBM_H100, _LAUNCH_GPU,
+                   "is the datasheet's)", _PRECISION, _MAMF, _ATTENTION_B200, _HBM_H100, _LAUNCH_GPU,
                    _DISPATCH_GPU, _IB_NDR, _NET_STEP),
         aliases=("NVIDIA GB200", "GB200 NVL72")),
 })
