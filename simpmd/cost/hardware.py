@@ -505,7 +505,8 @@ _ATTENTION_B200 = (
     "Zadouri, Dao et al. 2026, 'FlashAttention-4' (arXiv:2603.05451), abstract: on B200 in "
     "BF16 FlashAttention-4 reaches 'up to 1613 TFLOPs/s (71% utilization)' and 'up to 1.3x "
     "speedup over cuDNN 9.13': simpmd takes cuDNN at 1613 / 1.3 = 1,241 TFLOP/s of the "
-    "2,250 dense (55.1%) for the forward pass, and for the backward pass too (no backward "
+    "2,250 dense (55.1%; GB200 the same fraction of its 2,500) for the forward pass, and for "
+    "the backward pass too (no backward "
     "figure read; on H100 cuDNN's backward is within 4% of its forward, _ATTENTION_H100)")
 _HBM_H100 = ("HBM sustained: NVBench device-to-device copy on an 8 x H100 80GB HBM3 node, 2,903 "
              "GB/s of 3,350 (86.7%), its best at a 13 MB transfer (Voltage Park and Georgia Tech, "
