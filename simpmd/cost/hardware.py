@@ -501,7 +501,16 @@ _ATTENTION_H100 = (
     "sequence 2k / 4k / 8k; Figure 6(b), backward without a causal mask (the paper gives no "
     "causal backward), cuDNN 465 / 499 / 518. simpmd takes the 4k column, the NeMo runs' "
     "queries per GPU: 518 and 499 of 989 dense (52.4% forward, 50.5% backward); the "
-    "other presets time attention as a large matmul (no source read for them)")
+    "other presets but Blackwell's (_ATTENTION_B200) time attention as a large matmul (no "
+    "source read for them)")
+_ATTENTION_B200 = (
+    "Fused attention on Blackwell (B200, GB200): cuDNN's, as Transformer Engine runs it. "
+    "Zadouri, Dao et al. 2026, 'FlashAttention-4' (arXiv:2603.05451), abstract: on B200 in "
+    "BF16 FlashAttention-4 reaches 'up to 1613 TFLOPs/s (71% utilization)' and 'up to 1.3x "
+    "speedup over cuDNN 9.13': simpmd takes cuDNN at 1613 / 1.3 = 1,241 TFLOP/s of the "
+    "2,250 dense (55.1%; GB200 the same fraction of its 2,500) for the forward pass, and for "
+    "the backward pass too (no backward "
+    "figure read; on H100 cuDNN's backward is within 4% of its forward, _ATTENTION_H100)")
 _HBM_H100 = ("HBM sustained: NVBench device-to-device copy on an 8 x H100 80GB HBM3 node, 2,903 "
              "GB/s of 3,350 (86.7%), its best at a 13 MB transfer (Voltage Park and Georgia Tech, "
              "github.com/ZiyanIshani/vpbenchmarking, results/stream_nvbench/"
@@ -587,9 +596,12 @@ _MACHINE = {
               _NET_STEP, _NVLS)),
     "B200": (dict(matmul_peaks=(("tf32", 1.1e15), ("fp8", 4.5e15), ("int8", 4.5e15)),
                   matmul_efficiency=(("bf16", 0.776), ("fp8", 0.763)),
+                  attention_efficiency=(("forward", 1613 / 1.3 / 2250),
+                                        ("backward", 1613 / 1.3 / 2250)),
                   scale_out_bandwidth=5e10, scale_out_latency=1.4e-5, scale_out_efficiency=0.94,
                   nvlink_sharp=0.74, **_GPU_FLOORS),
-             (_PRECISION, _PATHS_B200, _MAMF, _HBM_H100, _LAUNCH_GPU, _DISPATCH_GPU, _IB_NDR,
+             (_PRECISION, _PATHS_B200, _MAMF, _ATTENTION_B200, _HBM_H100, _LAUNCH_GPU,
+              _DISPATCH_GPU, _IB_NDR,
               _NET_STEP, _NVLS)),
     "L4": (dict(matmul_peaks=(("tf32", 6.0e13), ("fp8", 2.425e14), ("int8", 2.425e14)),
                 **_GPU_FLOORS),
@@ -615,15 +627,22 @@ _H100_PCIE = ("NVIDIA H100 PCIe product brief PB-11133-001_v02 (November 2022): 
 _H100_NVL = ("NVIDIA H100 datasheet, H100 NVL column: 94 GB HBM3 at 3.9 TB/s, FP32 60 TFLOPS, "
              "TF32 835, BF16 1,671, FP8 3,341 TFLOPS with sparsity (half dense), 350-400 W, "
              "NVLink bridge 600 GB/s (pairs of cards), PCIe Gen5 128 GB/s")
-_H100_96 = ("NVIDIA GH200 Grace Hopper Superchip datasheet: the H100 of a GH200 has 96 GB of HBM3 "
-            "at 4 TB/s, with the H100 SXM's compute (FP8 3,958 TFLOPS, BF16 1,979 with "
-            "sparsity) and 900 GB/s NVLink; issue 44's '96 GB HBM2e at 2.4 TB/s, 500 W' is not "
-            "in any NVIDIA datasheet read, so this preset is the GH200's part")
+_H100_96 = ("pytorch/torchtitan, benchmarks/llama3_h100_202412_torchtitan.md (commit 31a17bf): "
+            "Grand Teton's H100 'is equipped with 96GB HBM2e with 2.4 TB/sec peak memory "
+            "bandwidth', run at 'the default 500W power limit'; its footnote: the part is an "
+            "'HBM2e-based SXM H100 with lower TDP, the actual peak TFLOPs number is between "
+            "SXM and NVL, and we don't know its exact value'. simpmd takes the middle of that "
+            "range: (989 + 835.5) / 2 = 912 TFLOPS dense BF16 (NVIDIA H100 datasheet, SXM and "
+            "NVL columns), FP8 and TF32 in the same proportion")
+_GH200 = ("NVIDIA GH200 Grace Hopper Superchip datasheet: the H100 of a GH200 has 96 GB of HBM3 "
+          "at 4 TB/s, with the H100 SXM's compute (FP8 3,958 TFLOPS, BF16 1,979 with "
+          "sparsity) and 900 GB/s NVLink")
 _GB200 = ("NVIDIA GB200 NVL72 datasheet, per rack of 72 Blackwell GPUs: HBM3e 13.4 TB at 576 "
           "TB/s (186 GB and 8 TB/s per GPU), FP8 720 PFLOPS, FP16/BF16 360 PFLOPS, TF32 180 "
           "PFLOPS with sparsity (5, 2.5 and 1.25 PFLOPS dense per GPU), FP32 5,760 TFLOPS "
           "(80 per GPU), fifth-generation NVLink 130 TB/s (1.8 TB/s per GPU, 18 links) in one "
           "NVLink domain of 72 GPUs")
+_H100_96_PEAK = (9.89e14 + 8.355e14) / 2     # _H100_96: between the SXM's and the NVL's
 _COPIED = "network fields (links, latency, the network between nodes, floors) copied from "
 
 HARDWARE.update({
@@ -648,15 +667,22 @@ HARDWARE.update({
                    _NET_STEP),
         aliases=("NVIDIA H100 NVL", "H100 94GB")),
     "H100 96GB": replace(
-        HARDWARE["H100"], name="H100 96GB", hbm_bandwidth=4.0e12, measured=(),
+        HARDWARE["H100"], name="H100 96GB", hbm_bandwidth=2.4e12,
+        peak_bf16_flops=_H100_96_PEAK, peak_fp32_flops=6.7e13 * _H100_96_PEAK / 9.89e14,
+        matmul_peaks=tuple((path, peak * _H100_96_PEAK / 9.89e14) for path, peak in _HOPPER),
+        measured=(),
         citations=(_H100_96, _COPIED + "H100 (SXM)") + HARDWARE["H100"].citations[1:],
-        aliases=("GH200", "H100 96 GB", "NVIDIA GH200")),
+        aliases=("H100 96 GB", "H100 HBM2e")),
+    "GH200": replace(
+        HARDWARE["H100"], name="GH200", hbm_bandwidth=4.0e12, measured=(),
+        citations=(_GH200, _COPIED + "H100 (SXM)") + HARDWARE["H100"].citations[1:],
+        aliases=("NVIDIA GH200", "GH200 96GB")),
     "GB200": replace(
         HARDWARE["B200"], name="GB200", hbm_bandwidth=8e12, peak_bf16_flops=2.5e15,
         peak_fp32_flops=8e13, node_size=72,
         matmul_peaks=(("tf32", 1.25e15), ("fp8", 5e15), ("int8", 5e15)),
         citations=(_GB200, _COPIED + "B200 (its NVLink 5 links; the NVLink domain of 72 GPUs "
-                   "is the datasheet's)", _PRECISION, _MAMF, _HBM_H100, _LAUNCH_GPU,
+                   "is the datasheet's)", _PRECISION, _MAMF, _ATTENTION_B200, _HBM_H100, _LAUNCH_GPU,
                    _DISPATCH_GPU, _IB_NDR, _NET_STEP),
         aliases=("NVIDIA GB200", "GB200 NVL72")),
 })
@@ -673,8 +699,8 @@ HARDWARE["H800"] = replace(
     citations=(_H800, _COPIED + "H100 (SXM), but its NVLink links") + HARDWARE["H100"].citations[1:],
     aliases=("NVIDIA H800", "H800 SXM"))
 # The capacity of each new part's HBM, bytes (the datasheets above).
-NEW_HBM = {"H100 PCIe": 80e9, "H100 NVL": 94e9, "H100 96GB": 96e9, "GB200": 186e9,
-           "H800": 80e9}
+NEW_HBM = {"H100 PCIe": 80e9, "H100 NVL": 94e9, "H100 96GB": 96e9, "GH200": 96e9,
+           "GB200": 186e9, "H800": 80e9}
 
 
 def _key(name: str) -> str:
@@ -698,7 +724,7 @@ def hardware_preset(hardware) -> Hardware:
 
 
 # What jax.devices()[0].device_kind says on each chip -> the preset (first match wins).
-_DEVICE_KINDS = (("gh200", "H100 96GB"), ("h200", "H200"), ("h100 nvl", "H100 NVL"),
+_DEVICE_KINDS = (("gh200", "GH200"), ("h200", "H200"), ("h100 nvl", "H100 NVL"),
                  ("h100 pcie", "H100 PCIe"), ("h100", "H100"), ("h800", "H100"),
                  ("gb200", "GB200"), ("b200", "B200"),
                  ("a100", None), ("l4", "L4"), ("t4", "T4"), ("tpu v6 lite", "TPU v6e"),

@@ -381,6 +381,34 @@ def moe_block(s: Shard, x, w):
     return residual(s, x, out, seed=3), amaxes
 
 
+def gather_stage(s: Shard, stacked) -> dict:
+    """A pipeline stage's layers' weights gathered over ``fsdp`` once per step, before its
+    micro-batches run (``stacked``: [vp, layers, ...] per matrix), where without a pipeline
+    each layer gathers its own as it runs: torchtitan does not reshard after the forward
+    pass when pipeline parallelism is on ("For PP, by default do not reshard after forward
+    to avoid per-microbatch all-gathers", ``reshard_after_forward = not pp_enabled`` in
+    ``apply_fsdp``, torchtitan/models/llama3/infra/parallelize.py), and PyTorch's pipeline
+    stage skips the backward's reshard and gradient reduce-scatter on every micro-batch but
+    the last (``backward_maybe_with_nosync``, torch/distributed/pipelining/stage.py); the
+    Llama 3 paper (Dubey et al. 2024, section 3.3.2) keeps its FSDP weights gathered
+    between the forward and backward passes too. The gather's transpose, outside the
+    micro-batch loop, is the step's one reduce-scatter of the stage's gradients."""
+    out = dict(stacked)
+    for k, axis in MATRICES.items():
+        if k in stacked and stacked[k].shape[-2 + axis] != s.model.d_model:
+            whole = lax.all_gather(stacked[k], "fsdp", axis=stacked[k].ndim - 2 + axis,
+                                   tiled=True)
+            cut = [slice(None)] * whole.ndim
+            cut[whole.ndim - 2 + axis] = slice(0, s.model.d_model)
+            out[k] = whole[tuple(cut)]
+    return out
+
+
+def gathered(s: Shard, stacked) -> bool:
+    """Whether ``stacked``'s matrices are whole over ``fsdp`` already (:func:`gather_stage`)."""
+    return "wqkv" in stacked and stacked["wqkv"].shape[-2] == s.model.d_model
+
+
 def layer(s: Shard, x, w):
     """One decoder layer: its output, and the amaxes of its FP8 casts (None without)."""
     if flat_fsdp(s) and "wqkv" in w and w["wqkv"].shape[0] != s.model.d_model:
@@ -467,7 +495,7 @@ def layers(s: Shard, x, stacked, virtual=None):
     ``"full"``, only the layer's input.
     ``virtual``: the index of a virtual stage, whose layers are ``stacked[k][virtual]``."""
     shapes = None
-    if flat_fsdp(s):                                  # FSDP's flat parameters, once
+    if flat_fsdp(s) and not gathered(s, stacked):     # FSDP's flat parameters, once
         stacked, shapes = flattened(stacked, 1 if virtual is None else 2)
 
     def one(h, w):

@@ -213,6 +213,8 @@ def loss(s, lay, params, tokens, targets, copies=None, one_at_a_time=False):
     x0 = L.vary(x0, s.activation_axes())
     stacked = {k: w[0] for k, w in params.items() if k in LAYER_SPLIT}
     stacked.update(copies or {})
+    if lay.pp > 1 and L.flat_fsdp(s):          # PyTorch's pipeline: once per step
+        stacked = L.gather_stage(s, stacked)
     ys = _stage_ticks(s, lay, stacked, x0)
     head = {k: params[k] for k in ("final_norm", "head", "embed") if k in params}
     summed = tuple(a for a in lay.shape if not (a == "tp" and s.size("tp") > 1))

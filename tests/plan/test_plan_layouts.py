@@ -173,7 +173,17 @@ def test_new_presets_hold_their_datasheets_numbers():
     assert hardware_preset("H100 NVL").hbm_bandwidth == 3.9e12
     assert hardware_preset("GB200").matmul_peak("fp8") == pytest.approx(720e15 / 72 / 2)
     assert hardware_preset("GB200").hbm_bandwidth == pytest.approx(576e12 / 72)
-    assert hardware_preset("GH200").name == "H100 96GB"
+    assert hardware_preset("GH200").name == "GH200"
+    assert hardware_preset("GH200").hbm_bandwidth == 4e12
+    # torchtitan's benchmark page: 96GB HBM2e at 2.4 TB/s, peak between SXM and NVL
+    assert hardware_preset("H100 96GB").hbm_bandwidth == 2.4e12
+    assert 835.5e12 < hardware_preset("H100 96GB").matmul_peak("bf16") < 989e12
+    # FlashAttention-4 (arXiv:2603.05451): up to 1,613 TFLOP/s on B200, up to 1.3x cuDNN 9.13
+    for name in ("B200", "GB200"):
+        rate = hardware_preset(name).sustained_attention_flops("forward", "bf16")
+        assert rate == pytest.approx(1613e12 / 1.3 * hardware_preset(name).matmul_peak("bf16")
+                                     / 2250e12)
+        assert rate < hardware_preset(name).sustained_matmul_flops("bf16")
     from simpmd.plan.simulate import HBM_CAPACITY
     assert HBM_CAPACITY["H100 NVL"] == 94e9 and HBM_CAPACITY["GB200"] == 186e9
 
@@ -285,3 +295,24 @@ def test_master_weights_as_remainders_hold_two_bytes_a_weight_less():
     assert rem.step_s == pytest.approx(fp32.step_s, rel=1e-3)
     with pytest.raises(plan.LayoutError, match="'fp32', 'remainders'"):
         plan.Layout(master_weights="bf16")
+
+
+@needs_bf16
+def test_pytorch_fsdp_under_a_pipeline_gathers_each_stage_once_per_step():
+    """torchtitan with pipeline parallelism keeps FSDP's weights gathered across the
+    micro-batches (``reshard_after_forward = not pp_enabled``): the step's FSDP gathers of
+    the layers are the stage's whole matrices, where without a pipeline each layer gathers
+    its own flat parameter. 4 layers over pp 2 at d_model 256, FSDP over 2, bf16: a stage's
+    wqkv shard is 2 layers x 128 x 768 x 2 bytes; one layer's flat shard is
+    (256 x 768 + 256 x 256 + 2 x 256 x 512) / 2 x 2 bytes."""
+    model = plan.Transformer(4, 256, 4, 512, 1000, 128)
+    def gathers(layout, framework="pytorch"):
+        est = plan.estimate(model, layout, hardware="H100", framework=framework,
+                            check_memory=False, memory=False)
+        return {c[2] for c in est.collectives if c[0] == "all_gather" and c[1] == ("fsdp",)}
+    staged = gathers(plan.Layout(fsdp=2, pp=2, global_batch=8))
+    assert 2 * 128 * 768 * 2 in staged
+    assert (256 * 768 + 256 * 256 + 2 * 256 * 512) // 2 * 2 not in staged
+    flat = gathers(plan.Layout(fsdp=4, global_batch=8))     # no pipeline: layer by layer
+    assert (256 * 768 + 256 * 256 + 2 * 256 * 512) // 4 * 2 in flat
+    assert 128 * 768 * 2 in gathers(plan.Layout(fsdp=2, pp=2, global_batch=8), "xla")
