@@ -448,32 +448,28 @@ def zb_v(p: int, m: int) -> Schedule:
     n = max(2 * p - 1, m)
     orders = []
     for r in range(p):
-        f, b, w, order = [0, 0], [0, 0], [0, 0], []
+        done, order = {"F": [0, 0], "B": [0, 0], "W": [0, 0]}, []
+        f, b, w = done["F"], done["B"], done["W"]
 
-        def run(kind, c, count=None):
-            j = (f if kind == "F" else b if kind == "B" else w)[c]
-            order.append((kind, j, c))
-            (f if kind == "F" else b if kind == "B" else w)[c] += 1
+        def run(*items):                 # each "F1": the next micro-batch's F on chunk 1
+            for item in items:
+                kind, c = item[0], int(item[1])
+                order.append((kind, done[kind][c], c))
+                done[kind][c] += 1
 
         for _ in range(2 * (p - r) - 1):
-            run("F", 0)
+            run("F0")
         for _ in range(r):
-            run("F", 1)
-            run("F", 0)
+            run("F1", "F0")
         for _ in range(p - r):
-            run("F", 1), run("B", 1), run("W", 1)
+            run("F1", "B1", "W1")
         while f[1] < f[0] or f[0] < n:
-            if f[0] < n:
-                run("F", 0)
-            run("B", 0), run("W", 0), run("F", 1), run("B", 1), run("W", 1)
+            run(*(["F0"] if f[0] < n else []), "B0", "W0", "F1", "B1", "W1")
         for _ in range(r):
-            run("B", 0), run("B", 1)
+            run("B0", "B1")
         for _ in range(p - r):
-            run("B", 0), run("W", 0)
-        while w[1] < b[1]:
-            run("W", 1)
-        while w[0] < b[0]:
-            run("W", 0)
+            run("B0", "W0")
+        run(*["W1"] * (b[1] - w[1]), *["W0"] * (b[0] - w[0]))
         assert f == b == w == [n, n]
         orders.append(tuple(item for item in order if item[1] < m))
     return Schedule("zb-v", p, m, 2, "v", tuple(orders), split=True)
