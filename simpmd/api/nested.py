@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..core import collectives as K
-from ..partitioner.columns import on
+from ..partitioner.columns import register
 from ..core import core, loops
 from ..core.core import Aval, Equation, Primitive, Var, aval_of, bind, context, running
 from ..core.program import eval_program, trace
@@ -136,5 +136,5 @@ xla_pmap = Primitive("xla_pmap", _pmap_stacked, _pmap_abstract, multiple_results
                      linearize=_pmap_linearize, unlogged="nested pmaps",
                      show=lambda p: {k: p[k] for k in ("axis_name", "axis_size", "call_jaxpr",
                                                        "name")})
-on(xla_pmap).sharding = lambda mesh, avals, call_jaxpr, **p: [   # its results come back whole
-    whole(a.ndim) for a in xla_pmap.abstract(*avals, call_jaxpr=call_jaxpr, **p)]
+register(xla_pmap, sharding=lambda mesh, avals, call_jaxpr, **p: [   # its results come back
+    whole(a.ndim) for a in xla_pmap.abstract(*avals, call_jaxpr=call_jaxpr, **p)])  # whole

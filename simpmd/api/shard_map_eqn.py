@@ -20,7 +20,7 @@ import weakref
 import numpy as np
 
 from ..core import core, errors, loops
-from ..partitioner.columns import on
+from ..partitioner.columns import register
 from ..core import collectives as K
 from ..core import primitives as P
 from ..core.core import Aval, Equation, Primitive, Var, aval_of, bind, context, running
@@ -354,6 +354,6 @@ shard_map_p = Primitive(
     show=lambda p: [("check_vma", p["check_vma"]), ("in_specs", p["in_specs"]),
                     ("jaxpr", p["jaxpr"]), ("manual_axes", p["manual_axes"]),
                     ("mesh", p["shard_mesh"]), ("out_specs", p["out_specs"])])
-on(shard_map_p).sharding = _sm_rule
-on(shard_map_p).unreduced_rule = "out_specs"      # its results are unreduced as out_specs say
+register(shard_map_p, sharding=_sm_rule,
+         unreduced_rule="out_specs")      # its results are unreduced as out_specs say
 BODIES[shard_map_p] = partition_shard_map

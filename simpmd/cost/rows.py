@@ -50,36 +50,17 @@ from ..core import collectives as C
 from ..core import loops as L
 from ..core import primitives as P
 from ..core.core import PRIMITIVES
+from ..partitioner.columns import Columns
 from ..partitioner.moves import shard_slice
 from ..partitioner.rows import reshard_p
 
-DEFAULTS = {"jax_names": (), "lax_names": (), "matmul": False, "collective_family": None,
-            "ici_rule": None, "same_buffer": False, "vector_flops": None,
-            "attention_pass": None, "fusion": None, "keeps": None, "slice_view": False,
-            "fuses_into_dot": False, "writes_transposed": False, "accumulates": None,
-            "selects": False, "eager_piece": False}
-
-
-TABLE: dict = {}      # row -> {column: value}, the columns it was registered with
-
-
-def _known(name):
-    if name not in DEFAULTS:
-        raise KeyError(f"{name!r} is not a cost column of a row; the cost columns are "
-                       f"{', '.join(DEFAULTS)} (simpmd/cost/rows.py)")
-
-
-def register(row, **columns):
-    """Give ``row`` these cost columns (each one of :data:`DEFAULTS`'s names)."""
-    for name in columns:
-        _known(name)
-    TABLE.setdefault(row, {}).update(columns)
-
-
-def column(row, name):
-    """Row ``row``'s cost column ``name``, or its default when the row has none (or no row)."""
-    _known(name)
-    return TABLE.get(row, {}).get(name, DEFAULTS[name]) if row is not None else DEFAULTS[name]
+_COLUMNS = Columns(
+    "cost", "simpmd/cost/rows.py", jax_names=(), lax_names=(), matmul=False,
+    collective_family=None, ici_rule=None, same_buffer=False, vector_flops=None,
+    attention_pass=None, fusion=None, keeps=None, slice_view=False, fuses_into_dot=False,
+    writes_transposed=False, accumulates=None, selects=False, eager_piece=False)
+TABLE, DEFAULTS = _COLUMNS.table, _COLUMNS.defaults      # row -> {column: value}; the schema
+register, column = _COLUMNS.register, _COLUMNS.column
 
 
 def _ring(nbytes, axes, sizes, reduce):

@@ -16,40 +16,39 @@ their defaults:
 """
 from __future__ import annotations
 
-DEFAULTS = dict(sharding=None, partition=None, combine=None, defers_sums=False,
-                carries_sums=None, resolves_sums=False, unreduced_rule=None,
-                unreduced_probe=None, unreduced_newest=None, unreduced_kind=None,
-                unreduced_body=None, unreduced_word=None, divides=False)
 
-TABLE: dict = {}     # row -> {column: value}, the columns it was registered with
+class Columns:
+    """One layer's columns of the rows, in a table of its own: ``defaults`` names them (the
+    schema: any other name is an error) with each one's default; ``register(row, ...)``
+    writes a row's, ``column(row, name)`` reads one (the default where the row has none, or
+    for no row). The partitioner's table is :data:`TABLE`; the cost model keeps its own
+    (``simpmd/cost/rows.py``), as JAX's interpreters keep theirs."""
+
+    def __init__(self, layer: str, where: str, **defaults):
+        self.layer, self.where, self.defaults, self.table = layer, where, defaults, {}
+
+    def _known(self, name):
+        if name not in self.defaults:
+            raise KeyError(f"{name!r} is not a {self.layer} column of a row; the {self.layer} "
+                           f"columns are {', '.join(self.defaults)} ({self.where})")
+
+    def register(self, row, **columns):
+        """Give ``row`` these columns (each one of the table's names)."""
+        for name in columns:
+            self._known(name)
+        self.table.setdefault(row, {}).update(columns)
+
+    def column(self, row, name):
+        """Row ``row``'s column ``name``, or its default when the row has none (or no row)."""
+        self._known(name)
+        found = self.table.get(row, {}) if row is not None else {}
+        return found.get(name, self.defaults[name])
 
 
-def _known(name):
-    if name not in DEFAULTS:
-        raise KeyError(f"{name!r} is not a partitioner column of a row; they are "
-                       f"{', '.join(DEFAULTS)} (simpmd/partitioner/columns.py)")
-
-
-def register(row, **columns):
-    """Give ``row`` these partitioner columns (each one of :data:`DEFAULTS`'s names)."""
-    for name in columns:
-        _known(name)
-    TABLE.setdefault(row, {}).update(columns)
-
-
-def column(row, name):
-    """Row ``row``'s partitioner column ``name``, or its default where it has none."""
-    _known(name)
-    return TABLE.get(row, {}).get(name, DEFAULTS[name])
-
-
-class on:
-    """``on(row).sharding = rule``: the same as ``register(row, sharding=rule)``."""
-
-    __slots__ = ("_row",)
-
-    def __init__(self, row):
-        object.__setattr__(self, "_row", row)
-
-    def __setattr__(self, key, value):
-        register(self._row, **{key: value})
+_COLUMNS = Columns(
+    "partitioner", "simpmd/partitioner/columns.py", sharding=None, partition=None,
+    combine=None, defers_sums=False, carries_sums=None, resolves_sums=False,
+    unreduced_rule=None, unreduced_probe=None, unreduced_newest=None, unreduced_kind=None,
+    unreduced_body=None, unreduced_word=None, divides=False)
+TABLE, DEFAULTS = _COLUMNS.table, _COLUMNS.defaults      # row -> {column: value}; the schema
+register, column = _COLUMNS.register, _COLUMNS.column

@@ -14,7 +14,7 @@ from .rules import (_body, _branches, _broadcast_in_dim, _broadcasting, _clamp, 
                     _convert, _cumulative, _dot_general, _first, _gather, _iota, _numpy_call,
                     _reduce, _reshape, _scan, _scatter, _select, _sort, _squeeze, _transpose,
                     _varying_shape, _while)
-from .columns import column, on, register
+from .columns import column, register
 from .sharding import dims_of, resolve, whole
 
 
@@ -136,7 +136,8 @@ jit_p = Primitive(
     "jit", _jit_stacked, lambda *avals, jaxpr, **p: [aval_of(v) for v in jaxpr.outvars],
     vjp=_jit_vjp, multiple_results=True, needs_run=True, cost=lambda ins, outs, **p: (0, 0),
     linearize=_jit_linearize, same_names=True, show=_jit_show)
-on(jit_p).sharding = lambda mesh, avals, jaxpr, **p: [dims_of(aval_of(v)) for v in jaxpr.outvars]
+register(jit_p, sharding=lambda mesh, avals, jaxpr, **p: [dims_of(aval_of(v))
+                                                    for v in jaxpr.outvars])
 
 
 def _reshard_vjp(ct, ins, outs, wants, dst_sharding):
@@ -147,9 +148,9 @@ def _reshard_vjp(ct, ins, outs, wants, dst_sharding):
 
 reshard_p = Primitive("reshard", lambda x, dst_sharding: x, lambda x, dst_sharding: x,
                       vjp=_reshard_vjp, cost=lambda ins, outs, **p: (0, 0), show=lambda p: {})
-register(reshard_p, sharding=reshard_rule, partition=reshard_plan)
-on(reshard_p).resolves_sums = True       # pending partial sums end here: a reduce-scatter each
-on(reshard_p).unreduced_rule = "reshard"   # its destination says what is unreduced or reduced
+register(reshard_p, sharding=reshard_rule, partition=reshard_plan,
+         resolves_sums=True,           # pending partial sums end here: a reduce-scatter each
+         unreduced_rule="reshard")     # its destination says what is unreduced or reduced
 register(jit_p, unreduced_rule="body", unreduced_body="jaxpr")
 
 

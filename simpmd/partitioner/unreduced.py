@@ -28,7 +28,7 @@ from .sharding import ShardingTypeError, reductions_of, settings, type_text
 from ..core import loops, primitives as P
 from ..core.core import PRIMITIVES
 from ..core import bridge
-from .columns import column, on
+from .columns import column, register
 
 NO = (frozenset(), frozenset())
 _KEEPS = ("keeps", "keeps")
@@ -51,27 +51,26 @@ def attach():
                    P.is_finite, P.log, P.log1p, P.logistic, P.not_, P.real,
                    P.round_, P.rsqrt, P.sign, P.sin, P.sinh, P.sqrt, P.square, P.tan, P.tanh)
     for row in one_operand:
-        on(row).unreduced_rule, on(row).unreduced_newest = "unary", ("nonlinear", "keeps")
+        register(row, unreduced_rule="unary", unreduced_newest=("nonlinear", "keeps"))
     for row in (P.add, P.add_any, P.sub):
-        on(row).unreduced_rule, on(row).unreduced_newest = "sum", _KEEPS
-    on(P.add_any).unreduced_word = "add"
-    on(P.mul).unreduced_rule = on(P.div).unreduced_rule = "scaled"
-    on(P.div).divides = True
+        register(row, unreduced_rule="sum", unreduced_newest=_KEEPS)
+    register(P.add_any, unreduced_word="add")
+    register(P.mul, unreduced_rule="scaled")
+    register(P.div, unreduced_rule="scaled", divides=True)
     for row in (P.transpose, P.reduce_sum, P.convert_element_type, P.select_n, P.concatenate,
                 P.squeeze, P.copy, P.neg, P.reshape):
-        on(row).unreduced_rule = "linear"
+        register(row, unreduced_rule="linear")
     for row in (P.mul, P.div) + tuple(r for r in PRIMITIVES.values()
                                        if column(r, "unreduced_rule") == "linear"):
-        on(row).unreduced_newest = _KEEPS
+        register(row, unreduced_newest=_KEEPS)
     for row, kind in ((P.reduce_max, "max"), (P.reduce_min, "min"), (P.argmax, "max"),
                       (P.argmin, "min")):
-        on(row).unreduced_rule, on(row).unreduced_kind = "extreme", kind
-        on(row).unreduced_newest = ("kind", "keeps") if row.name.startswith("reduce") \
-            else ("pspec[...]", "pspec[...]")
-    on(P.integer_pow).unreduced_newest = ("no rule", "no rule")
-    on(P.dot_general).unreduced_rule, on(P.dot_general).unreduced_newest = "product", ("refused", "drops")
+        register(row, unreduced_rule="extreme", unreduced_kind=kind, unreduced_newest=(
+            ("kind", "keeps") if row.name.startswith("reduce") else ("pspec[...]", "pspec[...]")))
+    register(P.integer_pow, unreduced_newest=("no rule", "no rule"))
+    register(P.dot_general, unreduced_rule="product", unreduced_newest=("refused", "drops"))
     for row, body in ((loops.scan, "jaxpr"), (loops.remat, "jaxpr"), (loops.while_, "body_jaxpr")):
-        on(row).unreduced_rule, on(row).unreduced_body = "body", body
+        register(row, unreduced_rule="body", unreduced_body=body)
     _attach_probes(P)
 
 
@@ -96,8 +95,8 @@ def _attach_probes(P):
             (P.tanh, lambda jnp, lax, v, two: jnp.tanh(v)),
             (P.integer_pow, lambda jnp, lax, v, two: lax.integer_pow(v, 3)),
             (P.dot_general, lambda jnp, lax, v, two: v @ jnp.eye(4, dtype=v.dtype))):
-        on(row).unreduced_probe = (square, program)
-    on(P.squeeze).unreduced_probe = ((1, 4), lambda jnp, lax, v, two: lax.squeeze(v, (0,)))
+        register(row, unreduced_probe=(square, program))
+    register(P.squeeze, unreduced_probe=((1, 4), lambda jnp, lax, v, two: lax.squeeze(v, (0,))))
 
 
 def _asked_row(prim, start, arrays):
