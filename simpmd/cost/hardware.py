@@ -725,7 +725,7 @@ def hardware_preset(hardware) -> Hardware:
 
 # What jax.devices()[0].device_kind says on each chip -> the preset (first match wins).
 _DEVICE_KINDS = (("gh200", "GH200"), ("h200", "H200"), ("h100 nvl", "H100 NVL"),
-                 ("h100 pcie", "H100 PCIe"), ("h100", "H100"), ("h800", "H100"),
+                 ("h100 pcie", "H100 PCIe"), ("h100", "H100"), ("h800", "H800"),
                  ("gb200", "GB200"), ("b200", "B200"),
                  ("a100", None), ("l4", "L4"), ("t4", "T4"), ("tpu v6 lite", "TPU v6e"),
                  ("tpu v6e", "TPU v6e"), ("tpu v5 lite", "TPU v5e"), ("tpu v5e", "TPU v5e"),

@@ -249,6 +249,9 @@ def test_the_h800_preset_holds_its_datasheet_numbers():
     assert h800.name == "H800" and h800.link_bandwidth * h800.links_per_device == 200e9
     assert h800.matmul_peak("fp8") == h100.matmul_peak("fp8") == 1.979e15
     assert h800.scale_out_bandwidth == 50e9      # DeepSeek-V3 report: IB 50 GB/s
+    from simpmd.cost.hardware import preset_for_device_kind
+    assert preset_for_device_kind("NVIDIA H800") == "H800"     # what jax names the chip
+    assert preset_for_device_kind("NVIDIA H100 80GB HBM3") == "H100"
 
 
 # -- validation: each run's predicted / measured ----------------------------------------------
