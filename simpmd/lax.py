@@ -410,13 +410,18 @@ def _check_branches(programs, out_trees, what):
         diffs, fixes = _branch_type_diffs(programs[first].out_avals, program.out_avals,
                                           names[first], names[k])
         if diffs:
-            text = "; ".join(diffs)
-            fix = (" This might be fixed by " + "; ".join(fixes) + ".") if fixes else ""
             raise errors.BranchError(
                 f"{what} branches must have equal output types but they differ: "
-                f"{text[0].upper() + text[1:]}.{fix} Revise {names[first]} and/or "
+                f"{_differences_said(diffs, fixes)} Revise {names[first]} and/or "
                 f"{names[k]} so that all output types match (JAX compiles every branch "
                 f"for one type of result).")
+
+
+def _differences_said(diffs, fixes) -> str:
+    """The differences as one capitalised sentence, then JAX's "This might be fixed by"."""
+    text = "; ".join(diffs)
+    fix = (" This might be fixed by " + "; ".join(fixes) + ".") if fixes else ""
+    return f"{text[0].upper() + text[1:]}.{fix}"
 
 
 def _branch_type_diffs(avals1, avals2, name1, name2):
@@ -514,11 +519,9 @@ def _check_carry(what, fun, init_tree, out_tree, in_avals, out_avals):
                          f"lax.pvary(..., {missing})) to the initial value of {where}, so that "
                          f"it varies over {missing} from the first iteration, as after it")
     if diffs:
-        text = "; ".join(diffs)
-        fix = (" This might be fixed by " + "; ".join(fixes) + ".") if fixes else ""
         raise errors.CarryTypeError(
             f"{what} function carry input and carry output must have equal types, but they "
-            f"differ: {text[0].upper() + text[1:]}.{fix} Revise the function so that all "
+            f"differ: {_differences_said(diffs, fixes)} Revise the function so that all "
             f"output types match the corresponding input types (JAX raises the same "
             f"TypeError: the body is compiled once, for one type of carry).")
 

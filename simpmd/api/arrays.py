@@ -349,15 +349,7 @@ def on_mesh(fn, args, kwargs=None):
               _replicated(typing, x) if isinstance(x, np.ndarray) else x for x in leaves]
     arrays = [k for k, x in enumerate(values) if isinstance(x, StackedValue)]
     out_tree = []
-
-    def flat(*xs):
-        full = list(values)
-        for k, x in zip(arrays, xs):
-            full[k] = x
-        a, kw = tree.unflatten(treedef, full)
-        out, out_tree_ = tree.flatten(fn(*a, **kw))
-        out_tree.append(out_tree_)
-        return out
+    flat = tree.of_some_leaves(fn, treedef, values, arrays, out_tree)
     program, lifted = trace(flat, [values[k].aval for k in arrays], typing)
     inputs = list(lifted) + [values[k] for k in arrays]
     program = Program(program.constvars + program.invars, program.eqns, program.outvars)

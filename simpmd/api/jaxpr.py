@@ -64,18 +64,13 @@ def trace_function(fun, args, kwargs, static=(), axis_env=None, keep_weak=False)
     arrays = [k for k, x in enumerate(leaves) if not isinstance(x, (str, bytes)) and x is not None]
     out_tree = []
 
-    def flat(*xs):
-        full_leaves = list(leaves)
-        for k, x in zip(arrays, xs):
-            full_leaves[k] = x
-        dyn, kw = tree.unflatten(treedef, full_leaves)
+    def with_statics(*dyn, **kw):          # the dynamic arguments back among the static ones
         full = list(args)
         for i, v in zip(dynamic, dyn):
             full[i] = v
-        out, out_def = tree.flatten(fun(*full, **kw))
-        refuse_non_arrays("the function", out, out_def)
-        out_tree.append(out_def)
-        return out
+        return fun(*full, **kw)
+    flat = tree.of_some_leaves(with_statics, treedef, leaves, arrays, out_tree, check=lambda
+                               out, out_def: refuse_non_arrays("the function", out, out_def))
     avals = [_aval(leaves[k], keep_weak) for k in arrays]
     program, _ = trace(flat, avals, run)
     return program, out_tree[0]

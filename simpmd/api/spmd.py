@@ -85,17 +85,9 @@ def program_for(fun, run, args, kwargs, cache=None):
     avals = [leaves[k].aval.update(vma=(leaves[k].varies or ()) if run.check_vma else ())
              for k in where]
     out_tree = []
-
-    def flat(*xs):
-        full = list(leaves)
-        for k, x in zip(where, xs):
-            full[k] = x
-        a, kw = tree.unflatten(treedef, full)
-        out, out_def = tree.flatten(fun(*a, **kw))
-        refuse_non_arrays(tracing.where(0), out, out_def)
-        out_tree.append(out_def)
-        return out
     tracing = run.tracing()
+    flat = tree.of_some_leaves(fun, treedef, leaves, where, out_tree, check=lambda out, out_def:
+                               refuse_non_arrays(tracing.where(0), out, out_def))
     try:
         program, _ = trace(flat, avals, tracing)
     except Exception as exc:

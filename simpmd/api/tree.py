@@ -152,3 +152,22 @@ def broadcast_prefix(prefix, tree, what: str = "in_axes") -> list:
 
     walk(prefix, tree, "")
     return out
+
+
+def of_some_leaves(fun, treedef: TreeDef, leaves, where, out_trees: list, check=None):
+    """``fun`` as a function of the leaves at positions ``where`` alone, the others held at
+    ``leaves``' values: ``fun`` is called as ``fun(*args, **kwargs)`` with ``treedef``
+    describing ``(args, kwargs)``, and the new function returns the flat leaves of its
+    result, appending their structure to ``out_trees`` (after ``check(leaves, structure)``
+    when given). The form every tracer needs: a program's inputs are the traced leaves."""
+    def flat(*xs):
+        full = list(leaves)
+        for k, x in zip(where, xs):
+            full[k] = x
+        args, kwargs = unflatten(treedef, full)
+        out, out_def = flatten(fun(*args, **kwargs))
+        if check is not None:
+            check(out, out_def)
+        out_trees.append(out_def)
+        return out
+    return flat
