@@ -256,3 +256,11 @@ def test_lesson15_says_what_the_validation_finds(ratios, estimates):
         assert claim in text, f"lesson 15 should say {claim!r}"
     nemo = round(100 * (ratios["LLAMA2-70B, 64 GPUs"] - 1))
     assert f"within {abs(nemo)}% of the measurement" in text
+
+
+def test_the_readme_counts_the_validation_runs():
+    """The README's lesson table says how many runs the planner is checked against."""
+    import re
+    readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
+    said = re.findall(r"checked against (\d+) published, measured runs", readme)
+    assert said == [str(len(RUNS))], (said, len(RUNS))
