@@ -22,6 +22,11 @@ Two kinds of row:
 * "Low Latency" tables: the first token's latency at batch 1 (the page measures it as a
   run generating one token), compared with ``ttft_s``.
 
+The two kinds are from two releases: the throughput tables v0.6.1's, the "Low Latency"
+tables v0.5's (the page's footnote). A v0.5 row is costed on its GPU's preset with the HBM
+fraction v0.5's engines streamed at batch 1 (:func:`v05_memory_efficiency`, from NVIDIA's
+blog on that release: GPT-J 6B's batch-1 tokens per second), a v0.6.1 row on the preset.
+
 Falcon 180B and GPT-J 6B, on the same page, are left out: their blocks run attention and
 the MLP side by side (a parallel block), which ``plan.Transformer`` does not describe.
 
