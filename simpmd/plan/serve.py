@@ -277,7 +277,7 @@ def weight_bytes(model, layout, precision) -> int:
 
 
 def _dtype(name):
-    if name.startswith("float8"):
+    if name.startswith("float8") or name == "bfloat16":
         import ml_dtypes   # optional: it comes with JAX
         return getattr(ml_dtypes, name)
     return np.dtype(name)

@@ -22,6 +22,11 @@ Two kinds of row:
 * "Low Latency" tables: the first token's latency at batch 1 (the page measures it as a
   run generating one token), compared with ``ttft_s``.
 
+The two kinds are from two releases: the throughput tables v0.6.1's, the "Low Latency"
+tables v0.5's (the page's footnote). A v0.5 row is costed on its GPU's preset with the HBM
+fraction v0.5's engines streamed at batch 1 (:func:`v05_memory_efficiency`, from NVIDIA's
+blog on that release: GPT-J 6B's batch-1 tokens per second), a v0.6.1 row on the preset.
+
 Falcon 180B and GPT-J 6B, on the same page, are left out: their blocks run attention and
 the MLP side by side (a parallel block), which ``plan.Transformer`` does not describe.
 
@@ -32,10 +37,12 @@ parallelism x kind of row), committed below before ``plan.serve`` predicted thes
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+import math
 
 import numpy as np
 
+from ...cost.hardware import hardware_preset
 from ..families import family
 from ..layout import Layout
 from ..model import Transformer
@@ -79,10 +86,21 @@ class ServingRun:
     # the masked multi-head attention kernel, "a single CUDA thread-block per head" (the
     # same page, "Generation Phase"), each query head reading its key/value head's cache.
     grouped_kernel: bool = False
+    # The release measured: "v0.5" (the "Low Latency" tables) streams HBM at the fraction
+    # v05_memory_efficiency gives; "v0.6.1" (the "Peak Throughput" tables) at the preset's.
+    release: str = "v0.6.1"
+
+    @property
+    def chip(self):
+        """The hardware preset the run is costed on: for v0.5, at that release's HBM fraction."""
+        hw = hardware_preset(self.hardware)
+        if self.release == "v0.5":
+            return replace(hw, memory_efficiency=v05_memory_efficiency(self.hardware))
+        return hw
 
     def serve(self):
         """``plan.serve`` of this run's configuration."""
-        return serve(self.model, self.layout, hardware=self.hardware, batch=self.batch,
+        return serve(self.model, self.layout, hardware=self.chip, batch=self.batch,
                      prompt_len=self.prompt_len, gen_len=self.gen_len,
                      precision=self.precision, kv_dtype=self.kv_dtype,
                      grouped_kernel=self.grouped_kernel, check_memory=False)
@@ -131,6 +149,35 @@ _TTFT_A100 = ((LLAMA2_7B, 1, 128, 16), (LLAMA2_7B, 1, 2048, 133), (LLAMA2_70B, 4
 
 _GPU = {"H100": ("fp8", "fp8", "FP8"), "A100": ("fp16", "fp16", "FP16")}
 
+# The "Low Latency" rows are TensorRT-LLM v0.5's, the "Peak Throughput" rows v0.6.1's. What
+# v0.5's engines streamed from HBM at batch 1 is measured by the same vendor in the same
+# release on the same GPUs: NVIDIA's blog "H100 has 4.6x A100 Performance in TensorRT-LLM"
+# (docs/source/blogs/H100vsA100.md of NVIDIA/TensorRT-LLM at commit 15ed7809, "H100 FP8,
+# A100 FP16, SXM 80GB GPUs, ... TP1, ... BS=1 1st token latency. TensorRT-LLM v0.5.0,
+# TensorRT 9.1"), table "Max Throughput & Min Latency": GPT-J 6B at batch 1, 128 tokens in,
+# 185 output tokens/s on H100 and 111 on A100. GPT-J is no validation run (its block is
+# parallel), and its batch-1 rate is printed on the blog only.
+GPTJ_6B = Transformer(layers=28, d_model=4096, heads=16, d_ff=16384, vocab=50400, seq=2048,
+                      gated_mlp=False, name="GPT-J 6B")
+V05_BATCH1_TOKENS_PER_S = {"H100": 185.0, "A100": 111.0}
+V05_SOURCE = ("NVIDIA/TensorRT-LLM docs/source/blogs/H100vsA100.md at 15ed7809 (TensorRT-LLM "
+              "v0.5.0, TensorRT 9.1): GPT-J 6B, batch 1, 128 in, 185 out tok/s on H100 FP8, "
+              "111 on A100 FP16")
+
+
+def v05_memory_efficiency(hardware: str) -> float:
+    """The fraction of the HBM peak TensorRT-LLM v0.5's engines streamed at batch 1 on
+    ``hardware``: the weights a decode step of GPT-J 6B reads (every matrix and norm, in the
+    page's precision as ``plan.serve`` lays them out, but the embedding table, of which a
+    step looks up one row) once per token at the blog's batch-1 rate, over
+    ``hbm_bandwidth``. The rate counts the first token's prefill too, so the time per token
+    is at most 1 / rate and the fraction at least this."""
+    from ..serve import _dtype, weight_specs
+    precision = _GPU[hardware][0]
+    read = sum(math.prod(shape) * np.dtype(_dtype(dtype)).itemsize for name, (shape, dtype, _)
+               in weight_specs(GPTJ_6B, Layout(), precision).items() if name != "embed")
+    return read * V05_BATCH1_TOKENS_PER_S[hardware] / hardware_preset(hardware).hbm_bandwidth
+
 
 def runs() -> list:
     out = []
@@ -148,7 +195,8 @@ def runs() -> list:
             out.append(ServingRun(
                 f"{model.name}, {tp} x {hw} {label}, first token, {isl} in", model, tp, hw,
                 precision, cache, 1, isl, 1, "ttft", ms / 1e3,
-                f"'Low Latency', '{hw} GPUs ({label})' table (v0.5), '1st Token Latency (ms)'"))
+                f"'Low Latency', '{hw} GPUs ({label})' table (v0.5), '1st Token Latency (ms)'",
+                release="v0.5"))
     return out
 
 
