@@ -318,6 +318,7 @@ def test_pytorch_fsdp_under_a_pipeline_gathers_each_stage_once_per_step():
     assert 128 * 768 * 2 in gathers(plan.Layout(fsdp=2, pp=2, global_batch=8), "xla")
 
 
+@needs_bf16
 def test_fsdp_under_a_pipeline_holds_its_gradients_as_pytorch_does():
     """The gradients FSDP under a pipeline holds, worked by hand: 4 layers over pp 2 at
     d_model 256 (wqkv 256 x 768, wo 256 x 256, w_in 256 x 512, w_out 512 x 256: 524,288
@@ -349,6 +350,7 @@ def test_fsdp_under_a_pipeline_holds_its_gradients_as_pytorch_does():
         plan.Layout(gradient_sync="layer")
 
 
+@needs_bf16
 def test_pytorch_fsdp_with_context_parallelism_shards_over_cp_too():
     """torchtitan applies fully_shard over dp_shard x cp: the weights and the optimizer's
     state split over fsdp x cp, which the planner holds as its distributed optimizer over
