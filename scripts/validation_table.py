@@ -4,6 +4,7 @@ held-out half first.
     python scripts/validation_table.py                 # both halves, run by run
     python scripts/validation_table.py --summary       # the two halves' numbers only
     python scripts/validation_table.py --write-spreads # regenerate simpmd/plan/spreads.py
+    python scripts/validation_table.py --memory        # the memory tables only (no step times)
 
 One row per run of simpmd.plan.runs.every() that the planner can enter today: its
 configuration, the measured step time (from what its source prints), the prediction, their
@@ -119,7 +120,10 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write-spreads", action="store_true")
     parser.add_argument("--summary", action="store_true")
+    parser.add_argument("--memory", action="store_true")
     args = parser.parse_args()
+    if args.memory:
+        return memory_table()
     if args.write_spreads:
         return write_spreads()
     if args.summary:
@@ -151,6 +155,23 @@ def memory_table():
         peak = est.peak_bytes / 2**30
         print(f"| {run.name} | {weights:.1f} | {acts:.1f} | {weights + acts:.1f} | {peak:.1f} | "
               f"{peak / (weights + acts):.2f} |")
+    print("\n| run | printed peak, GiB | simpmd's peak, GiB | simpmd / printed | HBM, GiB |")
+    print("|---|---:|---:|---:|---:|")
+    for run in every():
+        if run.peak_gib is None or blocker(run):
+            continue
+        est = measure.estimate(run, memory=True)
+        peak = est.peak_bytes / 2**30
+        print(f"| {run.name} | {run.peak_gib:.1f} | {peak:.1f} | {peak / run.peak_gib:.2f} | "
+              f"{est.hbm_bytes / 2**30:.1f} |")
+    print("\n| run | simpmd's peak, GB | HBM, GB |")
+    print("|---|---:|---:|")
+    for run in every():
+        if blocker(run):
+            continue
+        est = measure.estimate(run, memory=True)
+        if est.peak_bytes > est.hbm_bytes:
+            print(f"| {run.name} | {est.peak_bytes / 1e9:.1f} | {est.hbm_bytes / 1e9:.0f} |")
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ ZeRO-2's gradients are held whole through the backward pass as ZeRO-1's.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .layout import LayoutError, stage_split
 
@@ -59,6 +59,19 @@ class Framework:
                               f"{'ZeRO-' + str(layout.zero) if layout.zero else 'fsdp'}: "
                               f"DeepSpeed's pipeline engine takes ZeRO-1 at most (zero=1)")
 
+    def layout(self, layout):
+        """``layout`` as this framework runs it: PyTorch's FSDP with context parallelism
+        shards the weights, their gradients and the optimizer's state over the
+        context-parallel ranks too, which hold the same weights (torchtitan applies
+        ``fully_shard`` over the ``dp_shard_cp`` mesh, "apply FSDP or HSDP, potentially
+        with Context Parallel": torchtitan/models/llama3/infra/parallelize.py): the
+        planner's distributed optimizer over ``cp`` (split over ``fsdp x cp`` between
+        steps, gathered over ``cp`` once per step). Other layouts as given."""
+        if (self.name.startswith("pytorch") and layout.cp > 1 and layout.fsdp > 1
+                and layout.dp == 1 and not layout.distributed_optimizer):
+            return replace(layout, distributed_optimizer=True)
+        return layout
+
     def assumed(self, layout, flash: bool, model=None) -> dict:
         """What an estimate under this framework assumed, in words."""
         out = {"framework": self.name,
@@ -83,6 +96,15 @@ class Framework:
         if len(set(split)) > 1:
             out["stages"] = (f"layers per virtual stage {list(split)}: every stage priced "
                              f"at the fullest, {max(split)}")
+        if self.name.startswith("pytorch") and layout.pp > 1 and layout.fsdp > 1:
+            out["FSDP under the pipeline"] = (
+                "the stage's weights gathered once per step; its gradients "
+                + ("reduce-scattered as each micro-batch makes them (the reduce-scatters "
+                   "priced once per step)" if layout.gradient_sync == "microbatch" else
+                   "held whole in float32 (FSDP2's reduce_dtype) until the last micro-batch"))
+        if self.name.startswith("pytorch") and layout.cp > 1 and layout.fsdp > 1 \
+                and layout.distributed_optimizer:
+            out["FSDP over cp"] = "weights and optimizer state split over fsdp x cp"
         if layout.zero == 2:
             out["ZeRO-2"] = "gradients held whole through the backward pass, as ZeRO-1's"
         if self.not_modelled:

@@ -20,6 +20,12 @@ RECOMPUTE = ("none", "selective", "full")
 # bf16 weight lacks (Apex's DistributedFusedAdam, store_param_remainders=True, which NeMo's
 # MegatronBaseModel.setup_optimization sets for a bf16 model with distributed_fused_adam).
 MASTER_WEIGHTS = ("fp32", "remainders")
+# When FSDP under a pipeline reduce-scatters a stage's gradients: once per step, after the
+# last micro-batch ("step": torch.distributed.pipelining's stage turns FSDP's gradient sync
+# off on every micro-batch's backward and runs the reduction after the last), or as each
+# micro-batch's backward makes them ("microbatch": the Llama 3 trainer's FSDP "shards
+# optimizer states and gradients", Dubey et al. 2024, section 3.3.2).
+GRADIENT_SYNC = ("step", "microbatch")
 AXES = ("pp", "dp", "fsdp", "ep", "cp", "tp")  # the mesh's axes, slowest-varying first
 # ``ep`` is on the mesh only where ep > 1 (a dense step's program is then unchanged); it
 # sits inside ``dp`` and outside ``cp`` and ``tp``, as Megatron-Core orders its ranks
@@ -53,7 +59,9 @@ class Layout:
     experts of a mixture of experts split over ``ep`` ranks (and over ``tp`` too: expert
     tensor parallelism 1), every other weight data-parallel over ``dp x ep``;
     ``expert_load``: the busiest expert's tokens over the mean load, which the experts'
-    slots are sized for (dropless routing)."""
+    slots are sized for (dropless routing). ``gradient_sync``: :data:`GRADIENT_SYNC`, when
+    PyTorch's FSDP under a pipeline reduce-scatters a stage's gradients (the memory they
+    hold between micro-batches: :func:`simpmd.plan.simulate.pipeline_fsdp_gradients`)."""
 
     dp: int = 1
     fsdp: int = 1
@@ -76,6 +84,7 @@ class Layout:
     # rank's grouped products and all_to_all buffers are sized for it (the step waits for
     # the busiest expert); state where it comes from (see simpmd.plan.layers.expert_slots).
     expert_load: float = 1.0
+    gradient_sync: str = "step"     # GRADIENT_SYNC
 
     def __post_init__(self):
         for f in fields(self):
@@ -86,6 +95,9 @@ class Layout:
         if self.recompute not in RECOMPUTE:
             raise LayoutError(f"Layout(recompute={self.recompute!r}): choose one of "
                               f"{', '.join(map(repr, RECOMPUTE))}")
+        if self.gradient_sync not in GRADIENT_SYNC:
+            raise LayoutError(f"Layout(gradient_sync={self.gradient_sync!r}): choose one of "
+                              f"{', '.join(map(repr, GRADIENT_SYNC))}")
         if self.master_weights not in MASTER_WEIGHTS:
             raise LayoutError(f"Layout(master_weights={self.master_weights!r}): choose one of "
                               f"{', '.join(map(repr, MASTER_WEIGHTS))}")
@@ -183,6 +195,8 @@ class Layout:
         extras += [f"schedule {self.schedule}"] * (self.schedule is not None)
         extras += [f"busiest expert {self.expert_load:g}x the mean load"] * (
             self.expert_load != 1.0)
+        extras += ["gradients reduce-scattered per micro-batch"] * (
+            self.gradient_sync == "microbatch")
         extras += ["sequence parallel"] * self.sequence_parallel
         extras += ["distributed optimizer"] * self.distributed_optimizer
         return (f"{' x '.join(parts) or 'one chip'}, micro-batch {self.microbatch}, global "

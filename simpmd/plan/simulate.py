@@ -39,7 +39,7 @@ from ..machine.mesh import Mesh
 from . import frameworks as F
 from . import step as St
 from .interval import VALIDATED, interval
-from .layout import Layout, LayoutError, check
+from .layout import Layout, LayoutError, check, stage_split
 from . import pipeline
 
 # HBM per chip, bytes: each vendor's table.
@@ -242,7 +242,8 @@ class Reuse:
                 program, fused=True, donate=True, accumulation_fusion=f.accumulation_fusion,
                 walker=Walker(program, layout.shape, whole_recompute=f.whole_recompute,
                               eager=f.eager_fusion)
-            ).peak + (main_grad_extra(model, layout) if f.main_grad_fp32 else 0)
+            ).peak + (main_grad_extra(model, layout) if f.main_grad_fp32 else 0) \
+                + pipeline_fsdp_gradients(model, layout, framework)
         return self.peaks[key]
 
 
@@ -267,6 +268,62 @@ def main_grad_extra(model, layout) -> int:
     weights' 16-bit type: 2 more bytes per weight element held (Korthikanti et al.
     2022's Figure 1 counts 18 bytes a parameter: 2 + 4 + 12)."""
     return 2 * weight_elements(model, layout)
+
+
+def stage_gathered_elements(model, layout) -> tuple:
+    """(elements, layers): what one device's pipeline stage holds of its layers' matrices
+    once FSDP has gathered them (:func:`simpmd.plan.layers.gather_stage`: each matrix whole
+    over ``fsdp``, its tensor-parallel share, the unpadded d_model), over the layers of
+    the stage's stack (``vp`` virtual stages of the fullest one's layers)."""
+    from . import layers as L
+    shapes = St.param_shapes(model, layout)
+    sizes = layout.shape
+    total = 0
+    for key, axis in L.MATRICES.items():
+        if key not in shapes:
+            continue
+        shape, spec = shapes[key], St._split(key, False, layout)
+        split = math.prod(sizes[a] for d in spec if d is not None
+                          for a in ((d,) if isinstance(d, str) else d) if a != "fsdp")
+        total += math.prod(shape) // split * model.d_model // shape[3 + axis]
+    return total, layout.vp * max(stage_split(model, layout))
+
+
+def pipeline_fsdp_gradients(model, layout, framework) -> int:
+    """The bytes PyTorch's FSDP under a pipeline holds for a stage's gradients, less what
+    the SPMD step's program holds for them, which the walk counts: the program gathers
+    the stage's weights once per step (:func:`simpmd.plan.layers.gather_stage`) and its
+    backward scan carries their gradients across the micro-batches in the weights'
+    16-bit type, beside one tick's gradients of the whole stage (the scan over its layers
+    stacks them), two buffers of the gathered stage's size ``G`` elements: ``4 G`` bytes.
+    What PyTorch holds instead (autograd computes one layer's gradient at a time, ``G /
+    layers`` elements in bf16, and adds it where FSDP keeps it):
+
+    * ``gradient_sync="step"`` (torch.distributed.pipelining with FSDP2, torchtitan):
+      the stage calls ``set_requires_gradient_sync(False)`` on every micro-batch's
+      backward and reduces once after the last (``backward_maybe_with_nosync``,
+      torch/distributed/pipelining/stage.py at pytorch/pytorch 88fa1e71), so FSDP2 keeps
+      the unsharded gradients between micro-batches, upcast to its ``reduce_dtype``
+      (``FSDPParam.to_accumulated_grad_if_needed``,
+      torch/distributed/fsdp/_fully_shard/_fsdp_param.py at 17a7e1e0), float32 in
+      torchtitan (``mixed_precision_reduce = "float32"``, torchtitan/config/job_config.py):
+      ``4 G`` bytes, and the layer's ``2 G / layers``;
+    * ``gradient_sync="microbatch"`` (the Llama 3 trainer, whose FSDP "shards optimizer
+      states and gradients" and which "reduce[s]-scatter gradients in FP32", Dubey et al.
+      2024, section 3.3.2): each layer's gradient is reduce-scattered as its backward makes
+      it, its bf16 gradient and a float32 copy live while it is, ``6 G / layers`` bytes,
+      and the float32 sharded gradients accumulated over the micro-batches, ``4 G`` over
+      the ranks that split them (``fsdp``, and those of the distributed optimizer).
+
+    Zero without a pipeline or without FSDP, and for frameworks that are not PyTorch's."""
+    if not (framework.startswith("pytorch") and layout.pp > 1 and layout.fsdp > 1):
+        return 0
+    g, layers = stage_gathered_elements(model, layout)
+    program = 2 * 2 * g
+    if layout.gradient_sync == "step":
+        return 4 * g + 2 * g // layers - program
+    shards = layout.fsdp * math.prod(layout.shape[a] for a in St.optimizer_axes(layout))
+    return 6 * g // layers + 4 * g // shards - program
 
 
 def rematerialized(result: Estimate, full: Estimate) -> Estimate:
@@ -352,6 +409,7 @@ def estimate(model, layout: Layout, hardware="H100", chips: int | None = None,
         raise LayoutError(f"precision={precision!r}: choose one of {', '.join(PATHS)}")
     runs = F.framework(framework, compile)
     runs.check(layout)
+    layout = runs.layout(layout)
     framework = runs.name
     hw = hardware_preset(hardware)
     if precision == "fp8" and "fp8" not in hw.matmul_paths:

@@ -316,3 +316,54 @@ def test_pytorch_fsdp_under_a_pipeline_gathers_each_stage_once_per_step():
     flat = gathers(plan.Layout(fsdp=4, global_batch=8))     # no pipeline: layer by layer
     assert (256 * 768 + 256 * 256 + 2 * 256 * 512) // 4 * 2 in flat
     assert 128 * 768 * 2 in gathers(plan.Layout(fsdp=2, pp=2, global_batch=8), "xla")
+
+
+@needs_bf16
+def test_fsdp_under_a_pipeline_holds_its_gradients_as_pytorch_does():
+    """The gradients FSDP under a pipeline holds, worked by hand: 4 layers over pp 2 at
+    d_model 256 (wqkv 256 x 768, wo 256 x 256, w_in 256 x 512, w_out 512 x 256: 524,288
+    elements a layer), FSDP over 4, so a stage's gathered matrices are G = 2 x 524,288
+    elements over 2 layers. The step's program holds two 16-bit buffers of G (the
+    accumulator and one tick's gradients of the whole stage), 4 G bytes. torchtitan's
+    (gradient_sync="step") holds the float32 accumulator, 4 G, and one layer's bf16
+    gradient, 2 G / 2: G bytes more than the program. The Llama 3 trainer's
+    ("microbatch") holds one layer's bf16 gradient and its float32 copy, 6 G / 2, and the
+    float32 sharded gradients, 4 G / 4: 4 G, as much as the program."""
+    from simpmd.plan import simulate
+    model = plan.Transformer(4, 256, 4, 512, 1000, 128)
+    G = 2 * (256 * 768 + 256 * 256 + 256 * 512 + 512 * 256)
+    step = plan.Layout(fsdp=4, pp=2, global_batch=16)
+    micro = plan.Layout(fsdp=4, pp=2, global_batch=16, gradient_sync="microbatch")
+    assert simulate.stage_gathered_elements(model, step) == (G, 2)
+    assert simulate.pipeline_fsdp_gradients(model, step, "pytorch") == G
+    assert simulate.pipeline_fsdp_gradients(model, micro, "pytorch") == 0
+    for other in ("xla", "megatron"):
+        assert simulate.pipeline_fsdp_gradients(model, step, other) == 0
+    assert simulate.pipeline_fsdp_gradients(model, plan.Layout(fsdp=8, global_batch=16),
+                                            "pytorch") == 0
+    peak = {lay.gradient_sync: plan.estimate(model, lay, hardware="H100",
+                                             framework="pytorch").peak_bytes
+            for lay in (step, micro)}
+    assert peak["step"] - peak["microbatch"] == G
+    assert "gradients reduce-scattered per micro-batch" in str(micro)
+    with pytest.raises(plan.LayoutError, match="'step', 'microbatch'"):
+        plan.Layout(gradient_sync="layer")
+
+
+@needs_bf16
+def test_pytorch_fsdp_with_context_parallelism_shards_over_cp_too():
+    """torchtitan applies fully_shard over dp_shard x cp: the weights and the optimizer's
+    state split over fsdp x cp, which the planner holds as its distributed optimizer over
+    cp (the float32 masters' spec names cp); XLA's layouts stay as given. On one device
+    the masters and moments then take 12 bytes a weight element over 4 ranks, not 2: the
+    peak is lower by at least 12 x (the layers' matrices, 4 x 524,288 elements) / 4."""
+    model = plan.Transformer(4, 256, 4, 512, 1000, 128)
+    lay = plan.Layout(fsdp=2, cp=2, global_batch=8)
+    est = plan.estimate(model, lay, hardware="H100", framework="pytorch")
+    assert est.layout.distributed_optimizer and "FSDP over cp" in est.assumed
+    assert not plan.estimate(model, lay, hardware="H100").layout.distributed_optimizer
+    assert "cp" in str(St.specs(model, est.layout)[0][1]["master"]["wqkv"])
+    assert "cp" not in str(St.specs(model, lay)[0][1]["master"]["wqkv"])
+    from simpmd.plan import simulate
+    alone = simulate.Reuse().peak(model, lay, "H100", True, "pytorch", "bf16")
+    assert alone - est.peak_bytes >= 12 * 4 * 524288 // 4
