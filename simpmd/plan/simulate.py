@@ -37,6 +37,7 @@ from ..cost.walk import Walker
 from ..machine import devices as _devices
 from ..machine.mesh import Mesh
 from . import frameworks as F
+from . import layers as L
 from . import step as St
 from .interval import VALIDATED, interval
 from .layout import Layout, LayoutError, check, stage_split
@@ -275,7 +276,6 @@ def stage_gathered_elements(model, layout) -> tuple:
     once FSDP has gathered them (:func:`simpmd.plan.layers.gather_stage`: each matrix whole
     over ``fsdp``, its tensor-parallel share, the unpadded d_model), over the layers of
     the stage's stack (``vp`` virtual stages of the fullest one's layers)."""
-    from . import layers as L
     shapes = St.param_shapes(model, layout)
     sizes = layout.shape
     total = 0

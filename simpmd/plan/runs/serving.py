@@ -46,7 +46,7 @@ from ...cost.hardware import hardware_preset
 from ..families import family
 from ..layout import Layout
 from ..model import Transformer
-from ..serve import serve
+from ..serve import _dtype, serve, weight_specs
 
 SOURCE = ("NVIDIA TensorRT-LLM, docs/source/performance.md at commit 138f96d4 (github.com/"
           "NVIDIA/TensorRT-LLM; 'updated for v0.6.1', Dec 2023; low-latency rows from v0.5)")
@@ -172,7 +172,6 @@ def v05_memory_efficiency(hardware: str) -> float:
     step looks up one row) once per token at the blog's batch-1 rate, over
     ``hbm_bandwidth``. The rate counts the first token's prefill too, so the time per token
     is at most 1 / rate and the fraction at least this."""
-    from ..serve import _dtype, weight_specs
     precision = _GPU[hardware][0]
     read = sum(math.prod(shape) * np.dtype(_dtype(dtype)).itemsize for name, (shape, dtype, _)
                in weight_specs(GPTJ_6B, Layout(), precision).items() if name != "embed")
