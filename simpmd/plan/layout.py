@@ -16,6 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 RECOMPUTE = ("none", "selective", "full")
+# Megatron-Core's output-discarding recomputation of single modules (``--recompute-modules``
+# with ``--recompute-granularity selective``, megatron/core/transformer/moe/README.md,
+# 'Fine-grained Recomputation'): the forward pass drops the module's output, the backward
+# pass computes it again from the input it keeps. The two a fused kernel computes:
+RECOMPUTE_MODULES = ("layernorm", "moe_act")
 # How the optimizer holds the fp32 master weights: "fp32", or "remainders", the 16 bits a
 # bf16 weight lacks (Apex's DistributedFusedAdam, store_param_remainders=True, which NeMo's
 # MegatronBaseModel.setup_optimization sets for a bf16 model with distributed_fused_adam).
@@ -53,7 +58,10 @@ class Layout:
     experts of a mixture of experts split over ``ep`` ranks (and over ``tp`` too: expert
     tensor parallelism 1), every other weight data-parallel over ``dp x ep``;
     ``expert_load``: the busiest expert's tokens over the mean load, which the experts'
-    slots are sized for (dropless routing)."""
+    slots are sized for (dropless routing). ``recompute_modules``: of
+    :data:`RECOMPUTE_MODULES`, the modules whose outputs the forward pass discards and the
+    backward pass computes again (Megatron-Core's ``--recompute-modules``): ``"layernorm"``
+    the two norms of each layer, ``"moe_act"`` the routed experts' activation."""
 
     dp: int = 1
     fsdp: int = 1
@@ -76,6 +84,7 @@ class Layout:
     # rank's grouped products and all_to_all buffers are sized for it (the step waits for
     # the busiest expert); state where it comes from (see simpmd.plan.layers.expert_slots).
     expert_load: float = 1.0
+    recompute_modules: tuple = ()
 
     def __post_init__(self):
         for f in fields(self):
@@ -89,6 +98,11 @@ class Layout:
         if self.master_weights not in MASTER_WEIGHTS:
             raise LayoutError(f"Layout(master_weights={self.master_weights!r}): choose one of "
                               f"{', '.join(map(repr, MASTER_WEIGHTS))}")
+        object.__setattr__(self, "recompute_modules", tuple(self.recompute_modules))
+        unknown = [m for m in self.recompute_modules if m not in RECOMPUTE_MODULES]
+        if unknown:
+            raise LayoutError(f"Layout(recompute_modules={list(self.recompute_modules)}): "
+                              f"{unknown[0]!r} is not one of {', '.join(map(repr, RECOMPUTE_MODULES))}")
         if not self.expert_load >= 1.0:
             raise LayoutError(f"Layout(expert_load={self.expert_load!r}): the busiest expert's "
                               f"tokens over the mean, at least 1")
@@ -176,6 +190,7 @@ class Layout:
         extras = [f"recompute={self.recompute}"] if self.recompute != "none" else []
         if self.recompute_layers is not None:
             extras[-1] += f" ({self.recompute_layers} layers per virtual stage)"
+        extras += [f"recomputed {'+'.join(self.recompute_modules)}"] * bool(self.recompute_modules)
         extras += [f"ZeRO-{self.zero}"] * (self.zero is not None)
         extras += ["master weights as bf16 remainders"] * (self.master_weights == "remainders")
         if self.stage_layers is not None:
