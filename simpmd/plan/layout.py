@@ -61,7 +61,13 @@ class Layout:
     slots are sized for (dropless routing). ``recompute_modules``: of
     :data:`RECOMPUTE_MODULES`, the modules whose outputs the forward pass discards and the
     backward pass computes again (Megatron-Core's ``--recompute-modules``): ``"layernorm"``
-    the two norms of each layer, ``"moe_act"`` the routed experts' activation."""
+    the two norms of each layer, ``"moe_act"`` the routed experts' activation.
+    ``overlap_all_to_all``: whether the expert-parallel ``all_to_all`` s run beside
+    independent compute (Megatron-Core's ``--overlap-moe-expert-parallel-comm``, priced
+    as the scheduler's overlap within a micro-batch) or hold the compute stream until
+    they end, as Megatron-Core's synchronous dispatch does (``framework="megatron"``
+    only; XLA's collectives are asynchronous); None: overlapped under the DualPipeV
+    schedule, whose point it is (DeepSeek-V3 report, section 3.2.1), else not."""
 
     dp: int = 1
     fsdp: int = 1
@@ -85,6 +91,7 @@ class Layout:
     # the busiest expert); state where it comes from (see simpmd.plan.layers.expert_slots).
     expert_load: float = 1.0
     recompute_modules: tuple = ()
+    overlap_all_to_all: bool | None = None
 
     def __post_init__(self):
         for f in fields(self):
@@ -164,6 +171,13 @@ class Layout:
                               f"recompute='full' (Megatron's --recompute-num-layers)")
 
     @property
+    def all_to_all_overlapped(self) -> bool:
+        """:attr:`overlap_all_to_all`, its None resolved (True under "dualpipev")."""
+        if self.overlap_all_to_all is None:
+            return self.schedule == "dualpipev"
+        return self.overlap_all_to_all
+
+    @property
     def chips(self) -> int:
         return self.dp * self.fsdp * self.tp * self.pp * self.cp * self.ep
 
@@ -198,6 +212,8 @@ class Layout:
         extras += [f"schedule {self.schedule}"] * (self.schedule is not None)
         extras += [f"busiest expert {self.expert_load:g}x the mean load"] * (
             self.expert_load != 1.0)
+        if self.overlap_all_to_all is not None:
+            extras.append(f"all_to_all {'' if self.overlap_all_to_all else 'not '}overlapped")
         extras += ["sequence parallel"] * self.sequence_parallel
         extras += ["distributed optimizer"] * self.distributed_optimizer
         return (f"{' x '.join(parts) or 'one chip'}, micro-batch {self.microbatch}, global "

@@ -278,6 +278,23 @@ def test_the_experts_activation_recomputed_at_its_bytes():
     assert norms.step_s > kept.step_s and norms.peak_bytes < kept.peak_bytes
 
 
+def test_megatrons_all_to_alls_hold_the_compute_stream_unless_overlapped():
+    """Megatron-Core's dispatch is a synchronous all_to_all (framework "megatron" names it
+    blocking); --overlap-moe-expert-parallel-comm (overlap_all_to_all=True) and DualPipeV
+    overlap it; XLA's collectives are asynchronous."""
+    from simpmd.plan.frameworks import FRAMEWORKS
+    assert FRAMEWORKS["megatron"].blocking == ("all_to_all",) and not FRAMEWORKS["xla"].blocking
+    assert not plan.Layout(ep=2).all_to_all_overlapped
+    assert plan.Layout(ep=2, overlap_all_to_all=True).all_to_all_overlapped
+    assert plan.Layout(pp=2, global_batch=8, schedule="dualpipev").all_to_all_overlapped
+    m = replace(SMALL, seq=256)
+    lay = plan.Layout(ep=4, microbatch=2, global_batch=16)
+    held, free = (plan.estimate(m, replace(lay, overlap_all_to_all=o), hardware="H100",
+                                framework="megatron", check_memory=False) for o in (False, True))
+    assert held.step_s > free.step_s
+    assert held.breakdown["communication"] > free.breakdown["communication"]
+
+
 # -- the step on shapes: all_to_alls and reductions against closed forms ----------------------
 
 @needs_bf16

@@ -123,7 +123,10 @@ NOTES = ("the distributed optimizer, sequence parallelism with TP > 1 and flash 
 # gpt_oss_workload_base_configs.py sets recompute_modules=["layernorm", "moe_act"] for
 # gpt-oss-120b on GB200, B200 and H100 (output-discarding recomputation:
 # plan.Layout(recompute_modules=...)); qwen3_llm_pretrain.py sets recompute_granularity=None
-# for every Qwen3 run. Two gpt-oss rows print a layout their recipe does not set, and it
+# for every Qwen3 run; qwen/qwen3_workload_base_configs.py sets moe_a2a_overlap=True
+# (--overlap-moe-expert-parallel-comm, overrides.py) for Qwen3-235B-A22B on B200 and H100
+# and Qwen3-30B-A3B on H100, and no recipe of the other rows does (Megatron-Core's
+# all_to_alls then hold the compute stream: plan.Layout(overlap_all_to_all=...)). Two gpt-oss rows print a layout their recipe does not set, and it
 # is the recipe's that is taken (checked 2026-12-03, before the held-out half was looked at
 # again, on the development rows' configurations, not their ratios):
 # * B200: the table prints EP 8, the recipe sets expert_model_parallel_size=64 (MBS 4, GBS
@@ -138,6 +141,9 @@ RECIPE = {
     ("GB200", "gpt-oss-120b"): dict(recompute_modules=("layernorm", "moe_act")),
     ("B200", "gpt-oss-120b"): dict(recompute_modules=("layernorm", "moe_act"), ep=64),
     ("H100", "gpt-oss-120b"): dict(recompute_modules=("layernorm", "moe_act"), microbatch=1),
+    ("B200", "Qwen3-235B-A22B"): dict(overlap_all_to_all=True),
+    ("H100", "Qwen3-235B-A22B"): dict(overlap_all_to_all=True),
+    ("H100", "Qwen3-30B-A3B"): dict(overlap_all_to_all=True),
 }
 
 
