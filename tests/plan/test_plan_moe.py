@@ -327,16 +327,17 @@ def test_the_h800_preset_holds_its_datasheet_numbers():
 # -- validation: each run's predicted / measured ----------------------------------------------
 
 # predicted / measured of the runs the planner misses (docs/validation.md, "Mixtures of
-# experts"), since the second look at the held-out half (2026-12-02 15:55 UTC, after the
-# dense validation's Blackwell attention rate moved the B200/GB200 rows): every one too fast.
+# experts"), since the third look at the held-out half (2026-12-03 09:20 UTC, after the
+# recipes' recomputation, layouts and all_to_all overlap were taken on the development
+# half): every one too fast.
 MISSES = {
-    "Megatron-Bridge gpt-oss-120b, 64 x B200, bf16": 0.64,
-    "Megatron-Bridge gpt-oss-120b, 64 x GB200, bf16": 0.48,
-    "Megatron-Bridge gpt-oss-120b, 64 x H100, bf16": 0.65,
+    "Megatron-Bridge gpt-oss-120b, 64 x B200, bf16": 0.77,
+    "Megatron-Bridge gpt-oss-120b, 64 x GB200, bf16": 0.51,
+    "Megatron-Bridge gpt-oss-120b, 64 x H100, bf16": 0.58,
     "Megatron-Bridge Qwen3-235B-A22B, 64 x B200, fp8": 0.49,
     "Megatron-Bridge Qwen3-30B-A3B, 16 x H100, fp8": 0.39,
     "Megatron-Bridge Qwen3-30B-A3B, 8 x B200, fp8": 0.24,
-    "Megatron-Bridge Qwen3-30B-A3B, 8 x GB200, fp8": 0.55,
+    "Megatron-Bridge Qwen3-30B-A3B, 8 x GB200, fp8": 0.57,
 }
 
 
@@ -360,8 +361,8 @@ def test_the_misses_are_as_docs_validation_md_prints_them(ratios):
         assert ratios[name] == pytest.approx(printed, abs=0.006), name
     held = measure.summary([ratios[n] for n in moe.HELD_OUT])
     dev = measure.summary([ratios[n] for n in moe.DEVELOPMENT])
-    assert (round(held["error"], 2), held["within"]) == (1.17, 1)   # docs/validation.md
-    assert (round(dev["error"], 2), dev["within"]) == (0.57, 1)
+    assert (round(held["error"], 2), held["within"]) == (1.15, 1)   # docs/validation.md
+    assert (round(dev["error"], 2), dev["within"]) == (0.51, 1)
 
 
 @pytest.mark.parametrize("modules", [(), ("layernorm", "moe_act")])

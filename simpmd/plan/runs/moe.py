@@ -24,10 +24,11 @@ out: its multi-head latent attention is not a form ``plan.Transformer`` can stat
 
 The draw below was made over the names alone, before ``plan.estimate`` had an
 expert-parallel step. :func:`runs` gives the rows as :class:`simpmd.plan.published.Run` s
-(framework ``"megatron"``); what the table does not print is taken as NeMo's recipes set
-it and not checked against their scripts: no recomputation, the distributed optimizer,
-sequence parallelism with TP > 1, flash attention, and the force-balanced router's
-``expert_load`` of 1. They are kept apart from :func:`simpmd.plan.runs.every` (the dense
+(framework ``"megatron"``); what the table does not print is taken from the performance
+recipes at the table's commit where they say it (:data:`RECIPE`: recomputation, the
+all_to_all's overlap, and two layouts the table prints against its recipe), else as NeMo's
+recipes set it by default: the distributed optimizer, sequence parallelism with TP > 1,
+flash attention, and the force-balanced router's ``expert_load`` of 1. They are kept apart from :func:`simpmd.plan.runs.every` (the dense
 validation) and checked in tests/plan/test_plan_moe.py (tests/ before issue 46 item 5).
 """
 from __future__ import annotations
