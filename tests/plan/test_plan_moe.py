@@ -278,6 +278,7 @@ def test_the_experts_activation_recomputed_at_its_bytes():
     assert norms.step_s > kept.step_s and norms.peak_bytes < kept.peak_bytes
 
 
+@needs_bf16
 def test_megatrons_all_to_alls_hold_the_compute_stream_unless_overlapped():
     """Megatron-Core's dispatch is a synchronous all_to_all (framework "megatron" names it
     blocking); --overlap-moe-expert-parallel-comm (overlap_all_to_all=True) and DualPipeV
