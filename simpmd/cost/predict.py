@@ -183,8 +183,9 @@ class _Predictor:
     kernel's time, each loop's, each collective's."""
 
     def __init__(self, hw, walker, topology, overlap, precision, pipeline, cache,
-                 accumulation_fusion=False):
+                 accumulation_fusion=False, blocking=frozenset()):
         self.hw, self.walker, self.topology, self.overlap = hw, walker, topology, overlap
+        self.blocking = frozenset(blocking)
         self.precision, self.pipeline = precision, pipeline
         self.accumulation_fusion = accumulation_fusion
         self.cache = {} if cache is None else cache
@@ -215,7 +216,7 @@ class _Predictor:
         (views, what readers compute again) count their FLOPs."""
         pending, waiting = [], {}            # (ready, order, collective); result -> ready
         for n, kernel in enumerate(body.kernels):
-            if kernel.kind == "collective" and self.overlap:
+            if kernel.kind == "collective" and self.overlap and not self._blocks(kernel):
                 ready = self._ready(kernel, body, streams)
                 heapq.heappush(pending, (ready, n, kernel))
                 waiting.update((o, ready) for e in kernel.eqns for o in e.outvars)
@@ -258,11 +259,15 @@ class _Predictor:
         if rows is not None:
             rows.append(replace(t, start_s=start, end_s=streams.compute, stream="compute"))
 
+    def _blocks(self, kernel) -> bool:
+        """Whether the collective runs in the compute stream's order (``blocking``)."""
+        return _primitive_name(kernel.eqns[0]) in self.blocking
+
     def _place_collective(self, kernel, body, streams, total, rows):
         e = kernel.eqns[0]
         seconds, axes = self._collective(e, body)
         ready = self._ready(kernel, body, streams)
-        if self.overlap:
+        if self.overlap and not self._blocks(kernel):
             start = max(streams.comm.get(axes, 0.0), ready)
             streams.comm[axes] = start + seconds
         else:
@@ -482,7 +487,8 @@ def _stored(v, body):
 
 def predict(program, hardware=None, axis_env=None, topology=None, *, overlap=True,
             while_trips=None, taken=None, device=None, walker=None, precision=None,
-            pipeline=None, accumulation_fusion=False, collective_times=None) -> Prediction:
+            pipeline=None, accumulation_fusion=False, collective_times=None,
+            blocking=()) -> Prediction:
     """The predicted time of ``program`` (a jaxpr or simpmd program; per device inside a
     shard_map or pmap) on one device of ``hardware``, called once from Python: see the
     module's docstring.
@@ -496,12 +502,15 @@ def predict(program, hardware=None, axis_env=None, topology=None, *, overlap=Tru
     ``ticks`` iterations, not inside another, is a pipeline of which ``idle`` ticks are its
     bubble; ``accumulation_fusion`` adds gradients into their accumulators where they are
     computed, as Megatron-LM does (:mod:`simpmd.cost.fusion`); ``collective_times`` a dict
-    of collectives' times, shared between predictions."""
+    of collectives' times, shared between predictions; ``blocking`` names collectives
+    (``"all_to_all"``) that the compute stream issues in program order and waits for, as
+    a framework that runs them synchronously does, where ``overlap`` would let them run
+    beside independent compute."""
     hw = _hardware_of(hardware)
     walker = walker or Walker(program, _axis_sizes(axis_env), while_trips=while_trips,
                               taken=taken, device=device)
     p = _Predictor(hw, walker, topology, overlap, precision, pipeline, collective_times,
-                   accumulation_fusion)
+                   accumulation_fusion, blocking)
     streams, total, rows = _Streams(), _Sum(), []
     p.run(p.body(program, walker.sizes, "forward"), streams, total, rows, 0)
     makespan = streams.end()

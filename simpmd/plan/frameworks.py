@@ -41,6 +41,9 @@ class Framework:
     selective: str               # what recompute="selective" keeps
     not_modelled: str = ""
     eager_fusion: bool = False   # no fusion at all: every operation its own kernel
+    # Collectives the compute stream waits for in program order (simpmd.cost.predict's
+    # ``blocking``), unless the layout overlaps them (Layout.overlap_all_to_all)
+    blocking: tuple = ()
 
 
     def check(self, layout):
@@ -120,7 +123,12 @@ _GATHERS = ("FSDP's and ZeRO-3's gathers one per weight, not per layer or per bu
 
 FRAMEWORKS = {
     "xla": Framework("xla", False, False, False, False, _SELECTIVE_PRODUCTS),
-    "megatron": Framework("megatron", True, True, True, True, _SELECTIVE_MEGATRON),
+    # Megatron-Core's token dispatchers exchange tokens with a synchronous
+    # torch.distributed.all_to_all_single, forward and backward (_AllToAll in
+    # megatron/core/tensor_parallel/mappings.py at core_v0.15.0, 0d7e02bd): the compute
+    # stream waits for each; --overlap-moe-expert-parallel-comm hides them (its MoE README)
+    "megatron": Framework("megatron", True, True, True, True, _SELECTIVE_MEGATRON,
+                          blocking=("all_to_all",)),
     "pytorch": Framework("pytorch", True, True, False, False, _SELECTIVE_PRODUCTS, _GATHERS,
                          eager_fusion=True),
     "pytorch+compile": Framework("pytorch+compile", False, True, False, False,

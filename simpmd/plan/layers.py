@@ -52,6 +52,7 @@ class Shard:
     fp8: bool = False
     recompute_layers: int | None = None    # full recomputation of this many per stage
     expert_load: float = 1.0               # Layout.expert_load: the busiest expert's load
+    recompute_modules: tuple = ()          # Layout.recompute_modules: outputs discarded
 
     @property
     def eager(self) -> bool:
@@ -145,6 +146,49 @@ swiglu = checkpoint(_swiglu)
 gelu = checkpoint(_gelu)
 
 
+def output_discarded(*_, **__) -> bool:
+    """The policy of a fused kernel whose output the layer does not keep either: nothing
+    inside is kept (as ``checkpoint``'s default), and :func:`discarding` keeps its result
+    out of the layer's residuals, so the backward pass runs the kernel again from its
+    input: Megatron-Core's output-discarding recomputation (``--recompute-modules
+    layernorm moe_act``, megatron/core/transformer/moe/README.md, 'Fine-grained
+    Recomputation': the forward pass discards the module's output and the backward pass
+    recomputes it)."""
+    return False
+
+
+DISCARDED = {"layernorm": {"norm": checkpoint(_rms_norm, policy=output_discarded)},
+             "moe_act": {"swiglu": checkpoint(_swiglu, policy=output_discarded),
+                         "gelu": checkpoint(_gelu, policy=output_discarded)}}
+
+
+def norm(s: "Shard", x, scale):
+    """A layer's norm (``input_layernorm`` or ``pre_mlp_layernorm``): its output discarded
+    and recomputed where ``recompute_modules`` names ``"layernorm"``."""
+    if "layernorm" in s.recompute_modules:
+        return DISCARDED["layernorm"]["norm"](x, scale)
+    return rms_norm(x, scale)
+
+
+def expert_activation(s: "Shard", u):
+    """The routed experts' activation: its output discarded and recomputed where
+    ``recompute_modules`` names ``"moe_act"``."""
+    kind = "swiglu" if s.model.gated_mlp else "gelu"
+    if "moe_act" in s.recompute_modules:
+        return DISCARDED["moe_act"][kind](u)
+    return (swiglu if s.model.gated_mlp else gelu)(u)
+
+
+def discarding(keep):
+    """``keep``, but never the result of a checkpoint under :func:`output_discarded`."""
+    if keep is None:
+        return None
+
+    def policy(prim, *avals, **params):
+        return params.get("policy") is not output_discarded and keep(prim, *avals, **params)
+    return policy
+
+
 FP8, FP8T = "/fp8", "/fp8t"      # a weight's FP8 copy and its transpose, cast once per step
 
 
@@ -192,7 +236,7 @@ def attention_block(s: Shard, x, w):
     """Norm, the fused query/key/value projection, attention over this device's heads,
     the output projection and its collective; and the amaxes of its FP8 casts."""
     m = s.model
-    qkv, amaxes = column_linear(s, rms_norm(x, w["attn_norm"]), w, "wqkv")
+    qkv, amaxes = column_linear(s, norm(s, x, w["attn_norm"]), w, "wqkv")
     b, t, _ = qkv.shape
     nq, nkv = m.heads // s.size("tp"), m.kv_heads // s.size("tp")
     q = qkv[..., :nq * m.head_dim].reshape(b, t, nq, m.head_dim)
@@ -219,7 +263,7 @@ def attention_block(s: Shard, x, w):
 def mlp_block(s: Shard, x, w):
     """Norm, the MLP's input matrix (gate and up side by side when gated), SwiGLU or
     GELU, the output matrix and its collective; and the amaxes of its FP8 casts."""
-    u, amaxes = column_linear(s, rms_norm(x, w["mlp_norm"]), w, "w_in")
+    u, amaxes = column_linear(s, norm(s, x, w["mlp_norm"]), w, "w_in")
     u = swiglu(u) if s.model.gated_mlp else gelu(u)
     y, more = row_linear(s, u, w, "w_out")
     return residual(s, x, y, seed=3), amaxes + more
@@ -343,7 +387,7 @@ def moe_block(s: Shard, x, w):
     and backward (as Megatron-Core's ``MoEAuxLossAutoScaler`` injects its gradient) without
     changing the layer's value; its gradient here is zero, its cost the same."""
     m = s.model
-    h = rms_norm(x, w["mlp_norm"])
+    h = norm(s, x, w["mlp_norm"])
     b, t, D = h.shape
     n, k, E = b * t, m.top_k, m.experts
     flat = h.reshape(n, D)
@@ -361,7 +405,7 @@ def moe_block(s: Shard, x, w):
     if group:
         sent = lax.all_to_all(sent, group if len(group) > 1 else group[0], 0, 1, tiled=True)
     u, amaxes = grouped(s, sent, w, "e_in", 1)
-    u = swiglu(u) if m.gated_mlp else gelu(u)
+    u = expert_activation(s, u)
     y, more = grouped(s, u, w, "e_out", 2)
     if group:
         y = lax.all_to_all(y, group if len(group) > 1 else group[0], 1, 0, tiled=True)
@@ -476,12 +520,15 @@ POLICIES = {"none": keep_all_but_gathers, "selective": keep_products, "full": No
 def policy(s: Shard):
     """The checkpoint policy of each layer: :data:`POLICIES`'s; Megatron-LM's selective
     recomputation, which recomputes only the attention's core; PyTorch FSDP's, which
-    gathers its flat parameters again for the backward pass."""
+    gathers its flat parameters again for the backward pass; with ``recompute_modules``,
+    none of the discarded modules' outputs kept (:func:`discarding`)."""
     if s.recompute == "selective" and s.framework == "megatron":
-        return keep_all_but_the_attention_core
-    if s.recompute == "none" and s.framework.startswith("pytorch") and s.size("fsdp") > 1:
-        return keep_all_but_gathers_and_their_views
-    return POLICIES[s.recompute]
+        keep = keep_all_but_the_attention_core
+    elif s.recompute == "none" and s.framework.startswith("pytorch") and s.size("fsdp") > 1:
+        keep = keep_all_but_gathers_and_their_views
+    else:
+        keep = POLICIES[s.recompute]
+    return discarding(keep) if s.recompute_modules else keep
 
 
 def layers(s: Shard, x, stacked, virtual=None):
@@ -525,7 +572,8 @@ def _scans(s: Shard, body, x, xs, count):
     k = s.recompute_layers
     if k is None or k >= count:
         return lax.scan(checkpoint(body, policy=policy(s)), x, xs)
-    parts = [(slice(0, k), None), (slice(k, count), keep_all_but_gathers)]
+    parts = [(slice(0, k), None), (slice(k, count), discarding(keep_all_but_gathers)
+                                    if s.recompute_modules else keep_all_but_gathers)]
     amaxes = []
     for part, keep in parts:
         if part.stop == part.start:

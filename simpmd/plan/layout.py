@@ -16,6 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 RECOMPUTE = ("none", "selective", "full")
+# Megatron-Core's output-discarding recomputation of single modules (``--recompute-modules``
+# with ``--recompute-granularity selective``, megatron/core/transformer/moe/README.md,
+# 'Fine-grained Recomputation'): the forward pass drops the module's output, the backward
+# pass computes it again from the input it keeps. The two a fused kernel computes:
+RECOMPUTE_MODULES = ("layernorm", "moe_act")
 # How the optimizer holds the fp32 master weights: "fp32", or "remainders", the 16 bits a
 # bf16 weight lacks (Apex's DistributedFusedAdam, store_param_remainders=True, which NeMo's
 # MegatronBaseModel.setup_optimization sets for a bf16 model with distributed_fused_adam).
@@ -61,7 +66,17 @@ class Layout:
     ``expert_load``: the busiest expert's tokens over the mean load, which the experts'
     slots are sized for (dropless routing). ``gradient_sync``: :data:`GRADIENT_SYNC`, when
     PyTorch's FSDP under a pipeline reduce-scatters a stage's gradients (the memory they
-    hold between micro-batches: :func:`simpmd.plan.simulate.pipeline_fsdp_gradients`)."""
+    hold between micro-batches: :func:`simpmd.plan.simulate.pipeline_fsdp_gradients`).
+    ``recompute_modules``: of :data:`RECOMPUTE_MODULES`, the modules whose outputs the
+    forward pass discards and the backward pass computes again (Megatron-Core's
+    ``--recompute-modules``): ``"layernorm"`` the two norms of each layer, ``"moe_act"``
+    the routed experts' activation.
+    ``overlap_all_to_all``: whether the expert-parallel ``all_to_all`` s run beside
+    independent compute (Megatron-Core's ``--overlap-moe-expert-parallel-comm``, priced
+    as the scheduler's overlap within a micro-batch) or hold the compute stream until
+    they end, as Megatron-Core's synchronous dispatch does (``framework="megatron"``
+    only; XLA's collectives are asynchronous); None: overlapped under the DualPipeV
+    schedule, whose point it is (DeepSeek-V3 report, section 3.2.1), else not."""
 
     dp: int = 1
     fsdp: int = 1
@@ -85,6 +100,8 @@ class Layout:
     # the busiest expert); state where it comes from (see simpmd.plan.layers.expert_slots).
     expert_load: float = 1.0
     gradient_sync: str = "step"     # GRADIENT_SYNC
+    recompute_modules: tuple = ()
+    overlap_all_to_all: bool | None = None
 
     def __post_init__(self):
         for f in fields(self):
@@ -101,6 +118,11 @@ class Layout:
         if self.master_weights not in MASTER_WEIGHTS:
             raise LayoutError(f"Layout(master_weights={self.master_weights!r}): choose one of "
                               f"{', '.join(map(repr, MASTER_WEIGHTS))}")
+        object.__setattr__(self, "recompute_modules", tuple(self.recompute_modules))
+        unknown = [m for m in self.recompute_modules if m not in RECOMPUTE_MODULES]
+        if unknown:
+            raise LayoutError(f"Layout(recompute_modules={list(self.recompute_modules)}): "
+                              f"{unknown[0]!r} is not one of {', '.join(map(repr, RECOMPUTE_MODULES))}")
         if not self.expert_load >= 1.0:
             raise LayoutError(f"Layout(expert_load={self.expert_load!r}): the busiest expert's "
                               f"tokens over the mean, at least 1")
@@ -162,6 +184,13 @@ class Layout:
                               f"recompute='full' (Megatron's --recompute-num-layers)")
 
     @property
+    def all_to_all_overlapped(self) -> bool:
+        """:attr:`overlap_all_to_all`, its None resolved (True under "dualpipev")."""
+        if self.overlap_all_to_all is None:
+            return self.schedule == "dualpipev"
+        return self.overlap_all_to_all
+
+    @property
     def chips(self) -> int:
         return self.dp * self.fsdp * self.tp * self.pp * self.cp * self.ep
 
@@ -188,6 +217,7 @@ class Layout:
         extras = [f"recompute={self.recompute}"] if self.recompute != "none" else []
         if self.recompute_layers is not None:
             extras[-1] += f" ({self.recompute_layers} layers per virtual stage)"
+        extras += [f"recomputed {'+'.join(self.recompute_modules)}"] * bool(self.recompute_modules)
         extras += [f"ZeRO-{self.zero}"] * (self.zero is not None)
         extras += ["master weights as bf16 remainders"] * (self.master_weights == "remainders")
         if self.stage_layers is not None:
@@ -197,6 +227,8 @@ class Layout:
             self.expert_load != 1.0)
         extras += ["gradients reduce-scattered per micro-batch"] * (
             self.gradient_sync == "microbatch")
+        if self.overlap_all_to_all is not None:
+            extras.append(f"all_to_all {'' if self.overlap_all_to_all else 'not '}overlapped")
         extras += ["sequence parallel"] * self.sequence_parallel
         extras += ["distributed optimizer"] * self.distributed_optimizer
         return (f"{' x '.join(parts) or 'one chip'}, micro-batch {self.microbatch}, global "

@@ -424,7 +424,8 @@ def estimate(model, layout: Layout, hardware="H100", chips: int | None = None,
                 precision=PATHS[precision], pipeline=(ticks, layout.pp - 1),
                 accumulation_fusion=runs.accumulation_fusion,
                 collective_times=reuse.collectives.setdefault((hw.name, layout.chips, slices),
-                                                              {}))
+                                                              {}),
+                blocking=() if layout.all_to_all_overlapped else runs.blocking)
     terms, step_s = dict(p.terms), p.time_s
     if layout.schedule is not None and layout.pp > 1:
         terms, step_s = scheduled_bubble(layout, terms, step_s)

@@ -245,6 +245,21 @@ def test_a_collective_beside_independent_work_overlaps_it():
     assert p.time_s == pytest.approx(max(3 * one, one + psum) + H100.dispatch_s)
 
 
+def test_a_blocking_all_to_all_holds_the_compute_stream():
+    """An all_to_all nothing after it needs runs beside the next products (the longer of
+    the two streams); named ``blocking``, as Megatron-Core's synchronous dispatch runs it,
+    the compute stream waits for it first (their sum)."""
+    from simpmd import lax
+    program = _program(lambda x, w: (lax.all_to_all(x, "ep", 0, 0, tiled=True), x @ w @ w),
+                       (N, N), (N, N), axes=(("ep", 8),))
+    a2a, one = _collective_s("all_to_all", N * N * 2, list(range(8))), _kernel_s(N, N, N)
+    free = _on_h100(program, {"ep": 8})
+    held = _on_h100(program, {"ep": 8}, blocking=("all_to_all",))
+    assert free.time_s == pytest.approx(max(2 * one, a2a) + H100.dispatch_s)
+    assert held.time_s == pytest.approx(a2a + 2 * one + H100.dispatch_s)
+    assert held.terms["communication"] == pytest.approx(a2a)
+
+
 def test_a_loop_gathers_the_next_weights_during_this_iteration():
     """A scan whose all_gather reads only its xs (FSDP's weights): after the first
     iteration the gather of the next overlaps the product of this one."""
