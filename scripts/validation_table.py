@@ -155,21 +155,18 @@ def memory_table():
         peak = est.peak_bytes / 2**30
         print(f"| {run.name} | {weights:.1f} | {acts:.1f} | {weights + acts:.1f} | {peak:.1f} | "
               f"{peak / (weights + acts):.2f} |")
+    entered = [(run, measure.estimate(run, memory=True)) for run in every() if not blocker(run)]
     print("\n| run | printed peak, GiB | simpmd's peak, GiB | simpmd / printed | HBM, GiB |")
     print("|---|---:|---:|---:|---:|")
-    for run in every():
-        if run.peak_gib is None or blocker(run):
+    for run, est in entered:
+        if run.peak_gib is None:
             continue
-        est = measure.estimate(run, memory=True)
         peak = est.peak_bytes / 2**30
         print(f"| {run.name} | {run.peak_gib:.1f} | {peak:.1f} | {peak / run.peak_gib:.2f} | "
               f"{est.hbm_bytes / 2**30:.1f} |")
     print("\n| run | simpmd's peak, GB | HBM, GB |")
     print("|---|---:|---:|")
-    for run in every():
-        if blocker(run):
-            continue
-        est = measure.estimate(run, memory=True)
+    for run, est in entered:
         if est.peak_bytes > est.hbm_bytes:
             print(f"| {run.name} | {est.peak_bytes / 1e9:.1f} | {est.hbm_bytes / 1e9:.0f} |")
 

@@ -179,10 +179,11 @@ def expert_activation(s: "Shard", u):
     return (swiglu if s.model.gated_mlp else gelu)(u)
 
 
-def discarding(keep):
-    """``keep``, but never the result of a checkpoint under :func:`output_discarded`."""
-    if keep is None:
-        return None
+def discarding(s: "Shard", keep):
+    """``keep``, but never the result of a checkpoint under :func:`output_discarded`,
+    where ``s`` discards any module's output (else ``keep`` itself)."""
+    if keep is None or not s.recompute_modules:
+        return keep
 
     def policy(prim, *avals, **params):
         return params.get("policy") is not output_discarded and keep(prim, *avals, **params)
@@ -528,7 +529,7 @@ def policy(s: Shard):
         keep = keep_all_but_gathers_and_their_views
     else:
         keep = POLICIES[s.recompute]
-    return discarding(keep) if s.recompute_modules else keep
+    return discarding(s, keep)
 
 
 def layers(s: Shard, x, stacked, virtual=None):
@@ -572,8 +573,7 @@ def _scans(s: Shard, body, x, xs, count):
     k = s.recompute_layers
     if k is None or k >= count:
         return lax.scan(checkpoint(body, policy=policy(s)), x, xs)
-    parts = [(slice(0, k), None), (slice(k, count), discarding(keep_all_but_gathers)
-                                    if s.recompute_modules else keep_all_but_gathers)]
+    parts = [(slice(0, k), None), (slice(k, count), discarding(s, keep_all_but_gathers))]
     amaxes = []
     for part, keep in parts:
         if part.stop == part.start:

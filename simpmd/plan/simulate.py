@@ -252,14 +252,14 @@ def weight_elements(model, layout) -> int:
     """The elements of the weights one device uses (its stage's, its tensor-parallel and
     FSDP shares), before the distributed optimizer splits anything."""
     shapes = St.param_shapes(model, layout)
-    sizes = layout.shape
-    total = 0
-    for key, shape in shapes.items():
-        spec = St._split(key, False, layout)
-        split = math.prod(sizes[a] for d in spec if d is not None
-                          for a in ((d,) if isinstance(d, str) else d))
-        total += math.prod(shape) // split
-    return total
+    return sum(math.prod(shape) // _ways(St._split(key, False, layout), layout)
+               for key, shape in shapes.items())
+
+
+def _ways(spec, layout, but=()) -> int:
+    """How many ways ``spec`` splits an array over ``layout``'s mesh, leaving out the axes
+    in ``but``."""
+    return math.prod(layout.shape[a] for a in St._named(spec) if a not in but)
 
 
 def main_grad_extra(model, layout) -> int:
@@ -277,15 +277,9 @@ def stage_gathered_elements(model, layout) -> tuple:
     over ``fsdp``, its tensor-parallel share, the unpadded d_model), over the layers of
     the stage's stack (``vp`` virtual stages of the fullest one's layers)."""
     shapes = St.param_shapes(model, layout)
-    sizes = layout.shape
-    total = 0
-    for key, axis in L.MATRICES.items():
-        if key not in shapes:
-            continue
-        shape, spec = shapes[key], St._split(key, False, layout)
-        split = math.prod(sizes[a] for d in spec if d is not None
-                          for a in ((d,) if isinstance(d, str) else d) if a != "fsdp")
-        total += math.prod(shape) // split * model.d_model // shape[3 + axis]
+    total = sum(math.prod(shapes[key]) // _ways(St._split(key, False, layout), layout, ("fsdp",))
+                * model.d_model // shapes[key][3 + axis]
+                for key, axis in L.MATRICES.items() if key in shapes)
     return total, layout.vp * max(stage_split(model, layout))
 
 
