@@ -756,21 +756,41 @@ def pcast(x, axis_name, *, to):
             f"Got unexpected `to` value {to!r}. Allowed `to` values are: {set(PCAST_TO)} "
             f"(JAX's words): to='varying' types a replicated value as varying over the axes.")
     if to == "reduced":
-        raise NotImplementedError(
-            f"lax.pcast(..., to='reduced') makes a value reduced over {axes} inside "
-            f"shard_map; simpmd types reduced values under jit with Explicit axes "
-            f"(PartitionSpec(reduced=...), reshard), not yet inside shard_map. Run this "
-            f"program on JAX, or keep the value replicated (it is, as a reduced one).")
+        return _each_leaf(x, lambda leaf: _reduce(leaf, axes))
     if to == "unreduced":
         return _each_leaf(x, lambda leaf: _unreduce(leaf, axes))
     return _each_leaf(x, lambda leaf: _vary(leaf, axes, "jax.lax.pcast"))
+
+
+def _unsupported(start, to, axes, leaf, run):
+    """JAX's refusal of a pcast between two states it has no cast for."""
+    can = {"invarying": "varying or reduced", "varying": "unreduced", "reduced": "varying",
+           "unreduced": "nothing (lax.psum sums it)"}[start]
+    return errors.VmaError(
+        f"Unsupported pcast from={start}, to={to!r} (JAX's words): on {run.where()} the "
+        f"value of type {_type_text(aval_of(leaf))} is {start} over {axes}, and a "
+        f"{start} value can be cast to {can} only.")
+
+
+def _reduce(leaf, axes):
+    """``pcast(leaf, axes, to='reduced')``: a value the same on every device along ``axes``
+    typed as reduced over them (JAX's ``preduced``; no data moves). Its cotangent comes out
+    as the parts of a sum, which the transpose adds once (``unreduced_psum``)."""
+    run = context.run
+    run.axis_size(axes, "pcast")
+    if not run.check_vma:                 # JAX: nothing to type without check_vma
+        return leaf
+    start = _pcast_from(aval_of(leaf), axes, "jax.lax.pcast")
+    if start != "invarying":
+        raise _unsupported(start, "reduced", axes, leaf, run)
+    return bind(U.preduced, leaf, axes=tuple(n for n, _ in run.axes if n in axes))
 
 
 def _pcast_from(aval, axes, name) -> str:
     """What ``axes`` are to a value of type ``aval``: all 'varying', all 'unreduced' or
     all 'invarying' (JAX's ``_get_from``; a mixture is refused, in JAX's words)."""
     states = {"varying" if a in aval.vma else "unreduced" if a in aval.unreduced
-              else "invarying" for a in axes}
+              else "reduced" if a in aval.reduced else "invarying" for a in axes}
     if len(states) > 1:
         raise errors.VmaError(
             f"{name} can only accept axis_name which corresponds to one of varying, "
@@ -787,11 +807,7 @@ def _unreduce(leaf, axes):
     run.axis_size(axes, "pcast")
     start = _pcast_from(aval_of(leaf), axes, "jax.lax.pcast")
     if start != "varying":
-        raise errors.VmaError(
-            f"Unsupported pcast from={start}, to='unreduced' (JAX's words): on {run.where()} "
-            f"the value of type {_type_text(aval_of(leaf))} is {start} over {axes}; only a "
-            f"value that varies over them (under shard_map(check_vma=True)) can be taken as "
-            f"the parts of a sum over them.")
+        raise _unsupported(start, "unreduced", axes, leaf, run)
     order = tuple(n for n, _ in run.axes if n in axes)
     return bind(U.vary_unreduced_cast, leaf, axes=order)
 
@@ -826,6 +842,8 @@ def _vary(leaf, axes, name):
     if not run.check_vma:
         return leaf
     vma = aval_of(leaf).vma
+    if name == "jax.lax.pcast" and _pcast_from(aval_of(leaf), axes, name) == "reduced":
+        return bind(U.reduced_vary_cast, leaf, axes=tuple(n for n, _ in run.axes if n in axes))
     already = tuple(a for a in axes if a in vma)
     if already and len(already) < len(axes):
         raise errors.VmaError(

@@ -222,15 +222,23 @@ def _placed(value, mesh, spec):
                 f"device_put: dimension {d} has size {n}, which the {count(mesh, axes)} "
                 f"devices of {axes} cannot split evenly. JAX requires even splits for a "
                 f"sharded array; pad the array or split that dimension over fewer devices.")
-    explicit = R.explicit_axes(mesh)
-    typed = tuple(tuple(a for a in axes if a in explicit) for axes in layout)
-    unreduced, reduced = R.reductions_of(spec, mesh)
-    aval = Aval(value.shape, value.dtype, sharding=Sharding(mesh, typed, unreduced, reduced))
+    aval = placed_aval(value.shape, value.dtype, mesh, spec)
+    unreduced = aval.sharding.unreduced
     stack = stack_blocks(value, spec, mesh)
     if unreduced:           # as reshard places it: the value on the first device, zeros after
         first = [all(mesh.coords_of(k)[a] == 0 for a in unreduced) for k in range(mesh.size)]
         stack = np.where(np.reshape(first, (-1,) + (1,) * value.ndim), stack, 0)
     return ShardedArray(aval, stack, mesh, layout)
+
+def placed_aval(shape, dtype, mesh, spec) -> Aval:
+    """The type of an array of ``shape`` laid out by ``spec`` on ``mesh``: its Explicit
+    axes in the type (``f32[8@data]``), its Auto ones the compiler's business."""
+    layout = R.resolve(spec, all_explicit(mesh), len(shape), "device_put")
+    explicit = R.explicit_axes(mesh)
+    typed = tuple(tuple(a for a in axes if a in explicit) for axes in layout)
+    unreduced, reduced = R.reductions_of(spec, mesh)
+    return Aval(shape, dtype, sharding=Sharding(mesh, typed, unreduced, reduced))
+
 
 def device_put(x, sharding=None):
     """Place ``x`` on the mesh, like ``jax.device_put(x, sharding)``: a ``NamedSharding``,

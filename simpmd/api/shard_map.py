@@ -449,9 +449,10 @@ class ShardMapped:
 
 
 def _names_unreduced(specs) -> bool:
-    """Whether a spec of ``specs`` (a pytree prefix of specs) names unreduced axes."""
+    """Whether a spec of ``specs`` (a pytree prefix of specs) names unreduced (or reduced)
+    axes, which only jit's arrays hold in their types."""
     leaves = tree.flatten(specs)[0] if not isinstance(specs, PartitionSpec) else [specs]
-    return any(isinstance(s, PartitionSpec) and s.unreduced for s in leaves)
+    return any(isinstance(s, PartitionSpec) and (s.unreduced or s.reduced) for s in leaves)
 
 
 def _as_unreduced(leaf, spec):

@@ -162,15 +162,18 @@ def _check_replication(program, out_specs, check_vma, outer=()):
                     f"sum them first (lax.psum)." if aval_of(v).unreduced else
                     f"Make result {k} the parts of a sum first: lax.pcast(x, "
                     f"{tuple(sorted(spec.unreduced))!r}, to='unreduced')."))
-        missing = sorted((aval_of(v).vma | aval_of(v).unreduced) - set(spec.mesh_axes())
-                         - set(spec.unreduced) - set(outer)) if check_vma else []
+        missing = sorted((aval_of(v).vma | aval_of(v).unreduced | aval_of(v).reduced)
+                         - set(spec.mesh_axes()) - set(spec.unreduced) - set(spec.reduced)
+                         - set(outer)) if check_vma else []
         if missing:
             raise errors.SimpmdError(
                 f"shard_map's out_specs {spec!r} for result {k} leaves out mesh axis "
-                f"{missing[0]!r}, over which its type says it varies: JAX refuses this too "
-                f"('out_specs which require replication which can't be statically "
-                f"inferred'). Reduce it over {missing[0]!r} (lax.psum) or name the axis in "
-                f"out_specs.")
+                f"{missing[0]!r}, over which its type says it "
+                f"{'is reduced' if missing[0] in aval_of(v).reduced else 'varies'}: JAX "
+                f"refuses this too ('out_specs which require replication which can't be "
+                f"statically inferred'). Reduce it over {missing[0]!r} (lax.psum) or name the "
+                f"axis in out_specs" + (f" (P(reduced={{{missing[0]!r}}}))." if missing[0] in
+                                        aval_of(v).reduced else "."))
 
 
 # -- the row -------------------------------------------------------------------------------

@@ -84,3 +84,46 @@ all_gather_invariant = _collective(   # all_gather(..., to='invarying'): Varying
     lambda p: {"axis": p["all_gather_dimension"], "tiled": p["tiled"]}, hlo="all-gather")
 all_gather_invariant.show = lambda p: {k: p[k] for k in (
     "all_gather_dimension", "axis_name", "axis_size", "tiled")}
+
+def _preduced_abstract(x, *, axes):
+    """``pcast(x, axes, to='reduced')``: an invariant value typed as reduced over ``axes``,
+    the same on every device as after a sum over them (JAX's ``preduced``; its cotangent
+    is then the parts of a sum, summed once by ``unreduced_psum``)."""
+    if x.vma & set(axes):
+        raise errors.VmaError(
+            f"preduced is a Invariant->Reduced collective. This means that the axis names "
+            f"mentioned in `axes` passed to `preduced` must not be present in "
+            f"`jax.typeof(inp).mat.varying`. Got axes={axes} and jax.typeof(inp).mat.varying="
+            f"{set(x.vma)} (JAX's words)")
+    if x.reduced & set(axes):
+        raise errors.VmaError(f"preduced input cannot be reduced across the axis_name "
+                              f"provided. Got x={x.str_short()} and axis_name={axes} (JAX's words)")
+    return x.update(reduced=x.reduced | set(axes))
+
+def _summed_ct(ct, axes):
+    """preduced's transpose: the cotangent's parts, one per device, summed (unreduced_psum);
+    a cotangent that is no sum of parts (check_vma=False) passes as it is."""
+    if ct is None or not aval_of(ct).unreduced & set(axes):
+        return ct
+    return bind(unreduced_psum, ct, axes=axes)
+
+preduced = Primitive(   # no data moves: the type now says reduced over axes
+    "preduced", lambda x, axes: x, _preduced_abstract,
+    vjp=lambda ct, ins, outs, wants, axes: [_summed_ct(ct, axes)] if wants[0] else [None],
+    cost=lambda ins, outs, **p: (0, 0), show=lambda p: {"axes": p["axes"]},
+    by_axes=True, unreduces=True)
+
+def _reduced_vary_abstract(x, *, axes):
+    """A reduced value typed as varying over ``axes`` (JAX's ``reduced_vary_cast``, which
+    JAX inserts where a reduced value meets one varying over the same axes)."""
+    if not x.reduced >= set(axes):
+        raise errors.VmaError(f"reduced_vary_cast casts a value reduced over {axes}; got "
+                              f"{x.str_short()}")
+    return x.update(reduced=x.reduced - set(axes), vma=x.vma | set(axes))
+
+reduced_vary_cast = Primitive(   # no data moves; its transpose makes the parts of a sum
+    "reduced_vary_cast", lambda x, axes: x, _reduced_vary_abstract,
+    vjp=lambda ct, ins, outs, wants, axes: [
+        None if ct is None else bind(vary_unreduced_cast, ct, axes=axes)] if wants[0] else [None],
+    cost=lambda ins, outs, **p: (0, 0), show=lambda p: {"axes": p["axes"]},
+    by_axes=True, unreduces=True)

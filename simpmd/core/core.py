@@ -35,13 +35,13 @@ class Aval:
     mesh axes it varies over (``vma``, under ``shard_map(check_vma=True)``), and its
     sharding (under ``jit`` with Explicit axes). JAX calls it a ShapedArray."""
 
-    __slots__ = ("shape", "dtype", "weak_type", "vma", "sharding", "unreduced")
+    __slots__ = ("shape", "dtype", "weak_type", "vma", "sharding", "unreduced", "reduced")
 
     def __init__(self, shape, dtype, weak_type=False, vma=frozenset(), sharding=None,
-                 unreduced=frozenset()):
+                 unreduced=frozenset(), reduced=frozenset()):
         self.shape, self.dtype = tuple(int(s) for s in shape), np.dtype(dtype)
         self.weak_type, self.vma, self.sharding = weak_type, frozenset(vma), sharding
-        self.unreduced = frozenset(unreduced)    # inside shard_map: partial sums over these
+        self.unreduced, self.reduced = frozenset(unreduced), frozenset(reduced)  # shard_map's
 
     ndim = property(lambda self: len(self.shape))
     size = property(lambda self: int(np.prod(self.shape, dtype=np.int64)))
@@ -65,8 +65,8 @@ class Aval:
         if self.sharding is not None:
             dims = [d + self.sharding.dim_suffix(k) for k, d in enumerate(dims)]
         text = f"{dtypes.short_name(self.dtype)}[{','.join(dims)}]{getattr(self.sharding, 'suffix', str)()}"
-        sets = [f"{w}:" + (a[0] if len(a) == 1 else "(" + ",".join(a) + ")") for w, a in
-                (("V", sorted(self.vma, key=str)), ("U", sorted(self.unreduced, key=str))) if a]
+        sets = [f"{w}:" + (a[0] if len(a) == 1 else "(" + ",".join(a) + ")") for w, a in zip(
+            "VUR", [sorted(s, key=str) for s in (self.vma, self.unreduced, self.reduced)]) if a]
         return text + ("{" + ", ".join(sets) + "}" if sets else "")  # f32[2]{V:y, U:x}
 
     __repr__ = str_short

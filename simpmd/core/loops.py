@@ -20,9 +20,8 @@ forward pass runs, so a ``scan`` stacks its residuals over the iterations, as JA
 its ``vjp`` is then a ``scan`` in reverse of the backward half, collectives and all. A
 checkpoint keeps only the residuals its policy saves and computes the others again in the
 backward pass: those equations are marked 'recompute', and so are their collectives in the
-log. Every row that runs its body once (a checkpoint, ``jit``, ``shard_map``, a pmap,
-each branch of a ``cond``) is cut by :func:`split_call` and differentiated by
-:func:`split_vjp`.
+log. Every row that runs its body once (a checkpoint, ``jit``, ``shard_map``, a pmap, each
+branch of a ``cond``) is cut by :func:`split_call` and differentiated by :func:`split_vjp`.
 """
 from __future__ import annotations
 

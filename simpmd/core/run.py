@@ -138,7 +138,9 @@ class Run:
         union = frozenset().union(*vmas)
         if all(v == union for v in vmas):
             return args
-        return [core.bind(pvary, x, axes=tuple(a for a in self._order(union) if a not in v))
+        cast = core.PRIMITIVES.get("reduced_vary_cast")   # for a value reduced over the rest
+        return [core.bind(cast if cast and aval_of(x).reduced == union - v else pvary, x,
+                          axes=tuple(a for a in self._order(union) if a not in v))
                 if v != union else x for x, v in zip(args, vmas)]
 
     def _vary_for(self, prim, args, params):
@@ -167,9 +169,9 @@ class Run:
         avals = [aval_of(x) for x in args]
         out = prim.abstract(*avals, **params)
         out_avals = out if prim.multiple_results else [out]
-        if any(a.unreduced for a in avals) and not prim.unreduces:
+        if any(a.unreduced or a.reduced for a in avals) and not prim.unreduces:
             sets = bridge.unreduced(prim, avals, params, len(out_avals))  # JAX's rules
-            out_avals = [a.update(unreduced=u) for a, u in zip(out_avals, sets)]
+            out_avals = [a.update(unreduced=u, reduced=r) for a, (u, r) in zip(out_avals, sets)]
         if self.abstract or any(isinstance(x, StackedValue) and x.stack is None for x in args):
             if prim.collective:
                 self.collective(prim, None, params, avals, out_avals)

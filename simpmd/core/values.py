@@ -8,8 +8,7 @@ spelling, turned into primitives by ``simpmd/api/spelling.py`` (which installs t
 this class, as ``jax.numpy`` is built on ``jax.lax``) and applied by ``bind``.
 
 Like a JAX tracer it refuses what needs a concrete value while tracing (``if x > 0:``,
-``float(x)``, ``np.asarray(x)``), with JAX's error names; in an eager run, whose values
-are concrete, it allows them.
+``float(x)``, ``np.asarray(x)``), with JAX's error names; an eager run, on values, allows them.
 """
 from __future__ import annotations
 

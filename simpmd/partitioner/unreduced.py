@@ -132,7 +132,9 @@ def _u(aval):
 
 
 def _r(aval):
-    return getattr(aval.sharding, "reduced", frozenset())
+    """The axes ``aval`` is reduced over: by its sharding under jit, by its own type inside
+    shard_map (``f32[2]{R:x}``, made by ``lax.pcast(x, 'x', to='reduced')``)."""
+    return getattr(aval.sharding, "reduced", frozenset()) | getattr(aval, "reduced", frozenset())
 
 
 def _type(aval) -> str:
@@ -159,9 +161,9 @@ def _no_rule(name):
         f"P(...)) sums the partial values, as jax.reshard does), then apply {name}.")
 
 
-def types(prim, avals, params, n_outs, mesh) -> list:
+def types(prim, avals, params, n_outs, mesh, manual=False) -> list:
     """(unreduced, reduced) axes of each result of ``prim`` on ``avals``, or JAX's error
-    where it refuses them."""
+    where it refuses them (``manual``: inside shard_map, where every operand counts)."""
     kind = column(prim, "unreduced_rule")
     if kind == "reshard":
         return [reductions_of(params["dst_sharding"], mesh)]
@@ -174,8 +176,9 @@ def types(prim, avals, params, n_outs, mesh) -> list:
     arrays = [a for a in avals if a.sharding is not None]
     if any(_u(a) for a in avals):
         return [_unreduced(prim, avals, arrays)] * n_outs
+    arrays = list(avals) if manual else arrays
     if any(_r(a) for a in arrays):
-        return [_reduced(prim, avals, arrays)] * n_outs
+        return [_reduced(prim, avals, arrays, scalars_join=not manual)] * n_outs
     return [NO] * n_outs
 
 
@@ -281,10 +284,11 @@ def _scaled(prim, avals):
         f"lhs={_type(lhs)} and rhs={_type(rhs)}")
 
 
-def _reduced(prim, avals, arrays):
+def _reduced(prim, avals, arrays, scalars_join=True):
     """The rule for an operation on reduced values (nothing unreduced): an operation of
     one operand, or a linear one (its first operand's), keeps the type where JAX keeps
-    it; one of several operands only when they are reduced alike."""
+    it; one of several operands only when they are reduced alike (under jit a replicated
+    scalar joins them, as JAX reshards it; inside shard_map it does not)."""
     word = _word(prim, "reduced", avals, arrays)
     if word == "drops":
         return NO
@@ -297,7 +301,7 @@ def _reduced(prim, avals, arrays):
         raise ShardingTypeError(f"All inputs should be reduced across the same mesh axes. Got "
                                 f"specs: {{{', '.join(_fs(s) for s in sets)}}}")
     reduced = next(iter(sets - {frozenset()}))
-    bare = next((a for a in arrays if not _r(a) and a.ndim), None)   # a scalar may join
+    bare = next((a for a in arrays if not _r(a) and (a.ndim or not scalars_join)), None)
     if bare is not None:
         raise ShardingTypeError(f"Inputs cannot be replicated on the same axes that another "
                                 f"input is reduced on. Got input type: {_type(bare)} and "
@@ -320,8 +324,14 @@ def manual(prim, avals, params, n_outs) -> list:
                     f"{a.str_short()} and axes={axes} (JAX's words): the value holds "
                     f"partial sums over {sorted(_u(a) & axes)}. Sum them first "
                     f"(lax.psum(x, {tuple(sorted(_u(a) & axes))!r})).")
-        return [frozenset().union(*(_u(a) for a in avals))] * n_outs
-    return [u for u, _ in types(prim, avals, params, n_outs, None)]
+            if _r(a) & axes:
+                raise ValueError(
+                    f"{prim.name} cannot accept args which are reduced. Got "
+                    f"{a.str_short()} and axes={axes} (JAX's words): cast it to varying "
+                    f"first (lax.pcast(x, {tuple(sorted(_r(a) & axes))!r}, to='varying')).")
+        return [(frozenset().union(*(_u(a) for a in avals)),
+                 frozenset().union(*(_r(a) for a in avals)))] * n_outs
+    return types(prim, avals, params, n_outs, None, manual=True)
 
 
 def _register():

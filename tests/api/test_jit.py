@@ -336,8 +336,8 @@ def test_every_row_has_a_sharding_rule_but_collectives_and_calls():
                "decode_attention"}                          # (plan.serve's, in shard_map only)
     assert [n for n in partition.rows_without_rules() if n not in planner] == sorted([
         "all_gather", "all_gather_invariant", "all_to_all", "axis_index", "debug_callback",
-        "shard_slice", "pmax", "pmean", "pmin", "ppermute", "psum", "pvary", "reduce_scatter",
-        "slice_piece", "unreduce", "unreduced_psum",
+        "shard_slice", "pmax", "pmean", "pmin", "ppermute", "preduced", "psum", "pvary",
+        "reduce_scatter", "reduced_vary_cast", "slice_piece", "unreduce", "unreduced_psum",
         "vary_unreduced_cast"])          # (the partitioner's rows on blocks; shard_map's by hand)
 
 

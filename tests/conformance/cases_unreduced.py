@@ -199,9 +199,70 @@ def _pcast_reduced(jx, x):
 
 CASES.append(Case("pcast_to_reduced", _pcast_reduced, lambda: (ar(8),),
                   follows=SM + "test_unreduced_psum_fwd_preduced_bwd (its preduced step)",
-                  needs=_has_pcast, xfail="issue 45: lax.pcast(..., to='reduced') inside "
-                  "shard_map is refused (NotImplementedError); jax 0.10.2 and 0.12.0.1 type it "
-                  "{R:x} (checked 2026-12-02)"))
+                  needs=_has_pcast))
+
+
+def _reduced_body(body, in_spec=(), out_spec=None):
+    """``body(jx, v)`` on an operand replicated over a (4,) Explicit mesh 'x', the body's
+    result typed in it; the result's type and its value (resharded to P())."""
+    def program(jx, x):
+        m = mesh(jx, (4,), ("x",), types="explicit")
+        seen = []
+
+        def inner(v):
+            out = body(jx, v)
+            seen.append(str(jx.typeof(out)))
+            return out
+        out_specs = jx.P(*out_spec[0], **out_spec[1]) if out_spec else jx.P(reduced={"x"})
+        f = jx.shard_map(inner, mesh=m, in_specs=jx.P(*in_spec), out_specs=out_specs)
+        with jx.set_mesh(m):
+            out = jx.jit(f)(put(jx, x, m, *in_spec))
+            return str(jx.typeof(out)), seen, jx.sharding.reshard(out, jx.P())
+    return program
+
+
+def _r(jx, v):
+    return jx.lax.pcast(v, "x", to="reduced")
+
+
+_REDUCED = {     # name: (body, in_spec, out_spec, JAX raises)
+    "pcast_reduced_sin": (lambda jx, v: jx.numpy.sin(_r(jx, v)), (), None, False),
+    "pcast_reduced_sum": (lambda jx, v: _r(jx, v).sum(), (), None, False),
+    "pcast_reduced_then_varying": (lambda jx, v: jx.lax.pcast(_r(jx, v), "x", to="varying"),
+                                   (), (("x",), {}), False),
+    "pcast_reduced_times_replicated": (lambda jx, v: _r(jx, v) * 2.0, (), None, True),
+    "pcast_reduced_out_specs_replicated": (lambda jx, v: _r(jx, v), (), ((), {}), True),
+    "pcast_reduced_of_varying": (lambda jx, v: _r(jx, v), ("x",), (("x",), {}), True),
+    "pcast_reduced_twice": (lambda jx, v: _r(jx, _r(jx, v)), (), None, True),
+    "pcast_reduced_to_unreduced": (lambda jx, v: jx.lax.pcast(_r(jx, v), "x", to="unreduced"),
+                                   (), None, True),
+    "pcast_reduced_psum": (lambda jx, v: jx.lax.psum(_r(jx, v), "x"), (), ((), {}), True),
+}
+for _name, (_body, _in, _out, _raises) in _REDUCED.items():
+    CASES.append(Case(_name, _reduced_body(_body, _in, _out), lambda: (ar(8),),
+                      follows=SM + "test_unreduced_psum_fwd_preduced_bwd (reduced types)",
+                      raises=_raises, needs=_has_pcast))
+
+
+def _reduced_weight(grad):
+    """A replicated weight cast to reduced, times a block varying over 'x' (JAX casts it
+    back to varying there, reduced_vary_cast), summed over 'x'; with ``grad``, the weight's
+    gradient, whose parts the transposes sum once (vary_unreduced_cast, unreduced_psum)."""
+    def program(jx, w, x):
+        m = mesh(jx, (4,), ("x",), types="explicit")
+        f = jx.shard_map(lambda w, x: jx.lax.psum((_r(jx, w) * x).sum(), "x"), mesh=m,
+                         in_specs=(jx.P(), jx.P("x")), out_specs=jx.P())
+        with jx.set_mesh(m):
+            w, x = put(jx, w, m), put(jx, x, m, "x")
+            out = jx.jit(jx.grad(f) if grad else f)(w, x)
+            return str(jx.typeof(out)), out
+    return program
+
+
+for _grad in (False, True):
+    CASES.append(Case("pcast_reduced_weight" + ("_grad" if _grad else ""), _reduced_weight(_grad),
+                      lambda: (ar(2) + 1, ar(8, 2)), needs=_has_pcast,
+                      follows=SM + "test_unreduced_psum_fwd_preduced_bwd"))
 
 
 def _in_body(body, in_spec=("x",), out_spec=None, shape=(4, 4), grad=False):

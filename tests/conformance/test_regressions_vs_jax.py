@@ -415,9 +415,6 @@ SHARD_MAPS_PRINTED = {
 }
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "simpmd's make_jaxpr(mapped) still gives the body, which lessons 9 and 13 read on "
-    "Explicit meshes (issue 45 item 19; make_jaxpr(lambda x: mapped(x)) is JAX's text)"))
 @pytest.mark.parametrize("name", sorted(SHARD_MAPS_PRINTED))
 def test_make_jaxpr_of_a_shard_map_called_directly_prints_one_shard_map_equation(jax8, name):
     """Issue 45 item 19: ``make_jaxpr(mapped)`` is ``make_jaxpr(lambda x: mapped(x))`` in
@@ -444,6 +441,38 @@ def test_make_jaxpr_of_a_shard_map_called_directly_prints_one_shard_map_equation
         assert str(ours[0].eqns[0].params["jaxpr"]).startswith("{ lambda ; a:f32[1]{V:i}. let")
 
 
+def _typed_operands(engine):
+    """make_jaxpr of a shard_map over an Explicit axis on a NumPy array, on a ShapeDtypeStruct
+    without a sharding, and on one whose sharding lays it out as in_specs asks."""
+    P, NS = engine.sharding.PartitionSpec, engine.sharding.NamedSharding
+    mesh = engine.make_mesh((8,), ("i",), axis_types=(engine.sharding.AxisType.Explicit,))
+    mapped = engine.shard_map(lambda x: lax.psum(x * x, "i"), mesh=mesh, in_specs=P("i"),
+                              out_specs=P())
+    operands = {"numpy": np.zeros(8, np.float32),
+                "struct": engine.ShapeDtypeStruct((8,), np.float32),
+                "laid-out struct": engine.ShapeDtypeStruct((8,), np.float32,
+                                                           sharding=NS(mesh, P("i")))}
+    got = {}
+    for name, x in operands.items():
+        try:
+            program = engine.make_jaxpr(mapped)(x)
+            got[name] = (str(program).splitlines()[0], [e.primitive.name for e in program.eqns])
+        except Exception as e:                      # noqa: BLE001 (which engines refuse)
+            got[name] = "refused: " + str(e).split(" (JAX's words)")[0].split(". ")[0]
+    return got
+
+
+def test_make_jaxpr_of_a_shard_map_takes_the_operands_jax_takes_on_explicit_axes(jax8):
+    """On Explicit axes JAX (0.9 and later) refuses a shard_map's operand that is not laid out
+    as in_specs says, NumPy array or ShapeDtypeStruct alike, and takes a ShapeDtypeStruct
+    whose sharding lays it out so (jax 0.7 reshards instead: skipped)."""
+    theirs = _typed_operands(jax8)
+    if not isinstance(theirs["numpy"], str):
+        pytest.skip(f"jax {jax8.__version__} reshards a NumPy operand instead of refusing it")
+    assert _typed_operands(simpmd) == theirs
+    assert theirs["laid-out struct"] == ("{ lambda ; a:f32[8@i]. let", ["shard_map"])
+
+
 def test_the_cost_walker_still_reads_a_shard_maps_body():
     """The walker's entry point (``body_program``) keeps reading the per-device body, so a
     roofline of a shard_mapped function counts its collective as before."""
@@ -454,6 +483,7 @@ def test_the_cost_walker_still_reads_a_shard_maps_body():
     xs = np.arange(8.0, dtype=np.float32)
     names = [e.primitive.name for e in body_program(mapped, xs).eqns]
     assert "shard_map" not in names and "psum" in names[-1]
+    assert [e.primitive.name for e in simpmd.make_jaxpr(mapped)(xs).eqns] == ["shard_map"]
     assert [e.primitive.name for e in simpmd.make_jaxpr(lambda v: mapped(v))(xs).eqns] == \
         ["shard_map"]
     assert str(simpmd.make_jaxpr(lambda v: mapped(v))(xs).eqns[0].params["jaxpr"]) == \
