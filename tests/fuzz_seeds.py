@@ -19,7 +19,7 @@ ENV = "SIMPMD_FUZZ_SEED"
 # generator -> the seeds every run draws (docs/testing.md: how to add one)
 REGRESSION = {
     "nesting": [2026],             # tests/nesting_programs.py, test_nesting_vs_jax.py
-    "explicit": [29],              # tests/explicit_cases.py random_cases, test_explicit_vs_jax.py
+    "explicit": [29, 114241280],   # tests/explicit_cases.py random_cases, test_explicit_vs_jax.py
     "unreduced": [0],              # tests/unreduced_cases.py, test_unreduced.py
     "vma": [5],                    # test_vma.py programs (the shape-derived seeds stay too)
     "scan": list(range(20)),       # test_loops.py random_body

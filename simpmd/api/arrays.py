@@ -18,11 +18,11 @@ from ..machine.mesh import (AxisType, Mesh, NamedSharding, PartitionSpec, Shardi
 from ..partitioner import sharding as R
 from ..partitioner.partition import BlockRun, partition, partitioned
 from ..partitioner.rows import reshard_p
-from ..partitioner.rules import _full_index
+from ..partitioner.rules import _expanded, _full_index
 from ..partitioner.sharded import ShardingRun
 from ..partitioner.sharding import (Sharding, ShardingTypeError, all_explicit, count, dims_of,
                                     get_mesh, set_mesh, whole)
-from ..partitioner.sharding import UnreducedValueError
+from ..partitioner.sharding import UnreducedValueError, settings
 from . import shard_map_eqn  # noqa: F401  (the shard_map row)
 from . import spelling, tree
 from .grad import grad as _grad, value_and_grad as _value_and_grad
@@ -187,17 +187,54 @@ def _install_operators():
     indexing = ShardedArray.__getitem__
 
     def getitem(self, index):
+        empty = _empty_take(self, index)
+        if empty is not None:
+            return empty
         _refuse_eager_slice(self, index)
         return indexing(self, index)
     ShardedArray.__getitem__ = getitem
+
+
+def _static_index(index):
+    """``index`` as a tuple, or None where it holds more than ints, slices, None and ...
+    (an array index is a gather: simpmd's jit rules answer for it)."""
+    index = index if isinstance(index, tuple) else (index,)
+    if not all(i is None or i is Ellipsis or isinstance(i, (int, np.integer, slice))
+               for i in index):
+        return None
+    return index
+
+
+def _empty_take(x, index):
+    """Outside jit, an index whose result is empty, as JAX answers it before any gather:
+    an array of zeros that keeps the splits of the dimensions it keeps (jax 0.10 and
+    newer; 0.7 replicated it). None where the result is not empty."""
+    index = _static_index(index)
+    if index is None:
+        return None
+    shape = np.empty(x.shape, dtype=np.bool_)[index].shape
+    if 0 not in shape:
+        return None
+    keep = settings.empty_take_keeps_split
+    kept = []
+    dims = iter(range(x.ndim))
+    for i in _expanded(index, x.ndim):
+        if i is None:
+            kept.append(None)
+            continue
+        d = next(dims)
+        if isinstance(i, slice):
+            axes = x.layout[d] if keep else ()
+            kept.append(axes if axes else None)
+    return _placed(np.zeros(shape, x.dtype), x.mesh, PartitionSpec(*kept))
 
 
 def _refuse_eager_slice(x, index):
     """Outside jit, JAX indexes with a gather, which refuses to cut a split dimension
     (under jit the same index is a slice, which keeps the split): checked on jax 0.10.2
     and 0.12.0.1."""
-    index = index if isinstance(index, tuple) else (index,)
-    if not all(i is None or i is Ellipsis or isinstance(i, (int, np.integer, slice)) for i in index):
+    index = _static_index(index)
+    if index is None:
         return
     entries = [i for i in _full_index(index, x.ndim)]
     for d, (i, axes) in enumerate(zip(entries, dims_of(x.aval))):

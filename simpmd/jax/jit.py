@@ -170,6 +170,11 @@ def compare(fun, *args, mesh, in_specs, name: str | None = None, rtol=1e-4, atol
                 report.jax_collectives = hlo_collective_counts(text)
         except Exception as e:              # noqa: BLE001
             jax_out, report.jax_error = None, f"{type(e).__name__}: {e}"
+            if (isinstance(e, AssertionError) and "Unexpected XLA sharding override" in str(e)
+                    and any(0 in y.shape for y in sim_leaves)):
+                report.skipped = (f"known JAX bug (jax {jax.__version__}): jit of a program "
+                                  f"whose result is empty and split asserts 'Unexpected XLA "
+                                  f"sharding override' (jax 0.10 runs it)")
     if jax_out is None or sim_out is None:
         return report
     jl = jax.tree_util.tree_leaves(jax_out)

@@ -119,6 +119,38 @@ def strided_slice() -> bool:
 
 
 @functools.lru_cache(maxsize=None)
+def empty_take_keeps_split() -> bool:
+    """Whether an index outside jit whose result is empty (``x[2:2]``) keeps the operand's
+    splits on the dimensions it keeps (jax 0.10: ``lax.full_like(..., sharding=)``), or
+    gives a replicated empty array (0.7). JAX takes that path before its gather, so the
+    answer shows only on a real array: two devices are needed to see it."""
+    jax = _jax()
+    try:
+        from jax.sharding import AxisType, NamedSharding, PartitionSpec  # optional: JAX
+        cpus = jax.devices("cpu")
+    except Exception as exc:
+        raise Unavailable(str(exc)) from exc
+    if len(cpus) < 2:
+        raise Unavailable("one CPU device: no split array to index")
+    box = []
+
+    def take():
+        try:
+            mesh = jax.sharding.Mesh(np.array(cpus[:2]), ("X",), axis_types=(AxisType.Explicit,))
+            x = jax.device_put(np.zeros((2,), np.float32), NamedSharding(mesh, PartitionSpec("X")))
+            with jax.set_mesh(mesh):
+                box.append(tuple(x[1:1].sharding.spec) == ("X",))
+        except Exception as exc:
+            box.append(Unavailable(str(exc)))
+    thread = threading.Thread(target=take, name="simpmd-rule-probe")
+    thread.start()
+    thread.join()
+    if isinstance(box[0], Unavailable):
+        raise box[0]
+    return box[0]
+
+
+@functools.lru_cache(maxsize=None)
 def shard_map_checks() -> bool:
     """Whether shard_map refuses an operand laid out otherwise than its in_specs (or
     moves it there)."""

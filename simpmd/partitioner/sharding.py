@@ -66,7 +66,9 @@ class Settings:
     0.7 moved them). ``single_element``: a slice down to one element is replicated, whatever
     the operand's split (0.11; before, refused like any slice a split does not divide).
     ``cotangent_swaps``: a reduced operand's gradient is unreduced (0.10; 0.7 kept it
-    plain). ``spec_rank_checked``: ``out_sharding=``/``reshard`` refuse a spec with more
+    plain). ``empty_take_keeps_split``: outside jit, an index whose result is empty
+    (``x[2:2]``, ``x[1:1, 3]``) is no gather and keeps the splits of the dims it keeps
+    (0.10; 0.7 gave a replicated empty array). ``spec_rank_checked``: ``out_sharding=``/``reshard`` refuse a spec with more
     entries than the value has dimensions (0.11; before, trailing ``None`` entries
     passed). ``reshape_ones``: a reshape finds its split or merge past dims of size 1
     (0.12; before, ``(8, 4, 6)`` to ``(8, 24, 1)`` was refused). ``unreduced_out_cast``:
@@ -76,7 +78,7 @@ class Settings:
     """
 
     NEWEST = dict(batch_alike=True, matmul_batch=True, reshape_spread=True, reshape_ones=True,
-                  strided_slice=True,
+                  strided_slice=True, empty_take_keeps_split=True,
                   shard_map_checks=True, single_element=True, cotangent_swaps=True,
                   spec_rank_checked=True, contraction_sets="axes", unreduced_out_cast=False)
 
@@ -111,6 +113,7 @@ class Settings:
     reshape_spread = property(lambda self: self.ask("reshape_spread"))
     reshape_ones = property(lambda self: self.ask("reshape_ones"))
     strided_slice = property(lambda self: self.ask("strided_slice"))
+    empty_take_keeps_split = property(lambda self: self.ask("empty_take_keeps_split"))
     shard_map_checks = property(lambda self: self.ask("shard_map_checks"))
     unreduced_out_cast = property(lambda self: self.ask("unreduced_out_cast"))
     single_element = property(lambda self: self.ask("single_element"))

@@ -589,3 +589,27 @@ def test_all_gather_invarying_prints_and_differentiates_as_jax(jax8):
     assert gather(ours[0]) == gather(theirs[0]) and "all_gather_invariant[" in theirs[0]
     np.testing.assert_array_equal(ours[1], theirs[1])
     np.testing.assert_array_equal(ours[2], theirs[2])
+
+
+# -- fuzz seed 114241280: outside jit, an index with an empty result is no gather
+
+EMPTY_TAKES = {
+    "rows 8:8": np.s_[8:8],
+    "columns 3:3": np.s_[:, 3:3],
+    "rows 1:1 of column 2": np.s_[1:1, 2],
+    "row 2, columns 1:1": np.s_[2, 1:1],
+    "new axes around 1:1": np.s_[None, 1:1, ..., None],
+}
+
+
+@pytest.mark.parametrize("name", sorted(EMPTY_TAKES))
+def test_an_empty_index_outside_jit_is_typed_as_in_jax(jax8, name):
+    def program(engine):
+        mesh = engine.make_mesh((2, 4), ("i", "j"),
+                                axis_types=(engine.sharding.AxisType.Explicit,) * 2)
+        x = engine.device_put(np.arange(64.0, dtype=np.float32).reshape(8, 8),
+                              engine.sharding.NamedSharding(mesh, engine.sharding.PartitionSpec("i", "j")))
+        with engine.set_mesh(mesh):
+            y = x[EMPTY_TAKES[name]]
+        return str(engine.typeof(y)), tuple(y.sharding.spec), y.shape
+    assert program(simpmd) == program(jax8)
