@@ -112,7 +112,9 @@ def promote(*typed) -> tuple[np.dtype, bool]:
 @functools.lru_cache(maxsize=1024)
 def _promote(x64, *typed):
     bounds = _BOUNDS if x64 else _BOUNDS_X32
-    nodes = {_node(d, w) for d, w in typed}
+    if len({d for d, _ in typed}) == 1 and typed[0][0].kind == "V" and not typed[0][1]:
+        return typed[0][0], False       # one of ml_dtypes' FP8 types with itself (JAX's
+    nodes = {_node(d, w) for d, w in typed}   # lattice joins them only to themselves here)
     common = set.intersection(*(bounds[n] for n in nodes))
     least = (common & nodes) or {c for c in common if common <= bounds[c]}
     if len(least) != 1:

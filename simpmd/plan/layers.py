@@ -53,6 +53,8 @@ class Shard:
     recompute_layers: int | None = None    # full recomputation of this many per stage
     expert_load: float = 1.0               # Layout.expert_load: the busiest expert's load
     recompute_modules: tuple = ()          # Layout.recompute_modules: outputs discarded
+    node_ranks: int | None = None          # expert-parallel ranks per node (None: all ep)
+    fp8_dispatch: bool = False             # Layout.fp8_dispatch (with fp8)
 
     @property
     def eager(self) -> bool:
@@ -328,6 +330,23 @@ def expert_group(s: Shard) -> tuple:
     return tuple(a for a in ("ep", "tp") if s.size(a) > 1)
 
 
+def expert_nodes(s: Shard) -> int:
+    """The nodes the expert-parallel ranks span (``ep / node_ranks``; 1 without a node
+    size)."""
+    ep = s.size("ep")
+    return ep // min(ep, s.node_ranks) if s.node_ranks else 1
+
+
+def node_slots(s: Shard, tokens: int) -> int:
+    """Slots for one rank's tokens on each node of its experts, node-limited routing's
+    dispatch buffer (:func:`node_limited`): each token goes to ``min(route_nodes, nodes)``
+    of the ``nodes``, so the mean is ``tokens x min(M, nodes) / nodes``, times the
+    ``expert_load`` the expert slots are sized for (capped at every token)."""
+    nodes = expert_nodes(s)
+    M = min(s.model.route_nodes, nodes)
+    return min(tokens, max(1, math.ceil(tokens * M / nodes * s.expert_load)))
+
+
 def expert_slots(s: Shard, tokens: int) -> int:
     """Slots each expert has for one rank's ``tokens``: the mean load, ``tokens x top_k /
     experts``, times the capacity factor (tokens past it dropped), or for dropless routing
@@ -352,7 +371,16 @@ def route(s: Shard, flat, router):
     logits = (flat @ gather_weight(s, router, 0)).astype(snp.float32)
     e = snp.exp(logits - logits.max(axis=-1, keepdims=True))
     probs = e / e.sum(axis=-1, keepdims=True)
-    gates, chosen = lax.top_k(probs, m.top_k)
+    nodes = expert_nodes(s)
+    if getattr(m, "route_nodes", None) is not None and nodes > m.route_nodes:
+        per = probs.reshape(probs.shape[0], nodes, m.experts // nodes)
+        best, _ = lax.top_k(per, m.top_k // m.route_nodes)   # each node's best affinities
+        _, picked = lax.top_k(best.sum(axis=-1), m.route_nodes)             # [tokens, M]
+        on = (picked[..., None] == np.arange(nodes, dtype=np.int32)).astype(snp.float32)
+        allowed = snp.repeat(on.sum(axis=1), m.experts // nodes, axis=1) > 0.5
+        gates, chosen = lax.top_k(snp.where(allowed, probs, -1.0), m.top_k)
+    else:
+        gates, chosen = lax.top_k(probs, m.top_k)
     gates = gates / gates.sum(axis=-1, keepdims=True)
     hits = (chosen[..., None] == np.arange(m.experts, dtype=np.int32)).astype(snp.float32)
     per_expert = hits.sum(axis=1)                                  # [tokens, experts]
@@ -372,6 +400,144 @@ def grouped(s: Shard, tokens, w, key: str, axis: int):
     y = snp.einsum("ecd,edf->ecf", fp8.operand(t8, t8t, dtype=tokens.dtype),
                    weight(s, w, key, axis))
     return fp8.grad_cast(y, transpose=True, own_kernel=s.eager), [amax]
+
+
+def _rotations(axis: str, ranks: int, group: int, across: bool) -> list:
+    """The ``ppermute`` s of a two-level exchange over ``ranks`` ranks in nodes of ``group``
+    consecutive ranks: for each offset o (0, the rank itself, needs none), the pairs that
+    send to the rank of the same local index o nodes on (``across``), or to the rank o
+    places on within the node. Returned as (offset, pairs)."""
+    out = []
+    count = ranks // group if across else group
+    for o in range(1, count):
+        if across:
+            pairs = [(r, (r // group + o) % count * group + r % group) for r in range(ranks)]
+        else:
+            pairs = [(r, r // group * group + (r % group + o) % group) for r in range(ranks)]
+        out.append((o, pairs))
+    return out
+
+
+def _exchange(blocks, axis, moves, forward=True):
+    """Block o of ``blocks`` (a list, or an array's first axis) sent along ``moves``'
+    rotation by o (block 0 stays; ``forward=False``: each rotation's inverse, sending back
+    what it brought): the blocks received, in the same order of offsets."""
+    got = [blocks[0]]
+    for o, pairs in moves:
+        got.append(lax.ppermute(blocks[o], axis, pairs if forward else
+                                [(b, a) for a, b in pairs]))
+    return got
+
+
+def _fp8_payload(s: Shard, x):
+    """The dispatch's tokens in FP8 (E4M3) with a scale per 1x128 tile, an integral power
+    of 2 (DeepSeek-V3 report, section 3.3: fine-grained quantization, and for this
+    activation power-of-2 scales; the dispatch in FP8, the combine in BF16), as
+    ``(x8, scales)`` (float32 [..., D / 128], sent beside the tokens); ``(x, None)`` unless
+    asked (``Layout.fp8_dispatch``). The scale's exponent is an integer, so no gradient
+    flows through it; the cast's is straight through (:mod:`.fp8`)."""
+    if not (s.fp8 and s.fp8_dispatch):
+        return x, None
+    D = x.shape[-1]
+    tile = min(128, D)
+    tiles = x.astype(snp.float32).reshape(x.shape[:-1] + (D // tile, tile))
+    amax = snp.maximum(snp.abs(tiles).max(axis=-1), 1e-30)
+    exponent = snp.ceil(snp.log(amax / 448.0) / math.log(2.0)).astype(snp.int32)
+    scale = snp.exp(exponent.astype(snp.float32) * math.log(2.0))     # 2 ** exponent
+    x8, _, _ = fp8.cast((tiles / scale[..., None]).reshape(x.shape).astype(x.dtype))
+    return x8, scale
+
+
+def _dequantized(x8, scale, dtype):
+    """FP8 tokens ``x8`` [..., D] times their tiles' ``scale`` [..., D / tile], in ``dtype``."""
+    D = x8.shape[-1]
+    tiles = scale.shape[-1]
+    x = fp8.operand(x8, dtype=dtype).reshape(x8.shape[:-1] + (tiles, D // tiles))
+    return (x * scale[..., None].astype(dtype)).reshape(x8.shape)
+
+
+def _zeros_like(x, rows: int):
+    """Zeros [rows, x's last axis], typed as ``x`` (varying where it varies): the buffer a
+    scatter-add sums into."""
+    return snp.broadcast_to(snp.zeros_like(x.reshape(-1, x.shape[-1])[:1]),
+                            (rows, x.shape[-1]))
+
+
+def node_limited(s: Shard, flat, token, filled, gate, chosen, experts):
+    """Node-limited routing's dispatch and combine (DeepSeek-V3 report, arXiv:2412.19437,
+    section 3.2.2): each token goes over the network (IB) once to each node it has experts
+    on, to the rank of the same local index there, which forwards it within the node
+    (NVLink) to the ranks of its experts; the combine runs back the same way, each node's
+    forwarding rank summing a token's weighted expert outputs before they cross the network
+    once. Written as ``ppermute`` s over ``ep``: ``nodes - 1`` rotations across nodes of
+    ``[node_slots, D]`` tokens (:func:`node_slots`) with each expert slot's token index and
+    gate, then ``node_ranks - 1`` rotations within the node of the expert slots; after them
+    each rank holds what the ``all_to_all`` would give it, ``[local experts, ep x slots,
+    D]``. ``token``, ``filled``, ``gate``: each expert slot's token, whether it holds one
+    and its gate ([experts, slots]); ``experts``: the grouped products. Returns the tokens'
+    combined outputs [tokens, D] and the products' amaxes."""
+    m = s.model
+    n, D = flat.shape
+    E, C = token.shape
+    ep = s.size("ep")
+    g = min(ep, s.node_ranks) if s.node_ranks else ep
+    N = ep // g
+    En, El, U = E // N, E // ep, node_slots(s, n)
+    rank = lax.axis_index("ep")
+    node, local = rank // g, rank % g
+    # Everything is held in the order of the rotations that move it: block o of what a
+    # rank sends goes o nodes (or o places within the node) on, block o of what it gets
+    # came from o back, and the combine sends each block back the way it came.
+    # Which nodes each token goes to, and its place among the tokens each node gets:
+    to_node = (chosen[..., None] // En == np.arange(N, dtype=np.int32)).astype(snp.int32)
+    to_node = (to_node.sum(axis=1) > 0).astype(snp.int32)                 # [tokens, N]
+    place = snp.cumsum(to_node, axis=0) - 1                               # [tokens, N]
+    key = (1 - to_node.T) + 2 * np.arange(N, dtype=np.int32)[:, None]      # [N, tokens]
+    first = snp.argsort(key.reshape(N * n)).reshape(N, n)[:, :U]
+    tok = first - (np.arange(N, dtype=np.int32) * n)[:, None]              # [N, U]
+    valid = np.arange(U, dtype=np.int32)[None, :] < to_node.sum(axis=0)[:, None]
+    ahead = (node + np.arange(N, dtype=np.int32)) % N                     # node o on
+    tok, valid = tok[ahead], valid[ahead]                                 # [N offset, U]
+    # each expert slot's token, as its place among what its node gets (-1: none)
+    slot_node = (np.arange(E, dtype=np.int32) // En)[:, None]              # [E, 1]
+    at = place.reshape(n * N)[token * N + slot_node]                       # [E, C]
+    index = snp.where(filled & (at < U), at, -1).astype(snp.int32).reshape(N, En, C)
+    gate = snp.where(index.reshape(E, C) >= 0, gate, 0.0).reshape(N, En, C)
+    across = _rotations("ep", ep, g, True)
+    within = _rotations("ep", ep, g, False)
+    # over the network: each expert slot's token and gate, then the tokens
+    got_index = snp.stack(_exchange(index[ahead], "ep", across))     # [N from o back, En, C]
+    got_gate = snp.stack(_exchange(gate[ahead], "ep", across))
+    # the forwarding rank's expert slots, grouped by the local rank o places on
+    there = (local + np.arange(g, dtype=np.int32)) % g
+    slots_index = got_index.reshape(N, g, El, C).transpose(1, 2, 0, 3)[there]  # [g, El, N, C]
+    slots_gate = got_gate.reshape(N, g, El, C).transpose(1, 2, 0, 3)[there]
+    rows = (np.arange(N, dtype=np.int32) * U)[None, None, :, None]
+    on = slots_index >= 0
+
+    def forwarded(x):               # [N, U, w] over IB, into [El, ep x C, w] over NVLink
+        got = snp.stack(_exchange(x, "ep", across)).reshape(N * U, x.shape[-1])
+        slots = got[rows + snp.clip(slots_index, 0, U - 1)]             # [g, El, N, C, w]
+        slots = slots.reshape(g, El, N * C, x.shape[-1])  # (an empty slot holds a token
+        return snp.concatenate(_exchange(slots, "ep", within), axis=1)  # combined nowhere)
+
+    sent, scale = _fp8_payload(s, flat[tok])      # (past a node's count: combined nowhere)
+    sent = forwarded(sent)
+    if scale is not None:
+        sent = _dequantized(sent, forwarded(scale), flat.dtype)
+    y, amaxes = experts(sent)                                           # [El, ep x C, D]
+    # combine: back within the node, each token's outputs summed at the forwarding rank
+    # (weighted by its gates), back over the network once
+    back = [y[:, o * N * C:(o + 1) * N * C] for o in range(g)]
+    home = snp.stack(_exchange(back, "ep", within, forward=False))      # [g, El, N x C, D]
+    outs = home.reshape(g, El, N, C, D) * slots_gate[..., None].astype(y.dtype)
+    where = snp.where(on, rows + slots_index, N * U)
+    summed = _zeros_like(outs, N * U + 1).at[where.reshape(-1)].add(
+        outs.reshape(-1, D))[:N * U].reshape(N, U, D)                   # [N from o back..]
+    result = snp.stack(_exchange(summed, "ep", across, forward=False))  # [N o on, U, D]
+    to = snp.where(valid, tok, n).reshape(N * U)
+    out = _zeros_like(result, n + 1).at[to].add(result.reshape(N * U, D))[:n]
+    return out, amaxes
 
 
 def moe_block(s: Shard, x, w):
@@ -401,27 +567,40 @@ def moe_block(s: Shard, x, w):
     slot = np.arange(C, dtype=np.int32)
     token = order[snp.clip(starts[:, None] + slot[None, :], 0, n * k - 1)] // k
     filled = slot[None, :] < counts[:, None]                           # [experts, slots]
-    sent = snp.where(filled[..., None], flat[token], snp.zeros((), h.dtype))
     group = expert_group(s)
-    if group:
-        sent = lax.all_to_all(sent, group if len(group) > 1 else group[0], 0, 1, tiled=True)
-    u, amaxes = grouped(s, sent, w, "e_in", 1)
-    u = expert_activation(s, u)
-    y, more = grouped(s, u, w, "e_out", 2)
-    if group:
-        y = lax.all_to_all(y, group if len(group) > 1 else group[0], 1, 0, tiled=True)
-    place = snp.argsort(order) - starts[choice]          # each choice's slot of its expert
-    kept = place < C
-    back = y.reshape(E * C, D)[snp.clip(choice * C + place, 0, E * C - 1)]
-    weights = snp.where(kept, gates.reshape(n * k), 0.0).astype(h.dtype)
-    out = (back * weights[:, None]).reshape(n, k, D).sum(axis=1).reshape(b, t, D)
+
+    def experts(sent):
+        u, amaxes = grouped(s, sent, w, "e_in", 1)
+        y, more = grouped(s, expert_activation(s, u), w, "e_out", 2)
+        return y, amaxes + more
+
+    if getattr(m, "route_nodes", None) is not None and group == ("ep",):
+        pick = order[snp.clip(starts[:, None] + slot[None, :], 0, n * k - 1)]  # its choice
+        gate = snp.where(filled, gates.reshape(n * k)[pick], 0.0).astype(h.dtype)
+        out, amaxes = node_limited(s, flat, token, filled, gate, chosen, experts)
+        out = out.reshape(b, t, D)
+    else:
+        sent = snp.where(filled[..., None], flat[token], snp.zeros((), h.dtype))
+        if group:
+            axes = group if len(group) > 1 else group[0]
+            sent, scale = _fp8_payload(s, sent)
+            sent = lax.all_to_all(sent, axes, 0, 1, tiled=True)
+            if scale is not None:
+                sent = _dequantized(sent, lax.all_to_all(scale, axes, 0, 1, tiled=True),
+                                    h.dtype)
+        y, amaxes = experts(sent)
+        if group:
+            y = lax.all_to_all(y, group if len(group) > 1 else group[0], 1, 0, tiled=True)
+        place = snp.argsort(order) - starts[choice]      # each choice's slot of its expert
+        kept = place < C
+        back = y.reshape(E * C, D)[snp.clip(choice * C + place, 0, E * C - 1)]
+        weights = snp.where(kept, gates.reshape(n * k), 0.0).astype(h.dtype)
+        out = (back * weights[:, None]).reshape(n, k, D).sum(axis=1).reshape(b, t, D)
     if m.shared_experts:
         u, first = column_linear(s, h, w, "w_in")
         u = swiglu(u) if m.gated_mlp else gelu(u)
         shared, second = row_linear(s, u, w, "w_out")
-        out, amaxes = out + shared, first + second + amaxes + more
-    else:
-        amaxes = amaxes + more
+        out, amaxes = out + shared, first + second + amaxes
     out = out + (0.0 * aux).astype(out.dtype)
     return residual(s, x, out, seed=3), amaxes
 

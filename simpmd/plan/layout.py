@@ -102,6 +102,10 @@ class Layout:
     gradient_sync: str = "step"     # GRADIENT_SYNC
     recompute_modules: tuple = ()
     overlap_all_to_all: bool | None = None
+    # With precision="fp8": the dispatch's tokens sent in FP8 (E4M3) with a float32 scale
+    # per 1x128 tile, the combine in bf16 (DeepSeek-V3 report, section 3.3, "Low-Precision
+    # Communication"); off: bf16 both ways (Megatron-Core's dispatch, the validated runs').
+    fp8_dispatch: bool = False
 
     def __post_init__(self):
         for f in fields(self):
@@ -229,6 +233,7 @@ class Layout:
             self.gradient_sync == "microbatch")
         if self.overlap_all_to_all is not None:
             extras.append(f"all_to_all {'' if self.overlap_all_to_all else 'not '}overlapped")
+        extras += ["FP8 dispatch"] * self.fp8_dispatch
         extras += ["sequence parallel"] * self.sequence_parallel
         extras += ["distributed optimizer"] * self.distributed_optimizer
         return (f"{' x '.join(parts) or 'one chip'}, micro-batch {self.microbatch}, global "
@@ -285,6 +290,10 @@ def _check_experts(m, lay):
         raise LayoutError(f"experts = {m.experts} do not split over ep x tp = {lay.ep} x "
                           f"{lay.tp}: each rank holds whole experts (expert tensor "
                           f"parallelism 1: the experts fold over tp too)")
+    if getattr(m, "route_nodes", None) is not None and lay.tp > 1:
+        raise LayoutError(f"route_nodes = {m.route_nodes} with tp = {lay.tp}: node-limited "
+                          f"routing's dispatch is written for experts over ep alone "
+                          f"(DeepSeek-V3 trains without tensor parallelism)")
     if lay.tp > 1 and not lay.sequence_parallel:
         raise LayoutError(f"a mixture of experts with tp = {lay.tp} needs "
                           f"sequence_parallel=True: each tensor-parallel rank routes its own "

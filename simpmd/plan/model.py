@@ -46,6 +46,13 @@ class Transformer:
     shared_experts: int = 0
     dense_layers: int = 0
     capacity_factor: float | None = None
+    # Node-limited routing (DeepSeek-V3 report, arXiv:2412.19437, section 2.1.2): each
+    # token's experts on at most ``route_nodes`` nodes, chosen by the sum of each node's
+    # ``top_k / route_nodes`` highest affinities; its dispatch sends a token over the
+    # network once to each of its nodes and forwards it within the node (section 3.2.2:
+    # :func:`simpmd.plan.layers.node_limited`). None: the experts chosen freely, a copy
+    # sent to each expert's rank.
+    route_nodes: int | None = None
 
     def __post_init__(self):
         self._check_experts()
@@ -63,8 +70,9 @@ class Transformer:
 
     def _check_experts(self):
         if self.experts == 0:
-            if self.shared_experts or self.dense_layers or self.expert_d_ff is not None:
-                raise ValueError("shared_experts, dense_layers and expert_d_ff describe a "
+            if (self.shared_experts or self.dense_layers or self.expert_d_ff is not None
+                    or self.route_nodes is not None):
+                raise ValueError("shared_experts, dense_layers, expert_d_ff and route_nodes describe a "
                                  "mixture of experts: pass experts= (the routed experts) too")
             return
         if self.expert_d_ff is None:
@@ -74,6 +82,11 @@ class Transformer:
                              f"runs between 1 and all of the routed experts")
         if not 0 <= self.dense_layers <= self.layers:
             raise ValueError(f"dense_layers = {self.dense_layers} of {self.layers} layers")
+        if self.route_nodes is not None and (self.route_nodes < 1
+                                             or self.top_k % self.route_nodes):
+            raise ValueError(f"route_nodes = {self.route_nodes} with top_k = {self.top_k}: "
+                             f"each of a token's nodes gets top_k / route_nodes of its "
+                             f"experts' scores (a whole number)")
         if self.capacity_factor is not None and self.capacity_factor <= 0:
             raise ValueError(f"capacity_factor = {self.capacity_factor}: a positive multiple "
                              f"of the mean load, or None for dropless routing")

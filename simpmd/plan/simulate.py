@@ -172,12 +172,24 @@ def trace_step(model, layout, hw_name: str, flash=True, framework="xla", precisi
     saved = _devices._platform
     try:
         _devices._platform = platform
-        step = St.train_step(model, layout, flash, framework, precision, one_loss_at_a_time)
+        step = St.train_step(model, layout, flash, framework, precision, one_loss_at_a_time,
+                             node_gpus(model, layout, hw_name))
         run = shard_map(step, mesh=mesh, in_specs=ins, out_specs=outs)
         run(*St.arguments(model, layout, ShapeDtypeStruct))
     finally:
         _devices._platform = saved
     return run.trace.program
+
+
+def node_gpus(model, layout, hw_name):
+    """GPUs per node of ``hw_name``'s cluster, for node-limited routing
+    (``Transformer.route_nodes``; None otherwise, and on TPUs, which have no nodes)."""
+    if getattr(model, "route_nodes", None) is None:
+        return None
+    hw = hardware_preset(hw_name)
+    if hw.torus_rank is not None:
+        return None
+    return hw.topology(layout.chips).node.size
 
 
 def scheduled_bubble(layout: Layout, terms: dict, step_s: float):
@@ -406,6 +418,9 @@ def estimate(model, layout: Layout, hardware="H100", chips: int | None = None,
     layout = runs.layout(layout)
     framework = runs.name
     hw = hardware_preset(hardware)
+    if layout.fp8_dispatch and precision != "fp8":
+        raise LayoutError("Layout(fp8_dispatch=True) sends the dispatch's tokens in FP8, "
+                          "with precision='fp8' (the experts' products in FP8)")
     if precision == "fp8" and "fp8" not in hw.matmul_paths:
         raise LayoutError(f"{hw.name} has no FP8 matrix units; use precision='bf16'")
     reuse = reuse or Reuse()

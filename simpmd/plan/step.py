@@ -277,7 +277,7 @@ def _adam(master, mu, nu, g, lr=1e-4, b1=0.9, b2=0.95, eps=1e-8):
 
 
 def train_step(model, layout, flash=True, framework="xla", precision="bf16",
-               one_loss_at_a_time=False):
+               one_loss_at_a_time=False, node_gpus=None):
     """``step(params, opt, tokens, targets) -> (params, opt, loss)``: one device's training
     step, to be ``shard_map`` ped with :func:`specs`. With the distributed optimizer each
     data-parallel rank holds a slice of the weights too, as Megatron's does between steps,
@@ -288,10 +288,13 @@ def train_step(model, layout, flash=True, framework="xla", precision="bf16",
     only its input, for the memory of a pipeline: a 1F1B schedule runs each
     micro-batch's loss and its backward pass together on the last stage (Narayanan et al.
     2021), which holds one micro-batch's logits at a time, where the SPMD step keeps every
-    micro-batch's until its backward scan."""
+    micro-batch's until its backward scan. ``node_gpus``: the devices of a node (a GPU
+    cluster's), which node-limited routing's dispatch needs (``Transformer.route_nodes``);
+    None: every expert-parallel rank on one node."""
     s = L.Shard(model, layout.shape, layout.recompute, layout.sequence_parallel, flash,
                 framework, precision == "fp8", layout.recompute_layers, layout.expert_load,
-                layout.recompute_modules)
+                layout.recompute_modules, node_ranks(model, layout, node_gpus),
+                layout.fp8_dispatch and precision == "fp8")
     whole = {k: _split(k, False, layout) for k in param_shapes(model, layout)}
 
     def _gathered(k, w):
@@ -320,6 +323,16 @@ def train_step(model, layout, flash=True, framework="xla", precision="bf16",
         summed = tuple(a for a in layout.shape if a not in ("tp", "pp") or layout.shape[a] == 1)
         return new, state, lax.psum(value, summed)
     return step
+
+
+def node_ranks(model, layout, node_gpus):
+    """The expert-parallel ranks on one node: ``ep`` ranks lie ``cp x tp`` devices apart
+    (:data:`~simpmd.plan.layout.AXES`' order), so a node of ``node_gpus`` holds ``node_gpus
+    / (cp x tp)`` of them (at least 1, at most ``ep``). None unless the model routes
+    node-limited (``route_nodes``) and the node is known."""
+    if getattr(model, "route_nodes", None) is None or not node_gpus:
+        return None
+    return max(1, min(layout.ep, node_gpus // (layout.cp * layout.tp)))
 
 
 def _fsdp_dim(spec, ndim) -> int:
