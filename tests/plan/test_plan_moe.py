@@ -433,6 +433,15 @@ def test_lesson15_deepseek_v3_against_the_reports_gpu_hours():
                       for o in c.get("outputs", []) if "text" in o)
     assert f"the report 180K: {hours / 180e3:.2f}x" in printed
     assert f"({hidden_hours / 180e3:.2f}x)" in printed
+    # node-limited routing and FP8 dispatch (sections 2.1.2, 3.3) move it toward the report
+    limited = plan.estimate(replace(DEEPSEEK_V3, route_nodes=4), replace(layout, fp8_dispatch=True),
+                            hardware="H800", precision="fp8", framework="megatron",
+                            check_memory=False, memory=False)
+    limited_hours = 1e12 / limited.tokens_per_s_per_chip / 3600
+    assert 180e3 < limited_hours < hours
+    assert limited.breakdown["communication"] < est.breakdown["communication"]
+    assert f"node-limited routing and FP8 dispatch: {limited_hours / 1e3:,.0f}K " \
+           f"({limited_hours / 180e3:.2f}x)" in printed
 
 
 def test_an_expert_parallel_layout_is_a_family_of_its_own():
