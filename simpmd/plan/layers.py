@@ -33,6 +33,7 @@ from . import fp8
 from .attention import flash_attention, materialized_attention
 from .dropout import dropout, dropout_p
 from .frameworks import FRAMEWORKS
+from .loss import token_losses as trainer_losses
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,7 @@ class Shard:
     fp8: bool = False
     recompute_layers: int | None = None    # full recomputation of this many per stage
     expert_load: float = 1.0               # Layout.expert_load: the busiest expert's load
+    loss: str | None = None                # Layout.loss: the loss's kernels (plan/loss.py)
 
     @property
     def eager(self) -> bool:
@@ -562,12 +564,16 @@ def embed(s: Shard, table, tokens):
 def token_losses(s: Shard, x, params, targets):
     """The summed next-token loss of this device's tokens ``x`` [b, t, D], with the
     vocabulary split over ``tp``: each device's log-sum-exp of its slice combined with a
-    psum (a production kernel subtracts the global maximum first)."""
+    psum (a production kernel subtracts the global maximum first). With ``s.loss`` (and
+    the vocabulary whole on the device) the trainer's own loss kernels,
+    :mod:`simpmd.plan.loss`."""
     h = into_block(s, rms_norm(x, params["final_norm"]))
     if "head" in params:
         logits = h @ gather_weight(s, params["head"], 0)
     else:                                      # tied: the embedding table, transposed
         logits = snp.einsum("btd,vd->btv", h, gather_weight(s, params["embed"], 1))
+    if s.loss is not None and s.size("tp") == 1 and not bridge.inside_jax(logits):
+        return trainer_losses(logits, targets, s.loss)      # the trainer's own kernels
     logits = logits.astype(snp.float32)
     rows = logits.shape[-1]
     local_max = logits.max(axis=-1, keepdims=True)

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from .loss import LOSSES
+
 RECOMPUTE = ("none", "selective", "full")
 # How the optimizer holds the fp32 master weights: "fp32", or "remainders", the 16 bits a
 # bf16 weight lacks (Apex's DistributedFusedAdam, store_param_remainders=True, which NeMo's
@@ -61,7 +63,10 @@ class Layout:
     ``expert_load``: the busiest expert's tokens over the mean load, which the experts'
     slots are sized for (dropless routing). ``gradient_sync``: :data:`GRADIENT_SYNC`, when
     PyTorch's FSDP under a pipeline reduce-scatters a stage's gradients (the memory they
-    hold between micro-batches: :func:`simpmd.plan.simulate.pipeline_fsdp_gradients`)."""
+    hold between micro-batches: :func:`simpmd.plan.simulate.pipeline_fsdp_gradients`).
+    ``loss``: the kernels of the loss (:data:`simpmd.plan.loss.LOSSES`: PyTorch's
+    ``F.cross_entropy`` on float32 logits, or a fused cross-entropy kernel); None, the
+    loss as written, fused as the framework fuses."""
 
     dp: int = 1
     fsdp: int = 1
@@ -85,6 +90,9 @@ class Layout:
     # the busiest expert); state where it comes from (see simpmd.plan.layers.expert_slots).
     expert_load: float = 1.0
     gradient_sync: str = "step"     # GRADIENT_SYNC
+    # The loss's kernels: None, the loss as written (simpmd.plan.layers.token_losses,
+    # fused as the framework fuses); or a trainer's own (simpmd.plan.loss.LOSSES).
+    loss: str | None = None
 
     def __post_init__(self):
         for f in fields(self):
@@ -98,6 +106,9 @@ class Layout:
         if self.gradient_sync not in GRADIENT_SYNC:
             raise LayoutError(f"Layout(gradient_sync={self.gradient_sync!r}): choose one of "
                               f"{', '.join(map(repr, GRADIENT_SYNC))}")
+        if self.loss is not None and self.loss not in LOSSES:
+            raise LayoutError(f"Layout(loss={self.loss!r}): choose None (the loss as "
+                              f"written) or one of {', '.join(map(repr, LOSSES))}")
         if self.master_weights not in MASTER_WEIGHTS:
             raise LayoutError(f"Layout(master_weights={self.master_weights!r}): choose one of "
                               f"{', '.join(map(repr, MASTER_WEIGHTS))}")
@@ -197,6 +208,7 @@ class Layout:
             self.expert_load != 1.0)
         extras += ["gradients reduce-scattered per micro-batch"] * (
             self.gradient_sync == "microbatch")
+        extras += [f"loss {self.loss}"] * (self.loss is not None)
         extras += ["sequence parallel"] * self.sequence_parallel
         extras += ["distributed optimizer"] * self.distributed_optimizer
         return (f"{' x '.join(parts) or 'one chip'}, micro-batch {self.microbatch}, global "

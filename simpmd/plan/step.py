@@ -290,7 +290,8 @@ def train_step(model, layout, flash=True, framework="xla", precision="bf16",
     2021), which holds one micro-batch's logits at a time, where the SPMD step keeps every
     micro-batch's until its backward scan."""
     s = L.Shard(model, layout.shape, layout.recompute, layout.sequence_parallel, flash,
-                framework, precision == "fp8", layout.recompute_layers, layout.expert_load)
+                framework, precision == "fp8", layout.recompute_layers, layout.expert_load,
+                layout.loss)
     whole = {k: _split(k, False, layout) for k in param_shapes(model, layout)}
 
     def _gathered(k, w):
