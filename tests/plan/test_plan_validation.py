@@ -275,7 +275,7 @@ OVER_HBM = {
     "MaxText 22B, 1x v4-128", "MaxText 22B, 2x v4-128", "MaxText 22B, 4x v4-128",
     "MaxText 22B, 8x v4-128",
     "Megatron-Bridge LLaMA 3-70B, 64 x GB200", "Megatron-Bridge LLaMA 3.1-405B, 256 x GB200",
-    "Megatron-Bridge LLaMA 3.1-405B, 128 x B200", "Megatron-Bridge LLaMA 3-8B, 8 x H100",
+    "Megatron-Bridge LLaMA 3.1-405B, 128 x B200",
     "Megatron-Bridge LLaMA 3-70B, 64 x H100", "Megatron-Bridge LLaMA 3.1-405B, 1024 x H100",
 }
 
