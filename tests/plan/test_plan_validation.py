@@ -297,3 +297,24 @@ def test_the_llama3_405b_rows_fit_their_h100s(peaks):
 def test_the_runs_over_their_chips_memory_are_the_ones_listed(peaks):
     over = {n for n, est in peaks.items() if est.peak_bytes > est.hbm_bytes}
     assert over == OVER_HBM
+
+
+# The runs that print their peak memory (torchtitan's H100 tables, in GiB) whose predicted
+# peak is within 10% of it (docs/validation.md, "Memory that fits"); the others are left
+# open there: the two Table 2 rows at 32,768 and 65,536 tokens 15-17% under, the 405B 28%
+# under (its virtual stages are not printed).
+PEAK_WITHIN_10 = {
+    "torchtitan Llama 3 8B, 8 x H100 96GB, Table 1, FSDP",
+    "torchtitan Llama 3 8B, 8 x H100 96GB, Table 1, FSDP + compile + Float8",
+    "torchtitan Llama 3 8B, 128 x H100 96GB, Table 3, FSDP",
+    "torchtitan Llama 3 8B, 128 x H100 96GB, Table 3, FSDP + compile + Float8",
+    "torchtitan Llama 3 70B, 256 x H100 96GB, Table 4, 2D",
+}
+
+
+def test_the_printed_peaks_within_10_percent_are_the_ones_listed(peaks):
+    printed = {r.name: r.peak_gib for r in RUNS if getattr(r, "peak_gib", None)}
+    assert set(printed) <= set(peaks)
+    within = {n for n, gib in printed.items()
+              if abs(peaks[n].peak_bytes / 2**30 / gib - 1) <= 0.10}
+    assert within == PEAK_WITHIN_10
