@@ -1,11 +1,9 @@
 """JAX's dtype rules: 32-bit by default, weak Python scalars, and its promotion lattice.
 
 Without ``jax_enable_x64`` (JAX's default) a 64-bit NumPy input is computed as its 32-bit
-kind, and ``np.zeros(3)``'s float64 becomes float32. A Python number is *weak*: it takes
-the other operand's dtype (``x_f16 * 2.0`` stays float16). Two arrays promote along JAX's
-lattice (``jnp.promote_types``), not NumPy's: ``int32 * float32`` is float32, and
-``uint8 + int8`` is int16. Every rule here is decided in one place, so that what a value's
-dtype is never depends on which engine computed it.
+kind. A Python number is *weak*: it takes the other operand's dtype (``x_f16 * 2.0`` stays
+float16). Two arrays promote along JAX's lattice (``jnp.promote_types``), not NumPy's:
+``uint8 + int8`` is int16. Decided in one place, a value's dtype never depends on the engine.
 """
 from __future__ import annotations
 
@@ -112,9 +110,9 @@ def promote(*typed) -> tuple[np.dtype, bool]:
 @functools.lru_cache(maxsize=1024)
 def _promote(x64, *typed):
     bounds = _BOUNDS if x64 else _BOUNDS_X32
-    if len({d for d, _ in typed}) == 1 and typed[0][0].kind == "V" and not typed[0][1]:
-        return typed[0][0], False       # one of ml_dtypes' FP8 types with itself (JAX's
-    nodes = {_node(d, w) for d, w in typed}   # lattice joins them only to themselves here)
+    if len(set(typed)) == 1 and typed[0][0].kind == "V" and not typed[0][1]:
+        return typed[0][0], False   # an ml_dtypes FP8 type: JAX joins it only to itself here
+    nodes = {_node(d, w) for d, w in typed}
     common = set.intersection(*(bounds[n] for n in nodes))
     least = (common & nodes) or {c for c in common if common <= bounds[c]}
     if len(least) != 1:

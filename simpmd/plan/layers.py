@@ -33,6 +33,7 @@ from . import fp8
 from .attention import flash_attention, materialized_attention
 from .dropout import dropout, dropout_p
 from .frameworks import FRAMEWORKS
+from .loss import token_losses as trainer_losses
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,7 @@ class Shard:
     recompute_modules: tuple = ()          # Layout.recompute_modules: outputs discarded
     node_ranks: int | None = None          # expert-parallel ranks per node (None: all ep)
     fp8_dispatch: bool = False             # Layout.fp8_dispatch (with fp8)
+    loss: str | None = None                # Layout.loss: the loss's kernels (plan/loss.py)
 
     @property
     def eager(self) -> bool:
@@ -465,17 +467,13 @@ def _zeros_like(x, rows: int):
 
 def node_limited(s: Shard, flat, token, filled, gate, chosen, experts):
     """Node-limited routing's dispatch and combine (DeepSeek-V3 report, arXiv:2412.19437,
-    section 3.2.2): each token goes over the network (IB) once to each node it has experts
-    on, to the rank of the same local index there, which forwards it within the node
-    (NVLink) to the ranks of its experts; the combine runs back the same way, each node's
-    forwarding rank summing a token's weighted expert outputs before they cross the network
-    once. Written as ``ppermute`` s over ``ep``: ``nodes - 1`` rotations across nodes of
-    ``[node_slots, D]`` tokens (:func:`node_slots`) with each expert slot's token index and
-    gate, then ``node_ranks - 1`` rotations within the node of the expert slots; after them
-    each rank holds what the ``all_to_all`` would give it, ``[local experts, ep x slots,
-    D]``. ``token``, ``filled``, ``gate``: each expert slot's token, whether it holds one
-    and its gate ([experts, slots]); ``experts``: the grouped products. Returns the tokens'
-    combined outputs [tokens, D] and the products' amaxes."""
+    section 3.2.2): a token crosses the network (IB) once to each node it has experts on,
+    to the rank of its local index there, which forwards it over NVLink to its experts'
+    ranks; the combine comes back so, the forwarding rank summing the weighted outputs.
+    As ``ppermute`` s over ``ep``: ``nodes - 1`` rotations across nodes of [node_slots, D]
+    tokens (:func:`node_slots`) with each slot's token and gate, then ``node_ranks - 1``
+    within the node, giving what the ``all_to_all`` gives. ``token``, ``filled``, ``gate``:
+    [experts, slots]; ``experts``: the grouped products. Returns [tokens, D] and amaxes."""
     m = s.model
     n, D = flat.shape
     E, C = token.shape
@@ -483,21 +481,11 @@ def node_limited(s: Shard, flat, token, filled, gate, chosen, experts):
     g = min(ep, s.node_ranks) if s.node_ranks else ep
     N = ep // g
     En, El, U = E // N, E // ep, node_slots(s, n)
-    rank = lax.axis_index("ep")
-    node, local = rank // g, rank % g
+    node, local = lax.axis_index("ep") // g, lax.axis_index("ep") % g
     # Everything is held in the order of the rotations that move it: block o of what a
     # rank sends goes o nodes (or o places within the node) on, block o of what it gets
     # came from o back, and the combine sends each block back the way it came.
-    # Which nodes each token goes to, and its place among the tokens each node gets:
-    to_node = (chosen[..., None] // En == np.arange(N, dtype=np.int32)).astype(snp.int32)
-    to_node = (to_node.sum(axis=1) > 0).astype(snp.int32)                 # [tokens, N]
-    place = snp.cumsum(to_node, axis=0) - 1                               # [tokens, N]
-    key = (1 - to_node.T) + 2 * np.arange(N, dtype=np.int32)[:, None]      # [N, tokens]
-    first = snp.argsort(key.reshape(N * n)).reshape(N, n)[:, :U]
-    tok = first - (np.arange(N, dtype=np.int32) * n)[:, None]              # [N, U]
-    valid = np.arange(U, dtype=np.int32)[None, :] < to_node.sum(axis=0)[:, None]
-    ahead = (node + np.arange(N, dtype=np.int32)) % N                     # node o on
-    tok, valid = tok[ahead], valid[ahead]                                 # [N offset, U]
+    place, tok, valid, ahead = _node_tokens(chosen, En, N, U, node)
     # each expert slot's token, as its place among what its node gets (-1: none)
     slot_node = (np.arange(E, dtype=np.int32) // En)[:, None]              # [E, 1]
     at = place.reshape(n * N)[token * N + slot_node]                       # [E, C]
@@ -536,8 +524,24 @@ def node_limited(s: Shard, flat, token, filled, gate, chosen, experts):
         outs.reshape(-1, D))[:N * U].reshape(N, U, D)                   # [N from o back..]
     result = snp.stack(_exchange(summed, "ep", across, forward=False))  # [N o on, U, D]
     to = snp.where(valid, tok, n).reshape(N * U)
-    out = _zeros_like(result, n + 1).at[to].add(result.reshape(N * U, D))[:n]
-    return out, amaxes
+    return _zeros_like(result, n + 1).at[to].add(result.reshape(N * U, D))[:n], amaxes
+
+
+def _node_tokens(chosen, En, N, U, node):
+    """Which of a rank's tokens go to each node (``chosen``: each token's experts, ``En``
+    experts a node): each token's place among those its node gets ([tokens, N]), and for
+    node o on from this rank's (``node``), the tokens it gets ([N, U]: the first U,
+    :func:`node_slots`), which of those places hold one, and the nodes' order."""
+    n = chosen.shape[0]
+    to_node = (chosen[..., None] // En == np.arange(N, dtype=np.int32)).astype(snp.int32)
+    to_node = (to_node.sum(axis=1) > 0).astype(snp.int32)                 # [tokens, N]
+    place = snp.cumsum(to_node, axis=0) - 1                               # [tokens, N]
+    key = (1 - to_node.T) + 2 * np.arange(N, dtype=np.int32)[:, None]      # [N, tokens]
+    first = snp.argsort(key.reshape(N * n)).reshape(N, n)[:, :U]
+    tok = first - (np.arange(N, dtype=np.int32) * n)[:, None]              # [N, U]
+    valid = np.arange(U, dtype=np.int32)[None, :] < to_node.sum(axis=0)[:, None]
+    ahead = (node + np.arange(N, dtype=np.int32)) % N                     # node o on
+    return place, tok[ahead], valid[ahead], ahead                         # [N offset, U]
 
 
 def moe_block(s: Shard, x, w):
@@ -548,11 +552,10 @@ def moe_block(s: Shard, x, w):
     expert-parallel ranks, after which each rank holds its own experts' slots from every
     rank; the grouped products and activation; the *combine* ``all_to_all`` back; the
     *unpermutation*, each token's outputs gathered and weighted by its gates; the shared
-    experts (an MLP every token runs, tensor-parallel as the dense one) beside them. Slots
-    beyond a token's expert's count hold zeros (:func:`expert_slots` sizes them). The
-    load-balancing loss is added to the output times zero, so that its kernels run forward
-    and backward (as Megatron-Core's ``MoEAuxLossAutoScaler`` injects its gradient) without
-    changing the layer's value; its gradient here is zero, its cost the same."""
+    experts beside them. Slots beyond an expert's count hold zeros (:func:`expert_slots`
+    sizes them). The load-balancing loss is added to the output times zero, so that its kernels run forward
+    and backward (as Megatron-Core's ``MoEAuxLossAutoScaler`` injects its gradient): the
+    layer's value and gradient unchanged, its cost the same."""
     m = s.model
     h = norm(s, x, w["mlp_norm"])
     b, t, D = h.shape
@@ -597,12 +600,18 @@ def moe_block(s: Shard, x, w):
         weights = snp.where(kept, gates.reshape(n * k), 0.0).astype(h.dtype)
         out = (back * weights[:, None]).reshape(n, k, D).sum(axis=1).reshape(b, t, D)
     if m.shared_experts:
-        u, first = column_linear(s, h, w, "w_in")
-        u = swiglu(u) if m.gated_mlp else gelu(u)
-        shared, second = row_linear(s, u, w, "w_out")
-        out, amaxes = out + shared, first + second + amaxes
+        shared, more = _shared_experts(s, h, w)
+        out, amaxes = out + shared, more + amaxes
     out = out + (0.0 * aux).astype(out.dtype)
     return residual(s, x, out, seed=3), amaxes
+
+
+def _shared_experts(s: Shard, h, w):
+    """The shared experts: an MLP every token runs, tensor-parallel as the dense one."""
+    u, first = column_linear(s, h, w, "w_in")
+    u = swiglu(u) if s.model.gated_mlp else gelu(u)
+    shared, second = row_linear(s, u, w, "w_out")
+    return shared, first + second
 
 
 def gather_stage(s: Shard, stacked) -> dict:
@@ -789,12 +798,16 @@ def embed(s: Shard, table, tokens):
 def token_losses(s: Shard, x, params, targets):
     """The summed next-token loss of this device's tokens ``x`` [b, t, D], with the
     vocabulary split over ``tp``: each device's log-sum-exp of its slice combined with a
-    psum (a production kernel subtracts the global maximum first)."""
+    psum (a production kernel subtracts the global maximum first). With ``s.loss`` (and
+    the vocabulary whole on the device) the trainer's own loss kernels,
+    :mod:`simpmd.plan.loss`."""
     h = into_block(s, rms_norm(x, params["final_norm"]))
     if "head" in params:
         logits = h @ gather_weight(s, params["head"], 0)
     else:                                      # tied: the embedding table, transposed
         logits = snp.einsum("btd,vd->btv", h, gather_weight(s, params["embed"], 1))
+    if s.loss is not None and s.size("tp") == 1 and not bridge.inside_jax(logits):
+        return trainer_losses(logits, targets, s.loss)      # the trainer's own kernels
     logits = logits.astype(snp.float32)
     rows = logits.shape[-1]
     local_max = logits.max(axis=-1, keepdims=True)

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from .loss import LOSSES
+
 RECOMPUTE = ("none", "selective", "full")
 # Megatron-Core's output-discarding recomputation of single modules (``--recompute-modules``
 # with ``--recompute-granularity selective``, megatron/core/transformer/moe/README.md,
@@ -76,7 +78,10 @@ class Layout:
     as the scheduler's overlap within a micro-batch) or hold the compute stream until
     they end, as Megatron-Core's synchronous dispatch does (``framework="megatron"``
     only; XLA's collectives are asynchronous); None: overlapped under the DualPipeV
-    schedule, whose point it is (DeepSeek-V3 report, section 3.2.1), else not."""
+    schedule, whose point it is (DeepSeek-V3 report, section 3.2.1), else not.
+    ``loss``: the kernels of the loss (:data:`simpmd.plan.loss.LOSSES`: PyTorch's
+    ``F.cross_entropy`` on float32 logits, or a fused cross-entropy kernel); None, the
+    loss as written, fused as the framework fuses."""
 
     dp: int = 1
     fsdp: int = 1
@@ -106,6 +111,9 @@ class Layout:
     # per 1x128 tile, the combine in bf16 (DeepSeek-V3 report, section 3.3, "Low-Precision
     # Communication"); off: bf16 both ways (Megatron-Core's dispatch, the validated runs').
     fp8_dispatch: bool = False
+    # The loss's kernels: None, the loss as written (simpmd.plan.layers.token_losses,
+    # fused as the framework fuses); or a trainer's own (simpmd.plan.loss.LOSSES).
+    loss: str | None = None
 
     def __post_init__(self):
         for f in fields(self):
@@ -119,6 +127,9 @@ class Layout:
         if self.gradient_sync not in GRADIENT_SYNC:
             raise LayoutError(f"Layout(gradient_sync={self.gradient_sync!r}): choose one of "
                               f"{', '.join(map(repr, GRADIENT_SYNC))}")
+        if self.loss is not None and self.loss not in LOSSES:
+            raise LayoutError(f"Layout(loss={self.loss!r}): choose None (the loss as "
+                              f"written) or one of {', '.join(map(repr, LOSSES))}")
         if self.master_weights not in MASTER_WEIGHTS:
             raise LayoutError(f"Layout(master_weights={self.master_weights!r}): choose one of "
                               f"{', '.join(map(repr, MASTER_WEIGHTS))}")
@@ -234,6 +245,7 @@ class Layout:
         if self.overlap_all_to_all is not None:
             extras.append(f"all_to_all {'' if self.overlap_all_to_all else 'not '}overlapped")
         extras += ["FP8 dispatch"] * self.fp8_dispatch
+        extras += [f"loss {self.loss}"] * (self.loss is not None)
         extras += ["sequence parallel"] * self.sequence_parallel
         extras += ["distributed optimizer"] * self.distributed_optimizer
         return (f"{' x '.join(parts) or 'one chip'}, micro-batch {self.microbatch}, global "

@@ -392,6 +392,16 @@ def sweep(model, layouts, hardware="H100", precision: str = "bf16", **options) -
     return out
 
 
+def _check_precision(precision, layout, hw):
+    if precision not in PATHS:
+        raise LayoutError(f"precision={precision!r}: choose one of {', '.join(PATHS)}")
+    if layout.fp8_dispatch and precision != "fp8":
+        raise LayoutError("Layout(fp8_dispatch=True) sends the dispatch's tokens in FP8, "
+                          "with precision='fp8' (the experts' products in FP8)")
+    if precision == "fp8" and "fp8" not in hw.matmul_paths:
+        raise LayoutError(f"{hw.name} has no FP8 matrix units; use precision='bf16'")
+
+
 def estimate(model, layout: Layout, hardware="H100", chips: int | None = None,
              precision: str = "bf16", *, slices: int = 1, flash: bool = True,
              framework: str = "xla", check_memory: bool = True, memory: bool = True,
@@ -411,18 +421,12 @@ def estimate(model, layout: Layout, hardware="H100", chips: int | None = None,
     fit (``check_memory=False`` reports it instead; ``memory=False`` skips the memory
     walk, for a sweep of step times: ``peak_bytes`` is then 0)."""
     check(model, layout, chips)
-    if precision not in PATHS:
-        raise LayoutError(f"precision={precision!r}: choose one of {', '.join(PATHS)}")
     runs = F.framework(framework, compile)
     runs.check(layout)
     layout = runs.layout(layout)
     framework = runs.name
     hw = hardware_preset(hardware)
-    if layout.fp8_dispatch and precision != "fp8":
-        raise LayoutError("Layout(fp8_dispatch=True) sends the dispatch's tokens in FP8, "
-                          "with precision='fp8' (the experts' products in FP8)")
-    if precision == "fp8" and "fp8" not in hw.matmul_paths:
-        raise LayoutError(f"{hw.name} has no FP8 matrix units; use precision='bf16'")
+    _check_precision(precision, layout, hw)
     reuse = reuse or Reuse()
     ticks = layout.microbatches * layout.vp + layout.pp - 1      # step.py's pipeline loop
     traced = replace(layout, schedule=None)      # the schedule changes the bubble only

@@ -294,7 +294,7 @@ def train_step(model, layout, flash=True, framework="xla", precision="bf16",
     s = L.Shard(model, layout.shape, layout.recompute, layout.sequence_parallel, flash,
                 framework, precision == "fp8", layout.recompute_layers, layout.expert_load,
                 layout.recompute_modules, node_ranks(model, layout, node_gpus),
-                layout.fp8_dispatch and precision == "fp8")
+                layout.fp8_dispatch and precision == "fp8", layout.loss)
     whole = {k: _split(k, False, layout) for k in param_shapes(model, layout)}
 
     def _gathered(k, w):

@@ -44,10 +44,12 @@ MISSES = {
     "MaxText Llama 2 7B, 8 x H100 (A3)": 0.76, "MaxText Llama 2 7B, 16 x H100 (A3)": 0.70,
     "MaxText Llama 2 7B, 32 x H100 (A3)": 0.69, "MaxText Llama 2 7B, 64 x H100 (A3)": 0.71,
     "MaxText Llama 2 7B, 128 x H100 (A3)": 0.65,
-    "llm-foundry MPT-1B, 8 x A100, bf16": 1.33, "llm-foundry MPT-1B, 8 x H100, bf16": 1.44,
-    "llm-foundry MPT-3B, 8 x H100, fp8": 1.46, "llm-foundry MPT-3B, 64 x H100, bf16": 1.31,
-    "llm-foundry MPT-3B, 128 x A100 40GB, bf16": 1.32,
-    "torchtitan Llama 3 8B, 8 x H100 96GB, Table 2, FSDP 4, CP 2": 0.74,
+    "llm-foundry MPT-1B, 8 x A100, bf16": 1.25,   # 1.2502: just outside
+    "llm-foundry MPT-1B, 8 x H100, bf16": 1.35,
+    "llm-foundry MPT-3B, 8 x H100, fp8": 1.39, "llm-foundry MPT-3B, 64 x H100, bf16": 1.26,
+    "llm-foundry MPT-3B, 128 x A100 40GB, bf16": 1.28,
+    "torchtitan Llama 3 8B, 8 x H100 96GB, Table 2, FSDP 8, CP 1": 0.78,
+    "torchtitan Llama 3 8B, 8 x H100 96GB, Table 2, FSDP 4, CP 2": 0.72,
     "torchtitan Llama 3.1 405B, 512 x H100 96GB, Table 5, interleaved 1F1B": 0.78,
     "Llama 3 405B, 8,192 x H100, CP 1": 1.26, "Llama 3 405B, 16,384 x H100, CP 1": 1.51,
     "Megatron-Bridge LLaMA 3-8B, 8 x B200": 0.75, "Megatron-Bridge LLaMA 3-8B, 8 x GB200": 0.71,
@@ -218,11 +220,11 @@ def test_docs_validation_reports_both_halves(ratios):
     within 0.8-1.25x of those entered, and the bias. If the planner moves these, the
     docs and lesson 15 must move with them."""
     held_out, development = _halves(ratios)
-    assert _headline(held_out.values()) == (17.6, 53.1, 30, 43, -0.079)
-    assert _headline(development.values()) == (17.4, 51.3, 33, 46, -0.037)
+    assert _headline(held_out.values()) == (17.4, 53.1, 29, 43, -0.084)
+    assert _headline(development.values()) == (16.6, 51.3, 33, 46, -0.043)
     original = {r.name for r in published.runs()}
     added = [r for n, r in held_out.items() if n not in original]
-    assert _headline(added) == (19.8, 53.1, 20, 32, -0.081)
+    assert _headline(added) == (19.6, 53.1, 19, 32, -0.088)
 
 
 def test_docs_validation_reports_the_held_out_coverage(estimates):
@@ -274,14 +276,8 @@ OVER_HBM = {
     "MaxText 128B, 1x v5e-256", "MaxText 128B, 4x v5e-256", "MaxText 128B, 32x v5e-256",
     "MaxText 22B, 1x v4-128", "MaxText 22B, 2x v4-128", "MaxText 22B, 4x v4-128",
     "MaxText 22B, 8x v4-128",
-    "llm-foundry MPT-3B, 8 x H100, fp8", "llm-foundry MPT-13B, 32 x A100 40GB, bf16",
-    "llm-foundry MPT-7B, 64 x A100 40GB, bf16", "llm-foundry MPT-3B, 128 x A100 40GB, bf16",
-    "torchtitan Llama 3 8B, 8 x H100 96GB, Table 1, FSDP",
-    "torchtitan Llama 3 8B, 8 x H100 96GB, Table 1, FSDP + compile + Float8",
-    "torchtitan Llama 3 8B, 8 x H100 96GB, Table 2, FSDP 8, CP 1",
-    "torchtitan Llama 3 8B, 8 x H100 96GB, Table 2, FSDP 4, CP 2",
     "Megatron-Bridge LLaMA 3-70B, 64 x GB200", "Megatron-Bridge LLaMA 3.1-405B, 256 x GB200",
-    "Megatron-Bridge LLaMA 3.1-405B, 128 x B200", "Megatron-Bridge LLaMA 3-8B, 8 x H100",
+    "Megatron-Bridge LLaMA 3.1-405B, 128 x B200",
     "Megatron-Bridge LLaMA 3-70B, 64 x H100", "Megatron-Bridge LLaMA 3.1-405B, 1024 x H100",
 }
 
@@ -303,3 +299,24 @@ def test_the_llama3_405b_rows_fit_their_h100s(peaks):
 def test_the_runs_over_their_chips_memory_are_the_ones_listed(peaks):
     over = {n for n, est in peaks.items() if est.peak_bytes > est.hbm_bytes}
     assert over == OVER_HBM
+
+
+# The runs that print their peak memory (torchtitan's H100 tables, in GiB) whose predicted
+# peak is within 10% of it (docs/validation.md, "Memory that fits"); the others are left
+# open there: the two Table 2 rows at 32,768 and 65,536 tokens 15-17% under, the 405B 28%
+# under (its virtual stages are not printed).
+PEAK_WITHIN_10 = {
+    "torchtitan Llama 3 8B, 8 x H100 96GB, Table 1, FSDP",
+    "torchtitan Llama 3 8B, 8 x H100 96GB, Table 1, FSDP + compile + Float8",
+    "torchtitan Llama 3 8B, 128 x H100 96GB, Table 3, FSDP",
+    "torchtitan Llama 3 8B, 128 x H100 96GB, Table 3, FSDP + compile + Float8",
+    "torchtitan Llama 3 70B, 256 x H100 96GB, Table 4, 2D",
+}
+
+
+def test_the_printed_peaks_within_10_percent_are_the_ones_listed(peaks):
+    printed = {r.name: r.peak_gib for r in RUNS if getattr(r, "peak_gib", None)}
+    assert set(printed) <= set(peaks)
+    within = {n for n, gib in printed.items()
+              if abs(peaks[n].peak_bytes / 2**30 / gib - 1) <= 0.10}
+    assert within == PEAK_WITHIN_10

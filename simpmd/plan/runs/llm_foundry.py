@@ -49,8 +49,11 @@ def mpt(size: str) -> Transformer:
 def runs() -> list:
     out = []
     for size, gpus, gpu, micro, batch, tps, tokens, ac, precision in ROWS:
+        # The loss: the model's default loss_fn, fused_crossentropy (flash-attention's
+        # cross-entropy kernel on the 16-bit logits; modeling_mpt.py at 061f2c7ce6, whose
+        # benchmark yamls do not set loss_fn): simpmd.plan.loss.
         axes = dict(fsdp=gpus, microbatch=micro, global_batch=batch,
-                    recompute="full" if ac else "none")
+                    recompute="full" if ac else "none", loss="fused")
         out.append(Run(f"llm-foundry MPT-{size.upper()}, {gpus} x {HARDWARE[gpu]}, {precision}",
                        mpt(size), axes, HARDWARE[gpu], precision, tokens / tps, SOURCE,
                        f"{tps:,} tokens/s; step = {tokens:,} / {tps:,}", framework="pytorch",

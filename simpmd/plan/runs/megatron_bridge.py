@@ -38,6 +38,13 @@ def runs() -> list:
                     sequence_parallel=tp > 1)
         axes.update(fsdp=replicas) if fsdp else axes.update(dp=replicas,
                                                              distributed_optimizer=True)
+        if (system, model) == ("H100", L3_8B):
+            # The recipe of this row recomputes 5 layers: LLAMA3_8B_PRETRAIN_CONFIG_H100_
+            # FP8_CS_BASE_CONFIG sets recompute_num_layers=5 (scripts/performance/configs/
+            # llama/llama3_workload_base_configs.py at 00b7660be0), which makes the
+            # recompute granularity "full" with the "block" method
+            # (scripts/performance/utils/overrides.py): Layout.recompute_layers.
+            axes.update(recompute="full", recompute_layers=5)
         step = gbs * model.seq / (rate * gpus)
         out.append(Run(f"Megatron-Bridge {model.name}, {gpus} x {system}", model, axes, system,
                        "fp8", step, SOURCE,
