@@ -81,15 +81,15 @@ def _batch(layout, model=TINY, seed=1):
     return [t.reshape(shape).astype(np.int32) for t in flat]
 
 
-def _run(layout, weights, model=TINY, flash=True):
+def _run(layout, weights, model=TINY, flash=True, node_gpus=None):
     simpmd.set_device_count(layout.chips)
     mesh = simpmd.make_mesh(tuple(layout.shape.values()), tuple(layout.shape))
     ins, outs = St.specs(model, layout)
     opt = {"master": {k: w.copy() for k, w in weights.items()},
            "mu": {k: np.zeros_like(w) for k, w in weights.items()},
            "nu": {k: np.zeros_like(w) for k, w in weights.items()}}
-    step = simpmd.shard_map(St.train_step(model, layout, flash), mesh=mesh, in_specs=ins,
-                            out_specs=outs)
+    step = simpmd.shard_map(St.train_step(model, layout, flash, node_gpus=node_gpus),
+                            mesh=mesh, in_specs=ins, out_specs=outs)
     return step(weights, opt, *_batch(layout, model))
 
 

@@ -16,7 +16,7 @@ from simpmd import plan
 from simpmd.plan import layers as L, step as St
 
 sys.path.insert(0, os.path.dirname(__file__))
-from test_plan import _batch  # noqa: E402
+from test_plan import _run as plan_run  # noqa: E402
 
 needs_bf16 = pytest.mark.skipif(importlib.util.find_spec("ml_dtypes") is None,
                                 reason="the planner's steps are in bfloat16 (ml_dtypes)")
@@ -32,15 +32,7 @@ def _weights(model, layout, seed=0):
 
 
 def _run(model, layout, weights, node_gpus=None):
-    simpmd.set_device_count(layout.chips)
-    mesh = simpmd.make_mesh(tuple(layout.shape.values()), tuple(layout.shape))
-    ins, outs = St.specs(model, layout)
-    opt = {"master": {k: w.copy() for k, w in weights.items()},
-           "mu": {k: np.zeros_like(w) for k, w in weights.items()},
-           "nu": {k: np.zeros_like(w) for k, w in weights.items()}}
-    step = simpmd.shard_map(St.train_step(model, layout, node_gpus=node_gpus), mesh=mesh,
-                            in_specs=ins, out_specs=outs)
-    return step(weights, opt, *_batch(layout, model))
+    return plan_run(layout, weights, model, node_gpus=node_gpus)
 
 
 @pytest.mark.parametrize("node_gpus", [2, 1])       # 2 nodes of 2 ranks; 4 nodes of 1
