@@ -30,7 +30,8 @@ SPREADS_PY = pathlib.Path(__file__).resolve().parents[1] / "simpmd/plan/spreads.
 def _configuration(run) -> str:
     m = run.model
     return (f"{m.params / 1e9:.0f}B ({m.layers} x {m.d_model}, seq {m.seq}); {run.chips} x "
-            f"{run.hardware}, {run.precision}, {run.framework}; {run.layout}")
+            f"{run.hardware}, {run.precision}, {run.framework}"
+            f"{' + torch.compile' if run.compile else ''}; {run.layout}")
 
 
 def _row(run, est) -> str:

@@ -32,7 +32,8 @@ class Run:
     ``Layout`` cannot build yet, such as k-layer recomputation, stays as keywords).
     ``missing``: what the source does not print that the configuration needs (empty: the
     configuration is complete); ``notes``: what was assumed and why; ``peak_gib``: the
-    memory per device the source prints, if it does."""
+    memory per device the source prints, if it does; ``compile``: the step ran under
+    ``torch.compile`` (``framework="pytorch"``), as the source says."""
 
     name: str
     model: Transformer
@@ -48,6 +49,7 @@ class Run:
     missing: str = ""
     notes: str = ""
     peak_gib: float | None = None
+    compile: bool = False
 
     @property
     def layout(self) -> Layout:

@@ -424,13 +424,13 @@ def estimate(model, layout: Layout, hardware="H100", chips: int | None = None,
     runs = F.framework(framework, compile)
     runs.check(layout)
     layout = runs.layout(layout)
-    framework = runs.name
+    kernels = runs.name         # "pytorch+compile" under torch.compile; the family: framework
     hw = hardware_preset(hardware)
     _check_precision(precision, layout, hw)
     reuse = reuse or Reuse()
     ticks = layout.microbatches * layout.vp + layout.pp - 1      # step.py's pipeline loop
     traced = replace(layout, schedule=None)      # the schedule changes the bubble only
-    program = reuse.program(model, traced, hw.name, flash, framework, precision)
+    program = reuse.program(model, traced, hw.name, flash, kernels, precision)
     p = predict(program, hw, topology=reuse.machine(hw, layout.chips, slices),
                 walker=Walker(program, layout.shape, whole_recompute=runs.whole_recompute,
                               eager=runs.eager_fusion),
@@ -442,7 +442,7 @@ def estimate(model, layout: Layout, hardware="H100", chips: int | None = None,
     terms, step_s = dict(p.terms), p.time_s
     if layout.schedule is not None and layout.pp > 1:
         terms, step_s = scheduled_bubble(layout, terms, step_s)
-    memory = reuse.peak(model, layout, hw.name, flash, framework, precision) if memory else 0
+    memory = reuse.peak(model, layout, hw.name, flash, kernels, precision) if memory else 0
     capacity = HBM_CAPACITY.get(hw.name, float("inf"))
     result = Estimate(model, layout, hw.name, precision, step_s, terms, memory,
                       capacity, hw.matmul_peak(precision), tuple(p.collectives),

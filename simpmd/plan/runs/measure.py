@@ -17,7 +17,8 @@ def estimate(run, memory: bool = False):
     """``plan.estimate`` of ``run`` as its source prints it (``check_memory=False``)."""
     return simulate.estimate(run.model, run.layout, hardware=run.hardware,
                              precision=run.precision, flash=run.flash, slices=run.slices,
-                             framework=run.framework, check_memory=False, memory=memory)
+                             framework=run.framework, check_memory=False, memory=memory,
+                             compile=run.compile)
 
 
 def ratios(runs) -> dict:
