@@ -333,7 +333,9 @@ def test_every_row_has_a_sharding_rule_but_collectives_and_calls():
     planner = {"flash_attention", "flash_attention_bwd",   # (simpmd.plan's, once it is
                "dropout", "dropout_grad", "fp8_cast",      # imported)
                "fp8_operand", "fp8_grad", "fp8_scale_update", "fp8_after", "fp8_region",
-               "decode_attention"}                          # (plan.serve's, in shard_map only)
+               "decode_attention",                          # (plan.serve's, in shard_map only)
+               "log_softmax", "log_softmax_backward", "nll_loss", "nll_loss_backward",
+               "fused_cross_entropy", "fused_cross_entropy_backward"}   # (plan.loss's)
     assert [n for n in partition.rows_without_rules() if n not in planner] == sorted([
         "all_gather", "all_gather_invariant", "all_to_all", "axis_index", "debug_callback",
         "shard_slice", "pmax", "pmean", "pmin", "ppermute", "preduced", "psum", "pvary",
