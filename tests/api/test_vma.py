@@ -101,7 +101,8 @@ def test_random_programs_are_accepted_and_refused_as_jax_does(jax8, shape, seed)
     # (the jax8 fixture has it read the rules), so every program must agree, on each release.
     agree, tried = 0, 0
     drawn = sum(shape) * 7 + shape[0] if seed is None else seed     # the committed one: shape's
-    for ops, s_in, s_out in programs(seed=drawn, count=80):
+    count = 80 if seed is None else 40       # a new seed's draw is smaller (test.sh's time)
+    for ops, s_in, s_out in programs(seed=drawn, count=count):
         try:
             want = np.asarray(jax_shard_map(jax8, body(jax8.lax, ops), jmesh, spec(PartitionSpec, s_in),
                                             spec(PartitionSpec, s_out), True)(x))
@@ -122,7 +123,7 @@ def test_random_programs_are_accepted_and_refused_as_jax_does(jax8, shape, seed)
         if both_accept:
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=str(ops))
         agree += 1
-    assert agree == tried == 80
+    assert agree == tried == count
 
 
 TYPED = {
