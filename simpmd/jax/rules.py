@@ -44,23 +44,33 @@ def typed(shape, *spec, dtype=np.float32, **sets):
     return jax.ShapeDtypeStruct(tuple(shape), dtype, sharding=sharding)
 
 
-def _traced(fun, *args):
-    """The result types of ``fun`` on ``args``, or the exception JAX raised."""
-    jax = _jax()
+def _in_thread(probe):
+    """``probe()`` run in a thread of its own (outside any trace of the caller's), its
+    result or the exception it raised; an Unavailable, AttributeError or ImportError means
+    this JAX cannot answer, and is raised as Unavailable."""
     box = []
 
-    def trace():
+    def run():
         try:
-            with jax.sharding.use_abstract_mesh(_mesh()):
-                box.append(jax.eval_shape(fun, *args))
+            box.append(probe())
         except Exception as exc:                 # the answer, or Unavailable below
             box.append(exc)
-    thread = threading.Thread(target=trace, name="simpmd-rule-probe")
+    thread = threading.Thread(target=run, name="simpmd-rule-probe")
     thread.start()
     thread.join()
     if isinstance(box[0], (Unavailable, AttributeError, ImportError)):
         raise Unavailable(str(box[0]))
     return box[0]
+
+
+def _traced(fun, *args):
+    """The result types of ``fun`` on ``args``, or the exception JAX raised."""
+    jax = _jax()
+
+    def trace():
+        with jax.sharding.use_abstract_mesh(_mesh()):
+            return jax.eval_shape(fun, *args)
+    return _in_thread(trace)
 
 
 def _refuses(fun, *args) -> bool:
@@ -132,22 +142,16 @@ def empty_take_keeps_split() -> bool:
         raise Unavailable(str(exc)) from exc
     if len(cpus) < 2:
         raise Unavailable("one CPU device: no split array to index")
-    box = []
 
     def take():
-        try:
-            mesh = jax.sharding.Mesh(np.array(cpus[:2]), ("X",), axis_types=(AxisType.Explicit,))
-            x = jax.device_put(np.zeros((2,), np.float32), NamedSharding(mesh, PartitionSpec("X")))
-            with jax.set_mesh(mesh):
-                box.append(tuple(x[1:1].sharding.spec) == ("X",))
-        except Exception as exc:
-            box.append(Unavailable(str(exc)))
-    thread = threading.Thread(target=take, name="simpmd-rule-probe")
-    thread.start()
-    thread.join()
-    if isinstance(box[0], Unavailable):
-        raise box[0]
-    return box[0]
+        mesh = jax.sharding.Mesh(np.array(cpus[:2]), ("X",), axis_types=(AxisType.Explicit,))
+        x = jax.device_put(np.zeros((2,), np.float32), NamedSharding(mesh, PartitionSpec("X")))
+        with jax.set_mesh(mesh):
+            return tuple(x[1:1].sharding.spec) == ("X",)
+    answer = _in_thread(take)
+    if isinstance(answer, Exception):            # a JAX that cannot run the probe
+        raise Unavailable(str(answer))
+    return answer
 
 
 @functools.lru_cache(maxsize=None)

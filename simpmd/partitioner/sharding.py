@@ -68,7 +68,8 @@ class Settings:
     ``cotangent_swaps``: a reduced operand's gradient is unreduced (0.10; 0.7 kept it
     plain). ``empty_take_keeps_split``: outside jit, an index whose result is empty
     (``x[2:2]``, ``x[1:1, 3]``) is no gather and keeps the splits of the dims it keeps
-    (0.10; 0.7 gave a replicated empty array). ``spec_rank_checked``: ``out_sharding=``/``reshard`` refuse a spec with more
+    (0.10; 0.7 gave a replicated empty array). ``spec_rank_checked``:
+    ``out_sharding=``/``reshard`` refuse a spec with more
     entries than the value has dimensions (0.11; before, trailing ``None`` entries
     passed). ``reshape_ones``: a reshape finds its split or merge past dims of size 1
     (0.12; before, ``(8, 4, 6)`` to ``(8, 24, 1)`` was refused). ``unreduced_out_cast``:

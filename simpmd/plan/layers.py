@@ -174,13 +174,17 @@ def norm(s: "Shard", x, scale):
     return rms_norm(x, scale)
 
 
+def activation(s: "Shard", u):
+    """The MLP's activation: SwiGLU where the model's MLP is gated, else GELU."""
+    return swiglu(u) if s.model.gated_mlp else gelu(u)
+
+
 def expert_activation(s: "Shard", u):
     """The routed experts' activation: its output discarded and recomputed where
     ``recompute_modules`` names ``"moe_act"``."""
-    kind = "swiglu" if s.model.gated_mlp else "gelu"
     if "moe_act" in s.recompute_modules:
-        return DISCARDED["moe_act"][kind](u)
-    return (swiglu if s.model.gated_mlp else gelu)(u)
+        return DISCARDED["moe_act"]["swiglu" if s.model.gated_mlp else "gelu"](u)
+    return activation(s, u)
 
 
 def discarding(s: "Shard", keep):
@@ -269,7 +273,7 @@ def mlp_block(s: Shard, x, w):
     """Norm, the MLP's input matrix (gate and up side by side when gated), SwiGLU or
     GELU, the output matrix and its collective; and the amaxes of its FP8 casts."""
     u, amaxes = column_linear(s, norm(s, x, w["mlp_norm"]), w, "w_in")
-    u = swiglu(u) if s.model.gated_mlp else gelu(u)
+    u = activation(s, u)
     y, more = row_linear(s, u, w, "w_out")
     return residual(s, x, y, seed=3), amaxes + more
 
@@ -404,7 +408,7 @@ def grouped(s: Shard, tokens, w, key: str, axis: int):
     return fp8.grad_cast(y, transpose=True, own_kernel=s.eager), [amax]
 
 
-def _rotations(axis: str, ranks: int, group: int, across: bool) -> list:
+def _rotations(ranks: int, group: int, across: bool) -> list:
     """The ``ppermute`` s of a two-level exchange over ``ranks`` ranks in nodes of ``group``
     consecutive ranks: for each offset o (0, the rank itself, needs none), the pairs that
     send to the rank of the same local index o nodes on (``across``), or to the rank o
@@ -474,11 +478,10 @@ def node_limited(s: Shard, flat, token, filled, gate, chosen, experts):
     tokens (:func:`node_slots`) with each slot's token and gate, then ``node_ranks - 1``
     within the node, giving what the ``all_to_all`` gives. ``token``, ``filled``, ``gate``:
     [experts, slots]; ``experts``: the grouped products. Returns [tokens, D] and amaxes."""
-    m = s.model
     n, D = flat.shape
     E, C = token.shape
     ep = s.size("ep")
-    g = min(ep, s.node_ranks) if s.node_ranks else ep
+    g = min(ep, s.node_ranks) if s.node_ranks else ep           # ranks per node
     N = ep // g
     En, El, U = E // N, E // ep, node_slots(s, n)
     node, local = lax.axis_index("ep") // g, lax.axis_index("ep") % g
@@ -491,8 +494,7 @@ def node_limited(s: Shard, flat, token, filled, gate, chosen, experts):
     at = place.reshape(n * N)[token * N + slot_node]                       # [E, C]
     index = snp.where(filled & (at < U), at, -1).astype(snp.int32).reshape(N, En, C)
     gate = snp.where(index.reshape(E, C) >= 0, gate, 0.0).reshape(N, En, C)
-    across = _rotations("ep", ep, g, True)
-    within = _rotations("ep", ep, g, False)
+    across, within = _rotations(ep, g, True), _rotations(ep, g, False)
     # over the network: each expert slot's token and gate, then the tokens
     got_index = snp.stack(_exchange(index[ahead], "ep", across))     # [N from o back, En, C]
     got_gate = snp.stack(_exchange(gate[ahead], "ep", across))
@@ -609,8 +611,7 @@ def moe_block(s: Shard, x, w):
 def _shared_experts(s: Shard, h, w):
     """The shared experts: an MLP every token runs, tensor-parallel as the dense one."""
     u, first = column_linear(s, h, w, "w_in")
-    u = swiglu(u) if s.model.gated_mlp else gelu(u)
-    shared, second = row_linear(s, u, w, "w_out")
+    shared, second = row_linear(s, activation(s, u), w, "w_out")
     return shared, first + second
 
 
