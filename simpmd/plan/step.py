@@ -32,7 +32,7 @@ from .. import numpy as snp
 from ..machine.mesh import PartitionSpec as P
 from . import fp8
 from . import layers as L
-from .layout import stage_split
+from .layout import LayoutError, stage_split
 from ..api.grad import value_and_grad
 from ..api.grad import grad
 
@@ -332,7 +332,16 @@ def node_ranks(model, layout, node_gpus):
     node-limited (``route_nodes``) and the node is known."""
     if getattr(model, "route_nodes", None) is None or not node_gpus:
         return None
-    return max(1, min(layout.ep, node_gpus // (layout.cp * layout.tp)))
+    apart = layout.cp * layout.tp
+    g = max(1, min(layout.ep, node_gpus // apart))
+    if (node_gpus % apart and apart % node_gpus) or layout.ep % g:
+        raise LayoutError(
+            f"route_nodes = {model.route_nodes} with ep = {layout.ep}: a node of {node_gpus} "
+            f"GPUs holds {g} expert-parallel rank(s) (they lie cp x tp = {apart} devices "
+            f"apart), which do not tile ep = {layout.ep}: node-limited routing sends a token "
+            f"to whole nodes of ep ranks. Choose ep a multiple of {g}, and cp x tp a "
+            f"divisor or a multiple of {node_gpus}")
+    return g
 
 
 def _fsdp_dim(spec, ndim) -> int:

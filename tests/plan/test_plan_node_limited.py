@@ -110,3 +110,22 @@ def test_options_are_checked():
     with pytest.raises(plan.LayoutError, match="fp8_dispatch"):
         plan.estimate(SMALL, plan.Layout(ep=2, global_batch=2, fp8_dispatch=True),
                       hardware="H800", check_memory=False)
+
+
+def test_node_ranks_that_do_not_tile_ep_are_refused():
+    """ep = 12 ranks on nodes of 8 GPUs: a node holds 8 of them, 12 = 8 + 4 leaves a node
+    half used, and node-limited routing's rotations over whole nodes would name ranks that
+    do not exist. With cp x tp = 3 the ranks lie 3 apart and a node of 8 holds 2 or 3 of
+    them. Both are refused by name; ep = 16 or 4 (whole nodes, or inside one) is not."""
+    m = replace(SMALL, experts=24, route_nodes=2, seq=24)
+    assert St.node_ranks(m, plan.Layout(ep=16, global_batch=16), 8) == 8
+    assert St.node_ranks(m, plan.Layout(ep=4, global_batch=4), 8) == 4
+    assert St.node_ranks(replace(m, route_nodes=None), plan.Layout(ep=12, global_batch=12),
+                         8) is None
+    with pytest.raises(plan.LayoutError, match=r"ep = 12.*node of 8 GPUs holds 8"):
+        St.node_ranks(m, plan.Layout(ep=12, global_batch=12), 8)
+    with pytest.raises(plan.LayoutError, match=r"cp x tp = 3"):
+        St.node_ranks(m, plan.Layout(ep=4, cp=3, global_batch=4), 8)
+    with pytest.raises(plan.LayoutError, match="ep = 12"):
+        plan.estimate(m, plan.Layout(ep=12, microbatch=1, global_batch=12), hardware="H800",
+                      check_memory=False, memory=False)
