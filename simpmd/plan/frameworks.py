@@ -70,10 +70,14 @@ class Framework:
         with Context Parallel": torchtitan/models/llama3/infra/parallelize.py): the
         planner's distributed optimizer over ``cp`` (split over ``fsdp x cp`` between
         steps, gathered over ``cp`` once per step). Other layouts as given."""
-        if (self.name.startswith("pytorch") and layout.cp > 1 and layout.fsdp > 1
-                and layout.dp == 1 and not layout.distributed_optimizer):
+        if self._fsdp_with_cp(layout) and layout.dp == 1 and not layout.distributed_optimizer:
             return replace(layout, distributed_optimizer=True)
         return layout
+
+    def _fsdp_with_cp(self, layout) -> bool:
+        """PyTorch's FSDP beside context parallelism (what :meth:`layout` shards over
+        ``cp`` too)."""
+        return self.name.startswith("pytorch") and layout.cp > 1 and layout.fsdp > 1
 
     def assumed(self, layout, flash: bool, model=None) -> dict:
         """What an estimate under this framework assumed, in words."""
@@ -105,8 +109,7 @@ class Framework:
                 + ("reduce-scattered as each micro-batch makes them (the reduce-scatters "
                    "priced once per step)" if layout.gradient_sync == "microbatch" else
                    "held whole in float32 (FSDP2's reduce_dtype) until the last micro-batch"))
-        if self.name.startswith("pytorch") and layout.cp > 1 and layout.fsdp > 1 \
-                and layout.distributed_optimizer:
+        if self._fsdp_with_cp(layout) and layout.distributed_optimizer:
             out["FSDP over cp"] = "weights and optimizer state split over fsdp x cp"
         if layout.zero == 2:
             out["ZeRO-2"] = "gradients held whole through the backward pass, as ZeRO-1's"
