@@ -516,9 +516,13 @@ def _replicated(stack, spec, mesh) -> bool:
     if all(n in used for n in mesh.axis_names):
         return True
     grid = stack.reshape(tuple(mesh.shape.values()) + stack.shape[1:])
-    first = grid[tuple(slice(None) if n in used else slice(0, 1) for n in mesh.axis_names)]
-    return np.array_equal(grid, np.broadcast_to(first, grid.shape),
-                          equal_nan=stack.dtype.kind in "fc")
+    first = np.broadcast_to(
+        grid[tuple(slice(None) if n in used else slice(0, 1) for n in mesh.axis_names)],
+        grid.shape)
+    # the plain comparison first: NaN-aware equality makes four more arrays of the stack's
+    # size, so it is asked only when the values differ somewhere (a NaN, or a real split)
+    return np.array_equal(grid, first) or (
+        stack.dtype.kind in "fc" and np.array_equal(grid, first, equal_nan=True))
 
 
 def _block_detail(path, shape, spec, index, whole="from") -> str:

@@ -6,6 +6,7 @@ and their shard_map forms compute the same thing with the same per-device collec
 """
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -213,6 +214,26 @@ def test_out_specs_replication_is_checked_and_names_the_devices(mesh24):
     out = simpmd.shard_map(lambda b: lax.psum(b, "model"), mesh=mesh24,
                            in_specs=P("data", "model"), out_specs=P("data"))(np.ones((4, 8)))
     np.testing.assert_array_equal(np.asarray(out), np.full((4, 2), 4.0))
+
+
+def test_nans_in_the_same_places_are_replicated_values(mesh24):
+    """A NaN equals nothing, itself included, but every device holding NaN in the same
+    place holds the same value: out_specs=P('data') over the 'model' axis accepts it
+    (without check_vma, where the values are what is checked) with no warning, and a NaN
+    in one copy only is named in the warning."""
+    x = np.where(np.arange(32).reshape(4, 8) % 3 == 0, np.nan, 1.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = simpmd.shard_map(lambda b: lax.all_gather(b, "model", axis=1, tiled=True),
+                               mesh=mesh24, in_specs=P("data", "model"), out_specs=P("data"),
+                               check_vma=False)(x)
+    np.testing.assert_array_equal(np.asarray(out), x)       # assert_array_equal: NaN == NaN
+    y = np.ones((4, 8))
+    y[0, 2] = np.nan                                        # on device 1 (data=0, model=1)
+    with pytest.warns(UserWarning, match=r"device 1 \(data=0, model=1\) holds \[nan"):
+        simpmd.shard_map(lambda b: b.sum(axis=1, keepdims=True), mesh=mesh24,
+                         in_specs=P("data", "model"), out_specs=P("data"),
+                         check_vma=False)(y)
 
 
 def test_check_vma_false_warns_and_returns_the_first_copy(mesh24):
