@@ -285,7 +285,8 @@ def _draw_buffer(ax, run, t, i, centre, size, held, segs, show, idle):
         cell = Rectangle((x0 + w * a / n, y0), w * (b - a) / n, h, facecolor=face,
                          edgecolor="white", linewidth=0.5, zorder=2,
                          hatch=_piece_hatch(s, len(segs)) or None)
-        ax.add_patch(cell)
+        ax.add_artist(cell)   # inside the box, whose add_patch set the limits: updating them
+        #                       cell by cell was most of a 64-device frame's 8 s
         text = _cell_text(held[t][i][s], p, state[a], show)
         if text and _fits(text, w * (b - a) / n):
             strong = frac == 1 and max(_piece_color(s, len(segs))) < 0.75

@@ -360,15 +360,32 @@ def _segments_of(arrow):
             for a, b in zip(line[:-1], line[1:])]
 
 
-def _cross(p, q):
-    """Whether segments p and q cross or touch (orientation test, worked by hand)."""
-    def side(a, b, c):
-        return np.sign((b[0] - a[0]) * (c[1] - a[1]) - (b[1] - a[1]) * (c[0] - a[0]))
-    (a, b), (c, d) = p, q
-    if side(a, b, c) * side(a, b, d) > 0 or side(c, d, a) * side(c, d, b) > 0:
-        return False
-    return (min(a[0], b[0]) <= max(c[0], d[0]) and min(c[0], d[0]) <= max(a[0], b[0]) and
-            min(a[1], b[1]) <= max(c[1], d[1]) and min(c[1], d[1]) <= max(a[1], b[1]))
+def _crossings(p, q):
+    """Which of segments p [n, 2, 2] cross or touch which of q [m, 2, 2] ([n, m] booleans;
+    the orientation test, worked by hand, on every pair at once)."""
+    a, b = p[:, None, 0], p[:, None, 1]
+    c, d = q[None, :, 0], q[None, :, 1]
+
+    def side(u, v, w):
+        return np.sign((v[..., 0] - u[..., 0]) * (w[..., 1] - u[..., 1])
+                       - (v[..., 1] - u[..., 1]) * (w[..., 0] - u[..., 0]))
+    apart = (side(a, b, c) * side(a, b, d) > 0) | (side(c, d, a) * side(c, d, b) > 0)
+    overlap = np.ones(apart.shape, bool)
+    for k in (0, 1):        # the boxes meet along both coordinates
+        overlap &= (np.minimum(a[..., k], b[..., k]) <= np.maximum(c[..., k], d[..., k]))
+        overlap &= (np.minimum(c[..., k], d[..., k]) <= np.maximum(a[..., k], b[..., k]))
+    return ~apart & overlap
+
+
+def test_crossings_by_hand():
+    seg = lambda *xy: np.array(xy, float).reshape(-1, 2, 2)
+    x = seg((0, 0), (2, 2))
+    assert _crossings(x, seg((0, 2), (2, 0))).all()            # an X
+    assert _crossings(x, seg((2, 2), (3, 0))).all()            # touching at an end
+    assert not _crossings(x, seg((0, 1), (1, 2))).any()        # parallel, beside it
+    assert not _crossings(x, seg((3, 3), (4, 4))).any()        # on its line, past its end
+    assert _crossings(seg((0, 0), (1, 0), (5, 5), (6, 5)), seg((0.5, -1), (0.5, 1))).tolist() \
+        == [[True], [False]]
 
 
 @pytest.mark.parametrize("shape", [(4, 4), (2, 4), (4, 3), (8, 8)])
@@ -389,9 +406,9 @@ def test_torus_wraparounds_cross_no_row_or_column_link(shape):
             (wraps if wrap else links).append(_segments_of(arrow))
         assert links
         wraps_seen += len(wraps)
+        pieces = np.array([seg for link in links for seg in link], float)
         for wrap in wraps:
-            for link in links:
-                assert not any(_cross(u, v) for u in wrap for v in link)
+            assert not _crossings(np.array(wrap, float), pieces).any()
     assert wraps_seen >= 2 * rows        # every row's wraparound, both ways, was checked
 
 
