@@ -13,12 +13,14 @@ from . import blocker
 WITHIN = 1.25
 
 
-def estimate(run, memory: bool = False):
-    """``plan.estimate`` of ``run`` as its source prints it (``check_memory=False``)."""
+def estimate(run, memory: bool = False, reuse=None):
+    """``plan.estimate`` of ``run`` as its source prints it (``check_memory=False``);
+    ``reuse``: a :class:`~simpmd.plan.simulate.Reuse` that estimates of the same run share
+    (its traced step and its collectives' times)."""
     return simulate.estimate(run.model, run.layout, hardware=run.hardware,
                              precision=run.precision, flash=run.flash, slices=run.slices,
                              framework=run.framework, check_memory=False, memory=memory,
-                             compile=run.compile)
+                             compile=run.compile, reuse=reuse)
 
 
 def ratios(runs) -> dict:
