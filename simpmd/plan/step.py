@@ -329,18 +329,24 @@ def node_ranks(model, layout, node_gpus):
     """The expert-parallel ranks on one node: ``ep`` ranks lie ``cp x tp`` devices apart
     (:data:`~simpmd.plan.layout.AXES`' order), so a node of ``node_gpus`` holds ``node_gpus
     / (cp x tp)`` of them (at least 1, at most ``ep``). None unless the model routes
-    node-limited (``route_nodes``) and the node is known."""
+    node-limited (``route_nodes``) and the node is known. Raises :class:`LayoutError`
+    where the ranks do not fill whole nodes alike (``ep`` not a multiple of them, or
+    ``cp x tp`` neither a divisor nor a multiple of the node), which
+    :func:`~simpmd.plan.layers.node_limited`'s rotations assume."""
     if getattr(model, "route_nodes", None) is None or not node_gpus:
         return None
     apart = layout.cp * layout.tp
     g = max(1, min(layout.ep, node_gpus // apart))
-    if (node_gpus % apart and apart % node_gpus) or layout.ep % g:
+    uneven = node_gpus % apart and apart % node_gpus
+    if uneven or layout.ep % g:
+        held = f"{node_gpus} / {apart}, not a whole number," if uneven else str(g)
         raise LayoutError(
             f"route_nodes = {model.route_nodes} with ep = {layout.ep}: a node of {node_gpus} "
-            f"GPUs holds {g} expert-parallel rank(s) (they lie cp x tp = {apart} devices "
+            f"GPUs holds {held} expert-parallel rank(s) (they lie cp x tp = {apart} devices "
             f"apart), which do not tile ep = {layout.ep}: node-limited routing sends a token "
-            f"to whole nodes of ep ranks. Choose ep a multiple of {g}, and cp x tp a "
-            f"divisor or a multiple of {node_gpus}")
+            f"to whole nodes of ep ranks. Choose "
+            + (f"cp x tp a divisor or a multiple of {node_gpus}" if uneven else
+               f"ep a multiple of {g} (or at most {g}, inside one node)"))
     return g
 
 

@@ -124,7 +124,7 @@ def test_node_ranks_that_do_not_tile_ep_are_refused():
                          8) is None
     with pytest.raises(plan.LayoutError, match=r"ep = 12.*node of 8 GPUs holds 8"):
         St.node_ranks(m, plan.Layout(ep=12, global_batch=12), 8)
-    with pytest.raises(plan.LayoutError, match=r"cp x tp = 3"):
+    with pytest.raises(plan.LayoutError, match=r"holds 8 / 3, not a whole number.*cp x tp = 3"):
         St.node_ranks(m, plan.Layout(ep=4, cp=3, global_batch=4), 8)
     with pytest.raises(plan.LayoutError, match="ep = 12"):
         plan.estimate(m, plan.Layout(ep=12, microbatch=1, global_batch=12), hardware="H800",
