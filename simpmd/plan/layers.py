@@ -481,8 +481,8 @@ def node_limited(s: Shard, flat, token, filled, gate, chosen, experts):
     n, D = flat.shape
     E, C = token.shape
     ep = s.size("ep")
-    g = min(ep, s.node_ranks) if s.node_ranks else ep           # ranks per node
-    N = ep // g
+    N = expert_nodes(s)
+    g = ep // N                                                 # ranks per node
     En, El, U = E // N, E // ep, node_slots(s, n)
     node, local = lax.axis_index("ep") // g, lax.axis_index("ep") % g
     # Everything is held in the order of the rotations that move it: block o of what a

@@ -69,14 +69,16 @@ NOT_ENTERABLE = {
 }
 
 
-# what the step-time and the memory estimates of one run share (its traced step, its
-# collectives' times): the module's two fixtures trace each step once
-REUSE = {run.name: simulate.Reuse() for run in RUNS}
+@pytest.fixture(scope="module")
+def reuse():
+    """What the step-time and the memory estimates of one run share (its traced step, its
+    collectives' times): the module's two fixtures trace each step once."""
+    return {run.name: simulate.Reuse() for run in RUNS}
 
 
 @pytest.fixture(scope="module")
-def estimates():
-    return {run.name: measure.estimate(run, reuse=REUSE[run.name]) for run in RUNS
+def estimates(reuse):
+    return {run.name: measure.estimate(run, reuse=reuse[run.name]) for run in RUNS
             if not blocker(run)}
 
 
@@ -292,8 +294,8 @@ OVER_HBM = {
 
 
 @pytest.fixture(scope="module")
-def peaks():
-    return {run.name: measure.estimate(run, memory=True, reuse=REUSE[run.name]) for run in RUNS
+def peaks(reuse):
+    return {run.name: measure.estimate(run, memory=True, reuse=reuse[run.name]) for run in RUNS
             if not blocker(run)}
 
 
