@@ -153,6 +153,10 @@ class Hardware:
     # sustain, and the time floors of a kernel and of a call from Python.
     matmul_peaks: tuple = ()
     matmul_efficiency: tuple = ()  # (path, fraction); a path not listed uses "bf16"'s
+    # (path, fraction) XLA's own GEMMs were measured to sustain on the chip, where they are
+    # not the kernel libraries' (matmul_efficiency): what a program jit-compiled by XLA
+    # gets (:meth:`under_xla`); a path not listed keeps matmul_efficiency's
+    xla_matmul_efficiency: tuple = ()
     # (pass, fraction of the bf16 peak) a fused attention kernel sustains, "forward" and
     # "backward", measured on 16-bit operands; a pass not listed runs as a large matmul
     attention_efficiency: tuple = ()
@@ -210,6 +214,14 @@ class Hardware:
         fractions = dict(self.matmul_efficiency)
         base = path.split("x")[0]
         return self.matmul_peak(path) * fractions.get(base, fractions.get("bf16", 1.0))
+
+    def under_xla(self) -> "Hardware":
+        """The chip as a program XLA compiled runs on it: its matmul fractions replaced by
+        XLA's measured ones (``xla_matmul_efficiency``) where it has them."""
+        if not self.xla_matmul_efficiency:
+            return self
+        return replace(self, matmul_efficiency=tuple(
+            {**dict(self.matmul_efficiency), **dict(self.xla_matmul_efficiency)}.items()))
 
     def sustained_attention_flops(self, attention_pass, path: str) -> float:
         """The FLOP/s a fused attention kernel's ``attention_pass`` (``'forward'``,
@@ -484,6 +496,17 @@ _MAMF = ("S. Bekman, 'Machine Learning Engineering', compute/accelerator/README.
          "(86.9%), H100 SXM 794.5 of 989 (80.3%, 'H200 is the same'), B200 1745 of 2250 (77.6%); "
          "FP8: H100 SXM 1402.6 of 1979 (70.9%), H200 1453.4 (73.4%), B200 3432.5 of 4500 (76.3%). "
          "TF32 and FP32 dots take the BF16 fraction (no published figure found)")
+# XLA's own bf16 GEMMs on Hopper: jax.jit of a 4096x8192 @ 8192x28672 product timed on an
+# H200 with jax 0.11.2 (docs/DESIGN.md, 'What XLA runs, measured on a real H200';
+# simpmd.jax.device_programs.RECORDED): 2.89 ms, less the preset's 31.5 us call floor, is
+# 673 TFLOP/s, 68.0% of the preset's 990 (8192^3 reached 64.2%: the larger is taken, as
+# _MAMF's is the best of its shapes); the H100 has the H200's SMs and clocks
+_XLA_HOPPER_BF16 = 2 * 4096 * 8192 * 28672 / (2.89e-3 - 3.15e-5) / 9.9e14  # of the peak
+_XLA_H200 = ("XLA's GEMMs (programs jit-compiled by XLA, framework 'xla'): a bf16 4096x8192 @ "
+             "8192x28672 product under jax.jit on an H200, jax 0.11.2, 2026-11-28 (issue 36; "
+             "docs/DESIGN.md): 2.89 ms, 673 TFLOP/s after the 31.5 us call floor, 68.0% of the "
+             "preset's 990 (8192^3: 1.76 ms, 64.2%), where _MAMF's torch.matmul reaches 80.3%; "
+             "taken for the H100 too (the same SMs); FP8 keeps _MAMF's (no XLA measurement)")
 _MAMF_V5E = ("JAX docs, Pallas TPU 'Matrix Multiplication' guide (docs/pallas/tpu/matmul.ipynb, "
              "https://docs.jax.dev/en/latest/pallas/tpu/matmul.html): XLA's bf16 8192^3 matmul on "
              "a TPU v5e reaches 92.3% of the 197 TFLOP/s peak; the other TPUs take v5e's fraction "
@@ -584,15 +607,18 @@ _MACHINE = {
                   (_PRECISION, _PATHS_A100, _MAMF, _HBM_H100, _LAUNCH_GPU, _DISPATCH_GPU,
                    _IB_HDR, _NET_STEP)),
     "H100": (dict(matmul_peaks=_HOPPER, matmul_efficiency=(("bf16", 0.803), ("fp8", 0.709)),
+                  xla_matmul_efficiency=(("bf16", _XLA_HOPPER_BF16),),
                   attention_efficiency=(("forward", 518 / 989), ("backward", 499 / 989)),
                   scale_out_bandwidth=5e10, scale_out_latency=1.4e-5, scale_out_efficiency=0.94,
                   nvlink_sharp=0.85, **_GPU_FLOORS),
-             (_PRECISION, _PATHS_H100, _MAMF, _ATTENTION_H100, _HBM_H100, _LAUNCH_GPU,
+             (_PRECISION, _PATHS_H100, _MAMF, _XLA_H200, _ATTENTION_H100, _HBM_H100, _LAUNCH_GPU,
               _DISPATCH_GPU, _IB_NDR, _NET_STEP, _NVLS)),
     "H200": (dict(matmul_peaks=_HOPPER, matmul_efficiency=(("bf16", 0.803), ("fp8", 0.734)),
+                  xla_matmul_efficiency=(("bf16", _XLA_HOPPER_BF16),),
                   scale_out_bandwidth=5e10, scale_out_latency=1.4e-5, scale_out_efficiency=0.94,
                   nvlink_sharp=0.85, **_GPU_FLOORS),
-             (_PRECISION, _PATHS_H100, _MAMF, _HBM_H100, _LAUNCH_GPU, _DISPATCH_GPU, _IB_NDR,
+             (_PRECISION, _PATHS_H100, _MAMF, _XLA_H200, _HBM_H100, _LAUNCH_GPU, _DISPATCH_GPU,
+              _IB_NDR,
               _NET_STEP, _NVLS)),
     "B200": (dict(matmul_peaks=(("tf32", 1.1e15), ("fp8", 4.5e15), ("int8", 4.5e15)),
                   matmul_efficiency=(("bf16", 0.776), ("fp8", 0.763)),

@@ -426,6 +426,8 @@ def estimate(model, layout: Layout, hardware="H100", chips: int | None = None,
     layout = runs.layout(layout)
     kernels = runs.name         # "pytorch+compile" under torch.compile; the family: framework
     hw = hardware_preset(hardware)
+    if framework == "xla":      # XLA's own GEMMs, where they were measured (H100, H200)
+        hw = hw.under_xla()
     _check_precision(precision, layout, hw)
     reuse = reuse or Reuse()
     ticks = layout.microbatches * layout.vp + layout.pp - 1      # step.py's pipeline loop

@@ -82,3 +82,18 @@ def test_the_roofline_prices_a_dot_at_its_path(jax8):
     r = C.roofline_of(program, hardware="H200")
     assert r.compute_s == pytest.approx(2 * 8192 ** 3 / 4.947e14)
     assert r.time_s[0] < 3.18e-3
+
+
+def test_xla_runs_its_own_gemms_at_the_rate_measured_on_an_h200():
+    """Under XLA an H100's or H200's bf16 products run at what jax.jit of a 4096 x 8192 @
+    8192 x 28672 product took on an H200 (2.89 ms, less the 31.5 us call floor): 2 x 4096 x
+    8192 x 28672 / 2.8585 ms = 673 TFLOP/s; FP8 and every other chip keep their fractions."""
+    from simpmd.cost import HARDWARE
+    h100 = HARDWARE["H100"]
+    rate = 2 * 4096 * 8192 * 28672 / (2.89e-3 - 31.5e-6)
+    for name in ("H100", "H200"):
+        xla = HARDWARE[name].under_xla()
+        assert xla.sustained_matmul_flops("bf16") == pytest.approx(rate, rel=1e-9)
+        assert xla.sustained_matmul_flops("fp8") == HARDWARE[name].sustained_matmul_flops("fp8")
+    assert h100.sustained_matmul_flops("bf16") == pytest.approx(0.803 * h100.matmul_peak("bf16"))
+    assert HARDWARE["A100"].under_xla() is HARDWARE["A100"]
