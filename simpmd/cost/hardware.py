@@ -505,8 +505,9 @@ _XLA_HOPPER_BF16 = 2 * 4096 * 8192 * 28672 / (2.89e-3 - 3.15e-5) / 9.9e14  # of 
 _XLA_H200 = ("XLA's GEMMs (programs jit-compiled by XLA, framework 'xla'): a bf16 4096x8192 @ "
              "8192x28672 product under jax.jit on an H200, jax 0.11.2, 2026-11-28 (issue 36; "
              "docs/DESIGN.md): 2.89 ms, 673 TFLOP/s after the 31.5 us call floor, 68.0% of the "
-             "preset's 990 (8192^3: 1.76 ms, 64.2%), where _MAMF's torch.matmul reaches 80.3%; "
-             "taken for the H100 too (the same SMs); FP8 keeps _MAMF's (no XLA measurement)")
+             "preset's 990 (8192^3: 1.76 ms, 64.2%), where torch.matmul's best shape in Bekman's "
+             "table reaches 80.3%; taken for the H100 too (the same SMs); FP8 keeps Bekman's "
+             "fraction (no XLA measurement of it)")
 _MAMF_V5E = ("JAX docs, Pallas TPU 'Matrix Multiplication' guide (docs/pallas/tpu/matmul.ipynb, "
              "https://docs.jax.dev/en/latest/pallas/tpu/matmul.html): XLA's bf16 8192^3 matmul on "
              "a TPU v5e reaches 92.3% of the 197 TFLOP/s peak; the other TPUs take v5e's fraction "

@@ -425,7 +425,7 @@ def estimate(model, layout: Layout, hardware="H100", chips: int | None = None,
     runs.check(layout)
     layout = runs.layout(layout)
     kernels = runs.name         # "pytorch+compile" under torch.compile; the family: framework
-    hw = hardware_preset(hardware)
+    hw = preset = hardware_preset(hardware)
     if framework == "xla":      # XLA's own GEMMs, where they were measured (H100, H200)
         hw = hw.under_xla()
     _check_precision(precision, layout, hw)
@@ -449,6 +449,10 @@ def estimate(model, layout: Layout, hardware="H100", chips: int | None = None,
     result = Estimate(model, layout, hw.name, precision, step_s, terms, memory,
                       capacity, hw.matmul_peak(precision), tuple(p.collectives),
                       p.communication_s, p.flops, runs.assumed(layout, flash, model))
+    if hw is not preset:
+        result.assumed["matmuls"] = (
+            f"XLA's own GEMMs, {hw.sustained_matmul_flops('bf16') / hw.matmul_peak('bf16'):.0%}"
+            " of the bf16 peak (timed under jax.jit on an H200)")
     if framework == "xla" and memory and not result.fits and layout.recompute != "full":
         full = estimate(model, replace(layout, recompute="full", recompute_layers=None),
                         hardware, chips, precision, slices=slices, flash=flash,

@@ -9,6 +9,7 @@ times in proportion to the layers recomputed, datasheet numbers.
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -164,6 +165,27 @@ def test_frameworks_by_name_and_what_they_assumed():
     with pytest.raises(plan.LayoutError, match="ZeRO-1 at most"):
         plan.estimate(TINY, plan.Layout(pp=2, dp=2, zero=3, global_batch=4),
                       framework="deepspeed")
+
+
+@needs_bf16
+def test_xla_on_hopper_says_it_runs_its_own_gemms():
+    """Under XLA an H100 estimate says it priced XLA's GEMMs (68% of the bf16 peak, from
+    2 x 4096 x 8192 x 28672 FLOPs in 2.89 ms less a 31.5 us floor); Megatron's on the same
+    chip and XLA's on an A100 say nothing of it. The step's compute term grows with it."""
+    xla = plan.estimate(TINY, ONE, hardware="H100", framework="xla")
+    rate = 2 * 4096 * 8192 * 28672 / (2.89e-3 - 31.5e-6) / 9.9e14
+    assert f"{rate:.0%}" == "68%" and "XLA's own GEMMs, 68%" in xla.assumed["matmuls"]
+    assert "assumed matmuls: XLA's own GEMMs" in str(xla)
+    assert "matmuls" not in plan.estimate(TINY, ONE, hardware="H100",
+                                          framework="megatron").assumed
+    assert "matmuls" not in plan.estimate(TINY, ONE, hardware="A100", framework="xla").assumed
+    big = plan.Transformer(layers=2, d_model=4096, heads=32, d_ff=16384, vocab=32000, seq=4096)
+    layout = plan.Layout(global_batch=1)
+    h100 = hardware_preset("H100")
+    mamf = replace(h100, xla_matmul_efficiency=())          # the same chip at MAMF's 80.3%
+    slower = (plan.estimate(big, layout, hardware=h100, check_memory=False).breakdown["compute"]
+              / plan.estimate(big, layout, hardware=mamf, check_memory=False).breakdown["compute"])
+    assert 1.1 < slower <= 0.803 / rate + 1e-9     # the products slow by 80.3 / 68.0 at most
 
 
 def test_new_presets_hold_their_datasheets_numbers():
