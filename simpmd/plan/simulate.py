@@ -402,6 +402,17 @@ def _check_precision(precision, layout, hw):
         raise LayoutError(f"{hw.name} has no FP8 matrix units; use precision='bf16'")
 
 
+def _gemms(hw, framework: str):
+    """The chip as the framework's matrix products run on it, and what that assumed: under
+    XLA an H100's or H200's bf16 products at XLA's own measured rate (``under_xla``)."""
+    xla = hw.under_xla() if framework == "xla" else hw
+    if xla is hw:
+        return hw, {}
+    share = xla.sustained_matmul_flops("bf16") / xla.matmul_peak("bf16")
+    return xla, {"matmuls": f"XLA's own GEMMs, {share:.0%} of the bf16 peak (timed under "
+                            "jax.jit on an H200)"}
+
+
 def estimate(model, layout: Layout, hardware="H100", chips: int | None = None,
              precision: str = "bf16", *, slices: int = 1, flash: bool = True,
              framework: str = "xla", check_memory: bool = True, memory: bool = True,
@@ -425,9 +436,7 @@ def estimate(model, layout: Layout, hardware="H100", chips: int | None = None,
     runs.check(layout)
     layout = runs.layout(layout)
     kernels = runs.name         # "pytorch+compile" under torch.compile; the family: framework
-    hw = preset = hardware_preset(hardware)
-    if framework == "xla":      # XLA's own GEMMs, where they were measured (H100, H200)
-        hw = hw.under_xla()
+    hw, gemms = _gemms(hardware_preset(hardware), framework)
     _check_precision(precision, layout, hw)
     reuse = reuse or Reuse()
     ticks = layout.microbatches * layout.vp + layout.pp - 1      # step.py's pipeline loop
@@ -448,11 +457,7 @@ def estimate(model, layout: Layout, hardware="H100", chips: int | None = None,
     capacity = HBM_CAPACITY.get(hw.name, float("inf"))
     result = Estimate(model, layout, hw.name, precision, step_s, terms, memory,
                       capacity, hw.matmul_peak(precision), tuple(p.collectives),
-                      p.communication_s, p.flops, runs.assumed(layout, flash, model))
-    if hw is not preset:
-        result.assumed["matmuls"] = (
-            f"XLA's own GEMMs, {hw.sustained_matmul_flops('bf16') / hw.matmul_peak('bf16'):.0%}"
-            " of the bf16 peak (timed under jax.jit on an H200)")
+                      p.communication_s, p.flops, runs.assumed(layout, flash, model) | gemms)
     if framework == "xla" and memory and not result.fits and layout.recompute != "full":
         full = estimate(model, replace(layout, recompute="full", recompute_layers=None),
                         hardware, chips, precision, slices=slices, flash=flash,
