@@ -725,9 +725,24 @@ HARDWARE["H800"] = replace(
     HARDWARE["H100"], name="H800", links_per_device=8, measured=(),
     citations=(_H800, _COPIED + "H100 (SXM), but its NVLink links") + HARDWARE["H100"].citations[1:],
     aliases=("NVIDIA H800", "H800 SXM"))
+# Google Cloud's A3 High VM (a3-highgpu-8g): eight H100 SXM, whose network between VMs is
+# not a DGX H100's eight 400 Gb/s adapters.
+_A3_HIGH = ("Google Cloud, 'Networking and GPU machines' "
+            "(cloud.google.com/compute/docs/gpus/gpu-network-bandwidth), its overview table: "
+            "A3 High, NVIDIA H100 80GB, 1,000 Gbps maximum total bandwidth, GPUDirect-TCPX "
+            "(A3 Mega 1,800 Gbps, A3 Ultra 3,600 Gbps). Taken whole for the GPUs: 1,000 / 8 = "
+            "125 Gb/s = 15.6 GB/s per GPU per direction, an upper bound (part of it is the "
+            "VM's general-purpose NIC); xpk's device type 'h100-80gb-8' is a3-highgpu-8g "
+            "(AI-Hypercomputer/xpk, its system characteristics)")
+HARDWARE["H100 A3 High"] = replace(
+    HARDWARE["H100"], name="H100 A3 High", scale_out_bandwidth=1e12 / 8 / 8,
+    citations=(_A3_HIGH, "every field but the bandwidth between VMs copied from H100 (SXM), "
+               "the latency and efficiency of its InfiniBand among them (none published for "
+               "TCPX)") + tuple(c for c in HARDWARE["H100"].citations[1:] if c is not _IB_NDR),
+    aliases=("a3-highgpu-8g", "A3 High", "h100-80gb-8"))
 # The capacity of each new part's HBM, bytes (the datasheets above).
 NEW_HBM = {"H100 PCIe": 80e9, "H100 NVL": 94e9, "H100 96GB": 96e9, "GH200": 96e9,
-           "GB200": 186e9, "H800": 80e9}
+           "GB200": 186e9, "H800": 80e9, "H100 A3 High": 80e9}
 
 
 def _key(name: str) -> str:

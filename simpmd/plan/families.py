@@ -6,7 +6,7 @@ KINDS = ("dp", "fsdp", "tp", "pp", "cp", "ep")
 # A chip's generation: the parts of one generation share a family (their kernels and
 # their frameworks' defaults are the same; their memories and clocks are not).
 GENERATIONS = {"A100": "A100", "A100 40GB": "A100", "H100": "H100", "H100 96GB": "H100",
-               "GH200": "H100",
+               "H100 A3 High": "H100", "GH200": "H100",
                "H100 NVL": "H100", "H100 PCIe": "H100", "H200": "H100", "B200": "Blackwell",
                "GB200": "Blackwell"}
 

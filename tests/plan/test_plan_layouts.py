@@ -211,6 +211,28 @@ def test_new_presets_hold_their_datasheets_numbers():
 
 
 @needs_bf16
+def test_an_a3_high_vm_is_an_h100_whose_network_is_googles():
+    """Google Cloud's A3 High: eight H100 SXM a VM and 1,000 Gbps between VMs, so 1e12 / 8
+    bits / 8 GPUs = 15.6 GB/s per GPU (the DGX H100's 400 Gb/s adapters: 50). Inside a VM
+    nothing changes; across VMs a gradient all-reduce takes longer, by no more than the
+    bandwidths' ratio, 3.2x."""
+    a3, dgx = hardware_preset("a3-highgpu-8g"), hardware_preset("H100")
+    assert a3.name == "H100 A3 High" and a3.scale_out_bandwidth == 1e12 / 8 / 8
+    assert a3.matmul_peak("bf16") == dgx.matmul_peak("bf16") and a3.link_bandwidth == \
+        dgx.link_bandwidth
+    from simpmd.plan import families
+    from simpmd.plan.simulate import HBM_CAPACITY
+    assert HBM_CAPACITY["H100 A3 High"] == 80e9 and families.generation(a3.name) == "H100"
+    model = plan.Transformer(layers=2, d_model=1024, heads=8, d_ff=4096, vocab=32000, seq=1024)
+    one_vm = plan.Layout(fsdp=8, global_batch=8)
+    two_vms = plan.Layout(dp=2, fsdp=8, global_batch=16)
+    same = [plan.estimate(model, one_vm, hardware=h).step_s for h in (a3, dgx)]
+    assert same[0] == pytest.approx(same[1], rel=1e-12)
+    slow, fast = (plan.estimate(model, two_vms, hardware=h).communication_s for h in (a3, dgx))
+    assert 1.2 * fast < slow < 3.2 * fast
+
+
+@needs_bf16
 def test_a_memory_refusal_names_check_memory_and_what_would_fit():
     big = plan.Transformer(48, 6144, 64, 24576, 51200, 2048)
     with pytest.raises(plan.LayoutError) as refused:

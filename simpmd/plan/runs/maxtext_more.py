@@ -25,6 +25,13 @@ A3 = ("AI-Hypercomputer/maxtext, MaxText/configs/a3/llama_2_7b/README.md at comm
       "attention cudnn_flash_te, remat_policy minimal_flash (keeps the matmuls: "
       "recompute='selective'), bf16. TFLOP/s as maxtext_utils.calculate_tflops_training_"
       "per_device counts them at that commit: 6 N T + 6 L H Q T^2 per sequence")
+# The README names the VM 'A3 (h100-80gb-8)', xpk's device type for a3-highgpu-8g (the
+# A3 High): its network between VMs is Google's GPUDirect-TCPX at 1,000 Gbps a VM, not a
+# DGX H100's 8 x 400 Gb/s InfiniBand (simpmd.cost.hardware's 'H100 A3 High' cites both)
+A3_VM = ("entered on the 'H100 A3 High' preset: the README's 'A3 (h100-80gb-8)' is xpk's device "
+         "type for a3-highgpu-8g, whose VMs talk over GPUDirect-TCPX at 1,000 Gbps a VM "
+         "(Google Cloud, 'Networking and GPU machines'), 15.6 GB/s per GPU, where the 'H100' "
+         "preset's DGX H100 has 50 GB/s")
 
 
 def _tflop_step(model, per_device, tflops):
@@ -58,9 +65,10 @@ def _a3() -> list:
     for vms, tflops in ((1, 492), (2, 422), (4, 407), (8, 409), (16, 375)):
         layout = Layout(dp=vms, fsdp=8, microbatch=4, global_batch=4 * 8 * vms,
                         recompute="selective")
-        out.append(Run(f"MaxText Llama 2 7B, {8 * vms} x H100 (A3)", model, layout, "H100",
-                       "bf16", _tflop_step(model, 4, tflops), A3,
-                       f"{tflops} TFLOP/s/chip; step = (6 N T + 6 L H Q T^2) x 4 / {tflops}e12"))
+        out.append(Run(f"MaxText Llama 2 7B, {8 * vms} x H100 (A3)", model, layout,
+                       "H100 A3 High", "bf16", _tflop_step(model, 4, tflops), A3,
+                       f"{tflops} TFLOP/s/chip; step = (6 N T + 6 L H Q T^2) x 4 / {tflops}e12",
+                       notes=A3_VM))
     return out
 
 
