@@ -90,8 +90,13 @@ class Framework:
                            + ("TorchInductor" if self.name.startswith("pytorch") else "XLA")
                            + ")"),
                "attention": "one fused kernel (flash)" if flash else "scores kept in HBM",
-               "gradients": ("float32 main_grad, wgrad added in place" if self.main_grad_fp32
+               "gradients": ("in bf16, reduced in bf16" if not layout.grad_reduce_in_fp32
+                             else "float32 main_grad, wgrad added in place"
+                             if self.main_grad_fp32
                              else "the weights' type, accumulated by the step's loop")}
+        if layout.fp8_param_gather:
+            out["FP8 weights"] = ("held in FP8 only, with their transposes; their gather "
+                                  "and cast priced as the bf16 weights'")
         if layout.recompute == "selective":
             out["selective"] = self.selective
         if layout.recompute == "full":

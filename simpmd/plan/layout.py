@@ -81,7 +81,10 @@ class Layout:
     schedule, whose point it is (DeepSeek-V3 report, section 3.2.1), else not.
     ``loss``: the kernels of the loss (:data:`simpmd.plan.loss.LOSSES`: PyTorch's
     ``F.cross_entropy`` on float32 logits, or a fused cross-entropy kernel); None, the
-    loss as written, fused as the framework fuses."""
+    loss as written, fused as the framework fuses. ``grad_reduce_in_fp32``: whether the
+    gradients are reduced (and, under ``framework="megatron"``, held) in float32 or in
+    the weights' 16-bit type; ``fp8_param_gather``: in FP8, the layers' weights kept in
+    FP8 only (Megatron's ``--fp8-param-gather``)."""
 
     dp: int = 1
     fsdp: int = 1
@@ -114,6 +117,15 @@ class Layout:
     # The loss's kernels: None, the loss as written (simpmd.plan.layers.token_losses,
     # fused as the framework fuses); or a trainer's own (simpmd.plan.loss.LOSSES).
     loss: str | None = None
+    # Gradients reduced across the data-parallel ranks in float32 (True: the step's own
+    # reduction, and Megatron's float32 main_grad buffers), or in the weights' 16-bit type
+    # and held in it (False: Megatron-Core's grad_reduce_in_fp32=False; Apex's
+    # DistributedFusedAdam with grad_sync_dtype=bf16, which NeMo's FP8 examples set).
+    grad_reduce_in_fp32: bool = True
+    # With precision="fp8": the FP8 layers' weights held in FP8 between steps and gathered
+    # in FP8 (Megatron's --fp8-param-gather, Transformer Engine's fp8_model_init): no
+    # 16-bit copy beside the FP8 one and its transpose (simpmd.plan.simulate.fp8_params).
+    fp8_param_gather: bool = False
 
     def __post_init__(self):
         for f in fields(self):
@@ -245,6 +257,8 @@ class Layout:
         if self.overlap_all_to_all is not None:
             extras.append(f"all_to_all {'' if self.overlap_all_to_all else 'not '}overlapped")
         extras += ["FP8 dispatch"] * self.fp8_dispatch
+        extras += ["gradients reduced in bf16"] * (not self.grad_reduce_in_fp32)
+        extras += ["weights held in FP8"] * self.fp8_param_gather
         extras += [f"loss {self.loss}"] * (self.loss is not None)
         extras += ["sequence parallel"] * self.sequence_parallel
         extras += ["distributed optimizer"] * self.distributed_optimizer

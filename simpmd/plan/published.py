@@ -125,7 +125,8 @@ NEMO = ("NVIDIA/NeMo, docs/source/performance/performance_summary.md at commit 8
         "recomputation, sequence parallelism with TP > 1, the distributed optimizer, flash "
         "attention, the vocabulary padded to a multiple of 128 x TP) are NVIDIA/NeMo-"
         "Framework-Launcher's launcher_scripts/conf/training/{llama,gpt3}/*.yaml at commit "
-        "c99374bb (2024-08-06)")
+        "c99374bb (2024-08-06), and its FP8 examples (examples/training/{llama,gpt}/h100/"
+        "*_fp8*.sh: optim.grad_sync_dtype=bf16)")
 
 
 def _llama(layers, d_model, heads, d_ff, vocab, seq, kv_heads=None, name=""):
@@ -151,8 +152,16 @@ def _nemo():
     runs = []
     for name, model, gpus, gbs, tp, pp, cp, vp, rate in rows:
         dp = gpus // (tp * pp * cp)
+        # NeMo's optimizer is Apex's DistributedFusedAdam (optim.name distributed_fused_adam,
+        # megatron_amp_O2, bf16: conf/training/*/*.yaml at c99374bb); with bf16 weights and
+        # float32 state NeMo sets store_param_remainders (MegatronBaseModel.
+        # setup_optimization, nemo/collections/nlp/models/language_modeling/
+        # megatron_base_model.py at NVIDIA/NeMo 8e3d65dcfe); the launcher's FP8 examples
+        # (examples/training/{llama,gpt}/h100/*_fp8*.sh at c99374bb) add
+        # optim.grad_sync_dtype=bf16: gradients held and reduced in bf16.
         layout = Layout(dp=dp, tp=tp, pp=pp, vp=vp, cp=cp, global_batch=gbs,
-                        sequence_parallel=tp > 1, distributed_optimizer=True)
+                        sequence_parallel=tp > 1, distributed_optimizer=True,
+                        master_weights="remainders", grad_reduce_in_fp32=False)
         step = gbs * model.seq / (rate * gpus)
         runs.append(Run(f"{name}, {gpus} GPUs", model, layout, "H100", "fp8", step, NEMO,
                         f"{rate:,} tokens/s/GPU: {gbs} x {model.seq} / ({rate} x {gpus})",

@@ -255,17 +255,19 @@ class Reuse:
                 program, fused=True, donate=True, accumulation_fusion=f.accumulation_fusion,
                 walker=Walker(program, layout.shape, whole_recompute=f.whole_recompute,
                               eager=f.eager_fusion)
-            ).peak + (main_grad_extra(model, layout) if f.main_grad_fp32 else 0) \
-                + pipeline_fsdp_gradients(model, layout, framework)
+            ).peak + main_grad_extra(model, layout, f) \
+                + pipeline_fsdp_gradients(model, layout, framework) \
+                - fp8_params(model, layout, precision)
         return self.peaks[key]
 
 
-def weight_elements(model, layout) -> int:
+def weight_elements(model, layout, which=None) -> int:
     """The elements of the weights one device uses (its stage's, its tensor-parallel and
-    FSDP shares), before the distributed optimizer splits anything."""
+    FSDP shares), before the distributed optimizer splits anything; ``which``: of the
+    weights whose key it accepts only."""
     shapes = St.param_shapes(model, layout)
     return sum(math.prod(shape) // _ways(St._split(key, False, layout), layout)
-               for key, shape in shapes.items())
+               for key, shape in shapes.items() if which is None or which(key))
 
 
 def _ways(spec, layout, but=()) -> int:
@@ -274,13 +276,34 @@ def _ways(spec, layout, but=()) -> int:
     return math.prod(layout.shape[a] for a in St._named(spec) if a not in but)
 
 
-def main_grad_extra(model, layout) -> int:
+def main_grad_extra(model, layout, framework) -> int:
     """Megatron-LM's gradients are float32 buffers (``main_grad``; its arguments.py makes
     bf16 training accumulate and reduce gradients in fp32, and the wgrad GEMM adds into
     them, ``gradient_accumulation_fusion``), where the program accumulates in the
     weights' 16-bit type: 2 more bytes per weight element held (Korthikanti et al.
-    2022's Figure 1 counts 18 bytes a parameter: 2 + 4 + 12)."""
+    2022's Figure 1 counts 18 bytes a parameter: 2 + 4 + 12). None where the layout
+    reduces in 16 bits (``grad_reduce_in_fp32=False``: Megatron-Core's grad buffer in the
+    weights' type; Apex's DistributedFusedAdam with ``grad_sync_dtype=bf16``), as the
+    program does, nor for a framework without ``main_grad``."""
+    if not (framework.main_grad_fp32 and layout.grad_reduce_in_fp32):
+        return 0
     return 2 * weight_elements(model, layout)
+
+
+def fp8_params(model, layout, precision) -> int:
+    """The bytes Megatron's ``--fp8-param-gather`` does not hold that the step's program
+    does. With it the FP8 layers' weights are FP8 tensors (Transformer Engine's
+    ``fp8_model_init``; Megatron-Bridge's FP8 recipes set it, ``fp8_param_gather=True`` in
+    ``bf16_with_fp8_current_scaling_mixed``, src/megatron/bridge/training/mixed_precision.py
+    at NVIDIA-NeMo/Megatron-Bridge 00b7660be0): the distributed optimizer's all-gather
+    writes FP8 and the GEMMs read it and its transposed copy, with no 16-bit weight. The
+    program keeps the 16-bit weights it gathered (its FP8 copies' cotangents go to them,
+    :func:`simpmd.plan.fp8.operand`) through the backward pass: 2 bytes per element of
+    the weights cast to FP8 that the device holds. Zero without the flag, outside FP8, and
+    with FSDP (where each layer casts what it gathers and frees it)."""
+    if not (layout.fp8_param_gather and precision == "fp8") or layout.fsdp > 1:
+        return 0
+    return 2 * weight_elements(model, layout, St.cast_to_fp8)
 
 
 def stage_gathered_elements(model, layout) -> tuple:
@@ -398,6 +421,10 @@ def _check_precision(precision, layout, hw):
     if layout.fp8_dispatch and precision != "fp8":
         raise LayoutError("Layout(fp8_dispatch=True) sends the dispatch's tokens in FP8, "
                           "with precision='fp8' (the experts' products in FP8)")
+    if layout.fp8_param_gather and precision != "fp8":
+        raise LayoutError("Layout(fp8_param_gather=True) keeps the layers' weights in FP8, "
+                          "with precision='fp8' (their products in FP8): set both, or "
+                          "neither")
     if precision == "fp8" and "fp8" not in hw.matmul_paths:
         raise LayoutError(f"{hw.name} has no FP8 matrix units; use precision='bf16'")
 

@@ -228,6 +228,12 @@ def loss(s, lay, params, tokens, targets, copies=None, one_at_a_time=False):
     return total / (lay.global_batch * s.model.seq)
 
 
+def cast_to_fp8(key) -> bool:
+    """Whether the layers' weight ``key`` is a GEMM's and cast to FP8 (not a norm's, not
+    the router's)."""
+    return key in LAYER_SPLIT and not key.endswith("norm") and key != "router"
+
+
 def fp8_weights(s, params) -> dict:
     """In FP8 without FSDP, the FP8 copies of the stage's layers' weights and their
     transposes, cast once per step (Transformer Engine casts a weight on the step's first
@@ -237,7 +243,7 @@ def fp8_weights(s, params) -> dict:
         return {}
     out = {}
     for k, w in params.items():
-        if k in LAYER_SPLIT and not k.endswith("norm") and k != "router":
+        if cast_to_fp8(k):
             out[k + L.FP8], out[k + L.FP8T], _ = fp8.cast(w[0], transpose=True,
                                                           own_kernel=s.eager)
     return out
@@ -253,13 +259,15 @@ def _replicated(spec, lay, smallest=2) -> tuple:
 
 
 def _reduce(g, spec, lay, key=None):
-    """A weight's float32 gradient summed over the ranks that share the weight: a
+    """A weight's gradient, in float32 (or in its own type where the layout reduces in
+    it, ``Layout.grad_reduce_in_fp32=False``), summed over the ranks that share it: a
     reduce-scatter over ``dp`` with the distributed optimizer, an all-reduce otherwise.
     The ranks that share a weight are those its spec does not split it over: a routed
     expert's gradient is summed over ``dp`` (and ``cp``), not over ``ep``, whose ranks
     hold other experts; every other weight's over ``dp`` and ``ep`` both."""
     axes = _replicated(spec, lay, 1)          # size-1 axes too, to make the type invariant
-    g = g.astype(snp.float32)
+    if lay.grad_reduce_in_fp32:
+        g = g.astype(snp.float32)
     split = optimizer_axes(lay, key)
     if split and set(split) <= set(axes):
         dims = [d for d in spec] + [None] * (g.ndim - len(spec))

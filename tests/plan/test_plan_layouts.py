@@ -342,6 +342,49 @@ def test_master_weights_as_remainders_hold_two_bytes_a_weight_less():
 
 
 @needs_bf16
+def test_gradients_reduced_in_bf16_move_and_hold_half():
+    """NeMo's FP8 runs reduce their gradients in bf16 (Apex's grad_sync_dtype=bf16): each
+    weight's reduce-scatter over dp moves its elements at 2 bytes, where the default moves
+    them at 4 (the stacked wqkv of 4 layers at d_model 256: 4 x 256 x 768 elements), and
+    Megatron holds no float32 main_grad: 2 bytes a parameter less at the peak."""
+    model = plan.Transformer(4, 256, 4, 512, 1000, 128)
+    def est(fp32):
+        return plan.estimate(model, plan.Layout(dp=2, global_batch=4, distributed_optimizer=True,
+                                                grad_reduce_in_fp32=fp32),
+                             hardware="H100", framework="megatron", check_memory=False)
+    fp32, bf16 = est(True), est(False)
+    sent = lambda e: {c[2] for c in e.collectives if c[0] == "reduce_scatter" and c[1] == ("dp",)}
+    assert 4 * 256 * 768 * 4 in sent(fp32) and 4 * 256 * 768 * 2 in sent(bf16)
+    assert max(sent(bf16)) == 4 * 256 * 768 * 2
+    assert fp32.peak_bytes - bf16.peak_bytes == 2 * model.params
+    assert "bf16" in bf16.assumed["gradients"] and "float32" in fp32.assumed["gradients"]
+    assert "gradients reduced in bf16" in str(plan.Layout(grad_reduce_in_fp32=False))
+
+
+@needs_bf16
+def test_fp8_param_gather_holds_no_16_bit_copy_of_the_fp8_weights():
+    """Megatron-Bridge's FP8 recipes keep the layers' weights in FP8 only
+    (``fp8_param_gather``): the peak holds 2 bytes less for each element of the matrices
+    cast to FP8 (4 layers x (256 x 768 + 256 x 256 + 2 x 256 x 512) over tp 2; not the
+    embedding, the head or the norms), the step's time is the same, and without FP8 the
+    flag is refused."""
+    model = plan.Transformer(4, 256, 4, 512, 1000, 128)
+    def est(flag, precision="fp8"):
+        return plan.estimate(model, plan.Layout(dp=2, tp=2, global_batch=4,
+                                                distributed_optimizer=True,
+                                                fp8_param_gather=flag),
+                             hardware="H100", framework="megatron", precision=precision,
+                             check_memory=False)
+    kept, fp8_only = est(False), est(True)
+    assert kept.peak_bytes - fp8_only.peak_bytes == 2 * 4 * (
+        256 * 768 + 256 * 256 + 2 * 256 * 512) // 2
+    assert fp8_only.step_s == pytest.approx(kept.step_s, rel=1e-9)
+    assert "FP8" in fp8_only.assumed["FP8 weights"] and "FP8 weights" not in kept.assumed
+    with pytest.raises(plan.LayoutError, match="precision='fp8'"):
+        est(True, "bf16")
+
+
+@needs_bf16
 def test_pytorch_fsdp_under_a_pipeline_gathers_each_stage_once_per_step():
     """torchtitan with pipeline parallelism keeps FSDP's weights gathered across the
     micro-batches (``reshard_after_forward = not pp_enabled``): the step's FSDP gathers of

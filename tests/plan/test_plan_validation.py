@@ -37,7 +37,7 @@ WITHIN = 1.25
 # Blackwell and on the six compiled torchtitan rows; too slow on llm-foundry's small models and on
 # Llama 3 405B at 8k and 16k H100s.
 MISSES = {
-    "LLAMA2-7B, 8 GPUs": 0.78, "LLAMA3-8B, 8 GPUs": 0.75,
+    "LLAMA2-7B, 8 GPUs": 0.77, "LLAMA3-8B, 8 GPUs": 0.75,
     "MaxText 16B, 32x v5e-256": 0.77, "MaxText 64B, 32x v5e-256": 0.74,
     "MaxText 22B, 1x v4-128": 0.78, "MaxText 22B, 2x v4-128": 0.77,
     "MaxText 22B, 4x v4-128": 0.76, "MaxText 22B, 8x v4-128": 0.74,
@@ -241,8 +241,8 @@ def test_docs_validation_reports_both_halves(ratios):
     within 0.8-1.25x of those entered, and the bias. If the planner moves these, the
     docs and lesson 15 must move with them."""
     held_out, development = _halves(ratios)
-    assert _headline(held_out.values()) == (17.5, 74.9, 32, 43, -0.085)
-    assert _headline(development.values()) == (17.2, 51.4, 32, 46, -0.059)
+    assert _headline(held_out.values()) == (17.5, 74.9, 32, 43, -0.086)
+    assert _headline(development.values()) == (17.3, 51.4, 32, 46, -0.060)
     original = {r.name for r in published.runs()}
     added = [r for n, r in held_out.items() if n not in original]
     assert _headline(added) == (19.8, 74.9, 22, 32, -0.090)
@@ -293,13 +293,11 @@ def test_the_readme_counts_the_validation_runs():
 # that fits"): each names what its estimate's memory holds that the run does not, left
 # open. Every other validation run must fit.
 OVER_HBM = {
-    "GPT3-175B, 128 GPUs", "LLAMA2-7B, 8 GPUs", "LLAMA3-8B, 8 GPUs",
     "MaxText 128B, 1x v5e-256", "MaxText 128B, 4x v5e-256", "MaxText 128B, 32x v5e-256",
     "MaxText 22B, 1x v4-128", "MaxText 22B, 2x v4-128", "MaxText 22B, 4x v4-128",
     "MaxText 22B, 8x v4-128",
     "Megatron-Bridge LLaMA 3-70B, 64 x GB200", "Megatron-Bridge LLaMA 3.1-405B, 256 x GB200",
     "Megatron-Bridge LLaMA 3.1-405B, 128 x B200",
-    "Megatron-Bridge LLaMA 3-70B, 64 x H100", "Megatron-Bridge LLaMA 3.1-405B, 1024 x H100",
 }
 
 
@@ -314,6 +312,17 @@ def test_the_llama3_405b_rows_fit_their_h100s(peaks):
     says) fit the 80 GB of an H100, with check_memory=False."""
     rows = [n for n in peaks if n.startswith("Llama 3 405B")]
     assert len(rows) == 3
+    for name in rows:
+        assert peaks[name].peak_bytes <= peaks[name].hbm_bytes == 80e9, name
+
+
+def test_nemo_and_megatron_bridge_rows_fit_their_h100s(peaks):
+    """NeMo 24.07's rows (bf16 gradients, masters as remainders) and Megatron-Bridge's H100
+    rows (weights kept in FP8) fit the 80 GB of an H100, with check_memory=False."""
+    rows = [n for n, est in peaks.items() if est.hardware == "H100"
+            and est.precision == "fp8" and (n.startswith("Megatron-Bridge")
+                                            or n.endswith("GPUs"))]
+    assert len(rows) == 9, rows
     for name in rows:
         assert peaks[name].peak_bytes <= peaks[name].hbm_bytes == 80e9, name
 

@@ -14,7 +14,8 @@ NOTES = ("what the table does not print is taken as NeMo's recipes set it for th
          "(no recomputation, sequence parallelism with TP > 1, the distributed optimizer, "
          "flash attention), not checked against scripts/performance at that commit; FP8-CS "
          "is Transformer Engine's current scaling, which the planner prices as its delayed "
-         "scaling")
+         "scaling, with the weights held in FP8 as its recipe sets (fp8_param_gather, "
+         "checked at that commit)")
 L3_8B = _llama(32, 4096, 32, 14336, 128256, 8192, kv_heads=8, name="LLaMA 3-8B")
 L3_70B = _llama(80, 8192, 64, 28672, 128256, 8192, kv_heads=8, name="LLaMA 3-70B")
 L31_405B = _llama(126, 16384, 128, 53248, 128256, 8192, kv_heads=8, name="LLaMA 3.1-405B")
@@ -34,8 +35,11 @@ def runs() -> list:
     out = []
     for system, model, gpus, gbs, mbs, fsdp, tp, pp, cp, vp, rate in ROWS:
         replicas = gpus // (tp * pp * cp)
+        # FP8-CS is bf16_with_fp8_current_scaling_mixed (scripts/performance/utils/
+        # precision.py at 00b7660be0), which sets fp8_param_gather=True
+        # (src/megatron/bridge/training/mixed_precision.py): the weights held in FP8.
         axes = dict(tp=tp, pp=pp, cp=cp, vp=vp, microbatch=mbs, global_batch=gbs,
-                    sequence_parallel=tp > 1)
+                    sequence_parallel=tp > 1, fp8_param_gather=True)
         axes.update(fsdp=replicas) if fsdp else axes.update(dp=replicas,
                                                              distributed_optimizer=True)
         if (system, model) == ("H100", L3_8B):
