@@ -269,7 +269,7 @@ def check_layout_under_budget(layout, model) -> Verdict:
         return say(False, f"the planner cannot run that layout: {exc}")
     gb = BUDGET_BYTES / 1e9
     if mine.peak_bytes > BUDGET_BYTES:
-        return say(False, f"its peak is {mine.peak_bytes / 1e9:.1f} GB per chip, over the "
+        return say(False, f"its peak is {mine.peak_bytes / 1e9:.2f} GB per chip, over the "
                    f"{gb:g} GB budget: recompute more in the backward pass, or split the "
                    f"activations over more chips (tp).")
     base = plan.Layout(dp=2, global_batch=2048, sequence_parallel=True)
@@ -279,7 +279,7 @@ def check_layout_under_budget(layout, model) -> Verdict:
         if not isinstance(e, plan.LayoutError) and e.peak_bytes <= BUDGET_BYTES]
     best_s, best = min(fitting, key=lambda pair: pair[0])
     if mine.step_s > best_s * 1.005:
-        return say(False, f"it fits ({mine.peak_bytes / 1e9:.1f} GB) but a step takes "
+        return say(False, f"it fits ({mine.peak_bytes / 1e9:.2f} GB) but a step takes "
                    f"{mine.step_s:.3f} s; tp={best.tp} with recompute={best.recompute!r} "
                    f"also fits and takes {best_s:.3f} s. Compare what each way of saving "
                    f"memory costs in time: more recomputation, or more tensor parallelism.")

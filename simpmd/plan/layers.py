@@ -142,12 +142,17 @@ def _gelu(u):                                 # GELU, tanh form
     return 0.5 * u * (1.0 + snp.tanh(0.7978845608 * (u + 0.044715 * u * u * u)))
 
 
+def _relu(u):
+    return snp.maximum(u, 0)
+
+
 # A fused kernel keeps its input for the backward pass and computes its intermediates
 # again there (Megatron's fused bias-GELU and norm kernels; XLA's fusions): ``checkpoint``
 # says the same, so only the input is a residual.
 rms_norm = checkpoint(_rms_norm)
 swiglu = checkpoint(_swiglu)
 gelu = checkpoint(_gelu)
+relu = checkpoint(_relu)
 
 
 def output_discarded(*_, **__) -> bool:
@@ -163,7 +168,8 @@ def output_discarded(*_, **__) -> bool:
 
 DISCARDED = {"layernorm": {"norm": checkpoint(_rms_norm, policy=output_discarded)},
              "moe_act": {"swiglu": checkpoint(_swiglu, policy=output_discarded),
-                         "gelu": checkpoint(_gelu, policy=output_discarded)}}
+                         "gelu": checkpoint(_gelu, policy=output_discarded),
+                         "relu": checkpoint(_relu, policy=output_discarded)}}
 
 
 def norm(s: "Shard", x, scale):
@@ -175,15 +181,18 @@ def norm(s: "Shard", x, scale):
 
 
 def activation(s: "Shard", u):
-    """The MLP's activation: SwiGLU where the model's MLP is gated, else GELU."""
-    return swiglu(u) if s.model.gated_mlp else gelu(u)
+    """The MLP's activation: SwiGLU where the model's MLP is gated, else the model's
+    (GELU or ReLU)."""
+    if s.model.gated_mlp:
+        return swiglu(u)
+    return relu(u) if s.model.activation == "relu" else gelu(u)
 
 
 def expert_activation(s: "Shard", u):
     """The routed experts' activation: its output discarded and recomputed where
     ``recompute_modules`` names ``"moe_act"``."""
     if "moe_act" in s.recompute_modules:
-        return DISCARDED["moe_act"]["swiglu" if s.model.gated_mlp else "gelu"](u)
+        return DISCARDED["moe_act"]["swiglu" if s.model.gated_mlp else s.model.activation](u)
     return activation(s, u)
 
 

@@ -19,7 +19,10 @@ class Transformer:
     sequences of ``seq`` tokens. ``head_dim`` defaults to ``d_model // heads``.
     ``attention_dropout`` and ``hidden_dropout`` are the probabilities of dropout on the
     attention's probabilities and on the embeddings and each block's output (Megatron-LM's
-    ``--attention-dropout`` and ``--hidden-dropout``; 0: none, as LLaMA trains)."""
+    ``--attention-dropout`` and ``--hidden-dropout``; 0: none, as LLaMA trains).
+    ``activation``: the ungated MLP's, ``"gelu"`` (its tanh form, GPT's) or ``"relu"``
+    (MaxText's base.yml at 76bd53b0f, ``mlp_activations: ["relu"]``); a gated MLP is
+    SwiGLU."""
 
     layers: int
     d_model: int
@@ -34,6 +37,7 @@ class Transformer:
     name: str = ""
     attention_dropout: float = 0.0
     hidden_dropout: float = 0.0
+    activation: str = "gelu"
     # Mixture of experts (0 experts: dense). Each MoE layer's MLP is ``experts`` routed
     # experts of width ``expert_d_ff`` (d_ff where None), of which each token runs
     # ``top_k``, a router (a [d_model, experts] matrix) and ``shared_experts`` experts every
@@ -55,6 +59,9 @@ class Transformer:
     route_nodes: int | None = None
 
     def __post_init__(self):
+        if self.activation not in ("gelu", "relu"):
+            raise ValueError(f"activation = {self.activation!r}: the ungated MLP's is 'gelu' "
+                             f"or 'relu' (a gated MLP, gated_mlp=True, is SwiGLU)")
         self._check_experts()
         if self.kv_heads is None:
             object.__setattr__(self, "kv_heads", self.heads)

@@ -193,7 +193,7 @@ _SCALES = {16: (2, 4, 4, 2),
 def _maxtext_model(scale):
     e, h, f, n = _SCALES[scale]
     return Transformer(16 * n, 2560 * e, 8 * h, 8192 * f, 32768, 2048, head_dim=256,
-                       tied_embeddings=True, name=f"MaxText {scale}B")
+                       tied_embeddings=True, activation="relu", name=f"MaxText {scale}B")
 
 
 def _maxtext():

@@ -176,13 +176,33 @@ MASTER = {"fp32": "float32", "remainders": "bfloat16"}
 
 # -- the pipeline -----------------------------------------------------------------------------
 
+def one_trip(s, xs) -> bool:
+    """Whether the loop over the micro-batches of ``xs`` (its leading axis counts them) is
+    no loop: under XLA, with one micro-batch. XLA's while-loop simplifier removes a loop of
+    one trip (``TryRemoveWhileLoop``, xla/hlo/transforms/simplifiers/while_loop_simplifier.cc
+    in openxla/xla), so the values of a step without gradient accumulation (MaxText's) are
+    not a loop's stacked outputs: the loss's residuals, say, are not held through the
+    layers' backward pass. (PyTorch runs one micro-batch without a loop too; there the loop
+    stays, as the loss and the head run eagerly where torch.compile fuses only the blocks,
+    which is not modelled apart.)"""
+    return xs.shape[0] == 1 and s.framework == "xla"
+
+
+def each_microbatch(s, f, xs):
+    """``f`` of each micro-batch of ``xs``, stacked: a ``lax.scan``, or ``f`` of the one
+    micro-batch where the loop is no loop (:func:`one_trip`)."""
+    if one_trip(s, xs):
+        return snp.expand_dims(f(xs[0]), 0)
+    return lax.scan(lambda c, x: (c, f(x)), None, xs)[1]
+
+
 def _stage_ticks(s, lay, stacked, x0):
     """The circular pipeline over ``pp`` stages: outputs [m, b, t, D] of the last virtual
     stage (right on the last stage; every stage computes them, as SPMD does)."""
     m, pp, vp = lay.microbatches, lay.pp, lay.vp
     if pp == 1:
         chunk = {k: w[0] for k, w in stacked.items()}
-        return lax.scan(lambda c, x: (c, L.layers(s, x, chunk)), None, x0)[1]
+        return each_microbatch(s, lambda x: L.layers(s, x, chunk), x0)
     stage = lax.axis_index("pp")
     ring = [(j, (j + 1) % pp) for j in range(pp)]
     only = {k: w[0] for k, w in stacked.items()} if vp == 1 else None
@@ -209,7 +229,7 @@ def loss(s, lay, params, tokens, targets, copies=None, one_at_a_time=False):
     """This device's share of the step's mean loss: embeddings, the pipeline, the head's
     loss for each micro-batch (a ``scan``), on the last stage. ``copies``: the layers'
     weights' FP8 copies (:func:`fp8_weights`)."""
-    x0 = lax.scan(lambda c, tok: (c, L.embed(s, params["embed"], tok)), None, tokens)[1]
+    x0 = each_microbatch(s, lambda tok: L.embed(s, params["embed"], tok), tokens)
     x0 = L.vary(x0, s.activation_axes())
     stacked = {k: w[0] for k, w in params.items() if k in LAYER_SPLIT}
     stacked.update(copies or {})
@@ -221,8 +241,12 @@ def loss(s, lay, params, tokens, targets, copies=None, one_at_a_time=False):
     losses = lambda y, h, t: L.token_losses(s, y, h, t)
     if one_at_a_time:
         losses = L.checkpoint(losses)
-    total = lax.scan(lambda c, yt: (c + losses(yt[0], head, yt[1]), None),
-                     L.vary(snp.zeros((), snp.float32), summed), (ys, targets))[0]
+    zero = L.vary(snp.zeros((), snp.float32), summed)
+    if one_trip(s, targets):
+        total = zero + losses(ys[0], head, targets[0])
+    else:
+        total = lax.scan(lambda c, yt: (c + losses(yt[0], head, yt[1]), None), zero,
+                         (ys, targets))[0]
     if lay.pp > 1:
         total = lax.psum(snp.where(lax.axis_index("pp") == lay.pp - 1, total, 0.0), "pp")
     return total / (lay.global_batch * s.model.seq)

@@ -19,7 +19,7 @@ import simpmd
 from simpmd import lax, plan
 from simpmd import numpy as snp
 from simpmd.cost import hardware_preset
-from simpmd.plan import attention as A, step as St
+from simpmd.plan import attention as A, layers as L, step as St
 from simpmd.plan.simulate import trace_step
 
 S_ = simpmd.ShapeDtypeStruct
@@ -106,6 +106,8 @@ LAYOUTS = [
     plan.Layout(cp=2, tp=2, global_batch=8, microbatch=2, recompute="selective"),
     plan.Layout(dp=2, tp=2, pp=2, vp=2, global_batch=8, recompute="full",
                 distributed_optimizer=True),
+    # one micro-batch a step: under XLA no loop over micro-batches (step.each_microbatch)
+    plan.Layout(fsdp=2, global_batch=8, microbatch=4, recompute="full"),
 ]
 
 
@@ -123,6 +125,46 @@ def test_every_layout_computes_the_one_device_step(reference, layout, flash):
         np.testing.assert_allclose(np.asarray(got_opt["mu"][k]),
                                    _laid_out(np.asarray(opt["mu"][k]), k, TINY, layout),
                                    rtol=2e-4, atol=2e-7, err_msg=k)
+
+
+def test_one_micro_batch_is_no_loop_under_xla():
+    """XLA removes a loop of one trip (its while-loop simplifier), PyTorch and Megatron
+    run one micro-batch without one: under "xla" a step of one micro-batch calls the
+    function once, with no scan, and stacks what it returns; with more micro-batches, or
+    under another framework, it is a scan. The values are the same either way."""
+    xs = np.arange(6.0, dtype=np.float32).reshape(1, 2, 3)
+    f = lambda x: snp.tanh(x) * 2.0
+    for framework, loops in (("xla", False), ("megatron", True)):
+        s = L.Shard(TINY, {}, framework=framework)
+        program = simpmd.make_jaxpr(lambda x: St.each_microbatch(s, f, x))(xs)
+        assert ("scan" in str(program)) is loops, framework
+        np.testing.assert_allclose(np.asarray(St.each_microbatch(s, f, xs)), np.tanh(xs) * 2,
+                                   rtol=1e-6)
+    two = np.concatenate([xs, xs + 1])
+    s = L.Shard(TINY, {}, framework="xla")
+    assert "scan" in str(simpmd.make_jaxpr(lambda x: St.each_microbatch(s, f, x))(two))
+    sums = St.each_microbatch(s, lambda a: a.sum(), two)
+    np.testing.assert_allclose(np.asarray(sums), two.sum(axis=(1, 2)), rtol=1e-6)
+
+
+def test_a_relu_mlp_is_max_of_zero_and_maxtexts_runs_use_it():
+    """MaxText's base.yml at 76bd53b0f has mlp_activations ["relu"]: Transformer(
+    activation="relu") runs max(u, 0) (GELU's tanh form otherwise), and every MaxText
+    model entered from that commit says so; an unknown activation is refused."""
+    from simpmd.plan.runs import every
+    u = np.linspace(-2, 2, 9).astype(np.float32)
+    relu = plan.Transformer(2, 32, 4, 64, 64, 16, activation="relu")
+    np.testing.assert_array_equal(np.asarray(L.activation(L.Shard(relu, {}), u)),
+                                  np.maximum(u, 0))
+    gelu = np.asarray(L.activation(L.Shard(replace(relu, activation="gelu"), {}), u))
+    np.testing.assert_allclose(gelu, 0.5 * u * (1 + np.tanh(0.7978845608 * (u + 0.044715 * u**3))),
+                               rtol=1e-5, atol=1e-6)
+    maxtext = [r for r in every() if r.source.startswith("AI-Hypercomputer/maxtext")
+               and "76bd53b0f" in r.source]
+    assert len(maxtext) >= 20
+    assert {r.model.activation for r in maxtext} == {"relu"}
+    with pytest.raises(ValueError, match="'gelu' or 'relu'"):
+        plan.Transformer(2, 32, 4, 64, 64, 16, activation="swish")
 
 
 def test_the_step_runs_on_real_jax_with_the_same_results(jax8, reference):

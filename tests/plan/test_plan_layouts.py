@@ -269,8 +269,10 @@ def test_peak_within_10_percent_of_korthikanti_figure_1(size):
 def test_eager_pytorch_moves_more_bytes_and_torch_compile_fuses_as_xla():
     """Eager PyTorch writes every operation's result: more of the step bound by memory and
     more launches than XLA's fused kernels; under torch.compile (recomputing nothing, so
-    that the checkpoint's rerun does not differ) the step is XLA's."""
-    layout = plan.Layout(dp=2, global_batch=4, microbatch=2)
+    that the checkpoint's rerun does not differ) the step is XLA's. (Two micro-batches a
+    rank: with one, XLA's step has no loop over them and PyTorch's keeps it,
+    step.one_trip.)"""
+    layout = plan.Layout(dp=2, global_batch=8, microbatch=2)
     xla, eager, compiled = (plan.estimate(TINY, layout, hardware="H100", framework=f,
                                           compile=c)
                             for f, c in (("xla", False), ("pytorch", False), ("pytorch", True)))

@@ -40,7 +40,7 @@ MISSES = {
     "LLAMA2-7B, 8 GPUs": 0.77, "LLAMA3-8B, 8 GPUs": 0.75,
     "MaxText 16B, 32x v5e-256": 0.77, "MaxText 64B, 32x v5e-256": 0.74,
     "MaxText 22B, 1x v4-128": 0.78, "MaxText 22B, 2x v4-128": 0.77,
-    "MaxText 22B, 4x v4-128": 0.76, "MaxText 22B, 8x v4-128": 0.74,
+    "MaxText 22B, 4x v4-128": 0.75, "MaxText 22B, 8x v4-128": 0.74,
     "llm-foundry MPT-1B, 8 x A100, bf16": 1.25,   # 1.2502: just outside
     "llm-foundry MPT-1B, 8 x H100, bf16": 1.35,
     "llm-foundry MPT-3B, 8 x H100, fp8": 1.39, "llm-foundry MPT-3B, 64 x H100, bf16": 1.26,
@@ -241,11 +241,11 @@ def test_docs_validation_reports_both_halves(ratios):
     within 0.8-1.25x of those entered, and the bias. If the planner moves these, the
     docs and lesson 15 must move with them."""
     held_out, development = _halves(ratios)
-    assert _headline(held_out.values()) == (17.5, 74.9, 32, 43, -0.086)
-    assert _headline(development.values()) == (17.3, 51.4, 32, 46, -0.060)
+    assert _headline(held_out.values()) == (17.6, 74.9, 32, 43, -0.087)
+    assert _headline(development.values()) == (17.4, 51.4, 32, 46, -0.060)
     original = {r.name for r in published.runs()}
     added = [r for n, r in held_out.items() if n not in original]
-    assert _headline(added) == (19.8, 74.9, 22, 32, -0.090)
+    assert _headline(added) == (19.9, 74.9, 22, 32, -0.091)
 
 
 def test_docs_validation_reports_the_held_out_coverage(estimates):
@@ -293,9 +293,6 @@ def test_the_readme_counts_the_validation_runs():
 # that fits"): each names what its estimate's memory holds that the run does not, left
 # open. Every other validation run must fit.
 OVER_HBM = {
-    "MaxText 128B, 1x v5e-256", "MaxText 128B, 4x v5e-256", "MaxText 128B, 32x v5e-256",
-    "MaxText 22B, 1x v4-128", "MaxText 22B, 2x v4-128", "MaxText 22B, 4x v4-128",
-    "MaxText 22B, 8x v4-128",
     "Megatron-Bridge LLaMA 3-70B, 64 x GB200", "Megatron-Bridge LLaMA 3.1-405B, 256 x GB200",
     "Megatron-Bridge LLaMA 3.1-405B, 128 x B200",
 }

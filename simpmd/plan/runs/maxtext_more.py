@@ -42,9 +42,9 @@ def _tflop_step(model, per_device, tflops):
 
 def _v4() -> list:
     b22 = Transformer(48, 6144, 24, 24576, 32768, 2048, head_dim=256, tied_embeddings=True,
-                      name="MaxText 22B")
+                      activation="relu", name="MaxText 22B")
     b52 = Transformer(32, 12288, 32, 49152, 32768, 2048, head_dim=256, tied_embeddings=True,
-                      name="MaxText 52B")
+                      activation="relu", name="MaxText 52B")
     rows = [(b22, 64, 16, {1: 156, 2: 152, 4: 149, 8: 146}),
             (b52, 192, 10, {1: 154, 2: 162})]
     out = []
