@@ -147,6 +147,18 @@ def test_one_micro_batch_is_no_loop_under_xla():
     np.testing.assert_allclose(np.asarray(sums), two.sum(axis=(1, 2)), rtol=1e-6)
 
 
+def test_real_xla_compiles_a_scan_of_one_trip_without_a_loop(jax8):
+    """What step.one_trip takes from XLA, checked on JAX's own compiler: a lax.scan of one
+    trip compiles to no while loop, a scan of two to one."""
+    import re
+    jnp = jax8.numpy
+    def f(xs):
+        return jax8.lax.scan(lambda c, x: (c + jnp.tanh(x).sum(), jnp.tanh(x) * 2), 0.0, xs)
+    for trips, loops in ((1, 0), (2, 1)):
+        hlo = jax8.jit(f).lower(jnp.ones((trips, 4, 8))).compile().as_text()
+        assert len(re.findall(r"= .*\bwhile\(", hlo)) == loops, trips
+
+
 def test_a_relu_mlp_is_max_of_zero_and_maxtexts_runs_use_it():
     """MaxText's base.yml at 76bd53b0f has mlp_activations ["relu"]: Transformer(
     activation="relu") runs max(u, 0) (GELU's tanh form otherwise), and every MaxText
