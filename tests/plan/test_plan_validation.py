@@ -304,24 +304,25 @@ def peaks(reuse):
             if not blocker(run)}
 
 
+def _fit_h100s(peaks, rows, count):
+    """``count`` runs in ``rows``, each peaking within the 80 GB of an H100."""
+    assert len(rows) == count, rows
+    for name in rows:
+        assert peaks[name].peak_bytes <= peaks[name].hbm_bytes == 80e9, name
+
+
 def test_the_llama3_405b_rows_fit_their_h100s(peaks):
     """Meta's 405B rows (FSDP under a 16-stage pipeline, gradients sharded as the paper
     says) fit the 80 GB of an H100, with check_memory=False."""
-    rows = [n for n in peaks if n.startswith("Llama 3 405B")]
-    assert len(rows) == 3
-    for name in rows:
-        assert peaks[name].peak_bytes <= peaks[name].hbm_bytes == 80e9, name
+    _fit_h100s(peaks, [n for n in peaks if n.startswith("Llama 3 405B")], 3)
 
 
 def test_nemo_and_megatron_bridge_rows_fit_their_h100s(peaks):
     """NeMo 24.07's rows (bf16 gradients, masters as remainders) and Megatron-Bridge's H100
     rows (weights kept in FP8) fit the 80 GB of an H100, with check_memory=False."""
-    rows = [n for n, est in peaks.items() if est.hardware == "H100"
-            and est.precision == "fp8" and (n.startswith("Megatron-Bridge")
-                                            or n.endswith("GPUs"))]
-    assert len(rows) == 9, rows
-    for name in rows:
-        assert peaks[name].peak_bytes <= peaks[name].hbm_bytes == 80e9, name
+    from simpmd.plan.runs import megatron_bridge
+    _fit_h100s(peaks, [n for n in peaks if BY_NAME[n].hardware == "H100" and
+                       BY_NAME[n].source in (published.NEMO, megatron_bridge.SOURCE)], 9)
 
 
 def test_the_runs_over_their_chips_memory_are_the_ones_listed(peaks):
